@@ -1,0 +1,126 @@
+"""Closed vocabularies, error codes and their statuses (PROTOCOL.md section 3). Data only, no logic."""
+
+from __future__ import annotations
+
+import re
+
+PROTOCOL_VERSION = "0.1"
+EXTENSION_ID = "ai.mentu/monitors"
+PROTOCOL_PREFIX = "ai.mentu.monitor."
+
+HORIZONS = ("event", "minute", "hour", "day", "week", "month")
+CAPABILITIES = ("observe", "react", "act")
+TIERS = ("src", "measured", "derived", "unverified", "falsified")
+ORIGINS = ("human", "agent", "webhook", "probe", "system")
+VERIFICATIONS = ("human_verified", "machine_verified", "certified", "reported", "unverified")
+VISIBILITIES = ("private", "shared", "public")
+SOURCE_KINDS = ("shell", "ws", "http", "file", "feed", "cir", "formula", "log")
+RESET_POLICIES = ("earliest", "latest", "none")
+PROTOCOLS = ("pull", "http", "mcp")
+ACTOR_PREFIXES = ("human", "agent", "system", "hook", "probe", "webhook")
+
+TYPE_PATTERN = re.compile(r"^[a-z0-9]+(\.[a-z0-9_-]+)+$")
+MONITOR_ID_PATTERN = re.compile(r"^[\w.-]{2,64}$")
+ACTOR_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$")
+TAG_KEY_PATTERN = re.compile(r"^#[A-Za-z_][A-Za-z0-9_-]*$")
+
+# The protocol's own observation types.
+T_CONFIGURED = PROTOCOL_PREFIX + "configured"
+T_SUBSCRIBED = PROTOCOL_PREFIX + "subscribed"
+T_SUBSCRIPTION_RETIRED = PROTOCOL_PREFIX + "subscription_retired"
+T_LEASE = PROTOCOL_PREFIX + "lease"
+T_REJECTED = PROTOCOL_PREFIX + "rejected"
+T_BOOKMARK = PROTOCOL_PREFIX + "bookmark"
+T_CONTRADICTION = PROTOCOL_PREFIX + "contradiction"
+T_CONTRADICTION_RESOLVED = PROTOCOL_PREFIX + "contradiction_resolved"
+PROTOCOL_TYPES = (
+    T_CONFIGURED,
+    T_SUBSCRIBED,
+    T_SUBSCRIPTION_RETIRED,
+    T_LEASE,
+    T_REJECTED,
+    T_BOOKMARK,
+    T_CONTRADICTION,
+    T_CONTRADICTION_RESOLVED,
+)
+
+FILTER_KEYS = (
+    "types",
+    "sources",
+    "subjects",
+    "actors",
+    "tiers",
+    "origins",
+    "horizons",
+    "since",
+    "until",
+    "limit",
+    "text",
+)
+
+# Error code -> HTTP status (section 3).
+ERROR_STATUS: dict[str, int] = {
+    "INVALID_FILTER": 400,
+    "UNKNOWN_VOCABULARY": 400,
+    "TIER_NOT_ASSERTABLE": 400,
+    "INVALID": 400,
+    "UNAUTHORIZED": 401,
+    "CAPABILITY_MISSING": 403,
+    "PROVENANCE_CEILING": 403,
+    "ORIGIN_REFUSED": 403,
+    "NOT_FOUND": 404,
+    "DUPLICATE": 409,
+    "CURSOR_BACKWARDS": 409,
+    "LEASE_HELD": 409,
+    "LEASE_LOST": 409,
+    "EVIDENCE_REQUIRED": 409,
+    "UNAVAILABLE": 409,
+    "DEAD_LETTERED": 409,
+    "CURSOR_EXPIRED": 410,
+    "TOO_LARGE": 413,
+    "OVER_BUDGET": 429,
+}
+
+# JSON-RPC numeric codes: -32000 downwards, in the order section 3 gives.
+JSONRPC_ORDER = (
+    "INVALID_FILTER",
+    "UNKNOWN_VOCABULARY",
+    "TIER_NOT_ASSERTABLE",
+    "INVALID",
+    "CAPABILITY_MISSING",
+    "UNAUTHORIZED",
+    "NOT_FOUND",
+    "DUPLICATE",
+    "CURSOR_BACKWARDS",
+    "CURSOR_EXPIRED",
+    "LEASE_HELD",
+    "LEASE_LOST",
+    "EVIDENCE_REQUIRED",
+    "OVER_BUDGET",
+    "PROVENANCE_CEILING",
+    "ORIGIN_REFUSED",
+    "TOO_LARGE",
+    "UNAVAILABLE",
+    "DEAD_LETTERED",
+)
+JSONRPC_CODE: dict[str, int] = {name: -32000 - i for i, name in enumerate(JSONRPC_ORDER)}
+
+GAPS_ORDER = (
+    "independence_unknown",
+    "no_event_provenance",
+    "single_actor",
+    "stale_source",
+    "no_subscribers",
+    "unattested_origin",
+)
+CONFIDENCE_PRESENT = ("observations", "ages", "actors", "contradictions_open")
+CONFIDENCE_MISSING = ("independence", "corroboration", "track_record")
+
+DEFAULT_RETIRE_AFTER_MUTE_SECONDS = 604800
+DELIVERY_COUNT_LIMIT = 5
+DEFAULT_LEASE_SECONDS = 60
+MAX_LEASE_SECONDS = 86400
+MAX_LIMIT = 200
+DEFAULT_LIMIT = 50
+MAX_WAIT_SECONDS = 50
+LAG_COUNT_CAP = 100_000
