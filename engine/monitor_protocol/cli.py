@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # subcommand -> module under monitor_protocol.commands exposing add_arguments(parser) and run(args) -> int
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {"serve": "serve"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,571 @@
+"""The HTTP door: a raw ASGI app around the transport-free RestRouter (PROTOCOL.md sections 5, 8, 9, 10).
+
+What this module adds to the router, and nothing else:
+
+* the body cap: a request whose Content-Length, or whose bytes read so far, exceed ``max_body`` is refused
+  with 413 TOO_LARGE before the rest is read;
+* one engine thread: every engine call (router, sweep, close) runs on a single dedicated worker thread, so
+  the event loop never blocks on SQLite and the engine is entered by one thread at a time;
+* long poll: an empty pull that asked to wait is held on an ``asyncio.Event`` fed by
+  ``service.add_listener`` and re-handled as soon as its monitor gets an append (no polling);
+* SSE at ``GET /mp/v0/subscriptions/{id}/stream``: read-only replays of the pull route (the ``cursor``
+  query parameter) with the reader's own headers, so the stream never commits;
+* the lifespan: a sweep timer (``service.sweep()`` every second), ``background_tasks`` and
+  ``on_startup``/``on_shutdown`` hooks for other doors, and closing the store on shutdown.
+
+Origin, Host and CORS policy live in the router; this module never answers a request the router has not
+seen first, so the policy holds for every path, the stream included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ..errors import ProtocolError
+from .messages import Request, Response
+
+log = logging.getLogger("monitor_protocol.http")
+
+DEFAULT_MAX_BODY = 1 << 20
+SSE_RETRY_MS = 3000
+SSE_HEARTBEAT_SECONDS = 5.0
+SSE_PAGE = 200
+SWEEP_INTERVAL_SECONDS = 1.0
+
+STREAM_PATH = re.compile(r"^/mp/v0/subscriptions/([^/]+)/stream/?$")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+BackgroundTask = Callable[["MonitorApp"], Awaitable[None]]
+Hook = Callable[["MonitorApp"], Awaitable[None] | None]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+def error_response(err: ProtocolError, headers: dict[str, str] | None = None) -> Response:
+    return Response(err.status, err.body(), dict(headers or {}))
+
+
+def _internal_error_response(incident: str) -> Response:
+    # The protocol has no 500: an unexpected failure is answered with a protocol error that says what happened.
+    err = ProtocolError(
+        "INVALID",
+        f"the server could not handle this request (incident {incident}, logged on the server); "
+        "check the request against /mp/v0/discover and PROTOCOL.md section 5, and report the incident "
+        "if a valid request keeps failing",
+        incident=incident,
+    )
+    return error_response(err)
+
+
+class MonitorApp:
+    """An ASGI 3 application serving the Monitor Protocol over HTTP.
+
+    ``background_tasks``: coroutine functions ``task(app)`` started after startup and cancelled at
+    shutdown (for instance HTTP push delivery). ``on_startup`` / ``on_shutdown``: callables ``hook(app)``
+    (sync or async) run in order. ``call(fn, *args)`` runs ``fn`` on the engine thread.
+    """
+
+    def __init__(
+        self,
+        service: Any,
+        router: Any,
+        *,
+        store: Any = None,
+        max_body: int = DEFAULT_MAX_BODY,
+        executor: ThreadPoolExecutor | None = None,
+        sweep_interval: float | None = SWEEP_INTERVAL_SECONDS,
+        heartbeat_seconds: float = SSE_HEARTBEAT_SECONDS,
+        background_tasks: Iterable[BackgroundTask] = (),
+        on_startup: Iterable[Hook] = (),
+        on_shutdown: Iterable[Hook] = (),
+    ) -> None:
+        self.service = service
+        self.router = router
+        self.store = store
+        self.max_body = int(max_body)
+        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="mp-engine")
+        self._own_executor = executor is None
+        self.sweep_interval = sweep_interval
+        self.heartbeat_seconds = heartbeat_seconds
+        self.background_tasks: list[BackgroundTask] = list(background_tasks)
+        self.on_startup: list[Hook] = list(on_startup)
+        self.on_shutdown: list[Hook] = list(on_shutdown)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._listening = False
+
+    # -- engine thread ---------------------------------------------------------------------------
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a synchronous engine call on the single engine thread."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, fn, *args)
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            return await self.call(self.router.handle, request)
+        except ProtocolError as err:
+            return error_response(err)
+        except Exception:
+            incident = uuid.uuid4().hex[:12]
+            log.exception("router raised on %s %s (incident %s)", request.method, request.path, incident)
+            return _internal_error_response(incident)
+
+    # -- wake-ups ---------------------------------------------------------------------------------
+
+    def _ensure_listening(self) -> None:
+        if self._listening:
+            return
+        self.loop = asyncio.get_running_loop()
+        self.service.add_listener(self._on_append)
+        self._listening = True
+
+    def _on_append(self, monitor_id: str, head: int) -> None:
+        # Called on the engine thread after a committed append: hop to the loop, never block here.
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._wake, monitor_id)
+        except RuntimeError:
+            pass  # the loop is shutting down
+
+    def _wake(self, monitor_id: str) -> None:
+        for event in self._waiters.get(monitor_id, ()):
+            event.set()
+
+    def _register(self, monitor_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters.setdefault(monitor_id, set()).add(event)
+        return event
+
+    def _unregister(self, monitor_id: str, event: asyncio.Event) -> None:
+        events = self._waiters.get(monitor_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._waiters[monitor_id]
+
+    # -- ASGI entry -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+        elif kind == "http":
+            await self._http(scope, receive, send)
+        # websockets are not part of the protocol: let the server refuse them
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._ensure_listening()
+        started = False
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            request = self._request(scope)
+            try:
+                request.body = await self._read_body(request, receive)
+            except BodyTooLarge:
+                await self._send_json(tracked_send, self._too_large(), close=True)
+                return
+            match = STREAM_PATH.match(request.path)
+            if match and request.method == "GET":
+                await self._stream(request, match.group(1), receive, tracked_send)
+                return
+            response = await self.handle(request)
+            if response.long_poll is not None:
+                response = await self._long_poll(request, response, receive)
+                if response is None:
+                    return  # the client left while waiting
+            await self._send_json(tracked_send, response)
+        except ClientGone:
+            return
+        except Exception:
+            incident = uuid.uuid4().hex[:12]
+            log.exception("unexpected failure on %s (incident %s)", scope.get("path"), incident)
+            if not started:
+                await self._send_json(tracked_send, _internal_error_response(incident))
+
+    def _request(self, scope: Scope) -> Request:
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in scope.get("headers", ()):
+            name = raw_name.decode("latin-1").lower()
+            value = raw_value.decode("latin-1")
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        return Request(scope["method"].upper(), scope["path"], query, headers)
+
+    async def _read_body(self, request: Request, receive: Receive) -> bytes:
+        declared = request.header("content-length")
+        if declared is not None:
+            try:
+                if int(declared.split(",")[0].strip()) > self.max_body:
+                    raise BodyTooLarge
+            except ValueError:
+                pass  # a broken length is the server's (h11's) to refuse; the cap below still applies
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self) -> Response:
+        err = ProtocolError(
+            "TOO_LARGE",
+            f"the request body is larger than this server accepts ({self.max_body} bytes); "
+            "send a smaller body (split a batch, or publish large payloads by reference)",
+            max_body=self.max_body,
+        )
+        return error_response(err)
+
+    async def _send_json(self, send: Send, response: Response, close: bool = False) -> None:
+        body = response.json_bytes()
+        headers = [
+            (k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in response.headers.items()
+        ]
+        names = {k for k, _ in headers}
+        if body and b"content-type" not in names:
+            headers.append((b"content-type", b"application/json"))
+        headers.append((b"content-length", str(len(body)).encode()))
+        if close:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    # -- long poll ---------------------------------------------------------------------------------
+
+    async def _long_poll(self, request: Request, first: Response, receive: Receive) -> Response | None:
+        """Hold an empty pull until its monitor gets an append that matches, or until the deadline."""
+        assert first.long_poll is not None
+        monitor = first.long_poll.monitor
+        deadline = time.monotonic() + max(0.0, float(first.long_poll.wait_seconds))
+        event = self._register(monitor)
+        gone = asyncio.ensure_future(self._wait_disconnect(receive))
+        try:
+            response = first
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    waiter = asyncio.ensure_future(event.wait())
+                    done, _ = await asyncio.wait(
+                        {waiter, gone}, timeout=remaining, return_when="FIRST_COMPLETED"
+                    )
+                    if not waiter.done():
+                        waiter.cancel()
+                    if gone in done:
+                        return None
+                    remaining = deadline - time.monotonic()
+                # Clear before asking again, so an append during the re-handle still wakes us.
+                event.clear()
+                wait = str(max(0, math.ceil(remaining))) if remaining > 0 else "0"
+                retry = Request(
+                    request.method,
+                    request.path,
+                    _with_param(request.query, "wait", wait),
+                    request.headers,
+                    request.body,
+                )
+                response = await self.handle(retry)
+                if response.long_poll is None or remaining <= 0:
+                    response.long_poll = None
+                    return response
+        finally:
+            self._unregister(monitor, event)
+            gone.cancel()
+
+    @staticmethod
+    async def _wait_disconnect(receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    # -- SSE ---------------------------------------------------------------------------------------
+
+    async def _stream(self, request: Request, sub_id: str, receive: Receive, send: Send) -> None:
+        """Section 9: replay the subscription through the read-only pull route and follow it live."""
+        start = _last_event_id(request)
+        if start is None:
+            # Policy (Origin/Host) first, then the reader's token, then the committed cursor.
+            probe = await self.handle(
+                Request(
+                    "GET",
+                    f"/mp/v0/subscriptions/{sub_id}/pull",
+                    [("cursor", "1"), ("limit", "1")],
+                    request.headers,
+                )
+            )
+            if probe.status != 200:
+                await self._send_json(send, probe)
+                return
+            start = await self._committed_cursor(sub_id, request)
+            if isinstance(start, Response):
+                await self._send_json(send, start)
+                return
+        cursor = max(1, start)
+        first = await self.handle(self._replay(request, sub_id, cursor))
+        if first.status != 200:
+            await self._send_json(send, first)
+            return
+        monitor = str(first.body.get("monitor", ""))
+        event = self._register(monitor)
+        gone = asyncio.ensure_future(self._wait_disconnect(receive))
+        try:
+            headers = [
+                (k.lower().encode("latin-1"), str(v).encode("latin-1"))
+                for k, v in first.headers.items()
+                if k.lower() not in ("content-type", "content-length")
+            ]
+            headers += [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await self._chunk(send, f"retry: {SSE_RETRY_MS}\n\n")
+            page = first
+            next_beat = time.monotonic() + self.heartbeat_seconds
+            while not gone.done():
+                if page.status != 200:
+                    await self._chunk(send, _sse("error", page.body))
+                    return
+                observations = page.body.get("observations") or []
+                if observations:
+                    await self._chunk(send, "".join(_sse_observation(o) for o in observations))
+                cursor = max(cursor, _int(page.body.get("next"), cursor))
+                caught_up = cursor > _int(page.body.get("head"), 0)
+                if caught_up and not event.is_set():
+                    # Caught up: sleep until an append to this monitor or the next heartbeat.
+                    waiter = asyncio.ensure_future(event.wait())
+                    timeout = max(0.0, next_beat - time.monotonic())
+                    await asyncio.wait({waiter, gone}, timeout=timeout, return_when="FIRST_COMPLETED")
+                    if not waiter.done():
+                        waiter.cancel()
+                    if gone.done():
+                        return
+                if time.monotonic() >= next_beat:
+                    await self._chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
+                    next_beat = time.monotonic() + self.heartbeat_seconds
+                event.clear()
+                page = await self.handle(self._replay(request, sub_id, cursor))
+        finally:
+            self._unregister(monitor, event)
+            gone.cancel()
+            try:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except Exception:
+                pass
+
+    async def _committed_cursor(self, sub_id: str, request: Request) -> int | Response:
+        token = _bearer(request)
+
+        def read() -> Any:
+            return self.service.subscription_info(sub_id, token)
+
+        try:
+            info = await self.call(read)
+        except ProtocolError as err:
+            return error_response(err)
+        sub = info.get("subscription", info) if isinstance(info, dict) else {}
+        if isinstance(sub, dict) and "cursor" in sub:
+            return _int(sub["cursor"], 1)
+        return _int(info.get("cursor"), 1) if isinstance(info, dict) else 1
+
+    @staticmethod
+    def _replay(request: Request, sub_id: str, cursor: int) -> Request:
+        query = [(k, v) for k, v in request.query if k not in ("cursor", "limit", "wait")]
+        query += [("cursor", str(cursor)), ("limit", str(SSE_PAGE))]
+        return Request("GET", f"/mp/v0/subscriptions/{sub_id}/pull", query, request.headers)
+
+    @staticmethod
+    async def _chunk(send: Send, text: str) -> None:
+        await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+
+    # -- lifespan ----------------------------------------------------------------------------------
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await self.shutdown()
+                except Exception as exc:
+                    log.exception("shutdown failed")
+                    await send({"type": "lifespan.shutdown.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        self._ensure_listening()
+        for hook in self.on_startup:
+            result = hook(self)
+            if asyncio.iscoroutine(result):
+                await result
+        if self.sweep_interval:
+            self._tasks.append(asyncio.create_task(self._sweeper(), name="mp-sweep"))
+        for task in self.background_tasks:
+            self._tasks.append(
+                asyncio.create_task(self._guard(task), name=getattr(task, "__name__", "mp-task"))
+            )
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        for hook in self.on_shutdown:
+            result = hook(self)
+            if asyncio.iscoroutine(result):
+                await result
+        await self.call(self.close_store)
+        if self._own_executor:
+            self.executor.shutdown(wait=True)
+
+    def close_store(self) -> None:
+        """Close the store once (runs on the engine thread when called through ``call``)."""
+        if self.closed:
+            return
+        self.closed = True
+        close = getattr(self.store, "close", None)
+        if close is not None:
+            close()
+
+    async def _sweeper(self) -> None:
+        assert self.sweep_interval
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                await self.call(self.service.sweep)
+            except Exception:
+                log.exception("sweep failed")
+
+    async def _guard(self, task: BackgroundTask) -> None:
+        try:
+            await task(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task %r failed", task)
+
+
+def create_app(
+    service: Any,
+    router: Any,
+    *,
+    store: Any = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    executor: ThreadPoolExecutor | None = None,
+    sweep_interval: float | None = SWEEP_INTERVAL_SECONDS,
+    heartbeat_seconds: float = SSE_HEARTBEAT_SECONDS,
+    background_tasks: Iterable[BackgroundTask] = (),
+    on_startup: Iterable[Hook] = (),
+    on_shutdown: Iterable[Hook] = (),
+) -> MonitorApp:
+    """Build the ASGI app. Pass ``executor`` (one worker) when the store was opened on that thread."""
+    return MonitorApp(
+        service,
+        router,
+        store=store if store is not None else getattr(service, "store", None),
+        max_body=max_body,
+        executor=executor,
+        sweep_interval=sweep_interval,
+        heartbeat_seconds=heartbeat_seconds,
+        background_tasks=background_tasks,
+        on_startup=on_startup,
+        on_shutdown=on_shutdown,
+    )
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _with_param(query: list[tuple[str, str]], name: str, value: str) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in query if k != name] + [(name, value)]
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.header("authorization") or ""
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _last_event_id(request: Request) -> int | None:
+    value = (request.header("last-event-id") or "").strip()
+    if not value:
+        return None
+    try:
+        return int(value) + 1
+    except ValueError:
+        return None
+
+
+def _int(value: Any, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def _sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def _sse_observation(observation: dict[str, Any]) -> str:
+    seq = _int(observation.get("id"), 0) or _int(observation.get("sequence"), 0)
+    data = json.dumps(observation, separators=(",", ":"), ensure_ascii=False)
+    return f"id: {seq}\nevent: observation\ndata: {data}\n\n"
+
+
+def _now_iso() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"

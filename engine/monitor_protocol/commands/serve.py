@@ -1,0 +1,263 @@
+"""`mp serve`: the protocol over HTTP, durable on SQLite (PROTOCOL.md sections 5, 8, 9, 10)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..vocab import MAX_LIMIT, MAX_WAIT_SECONDS
+
+HELP = "run the Monitor Protocol HTTP server on a SQLite database"
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8130
+DEFAULT_DB = "monitor-protocol.db"
+DEFAULT_MAX_BODY = 1 << 20
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class _Stop(Exception):
+    """Raised by our own SIGINT/SIGTERM handlers outside uvicorn's own (before start, after shutdown)."""
+
+
+def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--db",
+        default=DEFAULT_DB,
+        metavar="PATH",
+        help=f"SQLite database file (default ./{DEFAULT_DB}); ':memory:' for a throwaway server",
+    )
+    parser.add_argument(
+        "--registration-token",
+        default=None,
+        metavar="TOKEN",
+        help="require this token to create monitors (creations with it are attested)",
+    )
+    parser.add_argument(
+        "--allow-admin",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="TOKEN",
+        help="enable POST /mp/v0/admin/compact and GET /mp/v0/admin/snapshot behind this "
+        "bearer token (a token is minted and printed when none is given)",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a browser Origin allowed to call the server (repeatable), e.g. http://localhost:5173",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="an extra Host name accepted (repeatable); loopback binds accept only local names",
+    )
+    parser.add_argument(
+        "--max-body",
+        type=int,
+        default=DEFAULT_MAX_BODY,
+        metavar="BYTES",
+        help=f"largest request body accepted (default {DEFAULT_MAX_BODY})",
+    )
+    parser.add_argument(
+        "--retire-after-mute",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="server-wide override of retire_after_mute_seconds (default 604800 per subscription)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn log level (default info)",
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:
+    """The Host names accepted: local names on a loopback bind (DNS rebinding), else only what was allowed."""
+    hosts = {h.strip().lower() for h in extra if h.strip()}
+    if is_loopback(host):
+        return hosts | set(LOOPBACK_NAMES) | {host.strip("[]").lower()}
+    if hosts:
+        if host not in ("0.0.0.0", "::", ""):
+            hosts.add(host.strip("[]").lower())
+        return hosts
+    return None
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
+
+
+def _count_monitors(store: Any) -> int | str:
+    for name in ("count_monitors", "monitor_count"):
+        fn = getattr(store, name, None)
+        if callable(fn):
+            return int(fn())
+    fn = getattr(store, "list_monitors", None)
+    if callable(fn):
+        return len(list(fn()))
+    return "?"
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signum)
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ImportError:
+        print("mp serve needs uvicorn: pip install 'monitor-protocol[server]'", file=sys.stderr)
+        return 1
+    from ..binding.asgi import create_app
+    from ..binding.rest import RestRouter
+    from ..service import MonitorService
+    from ..store.sqlite import SQLiteStore, StoreLocked
+
+    if args.max_body < 1:
+        print("mp serve: --max-body must be a positive number of bytes", file=sys.stderr)
+        return 2
+    if args.retire_after_mute is not None and args.retire_after_mute < 1:
+        print("mp serve: --retire-after-mute must be a positive number of seconds", file=sys.stderr)
+        return 2
+
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    db = args.db if args.db == ":memory:" else os.path.abspath(args.db)
+    # One engine thread for the whole life of the server: the store is opened on it and only ever used there.
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mp-engine")
+    store = None
+    app = None
+    try:
+        try:
+            store = executor.submit(SQLiteStore, db).result()
+        except StoreLocked as exc:
+            print(f"mp serve: {exc}", file=sys.stderr)
+            return 1
+        except Exception as exc:
+            print(f"mp serve: cannot open the database {db}: {exc}", file=sys.stderr)
+            return 1
+        admin_token = None
+        if args.allow_admin is not None:
+            admin_token = args.allow_admin or secrets.token_urlsafe(32)
+        hosts = allowed_hosts_for(args.host, args.allow_host)
+
+        def build() -> tuple[Any, Any, int | str]:
+            service = MonitorService(
+                store,
+                clock=time.time,
+                registration_token=args.registration_token,
+                retire_after_mute_seconds=args.retire_after_mute,
+            )
+            router = RestRouter(
+                service,
+                admin_token=admin_token,
+                allowed_origins=tuple(args.allow_origin),
+                allowed_hosts=hosts,
+                max_body=args.max_body,
+            )
+            return service, router, _count_monitors(store)
+
+        service, router, monitors = executor.submit(build).result()
+        try:
+            sock = _bind(args.host, args.port)
+        except OSError as exc:
+            print(
+                f"mp serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr
+            )
+            return 1
+        port = sock.getsockname()[1]
+        app = create_app(service, router, store=store, max_body=args.max_body, executor=executor)
+
+        url = _url(args.host, port)
+        print(f"Monitor Protocol server on {url}/mp/v0  (discover: {url}/mp/v0/discover)")
+        print(f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else ""))
+        print(f"monitors: {monitors}")
+        mute = args.retire_after_mute if args.retire_after_mute is not None else "604800 (per subscription)"
+        print(
+            f"limits: max_body={args.max_body} bytes, max_limit={MAX_LIMIT}, max_wait={MAX_WAIT_SECONDS}s, "
+            f"retire_after_mute={mute}s"
+        )
+        print(
+            "registration: " + ("token required" if args.registration_token else "open (monitors unattested)")
+        )
+        print(f"admin: enabled, token {admin_token}" if admin_token else "admin: disabled")
+        print(
+            "origins allowed: "
+            + (", ".join(args.allow_origin) or "none (requests with an Origin are refused)")
+        )
+        print("hosts allowed: " + (", ".join(sorted(hosts)) if hosts is not None else "any"))
+        sys.stdout.flush()
+
+        config = uvicorn.Config(
+            app, lifespan="on", log_level=args.log_level, access_log=True, timeout_graceful_shutdown=5
+        )
+        server = uvicorn.Server(config)
+        try:
+            server.run(sockets=[sock])
+        except _Stop:
+            pass  # uvicorn re-raises the signal that stopped it once it has shut down cleanly
+        finally:
+            sock.close()
+        return 0
+    except _Stop:
+        return 0
+    finally:
+        if store is not None:
+            try:
+                if app is not None:
+                    executor.submit(app.close_store).result()
+                else:
+                    close = getattr(store, "close", None)
+                    if close is not None:
+                        executor.submit(close).result()
+            except Exception as exc:
+                print(f"mp serve: closing the database failed: {exc}", file=sys.stderr)
+        executor.shutdown(wait=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        print("mp serve: stopped, database closed", file=sys.stderr)
