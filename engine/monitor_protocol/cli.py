@@ -7,7 +7,18 @@ import importlib
 import sys
 
 # subcommand -> module under monitor_protocol.commands exposing add_arguments(parser) and run(args) -> int
-COMMANDS: dict[str, str] = {"serve": "serve"}
+COMMANDS: dict[str, str] = {
+    "serve": "serve",
+    "publish": "client_cmds",
+    "subscribe": "client_cmds",
+    "pull": "client_cmds",
+    "ack": "client_cmds",
+    "seek": "client_cmds",
+    "state": "client_cmds",
+    "monitors": "client_cmds",
+    "lease": "client_cmds",
+    "watch": "watch",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
