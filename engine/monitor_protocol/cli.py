@@ -18,15 +18,20 @@ COMMANDS: dict[str, str] = {
     "monitors": "client_cmds",
     "lease": "client_cmds",
     "watch": "watch",
+    "conform": "conform",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mp", description="The Monitor Protocol v0: server, client and tools.")
+    parser = argparse.ArgumentParser(
+        prog="mp", description="The Monitor Protocol v0: server, client and tools."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"monitor_protocol.commands.{module_name}")
-        p = sub.add_parser(name, help=module.HELP.get(name, "") if isinstance(module.HELP, dict) else module.HELP)
+        p = sub.add_parser(
+            name, help=module.HELP.get(name, "") if isinstance(module.HELP, dict) else module.HELP
+        )
         module.add_arguments(name, p)
         p.set_defaults(_module=module, _name=name)
     return parser

@@ -1,0 +1,76 @@
+"""HttpTransport: the suite against a running server (`mp serve`), over real HTTP with httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from .transport import API_PREFIX, Query, Reply, query_pairs
+
+
+class HttpTransport:
+    """Speaks to `base` (e.g. http://127.0.0.1:8130); `sleep` really waits, `race` really overlaps."""
+
+    supports_origin = True
+
+    def __init__(
+        self,
+        base: str,
+        admin_token: str | None = None,
+        registration_token: str | None = None,
+        timeout: float = 30.0,
+        client: Any = None,
+    ) -> None:
+        import httpx
+
+        self.base = base.rstrip("/")
+        if self.base.endswith(API_PREFIX):
+            self.base = self.base[: -len(API_PREFIX)]
+        self.name = f"http {self.base}"
+        self.admin_token = admin_token
+        self.registration_token = registration_token
+        self._client = client or httpx.AsyncClient(base_url=self.base, timeout=timeout)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        token: str | None = None,
+        query: Query = None,
+        headers: dict[str, str] | None = None,
+        raw_body: bytes | None = None,
+    ) -> Reply:
+        hdrs = dict(headers or {})
+        if token is not None:
+            hdrs["Authorization"] = f"Bearer {token}"
+        content = raw_body
+        if content is None and body is not None:
+            content = json.dumps(body).encode()
+        if content is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        resp = await self._client.request(
+            method.upper(), API_PREFIX + path, params=query_pairs(query), headers=hdrs, content=content
+        )
+        try:
+            decoded = resp.json() if resp.content else None
+        except ValueError:
+            decoded = resp.text
+        return Reply(resp.status_code, decoded, {k.lower(): v for k, v in resp.headers.items()})
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def race(self, requests: list[dict[str, Any]]) -> list[Reply]:
+        return list(await asyncio.gather(*(self.request(**kw) for kw in requests)))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> HttpTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
