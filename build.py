@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""Build, serve and test the Monitor Protocol playground. Standard library only.
+
+    python build.py build            build the static site into dist/site (incremental)
+    python build.py serve [--port N] build, then serve dist/site on http://127.0.0.1:N (default 8000)
+    python build.py test [--no-e2e] [pytest args...]
+                                     venv, Chromium, build, ruff, pytest tests, pytest e2e
+    python build.py bench [args...]  run bench/run.py with the venv's python
+
+Everything the site loads comes from its own origin: Pyodide and PyScript from pinned npm packages,
+pure-Python wheels from pinned PyPI releases, and a wheel of this repository's engine. Downloads are
+cached in .cache/ keyed by version; the engine wheel is rebuilt when engine/, schemas/ or pyproject.toml
+change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import functools
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+CACHE = ROOT / ".cache"
+SITE = ROOT / "dist" / "site"
+WEB = ROOT / "web"
+VENV = ROOT / ".venv"
+VENV_PY = VENV / "bin" / "python"
+
+PYODIDE_VERSION = "0.29.5"  # Python 3.13.2; BROWSER.md: starts about 0.4 s faster than 314.0.7
+PYSCRIPT_VERSION = "0.7.31"
+# Pure-Python wheels the page may load, pinned. jsonschema >= 4.18 wants rpds-py, a compiled extension with
+# no WebAssembly wheel: `pyrsistent-as-rpds-py` implements its API on pyrsistent, and a tiny generated
+# `rpds` wheel (STANDIN_RPDS) re-exports it under the name jsonschema and referencing import.
+# name: (version, lock depends, imports)
+WHEELS = {
+    "jsonschema": (
+        "4.26.0",
+        ["attrs", "jsonschema-specifications", "referencing", "rpds-py"],
+        ["jsonschema"],
+    ),
+    "jsonschema-specifications": ("2025.9.1", ["referencing"], ["jsonschema_specifications"]),
+    "referencing": ("0.37.0", ["attrs", "rpds-py"], ["referencing"]),
+    "attrs": ("25.3.0", [], ["attr", "attrs"]),
+    "pyrsistent": ("0.20.0", [], ["_pyrsistent_version", "pyrsistent"]),
+    "pyrsistent-as-rpds-py": ("2.1.0", ["pyrsistent"], ["pyrsistent_as_rpds"]),
+}
+STANDIN_RPDS = ("rpds-py", "0.0.1", ["pyrsistent-as-rpds-py"], ["rpds"])
+ENGINE_PACKAGE = "monitor-protocol"
+# Pyodide files the page needs from the npm package (no source maps, no consoles, no typings).
+PYODIDE_FILES = (
+    "pyodide.mjs",
+    "pyodide.js",
+    "pyodide.asm.js",
+    "pyodide.asm.wasm",
+    "python_stdlib.zip",
+    "package.json",
+)
+
+
+def log(msg: str) -> None:
+    print(f"[build] {msg}", flush=True)
+
+
+def fail(msg: str) -> None:
+    print(f"[build] ERROR: {msg}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def run(cmd: list[str], **kw) -> None:
+    log("$ " + " ".join(str(c) for c in cmd))
+    result = subprocess.run(cmd, **kw)
+    if result.returncode != 0:
+        fail(f"command failed with exit code {result.returncode}: {' '.join(str(c) for c in cmd)}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tree_digest(*paths: Path) -> str:
+    """A digest of the names and contents of every file under the given paths (caches ignored)."""
+    h = hashlib.sha256()
+    for base in paths:
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+        for p in files:
+            if "__pycache__" in p.parts or p.suffix == ".pyc":
+                continue
+            h.update(str(p.relative_to(ROOT)).encode() + b"\0")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------- fetching
+
+
+def npm_package(name: str, version: str) -> Path:
+    """`npm pack` a pinned package once into .cache/npm/<name>-<version>/package and return that folder."""
+    dest = CACHE / "npm" / f"{name.replace('/', '__').lstrip('@')}-{version}"
+    done = dest / ".complete"
+    if done.exists():
+        return dest / "package"
+    if shutil.which("npm") is None:
+        fail("npm is needed to fetch the pinned Pyodide and PyScript packages (install Node.js 20 and npm)")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    run(["npm", "pack", "--silent", f"{name}@{version}", "--pack-destination", str(dest)], cwd=dest)
+    tgz = next(dest.glob("*.tgz"))
+    with tarfile.open(tgz) as tar:
+        tar.extractall(dest, filter="data")
+    tgz.unlink()
+    done.write_text(f"{name}@{version}\n")
+    return dest / "package"
+
+
+def pypi_wheel(name: str, version: str) -> Path:
+    """Download one pinned pure-Python wheel (for Python 3.13, any platform) into .cache/wheels."""
+    dest = CACHE / "wheels" / f"{name}-{version}"
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) == 1:
+        return wheels[0]
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+         "--only-binary=:all:", "--no-deps", "--python-version", "3.13", "--platform", "any",
+         "--implementation", "py", "--abi", "none", "-d", str(dest), f"{name}=={version}"]
+    )  # fmt: skip
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        fail(f"expected one wheel for {name}=={version} in {dest}, found {wheels}")
+    return wheels[0]
+
+
+def engine_wheel() -> Path:
+    """Build this repository's wheel (monitor_protocol + schemas) when engine/, schemas/ or pyproject changed."""
+    sources = [p for p in (ROOT / "engine", ROOT / "schemas", ROOT / "pyproject.toml", ROOT / "README.md")]
+    key = tree_digest(*[p for p in sources if p.exists()])
+    dest = CACHE / "engine" / key
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) == 1:
+        return wheels[0]
+    shutil.rmtree(CACHE / "engine", ignore_errors=True)
+    dest.mkdir(parents=True)
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+         "-w", str(dest), str(ROOT)]
+    )  # fmt: skip
+    wheels = list(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        fail(f"expected one engine wheel in {dest}, found {wheels}")
+    return wheels[0]
+
+
+def standin_rpds_wheel() -> Path:
+    """Generate the `rpds` stand-in wheel: one module re-exporting pyrsistent_as_rpds' pure classes.
+    Deterministic bytes (fixed timestamps), so its sha256 only changes when this code does."""
+    name, version, _, _ = STANDIN_RPDS
+    dist = name.replace("-", "_")
+    init = (
+        b'"""rpds-py API on pyrsistent (pyrsistent-as-rpds-py), for Pyodide where rpds-py has no wheel."""\n'
+        b"from pyrsistent_as_rpds.pure import HashTrieMap, HashTrieSet, List, Queue\n\n"
+        b'__all__ = ["HashTrieMap", "HashTrieSet", "List", "Queue"]\n'
+    )
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        "rpds/__init__.py": init,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        f"Summary: rpds-py stand-in re-exporting pyrsistent-as-rpds-py\nRequires-Dist: pyrsistent-as-rpds-py\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: build.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/top_level.txt": b"rpds\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    dest = CACHE / "wheels" / f"{name}-{version}"
+    wheel = dest / f"{dist}-{version.replace('+', '_')}-py3-none-any.whl"
+    dest.mkdir(parents=True, exist_ok=True)
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path, data in files.items():
+            zi = zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0))
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zi.external_attr = 0o644 << 16
+            zf.writestr(zi, data)
+    if wheel.exists() and wheel.read_bytes() == tmp.read_bytes():
+        tmp.unlink()
+    else:
+        os.replace(tmp, wheel)
+    return wheel
+
+
+# --------------------------------------------------------------------------------------------- assembling
+
+
+def lock_entry(name: str, version: str, wheel: Path, depends: list[str], imports: list[str]) -> dict:
+    return {
+        "name": name,
+        "version": version,
+        "file_name": wheel.name,
+        "install_dir": "site",
+        "sha256": sha256_file(wheel),
+        "package_type": "package",
+        "imports": imports,
+        "depends": depends,
+        "unvendored_tests": False,
+    }
+
+
+def patched_lock(original: dict, entries: list[dict]) -> dict:
+    """Keep only the packages the site really ships, so nothing can ever be fetched from elsewhere."""
+    return {"info": original["info"], "packages": {e["name"]: e for e in entries}}
+
+
+def sync_tree(files: dict[str, bytes | Path], dest: Path) -> int:
+    """Make `dest` hold exactly `files` (relative path -> bytes or source file), rewriting only changes."""
+    changed = 0
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel, src in files.items():
+        target = dest / rel
+        data = src if isinstance(src, bytes) else None
+        if target.exists():
+            if data is not None and target.read_bytes() == data:
+                continue
+            if data is None:
+                st, tt = src.stat(), target.stat()
+                if st.st_size == tt.st_size and (
+                    st.st_mtime_ns == tt.st_mtime_ns or src.read_bytes() == target.read_bytes()
+                ):
+                    continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp-build")
+        if data is not None:
+            tmp.write_bytes(data)
+        else:
+            shutil.copy2(src, tmp)
+        os.replace(tmp, target)
+        changed += 1
+    for p in sorted(dest.rglob("*"), reverse=True):
+        rel = p.relative_to(dest).as_posix()
+        if p.is_file() and rel not in files:
+            p.unlink()
+            changed += 1
+        elif p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+    return changed
+
+
+def build() -> Path:
+    t0 = time.monotonic()
+    if not (WEB / "index.html").exists():
+        fail("web/index.html is missing")
+    pyodide = npm_package("pyodide", PYODIDE_VERSION)
+    pyscript = npm_package("@pyscript/core", PYSCRIPT_VERSION)
+    files: dict[str, bytes | Path] = {}
+
+    for rel in PYODIDE_FILES:
+        src = pyodide / rel
+        if src.exists():
+            files[f"pyodide/{rel}"] = src
+    for src in sorted((pyscript / "dist").rglob("*")):
+        if src.is_file() and not src.name.endswith(".map"):
+            files[f"pyscript/{src.relative_to(pyscript / 'dist').as_posix()}"] = src
+
+    entries = []
+    for name, (version, depends, imports) in WHEELS.items():
+        wheel = pypi_wheel(name, version)
+        files[f"pyodide/{wheel.name}"] = wheel
+        entries.append(lock_entry(name, version, wheel, depends, imports))
+    sname, sversion, sdepends, simports = STANDIN_RPDS
+    swheel = standin_rpds_wheel()
+    files[f"pyodide/{swheel.name}"] = swheel
+    entries.append(lock_entry(sname, sversion, swheel, sdepends, simports))
+    ewheel = engine_wheel()
+    eversion = ewheel.name.split("-")[1]
+    files[f"pyodide/{ewheel.name}"] = ewheel
+    entries.append(lock_entry(ENGINE_PACKAGE, eversion, ewheel, [], ["monitor_protocol"]))
+
+    original = json.loads((pyodide / "pyodide-lock.json").read_text())
+    lock = patched_lock(original, entries)
+    files["pyodide/pyodide-lock.json"] = json.dumps(lock, indent=1, sort_keys=True).encode()
+
+    for src in sorted(WEB.rglob("*")):
+        if src.is_file() and "__pycache__" not in src.parts:
+            files[src.relative_to(WEB).as_posix()] = src
+    info = {
+        "pyodide": PYODIDE_VERSION,
+        "pyscript": PYSCRIPT_VERSION,
+        "engine_wheel": ewheel.name,
+        "engine_sha256": lock["packages"][ENGINE_PACKAGE]["sha256"],
+        "wheels": {n: v[0] for n, v in WHEELS.items()},
+    }
+    files["build-info.json"] = json.dumps(info, indent=1, sort_keys=True).encode()
+    changed = sync_tree(files, SITE)
+    log(f"site ready in {SITE.relative_to(ROOT)} ({len(files)} files, {changed} changed, "
+        f"{time.monotonic() - t0:.1f}s)")  # fmt: skip
+    return SITE
+
+
+# ---------------------------------------------------------------------------------------------- serving
+
+
+class SiteHandler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".mjs": "text/javascript",
+        ".js": "text/javascript",
+        ".wasm": "application/wasm",
+        ".json": "application/json",
+        ".whl": "application/zip",
+        ".zip": "application/zip",
+        ".py": "text/x-python",
+        ".css": "text/css",
+        ".html": "text/html; charset=utf-8",
+        ".png": "image/png",
+        ".svg": "image/svg+xml",
+    }
+
+    def end_headers(self) -> None:
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Service-Worker-Allowed", "/")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        super().end_headers()
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        if os.environ.get("MP_SERVE_QUIET") != "1":
+            super().log_message(format, *args)
+
+
+def make_server(
+    port: int, directory: Path = SITE, host: str = "127.0.0.1"
+) -> http.server.ThreadingHTTPServer:
+    handler = functools.partial(SiteHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def serve(port: int) -> None:
+    build()
+    server = make_server(port)
+    print(f"\n  Monitor Protocol playground: http://127.0.0.1:{server.server_address[1]}/\n"
+          f"  (serving {SITE}; Ctrl-C to stop)\n", flush=True)  # fmt: skip
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+# ---------------------------------------------------------------------------------------------- testing
+
+
+def ensure_venv() -> None:
+    pyproject = ROOT / "pyproject.toml"
+    key = hashlib.sha256(pyproject.read_bytes()).hexdigest()
+    stamp = VENV / ".mp-pyproject-sha256"
+    if VENV_PY.exists() and stamp.exists() and stamp.read_text().strip() == key:
+        log(".venv is up to date")
+        return
+    if not VENV_PY.exists():
+        run([sys.executable, "-m", "venv", str(VENV)])
+    run(
+        [
+            str(VENV_PY),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-e",
+            f"{ROOT}[test]",
+        ]
+    )
+    stamp.write_text(key + "\n")
+
+
+def ensure_chromium() -> None:
+    if Path("/usr/bin/chromium").exists():
+        return
+    if os.geteuid() != 0:
+        fail("Chromium is missing and this is not root. Install it with:\n  sudo apt-get update && "
+             "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium")  # fmt: skip
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update"], env=env)
+    run(["apt-get", "install", "-y", "--no-install-recommends", "chromium"], env=env)
+    if not Path("/usr/bin/chromium").exists():
+        fail("apt-get installed chromium but /usr/bin/chromium is still missing")
+
+
+def test(no_e2e: bool, extra: list[str]) -> None:
+    ensure_venv()
+    if not no_e2e:
+        ensure_chromium()
+    build()
+    steps = [
+        ["ruff", "format", "--check", "."],
+        ["ruff", "check", "."],
+        ["pytest", "-q", "tests", *extra],
+    ]
+    if not no_e2e:
+        steps.append(["pytest", "-q", "e2e", *extra])
+    for step in steps:
+        run([str(VENV_PY), "-m", *step], cwd=ROOT)
+    log("all checks passed")
+
+
+def bench(extra: list[str]) -> None:
+    script = ROOT / "bench" / "run.py"
+    if not script.exists():
+        fail(f"{script.relative_to(ROOT)} is missing: the benchmark runner has not been written yet")
+    ensure_venv()
+    run([str(VENV_PY), str(script), *extra], cwd=ROOT)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="build.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build the static site into dist/site")
+    p_serve = sub.add_parser("serve", help="build, then serve dist/site on 127.0.0.1")
+    p_serve.add_argument("--port", type=int, default=8000)
+    p_test = sub.add_parser("test", help="ruff, pytest tests, pytest e2e (extra args go to pytest)")
+    p_test.add_argument("--no-e2e", action="store_true", help="skip the browser tests")
+    sub.add_parser("bench", help="run bench/run.py with the venv's python")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command in ("build", "serve"):
+        parser.error(f"unexpected arguments: {' '.join(extra)}")
+    if args.command == "build":
+        build()
+    elif args.command == "serve":
+        serve(args.port)
+    elif args.command == "test":
+        test(args.no_e2e, extra)
+    elif args.command == "bench":
+        bench(extra)
+
+
+if __name__ == "__main__":
+    main()

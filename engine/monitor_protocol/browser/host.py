@@ -1,0 +1,139 @@
+"""EngineHost: MonitorService + RestRouter over a MemoryStore, with a durability hook awaited after every
+call (the IndexedDB store in the browser). Every caller, the page's UI and the service-worker shim alike,
+goes through `call()`, so what a person sees is the real protocol answer (status + JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..binding.messages import Request
+from ..binding.rest import RestRouter
+from ..service import MonitorService
+from ..store.memory import MemoryStore
+
+API_PREFIX = "/mp/v0"
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def to_shim_json(self) -> str:
+        """The service worker's reply message: `{status, headers, body: <JSON text>}`."""
+        text = "" if self.body is None else json.dumps(self.body, indent=2, ensure_ascii=False) + "\n"
+        return json.dumps({"status": self.status, "headers": self.headers, "body": text})
+
+
+def parse_shim_request(text: str) -> tuple[str, str, list[tuple[str, str]], dict[str, str], bytes]:
+    """The shim's `{method, path, query: [[k, v]...], headers: {..}, body: text}` as call() arguments.
+    The Origin header is dropped: the shim is same-origin (PROTOCOL.md section 10)."""
+    msg = json.loads(text)
+    headers = {
+        str(k).lower(): str(v) for k, v in (msg.get("headers") or {}).items() if str(k).lower() != "origin"
+    }
+    query = [(str(k), str(v)) for k, v in (msg.get("query") or [])]
+    body = (msg.get("body") or "").encode()
+    return str(msg.get("method") or "GET").upper(), str(msg.get("path") or "/"), query, headers, body
+
+
+class EngineHost:
+    def __init__(
+        self,
+        store: MemoryStore | None = None,
+        persist: Callable[[], Awaitable[Any]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store if store is not None else MemoryStore()
+        self.service = MonitorService(self.store, clock=clock)
+        self.router = RestRouter(self.service)
+        self.persist = persist
+        self.calls = 0
+        self._waiters: dict[str, list[asyncio.Event]] = {}
+        self.service.add_listener(self._on_append)
+
+    def _on_append(self, monitor_id: str, head: int) -> None:
+        for event in self._waiters.pop(monitor_id, []):
+            event.set()
+
+    async def _durable(self) -> None:
+        if self.persist is not None:
+            await self.persist()
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        token: str | None = None,
+        query: list[tuple[str, str]] | dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        raw_body: bytes | None = None,
+    ) -> Reply:
+        """One REST call through the router; the changes it made are durable before this returns."""
+        if not path.startswith(API_PREFIX):
+            path = API_PREFIX + path
+        pairs = list(query.items()) if isinstance(query, dict) else list(query or [])
+        pairs = [(str(k), str(v)) for k, v in pairs if v is not None]
+        hdrs = {k.lower(): v for k, v in (headers or {}).items() if k.lower() != "origin"}
+        if token:
+            hdrs["authorization"] = f"Bearer {token}"
+        if raw_body is None:
+            raw_body = b"" if body is None else json.dumps(body).encode()
+        if raw_body:
+            hdrs.setdefault("content-type", "application/json")
+        request = Request(method.upper(), path, query=pairs, headers=hdrs, body=raw_body)
+        self.calls += 1
+        response = self.router.handle(request)
+        await self._durable()
+        while response.long_poll is not None and response.long_poll.wait_seconds > 0:
+            waited = await self._wait_for_append(response.long_poll.monitor, response.long_poll.wait_seconds)
+            remaining = max(0.0, response.long_poll.wait_seconds - waited)
+            request.query = [(k, v) for k, v in request.query if k != "wait"] + [("wait", f"{remaining:.3f}")]
+            response = self.router.handle(request)
+            await self._durable()
+            if remaining <= 0:
+                break
+        return Reply(response.status, response.body, dict(response.headers))
+
+    async def _wait_for_append(self, monitor_id: str, seconds: float) -> float:
+        event = asyncio.Event()
+        self._waiters.setdefault(monitor_id, []).append(event)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            await asyncio.wait_for(event.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+        finally:
+            waiting = self._waiters.get(monitor_id, [])
+            if event in waiting:
+                waiting.remove(event)
+        return loop.time() - start
+
+    async def handle_shim(self, text: str) -> str:
+        """Answer one forwarded request from the service worker (JSON in, JSON out)."""
+        try:
+            method, path, query, headers, body = parse_shim_request(text)
+        except (ValueError, TypeError, AttributeError) as exc:
+            return Reply(
+                400, {"code": "INVALID", "error": f"malformed shim request: {exc}", "done": []}
+            ).to_shim_json()
+        reply = await self.call(method, path, query=query, headers=headers, raw_body=body)
+        return reply.to_shim_json()
+
+    async def sweep(self) -> int:
+        """Lease expiry and the mute sweep (PROTOCOL.md P6); durable like any other call."""
+        n = self.service.sweep()
+        await self._durable()
+        return n

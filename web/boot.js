@@ -1,0 +1,167 @@
+// Plain-JS plumbing that must exist before Python starts: loading stages, the service worker and its
+// message listener (answers "not ready" until the Python engine registers), the Web Lock that makes one
+// tab the single writer, and a small IndexedDB helper the Python store awaits.
+const MP = (window.MP = {
+  handler: null, // set by Python: async (requestJson) -> responseJson
+  isOwner: false,
+  t0: performance.now(),
+  marks: {},
+  errors: [],
+});
+
+const STAGES = ["runtime", "engine", "storage", "ready"];
+MP.stage = (name, detail) => {
+  MP.marks[name] = performance.now() - MP.t0;
+  const idx = STAGES.indexOf(name);
+  document.querySelectorAll("#boot li").forEach((li) => {
+    const i = STAGES.indexOf(li.dataset.stage);
+    li.classList.toggle("done", i < idx || name === "ready");
+    li.classList.toggle("active", i === idx && name !== "ready");
+  });
+  const bar = document.querySelector("#boot .bar > span");
+  if (bar) bar.style.width = `${Math.round(((idx + 1) / STAGES.length) * 100)}%`;
+  const text = document.querySelector("#boot .detail");
+  if (text && detail) text.textContent = detail;
+  const chip = document.getElementById("status-chip");
+  if (chip && name !== "ready") chip.querySelector(".label").textContent = `loading: ${name}`;
+  if (name === "ready") {
+    document.body.classList.remove("booting");
+    document.body.classList.add("ready");
+    document.getElementById("boot").setAttribute("hidden", "");
+    window.dispatchEvent(new CustomEvent("mp:ready", { detail: MP.marks }));
+  }
+};
+MP.fatal = (message) => {
+  MP.errors.push(message);
+  const box = document.querySelector("#boot .detail");
+  if (box) box.textContent = "Failed: " + message;
+  document.getElementById("boot").classList.add("failed");
+};
+
+// ---------------------------------------------------------------- the service worker and its requests
+function notReady(port, why) {
+  port.postMessage({ notReady: true, status: 503, body: JSON.stringify({ code: "UNAVAILABLE", error: why, done: [] }) });
+}
+if ("serviceWorker" in navigator) {
+  navigator.serviceWorker.addEventListener("message", (event) => {
+    const msg = event.data || {};
+    if (msg.type !== "mp-request" || !event.ports[0]) return;
+    const port = event.ports[0];
+    if (!MP.handler) return notReady(port, "The playground engine is still starting; try again in a moment.");
+    if (!MP.isOwner) return port.postMessage({ notOwner: true });
+    Promise.resolve(MP.handler(msg.req))
+      .then((text) => port.postMessage(JSON.parse(text)))
+      .catch((err) =>
+        port.postMessage({
+          status: 503,
+          body: JSON.stringify({ code: "UNAVAILABLE", error: "The playground engine failed: " + err, done: [] }),
+        }),
+      );
+  });
+  navigator.serviceWorker.startMessages();
+  MP.swReady = (async () => {
+    const scope = new URL("./", location.href).pathname;
+    await navigator.serviceWorker.register(scope + "sw.js", { scope });
+    if (!navigator.serviceWorker.controller) {
+      await new Promise((resolve) =>
+        navigator.serviceWorker.addEventListener("controllerchange", resolve, { once: true }),
+      );
+    }
+    return true;
+  })().catch((err) => {
+    console.warn("service worker unavailable:", err);
+    return false;
+  });
+} else {
+  MP.swReady = Promise.resolve(false);
+}
+MP.announceOwner = () => {
+  const c = navigator.serviceWorker && navigator.serviceWorker.controller;
+  if (c) c.postMessage({ type: "mp-owner" });
+};
+
+// ---------------------------------------------------------------- one writer: the Web Lock
+MP.acquireLock = (wait) =>
+  new Promise((resolve) => {
+    if (!navigator.locks) return resolve(true); // no Web Locks: behave as the only tab
+    navigator.locks
+      .request("monitor-protocol-playground-engine", wait ? {} : { ifAvailable: true }, (lock) => {
+        if (!lock) {
+          resolve(false);
+          return null;
+        }
+        MP.isOwner = true;
+        resolve(true);
+        return new Promise(() => {}); // held until this tab goes away
+      })
+      .catch(() => resolve(false));
+  });
+
+// ---------------------------------------------------------------- IndexedDB helper
+const DB_NAME = "monitor-protocol-playground";
+const STORES = ["records", "ui"];
+let db = null;
+function req(r) {
+  return new Promise((resolve, reject) => {
+    r.onsuccess = () => resolve(r.result);
+    r.onerror = () => reject(r.error);
+  });
+}
+function done(tx) {
+  return new Promise((resolve, reject) => {
+    tx.oncomplete = () => resolve(true);
+    tx.onerror = () => reject(tx.error || new Error("IndexedDB transaction failed"));
+    tx.onabort = () => reject(tx.error || new Error("IndexedDB transaction aborted"));
+  });
+}
+MP.idb = {
+  async open() {
+    if (!("indexedDB" in window) || !window.indexedDB) throw new Error("IndexedDB is not available");
+    const r = indexedDB.open(DB_NAME, 1);
+    r.onupgradeneeded = () => {
+      for (const s of STORES) if (!r.result.objectStoreNames.contains(s)) r.result.createObjectStore(s);
+    };
+    db = await req(r);
+    db.onversionchange = () => db.close();
+    return true;
+  },
+  // Every record as JSON: [[key, valueJson], ...]
+  async loadAll() {
+    const tx = db.transaction("records", "readonly");
+    const store = tx.objectStore("records");
+    const [keys, values] = await Promise.all([req(store.getAllKeys()), req(store.getAll())]);
+    return JSON.stringify(keys.map((k, i) => [k, values[i]]));
+  },
+  // One transaction for a whole batch of changes: [[key, valueJson|null], ...]; resolves when committed.
+  async apply(changesJson) {
+    const changes = JSON.parse(changesJson);
+    const tx = db.transaction("records", "readwrite", { durability: "strict" });
+    const store = tx.objectStore("records");
+    for (const [key, value] of changes) {
+      if (value === null) store.delete(key);
+      else store.put(value, key);
+    }
+    return done(tx);
+  },
+  async getUi() {
+    const tx = db.transaction("ui", "readonly");
+    const v = await req(tx.objectStore("ui").get("session"));
+    return v === undefined ? null : v;
+  },
+  async putUi(json) {
+    const tx = db.transaction("ui", "readwrite");
+    tx.objectStore("ui").put(json, "session");
+    return done(tx);
+  },
+  async clear() {
+    const tx = db.transaction(STORES, "readwrite");
+    for (const s of STORES) tx.objectStore(s).clear();
+    return done(tx);
+  },
+  async count() {
+    const tx = db.transaction("records", "readonly");
+    return req(tx.objectStore("records").count());
+  },
+};
+
+MP.stage("runtime", "Loading Python (Pyodide) from this site…");
