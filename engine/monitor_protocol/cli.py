@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "monitors": "client_cmds",
     "lease": "client_cmds",
     "watch": "watch",
+    "mcp": "mcp_cmd",
     "conform": "conform",
 }
 

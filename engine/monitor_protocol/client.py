@@ -103,7 +103,9 @@ def _error_from_body(status: int, body: Any, text: str) -> MonitorProtocolError:
         extras = {k: v for k, v in body.items() if k not in ("code", "error")}
         return MonitorProtocolError(body["code"], str(body.get("error", "")), status, extras)
     sentence = text.strip()[:200] or "no body"
-    return MonitorProtocolError("UNEXPECTED_RESPONSE", f"HTTP {status} without a protocol error: {sentence}", status)
+    return MonitorProtocolError(
+        "UNEXPECTED_RESPONSE", f"HTTP {status} without a protocol error: {sentence}", status
+    )
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -182,7 +184,10 @@ class MonitorCreated(Result):
     @classmethod
     def of(cls, raw: dict[str, Any]) -> MonitorCreated:
         return cls(
-            raw, Monitor.of(raw.get("monitor") or {}), raw.get("owner_token", ""), raw.get("subscribe_token"),
+            raw,
+            Monitor.of(raw.get("monitor") or {}),
+            raw.get("owner_token", ""),
+            raw.get("subscribe_token"),
             raw.get("notice"),
         )
 
@@ -271,7 +276,9 @@ class Subscribed(Result):
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> Subscribed:
-        return cls(raw, Subscription.of(raw.get("subscription") or {}), raw.get("token", ""), raw.get("notice"))
+        return cls(
+            raw, Subscription.of(raw.get("subscription") or {}), raw.get("token", ""), raw.get("notice")
+        )
 
 
 @dataclass
@@ -311,8 +318,13 @@ class AckResult(Result):
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> AckResult:
-        return cls(raw, raw.get("subscription", ""), int(raw.get("cursor") or 0), int(raw.get("head") or 0),
-                   raw.get("lag"))
+        return cls(
+            raw,
+            raw.get("subscription", ""),
+            int(raw.get("cursor") or 0),
+            int(raw.get("head") or 0),
+            raw.get("lag"),
+        )
 
 
 @dataclass
@@ -428,6 +440,14 @@ class _Routes:
     def _tok(self, token: str | None) -> str | None:
         return token if token is not None else self.token
 
+    def request(
+        self, method: str, path: str, *, body: Any = None, params: list[tuple[str, str]] | None = None,
+        token: str | None = None, timeout: float | None = None,
+    ) -> Any:
+        """Any route under /mp/v0, returning the JSON reply as is (errors raise as for every route).
+        `path` is relative to the prefix, e.g. "/monitors/ci/state"."""
+        return self._run(_Call(method.upper(), path, self._tok(token), _raw, body, list(params or []), timeout))
+
     # -- discovery and monitors ------------------------------------------------------------------
 
     def discover(self) -> Any:
@@ -450,16 +470,25 @@ class _Routes:
         return self._run(_Call("POST", "/monitors", self._tok(token), MonitorCreated.of, body))
 
     def update_monitor(
-        self, monitor_id: str, patch: Mapping[str, Any], *, reason: str | None = None, rule: str | None = None,
+        self,
+        monitor_id: str,
+        patch: Mapping[str, Any],
+        *,
+        reason: str | None = None,
+        rule: str | None = None,
         token: str | None = None,
     ) -> Any:
         """POST /monitors/{id}/update (owner) -> MonitorChanged."""
         body = _drop_none({"patch": dict(patch), "reason": reason, "rule": rule})
-        return self._run(_Call("POST", f"/monitors/{_seg(monitor_id)}/update", self._tok(token), MonitorChanged.of, body))
+        return self._run(
+            _Call("POST", f"/monitors/{_seg(monitor_id)}/update", self._tok(token), MonitorChanged.of, body)
+        )
 
     def _lifecycle(self, action: str, monitor_id: str, reason: str | None, token: str | None) -> Any:
         body = _drop_none({"reason": reason})
-        return self._run(_Call("POST", f"/monitors/{_seg(monitor_id)}/{action}", self._tok(token), MonitorChanged.of, body))
+        return self._run(
+            _Call("POST", f"/monitors/{_seg(monitor_id)}/{action}", self._tok(token), MonitorChanged.of, body)
+        )
 
     def pause_monitor(self, monitor_id: str, reason: str | None = None, *, token: str | None = None) -> Any:
         """POST /monitors/{id}/pause (owner) -> MonitorChanged."""
@@ -478,35 +507,68 @@ class _Routes:
         return self._run(_Call("GET", f"/monitors/{_seg(monitor_id)}/state", self._tok(token), State.of))
 
     def publish(
-        self, monitor_id: str, type: str, *, subject: str | None = None, data: Mapping[str, Any] | None = None,
-        token: str | None = None, **fields: Any,
+        self,
+        monitor_id: str,
+        type: str,
+        *,
+        subject: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        token: str | None = None,
+        **fields: Any,
     ) -> Any:
         """POST /monitors/{id}/observations (owner) -> Published. `fields`: tags, actor, origin, tier,
         verification, on_behalf_of, time, source_ref, rule, wasDerivedFrom, supersedes."""
-        body = _drop_none({"type": type, "subject": subject, "data": dict(data) if data is not None else None, **fields})
-        return self._run(_Call("POST", f"/monitors/{_seg(monitor_id)}/observations", self._tok(token), Published.of, body))
+        body = _drop_none(
+            {"type": type, "subject": subject, "data": dict(data) if data is not None else None, **fields}
+        )
+        return self._run(
+            _Call("POST", f"/monitors/{_seg(monitor_id)}/observations", self._tok(token), Published.of, body)
+        )
 
     # -- subscriptions ---------------------------------------------------------------------------
 
     def subscribe(
-        self, monitor: str, subscriber: str, *, capabilities: list[str] | None = None,
-        filter: Mapping[str, Any] | None = None, from_: str | int | None = None, protocol: str | None = None,
-        reset_policy: str | None = None, sink: str | None = None, retire_after_mute_seconds: int | None = None,
-        token: str | None = None, **fields: Any,
+        self,
+        monitor: str,
+        subscriber: str,
+        *,
+        capabilities: list[str] | None = None,
+        filter: Mapping[str, Any] | None = None,
+        from_: str | int | None = None,
+        protocol: str | None = None,
+        reset_policy: str | None = None,
+        sink: str | None = None,
+        retire_after_mute_seconds: int | None = None,
+        token: str | None = None,
+        **fields: Any,
     ) -> Any:
         """POST /subscriptions -> Subscribed (the reader token is shown once). `token` is the owner's or the
         monitor's subscribe token, or the subscription's own token when re-subscribing."""
-        body = _drop_none({
-            "monitor": monitor, "subscriber": subscriber, "capabilities": capabilities,
-            "filter": dict(filter) if filter is not None else None, "from": from_, "protocol": protocol,
-            "reset_policy": reset_policy, "sink": sink, "retire_after_mute_seconds": retire_after_mute_seconds,
-            **fields,
-        })
+        body = _drop_none(
+            {
+                "monitor": monitor,
+                "subscriber": subscriber,
+                "capabilities": capabilities,
+                "filter": dict(filter) if filter is not None else None,
+                "from": from_,
+                "protocol": protocol,
+                "reset_policy": reset_policy,
+                "sink": sink,
+                "retire_after_mute_seconds": retire_after_mute_seconds,
+                **fields,
+            }
+        )
         return self._run(_Call("POST", "/subscriptions", self._tok(token), Subscribed.of, body))
 
     def pull(
-        self, subscription: str, *, cursor: int | None = None, limit: int | None = None, wait: float | None = None,
-        filter: Mapping[str, Any] | None = None, token: str | None = None,
+        self,
+        subscription: str,
+        *,
+        cursor: int | None = None,
+        limit: int | None = None,
+        wait: float | None = None,
+        filter: Mapping[str, Any] | None = None,
+        token: str | None = None,
     ) -> Any:
         """GET /subscriptions/{id}/pull -> PullResult. Never commits. `cursor` is a read-only replay, `wait`
         a long poll (0..50 s; the request timeout grows by it), `filter` an inline filter that narrows."""
@@ -519,36 +581,84 @@ class _Routes:
             params.append(("wait", _num(wait)))
         params.extend(filter_params(filter))
         timeout = self.timeout + (float(wait) if wait else 0.0) + (LONG_POLL_MARGIN if wait else 0.0)
-        return self._run(_Call("GET", f"/subscriptions/{_seg(subscription)}/pull", self._tok(token), PullResult.of,
-                               None, params, timeout))
+        return self._run(
+            _Call(
+                "GET",
+                f"/subscriptions/{_seg(subscription)}/pull",
+                self._tok(token),
+                PullResult.of,
+                None,
+                params,
+                timeout,
+            )
+        )
 
     def ack(self, subscription: str, cursor: int, *, token: str | None = None) -> Any:
         """POST /subscriptions/{id}/ack -> AckResult. Cumulative, never backwards; `cursor` is a pull's `next`."""
-        return self._run(_Call("POST", f"/subscriptions/{_seg(subscription)}/ack", self._tok(token), AckResult.of,
-                               {"cursor": cursor}))
+        return self._run(
+            _Call(
+                "POST",
+                f"/subscriptions/{_seg(subscription)}/ack",
+                self._tok(token),
+                AckResult.of,
+                {"cursor": cursor},
+            )
+        )
 
     def seek(self, subscription: str, cursor: int, reason: str, *, token: str | None = None) -> Any:
         """POST /subscriptions/{id}/seek -> SeekResult: the only way backwards, with a reason."""
-        return self._run(_Call("POST", f"/subscriptions/{_seg(subscription)}/seek", self._tok(token), SeekResult.of,
-                               {"cursor": cursor, "reason": reason}))
+        return self._run(
+            _Call(
+                "POST",
+                f"/subscriptions/{_seg(subscription)}/seek",
+                self._tok(token),
+                SeekResult.of,
+                {"cursor": cursor, "reason": reason},
+            )
+        )
 
     def renew(self, subscription: str, *, token: str | None = None) -> Any:
         """POST /subscriptions/{id}/renew -> Renewed: a new token, the old one dies at once."""
-        return self._run(_Call("POST", f"/subscriptions/{_seg(subscription)}/renew", self._tok(token), Renewed.of, {}))
+        return self._run(
+            _Call("POST", f"/subscriptions/{_seg(subscription)}/renew", self._tok(token), Renewed.of, {})
+        )
 
-    def retire_subscription(self, subscription: str, reason: str | None = None, *, token: str | None = None) -> Any:
+    def retire_subscription(
+        self, subscription: str, reason: str | None = None, *, token: str | None = None
+    ) -> Any:
         """POST /subscriptions/{id}/retire -> SubscriptionRetired; its leases are released."""
-        return self._run(_Call("POST", f"/subscriptions/{_seg(subscription)}/retire", self._tok(token),
-                               SubscriptionRetired.of, _drop_none({"reason": reason})))
+        return self._run(
+            _Call(
+                "POST",
+                f"/subscriptions/{_seg(subscription)}/retire",
+                self._tok(token),
+                SubscriptionRetired.of,
+                _drop_none({"reason": reason}),
+            )
+        )
 
     # -- leases ----------------------------------------------------------------------------------
 
-    def _lease(self, action: str, subscription: str, body: dict[str, Any], token: str | None, parse: Any) -> Any:
-        return self._run(_Call("POST", f"/subscriptions/{_seg(subscription)}/leases/{action}", self._tok(token),
-                               parse, _drop_none(body)))
+    def _lease(
+        self, action: str, subscription: str, body: dict[str, Any], token: str | None, parse: Any
+    ) -> Any:
+        return self._run(
+            _Call(
+                "POST",
+                f"/subscriptions/{_seg(subscription)}/leases/{action}",
+                self._tok(token),
+                parse,
+                _drop_none(body),
+            )
+        )
 
     def claim(
-        self, subscription: str, subject: str, *, lease_duration_seconds: int | None = None, note: str | None = None,
+        self,
+        subscription: str,
+        subject: str,
+        *,
+        lease_duration_seconds: int | None = None,
+        note: str | None = None,
         token: str | None = None,
     ) -> Any:
         """POST .../leases/claim (act) -> LeaseGranted (`idempotent` when the holder repeats its claim)."""
@@ -556,27 +666,46 @@ class _Routes:
         return self._lease("claim", subscription, body, token, LeaseGranted.of)
 
     def renew_lease(
-        self, subscription: str, subject: str, *, lease_duration_seconds: int | None = None, token: str | None = None,
+        self,
+        subscription: str,
+        subject: str,
+        *,
+        lease_duration_seconds: int | None = None,
+        token: str | None = None,
     ) -> Any:
         """POST .../leases/renew (act) -> LeaseGranted."""
         body = {"subject": subject, "lease_duration_seconds": lease_duration_seconds}
         return self._lease("renew", subscription, body, token, LeaseGranted.of)
 
     def complete(
-        self, subscription: str, subject: str, outcome: str, *, evidence: Any = None, note: str | None = None,
+        self,
+        subscription: str,
+        subject: str,
+        outcome: str,
+        *,
+        evidence: Any = None,
+        note: str | None = None,
         token: str | None = None,
     ) -> Any:
         """POST .../leases/complete (act) -> LeaseDone."""
         body = {"subject": subject, "outcome": outcome, "evidence": evidence, "note": note}
         return self._lease("complete", subscription, body, token, LeaseDone.of)
 
-    def release(self, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None) -> Any:
+    def release(
+        self, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None
+    ) -> Any:
         """POST .../leases/release (act) -> LeaseDone."""
-        return self._lease("release", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of)
+        return self._lease(
+            "release", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of
+        )
 
-    def reject(self, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None) -> Any:
+    def reject(
+        self, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None
+    ) -> Any:
         """POST .../leases/reject (act) -> LeaseDone (`dead_letter` once delivery_count_limit is reached)."""
-        return self._lease("reject", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of)
+        return self._lease(
+            "reject", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of
+        )
 
     # -- admin and JSON-RPC -----------------------------------------------------------------------
 
@@ -589,8 +718,14 @@ class _Routes:
         """GET /admin/snapshot (admin token) -> the server's reply as a dict."""
         return self._run(_Call("GET", "/admin/snapshot", self._tok(token), _raw))
 
-    def rpc(self, method: str, params: Mapping[str, Any] | None = None, *, id: int | str = 1,
-            token: str | None = None) -> Any:
+    def rpc(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        id: int | str = 1,
+        token: str | None = None,
+    ) -> Any:
         """POST /rpc, one JSON-RPC 2.0 call -> its `result`; an `error` raises MonitorProtocolError built from
         `error.data` (the REST body)."""
         envelope = {"jsonrpc": "2.0", "id": id, "method": method, "params": dict(params or {})}
@@ -598,7 +733,9 @@ class _Routes:
 
     def rpc_batch(self, calls: list[tuple[str, Mapping[str, Any]]], *, token: str | None = None) -> Any:
         """POST /rpc with a batch -> the list of replies (each `{jsonrpc, id, result|error}`), in call order."""
-        envelopes = [{"jsonrpc": "2.0", "id": i + 1, "method": m, "params": dict(p)} for i, (m, p) in enumerate(calls)]
+        envelopes = [
+            {"jsonrpc": "2.0", "id": i + 1, "method": m, "params": dict(p)} for i, (m, p) in enumerate(calls)
+        ]
         return self._run(_Call("POST", "/rpc", self._tok(token), _rpc_batch, envelopes))
 
 
@@ -610,10 +747,15 @@ def _rpc_error(error: Mapping[str, Any]) -> MonitorProtocolError:
     data = error.get("data")
     if isinstance(data, dict) and isinstance(data.get("code"), str):
         extras = {k: v for k, v in data.items() if k not in ("code", "error")}
-        return MonitorProtocolError(data["code"], str(data.get("error", error.get("message", ""))),
-                                    ERROR_STATUS.get(data["code"], 400), extras)
-    return MonitorProtocolError("INVALID", str(error.get("message", "JSON-RPC error")), 400,
-                                {"jsonrpc_code": error.get("code")})
+        return MonitorProtocolError(
+            data["code"],
+            str(data.get("error", error.get("message", ""))),
+            ERROR_STATUS.get(data["code"], 400),
+            extras,
+        )
+    return MonitorProtocolError(
+        "INVALID", str(error.get("message", "JSON-RPC error")), 400, {"jsonrpc_code": error.get("code")}
+    )
 
 
 def _rpc_result(raw: Any) -> Any:
@@ -627,7 +769,9 @@ def _rpc_result(raw: Any) -> Any:
 def _rpc_batch(raw: Any) -> Any:
     if not isinstance(raw, list):
         return [raw]
-    return sorted(raw, key=lambda r: (r.get("id") is None, r.get("id") if isinstance(r.get("id"), int) else 0))
+    return sorted(
+        raw, key=lambda r: (r.get("id") is None, r.get("id") if isinstance(r.get("id"), int) else 0)
+    )
 
 
 def _url(base: str) -> str:
@@ -650,8 +794,9 @@ def _decode(response: httpx.Response, call: _Call) -> Any:
     if response.status_code >= 400:
         raise _error_from_body(response.status_code, body, response.text)
     if body is None and call.parse is not _raw:
-        raise MonitorProtocolError("UNEXPECTED_RESPONSE", f"HTTP {response.status_code} with no JSON body",
-                                   response.status_code)
+        raise MonitorProtocolError(
+            "UNEXPECTED_RESPONSE", f"HTTP {response.status_code} with no JSON body", response.status_code
+        )
     return call.parse(body if body is not None else {})
 
 
@@ -668,7 +813,11 @@ class Client(_Routes):
     """Synchronous client. `token` is used for every call that does not pass its own."""
 
     def __init__(
-        self, base: str = DEFAULT_BASE, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+        self,
+        base: str = DEFAULT_BASE,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base = _url(base)
@@ -679,8 +828,11 @@ class Client(_Routes):
     def _run(self, call: _Call) -> Any:
         try:
             response = self._http.request(
-                call.method, self.base + call.path, params=call.params or None,
-                json=call.body if call.body is not None else None, headers=_headers(call.token),
+                call.method,
+                self.base + call.path,
+                params=call.params or None,
+                json=call.body if call.body is not None else None,
+                headers=_headers(call.token),
                 timeout=call.timeout or self.timeout,
             )
         except httpx.HTTPError as exc:
@@ -701,7 +853,11 @@ class AsyncClient(_Routes):
     """Asynchronous client: the same methods as `Client`, each returning an awaitable."""
 
     def __init__(
-        self, base: str = DEFAULT_BASE, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+        self,
+        base: str = DEFAULT_BASE,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base = _url(base)
@@ -712,8 +868,11 @@ class AsyncClient(_Routes):
     async def _perform(self, call: _Call) -> Any:
         try:
             response = await self._http.request(
-                call.method, self.base + call.path, params=call.params or None,
-                json=call.body if call.body is not None else None, headers=_headers(call.token),
+                call.method,
+                self.base + call.path,
+                params=call.params or None,
+                json=call.body if call.body is not None else None,
+                headers=_headers(call.token),
                 timeout=call.timeout or self.timeout,
             )
         except httpx.HTTPError as exc:
