@@ -1,0 +1,339 @@
+"""The transport-free REST binding (PROTOCOL.md section 5): Request -> Response, onto MonitorService.
+
+Every door (the ASGI server, the browser's service-worker shim, the tests) shares this one router. It never
+raises: malformed input of any kind is a 4xx with a code from the closed list and a sentence."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from .. import tokens
+from ..errors import ProtocolError
+from ..filters import LIST_KEYS
+from ..service import MonitorService, _as_int
+from ..vocab import FILTER_KEYS, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
+from . import jsonrpc
+from .messages import LongPoll, Request, Response
+
+log = logging.getLogger("monitor_protocol.rest")
+
+PREFIX = "/mp/v0"
+DEFAULT_MAX_BODY = 1 << 20
+CORS_METHODS = "GET, POST, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+
+Handler = Callable[["RestRouter", Request, dict[str, str]], Response]
+_ROUTES: list[tuple[str, re.Pattern[str], Handler]] = []
+
+
+def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
+    regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$")
+
+    def register(fn: Handler) -> Handler:
+        _ROUTES.append((method, regex, fn))
+        return fn
+
+    return register
+
+
+def error_response(err: ProtocolError) -> Response:
+    return Response(err.status, err.body())
+
+
+def bearer(req: Request) -> str | None:
+    value = req.header("authorization")
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def parse_json_body(req: Request) -> Any:
+    if not req.body or not req.body.strip():
+        return None
+    try:
+        return json.loads(req.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(
+            "INVALID", f"The body is not valid JSON ({exc.__class__.__name__}): send a JSON object."
+        ) from None
+
+
+def _host_name(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class RestRouter:
+    def __init__(
+        self,
+        service: MonitorService,
+        *,
+        admin_token: str | None = None,
+        allowed_origins: tuple[str, ...] | list[str] | set[str] = (),
+        allowed_hosts: set[str] | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        self.service = service
+        self.admin_token = admin_token
+        self.allowed_origins = {o.rstrip("/") for o in allowed_origins}
+        self.allowed_hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
+        self.max_body = max_body
+
+    # ------------------------------------------------------------------------------------------ entry
+    def handle(self, req: Request) -> Response:
+        try:
+            resp = self._handle(req)
+        except ProtocolError as err:
+            resp = error_response(err)
+        except Exception as exc:  # a bug must still answer with a protocol error, never a 500
+            log.exception("unexpected error handling %s %s", req.method, req.path)
+            resp = Response(
+                400,
+                {
+                    "code": "INVALID",
+                    "error": f"The server could not process this request ({exc.__class__.__name__}); "
+                    "check the body against PROTOCOL.md section 5.",
+                    "done": [],
+                },
+            )
+        origin = req.header("origin")
+        if origin and origin.rstrip("/") in self.allowed_origins:
+            resp.headers.update(self._cors(origin))
+        return resp
+
+    def _cors(self, origin: str) -> dict[str, str]:
+        return {
+            "access-control-allow-origin": origin,
+            "access-control-allow-methods": CORS_METHODS,
+            "access-control-allow-headers": CORS_HEADERS,
+            "access-control-max-age": "600",
+            "vary": "Origin",
+        }
+
+    def check_request(self, req: Request) -> None:
+        """Section 10 checks that come before routing: Origin, Host, body size."""
+        origin = req.header("origin")
+        if origin is not None and origin.rstrip("/") not in self.allowed_origins:
+            raise ProtocolError(
+                "ORIGIN_REFUSED",
+                f"Requests from origin {origin} are not allowed here; the operator can allow it with --allow-origin.",
+                origin=origin,
+            )
+        if self.allowed_hosts is not None:
+            host = req.header("host")
+            if host is None or _host_name(host) not in self.allowed_hosts:
+                raise ProtocolError(
+                    "ORIGIN_REFUSED",
+                    f"Host {host!r} does not name this machine (DNS rebinding guard); use localhost or 127.0.0.1, "
+                    "or have the operator add it with --allow-host.",
+                    host=host,
+                )
+        if len(req.body) > self.max_body:
+            raise ProtocolError(
+                "TOO_LARGE", f"The body exceeds {self.max_body} bytes; send less.", max_body=self.max_body
+            )
+
+    def _handle(self, req: Request) -> Response:
+        self.check_request(req)
+        method = req.method.upper()
+        if method == "OPTIONS":
+            return Response(204, None)
+        if not (req.path == PREFIX or req.path.startswith(PREFIX + "/")):
+            raise ProtocolError(
+                "NOT_FOUND",
+                f"No route {req.path}: the Monitor Protocol lives under /mp/v0 (start with GET /mp/v0/discover).",
+            )
+        path = req.path[len(PREFIX) :].rstrip("/") or "/"
+        allowed: list[str] = []
+        for m, regex, fn in _ROUTES:
+            match = regex.match(path)
+            if match:
+                if m == method:
+                    return fn(self, req, match.groupdict())
+                allowed.append(m)
+        if allowed:
+            raise ProtocolError(
+                "NOT_FOUND",
+                f"{method} is not a method of {req.path}; use {' or '.join(sorted(set(allowed)))}.",
+            )
+        raise ProtocolError(
+            "NOT_FOUND",
+            f"No route {method} {req.path} in /mp/v0; see PROTOCOL.md section 5 (start with GET /mp/v0/discover).",
+        )
+
+    def require_admin(self, req: Request) -> None:
+        if self.admin_token is None:
+            raise ProtocolError(
+                "NOT_FOUND", "Admin routes exist only when the server is started with --allow-admin."
+            )
+        token = bearer(req)
+        if not token or not tokens.matches(token, tokens.digest(self.admin_token)):
+            raise ProtocolError(
+                "UNAUTHORIZED", "Admin routes need the admin token: Authorization: Bearer <admin token>."
+            )
+
+
+def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
+    flt: dict[str, Any] = {}
+    for key, value in query:
+        if key in ("cursor", "limit", "wait"):
+            continue
+        if key == "filter":
+            try:
+                extra = json.loads(value)
+            except ValueError:
+                raise ProtocolError(
+                    "INVALID_FILTER", "The filter query parameter must be a JSON object."
+                ) from None
+            if not isinstance(extra, dict):
+                raise ProtocolError("INVALID_FILTER", "The filter query parameter must be a JSON object.")
+            flt.update(extra)
+        elif key in LIST_KEYS or TAG_KEY_PATTERN.match(key):
+            values = [v for v in value.split(",") if v] if key in LIST_KEYS else [value]
+            flt.setdefault(key, []).extend(values)
+        elif key in FILTER_KEYS:
+            flt[key] = value
+        else:
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"Unknown pull parameter {key!r}: use cursor, limit, wait or a filter key.",
+                invalid=key,
+                known_keys=["cursor", "limit", "wait", *FILTER_KEYS, "#<tag>"],
+            )
+    return flt or None
+
+
+def _single(query: list[tuple[str, str]], name: str) -> str | None:
+    values = [v for k, v in query if k == name]
+    if len(values) > 1:
+        raise ProtocolError("INVALID", f"Send {name} once.")
+    return values[0] if values else None
+
+
+# ---------------------------------------------------------------------------------------------- routes
+@route("GET", "/discover")
+def _discover(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(200, r.service.discover())
+
+
+@route("POST", "/monitors")
+def _create(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(201, r.service.create_monitor(parse_json_body(req), bearer(req)))
+
+
+@route("GET", "/monitors")
+def _list(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(200, r.service.list_monitors(bearer(req)))
+
+
+@route("GET", "/monitors/{id}")
+def _get(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(200, r.service.get_monitor(p["id"], bearer(req)))
+
+
+@route("GET", "/monitors/{id}/state")
+def _state(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(200, r.service.state(p["id"], bearer(req)))
+
+
+def _configure_route(action: str) -> None:
+    @route("POST", "/monitors/{id}/" + action)
+    def _configure(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+        return Response(200, r.service.configure(p["id"], action, parse_json_body(req), bearer(req)))
+
+
+for _action in ("update", "pause", "resume", "retire"):
+    _configure_route(_action)
+
+
+@route("POST", "/monitors/{id}/observations")
+def _publish(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(201, r.service.publish(p["id"], parse_json_body(req), bearer(req)))
+
+
+@route("POST", "/subscriptions")
+def _subscribe(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(201, r.service.subscribe(parse_json_body(req), bearer(req)))
+
+
+@route("GET", "/subscriptions/{id}")
+def _subscription(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return Response(200, r.service.subscription_info(p["id"], bearer(req)))
+
+
+@route("GET", "/subscriptions/{id}/pull")
+def _pull(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    wait_raw = _single(req.query, "wait")
+    wait = _as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
+    cursor = _single(req.query, "cursor")
+    body = r.service.pull(
+        p["id"],
+        bearer(req),
+        cursor=cursor,
+        limit=_single(req.query, "limit"),
+        filter=_inline_filter(req.query),
+    )
+    resp = Response(200, body)
+    if wait > 0 and not body["observations"]:
+        resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait))
+    return resp
+
+
+def _sub_route(action: str) -> None:
+    @route("POST", "/subscriptions/{id}/" + action)
+    def _sub_action(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+        s, body, token = r.service, parse_json_body(req), bearer(req)
+        if action == "ack":
+            return Response(200, s.ack(p["id"], token, body))
+        if action == "seek":
+            return Response(200, s.seek(p["id"], token, body))
+        if action == "renew":
+            return Response(200, s.renew(p["id"], token))
+        return Response(200, s.retire_subscription(p["id"], token, body))
+
+
+for _action in ("ack", "seek", "renew", "retire"):
+    _sub_route(_action)
+
+
+@route("GET", "/subscriptions/{id}/stream")
+def _stream(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    # Only a streaming door (mp serve) can hold an SSE response open; this binding says so plainly.
+    raise ProtocolError(
+        "NOT_FOUND",
+        "This door does not stream; use GET /mp/v0/subscriptions/{id}/pull?wait=N (long poll) instead.",
+    )
+
+
+@route("POST", "/subscriptions/{id}/leases/{action}")
+def _lease(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    body = r.service.lease(p["id"], bearer(req), p["action"], parse_json_body(req))
+    status = 201 if p["action"] == "claim" and not body.get("idempotent") else 200
+    return Response(status, body)
+
+
+@route("POST", "/rpc")
+def _rpc(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    return jsonrpc.handle(r.service, req.body, bearer(req))
+
+
+@route("POST", "/admin/compact")
+def _compact(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    r.require_admin(req)
+    body = parse_json_body(req) or {}
+    if not isinstance(body, dict) or "upto_seq" not in body:
+        raise ProtocolError("INVALID", 'compact needs {"upto_seq": <seq>, "monitor"?: "<id>"}.')
+    return Response(200, r.service.compact(body.get("monitor"), body["upto_seq"]))
+
+
+@route("GET", "/admin/snapshot")
+def _snapshot(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    r.require_admin(req)
+    return Response(200, r.service.snapshot())

@@ -1,0 +1,228 @@
+"""The filter grammar (Nostr-shaped): validate, match, and narrow by intersection (P11, P12)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import timefmt
+from .errors import ProtocolError
+from .vocab import FILTER_KEYS, HORIZONS, ORIGINS, PROTOCOL_TYPES, TAG_KEY_PATTERN, TIERS, TYPE_PATTERN
+
+LIST_KEYS = ("types", "sources", "subjects", "actors", "tiers", "origins", "horizons")
+CLOSED_VALUES = {"tiers": TIERS, "origins": ORIGINS, "horizons": HORIZONS}
+
+Filter = dict[str, Any] | list[dict[str, Any]]
+
+
+def _known_keys() -> list[str]:
+    return [*FILTER_KEYS, "#<tag>"]
+
+
+def _type_is_known(pattern: str, known: list[str]) -> bool:
+    if pattern.endswith("*"):
+        prefix = pattern[:-1]
+        return any(t.startswith(prefix) for t in known)
+    return pattern in known
+
+
+def validate(raw: Any, declared_types: list[str] | tuple[str, ...] = ()) -> Filter:
+    """Return a normalised filter or raise INVALID_FILTER naming what to send instead."""
+    if raw is None:
+        return {}
+    if isinstance(raw, list):
+        if not raw:
+            return {}
+        return [_validate_one(item, declared_types) for item in raw]
+    return _validate_one(raw, declared_types)
+
+
+def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(
+            "INVALID_FILTER", "A filter is a JSON object (or an array of objects).", known_keys=_known_keys()
+        )
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in LIST_KEYS or TAG_KEY_PATTERN.match(key):
+            if isinstance(value, str):
+                value = [value]
+            is_tag = key.startswith("#")
+            if not isinstance(value, list) or not all(
+                isinstance(v, str) or (is_tag and v is None) for v in value
+            ):
+                raise ProtocolError(
+                    "INVALID_FILTER",
+                    f"Filter key {key!r} takes an array of strings.",
+                    known_keys=_known_keys(),
+                )
+            if key in CLOSED_VALUES:
+                bad = [v for v in value if v not in CLOSED_VALUES[key]]
+                if bad:
+                    raise ProtocolError(
+                        "INVALID_FILTER",
+                        f"Filter key {key!r} has unknown value(s) {bad}; use one of {list(CLOSED_VALUES[key])}.",
+                        invalid=bad,
+                        known=list(CLOSED_VALUES[key]),
+                        known_keys=_known_keys(),
+                    )
+            if key == "types":
+                _check_types(value, declared_types)
+            out[key] = list(value)
+        elif key in ("since", "until"):
+            if not isinstance(value, str) or timefmt.parse(value) is None:
+                raise ProtocolError(
+                    "INVALID_FILTER",
+                    f"Filter key {key!r} takes an RFC 3339 time such as 2026-01-01T00:00:00Z.",
+                    known_keys=_known_keys(),
+                )
+            out[key] = value
+        elif key == "limit":
+            if isinstance(value, str) and value.isdigit():
+                value = int(value)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ProtocolError(
+                    "INVALID_FILTER",
+                    "Filter key 'limit' takes an integer of at least 1.",
+                    known_keys=_known_keys(),
+                )
+            out[key] = value
+        elif key == "text":
+            if not isinstance(value, str):
+                raise ProtocolError(
+                    "INVALID_FILTER", "Filter key 'text' takes a string.", known_keys=_known_keys()
+                )
+            out[key] = value
+        else:
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"Unknown filter key {key!r}; use one of {', '.join(_known_keys())}.",
+                invalid=key,
+                known_keys=_known_keys(),
+            )
+    return out
+
+
+def _check_types(values: list[str], declared: list[str] | tuple[str, ...]) -> None:
+    known = [*declared, *PROTOCOL_TYPES]
+    for pattern in values:
+        bare = pattern[:-1].rstrip(".") if pattern.endswith("*") else pattern
+        if not pattern.endswith("*") and not TYPE_PATTERN.match(pattern):
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"Filter type {pattern!r} is not reverse-DNS (e.g. com.example.ci.run, or a prefix ending in *).",
+                invalid=pattern,
+                known_types=known,
+            )
+        if pattern.endswith("*") and bare and not all(part for part in bare.split(".")):
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"Filter type prefix {pattern!r} is malformed.",
+                invalid=pattern,
+                known_types=known,
+            )
+        if declared and not _type_is_known(pattern, known):
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"Filter type {pattern!r} is not a type this monitor declares; use one of known_types.",
+                invalid=pattern,
+                known_types=known,
+            )
+
+
+def is_empty(flt: Filter) -> bool:
+    if isinstance(flt, list):
+        return all(not f for f in flt) if flt else True
+    return not flt
+
+
+def _prefix_match(patterns: list[str], value: str | None) -> bool:
+    if value is None:
+        return False
+    for p in patterns:
+        if p.endswith("*"):
+            if value.startswith(p[:-1]):
+                return True
+        elif value == p:
+            return True
+    return False
+
+
+def _tag_match(values: list[str | None], tag_value: Any) -> bool:
+    if tag_value is None:
+        return None in values
+    if isinstance(tag_value, list):
+        return any(v in values for v in tag_value if isinstance(v, str))
+    return str(tag_value) in values if not isinstance(tag_value, bool) else json.dumps(tag_value) in values
+
+
+def _match_one(flt: dict[str, Any], event: dict[str, Any]) -> bool:
+    for key, value in flt.items():
+        if key == "types":
+            if not _prefix_match(value, event.get("type")):
+                return False
+        elif key == "sources":
+            if event.get("source") not in value:
+                return False
+        elif key == "subjects":
+            if not _prefix_match(value, event.get("subject")):
+                return False
+        elif key == "actors":
+            if event.get("actor") not in value:
+                return False
+        elif key == "tiers":
+            if event.get("tier") not in value:
+                return False
+        elif key == "origins":
+            if event.get("origin") not in value:
+                return False
+        elif key == "horizons":
+            if event.get("horizon") not in value:
+                return False
+        elif key == "since":
+            t, s = timefmt.parse(event.get("time", "")), timefmt.parse(value)
+            if t is None or s is None or t < s:
+                return False
+        elif key == "until":
+            t, u = timefmt.parse(event.get("time", "")), timefmt.parse(value)
+            if t is None or u is None or t > u:
+                return False
+        elif key == "text":
+            if not _text_match(value, event):
+                return False
+        elif key.startswith("#"):
+            tags = (event.get("data") or {}).get("tags") or {}
+            if not _tag_match(value, tags.get(key[1:])):
+                return False
+    return True
+
+
+def _text_match(needle: str, event: dict[str, Any]) -> bool:
+    # Addressing, not ownership (P12): the subject, the type and what the publisher wrote in data.
+    data = dict(event.get("data") or {})
+    data.pop("provenance", None)
+    hay = " ".join(
+        [
+            event.get("type") or "",
+            event.get("subject") or "",
+            json.dumps(data, ensure_ascii=False, sort_keys=True),
+        ]
+    )
+    return needle.lower() in hay.lower()
+
+
+def matches(flt: Filter, event: dict[str, Any]) -> bool:
+    if isinstance(flt, list):
+        return not flt or any(_match_one(f, event) for f in flt)
+    return _match_one(flt, event)
+
+
+def matches_all(filters: list[Filter], event: dict[str, Any]) -> bool:
+    """Intersection: an inline filter narrows the subscription's own filter, never widens it (C08)."""
+    return all(matches(f, event) for f in filters)
+
+
+def limit_of(flt: Filter) -> int | None:
+    if isinstance(flt, dict):
+        return flt.get("limit")
+    return None

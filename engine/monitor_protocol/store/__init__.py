@@ -1,0 +1,1 @@
+"""Stores: the engine's only I/O. One transaction per engine call (see base.Store)."""
