@@ -424,7 +424,9 @@ class MonitorService:
             )
         if self.store.get_monitor(monitor_id) is not None:
             raise ProtocolError("DUPLICATE", f"A monitor {monitor_id!r} already exists.", monitor=monitor_id)
-        unknown = sorted(set(body) - set(UPDATABLE_FIELDS) - {"id", "owner", "subscribe_token"})
+        unknown = sorted(
+            set(body) - set(UPDATABLE_FIELDS) - {"id", "owner", "subscribe_token", "reason", "rule"}
+        )
         if unknown:
             raise _invalid(f"Unknown monitor field(s) {unknown}.", invalid=unknown)
         owner = body.get("owner", "human:owner" if attested else "agent:owner")
@@ -883,8 +885,12 @@ class MonitorService:
                 }
             )
             renewed = True
-        if protocol == "http" and not sub.get("_sink_secret"):
-            sub["_sink_secret"] = "whsec_" + tokens.mint("s").split("_", 1)[1]
+        if protocol == "http":
+            secret = body.get("sink_secret")
+            if secret is not None:
+                sub["_sink_secret"] = tokens.check_sink_secret(secret)
+            elif not sub.get("_sink_secret"):
+                sub["_sink_secret"] = tokens.mint_sink_secret()
         self.store.put_subscription(sub)
         self._schedule(now + self._mute_seconds(rec, sub))
         seq = self._append_protocol(
@@ -1147,6 +1153,39 @@ class MonitorService:
             rec = self._monitor_rec(sub["monitor"])
             seq = self._retire_sub(rec, sub, sub["subscriber"], "by request", note=reason)
             return {"ok": True, "subscription": sub["id"], "seq": seq, "cursor_kept": sub["cursor"]}
+
+        return self._call(run)
+
+    def push_targets(self) -> list[dict[str, Any]]:
+        """Every active HTTP-push subscription, for the server's delivery task."""
+
+        def run() -> list[dict[str, Any]]:
+            return [
+                {
+                    "id": s["id"],
+                    "monitor": s["monitor"],
+                    "sink": s["sink"],
+                    "sink_secret": s.get("_sink_secret"),
+                    "cursor": s["cursor"],
+                }
+                for s in self.store.list_subscriptions()
+                if s["active"] and s["protocol"] == "http" and s.get("sink")
+            ]
+
+        return self._call(run)
+
+    def retire_as_system(self, sub_id: str, reason: str) -> dict[str, Any]:
+        """The push delivery retires a subscription whose sink answered 410 Gone."""
+
+        def run() -> dict[str, Any]:
+            sub = self.store.get_subscription(sub_id)
+            if sub is None:
+                raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r}.", subscription=sub_id)
+            if not sub["active"]:
+                return {"ok": True, "subscription": sub_id, "seq": None, "cursor_kept": sub["cursor"]}
+            rec = self._monitor_rec(sub["monitor"])
+            seq = self._retire_sub(rec, sub, "system:push", "by request", note=reason)
+            return {"ok": True, "subscription": sub_id, "seq": seq, "cursor_kept": sub["cursor"]}
 
         return self._call(run)
 

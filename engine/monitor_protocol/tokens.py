@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import secrets
@@ -23,3 +25,22 @@ def matches(token: str | None, stored_hash: str | None) -> bool:
 
 def new_id(prefix: str, length: int = 8) -> str:
     return f"{prefix}-{secrets.token_hex(length // 2)}"
+
+
+def mint_sink_secret() -> str:
+    """A Standard Webhooks signing secret: whsec_ and the base64 of 32 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def check_sink_secret(value: object) -> str:
+    from .errors import ProtocolError
+
+    if isinstance(value, str) and value.startswith("whsec_"):
+        try:
+            if len(base64.b64decode(value[6:], validate=True)) >= 24:
+                return value
+        except (binascii.Error, ValueError):
+            pass
+    raise ProtocolError(
+        "INVALID", "sink_secret must be whsec_ followed by the base64 of at least 24 random bytes."
+    )
