@@ -1,0 +1,94 @@
+"""The whole conformance suite, in-process, against the engine on every embedded store: every check passes,
+and C29 validated a non-trivial number of served objects against both the project's schemas and the
+published reference schemas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from monitor_protocol.conformance import run_suite
+from monitor_protocol.conformance.checks import CHECKS
+from monitor_protocol.conformance.inprocess import InProcessTransport
+from monitor_protocol.store.memory import MemoryStore
+from monitor_protocol.store.sqlite import SQLiteStore
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
+SECTION_11 = [f"C{i:02d}" for i in range(1, 31)] + ["C20b", "C32", "C33", "C34"]
+
+
+def _stores(tmp_path):
+    return {"memory": MemoryStore(), "sqlite": SQLiteStore(str(tmp_path / "conformance.db"))}
+
+
+def test_the_suite_names_every_section_11_behaviour_once():
+    ids = [c.id for c in CHECKS]
+    assert len(ids) == len(set(ids))
+    assert set(SECTION_11) - {"C31"} <= set(ids)
+    assert sum(1 for i in ids if i.startswith("X")) >= 19
+
+
+@pytest.mark.parametrize("store_name", ["memory", "sqlite"])
+async def test_every_check_passes_in_process(store_name, tmp_path):
+    assert REFERENCE.is_dir(), f"the reference schemas are expected at {REFERENCE}"
+    store = _stores(tmp_path)[store_name]
+    transport = InProcessTransport.create(store=store)
+    report = await run_suite(transport, reference_schema_dir=REFERENCE)
+    print(f"\n[{store_name}]\n{report.table()}")
+    failures = [f"{r.id}: {r.note}" for r in report.results if r.status != "pass"]
+    assert not failures, "\n".join(failures)
+    assert report.ok and report.passed == len(CHECKS)
+
+    validated = report.result("C29").data["validated"]
+    for label in ("project", "reference"):
+        counts = validated[label]
+        for kind in ("monitor", "observation", "state", "subscription", "lease", "error"):
+            assert counts.get(kind, 0) >= 1, f"C29 validated no {kind} against the {label} schemas: {counts}"
+        assert sum(counts.values()) >= 200, f"C29 validated only {sum(counts.values())} objects ({label})"
+        assert counts["observation"] >= 100
+
+
+async def test_the_report_renders_and_serialises():
+    transport = InProcessTransport.create()
+    report = await run_suite(transport, only="C01,c05,C17")
+    assert [r.id for r in report.results] == ["C01", "C05", "C17"]
+    table = report.table()
+    assert table.splitlines()[-1].startswith("3 passed, 0 failed, 0 skipped")
+    data = report.to_json()
+    assert data["ok"] is True and data["passed"] == 3 and len(data["results"]) == 3
+
+
+async def test_admin_checks_skip_without_the_admin_token():
+    transport = InProcessTransport.create(admin_token=None)
+    report = await run_suite(transport, only=["C17", "X05", "C05"])
+    assert {r.id: r.status for r in report.results} == {"C05": "pass", "C17": "skip", "X05": "skip"}
+    assert report.ok
+
+
+async def test_an_unknown_check_id_is_refused():
+    with pytest.raises(ValueError, match="C99"):
+        await run_suite(InProcessTransport.create(), only="C99")
+
+
+async def test_a_check_that_raises_is_a_fail_not_a_crash():
+    class Exploding(InProcessTransport):
+        async def request(self, method, path, **kw):
+            if path.startswith("/discover"):
+                raise RuntimeError("socket on fire")
+            return await super().request(method, path, **kw)
+
+    base = InProcessTransport.create()
+    transport = Exploding(base.router, base.service, base.clock, admin_token=base.admin_token)
+    report = await run_suite(transport, only="C01,C05")
+    result = {r.id: r for r in report.results}
+    assert result["C01"].status == "fail" and "socket on fire" in result["C01"].note
+    assert result["C05"].status == "pass"
+    assert not report.ok
+
+
+def test_mp_conform_in_process_exit_status(capsys):
+    from monitor_protocol.cli import main
+
+    assert main(["conform", "--only", "C01,C06"]) == 0
+    out = capsys.readouterr().out
+    assert "2 passed, 0 failed, 0 skipped" in out

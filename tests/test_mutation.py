@@ -1,0 +1,332 @@
+"""Mutation testing of the conformance suite: each mutant is the engine with one rule deliberately broken
+(a small MonitorService subclass, or one engine function patched for the test). The suite must fail every
+mutant on at least one check, and pass the unbroken engine. A suite that cannot fail a wrong server is
+decorative (PROTOCOL.md section 11)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from monitor_protocol import service as service_mod
+from monitor_protocol import tokens as tokens_mod
+from monitor_protocol.conformance import run_suite
+from monitor_protocol.conformance.inprocess import InProcessTransport
+from monitor_protocol.errors import ProtocolError
+from monitor_protocol.service import MonitorService
+
+# ---- the mutants ------------------------------------------------------------------------------------
+
+
+class SkipCeiling(MonitorService):
+    """P1 broken: publishing never checks the provenance ceilings (only vocabulary)."""
+
+    def _validate_publish(self, rec, body):
+        try:
+            return super()._validate_publish(rec, body)
+        except ProtocolError as exc:
+            if exc.code not in ("PROVENANCE_CEILING", "TIER_NOT_ASSERTABLE"):
+                raise
+            trimmed = {k: v for k, v in body.items() if k not in ("on_behalf_of", "origin", "verification")}
+            trimmed["tier"] = "measured"
+            return super()._validate_publish(rec, trimmed)
+
+
+class AckBackwards(MonitorService):
+    """P4 broken: an ack below the committed cursor moves it back."""
+
+    def _ack(self, sub_id, token, body, *, system):
+        try:
+            return super()._ack(sub_id, token, body, system=system)
+        except ProtocolError as exc:
+            if exc.code != "CURSOR_BACKWARDS":
+                raise
+            sub = self.store.get_subscription(sub_id)
+            sub["cursor"] = body["cursor"]
+            sub["_last_ack"] = None
+            self.store.put_subscription(sub)
+            return {"subscription": sub_id, "cursor": body["cursor"], "head": exc.extras["head"], "lag": 0}
+
+
+class ForgetRefusalLog(MonitorService):
+    """P2 broken: a refusal is returned but its rejected observation is never appended."""
+
+    def _reject(self, rec, error, raw, actor):
+        return service_mod._LoggedRefusal(error)
+
+
+class LagOverWholeLog(MonitorService):
+    """P5 broken: lag counts everything after the cursor, ignoring the subscription's filter."""
+
+    def _lag(self, rec, sub):
+        start = max(sub["cursor"], 1, rec["_floor"])
+        return max(0, rec["_head"] - start + 1)
+
+
+class ActOnRequest(MonitorService):
+    """P7 broken: whatever capabilities a subscriber asks for are granted."""
+
+    def _subscribe(self, body, token):
+        try:
+            return super()._subscribe(body, token)
+        except ProtocolError as exc:
+            if exc.code != "CAPABILITY_MISSING":
+                raise
+            asked = list(body["capabilities"])
+            out = super()._subscribe({**body, "capabilities": exc.extras["granted"]}, token)
+            sub = self.store.get_subscription(out["subscription"]["id"])
+            sub["capabilities"] = asked
+            self.store.put_subscription(sub)
+            out["subscription"]["capabilities"] = asked
+            return out
+
+
+class StaleHolderCompletes(MonitorService):
+    """Leases broken: a holder whose lease expired and was taken over may still complete."""
+
+    def _lease(self, sub_id, token, action, body):
+        try:
+            return super()._lease(sub_id, token, action, body)
+        except ProtocolError as exc:
+            if exc.code != "LEASE_LOST" or action != "complete":
+                raise
+            return {"ok": True, "seq": 0, "idempotent": False}
+
+
+class PullCommits(MonitorService):
+    """P4 broken: a pull commits the cursor as if it were an ack."""
+
+    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
+        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
+        if cursor is None:
+            sub = self.store.get_subscription(sub_id)
+            sub["cursor"] = out["next"]
+            self.store.put_subscription(sub)
+        return out
+
+
+class FilteredHead(MonitorService):
+    """P5 broken: head is reported as the last observation the filter lets through."""
+
+    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
+        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
+        sub = self.store.get_subscription(sub_id)
+        if sub["filter"] and out["observations"]:
+            out["head"] = int(out["observations"][-1]["id"])
+        return out
+
+
+class SecondClaimWins(MonitorService):
+    """Leases broken: a claim on a subject someone else holds takes it over."""
+
+    def _claim(self, rec, sub, lease, subject, body, now, holder):
+        if lease is not None and lease["holder"] not in (None, holder):
+            lease["holder"] = None
+        return super()._claim(rec, sub, lease, subject, body, now, holder)
+
+
+class RetireKeepsLeases(MonitorService):
+    """P6 broken: retiring a subscription (by request or mute) does not free its leases."""
+
+    _retiring = False
+
+    def _retire_sub(self, rec, sub, actor, reason, note=None):
+        self._retiring = True
+        try:
+            return super()._retire_sub(rec, sub, actor, reason, note)
+        finally:
+            self._retiring = False
+
+    def _free_lease(self, rec, lease, action, actor, **kw):
+        if self._retiring:
+            return 0
+        return super()._free_lease(rec, lease, action, actor, **kw)
+
+
+class NoRedeliveredMark(MonitorService):
+    """P4 broken: a second delivery is not marked redelivered."""
+
+    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
+        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
+        for obs in out["observations"]:
+            obs.pop("redelivered", None)
+        out["redelivered"] = 0
+        return out
+
+
+class PrivateListedToAll(MonitorService):
+    """P14 broken: every monitor is visible to everyone."""
+
+    def _visible(self, rec, token):
+        return True
+
+
+class InlineFilterWidens(MonitorService):
+    """P12 broken: an inline pull filter replaces the subscription's filter instead of narrowing it."""
+
+    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
+        if inline is None:
+            return super()._pull(sub_id, token, cursor, limit, inline, system=system)
+        sub = self.store.get_subscription(sub_id)
+        kept = sub["filter"] if sub else None
+        if sub:
+            sub["filter"] = {}
+            self.store.put_subscription(sub)
+        try:
+            return super()._pull(sub_id, token, cursor, limit, inline, system=system)
+        finally:
+            if sub:
+                sub = self.store.get_subscription(sub_id)
+                sub["filter"] = kept
+                self.store.put_subscription(sub)
+
+
+class NeverDeadLetters(MonitorService):
+    """Leases broken: rejects never dead-letter a subject."""
+
+    def _free_lease(self, rec, lease, action, actor, **kw):
+        seq = super()._free_lease(rec, lease, action, actor, **kw)
+        if lease.get("dead_letter"):
+            lease["dead_letter"] = False
+            self.store.put_lease(lease)
+        return seq
+
+
+class ClaimAnySubject(MonitorService):
+    """Leases broken: a subscription may claim a subject its own monitor never published."""
+
+    def _lease(self, sub_id, token, action, body):
+        sub = self.store.get_subscription(sub_id) if isinstance(sub_id, str) else None
+        if sub and isinstance(body, dict) and isinstance(body.get("subject"), str) and body["subject"]:
+            self.store.add_subject(sub["monitor"], body["subject"])
+        return super()._lease(sub_id, token, action, body)
+
+
+class SeekWithoutReason(MonitorService):
+    """Seek broken: moving back needs no reason."""
+
+    def _seek(self, sub_id, token, body):
+        if isinstance(body, dict) and not body.get("reason"):
+            body = {**body, "reason": "(none given)"}
+        return super()._seek(sub_id, token, body)
+
+
+class RenewKeepsOldToken(MonitorService):
+    """Renew broken: the new token is minted but the old one is kept (it must be dead at once)."""
+
+    def renew(self, sub_id, token):
+        sub = self.store.get_subscription(sub_id)
+        old = sub["token_hash"] if sub else None
+        out = super().renew(sub_id, token)
+        sub = self.store.get_subscription(sub_id)
+        sub["token_hash"] = old
+        self.store.put_subscription(sub)
+        return out
+
+
+class UnclampedAck(MonitorService):
+    """Ack broken: an ack beyond the head is not clamped to head + 1, so later observations are skipped."""
+
+    def _ack(self, sub_id, token, body, *, system):
+        out = super()._ack(sub_id, token, body, system=system)
+        if isinstance(body, dict) and isinstance(body.get("cursor"), int) and body["cursor"] > out["cursor"]:
+            sub = self.store.get_subscription(sub_id)
+            sub["cursor"] = body["cursor"]
+            self.store.put_subscription(sub)
+            out = {**out, "cursor": body["cursor"]}
+        return out
+
+
+def _any_bearer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Auth broken: any non-empty bearer token matches every stored token hash."""
+    monkeypatch.setattr(tokens_mod, "matches", lambda token, digest: bool(token) and digest is not None)
+
+
+def _tokens_from_the_wrong_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subscribe broken: a subscriber's name is enough to re-key its subscription (no token compared)."""
+    real = MonitorService._subscribe
+
+    def _subscribe(self, body, token):
+        if isinstance(body, dict) and isinstance(body.get("monitor"), str):
+            existing = [
+                s
+                for s in self.store.list_subscriptions()
+                if s["monitor"] == body["monitor"] and s["subscriber"] == body.get("subscriber")
+            ]
+            if existing and token is None:
+                existing[0]["token_hash"] = tokens_mod.digest("anyone")
+                self.store.put_subscription(existing[0])
+                token = "anyone"
+        return real(self, body, token)
+
+    monkeypatch.setattr(MonitorService, "_subscribe", _subscribe)
+
+
+@dataclass
+class Mutant:
+    name: str
+    service: type[MonitorService] = MonitorService
+    patch: Callable[[pytest.MonkeyPatch], None] | None = None
+    expected: tuple[str, ...] = ()  # checks that are written for this rule (at least one must catch it)
+
+
+MUTANTS = [
+    Mutant("skip the provenance ceiling", SkipCeiling, expected=("C26", "C04")),
+    Mutant("ack moves backwards", AckBackwards, expected=("C06",)),
+    Mutant("forget to log a refusal", ForgetRefusalLog, expected=("C16", "C26")),
+    Mutant("lag over the whole log", LagOverWholeLog, expected=("C07", "X10")),
+    Mutant("act granted on request", ActOnRequest, expected=("C28",)),
+    Mutant("stale lease holder completes", StaleHolderCompletes, expected=("C13",)),
+    Mutant("pull commits the cursor", PullCommits, expected=("C05",)),
+    Mutant("head is the filtered head", FilteredHead, expected=("C07",)),
+    Mutant("second concurrent claim wins", SecondClaimWins, expected=("C12",)),
+    Mutant("retire keeps leases", RetireKeepsLeases, expected=("X15", "C19")),
+    Mutant("no redelivered marking", NoRedeliveredMark, expected=("X14",)),
+    Mutant("any bearer token accepted", patch=_any_bearer, expected=("C23",)),
+    Mutant("private monitors listed to everyone", PrivateListedToAll, expected=("C18",)),
+    Mutant("inline filter widens", InlineFilterWidens, expected=("C08",)),
+    Mutant("no DEAD_LETTERED after 5 rejects", NeverDeadLetters, expected=("C33",)),
+    Mutant("claim a subject from another monitor", ClaimAnySubject, expected=("C34",)),
+    Mutant("seek without a reason", SeekWithoutReason, expected=("X01",)),
+    Mutant("renew keeps the old token alive", RenewKeepsOldToken, expected=("X02",)),
+    Mutant("ack not clamped to head + 1", UnclampedAck, expected=("X17",)),
+    Mutant("a subscriber's name is a credential", patch=_tokens_from_the_wrong_place, expected=("C32",)),
+]
+
+
+async def _run(mutant: Mutant, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as mp:
+        if mutant.patch is not None:
+            mutant.patch(mp)
+        cls = mutant.service
+        transport = InProcessTransport.create(service_factory=lambda store, clock: cls(store, clock=clock))
+        return await run_suite(transport)
+
+
+async def test_the_unbroken_engine_passes_every_check():
+    transport = InProcessTransport.create(
+        service_factory=lambda store, clock: MonitorService(store, clock=clock)
+    )
+    report = await run_suite(transport)
+    assert report.ok, report.table()
+
+
+async def test_every_mutant_is_caught(monkeypatch):
+    rows: list[tuple[str, list[str], bool]] = []
+    for mutant in MUTANTS:
+        report = await _run(mutant, monkeypatch)
+        caught = [r.id for r in report.results if r.status == "fail"]
+        rows.append((mutant.name, caught, bool(set(caught) & set(mutant.expected))))
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{'mutant':<{width}}  caught by", "-" * (width + 40)]
+    for name, caught, on_target in rows:
+        mark = "" if on_target or not caught else "  (not by its own check)"
+        lines.append(f"{name:<{width}}  {', '.join(caught) or 'NOT CAUGHT'}{mark}")
+    killed = sum(1 for _, caught, _ in rows if caught)
+    lines.append(f"mutation score: {killed}/{len(rows)} = {100 * killed / len(rows):.0f}%")
+    print("\n" + "\n".join(lines))
+    assert len(MUTANTS) >= 14
+    assert killed == len(rows), "\n".join(lines)
+    assert all(on_target for _, _, on_target in rows), "\n".join(lines)
