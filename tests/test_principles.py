@@ -236,3 +236,27 @@ def test_p14_private_by_default_shared_needs_its_token(h):
     assert h.call("GET", "/monitors/sh", token=st).status == 200
     pub = h.call("POST", "/monitors", {"id": "pub", "visibility": "public"})
     assert pub.status == 201 and h.call("GET", "/monitors/pub").status == 200
+
+
+def test_budget_and_evidence_limits(h):
+    tok = h.monitor(
+        "ci", limits={"observations_per_day": 2, "require_evidence": True}, capabilities=["observe", "act"]
+    )
+    assert h.publish("ci", tok, actor="probe:ci", subject="job").status == 201
+    assert h.publish("ci", tok, actor="probe:ci").status == 201
+    over = h.publish("ci", tok, actor="probe:ci")
+    assert over.status == 429 and over.body["code"] == "OVER_BUDGET" and over.body["limit"] == 2
+    assert "rejected_seq" in over.body
+    h.clock.advance(86400)
+    assert h.publish("ci", tok, actor="probe:ci").status == 201  # control: a new day, a new budget
+    sub, rt = h.subscribe("ci", tok, capabilities=["act"])
+    assert h.call("POST", f"/subscriptions/{sub}/leases/claim", {"subject": "job"}, rt).status == 201
+    bare = h.call("POST", f"/subscriptions/{sub}/leases/complete", {"subject": "job", "outcome": "done"}, rt)
+    assert bare.status == 409 and bare.body["code"] == "EVIDENCE_REQUIRED"
+    done = h.call(
+        "POST",
+        f"/subscriptions/{sub}/leases/complete",
+        {"subject": "job", "outcome": "done", "evidence": "log#1"},
+        rt,
+    )
+    assert done.status == 200 and done.body["ok"] is True

@@ -393,8 +393,11 @@ class MonitorService:
                         known=["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
                     )
                 value = list(dict.fromkeys(value))
-            elif key == "limits" and not isinstance(value, dict):
-                raise _invalid("limits must be an object.")
+            elif key == "limits":
+                if not isinstance(value, dict):
+                    raise _invalid("limits must be an object.")
+                if "observations_per_day" in value:
+                    _as_int(value["observations_per_day"], "limits.observations_per_day", minimum=1)
             rec[key] = value
         missing = [c for c in rec["default_grant"] if c not in rec["capabilities"]]
         if missing:
@@ -618,6 +621,7 @@ class MonitorService:
                     'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
                 )
             event_kwargs = self._validate_publish(rec, body)
+            self._spend_budget(rec, now)
         except ProtocolError as err:
             raise self._reject(rec, err, body, actor_for_log) from None
         prov = event_kwargs.pop("prov")
@@ -648,6 +652,26 @@ class MonitorService:
             rec["_actors"].append(prov.actor)
         self.store.put_monitor(rec)
         return {"observation": self.store.get_observation(rec["id"], seq), "seq": seq}
+
+    @staticmethod
+    def _spend_budget(rec: Record, now: float) -> None:
+        """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it)."""
+        cap = (rec.get("limits") or {}).get("observations_per_day")
+        if not isinstance(cap, int) or isinstance(cap, bool):
+            return
+        day = timefmt.iso(now)[:10]
+        spent = rec.get("_budget") or {}
+        count = spent.get("count", 0) if spent.get("day") == day else 0
+        if count >= cap:
+            raise ProtocolError(
+                "OVER_BUDGET",
+                f"Monitor {rec['id']} accepts {cap} observations per UTC day and has used them; try after "
+                f"{day}T24:00Z or raise limits.observations_per_day.",
+                limit=cap,
+                window="day",
+                day=day,
+            )
+        rec["_budget"] = {"day": day, "count": count + 1}
 
     def _validate_publish(self, rec: Record, body: dict[str, Any]) -> dict[str, Any]:
         known_fields = {
