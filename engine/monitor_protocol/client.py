@@ -441,12 +441,20 @@ class _Routes:
         return token if token is not None else self.token
 
     def request(
-        self, method: str, path: str, *, body: Any = None, params: list[tuple[str, str]] | None = None,
-        token: str | None = None, timeout: float | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: list[tuple[str, str]] | None = None,
+        token: str | None = None,
+        timeout: float | None = None,
     ) -> Any:
         """Any route under /mp/v0, returning the JSON reply as is (errors raise as for every route).
         `path` is relative to the prefix, e.g. "/monitors/ci/state"."""
-        return self._run(_Call(method.upper(), path, self._tok(token), _raw, body, list(params or []), timeout))
+        return self._run(
+            _Call(method.upper(), path, self._tok(token), _raw, body, list(params or []), timeout)
+        )
 
     # -- discovery and monitors ------------------------------------------------------------------
 

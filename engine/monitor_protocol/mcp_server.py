@@ -195,8 +195,16 @@ class EmbeddedBackend:
     async def subscribe(self, body: dict[str, Any], token: str | None) -> Any:
         return await self.call("subscribe", body, token)
 
-    async def pull(self, sub_id: str, token: str | None, *, cursor: Any = None, limit: Any = None,
-                   wait: float = 0.0, filter: dict[str, Any] | None = None) -> Any:
+    async def pull(
+        self,
+        sub_id: str,
+        token: str | None,
+        *,
+        cursor: Any = None,
+        limit: Any = None,
+        wait: float = 0.0,
+        filter: dict[str, Any] | None = None,
+    ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, min(float(wait or 0), MAX_WAIT_SECONDS))
         while True:
@@ -266,37 +274,56 @@ class RemoteBackend:
                 pass
         await self.client.aclose()
 
-    async def _poller(self) -> None:
+    async def _mark(self, monitor_id: str) -> Any:
         from .client import ConnectionFailed, MonitorProtocolError
 
+        try:
+            state = await self.client.request(
+                "GET", f"/monitors/{_seg(monitor_id)}/state", token=env_token(VIEWER_ENV)
+            )
+            return (state.get("head"), json.dumps(state.get("live"), sort_keys=True))
+        except (ConnectionFailed, MonitorProtocolError) as exc:
+            return ("error", getattr(exc, "code", "DOWN"))
+
+    async def prime(self, monitor_id: str) -> None:
+        """Record where a newly watched monitor stands, so the first change after a subscribe is seen."""
+        if monitor_id not in self._heads:
+            self._heads[monitor_id] = await self._mark(monitor_id)
+
+    async def _poller(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval)
-            for monitor_id in sorted(self.watched()):
-                try:
-                    state = await self.client.request("GET", f"/monitors/{_seg(monitor_id)}/state",
-                                                      token=env_token(VIEWER_ENV))
-                    mark: Any = (state.get("head"), json.dumps(state.get("live"), sort_keys=True))
-                except (ConnectionFailed, MonitorProtocolError) as exc:
-                    mark = ("error", getattr(exc, "code", "DOWN"))
+            watched = self.watched()
+            for monitor_id in sorted(watched):
+                mark = await self._mark(monitor_id)
                 before = self._heads.get(monitor_id)
                 self._heads[monitor_id] = mark
                 if before is not None and before != mark and self._on_change is not None:
                     self._on_change(monitor_id)
-            for gone in set(self._heads) - self.watched():
+            for gone in set(self._heads) - watched:
                 del self._heads[gone]
 
-    async def _req(self, method: str, path: str, token: str | None, body: Any = None,
-                   params: list[tuple[str, str]] | None = None, timeout: float | None = None) -> Any:
+    async def _req(
+        self,
+        method: str,
+        path: str,
+        token: str | None,
+        body: Any = None,
+        params: list[tuple[str, str]] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         from .client import ConnectionFailed, MonitorProtocolError
 
         try:
-            return await self.client.request(method, path, body=body, params=params, token=token or "",
-                                             timeout=timeout)
+            return await self.client.request(
+                method, path, body=body, params=params, token=token or "", timeout=timeout
+            )
         except MonitorProtocolError as err:
             raise ToolFailure(err.body) from err
         except ConnectionFailed as err:
-            raise ToolFailure({"code": "CONNECTION_FAILED", "error": f"the server did not answer: {err.reason}",
-                               "done": []}) from err
+            raise ToolFailure(
+                {"code": "CONNECTION_FAILED", "error": f"the server did not answer: {err.reason}", "done": []}
+            ) from err
 
     async def discover(self) -> Any:
         return await self._req("GET", "/discover", None)
@@ -322,8 +349,16 @@ class RemoteBackend:
     async def subscribe(self, body: dict[str, Any], token: str | None) -> Any:
         return await self._req("POST", "/subscriptions", token, body)
 
-    async def pull(self, sub_id: str, token: str | None, *, cursor: Any = None, limit: Any = None,
-                   wait: float = 0.0, filter: dict[str, Any] | None = None) -> Any:
+    async def pull(
+        self,
+        sub_id: str,
+        token: str | None,
+        *,
+        cursor: Any = None,
+        limit: Any = None,
+        wait: float = 0.0,
+        filter: dict[str, Any] | None = None,
+    ) -> Any:
         from .client import LONG_POLL_MARGIN, filter_params
 
         params: list[tuple[str, str]] = []
@@ -374,8 +409,11 @@ TOKEN = _s("string", "bearer token for this call (else taken from the MCP server
 MONITOR_ID = _s("string", "monitor id")
 SUB_ID = _s("string", "subscription id (sub-...)")
 SUBJECT = _s("string", "the work item the lease is about")
-FILTER = _s("object", "filter: types, sources, subjects, actors, tiers, origins, horizons, since, until, "
-                      "limit, text, #tags", additionalProperties=True)
+FILTER = _s(
+    "object",
+    "filter: types, sources, subjects, actors, tiers, origins, horizons, since, until, limit, text, #tags",
+    additionalProperties=True,
+)
 CAP_LIST = {"type": "array", "items": {"type": "string", "enum": list(CAPABILITIES)}}
 
 PUBLISH_FIELDS: dict[str, Any] = {
@@ -387,13 +425,19 @@ PUBLISH_FIELDS: dict[str, Any] = {
     "origin": _enum(ORIGINS, "declared origin (default: inferred from the actor)"),
     "tier": _enum(TIERS, "how much it is worth believing (defaults never reach the top)"),
     "verification": _enum(VERIFICATIONS, "verification level"),
-    "on_behalf_of": _s("string", "delegation: the monitor owner this actor acts for, e.g. human:you; "
-                                 "lets an agent record a person's origin/tier on their behalf (P1)"),
+    "on_behalf_of": _s(
+        "string",
+        "delegation: the monitor owner this actor acts for, e.g. human:you; "
+        "lets an agent record a person's origin/tier on their behalf (P1)",
+    ),
     "time": _s("string", "RFC 3339 time of the observation"),
     "source_ref": _s("string", "reference in the source"),
     "rule": _s("string", "the rule that produced it"),
-    "wasDerivedFrom": {"type": "array", "items": {"type": ["string", "integer"]},
-                       "description": "seqs or ids this was derived from"},
+    "wasDerivedFrom": {
+        "type": "array",
+        "items": {"type": ["string", "integer"]},
+        "description": "seqs or ids this was derived from",
+    },
     "supersedes": _s(["string", "integer"], "the seq this observation corrects (P13)"),
 }
 
@@ -418,8 +462,16 @@ MONITOR_FIELDS: dict[str, Any] = {
 
 
 class ToolSpec:
-    def __init__(self, name: str, description: str, properties: dict[str, Any], required: list[str],
-                 run: Callable[[Any, dict[str, Any]], Awaitable[Any]], *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        properties: dict[str, Any],
+        required: list[str],
+        run: Callable[[Any, dict[str, Any]], Awaitable[Any]],
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.name = name
         self.description = description
         self.schema = {"type": "object", "properties": properties, "required": required}
@@ -446,15 +498,21 @@ def _body(args: dict[str, Any], *drop: str) -> dict[str, Any]:
 def _need(args: dict[str, Any], *names: str) -> None:
     missing = [n for n in names if args.get(n) in (None, "")]
     if missing:
-        raise ToolFailure(ProtocolError("INVALID", f"missing argument(s): {', '.join(missing)}; "
-                                                   "see the tool's input schema").body())
+        raise ToolFailure(
+            ProtocolError(
+                "INVALID", f"missing argument(s): {', '.join(missing)}; see the tool's input schema"
+            ).body()
+        )
 
 
 async def _configure(b: Any, a: dict[str, Any]) -> Any:
     _need(a, "id", "action")
     if a["action"] not in ("update", "pause", "resume", "retire"):
-        raise ToolFailure(ProtocolError("INVALID", "action is one of update, pause, resume, retire",
-                                        invalid=a["action"]).body())
+        raise ToolFailure(
+            ProtocolError(
+                "INVALID", "action is one of update, pause, resume, retire", invalid=a["action"]
+            ).body()
+        )
     return await b.configure(a["id"], a["action"], _body(a, "id", "action"), _tok(a, OWNER_ENV))
 
 
@@ -465,8 +523,14 @@ async def _publish(b: Any, a: dict[str, Any]) -> Any:
 
 async def _pull(b: Any, a: dict[str, Any]) -> Any:
     _need(a, "subscription")
-    return await b.pull(a["subscription"], _tok(a, READER_ENV), cursor=a.get("cursor"), limit=a.get("limit"),
-                        wait=float(a.get("wait") or 0), filter=a.get("filter"))
+    return await b.pull(
+        a["subscription"],
+        _tok(a, READER_ENV),
+        cursor=a.get("cursor"),
+        limit=a.get("limit"),
+        wait=float(a.get("wait") or 0),
+        filter=a.get("filter"),
+    )
 
 
 def _lease(action: str) -> Callable[[Any, dict[str, Any]], Awaitable[Any]]:
@@ -519,69 +583,176 @@ async def _list(b: Any, a: dict[str, Any]) -> Any:
 def tool_specs() -> list[ToolSpec]:
     sub = {"subscription": SUB_ID, "token": TOKEN}
     return [
-        ToolSpec("monitor_discover", "What this server supports: versions, feeds, limits, extensions.", {}, [],
-                 _discover, read_only=True),
-        ToolSpec("monitor_list", "Monitors this token may see (public ones without a token).",
-                 {"token": TOKEN}, [], _list, read_only=True),
-        ToolSpec("monitor_get", "One monitor's definition.", {"id": MONITOR_ID, "token": TOKEN}, ["id"], _get,
-                 read_only=True),
-        ToolSpec("monitor_create", "Create a monitor. The reply carries its owner token, shown once: keep it.",
-                 MONITOR_FIELDS, ["id"], _create),
-        ToolSpec("monitor_configure", "Change a monitor (owner): update (with a patch), pause, resume or "
-                 "retire. Every change is itself an observation.",
-                 {"id": MONITOR_ID, "action": _enum(("update", "pause", "resume", "retire"), "what to do"),
-                  "patch": _s("object", "fields to change (update)", additionalProperties=True),
-                  "reason": _s("string", "why (logged)"), "rule": _s("string", "rule behind the change"),
-                  "token": TOKEN},
-                 ["id", "action"], _configure),
-        ToolSpec("monitor_publish", "Append an observation (owner token). An agent acting for the owner sets "
-                 "actor to itself and on_behalf_of to the owner.",
-                 {"id": MONITOR_ID, **PUBLISH_FIELDS, "token": TOKEN}, ["id", "type"], _publish),
-        ToolSpec("monitor_state", "A monitor's computed state: head, live, counters, ages, confidence (with "
-                 "what it does not know).", {"id": MONITOR_ID, "token": TOKEN}, ["id"], _state, read_only=True),
-        ToolSpec("monitor_subscribe", "Subscribe to a monitor. The reply carries the reader token, shown once.",
-                 {"monitor": MONITOR_ID, "subscriber": _s("string", "your name, e.g. agent:triage"),
-                  "capabilities": {**CAP_LIST, "description": "asked capabilities (granted, not requested)"},
-                  "filter": FILTER,
-                  "from": _s(["string", "integer"], "head, earliest or a seq (default: the beginning)"),
-                  "protocol": _enum(PROTOCOLS, "delivery protocol"),
-                  "reset_policy": _enum(RESET_POLICIES, "what happens when the cursor expires"),
-                  "sink": _s("string", "push URL for protocol http"),
-                  "retire_after_mute_seconds": _s("integer", "retire when not pulled for this long"),
-                  "token": _s("string", "owner or subscribe token, or this subscription's token to re-key")},
-                 ["monitor", "subscriber"], _subscribe),
-        ToolSpec("monitor_pull", "Read observations at the cursor. Never commits: call monitor_ack with `next` "
-                 "after handling them. `wait` long-polls up to 50 s.",
-                 {**sub, "cursor": _s("integer", "read-only replay from this seq"),
-                  "limit": _s("integer", "1..200 (default 50)"), "wait": _s("number", "long poll seconds (0..50)"),
-                  "filter": FILTER},
-                 ["subscription"], _pull, read_only=True),
-        ToolSpec("monitor_ack", "Commit the cursor (the pull's `next`): cumulative, never backwards.",
-                 {**sub, "cursor": _s("integer", "the next seq to deliver")}, ["subscription", "cursor"],
-                 _reader("ack", "cursor")),
-        ToolSpec("monitor_seek", "Move the cursor explicitly (the only way backwards), with a reason.",
-                 {**sub, "cursor": _s("integer", "the new cursor"), "reason": _s("string", "why (logged)")},
-                 ["subscription", "cursor", "reason"], _reader("seek", "cursor", "reason")),
-        ToolSpec("monitor_renew", "Rotate the subscription's token (same cursor); the old one dies at once.",
-                 sub, ["subscription"], _reader("renew")),
-        ToolSpec("monitor_retire_subscription", "Retire the subscription (its leases are released).",
-                 {**sub, "reason": _s("string", "why")}, ["subscription"], _reader("retire_subscription")),
-        ToolSpec("lease_claim", "Claim exclusive, expiring ownership of a subject (needs act).",
-                 {**sub, "subject": SUBJECT, "lease_duration_seconds": _s("integer", "lease length"),
-                  "note": _s("string", "note")}, ["subscription", "subject"], _lease("claim")),
-        ToolSpec("lease_renew", "Extend a lease you hold.",
-                 {**sub, "subject": SUBJECT, "lease_duration_seconds": _s("integer", "lease length")},
-                 ["subscription", "subject"], _lease("renew")),
-        ToolSpec("lease_complete", "Finish a lease you hold with an outcome.",
-                 {**sub, "subject": SUBJECT, "outcome": _s("string", "e.g. fixed, done"),
-                  "evidence": _s(["object", "array", "string"], "evidence"), "note": _s("string", "note")},
-                 ["subscription", "subject", "outcome"], _lease("complete")),
-        ToolSpec("lease_release", "Give a held lease back.",
-                 {**sub, "subject": SUBJECT, "reason": _s("string", "why")}, ["subscription", "subject"],
-                 _lease("release")),
-        ToolSpec("lease_reject", "Give a subject back as failed; it dead-letters at the delivery count limit.",
-                 {**sub, "subject": SUBJECT, "reason": _s("string", "why")}, ["subscription", "subject"],
-                 _lease("reject")),
+        ToolSpec(
+            "monitor_discover",
+            "What this server supports: versions, feeds, limits, extensions.",
+            {},
+            [],
+            _discover,
+            read_only=True,
+        ),
+        ToolSpec(
+            "monitor_list",
+            "Monitors this token may see (public ones without a token).",
+            {"token": TOKEN},
+            [],
+            _list,
+            read_only=True,
+        ),
+        ToolSpec(
+            "monitor_get",
+            "One monitor's definition.",
+            {"id": MONITOR_ID, "token": TOKEN},
+            ["id"],
+            _get,
+            read_only=True,
+        ),
+        ToolSpec(
+            "monitor_create",
+            "Create a monitor. The reply carries its owner token, shown once: keep it.",
+            MONITOR_FIELDS,
+            ["id"],
+            _create,
+        ),
+        ToolSpec(
+            "monitor_configure",
+            "Change a monitor (owner): update (with a patch), pause, resume or "
+            "retire. Every change is itself an observation.",
+            {
+                "id": MONITOR_ID,
+                "action": _enum(("update", "pause", "resume", "retire"), "what to do"),
+                "patch": _s("object", "fields to change (update)", additionalProperties=True),
+                "reason": _s("string", "why (logged)"),
+                "rule": _s("string", "rule behind the change"),
+                "token": TOKEN,
+            },
+            ["id", "action"],
+            _configure,
+        ),
+        ToolSpec(
+            "monitor_publish",
+            "Append an observation (owner token). An agent acting for the owner sets "
+            "actor to itself and on_behalf_of to the owner.",
+            {"id": MONITOR_ID, **PUBLISH_FIELDS, "token": TOKEN},
+            ["id", "type"],
+            _publish,
+        ),
+        ToolSpec(
+            "monitor_state",
+            "A monitor's computed state: head, live, counters, ages, confidence (with "
+            "what it does not know).",
+            {"id": MONITOR_ID, "token": TOKEN},
+            ["id"],
+            _state,
+            read_only=True,
+        ),
+        ToolSpec(
+            "monitor_subscribe",
+            "Subscribe to a monitor. The reply carries the reader token, shown once.",
+            {
+                "monitor": MONITOR_ID,
+                "subscriber": _s("string", "your name, e.g. agent:triage"),
+                "capabilities": {**CAP_LIST, "description": "asked capabilities (granted, not requested)"},
+                "filter": FILTER,
+                "from": _s(["string", "integer"], "head, earliest or a seq (default: the beginning)"),
+                "protocol": _enum(PROTOCOLS, "delivery protocol"),
+                "reset_policy": _enum(RESET_POLICIES, "what happens when the cursor expires"),
+                "sink": _s("string", "push URL for protocol http"),
+                "retire_after_mute_seconds": _s("integer", "retire when not pulled for this long"),
+                "token": _s("string", "owner or subscribe token, or this subscription's token to re-key"),
+            },
+            ["monitor", "subscriber"],
+            _subscribe,
+        ),
+        ToolSpec(
+            "monitor_pull",
+            "Read observations at the cursor. Never commits: call monitor_ack with `next` "
+            "after handling them. `wait` long-polls up to 50 s.",
+            {
+                **sub,
+                "cursor": _s("integer", "read-only replay from this seq"),
+                "limit": _s("integer", "1..200 (default 50)"),
+                "wait": _s("number", "long poll seconds (0..50)"),
+                "filter": FILTER,
+            },
+            ["subscription"],
+            _pull,
+            read_only=True,
+        ),
+        ToolSpec(
+            "monitor_ack",
+            "Commit the cursor (the pull's `next`): cumulative, never backwards.",
+            {**sub, "cursor": _s("integer", "the next seq to deliver")},
+            ["subscription", "cursor"],
+            _reader("ack", "cursor"),
+        ),
+        ToolSpec(
+            "monitor_seek",
+            "Move the cursor explicitly (the only way backwards), with a reason.",
+            {**sub, "cursor": _s("integer", "the new cursor"), "reason": _s("string", "why (logged)")},
+            ["subscription", "cursor", "reason"],
+            _reader("seek", "cursor", "reason"),
+        ),
+        ToolSpec(
+            "monitor_renew",
+            "Rotate the subscription's token (same cursor); the old one dies at once.",
+            sub,
+            ["subscription"],
+            _reader("renew"),
+        ),
+        ToolSpec(
+            "monitor_retire_subscription",
+            "Retire the subscription (its leases are released).",
+            {**sub, "reason": _s("string", "why")},
+            ["subscription"],
+            _reader("retire_subscription"),
+        ),
+        ToolSpec(
+            "lease_claim",
+            "Claim exclusive, expiring ownership of a subject (needs act).",
+            {
+                **sub,
+                "subject": SUBJECT,
+                "lease_duration_seconds": _s("integer", "lease length"),
+                "note": _s("string", "note"),
+            },
+            ["subscription", "subject"],
+            _lease("claim"),
+        ),
+        ToolSpec(
+            "lease_renew",
+            "Extend a lease you hold.",
+            {**sub, "subject": SUBJECT, "lease_duration_seconds": _s("integer", "lease length")},
+            ["subscription", "subject"],
+            _lease("renew"),
+        ),
+        ToolSpec(
+            "lease_complete",
+            "Finish a lease you hold with an outcome.",
+            {
+                **sub,
+                "subject": SUBJECT,
+                "outcome": _s("string", "e.g. fixed, done"),
+                "evidence": _s(["object", "array", "string"], "evidence"),
+                "note": _s("string", "note"),
+            },
+            ["subscription", "subject", "outcome"],
+            _lease("complete"),
+        ),
+        ToolSpec(
+            "lease_release",
+            "Give a held lease back.",
+            {**sub, "subject": SUBJECT, "reason": _s("string", "why")},
+            ["subscription", "subject"],
+            _lease("release"),
+        ),
+        ToolSpec(
+            "lease_reject",
+            "Give a subject back as failed; it dead-letters at the delivery count limit.",
+            {**sub, "subject": SUBJECT, "reason": _s("string", "why")},
+            ["subscription", "subject"],
+            _lease("reject"),
+        ),
     ]
 
 
@@ -622,7 +793,9 @@ class MonitorMCP:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def watched_monitors(self) -> set[str]:
-        uris = {u for u, s in self.legacy_subs.items() if s} | {u for u, n in self.listen_subs.items() if n > 0}
+        uris = {u for u, s in self.legacy_subs.items() if s} | {
+            u for u, n in self.listen_subs.items() if n > 0
+        }
         return {m.group(1) for m in map(RESOURCE_URI.match, uris) if m}
 
     def monitor_changed(self, monitor_id: str) -> None:
@@ -649,7 +822,10 @@ class MonitorMCP:
             await self.backend.start(self.monitor_changed)
         try:
             async with stdio_server() as (read_stream, write_stream):
-                await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
+                options = self.server.create_initialization_options(
+                    experimental_capabilities={EXTENSION_ID: {"version": PROTOCOL_VERSION}}
+                )
+                await self.server.run(read_stream, write_stream, options)
         finally:
             self.listen.close()
             await self.backend.close()
@@ -662,19 +838,25 @@ class MonitorMCP:
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         spec = self.specs.get(params.name)
         if spec is None:
-            body = ProtocolError("NOT_FOUND", f"no tool {params.name!r}; tools: {', '.join(self.specs)}").body()
+            body = ProtocolError(
+                "NOT_FOUND", f"no tool {params.name!r}; tools: {', '.join(self.specs)}"
+            ).body()
             return self._failure(body)
         try:
             result = await spec.run(self.backend, dict(params.arguments or {}))
         except ToolFailure as failure:
             return self._failure(failure.body)
         structured = result if isinstance(result, dict) else {"result": result}
-        return types.CallToolResult(content=[types.TextContent(text=_text(result))], structured_content=structured)
+        return types.CallToolResult(
+            content=[types.TextContent(text=_text(result))], structured_content=structured
+        )
 
     @staticmethod
     def _failure(body: dict[str, Any]) -> types.CallToolResult:
         text = f"{body.get('code')}: {body.get('error')}\n{_text(body)}"
-        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=body, is_error=True)
+        return types.CallToolResult(
+            content=[types.TextContent(text=text)], structured_content=body, is_error=True
+        )
 
     # -- resources ---------------------------------------------------------------------------------
 
@@ -686,30 +868,48 @@ class MonitorMCP:
         resources: list[types.Resource] = []
         for monitor in listed.get("monitors", []):
             mid = monitor.get("id")
-            resources.append(types.Resource(uri=f"monitor://{mid}/definition", name=f"{mid} definition",
-                                            mime_type="application/json"))
-            resources.append(types.Resource(uri=f"monitor://{mid}/state", name=f"{mid} state",
-                                            mime_type="application/json"))
+            resources.append(
+                types.Resource(
+                    uri=f"monitor://{mid}/definition", name=f"{mid} definition", mime_type="application/json"
+                )
+            )
+            resources.append(
+                types.Resource(
+                    uri=f"monitor://{mid}/state", name=f"{mid} state", mime_type="application/json"
+                )
+            )
         return types.ListResourcesResult(resources=resources)
 
     async def _list_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        return types.ListResourceTemplatesResult(resource_templates=[
-            types.ResourceTemplate(uri_template="monitor://{id}/definition", name="monitor definition",
-                                   description="a monitor's definition (Monitor object)",
-                                   mime_type="application/json"),
-            types.ResourceTemplate(uri_template="monitor://{id}/state", name="monitor state",
-                                   description="a monitor's computed state; subscribe for wake-ups",
-                                   mime_type="application/json"),
-        ])
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                types.ResourceTemplate(
+                    uri_template="monitor://{id}/definition",
+                    name="monitor definition",
+                    description="a monitor's definition (Monitor object)",
+                    mime_type="application/json",
+                ),
+                types.ResourceTemplate(
+                    uri_template="monitor://{id}/state",
+                    name="monitor state",
+                    description="a monitor's computed state; subscribe for wake-ups",
+                    mime_type="application/json",
+                ),
+            ]
+        )
 
-    async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def _read_resource(
+        self, ctx: Any, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
         from mcp.shared.exceptions import MCPError
 
         uri = str(params.uri)
         match = RESOURCE_URI.match(uri)
         if not match:
-            raise MCPError(types.INVALID_PARAMS, f"unknown resource {uri}; use monitor://{{id}}/definition or "
-                                                 "monitor://{id}/state")
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"unknown resource {uri}; use monitor://{{id}}/definition or monitor://{{id}}/state",
+            )
         monitor_id, kind = match.groups()
         token = env_token(VIEWER_ENV)
         try:
@@ -719,13 +919,24 @@ class MonitorMCP:
                 value = await self.backend.state(monitor_id, token)
         except ToolFailure as failure:
             code = JSONRPC_CODE.get(str(failure.body.get("code")), types.INVALID_PARAMS)
-            raise MCPError(code, f"{failure.body.get('code')}: {failure.body.get('error')}",
-                           failure.body) from failure
-        return types.ReadResourceResult(contents=[
-            types.TextResourceContents(uri=uri, mime_type="application/json", text=_text(value))
-        ])
+            raise MCPError(
+                code, f"{failure.body.get('code')}: {failure.body.get('error')}", failure.body
+            ) from failure
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=_text(value))]
+        )
+
+    async def _prime(self, uris: list[str]) -> None:
+        prime = getattr(self.backend, "prime", None)
+        if prime is None:
+            return
+        for uri in uris:
+            match = RESOURCE_URI.match(uri)
+            if match:
+                await prime(match.group(1))
 
     async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        await self._prime([str(params.uri)])
         self.legacy_subs.setdefault(str(params.uri), set()).add(ctx.session)
         return types.EmptyResult()
 
@@ -735,6 +946,7 @@ class MonitorMCP:
 
     async def _listen(self, ctx: Any, params: types.SubscriptionsListenRequestParams) -> Any:
         uris = list(params.notifications.resource_subscriptions or [])
+        await self._prime(uris)
         for uri in uris:
             self.listen_subs[uri] = self.listen_subs.get(uri, 0) + 1
         try:

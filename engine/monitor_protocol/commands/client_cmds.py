@@ -40,7 +40,12 @@ HELP = {
 }
 
 ROLE = {
-    "publish": OWNER, "subscribe": OWNER, "pull": READER, "ack": READER, "seek": READER, "state": VIEWER,
+    "publish": OWNER,
+    "subscribe": OWNER,
+    "pull": READER,
+    "ack": READER,
+    "seek": READER,
+    "state": VIEWER,
     "lease": READER,
 }
 
@@ -50,10 +55,12 @@ ROLE = {
 
 def add_common(parser: argparse.ArgumentParser, role: tuple[str, ...]) -> None:
     """--base, --token and --json, with the environment variables named in the help."""
-    parser.add_argument("--base", default=os.environ.get("MP_BASE", DEFAULT_BASE),
-                        help="server URL (env MP_BASE, default %(default)s)")
-    parser.add_argument("--token", default=None,
-                        help=f"bearer token (else env {' then '.join(role)})")
+    parser.add_argument(
+        "--base",
+        default=os.environ.get("MP_BASE", DEFAULT_BASE),
+        help="server URL (env MP_BASE, default %(default)s)",
+    )
+    parser.add_argument("--token", default=None, help=f"bearer token (else env {' then '.join(role)})")
     parser.add_argument("--json", action="store_true", help="print the server's JSON reply")
     parser.set_defaults(_token_env=role)
 
@@ -78,7 +85,7 @@ def json_arg(text: str) -> Any:
 def json_object_arg(text: str) -> dict[str, Any]:
     value = json_arg(text)
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"status\": \"ok\"}'")
+        raise argparse.ArgumentTypeError('expected a JSON object, e.g. \'{"status": "ok"}\'')
     return value
 
 
@@ -149,20 +156,29 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("type", help="observation type (reverse-DNS, declared in the monitor's types)")
         parser.add_argument("--subject", help="what the observation is about (a work item)")
         parser.add_argument("--data", type=json_object_arg, help="JSON object for the observation's data")
-        parser.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag (repeatable)")
+        parser.add_argument(
+            "--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag (repeatable)"
+        )
         parser.add_argument("--actor", help="who caused it, e.g. agent:claude (default: the owner)")
         parser.add_argument("--origin", help="human|agent|webhook|probe|system")
         parser.add_argument("--tier", help="src|measured|derived|unverified|falsified")
-        parser.add_argument("--verification", help="human_verified|machine_verified|certified|reported|unverified")
+        parser.add_argument(
+            "--verification", help="human_verified|machine_verified|certified|reported|unverified"
+        )
         parser.add_argument("--on-behalf-of", dest="on_behalf_of", help="the owner an agent acts for")
         parser.add_argument("--supersedes", help="seq of the observation this one corrects")
         parser.add_argument("--source-ref", dest="source_ref", help="reference in the source")
     elif name == "subscribe":
         parser.add_argument("monitor", help="monitor id")
         parser.add_argument("--subscriber", required=True, help="the reader's name, e.g. agent:triage")
-        parser.add_argument("--capability", action="append", dest="capabilities", metavar="CAP",
-                            help="observe|react|act (repeatable; default: what the token grants)")
-        parser.add_argument("--filter", type=json_object_arg, help="JSON filter, e.g. '{\"types\": [\"a.b\"]}'")
+        parser.add_argument(
+            "--capability",
+            action="append",
+            dest="capabilities",
+            metavar="CAP",
+            help="observe|react|act (repeatable; default: what the token grants)",
+        )
+        parser.add_argument("--filter", type=json_object_arg, help='JSON filter, e.g. \'{"types": ["a.b"]}\'')
         parser.add_argument("--from", dest="from_", help="head, earliest or a seq")
         parser.add_argument("--protocol", help="pull|http|mcp")
         parser.add_argument("--reset-policy", dest="reset_policy", help="earliest|latest|none")
@@ -271,8 +287,10 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
         print(f"published seq={result.seq} type={result.observation.get('type')}")
     elif name == "subscribe":
         s = result.subscription
-        print(f"subscription {s.id} on {s.monitor} for {s.subscriber} cursor={s.cursor} "
-              f"capabilities={','.join(s.capabilities)}")
+        print(
+            f"subscription {s.id} on {s.monitor} for {s.subscriber} cursor={s.cursor} "
+            f"capabilities={','.join(s.capabilities)}"
+        )
         print(f"token: {result.token}")
     elif name == "pull":
         for obs in result.observations:
@@ -284,8 +302,10 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
         print(f"cursor={result.cursor}")
     elif name == "state":
         live = result.live
-        print(f"{result.monitor}: head={result.head} live={live.get('value')}"
-              f"{' (' + str(live.get('reason')) + ')' if live.get('reason') else ''}")
+        print(
+            f"{result.monitor}: head={result.head} live={live.get('value')}"
+            f"{' (' + str(live.get('reason')) + ')' if live.get('reason') else ''}"
+        )
         print(f"counters {dumps(result.counters)}")
         conf = result.confidence
         print(f"confidence={conf.get('value')} gaps={','.join(conf.get('gaps') or []) or '-'}")
@@ -315,16 +335,28 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
 def _call(name: str, args: argparse.Namespace, c: Any) -> Any:
     action = getattr(args, "action", None)
     if name == "publish":
-        fields = {k: getattr(args, k) for k in ("actor", "origin", "tier", "verification", "on_behalf_of",
-                                                "supersedes", "source_ref")}
+        fields = {
+            k: getattr(args, k)
+            for k in ("actor", "origin", "tier", "verification", "on_behalf_of", "supersedes", "source_ref")
+        }
         fields["tags"] = _tags(args.tag)
         return c.publish(args.monitor, args.type, subject=args.subject, data=args.data, **fields)
     if name == "subscribe":
-        return c.subscribe(args.monitor, args.subscriber, capabilities=args.capabilities, filter=args.filter,
-                           from_=_from(args.from_), protocol=args.protocol, reset_policy=args.reset_policy,
-                           sink=args.sink, retire_after_mute_seconds=args.retire_after_mute_seconds)
+        return c.subscribe(
+            args.monitor,
+            args.subscriber,
+            capabilities=args.capabilities,
+            filter=args.filter,
+            from_=_from(args.from_),
+            protocol=args.protocol,
+            reset_policy=args.reset_policy,
+            sink=args.sink,
+            retire_after_mute_seconds=args.retire_after_mute_seconds,
+        )
     if name == "pull":
-        return c.pull(args.subscription, cursor=args.cursor, limit=args.limit, wait=args.wait, filter=args.filter)
+        return c.pull(
+            args.subscription, cursor=args.cursor, limit=args.limit, wait=args.wait, filter=args.filter
+        )
     if name == "ack":
         return c.ack(args.subscription, args.cursor)
     if name == "seek":
@@ -345,27 +377,45 @@ def _monitors(args: argparse.Namespace, c: Any, action: str) -> Any:
         return c.get_monitor(args.monitor)
     if action == "create":
         fields = dict(args.body or {})
-        for key in ("name", "description", "types", "capabilities", "default_grant", "visibility", "horizon",
-                    "owner"):
+        for key in (
+            "name",
+            "description",
+            "types",
+            "capabilities",
+            "default_grant",
+            "visibility",
+            "horizon",
+            "owner",
+        ):
             if getattr(args, key) is not None:
                 fields[key] = getattr(args, key)
         return c.create_monitor(args.monitor, **fields)
     if action == "update":
         return c.update_monitor(args.monitor, args.patch, reason=args.reason)
     lifecycle: dict[str, Callable[..., Any]] = {
-        "pause": c.pause_monitor, "resume": c.resume_monitor, "retire": c.retire_monitor,
+        "pause": c.pause_monitor,
+        "resume": c.resume_monitor,
+        "retire": c.retire_monitor,
     }
     return lifecycle[action](args.monitor, args.reason)
 
 
 def _lease(args: argparse.Namespace, c: Any, action: str) -> Any:
     if action == "claim":
-        return c.claim(args.subscription, args.subject, lease_duration_seconds=args.lease_duration_seconds,
-                       note=args.note)
+        return c.claim(
+            args.subscription,
+            args.subject,
+            lease_duration_seconds=args.lease_duration_seconds,
+            note=args.note,
+        )
     if action == "renew":
-        return c.renew_lease(args.subscription, args.subject, lease_duration_seconds=args.lease_duration_seconds)
+        return c.renew_lease(
+            args.subscription, args.subject, lease_duration_seconds=args.lease_duration_seconds
+        )
     if action == "complete":
-        return c.complete(args.subscription, args.subject, args.outcome, evidence=args.evidence, note=args.note)
+        return c.complete(
+            args.subscription, args.subject, args.outcome, evidence=args.evidence, note=args.note
+        )
     if action == "release":
         return c.release(args.subscription, args.subject, args.reason)
     return c.reject(args.subscription, args.subject, args.reason)

@@ -14,10 +14,18 @@ DEFAULT_DB = "monitor-protocol.db"
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--db", default=None, metavar="PATH",
-                       help=f"embedded SQLite database (default ./{DEFAULT_DB}); the sweep runs in this process")
-    where.add_argument("--base", default=os.environ.get("MP_MCP_BASE"), metavar="URL",
-                       help="use an `mp serve` at this URL instead of a database (env MP_MCP_BASE)")
+    where.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH",
+        help=f"embedded SQLite database (default ./{DEFAULT_DB}); the sweep runs in this process",
+    )
+    where.add_argument(
+        "--base",
+        default=os.environ.get("MP_MCP_BASE"),
+        metavar="URL",
+        help="use an `mp serve` at this URL instead of a database (env MP_MCP_BASE)",
+    )
 
 
 def run(name: str, args: argparse.Namespace) -> int:

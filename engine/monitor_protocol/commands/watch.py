@@ -38,16 +38,29 @@ FIRST_BACKOFF_SECONDS = 0.25
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("subscription", help="subscription id (sub-...)")
     parser.add_argument("--token", default=None, help=f"the reader token (else env {' then '.join(READER)})")
-    parser.add_argument("--base", default=os.environ.get("MP_BASE", DEFAULT_BASE),
-                        help="server URL (env MP_BASE, default %(default)s)")
+    parser.add_argument(
+        "--base",
+        default=os.environ.get("MP_BASE", DEFAULT_BASE),
+        help="server URL (env MP_BASE, default %(default)s)",
+    )
     parser.add_argument("--wait", type=float, default=30.0, help="long poll seconds per request (default 30)")
     parser.add_argument("--limit", type=int, default=None, help="observations per batch (1..200)")
-    parser.add_argument("--manual-ack", action="store_true",
-                        help="print NEXT <cursor> after each batch and leave the commit to `mp ack`")
-    parser.add_argument("--catch-up", action="store_true",
-                        help="first replay (read-only) what was already committed, then follow")
-    parser.add_argument("--reset-policy", choices=("earliest", "latest", "none"), default=None,
-                        help="what to do on EXPIRED when the server does not say (default: none)")
+    parser.add_argument(
+        "--manual-ack",
+        action="store_true",
+        help="print NEXT <cursor> after each batch and leave the commit to `mp ack`",
+    )
+    parser.add_argument(
+        "--catch-up",
+        action="store_true",
+        help="first replay (read-only) what was already committed, then follow",
+    )
+    parser.add_argument(
+        "--reset-policy",
+        choices=("earliest", "latest", "none"),
+        default=None,
+        help="what to do on EXPIRED when the server does not say (default: none)",
+    )
     parser.set_defaults(_token_env=READER)
 
 
@@ -63,8 +76,9 @@ class _Out:
 class Watch:
     """The follow loop, separate from argument parsing so it can be driven with any client."""
 
-    def __init__(self, client: Any, args: argparse.Namespace, out: _Out | None = None,
-                 sleep: Any = time.sleep) -> None:
+    def __init__(
+        self, client: Any, args: argparse.Namespace, out: _Out | None = None, sleep: Any = time.sleep
+    ) -> None:
         self.c = client
         self.sub = args.subscription
         self.wait = max(0.0, float(args.wait))
@@ -201,8 +215,10 @@ def run(name: str, args: argparse.Namespace) -> int:
 
     token = resolve_token(args)
     if not token:
-        print("error: UNAUTHORIZED: mp watch needs the reader token: --token or env MP_READER_TOKEN",
-              file=sys.stderr)
+        print(
+            "error: UNAUTHORIZED: mp watch needs the reader token: --token or env MP_READER_TOKEN",
+            file=sys.stderr,
+        )
         return 1
     if args.limit is not None and not 1 <= args.limit <= 200:
         print("error: INVALID: --limit is 1..200", file=sys.stderr)
