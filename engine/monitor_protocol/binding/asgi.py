@@ -4,8 +4,9 @@ What this module adds to the router, and nothing else:
 
 * the body cap: a request whose Content-Length, or whose bytes read so far, exceed ``max_body`` is refused
   with 413 TOO_LARGE before the rest is read;
-* one engine thread: every engine call (router, sweep, close) runs on a single dedicated worker thread, so
-  the event loop never blocks on SQLite and the engine is entered by one thread at a time;
+* one engine thread: every engine call (router, sweep, close) runs on a single dedicated thread, so the
+  event loop never blocks on SQLite and the engine is entered by one thread at a time; calls that queue
+  up meanwhile share one group commit (``store.batch()``), and none is answered before it is durable;
 * long poll: an empty pull that asked to wait is held on an ``asyncio.Event`` fed by
   ``service.add_listener`` and re-handled as soon as its monitor gets an append (no polling);
 * SSE at ``GET /mp/v0/subscriptions/{id}/stream``: read-only replays of the pull route (the ``cursor``
@@ -23,11 +24,12 @@ import asyncio
 import json
 import logging
 import math
+import queue
 import re
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -41,6 +43,7 @@ SSE_RETRY_MS = 3000
 SSE_HEARTBEAT_SECONDS = 5.0
 SSE_PAGE = 200
 SWEEP_INTERVAL_SECONDS = 1.0
+PROBE_CURSOR = 1 << 62  # a replay cursor past any head: reads nothing, reports the committed cursor
 
 STREAM_PATH = re.compile(r"^/mp/v0/subscriptions/([^/]+)/stream/?$")
 
@@ -75,12 +78,123 @@ def _internal_error_response(incident: str) -> Response:
     return error_response(err)
 
 
+class EngineThread:
+    """The one thread that ever enters the engine (SQLite has one writer; the engine is not thread-safe).
+
+    Calls that queue up while it works are run together inside the store's ``batch()`` when it has one
+    (group commit: many requests, one fsync), and no caller hears its result before that commit, so every
+    success a client is told about is already durable.
+    """
+
+    def __init__(self, store: Any = None, max_batch: int = 64) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._batch = getattr(store, "batch", None)
+        self.max_batch = max_batch
+        self._thread = threading.Thread(target=self._run, name="mp-engine", daemon=True)
+        self._thread.start()
+        self._stopped = False
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(ok: bool, value: Any) -> None:
+            if future.done():
+                return
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+        def reply(ok: bool, value: Any) -> None:
+            if not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(deliver, ok, value)
+                except RuntimeError:
+                    pass  # the loop closed meanwhile: nobody is waiting any more
+
+        self._submit(fn, args, reply)
+        return await future
+
+    def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on the engine thread from any other thread, blocking until it is done."""
+        done = threading.Event()
+        box: list[Any] = []
+
+        def reply(ok: bool, value: Any) -> None:
+            box.append((ok, value))
+            done.set()
+
+        self._submit(fn, args, reply)
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def _submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], reply: Callable[[bool, Any], None]
+    ) -> None:
+        if self._stopped:
+            raise RuntimeError("the engine thread has stopped")
+        self._queue.put((fn, args, reply))
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self._queue.put(None)
+            if threading.current_thread() is not self._thread:
+                self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            jobs = [job]
+            stop = False
+            while len(jobs) < self.max_batch:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                jobs.append(more)
+            self._execute(jobs)
+            if stop:
+                return
+
+    def _execute(self, jobs: list[Any]) -> None:
+        if len(jobs) == 1 or self._batch is None:
+            for fn, args, reply in jobs:
+                reply(*_outcome(fn, args))
+            return
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            with self._batch():
+                outcomes = [_outcome(fn, args) for fn, args, _reply in jobs]
+        except BaseException as exc:  # the group commit failed: nothing in it may be reported as done
+            log.exception("group commit of %d engine calls failed", len(jobs))
+            outcomes = [(False, exc)] * len(jobs)
+        for (_fn, _args, reply), outcome in zip(jobs, outcomes, strict=True):
+            reply(*outcome)
+
+
+def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
+    try:
+        return True, fn(*args)
+    except BaseException as exc:
+        return False, exc
+
+
 class MonitorApp:
     """An ASGI 3 application serving the Monitor Protocol over HTTP.
 
     ``background_tasks``: coroutine functions ``task(app)`` started after startup and cancelled at
     shutdown (for instance HTTP push delivery). ``on_startup`` / ``on_shutdown``: callables ``hook(app)``
-    (sync or async) run in order. ``call(fn, *args)`` runs ``fn`` on the engine thread.
+    (sync or async) run in order. ``await app.call(fn, *args)`` runs ``fn`` on the engine thread.
     """
 
     def __init__(
@@ -90,7 +204,7 @@ class MonitorApp:
         *,
         store: Any = None,
         max_body: int = DEFAULT_MAX_BODY,
-        executor: ThreadPoolExecutor | None = None,
+        engine: EngineThread | None = None,
         sweep_interval: float | None = SWEEP_INTERVAL_SECONDS,
         heartbeat_seconds: float = SSE_HEARTBEAT_SECONDS,
         background_tasks: Iterable[BackgroundTask] = (),
@@ -101,8 +215,7 @@ class MonitorApp:
         self.router = router
         self.store = store
         self.max_body = int(max_body)
-        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="mp-engine")
-        self._own_executor = executor is None
+        self.engine = engine or EngineThread(store)
         self.sweep_interval = sweep_interval
         self.heartbeat_seconds = heartbeat_seconds
         self.background_tasks: list[BackgroundTask] = list(background_tasks)
@@ -118,8 +231,7 @@ class MonitorApp:
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a synchronous engine call on the single engine thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, fn, *args)
+        return await self.engine.call(fn, *args)
 
     async def handle(self, request: Request) -> Response:
         try:
@@ -319,22 +431,13 @@ class MonitorApp:
         """Section 9: replay the subscription through the read-only pull route and follow it live."""
         start = _last_event_id(request)
         if start is None:
-            # Policy (Origin/Host) first, then the reader's token, then the committed cursor.
-            probe = await self.handle(
-                Request(
-                    "GET",
-                    f"/mp/v0/subscriptions/{sub_id}/pull",
-                    [("cursor", "1"), ("limit", "1")],
-                    request.headers,
-                )
-            )
+            # A read-only replay far past any head checks the policy (Origin/Host) and the reader's token,
+            # changes nothing, and reports the committed cursor: the stream starts there.
+            probe = await self.handle(self._replay(request, sub_id, PROBE_CURSOR, limit=1))
             if probe.status != 200:
                 await self._send_json(send, probe)
                 return
-            start = await self._committed_cursor(sub_id, request)
-            if isinstance(start, Response):
-                await self._send_json(send, start)
-                return
+            start = _int(probe.body.get("cursor"), 1)
         cursor = max(1, start)
         first = await self.handle(self._replay(request, sub_id, cursor))
         if first.status != 200:
@@ -389,25 +492,10 @@ class MonitorApp:
             except Exception:
                 pass
 
-    async def _committed_cursor(self, sub_id: str, request: Request) -> int | Response:
-        token = _bearer(request)
-
-        def read() -> Any:
-            return self.service.subscription_info(sub_id, token)
-
-        try:
-            info = await self.call(read)
-        except ProtocolError as err:
-            return error_response(err)
-        sub = info.get("subscription", info) if isinstance(info, dict) else {}
-        if isinstance(sub, dict) and "cursor" in sub:
-            return _int(sub["cursor"], 1)
-        return _int(info.get("cursor"), 1) if isinstance(info, dict) else 1
-
     @staticmethod
-    def _replay(request: Request, sub_id: str, cursor: int) -> Request:
+    def _replay(request: Request, sub_id: str, cursor: int, limit: int = SSE_PAGE) -> Request:
         query = [(k, v) for k, v in request.query if k not in ("cursor", "limit", "wait")]
-        query += [("cursor", str(cursor)), ("limit", str(SSE_PAGE))]
+        query += [("cursor", str(cursor)), ("limit", str(limit))]
         return Request("GET", f"/mp/v0/subscriptions/{sub_id}/pull", query, request.headers)
 
     @staticmethod
@@ -464,8 +552,7 @@ class MonitorApp:
             if asyncio.iscoroutine(result):
                 await result
         await self.call(self.close_store)
-        if self._own_executor:
-            self.executor.shutdown(wait=True)
+        self.engine.stop()
 
     def close_store(self) -> None:
         """Close the store once (runs on the engine thread when called through ``call``)."""
@@ -500,20 +587,21 @@ def create_app(
     *,
     store: Any = None,
     max_body: int = DEFAULT_MAX_BODY,
-    executor: ThreadPoolExecutor | None = None,
+    engine: EngineThread | None = None,
     sweep_interval: float | None = SWEEP_INTERVAL_SECONDS,
     heartbeat_seconds: float = SSE_HEARTBEAT_SECONDS,
     background_tasks: Iterable[BackgroundTask] = (),
     on_startup: Iterable[Hook] = (),
     on_shutdown: Iterable[Hook] = (),
 ) -> MonitorApp:
-    """Build the ASGI app. Pass ``executor`` (one worker) when the store was opened on that thread."""
+    """Build the ASGI app around a service and its router (``store`` defaults to ``service.store``)."""
+    store = store if store is not None else getattr(service, "store", None)
     return MonitorApp(
         service,
         router,
-        store=store if store is not None else getattr(service, "store", None),
+        store=store,
         max_body=max_body,
-        executor=executor,
+        engine=engine,
         sweep_interval=sweep_interval,
         heartbeat_seconds=heartbeat_seconds,
         background_tasks=background_tasks,
@@ -527,12 +615,6 @@ def create_app(
 
 def _with_param(query: list[tuple[str, str]], name: str, value: str) -> list[tuple[str, str]]:
     return [(k, v) for k, v in query if k != name] + [(name, value)]
-
-
-def _bearer(request: Request) -> str | None:
-    value = request.header("authorization") or ""
-    scheme, _, token = value.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
 
 
 def _last_event_id(request: Request) -> int | None:

@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..vocab import MAX_LIMIT, MAX_WAIT_SECONDS
@@ -116,7 +115,9 @@ def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose proto says TCP,
+    # and without it every reply sent in two writes waits out a delayed ACK (~40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))
@@ -131,17 +132,6 @@ def _bind(host: str, port: int) -> socket.socket:
 def _url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return f"http://{shown}:{port}"
-
-
-def _count_monitors(store: Any) -> int | str:
-    for name in ("count_monitors", "monitor_count"):
-        fn = getattr(store, name, None)
-        if callable(fn):
-            return int(fn())
-    fn = getattr(store, "list_monitors", None)
-    if callable(fn):
-        return len(list(fn()))
-    return "?"
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
@@ -168,13 +158,11 @@ def run(name: str, args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     db = args.db if args.db == ":memory:" else os.path.abspath(args.db)
-    # One engine thread for the whole life of the server: the store is opened on it and only ever used there.
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mp-engine")
     store = None
     app = None
     try:
         try:
-            store = executor.submit(SQLiteStore, db).result()
+            store = SQLiteStore(db)
         except StoreLocked as exc:
             print(f"mp serve: {exc}", file=sys.stderr)
             return 1
@@ -185,24 +173,20 @@ def run(name: str, args: argparse.Namespace) -> int:
         if args.allow_admin is not None:
             admin_token = args.allow_admin or secrets.token_urlsafe(32)
         hosts = allowed_hosts_for(args.host, args.allow_host)
-
-        def build() -> tuple[Any, Any, int | str]:
-            service = MonitorService(
-                store,
-                clock=time.time,
-                registration_token=args.registration_token,
-                retire_after_mute_seconds=args.retire_after_mute,
-            )
-            router = RestRouter(
-                service,
-                admin_token=admin_token,
-                allowed_origins=tuple(args.allow_origin),
-                allowed_hosts=hosts,
-                max_body=args.max_body,
-            )
-            return service, router, _count_monitors(store)
-
-        service, router, monitors = executor.submit(build).result()
+        service = MonitorService(
+            store,
+            clock=time.time,
+            registration_token=args.registration_token,
+            retire_after_mute_seconds=args.retire_after_mute,
+        )
+        router = RestRouter(
+            service,
+            admin_token=admin_token,
+            allowed_origins=tuple(args.allow_origin),
+            allowed_hosts=hosts,
+            max_body=args.max_body,
+        )
+        monitors = len(store.list_monitors())
         try:
             sock = _bind(args.host, args.port)
         except OSError as exc:
@@ -211,16 +195,20 @@ def run(name: str, args: argparse.Namespace) -> int:
             )
             return 1
         port = sock.getsockname()[1]
-        app = create_app(service, router, store=store, max_body=args.max_body, executor=executor)
+        app = create_app(service, router, store=store, max_body=args.max_body)
 
         url = _url(args.host, port)
         print(f"Monitor Protocol server on {url}/mp/v0  (discover: {url}/mp/v0/discover)")
         print(f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else ""))
         print(f"monitors: {monitors}")
-        mute = args.retire_after_mute if args.retire_after_mute is not None else "604800 (per subscription)"
+        mute = (
+            f"{args.retire_after_mute}s"
+            if args.retire_after_mute is not None
+            else "604800s (per subscription)"
+        )
         print(
             f"limits: max_body={args.max_body} bytes, max_limit={MAX_LIMIT}, max_wait={MAX_WAIT_SECONDS}s, "
-            f"retire_after_mute={mute}s"
+            f"retire_after_mute={mute}"
         )
         print(
             "registration: " + ("token required" if args.registration_token else "open (monitors unattested)")
@@ -247,17 +235,16 @@ def run(name: str, args: argparse.Namespace) -> int:
     except _Stop:
         return 0
     finally:
-        if store is not None:
-            try:
-                if app is not None:
-                    executor.submit(app.close_store).result()
-                else:
-                    close = getattr(store, "close", None)
-                    if close is not None:
-                        executor.submit(close).result()
-            except Exception as exc:
-                print(f"mp serve: closing the database failed: {exc}", file=sys.stderr)
-        executor.shutdown(wait=True)
+        # The lifespan closed the store already on a clean stop; this covers every other way out.
+        try:
+            if app is not None:
+                app.engine.stop()
+                app.close_store()
+            elif store is not None:
+                store.close()
+        except Exception as exc:
+            print(f"mp serve: closing the database failed: {exc}", file=sys.stderr)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        print("mp serve: stopped, database closed", file=sys.stderr)
+        if store is not None:
+            print("mp serve: stopped, database closed", file=sys.stderr)
