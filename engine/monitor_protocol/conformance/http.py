@@ -8,6 +8,8 @@ from typing import Any
 
 from .transport import API_PREFIX, Query, Reply, query_pairs
 
+FRESH_CONNECTION_BYTES = 64 * 1024
+
 
 class HttpTransport:
     """Speaks to `base` (e.g. http://127.0.0.1:8130); `sleep` really waits, `race` really overlaps."""
@@ -51,9 +53,17 @@ class HttpTransport:
             content = json.dumps(body).encode()
         if content is not None:
             hdrs.setdefault("Content-Type", "application/json")
-        resp = await self._client.request(
-            method.upper(), API_PREFIX + path, params=query_pairs(query), headers=hdrs, content=content
-        )
+        args = (method.upper(), API_PREFIX + path)
+        kwargs = {"params": query_pairs(query), "headers": hdrs, "content": content}
+        if content is not None and len(content) > FRESH_CONNECTION_BYTES:
+            # A server may answer a large body early (413) and close; on a kept-alive connection that
+            # close can reset the socket before the answer is read. A fresh connection avoids the race.
+            import httpx
+
+            async with httpx.AsyncClient(base_url=self.base, timeout=self._client.timeout) as one_shot:
+                resp = await one_shot.request(*args, **kwargs)
+        else:
+            resp = await self._client.request(*args, **kwargs)
         try:
             decoded = resp.json() if resp.content else None
         except ValueError:
