@@ -92,3 +92,19 @@ def test_mp_conform_in_process_exit_status(capsys):
     assert main(["conform", "--only", "C01,C06"]) == 0
     out = capsys.readouterr().out
     assert "2 passed, 0 failed, 0 skipped" in out
+
+
+def test_the_suite_imports_with_the_standard_library_only():
+    """The suite must load under Pyodide: importing it pulls in neither jsonschema nor httpx."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import monitor_protocol.conformance, monitor_protocol.conformance.checks\n"
+        "import monitor_protocol.conformance.inprocess, monitor_protocol.schemas\n"
+        "bad = [m for m in ('jsonschema', 'httpx', 'referencing') if m in sys.modules]\n"
+        "print(bad); sys.exit(1 if bad else 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

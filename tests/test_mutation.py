@@ -239,6 +239,49 @@ class UnclampedAck(MonitorService):
         return out
 
 
+class PausedAcceptsWrites(MonitorService):
+    """Lifecycle broken: a paused monitor still accepts observations."""
+
+    _forced: dict | None = None
+
+    def _owner_monitor(self, monitor_id, token):
+        rec = super()._owner_monitor(monitor_id, token)
+        if self._forced is None and rec["_status"] == "paused":
+            rec["_status"] = "active"
+            self._forced = rec
+        return rec
+
+    def _publish(self, monitor_id, body, token):
+        self._forced = None
+        try:
+            return super()._publish(monitor_id, body, token)
+        finally:
+            if self._forced is not None:
+                self._forced["_status"] = "paused"
+                self.store.put_monitor(self._forced)
+                self._forced = None
+
+
+class ConfidenceDefaulted(MonitorService):
+    """P3 broken: confidence is given a number while its inputs are missing."""
+
+    def state(self, monitor_id, token):
+        out = super().state(monitor_id, token)
+        out["confidence"]["value"] = 0.0
+        return out
+
+
+class AckRecomputed(MonitorService):
+    """Idempotency broken: a re-sent ack is recomputed instead of returning the prior result."""
+
+    def _ack(self, sub_id, token, body, *, system):
+        sub = self.store.get_subscription(sub_id) if isinstance(sub_id, str) else None
+        if sub is not None:
+            sub["_last_ack"] = None
+            self.store.put_subscription(sub)
+        return super()._ack(sub_id, token, body, system=system)
+
+
 def _any_bearer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Auth broken: any non-empty bearer token matches every stored token hash."""
     monkeypatch.setattr(tokens_mod, "matches", lambda token, digest: bool(token) and digest is not None)
@@ -293,6 +336,9 @@ MUTANTS = [
     Mutant("renew keeps the old token alive", RenewKeepsOldToken, expected=("X02",)),
     Mutant("ack not clamped to head + 1", UnclampedAck, expected=("X17",)),
     Mutant("a subscriber's name is a credential", patch=_tokens_from_the_wrong_place, expected=("C32",)),
+    Mutant("a paused monitor accepts writes", PausedAcceptsWrites, expected=("C14", "X07")),
+    Mutant("confidence defaulted to a number", ConfidenceDefaulted, expected=("C15", "C29")),
+    Mutant("a re-sent ack is recomputed", AckRecomputed, expected=("C20",)),
 ]
 
 

@@ -845,6 +845,11 @@ async def c20(ctx: Context) -> None:
     a1 = expect(await ctx.ack(s, p["next"]), 200, what="ack")
     a2 = expect(await ctx.ack(s, p["next"]), 200, what="same ack")
     need(a1 == a2, f"identical ack returned a different body: {a1} then {a2}")
+    await ctx.pub(m)  # the head moves; a re-sent ack still answers with the prior result (section 8)
+    a3 = expect(await ctx.ack(s, p["next"]), 200, what="same ack after an append")
+    need(a3 == a1, f"a re-sent ack is not the prior result: {a1} then {a3}")
+    a4 = expect(await ctx.ack(s, p["next"] + 1), 200, what="control: a new ack")
+    need(a4["cursor"] == p["next"] + 1 and a4["head"] == a1["head"] + 1, f"control ack {a4}")
 
 
 @check("C20b", "re-claiming a held lease returns the same lease")
