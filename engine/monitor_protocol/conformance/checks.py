@@ -1053,6 +1053,13 @@ async def c28(ctx: Context) -> None:
         b.get("granted") == ["observe"] and sorted(b.get("monitor_capabilities") or []) == sorted(caps),
         f"extras {b}",
     )
+    b = expect(
+        await ctx.subscribe(m, subscriber, token=None, capabilities=["observe", "fly"]),
+        400,
+        "UNKNOWN_VOCABULARY",
+        "an unknown capability",
+    )
+    need("fly" in json.dumps(b.get("invalid")), f"UNKNOWN_VOCABULARY does not name 'fly': {b}")
     s = await ctx.sub(m, subscriber, token=None)
     need(
         s.body["capabilities"] == ["observe"],
@@ -1161,6 +1168,7 @@ async def c32(ctx: Context) -> None:
     again = await ctx.sub(m, name, token=first.token)
     need(again.id == first.id, "control: re-keying with its own token is the same subscription")
     expect(await ctx.pull(again), 200, what="control: the new token pulls")
+    expect(await ctx.pull(first), 401, "UNAUTHORIZED", "the token replaced by re-subscribing")
     by_owner = await ctx.sub(m, name)
     need(by_owner.id == first.id, "control: the owner re-keys the same subscription")
 
@@ -1729,3 +1737,65 @@ async def x19(ctx: Context) -> None:
         200,
         what="control: owner updates",
     )
+
+
+@check("X20", "pull limit defaults to 50; limit=N returns at most N")
+async def x20(ctx: Context) -> None:
+    m = await ctx.create("x20")
+    for i in range(55):
+        await ctx.pub(m, data={"i": i})
+    s = await ctx.sub(m, filter={"types": [A]})
+    p = await ctx.pulled(s)
+    need(len(p["observations"]) == 50, f"default limit gave {len(p['observations'])}")
+    need(
+        p["next"] == seq_of(p["observations"][-1]) + 1 and p["lag"] == 55, f"next {p['next']} lag {p['lag']}"
+    )
+    p3 = await ctx.pulled(s, limit=3)
+    need(len(p3["observations"]) == 3, f"limit=3 gave {len(p3['observations'])}")
+    p200 = await ctx.pulled(s, limit=200)
+    need(len(p200["observations"]) == 55, f"control: limit=200 gave {len(p200['observations'])}")
+
+
+@check("X21", "a filter matches by addressing: types prefix, subjects, actors, #tags")
+async def x21(ctx: Context) -> None:
+    m = await ctx.create("x21", owner=f"human:{ctx.uid('o')}")
+    await ctx.pub(m, type=A, subject="s1", tags={"env": "prod"})
+    await ctx.pub(m, type=B, subject="s2", tags={"env": "dev"}, actor="probe:p1")
+    await ctx.pub(m, type="com.other.thing", subject="s1", actor="probe:p2")
+    cases = [
+        ({"types": ["com.example.conf.*"]}, [A, B]),
+        ({"subjects": ["s1"]}, [A, "com.other.thing"]),
+        ({"actors": ["probe:p2"]}, ["com.other.thing"]),
+        ({"#env": ["prod"]}, [A]),
+        ({"types": ["com.example.conf.*"], "#env": ["dev"]}, [B]),
+        ({"origins": ["probe"], "subjects": ["s1"]}, ["com.other.thing"]),
+    ]
+    for flt, want in cases:
+        s = await ctx.sub(m, filter=flt)
+        p = await ctx.pulled(s)
+        got = [o["type"] for o in p["observations"]]
+        need(got == want, f"filter {flt} delivered {got}, expected {want}")
+        need(p["lag"] == len(want), f"filter {flt}: lag {p['lag']} is not {len(want)}")
+
+
+@check("X22", "from: head, earliest or an integer sets where a new subscription starts")
+async def x22(ctx: Context) -> None:
+    m = await ctx.create("x22")
+    for _ in range(3):
+        await ctx.pub(m)
+    head = (await ctx.get_monitor(m))["head"]
+    flt = {"types": [A]}
+    late = await ctx.sub(m, filter=flt, **{"from": "head"})
+    early = await ctx.sub(m, filter=flt, **{"from": "earliest"})
+    mid = await ctx.sub(m, filter=flt, **{"from": head})
+    new = await ctx.pub(m)
+    got = {}
+    for name, s in (("head", late), ("earliest", early), ("int", mid)):
+        got[name] = [seq_of(o) for o in (await ctx.pulled(s))["observations"]]
+    need(got["head"] == [seq_of(new)], f"from head delivered {got['head']}")
+    need(
+        len(got["earliest"]) == 4 and got["earliest"][-1] == seq_of(new), f"from earliest: {got['earliest']}"
+    )
+    need(got["int"] == [head, seq_of(new)], f"from {head} delivered {got['int']}")
+    r = await ctx.subscribe(m, **{"from": "yesterday"})
+    need(r.status == 400, f"from 'yesterday': {r!r}")
