@@ -142,7 +142,16 @@ class Watch:
         return self.c.pull(self.sub, **kw)
 
     def _replay_committed(self) -> None:
-        first = self._pull(wait=0, limit=1)
+        from ..client import MonitorProtocolError
+
+        # Read-only replays only (the `cursor` parameter): learning the committed cursor must not mark
+        # anything delivered, or the backlog would later come back flagged as redelivered.
+        try:
+            first = self._pull(cursor=0, wait=0, limit=1)
+        except MonitorProtocolError as err:
+            if err.code != "CURSOR_EXPIRED" or err.extras.get("retention_floor") is None:
+                raise
+            first = self._pull(cursor=int(err.extras["retention_floor"]), wait=0, limit=1)
         committed = first.cursor
         at = int(first.retention_floor or 0)
         while at < committed:

@@ -1,0 +1,347 @@
+"""`mp watch` (PROTOCOL.md section 9) against real `mp serve` processes: lines, acks, restarts, kills.
+
+Every wait below is a hang guard (a broken implementation fails instead of hanging the suite); no assertion
+depends on timing: each test waits for the lines it expects, in order.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from monitor_protocol.client import Client
+from serverutil import mp_command, mp_env, start_server, stop_server
+
+TYPE = "com.example.ci.run"
+LINE_GUARD_SECONDS = 45.0
+OBS = re.compile(
+    r"^OBS seq=(\d+) type=(\S+) subject=(\S+) tier=\S+ origin=\S+ actor=\S+ redelivered=(true|false) data="
+)
+
+
+class Watcher:
+    """An `mp watch` subprocess whose stdout lines are read by a thread into a queue."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            mp_command("watch", *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=mp_env(),
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def next(self) -> str:
+        try:
+            line = self.lines.get(timeout=LINE_GUARD_SECONDS)
+        except queue.Empty:
+            self.stop()
+            raise AssertionError(f"mp watch printed nothing more; so far: {self.seen}") from None
+        if line is None:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"mp watch ended ({self.proc.wait()}); so far: {self.seen}; stderr: {err}")
+        self.seen.append(line)
+        return line
+
+    def until(self, prefix: str) -> list[str]:
+        """Lines up to and including the first one starting with `prefix`."""
+        out = []
+        while True:
+            line = self.next()
+            out.append(line)
+            if line.startswith(prefix):
+                return out
+
+    def obs(self, n: int) -> list[tuple[int, str, bool]]:
+        """The next n OBS lines as (seq, subject, redelivered); any other line in between fails."""
+        out = []
+        for _ in range(n):
+            line = self.next()
+            m = OBS.match(line)
+            assert m, f"expected an OBS line, got {line!r}"
+            out.append((int(m.group(1)), m.group(3), m.group(4) == "true"))
+        return out
+
+    def obs_between_nexts(self, n: int) -> list[tuple[int, str, bool]]:
+        """The next n OBS lines, allowing `NEXT` lines between batches (batching depends on timing)."""
+        out: list[tuple[int, str, bool]] = []
+        while len(out) < n:
+            line = self.next()
+            if line.startswith("NEXT "):
+                continue
+            m = OBS.match(line)
+            assert m, f"expected an OBS or NEXT line, got {line!r}"
+            out.append((int(m.group(1)), m.group(3), m.group(4) == "true"))
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=15)
+
+
+@pytest.fixture
+def watchers() -> Iterator[list[Watcher]]:
+    made: list[Watcher] = []
+    yield made
+    for w in made:
+        w.stop(signal.SIGKILL)
+
+
+def setup_feed(base: str, mid: str = "ci", **sub: Any) -> tuple[str, str, str]:
+    """A monitor and a subscription to its own type; returns (owner token, subscription id, reader token)."""
+    with Client(base) as c:
+        owner = c.create_monitor(mid, types=[TYPE]).owner_token
+        s = c.subscribe(mid, "agent:watcher", token=owner, filter={"types": [TYPE]}, **sub)
+        return owner, s.subscription.id, s.token
+
+
+def publish(base: str, owner: str, *subjects: str, mid: str = "ci") -> list[int]:
+    with Client(base, owner) as c:
+        return [c.publish(mid, TYPE, subject=s, data={"n": s}).seq for s in subjects]
+
+
+def committed(base: str, sid: str, reader: str) -> int:
+    with Client(base, reader) as c:
+        return c.pull(sid, limit=1).cursor
+
+
+def wait_committed(base: str, sid: str, reader: str, expected: int) -> None:
+    """Wait until the watch's ack has landed (it follows the printed line); fails after the hang guard."""
+    deadline = time.monotonic() + LINE_GUARD_SECONDS
+    while (now := committed(base, sid, reader)) != expected:
+        assert time.monotonic() < deadline, f"committed cursor stayed at {now}, expected {expected}"
+        time.sleep(0.05)
+
+
+def test_watch_prints_one_line_per_observation_and_acks(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        seqs = publish(base, owner, "build-1", "build-2")
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "5")
+        watchers.append(w)
+        assert w.obs(2) == [(seqs[0], "build-1", False), (seqs[1], "build-2", False)]
+        long = "x" * 1000
+        with Client(base, owner) as c:
+            big = c.publish("ci", TYPE, subject="big", data={"blob": long}).seq
+        line = w.next()
+        assert line.startswith(f"OBS seq={big} type={TYPE} subject=big ")
+        data = line.split(" data=", 1)[1]
+        assert len(data) == 400 and data.startswith('{"blob":"xxx') and data.endswith("…")
+        # Each batch is acked once printed: the committed cursor reaches past the big one.
+        wait_committed(base, sid, reader, big + 1)
+    finally:
+        stop_server(proc)
+
+
+def test_watch_manual_ack_prints_next_and_leaves_the_commit(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        seqs = publish(base, owner, "a", "b")
+        start = committed(base, sid, reader)
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "5", "--manual-ack")
+        watchers.append(w)
+        assert [s for s, _, _ in w.obs(2)] == seqs
+        assert w.next() == f"NEXT {seqs[1] + 1}"
+        assert committed(base, sid, reader) == start  # nothing committed by the watch
+        more = publish(base, owner, "c")
+        assert w.obs(1) == [(more[0], "c", False)]  # the watch moves on without committing
+        assert w.next() == f"NEXT {more[0] + 1}"
+        ack = subprocess.run(
+            mp_command("ack", sid, str(more[0] + 1), "--base", base, "--token", reader),
+            capture_output=True,
+            text=True,
+            env=mp_env(),
+            timeout=60,
+        )
+        assert ack.returncode == 0, ack.stderr
+        assert committed(base, sid, reader) == more[0] + 1
+    finally:
+        stop_server(proc)
+
+
+def test_server_restart_under_a_running_watch_loses_nothing(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    port = base.rsplit(":", 1)[1]
+    try:
+        owner, sid, reader = setup_feed(base)
+        first = publish(base, owner, "one")
+        auto = Watcher(sid, "--token", reader, "--base", base, "--wait", "2")
+        watchers.append(auto)
+        assert auto.obs(1) == [(first[0], "one", False)]
+
+        # A second subscription followed with --manual-ack: its batch is printed but never committed.
+        with Client(base) as c:
+            s2 = c.subscribe("ci", "agent:manual", token=owner, filter={"types": [TYPE]})
+        manual = Watcher(
+            s2.subscription.id, "--token", s2.token, "--base", base, "--wait", "2", "--manual-ack"
+        )
+        watchers.append(manual)
+        assert manual.obs(1) == [(first[0], "one", False)]
+        assert manual.next() == f"NEXT {first[0] + 1}"
+        wait_committed(base, sid, reader, first[0] + 1)  # the auto watch acked its batch
+
+        stop_server(proc)
+        assert auto.until("DOWN")[-1].startswith("DOWN ")
+        assert manual.until("DOWN")[-1].startswith("DOWN ")
+        base2, proc = start_server(tmp_path, "--port", port)
+        assert base2 == base
+        assert auto.next() == f"UP {base}/mp/v0"
+        assert manual.next() == f"UP {base}/mp/v0"
+        # The unacked batch comes back, marked redelivered; the acked one does not.
+        assert manual.obs(1) == [(first[0], "one", True)]
+        assert manual.next() == f"NEXT {first[0] + 1}"
+        later = publish(base, owner, "two", "three")
+        assert auto.obs(2) == [(later[0], "two", False), (later[1], "three", False)]
+        assert [s for s, _, _ in manual.obs_between_nexts(2)] == later
+    finally:
+        stop_server(proc)
+
+
+class HoldAcks(ThreadingHTTPServer):
+    """A forwarding proxy that passes every request to the server except acks, which it holds forever
+    (as if the watch had been stopped between printing a batch and acknowledging it)."""
+
+    daemon_threads = True
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.ack_seen = threading.Event()
+        self.release = threading.Event()
+        super().__init__(("127.0.0.1", 0), _Forward)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Forward(BaseHTTPRequestHandler):
+    server: HoldAcks
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.command == "POST" and self.path.split("?")[0].endswith("/ack"):
+            self.server.ack_seen.set()
+            self.server.release.wait()
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+        r = httpx.request(
+            self.command, self.server.target + self.path, headers=headers, content=body, timeout=70
+        )
+        self.send_response(r.status_code)
+        self.send_header("content-type", r.headers.get("content-type", "application/json"))
+        self.send_header("content-length", str(len(r.content)))
+        self.end_headers()
+        self.wfile.write(r.content)
+
+    do_GET = _forward
+    do_POST = _forward
+
+
+def test_killed_between_print_and_ack_the_batch_comes_back(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    proxy = HoldAcks(base)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        owner, sid, reader = setup_feed(base)
+        seqs = publish(base, owner, "p", "q")
+        start = committed(base, sid, reader)
+        w = Watcher(sid, "--token", reader, "--base", proxy.url, "--wait", "2")
+        watchers.append(w)
+        assert [s for s, _, _ in w.obs(2)] == seqs
+        assert proxy.ack_seen.wait(LINE_GUARD_SECONDS)  # the watch is inside its ack, which never arrives
+        w.stop(signal.SIGKILL)
+        assert committed(base, sid, reader) == start
+
+        again = Watcher(sid, "--token", reader, "--base", base, "--wait", "2")
+        watchers.append(again)
+        assert again.obs(2) == [(seqs[0], "p", True), (seqs[1], "q", True)]
+        more = publish(base, owner, "r")
+        assert again.obs(1) == [(more[0], "r", False)]
+        wait_committed(base, sid, reader, more[0] + 1)
+        again.stop()
+
+        # Restarted, the watch resumes exactly at the committed cursor: only what came after is printed.
+        after = publish(base, owner, "s")
+        third = Watcher(sid, "--token", reader, "--base", base, "--wait", "2")
+        watchers.append(third)
+        assert third.obs(1) == [(after[0], "s", False)]
+    finally:
+        proxy.release.set()
+        proxy.shutdown()
+        stop_server(proc)
+
+
+def test_catch_up_replays_the_committed_history_first(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        old = publish(base, owner, "old-1", "old-2")
+        with Client(base, reader) as c:
+            c.ack(sid, old[-1] + 1)
+        new = publish(base, owner, "new-1")
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "2", "--catch-up")
+        watchers.append(w)
+        assert [(s, subj) for s, subj, _ in w.obs(2)] == [(old[0], "old-1"), (old[1], "old-2")]
+        assert w.next() == f"CAUGHT-UP {old[-1] + 1}"
+        assert w.obs(1) == [(new[0], "new-1", False)]
+    finally:
+        stop_server(proc)
+
+
+def test_retired_subscription_prints_retired_and_exits_0(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        publish(base, owner, "x")
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "2")
+        watchers.append(w)
+        w.obs(1)
+        with Client(base, reader) as c:
+            c.retire_subscription(sid, "done")
+        assert w.until("RETIRED")[-1].startswith("RETIRED")
+        assert w.proc.wait(timeout=LINE_GUARD_SECONDS) == 0
+    finally:
+        stop_server(proc)
+
+
+def test_expired_cursor_follows_the_reset_policy(tmp_path: Path, watchers: list[Watcher]) -> None:
+    admin = "admin-token-for-watch-tests-0123"
+    base, proc = start_server(tmp_path, "--allow-admin", admin)
+    try:
+        owner, sid, reader = setup_feed(base, reset_policy="none")
+        seqs = publish(base, owner, "gone-1", "gone-2", "kept")
+        with Client(base) as c:
+            c.admin_compact(seqs[1], "ci", token=admin)
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "2")
+        watchers.append(w)
+        line = w.next()
+        assert line.startswith("EXPIRED ") and "reset_policy=none" in line
+        assert w.proc.wait(timeout=LINE_GUARD_SECONDS) == 1
+    finally:
+        stop_server(proc)
