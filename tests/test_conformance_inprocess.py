@@ -108,3 +108,28 @@ def test_the_suite_imports_with_the_standard_library_only():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mp_conform_json_and_bad_ids(capsys):
+    import json
+
+    from monitor_protocol.cli import main
+
+    assert main(["conform", "--only", "C10", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and [r["id"] for r in data["results"]] == ["C10"]
+    assert main(["conform", "--only", "C99"]) == 2
+    assert "C99" in capsys.readouterr().err
+
+
+def test_mp_conform_exits_1_when_a_check_fails(monkeypatch, capsys):
+    from monitor_protocol.cli import main
+    from monitor_protocol.service import MonitorService
+
+    def leaky_visibility(self, rec, token):
+        return True
+
+    monkeypatch.setattr(MonitorService, "_visible", leaky_visibility)
+    assert main(["conform", "--only", "C18,C01"]) == 1
+    out = capsys.readouterr().out
+    assert "C18   FAIL" in out and "1 passed, 1 failed, 0 skipped" in out

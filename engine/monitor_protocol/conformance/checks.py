@@ -627,6 +627,12 @@ async def c13(ctx: Context) -> None:
         200,
         what="control: new holder completes",
     )
+    rows = [(o["actor"], payload(o)) for o in await _types_in(ctx, m, T_LEASE)]
+    expired = [(a, p) for a, p in rows if p.get("action") == "expired"]
+    need(
+        len(expired) == 1 and expired[0][0] == "system:sweep" and expired[0][1].get("subscription") == s1.id,
+        f"the expiry is not logged once as lease{{expired}} by system:sweep for {s1.id}: {rows}",
+    )
 
 
 async def _types_in(ctx: Context, m: Monitor, t: str) -> list[dict[str, Any]]:
@@ -655,6 +661,13 @@ async def c14(ctx: Context) -> None:
     expect(await ctx.publish(m), 409, "UNAVAILABLE", "publish on a retired monitor")
     actions = [payload(o).get("action") for o in await _types_in(ctx, m, T_CONFIGURED)]
     need(actions == ["create", "pause", "resume", "retire"], f"configured actions in the log: {actions}")
+    for o in await ctx.log(m):
+        if o["type"].startswith(P):
+            need(
+                (o["data"].get("tags") or {}).get("monitor") == m.id and o["tier"] == "measured",
+                f"protocol row {o['type']} lacks data.tags.monitor or tier measured: {o}",
+            )
+            need(isinstance(o["data"].get("payload"), dict), f"protocol row {o['type']} lacks data.payload")
     retired = [payload(o) for o in await _types_in(ctx, m, T_SUB_RETIRED)]
     need(
         any(p.get("subscription") == s.id for p in retired), f"no subscription_retired for {s.id}: {retired}"
@@ -826,6 +839,11 @@ async def c19(ctx: Context) -> None:
     need(
         any(w.get("subscription") == s.id and w.get("reason") == "mute" for w in wills),
         f"no mute will: {wills}",
+    )
+    will_rows = [o for o in await _types_in(ctx, m, T_SUB_RETIRED) if payload(o).get("subscription") == s.id]
+    need(will_rows[0]["actor"] == "system:sweep", f"the mute will's actor is {will_rows[0]['actor']}")
+    need(
+        payload(will_rows[0]).get("cursor") == p["next"], f"the will does not keep the cursor: {will_rows[0]}"
     )
     expect(
         await ctx.lease(other, "claim", subject="job-1"), 201, what="the retired holder's lease was not freed"
@@ -1799,3 +1817,32 @@ async def x22(ctx: Context) -> None:
     need(got["int"] == [head, seq_of(new)], f"from {head} delivered {got['int']}")
     r = await ctx.subscribe(m, **{"from": "yesterday"})
     need(r.status == 400, f"from 'yesterday': {r!r}")
+
+
+@check(
+    "X23", "state projection: counters, last, single_actor, stale_source, contradictions_open never below 0"
+)
+async def x23(ctx: Context) -> None:
+    m = await ctx.create("x23", owner=f"human:{ctx.uid('o')}", ttl_seconds=1)
+    await ctx.pub(m, type=A, actor="probe:one")
+    st = await ctx.state(m)
+    need("single_actor" in st["confidence"]["gaps"], f"one publisher, gaps {st['confidence']['gaps']}")
+    need(st["counters"]["observations"] == 1, f"counters.observations {st['counters']}")
+    need(st["last"] and st["last"]["type"] == A and st["last"]["seq"] == st["head"], f"last {st['last']}")
+    need("stale_source" not in st["confidence"]["gaps"], "fresh observation reported stale")
+    await ctx.pub(m, type="com.example.x.contradiction", actor="probe:two")
+    await ctx.pub(m, type="com.example.x.contradiction", actor="probe:two")
+    await ctx.pub(m, type="com.example.x.contradiction_resolved", actor="probe:two")
+    st = await ctx.state(m)
+    need(st["contradictions_open"] == 1, f"2 contradictions - 1 resolved: {st['contradictions_open']}")
+    need("single_actor" not in st["confidence"]["gaps"], f"two publishers, gaps {st['confidence']['gaps']}")
+    for _ in range(3):
+        await ctx.pub(m, type="com.example.x.contradiction_resolved", actor="probe:two")
+    st = await ctx.state(m)
+    need(st["contradictions_open"] == 0, f"more resolved than opened: {st['contradictions_open']}")
+    await ctx.t.sleep(1.1)
+    st = await ctx.state(m)
+    need(
+        "stale_source" in st["confidence"]["gaps"], f"older than ttl_seconds, gaps {st['confidence']['gaps']}"
+    )
+    need(st["ages"]["since_last_observation_s"] >= 1, f"ages {st['ages']}")
