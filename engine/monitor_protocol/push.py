@@ -1,0 +1,243 @@
+"""HTTP push delivery (`protocol: "http"`, PROTOCOL.md section 9) for `mp serve`.
+
+For every active subscription with protocol http, a worker pulls a batch as the subscription
+(`service.pull_as_system`), POSTs the pull reply as JSON to the subscription's `sink` with Standard Webhooks
+headers, and then:
+
+* 2xx: commits the batch (`service.ack_as_system(sub, next)`) and goes on with the next batch;
+* 410 Gone: retires the subscription (`service.retire_as_system`, logged as subscription_retired);
+* anything else, or no answer: retries the same cursor after an exponential backoff with jitter
+  (0.5 s doubling up to 60 s). The batch comes back from the log, its observations marked `redelivered`.
+
+Nothing is committed that the sink did not acknowledge with a 2xx, and a worker never has more than one
+request in flight for its subscription. Workers sleep until an append wakes them (`service.add_listener`);
+the set of push subscriptions is re-read on every wake and every few seconds.
+
+Signing (Standard Webhooks): `webhook-id` is `<subscription>:<first seq>-<last seq>` (stable while the same
+batch is retried, so a receiver can de-duplicate), `webhook-timestamp` is Unix seconds, and
+`webhook-signature` is `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>` where `key` is the base64
+decoded part of the subscription's `sink_secret` after `whsec_`. The secret is returned once, in the subscribe
+reply, as `sink_secret` (send your own `sink_secret` at subscribe to choose it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from .errors import ProtocolError
+
+log = logging.getLogger("monitor_protocol.push")
+
+Call = Callable[..., Awaitable[Any]]
+
+BATCH_LIMIT = 50
+REQUEST_TIMEOUT_SECONDS = 10.0
+FIRST_RETRY_SECONDS = 0.5
+MAX_RETRY_SECONDS = 60.0
+RESCAN_SECONDS = 5.0
+
+
+def secret_key(sink_secret: str) -> bytes:
+    """The HMAC key of a `whsec_<base64>` secret (a secret without the prefix is used as raw bytes)."""
+    if sink_secret.startswith("whsec_"):
+        return base64.b64decode(sink_secret[len("whsec_") :])
+    return sink_secret.encode()
+
+
+def sign(sink_secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """`v1,<base64 HMAC-SHA256 of id.timestamp.body>` (Standard Webhooks)."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    digest = hmac.new(secret_key(sink_secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify(sink_secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """What a receiver does: recompute the signature and compare in constant time (any listed v1 matches)."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    msg_id, ts = lower.get("webhook-id", ""), lower.get("webhook-timestamp", "")
+    if not msg_id or not ts.isdigit():
+        return False
+    expected = sign(sink_secret, msg_id, int(ts), body)
+    return any(hmac.compare_digest(expected, given) for given in lower.get("webhook-signature", "").split())
+
+
+def backoff(attempt: int) -> float:
+    """Exponential backoff with full jitter in its upper half: attempt 1 -> ~0.5 s, doubling, capped."""
+    delay = min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * (2 ** max(0, attempt - 1)))
+    return delay * random.uniform(0.5, 1.0)
+
+
+class Pusher:
+    """Delivers every http subscription; `call(fn, *args)` runs an engine call on the engine thread."""
+
+    def __init__(
+        self,
+        call: Call,
+        service: Any,
+        *,
+        http: httpx.AsyncClient | None = None,
+        limit: int = BATCH_LIMIT,
+        rescan_seconds: float = RESCAN_SECONDS,
+        backoff: Callable[[int], float] = backoff,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.call = call
+        self.service = service
+        self.http = http
+        self.limit = limit
+        self.rescan_seconds = rescan_seconds
+        self.backoff = backoff
+        self.clock = clock
+        self.workers: dict[str, asyncio.Task[None]] = {}
+        self.wakes: dict[str, asyncio.Event] = {}
+        self.targets: dict[str, dict[str, Any]] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- wake-ups ------------------------------------------------------------------------------------
+
+    def _appended(self, monitor_id: str, head: int) -> None:
+        # On the engine thread after a committed append: hop to the loop, never block here.
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._on_append, monitor_id)
+        except RuntimeError:
+            pass
+
+    def _on_append(self, monitor_id: str) -> None:
+        self._wake.set()
+        for sub_id, target in self.targets.items():
+            if target["monitor"] == monitor_id and sub_id in self.wakes:
+                self.wakes[sub_id].set()
+
+    # -- the supervisor --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        own_http = self.http is None
+        if self.http is None:
+            self.http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_SECONDS, follow_redirects=False)
+        await self.call(self.service.add_listener, self._appended)
+        try:
+            while True:
+                await self.rescan()
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.rescan_seconds)
+                except TimeoutError:
+                    pass
+        finally:
+            for task in self.workers.values():
+                task.cancel()
+            await asyncio.gather(*self.workers.values(), return_exceptions=True)
+            remove = getattr(self.service, "remove_listener", None)
+            if remove is not None:
+                try:
+                    await self.call(remove, self._appended)
+                except Exception:
+                    log.exception("removing the push listener failed")
+            if own_http:
+                await self.http.aclose()
+
+    async def rescan(self) -> None:
+        targets = {t["id"]: t for t in await self.call(self.service.push_targets)}
+        self.targets = targets
+        for sub_id in list(self.workers):
+            if sub_id not in targets or self.workers[sub_id].done():
+                task = self.workers.pop(sub_id)
+                self.wakes.pop(sub_id, None)
+                task.cancel()
+        for sub_id in targets:
+            if sub_id not in self.workers:
+                self.wakes[sub_id] = asyncio.Event()
+                self.wakes[sub_id].set()  # deliver the backlog at once
+                self.workers[sub_id] = asyncio.create_task(self._worker(sub_id), name=f"mp-push-{sub_id}")
+
+    # -- one subscription ------------------------------------------------------------------------------
+
+    async def _worker(self, sub_id: str) -> None:
+        wake = self.wakes[sub_id]
+        attempt = 0
+        while True:
+            await wake.wait()
+            wake.clear()
+            while True:  # drain: one batch at a time, never two in flight
+                outcome = await self.deliver_once(sub_id)
+                if outcome == "delivered":
+                    attempt = 0
+                    continue
+                if outcome == "idle":
+                    attempt = 0
+                    break
+                if outcome == "stop":
+                    return
+                attempt += 1
+                await asyncio.sleep(self.backoff(attempt))
+
+    async def deliver_once(self, sub_id: str) -> str:
+        """One pull, one POST, one commit. Returns delivered | idle | retry | stop."""
+        target = self.targets.get(sub_id)
+        if target is None:
+            return "stop"
+        try:
+            batch = await self.call(lambda: self.service.pull_as_system(sub_id, limit=self.limit))
+        except ProtocolError as err:
+            log.warning("push %s: pull refused (%s: %s); delivery stopped", sub_id, err.code, err.message)
+            return "stop"
+        observations = batch.get("observations") or []
+        if not observations:
+            return "idle"
+        body = json.dumps(batch, separators=(",", ":"), ensure_ascii=False).encode()
+        msg_id = f"{sub_id}:{observations[0]['id']}-{observations[-1]['id']}"
+        timestamp = int(self.clock())
+        headers = {
+            "content-type": "application/json",
+            "webhook-id": msg_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(target.get("sink_secret") or "", msg_id, timestamp, body),
+            "user-agent": "monitor-protocol-push/0.1",
+        }
+        http = self.http or httpx.AsyncClient(timeout=REQUEST_TIMEOUT_SECONDS, follow_redirects=False)
+        self.http = http
+        try:
+            response = await http.post(target["sink"], content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            log.info("push %s: sink %s did not answer (%s); will retry", sub_id, target["sink"], exc)
+            return "retry"
+        if 200 <= response.status_code < 300:
+            try:
+                await self.call(self.service.ack_as_system, sub_id, int(batch["next"]))
+            except ProtocolError as err:
+                # CURSOR_BACKWARDS: a reader with the token committed further meanwhile; the log is the truth.
+                if err.code != "CURSOR_BACKWARDS":
+                    log.warning("push %s: commit refused (%s: %s)", sub_id, err.code, err.message)
+                    return "stop"
+            return "delivered"
+        if response.status_code == 410:
+            try:
+                await self.call(
+                    self.service.retire_as_system, sub_id, f"sink {target['sink']} answered 410 Gone"
+                )
+            except ProtocolError as err:
+                log.warning("push %s: retire refused (%s: %s)", sub_id, err.code, err.message)
+            return "stop"
+        log.info("push %s: sink answered %s; will retry", sub_id, response.status_code)
+        return "retry"
+
+
+async def delivery_task(app: Any) -> None:
+    """The `background_tasks` entry for `binding.asgi.create_app`: push delivery for the app's service."""
+    await Pusher(app.call, app.service).run()
