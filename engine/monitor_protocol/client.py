@@ -433,9 +433,8 @@ class _Routes:
 
     token: str | None
     timeout: float
-
-    def _run(self, call: _Call) -> Any:  # pragma: no cover - replaced by both clients
-        raise NotImplementedError
+    # Performs a call: `Client` returns the parsed result, `AsyncClient` an awaitable of it.
+    _run: Callable[[_Call], Any]
 
     def _tok(self, token: str | None) -> str | None:
         return token if token is not None else self.token
