@@ -7,6 +7,8 @@ const MP = (window.MP = {
   t0: performance.now(),
   marks: {},
   errors: [],
+  actionsDone: 0, // finished UI actions (tests wait on this instead of sleeping)
+  actionsFailed: 0,
 });
 
 const STAGES = ["runtime", "engine", "storage", "ready"];

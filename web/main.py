@@ -437,7 +437,7 @@ def render_state():
     )
     counters = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in (st.get("counters") or {}).items())
     ages = "".join(
-        f"<dt>{esc(k.replace('_s', ''))}</dt><dd>{'null (unknown)' if v is None else esc(v) + ' s'}</dd>"
+        f"<dt>{esc(k[:-2] if k.endswith('_s') else k)}</dt><dd>{'null (unknown)' if v is None else esc(v) + ' s'}</dd>"
         for k, v in (st.get("ages") or {}).items()
     )
     conf = st.get("confidence") or {}
@@ -1014,7 +1014,10 @@ EXAMPLES = [
         "-H 'Content-Type: application/json' -d '{\"cursor\": $NEXT}'",
     ),
     ("Read the state", 'curl -s "$MP/monitors/deploys/state" -H "Authorization: Bearer $OWNER_TOKEN"'),
-    ("A wrong token: 401", 'curl -s "$MP/monitors/deploys/state" -H "Authorization: Bearer nope"'),
+    (
+        "A wrong token: a private monitor is invisible (404)",
+        'curl -s "$MP/monitors/deploys/state" -H "Authorization: Bearer nope"',
+    ),
 ]
 
 
@@ -1168,9 +1171,8 @@ def switch_tab(tab):
         b.setAttribute("aria-selected", "true" if active else "false")
     for v in doc.querySelectorAll(".view"):
         v.classList.toggle("active", v.id == f"tab-{tab}")
-    slot = doc.getElementById(f"slot-{tab}")
-    if slot is not None:
-        slot.appendChild(doc.getElementById("live"))
+    if tab in ("story", "playground"):
+        doc.getElementById(f"slot-{tab}").appendChild(doc.getElementById("live"))
 
 
 async def dispatch(act, el):
@@ -1266,7 +1268,9 @@ def run_task(coro):
     async def guarded():
         try:
             await coro
+            MP.actionsDone = (MP.actionsDone or 0) + 1
         except Exception as exc:  # shown, never swallowed
+            MP.actionsFailed = (MP.actionsFailed or 0) + 1
             js.console.error(f"playground action failed: {exc!r}")
             el = doc.getElementById("story-answer")
             el.className = "answer err"
@@ -1276,8 +1280,8 @@ def run_task(coro):
 
 
 def on_click(evt):
-    target = evt.target.closest("[data-act],[data-tab]")
-    if target is None or target.disabled:
+    target = evt.target.closest("[data-act],[data-tab]") if evt.target.closest else None
+    if not target or target.disabled:  # null comes back as a falsy JsNull
         return
     if target.getAttribute("data-tab"):
         switch_tab(target.getAttribute("data-tab"))

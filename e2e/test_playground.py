@@ -1,0 +1,327 @@
+"""The playground in Chromium: the whole story, refusals, leases, persistence, the curl console, the service
+worker for a second tab, one writer across tabs, and the conformance suite, all in the page's engine."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import screenshot
+
+
+def open_playground(browser, page=None):
+    page = page or browser.new_page()
+    page.goto(browser.site_url + "/")
+    page.wait_for_selector("body.ready", timeout=60_000)
+    return page
+
+
+def act(page, selector: str) -> None:
+    """Click a control and wait until the page reports the action finished (no sleeping)."""
+    before = page.evaluate("MP.actionsDone + MP.actionsFailed")
+    page.click(selector)
+    page.wait_for_function(f"MP.actionsDone + MP.actionsFailed > {before}", timeout=30_000)
+    assert page.evaluate("MP.actionsFailed") == 0, page.inner_text("#story-answer")
+
+
+def story_step(page, expect_step: int) -> str:
+    assert page.inner_text("#story-count") == f"Step {expect_step} of 11"
+    act(page, "#story-do")
+    return page.inner_text("#story-answer")
+
+
+def next_step(page) -> None:
+    act(page, "#story-next")
+
+
+def log_cards(page) -> list[dict]:
+    return page.eval_on_selector_all(
+        "#log li.obs",
+        """els => els.map(e => ({seq: +e.dataset.seq, type: e.dataset.type, cls: e.className,
+                                 text: e.innerText}))""",
+    )
+
+
+def answer_json(page, selector: str) -> dict:
+    text = page.inner_text(selector)
+    return json.loads(text[text.index("{") :])
+
+
+def test_the_whole_story(browser):
+    page = open_playground(browser)
+    assert page.inner_text("#status-chip") == "ready · storage: IndexedDB"
+
+    # 1. define the CI monitor: the owner token is shown once
+    out = story_step(page, 1)
+    assert "201 OK" in out
+    assert len(page.inner_text("#owner-token")) >= 24
+    assert log_cards(page)[0]["type"] == "ai.mentu.monitor.configured"
+    next_step(page)
+
+    # 2. a probe reports a failed build: measured, origin probe
+    out = story_step(page, 2)
+    obs = answer_json(page, "#story-answer")["observation"]
+    assert (obs["tier"], obs["origin"], obs["actor"]) == ("measured", "probe", "probe:ci")
+    probe_seq = int(obs["id"])
+    card = next(c for c in log_cards(page) if c["seq"] == probe_seq)
+    assert "measured" in card["text"] and "probe:ci" in card["text"]
+    next_step(page)
+
+    # 3. subscribe a reader: its own cursor at the start
+    story_step(page, 3)
+    assert page.inner_text("#readers .reader[data-reader='reader-a'] .cursor") == "0"
+    next_step(page)
+
+    # 4. pull: the reader holds a batch, the cursor has not moved
+    story_step(page, 4)
+    pulled = answer_json(page, "#story-answer")
+    assert pulled["cursor"] == 0 and pulled["redelivered"] == 0 and pulled["observations"]
+    assert page.inner_text("#readers .reader[data-reader='reader-a'] .cursor") == "0"
+    assert page.locator("#log li.obs.held").count() == len(pulled["observations"])
+    next_step(page)
+
+    # 5. crash before ack, restart, pull again: the same observations, marked redelivered
+    story_step(page, 5)
+    again = answer_json(page, "#story-answer")
+    assert [o["id"] for o in again["observations"]] == [o["id"] for o in pulled["observations"]]
+    assert again["redelivered"] == len(again["observations"])
+    assert all(o.get("redelivered") is True for o in again["observations"])
+    assert page.locator("#log .tag.redelivered").count() == len(again["observations"])
+    screenshot(page, "story-05-redelivered")
+    next_step(page)
+
+    # 6. process and ack: the cursor moves, the next pull is empty, lag 0
+    story_step(page, 6)
+    empty = answer_json(page, "#story-answer")
+    assert empty["observations"] == [] and empty["lag"] == 0
+    assert page.inner_text("#readers .reader[data-reader='reader-a'] .lag") == "0"
+    next_step(page)
+
+    # 7. an agent asserts src: refused, and the refusal is in the log
+    story_step(page, 7)
+    assert page.get_attribute("#story-answer", "data-code") == "TIER_NOT_ASSERTABLE"
+    refused = answer_json(page, "#story-answer")
+    rejected = [c for c in log_cards(page) if "rejected" in c["cls"]]
+    assert [c["seq"] for c in rejected] == [refused["rejected_seq"]]
+    assert "TIER_NOT_ASSERTABLE" in rejected[0]["text"]
+    next_step(page)
+
+    # 8. on behalf of the owner: accepted, both names kept
+    story_step(page, 8)
+    prov = answer_json(page, "#story-answer")["observation"]["data"]["provenance"]
+    assert (prov["actor"], prov["on_behalf_of"]) == ("agent:claude", "human:you")
+    next_step(page)
+
+    # 9. two workers, one job: LEASE_HELD names the holder
+    story_step(page, 9)
+    assert page.get_attribute("#story-answer", "data-code") == "LEASE_HELD"
+    held = answer_json(page, "#story-answer")
+    assert held["holder"].startswith("sub:sub-")
+    assert page.locator("#workers .worker.holder[data-worker='worker-a'] .countdown").count() == 1
+    screenshot(page, "story-09-lease")
+    next_step(page)
+
+    # 10. the state says what it does not know
+    story_step(page, 10)
+    state = answer_json(page, "#story-answer")
+    assert state["confidence"]["value"] is None
+    assert "independence" in state["confidence"]["inputs"]["missing"]
+    assert "independence_unknown" in page.inner_text("#gaps")
+    next_step(page)
+
+    # 11. pause: a write is refused with UNAVAILABLE, and both are in the log
+    story_step(page, 11)
+    assert page.get_attribute("#story-answer", "data-code") == "UNAVAILABLE"
+    cards = log_cards(page)
+    assert any(c["type"] == "ai.mentu.monitor.configured" and "pause" in c["text"] for c in cards)
+    assert "UNAVAILABLE" in [c for c in cards if "rejected" in c["cls"]][-1]["text"]
+    assert "not live (paused)" in page.inner_text("#state")
+    screenshot(page, "story-11-paused")
+
+
+def test_refusals_are_kept_in_the_log(browser):
+    page = open_playground(browser)
+    page.click("button[data-tab='playground']")
+    act(page, "#btn-define-ci")
+    act(page, "button[data-preset='agent-stranger']")
+    assert page.get_attribute("#publish-answer", "data-code") == "PROVENANCE_CEILING"
+    act(page, "button[data-preset='agent-src']")
+    assert page.get_attribute("#publish-answer", "data-code") == "TIER_NOT_ASSERTABLE"
+    act(page, "button[data-preset='probe']")  # positive control
+    assert page.get_attribute("#publish-answer", "data-status") == "201"
+    rejected = [c["text"] for c in log_cards(page) if "rejected" in c["cls"]]
+    assert len(rejected) == 2
+    assert "PROVENANCE_CEILING" in rejected[0] and "TIER_NOT_ASSERTABLE" in rejected[1]
+    assert page.locator("#log li.obs.rejected").first.evaluate(
+        "e => getComputedStyle(e).backgroundColor"
+    ) != (
+        page.locator("#log li.obs:not(.rejected):not(.protocol)").first.evaluate(
+            "e => getComputedStyle(e).backgroundColor"
+        )
+    )
+    screenshot(page, "playground-refusals")
+
+
+def test_lease_expiry_hands_over_and_dead_letter(browser):
+    page = open_playground(browser)
+    page.click("button[data-tab='playground']")
+    act(page, "#btn-define-ci")
+    act(page, "button[data-preset='probe']")
+    page.fill("#lease-seconds", "2")
+    act(page, "#workers [data-act='w-claim'][data-worker='worker-a']")
+    assert page.get_attribute("#lease-answer", "data-status") == "201"
+    act(page, "#workers [data-act='w-claim'][data-worker='worker-b']")
+    assert page.get_attribute("#lease-answer", "data-code") == "LEASE_HELD"
+    assert answer_json(page, "#lease-answer")["holder"].startswith("sub:sub-")
+    # The page's 1 s sweep expires the lease; the expiry is an observation in the log.
+    page.wait_for_function(
+        """[...document.querySelectorAll('#log li.obs')].some(e => e.dataset.type === 'ai.mentu.monitor.lease'
+              && e.innerText.includes('expired'))""",
+        timeout=30_000,
+    )
+    act(page, "#workers [data-act='w-claim'][data-worker='worker-b']")
+    assert page.get_attribute("#lease-answer", "data-status") == "201"
+    assert page.locator("#workers .worker.holder[data-worker='worker-b']").count() == 1
+
+    page.fill("#lease-subject", "build-777")
+    act(page, "[data-act='lease-deadletter']")
+    assert page.get_attribute("#lease-answer", "data-code") == "DEAD_LETTERED"
+    assert "DEAD LETTER" in page.inner_text("#log")
+
+
+def test_reload_and_browser_restart_keep_everything(browser):
+    page = open_playground(browser)
+    for step in (1, 2, 3):
+        story_step(page, step)
+        next_step(page)
+    act(page, "#story-do")  # step 4: pull (held, not acked)
+    before = [c["seq"] for c in log_cards(page)]
+    head = page.inner_text("#log-head")
+    page.reload()
+    page.wait_for_selector("body.ready", timeout=60_000)
+    assert [c["seq"] for c in log_cards(page)] == before
+    assert page.inner_text("#log-head") == head
+    assert page.inner_text("#story-count") == "Step 4 of 11"
+    assert page.locator("#readers .reader[data-reader='reader-a']").count() == 1
+
+    browser.restart()
+    page = open_playground(browser)
+    assert [c["seq"] for c in log_cards(page)] == before
+    # the reader's cursor survived too: pulling again redelivers what it held before the restart
+    act(page, "#readers [data-act='r-pull'][data-reader='reader-a']")
+    assert page.locator("#log .tag.redelivered").count() == len(before)
+
+
+def test_curl_console_runs_readme_commands(browser):
+    browser.guard.expect_http_refusals = True  # the 404 below is on purpose
+    page = open_playground(browser)
+    page.click("button[data-tab='curl']")
+
+    def run(cmd: str) -> tuple[int, str]:
+        n = page.locator("#term-out [data-status]").count()
+        page.fill("#curl-input", cmd)
+        page.press("#curl-input", "Enter")
+        page.wait_for_function(f"document.querySelectorAll('#term-out [data-status]').length > {n}")
+        status = page.locator("#term-out [data-status]").last
+        return int(status.get_attribute("data-status")), page.inner_text("#term-out")
+
+    status, _ = run("curl -s http://localhost:8130/mp/v0/discover")
+    assert status == 200
+    assert '"supportedVersions"' in page.inner_text("#term-out")
+    # The README's create command, then one using the saved owner token.
+    act(page, "#curl-examples li:nth-child(2) button")
+    assert page.input_value("#curl-input").startswith("curl -s -X POST http://localhost:8130/mp/v0/monitors ")
+    page.press("#curl-input", "Enter")
+    page.wait_for_function("document.querySelectorAll('#term-out [data-status]').length >= 2")
+    assert page.locator("#term-out [data-status]").last.get_attribute("data-status") == "201", (
+        page.inner_text("#term-out")
+    )
+    status, _ = run(
+        "curl -s -X POST http://localhost:8130/mp/v0/monitors/deploys/observations "
+        "-H \"Authorization: Bearer $OWNER_TOKEN\" -H 'Content-Type: application/json' "
+        '-d \'{"type": "com.example.deploy", "subject": "web-1", "actor": "probe:deployer"}\''
+    )
+    assert status == 201
+    status, text = run("curl -s /mp/v0/monitors/deploys/state -H 'Authorization: Bearer wrong'")
+    assert status == 404 and "NOT_FOUND" in text  # a private monitor is invisible without its token
+    # history: up recalls the last command
+    page.focus("#curl-input")
+    page.press("#curl-input", "ArrowUp")
+    assert "Bearer wrong" in page.input_value("#curl-input")
+    screenshot(page, "curl-console")
+
+
+def test_second_tab_fetches_through_the_service_worker(browser):
+    owner = open_playground(browser)
+    act(owner, "#story-do")
+    token = owner.inner_text("#owner-token")
+    second = open_playground(browser)
+    assert "open in another tab" in second.inner_text("#other-tab")
+    reply = second.evaluate(
+        """async (token) => {
+             const r = await fetch('/mp/v0/monitors/ci/state', {headers: {Authorization: 'Bearer ' + token}});
+             return {status: r.status, body: await r.json()};
+           }""",
+        token,
+    )
+    assert reply["status"] == 200 and reply["body"]["monitor"] == "ci"
+    assert reply["body"]["head"] == int(owner.inner_text("#log-head").split("head ")[1])
+    # the shim does not carry the page's Origin into the router: a cross-origin-looking POST still works
+    posted = second.evaluate(
+        """async (token) => {
+             const r = await fetch('/mp/v0/monitors/ci/observations', {method: 'POST',
+               headers: {Authorization: 'Bearer ' + token, 'Content-Type': 'application/json'},
+               body: JSON.stringify({type: 'com.example.ci.run', subject: 'build-9', actor: 'probe:ci'})});
+             return {status: r.status, body: await r.json()};
+           }""",
+        token,
+    )
+    assert posted["status"] == 201
+
+
+def test_two_tabs_never_fork_the_log(browser):
+    first = open_playground(browser)
+    act(first, "#story-do")
+    second = open_playground(browser)
+    assert "another tab owns the engine" in second.inner_text("#status-chip")
+    second.click("button[data-tab='playground']")
+    act(second, "button[data-preset='probe']")  # forwarded to the owner tab through the service worker
+    seq = int(answer_json(second, "#publish-answer")["seq"])
+    first.wait_for_function(f"document.querySelector('#log li.obs[data-seq=\"{seq}\"]') !== null")
+    screenshot(second, "two-tabs-follower")
+
+    first.close()  # the owner goes away: the other tab takes the lock and the log from IndexedDB
+    second.wait_for_function("document.getElementById('other-tab').hidden", timeout=30_000)
+    assert second.inner_text("#status-chip") == "ready · storage: IndexedDB"
+    act(second, "button[data-preset='probe']")
+    assert int(answer_json(second, "#publish-answer")["seq"]) == seq + 1
+
+
+def test_conformance_tab_all_pass(browser):
+    page = open_playground(browser)
+    page.click("button[data-tab='conformance']")
+    act(page, "#conf-btn")
+    total = page.locator("#conf-total")
+    assert total.get_attribute("data-failed") == "0", page.inner_text("#conf-table")
+    assert int(total.get_attribute("data-passed")) >= 30
+    assert page.locator("#conf-table td.FAIL").count() == 0
+    screenshot(page, "conformance")
+
+
+def test_automatic_mode_loses_nothing(browser):
+    page = open_playground(browser)
+    page.click("button[data-tab='playground']")
+    act(page, "#btn-define-ci")
+    act(page, "#auto-btn")
+    page.wait_for_function(
+        """(() => { const v = k => +document.querySelector(`#auto-tally [data-k='${k}'] b`).textContent;
+                   return v('published') >= 12 && v('redelivered') >= 1; })()""",
+        timeout=120_000,
+    )
+    act(page, "#auto-btn")
+    tally = page.eval_on_selector_all(
+        "#auto-tally [data-k]", "els => els.map(e => [e.dataset.k, +e.innerText.split('\\n')[0]])"
+    )
+    tally = dict(tally)
+    assert tally["lost"] == 0
+    assert tally["delivered"] >= tally["published"] - 5
+    screenshot(page, "automatic-mode")
