@@ -229,6 +229,8 @@ class HoldAcks(ThreadingHTTPServer):
         self.target = target
         self.ack_seen = threading.Event()
         self.release = threading.Event()
+        self.bad_gateway = threading.Event()
+        self.hold_acks = True
         super().__init__(("127.0.0.1", 0), _Forward)
 
     @property
@@ -245,7 +247,14 @@ class _Forward(BaseHTTPRequestHandler):
     def _forward(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
-        if self.command == "POST" and self.path.split("?")[0].endswith("/ack"):
+        if self.server.bad_gateway.is_set():
+            self.send_response(502)
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", "11")
+            self.end_headers()
+            self.wfile.write(b"bad gateway")
+            return
+        if self.server.hold_acks and self.command == "POST" and self.path.split("?")[0].endswith("/ack"):
             self.server.ack_seen.set()
             self.server.release.wait()
             return
@@ -344,4 +353,25 @@ def test_expired_cursor_follows_the_reset_policy(tmp_path: Path, watchers: list[
         assert line.startswith("EXPIRED ") and "reset_policy=none" in line
         assert w.proc.wait(timeout=LINE_GUARD_SECONDS) == 1
     finally:
+        stop_server(proc)
+
+
+def test_a_failing_proxy_is_down_not_fatal(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    proxy = HoldAcks(base)
+    proxy.hold_acks = False
+    proxy.bad_gateway.set()
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        owner, sid, reader = setup_feed(base)
+        seqs = publish(base, owner, "behind-a-proxy")
+        w = Watcher(sid, "--token", reader, "--base", proxy.url, "--wait", "2")
+        watchers.append(w)
+        assert w.next() == "DOWN HTTP 502"
+        proxy.bad_gateway.clear()
+        assert w.next() == f"UP {proxy.url}/mp/v0"
+        assert w.obs(1) == [(seqs[0], "behind-a-proxy", False)]
+        assert w.proc.poll() is None
+    finally:
+        proxy.shutdown()
         stop_server(proc)

@@ -199,6 +199,10 @@ class Watch:
             except ConnectionFailed as exc:
                 self._went_down(exc.reason)
             except MonitorProtocolError as err:
+                if err.code == "UNEXPECTED_RESPONSE" and err.status >= 500:
+                    # Not the protocol speaking (a proxy or a crashing process): treat it as down.
+                    self._went_down(f"HTTP {err.status}")
+                    continue
                 self._came_up()
                 if err.retired or (err.code == "NOT_FOUND" and "retired" in err.extras):
                     self.out.line(f"RETIRED cursor={err.extras.get('cursor')}")
