@@ -186,6 +186,25 @@ async def exercise(client: Client) -> dict[str, Any]:
         client, "lease_release", {"subscription": sub_id, "token": reader, "subject": "build-2"}
     )
     assert released["ok"] is True
+    await call(client, "lease_claim", {"subscription": sub_id, "token": reader, "subject": "build-2"})
+    await call(client, "lease_renew", {"subscription": sub_id, "token": reader, "subject": "build-2"})
+    rejected = await call(
+        client,
+        "lease_reject",
+        {"subscription": sub_id, "token": reader, "subject": "build-2", "reason": "no"},
+    )
+    assert rejected["ok"] is True and rejected["dead_letter"] is False
+
+    sought = await call(
+        client, "monitor_seek", {"subscription": sub_id, "token": reader, "cursor": start, "reason": "again"}
+    )
+    assert sought["cursor"] == start
+    renewed = await call(client, "monitor_renew", {"subscription": sub_id, "token": reader})
+    stale = await refused(client, "monitor_pull", {"subscription": sub_id, "token": reader})
+    assert stale["code"] == "UNAUTHORIZED"
+    reader = renewed["token"]
+    retired = await call(client, "monitor_retire_subscription", {"subscription": sub_id, "token": reader})
+    assert retired["ok"] is True and retired["cursor_kept"] == start
 
     paused = await call(
         client, "monitor_configure", {"id": "ci", "action": "pause", "reason": "maintenance", "token": owner}
