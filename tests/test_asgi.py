@@ -1,0 +1,401 @@
+"""The ASGI door in-process: one engine thread with group commit, body cap, long-poll and SSE wake-ups and
+disconnects, the lifespan, and the no-500 guarantee. Driven through raw ASGI messages, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from monitor_protocol.binding.asgi import EngineThread, create_app
+from monitor_protocol.binding.rest import RestRouter
+from monitor_protocol.service import MonitorService
+from monitor_protocol.store.memory import MemoryStore
+
+HANG_GUARD = 30  # only stops a broken door from hanging the suite; no assertion depends on it
+RUN = "com.example.ci.run"
+OTHER = "com.example.ci.other"
+
+
+class Conn:
+    """One HTTP exchange: feeds request chunks to the app, then blocks like a live socket until disconnect."""
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: str = "",
+        headers: dict[str, str] | None = None,
+        chunks: list[bytes] | None = None,
+    ) -> None:
+        hdrs = {"host": "127.0.0.1:8130", **{k.lower(): v for k, v in (headers or {}).items()}}
+        self.scope = {
+            "type": "http",
+            "method": method,
+            "path": path,
+            "query_string": query.encode(),
+            "headers": [(k.encode(), v.encode()) for k, v in hdrs.items()],
+        }
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        parts = chunks if chunks is not None else [b""]
+        for i, chunk in enumerate(parts):
+            self.inbox.put_nowait({"type": "http.request", "body": chunk, "more_body": i < len(parts) - 1})
+        self.sent: list[dict[str, Any]] = []
+        self.changed = asyncio.Event()
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.inbox.get()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+        self.changed.set()
+
+    def disconnect(self) -> None:
+        self.inbox.put_nowait({"type": "http.disconnect"})
+
+    @property
+    def status(self) -> int:
+        return next(m["status"] for m in self.sent if m["type"] == "http.response.start")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        start = next(m for m in self.sent if m["type"] == "http.response.start")
+        return {k.decode(): v.decode() for k, v in start["headers"]}
+
+    @property
+    def text(self) -> str:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body").decode()
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+    async def wait_for(self, predicate) -> None:
+        while not predicate(self):
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def call(
+    app,
+    method: str,
+    path: str,
+    body: Any = None,
+    token: str | None = None,
+    query: str = "",
+    headers: dict[str, str] | None = None,
+) -> Conn:
+    hdrs = dict(headers or {})
+    if token:
+        hdrs["authorization"] = f"Bearer {token}"
+    conn = Conn(
+        method,
+        path,
+        query=query,
+        headers=hdrs,
+        chunks=[json.dumps(body).encode()] if body is not None else None,
+    )
+    await asyncio.wait_for(app(conn.scope, conn.receive, conn.send), HANG_GUARD)
+    return conn
+
+
+@pytest.fixture()
+async def served():
+    store = MemoryStore()
+    service = MonitorService(store)
+    router = RestRouter(service)
+    app = create_app(service, router, sweep_interval=None, heartbeat_seconds=0.01)
+    await app.startup()
+    try:
+        yield app
+    finally:
+        await app.shutdown()
+
+
+async def setup_feed(app, **sub_fields) -> tuple[str, str, str]:
+    created = await call(
+        app, "POST", "/mp/v0/monitors", {"id": "ci", "types": [RUN, OTHER], "visibility": "public"}
+    )
+    assert created.status == 201, created.text
+    owner = created.json()["owner_token"]
+    sub = await call(
+        app, "POST", "/mp/v0/subscriptions", {"monitor": "ci", "subscriber": "agent:r", **sub_fields}
+    )
+    assert sub.status == 201, sub.text
+    return owner, sub.json()["subscription"]["id"], sub.json()["token"]
+
+
+async def publish(app, owner: str, subject: str, type_: str = RUN) -> dict:
+    conn = await call(
+        app, "POST", "/mp/v0/monitors/ci/observations", {"type": type_, "subject": subject}, owner
+    )
+    assert conn.status == 201, conn.text
+    return conn.json()
+
+
+# -- the engine thread ---------------------------------------------------------------------------------
+
+
+async def test_the_engine_is_entered_by_one_thread_only(served):
+    seen: set[str] = set()
+    handle = served.router.handle
+
+    def recording(request):
+        seen.add(threading.current_thread().name)
+        return handle(request)
+
+    served.router.handle = recording
+    owner, _sub, _reader = await setup_feed(served)
+    replies = await asyncio.gather(*(publish(served, owner, f"b-{i}") for i in range(25)))
+    assert sorted(r["seq"] for r in replies) == sorted({r["seq"] for r in replies})
+    assert seen == {"mp-engine"}
+    assert threading.current_thread().name not in seen
+
+
+class RecordingBatchStore:
+    """A stand-in store whose batch() records when it opens and commits."""
+
+    def __init__(self, fail_commit: bool = False) -> None:
+        self.events: list[str] = []
+        self.fail_commit = fail_commit
+
+    @contextmanager
+    def batch(self):
+        self.events.append("begin")
+        yield
+        if self.fail_commit:
+            raise OSError("disk full")
+        self.events.append("commit")
+
+
+def block(engine: EngineThread, gate: threading.Event) -> threading.Thread:
+    """Occupy the engine thread until `gate` opens; return once it is really busy."""
+    busy = threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        gate.wait()
+
+    blocker = threading.Thread(target=engine.run_sync, args=(hold,))
+    blocker.start()
+    busy.wait()
+    return blocker
+
+
+def test_queued_calls_share_one_group_commit_and_hear_back_after_it():
+    store = RecordingBatchStore()
+    engine = EngineThread(store)
+    gate = threading.Event()
+    try:
+        blocker = block(engine, gate)
+        results: list[Any] = [None] * 5
+        callers = []
+        for i in range(5):
+
+            def job(i=i):
+                store.events.append(f"job{i}")
+                return i * 10
+
+            def caller(i=i, job=job):
+                results[i] = engine.run_sync(job)
+                store.events.append(f"reply{i}")
+
+            callers.append(threading.Thread(target=caller))
+        for t in callers:
+            t.start()
+        while engine._queue.qsize() < 5:  # the five calls are queued behind the blocked one
+            threading.Event().wait(0.001)
+        gate.set()
+        blocker.join()
+        for t in callers:
+            t.join()
+    finally:
+        engine.stop()
+    assert results == [0, 10, 20, 30, 40]
+    assert store.events[0] == "begin" and store.events[6] == "commit"
+    assert sorted(store.events[1:6]) == [f"job{i}" for i in range(5)]
+    assert sorted(store.events[7:]) == [f"reply{i}" for i in range(5)]
+
+
+def test_a_failed_group_commit_reports_no_success():
+    store = RecordingBatchStore(fail_commit=True)
+    engine = EngineThread(store)
+    gate = threading.Event()
+    outcomes: list[Any] = []
+    try:
+        blocker = block(engine, gate)
+
+        def caller():
+            try:
+                outcomes.append(engine.run_sync(lambda: "applied"))
+            except OSError as exc:
+                outcomes.append(exc)
+
+        callers = [threading.Thread(target=caller) for _ in range(3)]
+        for t in callers:
+            t.start()
+        while engine._queue.qsize() < 3:
+            threading.Event().wait(0.001)
+        gate.set()
+        blocker.join()
+        for t in callers:
+            t.join()
+    finally:
+        engine.stop()
+    assert len(outcomes) == 3 and all(isinstance(o, OSError) for o in outcomes)
+
+
+# -- body cap --------------------------------------------------------------------------------------------
+
+
+async def test_body_cap_refuses_before_reading_the_rest():
+    service = MonitorService(MemoryStore())
+    app = create_app(service, RestRouter(service), sweep_interval=None, max_body=10)
+    conn = Conn("POST", "/mp/v0/monitors", chunks=[b"12345", b"67890", b"x", b"never-read"])
+    await asyncio.wait_for(app(conn.scope, conn.receive, conn.send), HANG_GUARD)
+    assert conn.status == 413 and conn.json()["code"] == "TOO_LARGE" and conn.json()["max_body"] == 10
+    assert conn.inbox.qsize() == 1 and conn.inbox.get_nowait()["body"] == b"never-read"
+
+    declared = Conn("POST", "/mp/v0/monitors", headers={"content-length": "11"}, chunks=[b"x" * 11])
+    await asyncio.wait_for(app(declared.scope, declared.receive, declared.send), HANG_GUARD)
+    assert declared.status == 413
+    assert declared.inbox.qsize() == 1  # refused on the header alone: not one body byte was read
+    app.engine.stop()
+
+
+# -- long poll -----------------------------------------------------------------------------------------
+
+
+async def test_long_poll_skips_non_matching_appends_and_returns_the_match(served):
+    owner, sub, reader = await setup_feed(served, filter={"types": [RUN]})
+    first = await call(served, "GET", f"/mp/v0/subscriptions/{sub}/pull", token=reader)
+    await call(served, "POST", f"/mp/v0/subscriptions/{sub}/ack", {"cursor": first.json()["next"]}, reader)
+
+    waiting = Conn(
+        "GET",
+        f"/mp/v0/subscriptions/{sub}/pull",
+        query="wait=50",
+        headers={"authorization": f"Bearer {reader}"},
+    )
+    task = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
+    while "ci" not in served._waiters:  # the pull is parked on its monitor
+        await asyncio.sleep(0)
+    await publish(served, owner, "ignored", OTHER)
+    await publish(served, owner, "wanted", RUN)
+    await asyncio.wait_for(task, HANG_GUARD)
+    assert waiting.status == 200
+    assert [o["subject"] for o in waiting.json()["observations"]] == ["wanted"]
+    assert served._waiters == {}
+
+
+async def test_long_poll_ends_quietly_when_the_client_leaves(served):
+    _owner, sub, reader = await setup_feed(served, filter={"types": [RUN]})
+    waiting = Conn(
+        "GET",
+        f"/mp/v0/subscriptions/{sub}/pull",
+        query="wait=50",
+        headers={"authorization": f"Bearer {reader}"},
+    )
+    task = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
+    while "ci" not in served._waiters:
+        await asyncio.sleep(0)
+    waiting.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
+    assert waiting.sent == []  # nobody to answer
+    assert served._waiters == {}
+
+
+# -- SSE -------------------------------------------------------------------------------------------------
+
+
+async def test_sse_heartbeats_follows_appends_and_stops_on_disconnect(served):
+    owner, sub, reader = await setup_feed(served)
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers={"authorization": f"Bearer {reader}"})
+    task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+    assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream")
+    assert stream.text.startswith("retry: 3000\n\n")
+    heartbeat = next(block for block in stream.text.split("\n\n") if block.startswith("event: heartbeat"))
+    assert json.loads(heartbeat.split("data: ", 1)[1])["cursor"] == 3  # seq 1 created, seq 2 subscribed
+
+    published = await publish(served, owner, "live")
+    marker = f"id: {published['seq']}\nevent: observation\n"
+    await asyncio.wait_for(stream.wait_for(lambda c: marker in c.text), HANG_GUARD)
+    stream.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
+    assert stream.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert served._waiters == {}
+    # Streaming committed nothing.
+    info = await call(served, "GET", f"/mp/v0/subscriptions/{sub}", token=reader)
+    assert info.json()["cursor"] == 0
+
+
+# -- lifespan and failures ----------------------------------------------------------------------------------
+
+
+class ClosingStore(MemoryStore):
+    closed_on: str | None = None
+
+    def close(self) -> None:
+        self.closed_on = threading.current_thread().name
+
+
+async def test_lifespan_runs_hooks_tasks_sweeps_and_closes_the_store():
+    store = ClosingStore()
+    service = MonitorService(store)
+    swept = asyncio.Event()
+    task_ran = asyncio.Event()
+    calls: list[str] = []
+    sweep = service.sweep
+    loop = asyncio.get_running_loop()
+
+    def counting_sweep(now=None):
+        loop.call_soon_threadsafe(swept.set)
+        return sweep(now)
+
+    service.sweep = counting_sweep
+
+    async def push_delivery(app):
+        task_ran.set()
+        await asyncio.Event().wait()  # runs until shutdown cancels it
+
+    app = create_app(
+        service,
+        RestRouter(service),
+        sweep_interval=0.001,
+        background_tasks=[push_delivery],
+        on_startup=[lambda a: calls.append("startup")],
+        on_shutdown=[lambda a: calls.append("shutdown")],
+    )
+    inbox: asyncio.Queue = asyncio.Queue()
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    inbox.put_nowait({"type": "lifespan.startup"})
+    runner = asyncio.ensure_future(app({"type": "lifespan"}, inbox.get, send))
+    await asyncio.wait_for(asyncio.gather(swept.wait(), task_ran.wait()), HANG_GUARD)
+    inbox.put_nowait({"type": "lifespan.shutdown"})
+    await asyncio.wait_for(runner, HANG_GUARD)
+    assert [m["type"] for m in sent] == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert calls == ["startup", "shutdown"]
+    assert store.closed_on == "mp-engine"
+
+
+class BrokenRouter:
+    def handle(self, request):
+        raise RuntimeError("a bug in the engine")
+
+
+async def test_an_unexpected_exception_is_a_protocol_error_not_a_500():
+    service = MonitorService(MemoryStore())
+    app = create_app(service, BrokenRouter(), sweep_interval=None)
+    conn = await call(app, "GET", "/mp/v0/discover")
+    assert conn.status == 400
+    body = conn.json()
+    assert body["code"] == "INVALID" and body["done"] == [] and body["incident"] in body["error"]
+    app.engine.stop()
