@@ -270,14 +270,22 @@ class Subscription(Result):
 
 @dataclass
 class Subscribed(Result):
+    """Reply of subscribe: the subscription, its reader token (shown once) and, for protocol http, the
+    webhook signing secret `sink_secret` (shown once too)."""
+
     subscription: Subscription
     token: str
     notice: Any
+    sink_secret: str | None = None
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> Subscribed:
         return cls(
-            raw, Subscription.of(raw.get("subscription") or {}), raw.get("token", ""), raw.get("notice")
+            raw,
+            Subscription.of(raw.get("subscription") or {}),
+            raw.get("token", ""),
+            raw.get("notice"),
+            raw.get("sink_secret"),
         )
 
 
