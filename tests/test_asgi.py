@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from monitor_protocol.binding.asgi import EngineThread, create_app
+from monitor_protocol.binding.messages import Request
 from monitor_protocol.binding.rest import RestRouter
 from monitor_protocol.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
@@ -398,4 +399,33 @@ async def test_an_unexpected_exception_is_a_protocol_error_not_a_500():
     assert conn.status == 400
     body = conn.json()
     assert body["code"] == "INVALID" and body["done"] == [] and body["incident"] in body["error"]
+    app.engine.stop()
+
+
+async def test_an_append_between_the_read_and_the_parking_still_wakes(served):
+    owner, sub, reader = await setup_feed(served)
+    pull = Request(
+        "GET", f"/mp/v0/subscriptions/{sub}/pull", [("cursor", "99")], {"authorization": f"Bearer {reader}"}
+    )
+    _reply, mark = await served._handle_marked(pull)
+    parked_late = served._register("ci", mark)
+    assert not parked_late.is_set()  # positive control: nothing happened since the read
+    served._unregister("ci", parked_late)
+    await publish(served, owner, "slipped-in")  # lands after the read, before the waiter parks
+    parked = served._register("ci", mark)
+    assert parked.is_set()
+    served._unregister("ci", parked)
+
+
+async def test_body_cap_refusal_keeps_the_origin_policy_and_cors():
+    service = MonitorService(MemoryStore())
+    router = RestRouter(service, allowed_origins=("http://good.example",))
+    app = create_app(service, router, sweep_interval=None, max_body=4)
+    foreign = Conn("POST", "/mp/v0/monitors", headers={"origin": "http://evil.example"}, chunks=[b"123456"])
+    await asyncio.wait_for(app(foreign.scope, foreign.receive, foreign.send), HANG_GUARD)
+    assert foreign.status == 403 and foreign.json()["code"] == "ORIGIN_REFUSED"
+    allowed = Conn("POST", "/mp/v0/monitors", headers={"origin": "http://good.example"}, chunks=[b"123456"])
+    await asyncio.wait_for(app(allowed.scope, allowed.receive, allowed.send), HANG_GUARD)
+    assert allowed.status == 413 and allowed.json()["code"] == "TOO_LARGE"
+    assert allowed.headers["access-control-allow-origin"] == "http://good.example"
     app.engine.stop()

@@ -226,6 +226,9 @@ class MonitorApp:
         self._tasks: list[asyncio.Task[None]] = []
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._listening = False
+        # Appends seen so far, counted on the engine thread. A waiter compares it with the count taken
+        # right after its own pull ran, so an append that lands before it is parked still wakes it.
+        self._append_count = 0
 
     # -- engine thread ---------------------------------------------------------------------------
 
@@ -234,14 +237,23 @@ class MonitorApp:
         return await self.engine.call(fn, *args)
 
     async def handle(self, request: Request) -> Response:
+        """Hand one request to the router on the engine thread; never raises."""
+        return (await self._handle_marked(request))[0]
+
+    async def _handle_marked(self, request: Request) -> tuple[Response, int]:
+        """`handle`, plus the engine's append count right after the request ran."""
+
+        def job() -> tuple[Response, int]:
+            return self.router.handle(request), self._append_count
+
         try:
-            return await self.call(self.router.handle, request)
+            return await self.call(job)
         except ProtocolError as err:
-            return error_response(err)
+            return error_response(err), -1
         except Exception:
             incident = uuid.uuid4().hex[:12]
             log.exception("router raised on %s %s (incident %s)", request.method, request.path, incident)
-            return _internal_error_response(incident)
+            return _internal_error_response(incident), -1
 
     # -- wake-ups ---------------------------------------------------------------------------------
 
@@ -254,6 +266,7 @@ class MonitorApp:
 
     def _on_append(self, monitor_id: str, head: int) -> None:
         # Called on the engine thread after a committed append: hop to the loop, never block here.
+        self._append_count += 1
         loop = self.loop
         if loop is None or loop.is_closed():
             return
@@ -266,9 +279,12 @@ class MonitorApp:
         for event in self._waiters.get(monitor_id, ()):
             event.set()
 
-    def _register(self, monitor_id: str) -> asyncio.Event:
+    def _register(self, monitor_id: str, mark: int) -> asyncio.Event:
+        """Park a waiter on `monitor_id`; `mark` is the append count its last read saw."""
         event = asyncio.Event()
         self._waiters.setdefault(monitor_id, set()).add(event)
+        if mark != self._append_count:
+            event.set()  # something was appended between that read and now: look again at once
         return event
 
     def _unregister(self, monitor_id: str, event: asyncio.Event) -> None:
@@ -303,15 +319,15 @@ class MonitorApp:
             try:
                 request.body = await self._read_body(request, receive)
             except BodyTooLarge:
-                await self._send_json(tracked_send, self._too_large(), close=True)
+                await self._send_json(tracked_send, await self._too_large(request), close=True)
                 return
             match = STREAM_PATH.match(request.path)
             if match and request.method == "GET":
                 await self._stream(request, match.group(1), receive, tracked_send)
                 return
-            response = await self.handle(request)
+            response, mark = await self._handle_marked(request)
             if response.long_poll is not None:
-                response = await self._long_poll(request, response, receive)
+                response = await self._long_poll(request, response, mark, receive)
                 if response is None:
                     return  # the client left while waiting
             await self._send_json(tracked_send, response)
@@ -354,14 +370,26 @@ class MonitorApp:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    def _too_large(self) -> Response:
+    async def _too_large(self, request: Request) -> Response:
+        # The Origin/Host policy still comes first, and an allowed origin still gets its CORS headers:
+        # the router's own preflight answer (no body, no engine state) says which.
+        policy = await self.handle(Request("OPTIONS", request.path, [], request.headers))
+        if policy.status >= 400:
+            return policy
         err = ProtocolError(
             "TOO_LARGE",
             f"the request body is larger than this server accepts ({self.max_body} bytes); "
             "send a smaller body (split a batch, or publish large payloads by reference)",
             max_body=self.max_body,
         )
-        return error_response(err)
+        return error_response(
+            err,
+            {
+                k: v
+                for k, v in policy.headers.items()
+                if k.lower().startswith("access-control") or k.lower() == "vary"
+            },
+        )
 
     async def _send_json(self, send: Send, response: Response, close: bool = False) -> None:
         body = response.json_bytes()
@@ -379,12 +407,14 @@ class MonitorApp:
 
     # -- long poll ---------------------------------------------------------------------------------
 
-    async def _long_poll(self, request: Request, first: Response, receive: Receive) -> Response | None:
+    async def _long_poll(
+        self, request: Request, first: Response, mark: int, receive: Receive
+    ) -> Response | None:
         """Hold an empty pull until its monitor gets an append that matches, or until the deadline."""
         assert first.long_poll is not None
         monitor = first.long_poll.monitor
         deadline = time.monotonic() + max(0.0, float(first.long_poll.wait_seconds))
-        event = self._register(monitor)
+        event = self._register(monitor, mark)
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
             response = first
@@ -429,22 +459,21 @@ class MonitorApp:
 
     async def _stream(self, request: Request, sub_id: str, receive: Receive, send: Send) -> None:
         """Section 9: replay the subscription through the read-only pull route and follow it live."""
+        # A read-only replay far past any head checks the policy (Origin/Host) and the reader's token,
+        # changes nothing, and reports the monitor and the committed cursor.
+        probe, mark = await self._handle_marked(self._replay(request, sub_id, PROBE_CURSOR, limit=1))
+        if probe.status != 200:
+            await self._send_json(send, probe)
+            return
         start = _last_event_id(request)
-        if start is None:
-            # A read-only replay far past any head checks the policy (Origin/Host) and the reader's token,
-            # changes nothing, and reports the committed cursor: the stream starts there.
-            probe = await self.handle(self._replay(request, sub_id, PROBE_CURSOR, limit=1))
-            if probe.status != 200:
-                await self._send_json(send, probe)
-                return
-            start = _int(probe.body.get("cursor"), 1)
-        cursor = max(1, start)
+        cursor = max(1, start if start is not None else _int(probe.body.get("cursor"), 1))
+        monitor = str(probe.body.get("monitor", ""))
+        event = self._register(monitor, mark)
         first = await self.handle(self._replay(request, sub_id, cursor))
         if first.status != 200:
+            self._unregister(monitor, event)
             await self._send_json(send, first)
             return
-        monitor = str(first.body.get("monitor", ""))
-        event = self._register(monitor)
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
             headers = [
