@@ -33,6 +33,9 @@ MP.stage = (name, detail) => {
     window.dispatchEvent(new CustomEvent("mp:ready", { detail: MP.marks }));
   }
 };
+MP.mark = (name) => {
+  MP.marks[name] = performance.now() - MP.t0;
+};
 MP.fatal = (message) => {
   MP.errors.push(message);
   const box = document.querySelector("#boot .detail");
