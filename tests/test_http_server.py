@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -645,3 +648,53 @@ def test_sigterm_stops_cleanly_and_data_survives(tmp_path):
         with httpx.Client(base_url=base + "/mp/v0") as mp:
             monitor = mp.get(f"/monitors/{monitor_id}", headers=bearer(owner)).json()
             assert monitor["head"] == 2
+
+
+def test_allow_admin_without_a_value_mints_and_prints_a_token(tmp_path):
+    with (
+        running_server(tmp_path, "--allow-admin") as (base, proc),
+        httpx.Client(base_url=base + "/mp/v0") as mp,
+    ):
+        printed = re.search(r"admin: enabled, token (\S+)", server_log(proc))
+        assert printed, server_log(proc)
+        token = printed.group(1)
+        assert len(token) >= 32
+        assert mp.get("/admin/snapshot", headers=bearer(token)).status_code == 200
+        assert_error(mp.get("/admin/snapshot", headers=bearer(token + "x")), "UNAUTHORIZED")
+
+
+def test_registration_token_gates_creation_and_attests(tmp_path):
+    with (
+        running_server(tmp_path, "--registration-token", "let-me-in") as (base, proc),
+        httpx.Client(base_url=base + "/mp/v0") as mp,
+    ):
+        assert "registration: token required" in server_log(proc)
+        assert_error(mp.post("/monitors", json={"id": "nope"}), "UNAUTHORIZED")
+        assert_error(mp.post("/monitors", json={"id": "nope"}, headers=bearer("wrong")), "UNAUTHORIZED")
+        created = mp.post("/monitors", json={"id": "yes"}, headers=bearer("let-me-in"))
+        assert created.status_code == 201 and created.json()["monitor"]["attested"] is True
+
+
+def test_server_wide_retire_after_mute_retires_a_silent_subscription(tmp_path):
+    with (
+        running_server(tmp_path, "--retire-after-mute", "1") as (base, proc),
+        httpx.Client(base_url=base + "/mp/v0") as mp,
+    ):
+        assert "retire_after_mute=1s" in server_log(proc)
+        monitor_id, _owner = new_monitor(mp)
+        sub_id, reader = subscribe(mp, monitor_id)
+        # The sweep timer retires it once a second of silence has passed; wait for that to happen.
+        deadline = time.monotonic() + 30  # hang guard only
+        while mp.get(f"/subscriptions/{sub_id}", headers=bearer(reader)).json()["active"]:
+            assert time.monotonic() < deadline, "the sweep never retired the mute subscription"
+            time.sleep(0.2)
+        gone = assert_error(mp.get(f"/subscriptions/{sub_id}/pull", headers=bearer(reader)), "NOT_FOUND")
+        assert gone["retired"] is True
+
+
+def test_sigint_stops_cleanly(tmp_path):
+    base, proc = start_server(tmp_path)
+    assert httpx.get(base + "/mp/v0/discover").status_code == 200
+    assert stop_server(proc, signal.SIGINT) == 0, server_log(proc)
+    assert "database closed" in server_log(proc)
+    assert "Traceback" not in server_log(proc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import secrets
 import signal
@@ -134,6 +135,17 @@ def _url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+def _log_engine_errors(level: str) -> None:
+    """The engine's and the door's own loggers print beside uvicorn's, so a crash is never silent."""
+    logger = logging.getLogger("monitor_protocol")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+
+
 def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop(signum)
 
@@ -225,6 +237,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             app, lifespan="on", log_level=args.log_level, access_log=True, timeout_graceful_shutdown=5
         )
         server = uvicorn.Server(config)
+        _log_engine_errors(args.log_level)
         try:
             server.run(sockets=[sock])
         except _Stop:
