@@ -325,3 +325,22 @@ def test_automatic_mode_loses_nothing(browser):
     assert tally["lost"] == 0
     assert tally["delivered"] >= tally["published"] - 5
     screenshot(page, "automatic-mode")
+
+
+def test_service_worker_without_an_engine_tab_answers_503(browser):
+    browser.guard.expect_http_refusals = True  # the 503 (and the JSON tab's favicon 404) are on purpose
+    page = open_playground(browser)
+    other = browser.new_page()
+    other.goto(browser.site_url + "/build-info.json")  # in the worker's scope, but no playground in it
+    page.close()
+    reply = other.evaluate(
+        """async () => { const r = await fetch('/mp/v0/discover');
+                         return {status: r.status, body: await r.json()}; }"""
+    )
+    assert reply["status"] == 503
+    assert reply["body"]["code"] == "UNAVAILABLE"
+    assert "Open the playground" in reply["body"]["error"]
+    # positive control: with a playground tab open again, the same fetch is answered by its engine
+    open_playground(browser)
+    again = other.evaluate("async () => (await fetch('/mp/v0/discover')).status")
+    assert again == 200

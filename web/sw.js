@@ -60,7 +60,7 @@ async function forward(request, url) {
   windows.sort((a, b) => (b.id === ownerId) - (a.id === ownerId));
   let reason = "no playground tab is open";
   for (const client of windows) {
-    const reply = await ask(client, message, 15000 + Math.min(wait, 50) * 1000);
+    const reply = await ask(client, message, 5000 + Math.min(wait, 50) * 1000);
     if (reply.notOwner || reply.noAnswer) {
       if (reply.noAnswer) reason = "the playground tab did not answer";
       continue;
