@@ -429,3 +429,20 @@ async def test_body_cap_refusal_keeps_the_origin_policy_and_cors():
     assert allowed.status == 413 and allowed.json()["code"] == "TOO_LARGE"
     assert allowed.headers["access-control-allow-origin"] == "http://good.example"
     app.engine.stop()
+
+
+async def test_shutdown_answers_parked_long_polls_and_ends_streams(served):
+    _owner, sub, reader = await setup_feed(served, filter={"types": [RUN]})
+    auth = {"authorization": f"Bearer {reader}"}
+    waiting = Conn("GET", f"/mp/v0/subscriptions/{sub}/pull", query="wait=50", headers=auth)
+    poll = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers=auth)
+    follow = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(stream.wait_for(lambda c: "retry: 3000" in c.text), HANG_GUARD)
+    while len(served._waiters.get("ci", ())) < 2:  # both are parked on the monitor
+        await asyncio.sleep(0)
+    served.begin_shutdown()
+    await asyncio.wait_for(asyncio.gather(poll, follow), HANG_GUARD)
+    assert waiting.status == 200 and waiting.json()["observations"] == []
+    assert stream.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert served._waiters == {}

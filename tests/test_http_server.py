@@ -698,3 +698,19 @@ def test_sigint_stops_cleanly(tmp_path):
     assert stop_server(proc, signal.SIGINT) == 0, server_log(proc)
     assert "database closed" in server_log(proc)
     assert "Traceback" not in server_log(proc)
+
+
+def test_shutdown_ends_open_streams_at_once(tmp_path):
+    base, proc = start_server(tmp_path)
+    with httpx.Client(base_url=base + "/mp/v0", timeout=60) as mp:
+        monitor_id, _owner = new_monitor(mp)
+        sub_id, reader = subscribe(mp, monitor_id)
+        with mp.stream("GET", f"/subscriptions/{sub_id}/stream", headers=bearer(reader)) as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "retry: 3000"
+            assert stop_server(proc) == 0
+            rest = list(lines)  # the stream ends instead of holding the server up
+    assert "event: error" not in rest
+    log = server_log(proc)
+    assert "database closed" in log
+    assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log

@@ -229,6 +229,7 @@ class MonitorApp:
         # Appends seen so far, counted on the engine thread. A waiter compares it with the count taken
         # right after its own pull ran, so an append that lands before it is parked still wakes it.
         self._append_count = 0
+        self.draining = False
 
     # -- engine thread ---------------------------------------------------------------------------
 
@@ -274,6 +275,14 @@ class MonitorApp:
             loop.call_soon_threadsafe(self._wake, monitor_id)
         except RuntimeError:
             pass  # the loop is shutting down
+
+    def begin_shutdown(self) -> None:
+        """Stop holding requests open: parked long polls answer now and streams end, so the server can
+        finish its connections instead of waiting out its graceful-shutdown timeout."""
+        self.draining = True
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
 
     def _wake(self, monitor_id: str) -> None:
         for event in self._waiters.get(monitor_id, ()):
@@ -419,7 +428,7 @@ class MonitorApp:
         try:
             response = first
             while True:
-                remaining = deadline - time.monotonic()
+                remaining = 0.0 if self.draining else deadline - time.monotonic()
                 if remaining > 0:
                     waiter = asyncio.ensure_future(event.wait())
                     done, _ = await asyncio.wait(
@@ -429,7 +438,7 @@ class MonitorApp:
                         waiter.cancel()
                     if gone in done:
                         return None
-                    remaining = deadline - time.monotonic()
+                    remaining = 0.0 if self.draining else deadline - time.monotonic()
                 # Clear before asking again, so an append during the re-handle still wakes us.
                 event.clear()
                 wait = str(max(0, math.ceil(remaining))) if remaining > 0 else "0"
@@ -490,7 +499,7 @@ class MonitorApp:
             await self._chunk(send, f"retry: {SSE_RETRY_MS}\n\n")
             page = first
             next_beat = time.monotonic() + self.heartbeat_seconds
-            while not gone.done():
+            while not gone.done() and not self.draining:
                 if page.status != 200:
                     await self._chunk(send, _sse("error", page.body))
                     return
@@ -506,7 +515,7 @@ class MonitorApp:
                     await asyncio.wait({waiter, gone}, timeout=timeout, return_when="FIRST_COMPLETED")
                     if not waiter.done():
                         waiter.cancel()
-                    if gone.done():
+                    if gone.done() or self.draining:
                         return
                 if time.monotonic() >= next_beat:
                     await self._chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
@@ -568,6 +577,7 @@ class MonitorApp:
             )
 
     async def shutdown(self) -> None:
+        self.begin_shutdown()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

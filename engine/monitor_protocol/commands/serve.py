@@ -135,6 +135,24 @@ def _url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+def _draining_server_class() -> type:
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn waits for open connections before the lifespan shutdown; tell the app first, so
+        long polls answer and SSE streams end at once instead of running into the graceful timeout."""
+
+        def __init__(self, config: Any, app: Any) -> None:
+            super().__init__(config)
+            self.mp_app = app
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            self.mp_app.begin_shutdown()
+            await super().shutdown(sockets=sockets)
+
+    return DrainingServer
+
+
 def _log_engine_errors(level: str) -> None:
     """The engine's and the door's own loggers print beside uvicorn's, so a crash is never silent."""
     logger = logging.getLogger("monitor_protocol")
@@ -236,7 +254,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         config = uvicorn.Config(
             app, lifespan="on", log_level=args.log_level, access_log=True, timeout_graceful_shutdown=5
         )
-        server = uvicorn.Server(config)
+        server = _draining_server_class()(config, app)
         _log_engine_errors(args.log_level)
         try:
             server.run(sockets=[sock])
