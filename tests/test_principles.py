@@ -130,12 +130,15 @@ def test_p6_registration_is_not_consumption(h):
         "ci", tok, subscriber="agent:mute", retire_after_mute_seconds=60, capabilities=["observe"]
     )
     busy, bt = h.subscribe("ci", tok, subscriber="agent:busy", retire_after_mute_seconds=60)
+    streamer, st = h.subscribe("ci", tok, subscriber="agent:sse", retire_after_mute_seconds=60)
     h.clock.advance(40)
     h.pull(busy, bt)
+    h.service.touch(streamer, st)  # what the SSE door does: following a stream is consuming
     h.clock.advance(30)
     assert h.service.sweep() == 1
     assert h.pull(mute, mt).body["retired"] is True
     assert h.pull(busy, bt).status == 200  # control: the reader that pulled is still there
+    assert h.pull(streamer, st).status == 200  # and so is the one that followed the stream
     will = [o for o in h.log("ci", tok) if o["type"] == "ai.mentu.monitor.subscription_retired"]
     assert will[0]["data"]["payload"]["reason"] == "mute" and will[0]["actor"] == "system:sweep"
 

@@ -948,6 +948,20 @@ class MonitorService:
             or self.default_retire_after_mute
         )
 
+    def touch(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        """A reader following by SSE is consuming (P6) although the stream never commits: reset its mute
+        clock without delivering anything."""
+
+        def run() -> dict[str, Any]:
+            sub = self._subscription(sub_id, token)
+            now = self._now()
+            sub["_mute_since"] = now
+            self.store.put_subscription(sub)
+            self._schedule(now + self._mute_seconds(self._monitor_rec(sub["monitor"]), sub))
+            return {"subscription": sub["id"], "active": sub["active"]}
+
+        return self._call(run)
+
     def subscription_info(self, sub_id: str, token: str | None) -> dict[str, Any]:
         def run() -> dict[str, Any]:
             sub = self._subscription(sub_id, token, allow_retired=True)

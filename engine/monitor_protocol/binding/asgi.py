@@ -35,6 +35,7 @@ from urllib.parse import parse_qsl
 
 from ..errors import ProtocolError
 from .messages import Request, Response
+from .rest import bearer
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -45,6 +46,8 @@ SSE_PAGE = 200
 SWEEP_INTERVAL_SECONDS = 1.0
 PROBE_CURSOR = 1 << 62  # a replay cursor past any head: reads nothing, reports the committed cursor
 
+DISCARD_BYTES = 64 << 20  # how much of a refused body is read and dropped so the 413 reaches the client
+DISCARD_SECONDS = 5.0
 STREAM_PATH = re.compile(r"^/mp/v0/subscriptions/([^/]+)/stream/?$")
 
 Scope = dict[str, Any]
@@ -328,6 +331,10 @@ class MonitorApp:
             try:
                 request.body = await self._read_body(request, receive)
             except BodyTooLarge:
+                if "100-continue" not in (request.header("expect") or "").lower():
+                    # A client that did not ask first is still sending; unread bytes at close would make
+                    # the kernel reset the connection and destroy the 413. Discard them (bounded) first.
+                    await self._discard_body(receive)
                 await self._send_json(tracked_send, await self._too_large(request), close=True)
                 return
             match = STREAM_PATH.match(request.path)
@@ -378,6 +385,23 @@ class MonitorApp:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    async def _discard_body(self, receive: Receive) -> None:
+        """Read and drop the rest of a refused body: at most DISCARD_BYTES, for at most DISCARD_SECONDS."""
+        dropped = 0
+
+        async def drain() -> None:
+            nonlocal dropped
+            while dropped < DISCARD_BYTES:
+                message = await receive()
+                if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                    return
+                dropped += len(message.get("body", b""))
+
+        try:
+            await asyncio.wait_for(drain(), DISCARD_SECONDS)
+        except TimeoutError:
+            return
 
     async def _too_large(self, request: Request) -> Response:
         # The Origin/Host policy still comes first, and an allowed origin still gets its CORS headers:
@@ -483,6 +507,7 @@ class MonitorApp:
             self._unregister(monitor, event)
             await self._send_json(send, first)
             return
+        await self.call(self.service.touch, sub_id, bearer(request))
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
         try:
             headers = [
@@ -519,6 +544,8 @@ class MonitorApp:
                         return
                 if time.monotonic() >= next_beat:
                     await self._chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
+                    # A reader following by stream is consuming (P6), though the stream never commits.
+                    await self.call(self.service.touch, sub_id, bearer(request))
                     next_beat = time.monotonic() + self.heartbeat_seconds
                 event.clear()
                 page = await self.handle(self._replay(request, sub_id, cursor))
