@@ -329,3 +329,24 @@ async def test_mcp_against_a_server(tmp_path: Path) -> None:
                         break
     finally:
         stop_server(proc)
+
+
+def test_mcp_embedded_refuses_a_database_held_by_a_server(tmp_path: Path) -> None:
+    import subprocess
+
+    from serverutil import mp_command, mp_env
+
+    _base, proc = start_server(tmp_path)
+    try:
+        ran = subprocess.run(
+            mp_command("mcp", "--db", str(tmp_path / "mp.db")),
+            input="",
+            capture_output=True,
+            text=True,
+            env=mp_env(),
+            timeout=60,
+        )
+    finally:
+        stop_server(proc)
+    assert ran.returncode == 1
+    assert ran.stderr.startswith("mp mcp: ") and "--base URL" in ran.stderr

@@ -34,9 +34,14 @@ def run(name: str, args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"mp mcp needs the MCP SDK: pip install 'monitor-protocol[mcp]' ({exc})", file=sys.stderr)
         return 1
+    from ..store.sqlite import StoreLocked
+
     server = build(db=None if args.base else (args.db or DEFAULT_DB), base=args.base)
     try:
         asyncio.run(server.run_stdio())
     except KeyboardInterrupt:
         return 130
+    except StoreLocked as exc:
+        print(f"mp mcp: {exc} (use --base URL to go through the server that holds it)", file=sys.stderr)
+        return 1
     return 0
