@@ -418,8 +418,19 @@ def test(no_e2e: bool, extra: list[str]) -> None:
     ]
     if not no_e2e:
         steps.append(["pytest", "-q", "e2e", *extra])
+    collected = 0
     for step in steps:
-        run([str(VENV_PY), "-m", *step], cwd=ROOT)
+        cmd = [str(VENV_PY), "-m", *step]
+        log("$ " + " ".join(cmd))
+        code = subprocess.run(cmd, cwd=ROOT).returncode
+        if code == 5 and extra and step[0] == "pytest":
+            log(f"no test in {step[2]} matched {' '.join(extra)}")  # pytest's "nothing collected"
+            continue
+        if code != 0:
+            fail(f"{' '.join(step)} failed with exit code {code}")
+        collected += step[0] == "pytest"
+    if collected == 0:
+        fail(f"no test matched {' '.join(extra)}")
     log("all checks passed")
 
 
