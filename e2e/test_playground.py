@@ -344,3 +344,35 @@ def test_service_worker_without_an_engine_tab_answers_503(browser):
     open_playground(browser)
     again = other.evaluate("async () => (await fetch('/mp/v0/discover')).status")
     assert again == 200
+
+
+def test_without_indexeddb_the_page_says_memory_and_still_works(browser):
+    # Refuse the playground's database the way a browser with blocked storage does (PyScript's own cache
+    # keeps working, so the page can still start).
+    browser.context.add_init_script(
+        """const open = indexedDB.open.bind(indexedDB);
+           indexedDB.open = (name, version) => {
+             if (name === 'monitor-protocol-playground')
+               throw new DOMException('The user denied permission to access the database.', 'SecurityError');
+             return open(name, version);
+           };"""
+    )
+    page = open_playground(browser)
+    assert page.inner_text("#status-chip") == "ready · storage: memory — not saved"
+    story_step(page, 1)
+    assert page.locator("#log li.obs").count() >= 1
+
+
+def test_reset_clears_the_saved_log_after_confirming(browser):
+    page = open_playground(browser)
+    story_step(page, 1)
+    assert page.locator("#log li.obs").count() >= 1
+    page.once("dialog", lambda d: d.dismiss())  # cancelled: nothing is lost
+    act(page, "#reset-btn")
+    assert page.locator("#log li.obs").count() >= 1
+    page.once("dialog", lambda d: d.accept())
+    with page.expect_navigation():
+        page.click("#reset-btn")
+    page.wait_for_selector("body.ready", timeout=60_000)
+    assert page.locator("#log li.obs").count() == 0
+    assert page.inner_text("#story-count") == "Step 1 of 11"
