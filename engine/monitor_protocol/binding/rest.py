@@ -171,7 +171,8 @@ class RestRouter:
     def require_admin(self, req: Request) -> None:
         if self.admin_token is None:
             raise ProtocolError(
-                "NOT_FOUND", "No route: /mp/v0/admin/* exists only when the server is started with --allow-admin."
+                "NOT_FOUND",
+                "No route: /mp/v0/admin/* exists only when the server is started with --allow-admin.",
             )
         token = bearer(req)
         if not token or not tokens.matches(token, tokens.digest(self.admin_token)):
