@@ -114,9 +114,35 @@ def _ops(spec: dict[str, Any], i: int) -> tuple[str, str | None, str | None]:
     return spec["workload"], tokens[i % len(tokens)], subs[i % len(subs)]
 
 
+def _rpc_batch(sub: str | None, cursor: int | None) -> list[dict[str, Any]]:
+    """One HTTP request per round trip: ack what the previous pull returned, then pull the next one."""
+    calls = []
+    if cursor is not None:
+        calls.append(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "feeds/ack",
+                "params": {"subscription": sub, "cursor": cursor},
+            }
+        )
+    calls.append(
+        {"jsonrpc": "2.0", "id": 2, "method": "feeds/pull", "params": {"subscription": sub, "limit": 1}}
+    )
+    return calls
+
+
+def _rpc_result(status: int, body: Any, cursor: int | None) -> tuple[bool, int, int | None]:
+    if status != 200 or not isinstance(body, list) or any("error" in r for r in body):
+        return False, 0, cursor
+    pulled = body[-1]["result"]
+    return True, len(pulled["observations"]), pulled["next"]
+
+
 def run_sync(spec: dict[str, Any], res: Result, deadline: float) -> None:
     workload, token, sub = _ops(spec, 0)
     monitor = spec["extra"].get("monitor", "bench")
+    cursor: int | None = None
     c = SyncHttpx(spec["base"])
     try:
         for _ in range(MAX_OPS):
@@ -142,6 +168,11 @@ def run_sync(spec: dict[str, Any], res: Result, deadline: float) -> None:
                 st, body2 = c.request("POST", f"/subscriptions/{sub}/ack", token, {"cursor": body["next"]})
                 ok = st == 200
                 body = body2
+            elif workload == "rpcpullack":
+                st, body = c.request("POST", "/rpc", token, _rpc_batch(sub, cursor))
+                ok, n, cursor = _rpc_result(st, body, cursor)
+                if ok and n == 0:
+                    break
             else:
                 raise SystemExit(f"unknown workload {workload}")
             if ok:
@@ -156,6 +187,7 @@ def run_sync(spec: dict[str, Any], res: Result, deadline: float) -> None:
 async def run_task(spec: dict[str, Any], i: int, res: Result, deadline: float) -> None:
     workload, token, sub = _ops(spec, i)
     monitor = spec["extra"].get("monitor", "bench")
+    cursor: int | None = None
     c: Any = RawClient(spec["base"]) if spec["client"] == "raw" else AsyncHttpx(spec["base"])
     try:
         for _ in range(MAX_OPS):
@@ -182,6 +214,11 @@ async def run_task(spec: dict[str, Any], i: int, res: Result, deadline: float) -
                     "POST", f"/subscriptions/{sub}/ack", token, {"cursor": body["next"]}
                 )
                 ok = st == 200
+            elif workload == "rpcpullack":
+                st, body = await c.request("POST", "/rpc", token, _rpc_batch(sub, cursor))
+                ok, n, cursor = _rpc_result(st, body, cursor)
+                if ok and n == 0:
+                    break
             else:
                 raise SystemExit(f"unknown workload {workload}")
             if ok:

@@ -128,6 +128,9 @@ class Bench:
         self.log("transport limit: bare ASGI app on mp serve's uvicorn config")
         with bare_serve() as s:
             figs["transport_1"] = self.repeat(s, "bare", "bare ASGI, 1 client (httpx.Client)", tokens=["x"])
+            figs["transport_1_raw"] = self.repeat(
+                s, "bare", "bare ASGI, 1 client (raw asyncio)", tokens=["x"], client="raw"
+            )
             for key, c in C16.items():
                 runs = min(self.runs, 3) if c["procs"] > 1 else None
                 figs[f"transport_{key}"] = self.repeat(
@@ -191,6 +194,9 @@ class Bench:
             figs["publish_1"] = self.repeat(
                 s, "publish", "publish, 1 client (httpx.Client, keep-alive)", tokens=[tok]
             )
+            figs["publish_1_raw"] = self.repeat(
+                s, "publish", "publish, 1 client (raw asyncio, keep-alive)", tokens=[tok], client="raw"
+            )
             for key, c in C16.items():
                 runs = min(self.runs, 3) if c["procs"] > 1 else None
                 figs[f"publish_{key}"] = self.repeat(
@@ -248,6 +254,11 @@ class Bench:
                 s, "pullack", "pull(limit 1)+ack round trips, 1 client (raw asyncio)", subs=[sub], tokens=[tok],
                 client="raw",
             )  # fmt: skip
+            sub, tok = subscribe(s, "agent:pullack-rpc", start="earliest")
+            figs["pullack_1_rpc"] = self.repeat(
+                s, "rpcpullack", "ack+pull(limit 1) in one JSON-RPC batch request, 1 client (httpx.Client)",
+                subs=[sub], tokens=[tok],
+            )  # fmt: skip
             self.log(
                 "batch drain (limit 200 + ack), one client, a fresh subscription from the earliest each run"
             )
@@ -273,6 +284,12 @@ class Bench:
         with mp_serve(self.db("wake")) as s:
             owner = create_monitor(s)
             sub, tok = subscribe(s, "agent:waiter", start="head")
+            # Catch up first: subscribing appends its own `subscribed` row, which the reader must not count.
+            h = {"Authorization": f"Bearer {tok}"}
+            caught = httpx.get(
+                f"{s.base}/subscriptions/{sub}/pull", params={"limit": "200"}, headers=h
+            ).json()
+            httpx.post(f"{s.base}/subscriptions/{sub}/ack", json={"cursor": caught["next"]}, headers=h)
             from_reply: list[float] = []
             from_send: list[float] = []
             parked = threading.Event()
@@ -446,18 +463,25 @@ def ratios(c: dict[str, Any]) -> dict[str, Any]:
 
     pairs = {
         "publish_1_vs_transport_1": (med("publish", "figures", "publish_1"), med("limits", "figures", "transport_1")),
+        "publish_1_raw_vs_transport_1_raw": (med("publish", "figures", "publish_1_raw"), med("limits", "figures", "transport_1_raw")),
         "publish_16_vs_transport_16": (med("publish", "figures", "publish_raw16"), med("limits", "figures", "transport_raw16")),
         "publish_httpx_async16_vs_transport": (med("publish", "figures", "publish_httpx_async16"), med("limits", "figures", "transport_httpx_async16")),
         "publish_httpx_sync16p_vs_transport": (med("publish", "figures", "publish_httpx_sync16p"), med("limits", "figures", "transport_httpx_sync16p")),
         "publish_1_vs_storage_1": (med("publish", "figures", "publish_1"), med("limits", "figures", "storage_commit_1")),
         "publish_16_vs_storage_16": (med("publish", "figures", "publish_raw16"), med("limits", "figures", "storage_commit_16")),
         # A pull+ack round trip is two HTTP requests: compare requests/s with the transport's.
+        "pullack_raw_requests_vs_transport_1_raw": (
+            (med("pull", "figures", "pullack_1_raw") or 0) * 2 or None, med("limits", "figures", "transport_1_raw")),
         "pullack_requests_vs_transport_1": (
             (med("pull", "figures", "pullack_1") or 0) * 2 or None, med("limits", "figures", "transport_1")),
         # Each pull+ack commits twice (the pull records the delivered high-water mark; the ack the cursor).
         "pullack_commits_vs_storage_1": (
             (med("pull", "figures", "pullack_1") or 0) * 2 or None, med("limits", "figures", "storage_commit_1")),
     }  # fmt: skip
+    t1, s1 = med("limits", "figures", "transport_1"), med("limits", "figures", "storage_commit_1")
+    if t1 and s1:
+        # A sequential client pays one HTTP round trip and one fsync'd commit per publish, one after the other.
+        pairs["publish_1_vs_serial_ceiling"] = (med("publish", "figures", "publish_1"), 1 / (1 / t1 + 1 / s1))
     levels = dig(c, ("growth", "levels"))
     if isinstance(levels, list) and levels:
         storage_1 = med("limits", "figures", "storage_commit_1")
@@ -548,6 +572,75 @@ def table(c: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(c: dict[str, Any]) -> str:
+    """The results as Markdown tables (for docs/bench.md): ``python bench/run.py --markdown``."""
+    m = c["machine"]
+    out = [
+        f"Machine: {m['nproc']} x {m['cpu_model']}, Python {m['python']}, SQLite {m['sqlite']}, uvicorn "
+        f"{m['uvicorn']}, httpx {m['httpx']}; {m['platform']}. Date {m['date']}, commit `{(m['commit'] or '?')[:10]}`"
+        + (" (engine modified in the working tree)" if m.get("engine_dirty") else "")
+        + f"; {c.get('seconds', '?')} s in all.",
+        "",
+        "| figure | median | min | max | server CPU (cores) | client CPU (cores) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for sec in ("limits", "publish", "pull"):
+        for s in (dig(c, (sec, "figures")) or {}).values():
+            out.append(
+                f"| {s['what']} [{s['unit']}] | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} | "
+                f"{s.get('server_cpu_cores', '')} | {s.get('client_cpu_cores', '')} |"
+            )
+    for level in dig(c, ("growth", "levels")) or []:
+        for key in ("publish_1", "pull_1"):
+            s = level[key]
+            out.append(
+                f"| {s['what']} [{s['unit']}] | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} | "
+                f"{s.get('server_cpu_cores', '')} | {s.get('client_cpu_cores', '')} |"
+            )
+    out += [
+        "",
+        "| growth level | observations | fill (s) | database bytes | bytes/observation |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for level in dig(c, ("growth", "levels")) or []:
+        out.append(
+            f"| {level['observations']:,} | {level['observations']:,} | {level['fill_seconds']} | "
+            f"{level['db_bytes']:,} | {level['bytes_per_observation']} |"
+        )
+    wake = dig(c, ("wake", "figures")) or {}
+    if wake:
+        out += [
+            "",
+            "| wake latency | p10 | p50 | p90 | p99 | max | samples |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for s in wake.values():
+            out.append(
+                f"| {s['what']} (ms) | {fmt(s['p10'])} | {fmt(s['p50'])} | {fmt(s['p90'])} | {fmt(s['p99'])} | "
+                f"{fmt(s['max'])} | {s['samples']} |"
+            )
+    pg = c.get("playground") or {}
+    if pg.get("status") == "measured" or pg.get("data"):
+        d = pg["data"]
+        out += ["", "| playground (bench/playground_bench.py) | median | min | max |", "|---|---:|---:|---:|"]
+        rows = [("cold start to interactive (s)", d.get("cold_start_to_interactive_s")),
+                ("reload to interactive (s)", d.get("reload_to_interactive_s"))]  # fmt: skip
+        for k, v in (d.get("publish_into_indexeddb_per_s") or {}).items():
+            rows.append((f"publishes/s into IndexedDB, {k} in flight", v))
+        for name, v in rows:
+            if v:
+                out.append(f"| {name} | {fmt(v['median'])} | {fmt(v['min'])} | {fmt(v['max'])} |")
+    elif pg:
+        out += ["", f"Playground: not measured: {pg.get('error')}"]
+    out += ["", "| ratio | value |", "|---|---:|"]
+    out += [f"| {k} | {v} |" for k, v in (c.get("ratios") or {}).items()]
+    out += ["", "| target | value | verdict | share of target |", "|---|---:|---|---:|"]
+    for v in c.get("targets") or []:
+        share = "" if v.get("share_of_target") is None else f"{v['share_of_target']:.2f}"
+        out.append(f"| {v['label']} {v['target']} | {fmt(v['value'])} | {v['status']} | {share} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Monitor Protocol benchmarks (see docs/bench.md)")
     ap.add_argument(
@@ -564,7 +657,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--tmpdir", default=None, help="where the benchmark databases go (default: the system's)")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
+    ap.add_argument(
+        "--markdown", action="store_true", help="print bench/results/latest.json as Markdown; run nothing"
+    )
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads((RESULTS / "latest.json").read_text())))
+        return 0
     only = [n.strip() for o in args.only for n in o.split(",") if n.strip()]
     bad = [n for n in only if n not in SECTIONS]
     if bad:
