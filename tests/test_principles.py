@@ -263,3 +263,15 @@ def test_budget_and_evidence_limits(h):
         rt,
     )
     assert done.status == 200 and done.body["ok"] is True
+
+
+def test_admin_log_reads_without_a_subscription(h):
+    tok = h.monitor("ci")
+    h.publish("ci", tok, actor="probe:ci")
+    assert h.call("GET", "/admin/log", query=[("monitor", "ci")]).status == 401
+    r = h.call(
+        "GET", "/admin/log", token="admin-token", query=[("monitor", "ci"), ("from", "2"), ("limit", "5")]
+    )
+    assert r.status == 200 and [o["id"] for o in r.body["observations"]] == ["2"] and r.body["next"] == 3
+    st = h.call("GET", "/monitors/ci/state", token=tok).body
+    assert st["counters"]["subscriptions_active"] == 0  # reading the log subscribed nobody

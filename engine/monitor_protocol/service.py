@@ -1552,6 +1552,28 @@ class MonitorService:
 
         return self._call(run)
 
+    def read_log(self, monitor_id: str, from_seq: Any = 1, limit: Any = None) -> dict[str, Any]:
+        """The operator's view of a monitor's log (admin door): no subscription, no cursor, no commit."""
+
+        def run() -> dict[str, Any]:
+            rec = self._monitor_rec(monitor_id)
+            start = _as_int(from_seq, "from", minimum=0)
+            lim = DEFAULT_LIMIT if limit is None else _as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
+            rows = []
+            for event in self.store.scan(rec["id"], max(start, rec["_floor"], 1), rec["_head"]):
+                rows.append(event)
+                if len(rows) >= lim:
+                    break
+            return {
+                "monitor": rec["id"],
+                "head": rec["_head"],
+                "retention_floor": rec["_floor"],
+                "next": int(rows[-1]["id"]) + 1 if rows else rec["_head"] + 1,
+                "observations": rows,
+            }
+
+        return self._call(run)
+
     def snapshot(self) -> dict[str, Any]:
         def run() -> dict[str, Any]:
             subs_by_monitor: dict[str, list[Record]] = {}

@@ -338,3 +338,13 @@ def _compact(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
 def _snapshot(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
     r.require_admin(req)
     return Response(200, r.service.snapshot())
+
+
+@route("GET", "/admin/log")
+def _admin_log(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+    r.require_admin(req)
+    monitor = _single(req.query, "monitor")
+    if monitor is None:
+        raise ProtocolError("INVALID", "admin/log needs ?monitor=<id> (and optionally from=<seq>&limit=<n>).")
+    frm = _single(req.query, "from")
+    return Response(200, r.service.read_log(monitor, 1 if frm is None else frm, _single(req.query, "limit")))
