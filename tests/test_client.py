@@ -281,3 +281,28 @@ def test_cli_network_failure_and_help() -> None:
     ):
         shown = subprocess.run(mp_command(command, "--help"), capture_output=True, text=True, env=mp_env())
         assert shown.returncode == 0 and "usage: mp " + command in shown.stdout
+
+
+def test_cli_subscribe_http_prints_the_sink_secret(base: str) -> None:
+    created = mp(base, "monitors", "create", "hookm", "--type", TYPE, "--json")
+    owner = json.loads(created.stdout)["owner_token"]
+    secret = "whsec_" + "QUJD" * 8
+    sub = mp(
+        base,
+        "subscribe",
+        "hookm",
+        "--subscriber",
+        "hook:ci",
+        "--protocol",
+        "http",
+        "--sink",
+        "http://127.0.0.1:9/hook",
+        "--sink-secret",
+        secret,
+        "--token",
+        owner,
+    )
+    assert sub.returncode == 0, sub.stderr
+    assert f"sink_secret: {secret}" in sub.stdout.splitlines()
+    bad = mp(base, "subscribe", "hookm", "--subscriber", "hook:x", "--protocol", "http", "--token", owner)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: INVALID: ")

@@ -183,6 +183,11 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--protocol", help="pull|http|mcp")
         parser.add_argument("--reset-policy", dest="reset_policy", help="earliest|latest|none")
         parser.add_argument("--sink", help="push URL for protocol http")
+        parser.add_argument(
+            "--sink-secret",
+            dest="sink_secret",
+            help="webhook signing secret whsec_<base64> for protocol http (default: the server mints one)",
+        )
         parser.add_argument("--retire-after-mute-seconds", dest="retire_after_mute_seconds", type=int)
     elif name == "pull":
         parser.add_argument("subscription", help="subscription id (sub-...)")
@@ -292,6 +297,8 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
             f"capabilities={','.join(s.capabilities)}"
         )
         print(f"token: {result.token}")
+        if result.sink_secret:
+            print(f"sink_secret: {result.sink_secret}")
     elif name == "pull":
         for obs in result.observations:
             print(obs_line(obs))
@@ -352,6 +359,7 @@ def _call(name: str, args: argparse.Namespace, c: Any) -> Any:
             reset_policy=args.reset_policy,
             sink=args.sink,
             retire_after_mute_seconds=args.retire_after_mute_seconds,
+            sink_secret=args.sink_secret,
         )
     if name == "pull":
         return c.pull(
