@@ -41,6 +41,14 @@ def log_cards(page) -> list[dict]:
     )
 
 
+def state_counter(page, name: str) -> str:
+    return page.evaluate(
+        """name => [...document.querySelectorAll('#state dt')].find(e => e.textContent === name)
+                     .nextElementSibling.textContent""",
+        name,
+    )
+
+
 def answer_json(page, selector: str) -> dict:
     text = page.inner_text(selector)
     return json.loads(text[text.index("{") :])
@@ -54,7 +62,9 @@ def test_the_whole_story(browser):
     out = story_step(page, 1)
     assert "201 OK" in out
     assert len(page.inner_text("#owner-token")) >= 24
-    assert log_cards(page)[0]["type"] == "ai.mentu.monitor.configured"
+    # The timeline reads through the page's admin door: no subscription of its own pollutes the log,
+    # the counters or the gaps.
+    assert [c["type"] for c in log_cards(page)] == ["ai.mentu.monitor.configured"]
     next_step(page)
 
     # 2. a probe reports a failed build: measured, origin probe
@@ -64,11 +74,16 @@ def test_the_whole_story(browser):
     probe_seq = int(obs["id"])
     card = next(c for c in log_cards(page) if c["seq"] == probe_seq)
     assert "measured" in card["text"] and "probe:ci" in card["text"]
+    assert probe_seq == 2
+    assert "no_subscribers" in page.inner_text("#gaps")  # nobody reads yet, and the state says so
+    assert state_counter(page, "subscriptions_active") == "0"
     next_step(page)
 
     # 3. subscribe a reader: its own cursor at the start
     story_step(page, 3)
     assert page.inner_text("#readers .reader[data-reader='reader-a'] .cursor") == "0"
+    assert "no_subscribers" not in page.inner_text("#gaps")
+    assert state_counter(page, "subscriptions_active") == "1"
     next_step(page)
 
     # 4. pull: the reader holds a batch, the cursor has not moved
@@ -251,6 +266,7 @@ def test_curl_console_runs_readme_commands(browser):
 
 
 def test_second_tab_fetches_through_the_service_worker(browser):
+    browser.guard.expect_http_refusals = True  # the admin 404s below are on purpose
     owner = open_playground(browser)
     act(owner, "#story-do")
     token = owner.inner_text("#owner-token")
@@ -276,6 +292,18 @@ def test_second_tab_fetches_through_the_service_worker(browser):
         token,
     )
     assert posted["status"] == 201
+    # the page's admin door is not reachable through the shim: no admin routes there, token or not
+    for auth in ("", "Bearer " + token):
+        admin = second.evaluate(
+            """async (auth) => (await fetch('/mp/v0/admin/log?monitor=ci',
+                                           {headers: auth ? {Authorization: auth} : {}})).status""",
+            auth,
+        )
+        assert admin == 404
+    # positive control: the owner's timeline (admin door) and the follower's (IndexedDB) both show the post
+    seq = posted["body"]["seq"]
+    for page in (owner, second):
+        page.wait_for_function(f"document.querySelector('#log li.obs[data-seq=\"{seq}\"]') !== null")
 
 
 def test_two_tabs_never_fork_the_log(browser):

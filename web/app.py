@@ -116,6 +116,18 @@ class Engine:
         MP.announceOwner()
         return restored
 
+    async def read_log(self, monitor, from_seq, limit=200):
+        """The timeline's read, without a subscription. The owner tab uses its engine's admin door
+        (GET /mp/v0/admin/log, a token minted for this page load and never forwarded); a follower tab
+        holds no engine, so it reads the committed log straight from IndexedDB, read-only."""
+        if self.mode == "owner":
+            return await self.host.read_log(monitor, from_seq, limit)
+        if not self.ui_idb:
+            return Reply(503, {"code": "UNAVAILABLE", "error": "no log to read in this tab", "done": []})
+        rows = [json.loads(v) for v in json.loads(str(await MP.idb.readLog(monitor, from_seq, limit)))]
+        nxt = int(rows[-1]["id"]) + 1 if rows else from_seq
+        return Reply(200, {"monitor": monitor, "head": None, "next": nxt, "observations": rows})
+
     async def call(self, method, path, body=None, token=None, query=None):
         if self.mode == "owner":
             return await self.host.call(method, path, body=body, token=token, query=query)
@@ -138,7 +150,7 @@ class Engine:
 
 ENGINE = Engine()
 S = {}  # the UI's session (tokens, readers, workers, story step), saved in IndexedDB's "ui" store
-LOG = []  # the monitor's log as read through the log view (replay pulls)
+LOG = []  # the monitor's log as read by the timeline (admin door: no subscription, no cursor)
 VIEW = {"state": None, "head": 0, "flash": set(), "leases": {}, "tab": "story", "dead": set()}
 AUTO = {
     "on": False,
@@ -153,7 +165,7 @@ BUSY = asyncio.Lock()
 
 
 def fresh_session():
-    return {"monitor": None, "owner_token": None, "logsub": None, "readers": {}, "workers": {}, "step": 0}
+    return {"monitor": None, "owner_token": None, "readers": {}, "workers": {}, "step": 0}
 
 
 async def save_session():
@@ -539,17 +551,16 @@ def update_leases_from(obs_list):
 
 
 async def fetch_log():
-    sub = S.get("logsub")
-    if not sub:
+    monitor = S.get("monitor")
+    if not monitor:
         return
     while True:
         nxt = seq_of(LOG[-1]) + 1 if LOG else 1
-        r = await ENGINE.call(
-            "GET", f"/subscriptions/{sub['id']}/pull", token=sub["token"], query={"cursor": nxt, "limit": 200}
-        )
+        r = await ENGINE.read_log(monitor, nxt, 200)
         if r.status != 200:
             return
-        VIEW["head"] = r.body.get("head", VIEW["head"])
+        if r.body.get("head") is not None:
+            VIEW["head"] = r.body["head"]
         batch = r.body.get("observations") or []
         LOG.extend(batch)
         update_leases_from(batch)
@@ -563,6 +574,8 @@ async def fetch_state():
         return
     r = await ENGINE.call("GET", f"/monitors/{S['monitor']}/state", token=S.get("owner_token"))
     VIEW["state"] = r.body
+    if r.ok and ENGINE.mode != "owner":
+        VIEW["head"] = r.body.get("head", VIEW["head"])
 
 
 async def refresh():
@@ -583,14 +596,6 @@ async def define(body):
         S["shown_token"] = r.body["owner_token"]
         LOG.clear()
         VIEW["leases"].clear()
-        lv = await ENGINE.call(
-            "POST",
-            "/subscriptions",
-            {"monitor": body["id"], "subscriber": OWNER, "capabilities": ["observe"]},
-            token=S["owner_token"],
-        )
-        if lv.status == 201:
-            S["logsub"] = {"id": lv.body["subscription"]["id"], "token": lv.body["token"]}
         await save_session()
     await refresh()
     return r
@@ -1335,6 +1340,7 @@ async def load_session():
         if saved:
             S.update(json.loads(str(saved)))
     S.pop("shown_token", None)
+    S.pop("logsub", None)  # sessions saved before the timeline used the admin door
 
 
 async def main():

@@ -148,6 +148,16 @@ MP.idb = {
     }
     return done(tx);
   },
+  // A follower tab's timeline: one monitor's committed observations from seq `from`, read-only, in order.
+  // Keys are JSON ["observations","<monitor>/<seq, 20 digits>"], so one key range covers the monitor.
+  async readLog(monitor, from, limit) {
+    // The same text as Python's json.dumps (ASCII only: anything else as \uXXXX).
+    const ascii = (t) => t.replace(/[\u0080-\uffff]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+    const key = (seq) => ascii(JSON.stringify(["observations", `${monitor}/${String(seq).padStart(20, "0")}`]));
+    const range = IDBKeyRange.bound(key(Math.max(1, from)), key("99999999999999999999"));
+    const tx = db.transaction("records", "readonly");
+    return JSON.stringify(await req(tx.objectStore("records").getAll(range, limit)));
+  },
   async getUi() {
     const tx = db.transaction("ui", "readonly");
     const v = await req(tx.objectStore("ui").get("session"));

@@ -1,11 +1,17 @@
 """EngineHost: MonitorService + RestRouter over a MemoryStore, with a durability hook awaited after every
 call (the IndexedDB store in the browser). Every caller, the page's UI and the service-worker shim alike,
-goes through `call()`, so what a person sees is the real protocol answer (status + JSON)."""
+goes through `call()`, so what a person sees is the real protocol answer (status + JSON).
+
+The page itself also holds an admin door (`read_log`): a second router over the same service with an admin
+token minted per page load. The token never leaves this object, and the shim's requests are answered by
+the public router, which has no admin routes at all: a request through the service worker never gains
+rights it did not send."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -56,7 +62,9 @@ class EngineHost:
     ) -> None:
         self.store = store if store is not None else MemoryStore()
         self.service = MonitorService(self.store, clock=clock)
-        self.router = RestRouter(self.service)
+        self.router = RestRouter(self.service)  # what the shim (and any fetch) reaches: no admin routes
+        self._admin_token = secrets.token_urlsafe(32)  # minted per page load, never shown or forwarded
+        self._admin_router = RestRouter(self.service, admin_token=self._admin_token)
         self.persist = persist
         self.calls = 0
         self._waiters: dict[str, list[asyncio.Event]] = {}
@@ -79,8 +87,10 @@ class EngineHost:
         query: list[tuple[str, str]] | dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
         raw_body: bytes | None = None,
+        admin: bool = False,
     ) -> Reply:
-        """One REST call through the router; the changes it made are durable before this returns."""
+        """One REST call through the router; the changes it made are durable before this returns.
+        `admin=True` (the page's own reads only) goes through the admin router with the page's token."""
         if not path.startswith(API_PREFIX):
             path = API_PREFIX + path
         pairs = list(query.items()) if isinstance(query, dict) else list(query or [])
@@ -88,19 +98,22 @@ class EngineHost:
         hdrs = {k.lower(): v for k, v in (headers or {}).items() if k.lower() != "origin"}
         if token:
             hdrs["authorization"] = f"Bearer {token}"
+        if admin:
+            hdrs["authorization"] = f"Bearer {self._admin_token}"
+        router = self._admin_router if admin else self.router
         if raw_body is None:
             raw_body = b"" if body is None else json.dumps(body).encode()
         if raw_body:
             hdrs.setdefault("content-type", "application/json")
         request = Request(method.upper(), path, query=pairs, headers=hdrs, body=raw_body)
         self.calls += 1
-        response = self.router.handle(request)
+        response = router.handle(request)
         await self._durable()
         while response.long_poll is not None and response.long_poll.wait_seconds > 0:
             waited = await self._wait_for_append(response.long_poll.monitor, response.long_poll.wait_seconds)
             remaining = max(0.0, response.long_poll.wait_seconds - waited)
             request.query = [(k, v) for k, v in request.query if k != "wait"] + [("wait", f"{remaining:.3f}")]
-            response = self.router.handle(request)
+            response = router.handle(request)
             await self._durable()
             if remaining <= 0:
                 break
@@ -120,6 +133,12 @@ class EngineHost:
             if event in waiting:
                 waiting.remove(event)
         return loop.time() - start
+
+    async def read_log(self, monitor_id: str, from_seq: int = 1, limit: int = 200) -> Reply:
+        """The monitor's log without a subscription (GET /mp/v0/admin/log): no cursor, no commit, nothing
+        appended, so the timeline never shows up in the state's counters or gaps."""
+        query = {"monitor": monitor_id, "from": from_seq, "limit": limit}
+        return await self.call("GET", "/admin/log", query=query, admin=True)
 
     async def handle_shim(self, text: str) -> str:
         """Answer one forwarded request from the service worker (JSON in, JSON out)."""
