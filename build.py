@@ -22,6 +22,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -263,6 +264,18 @@ def sync_tree(files: dict[str, bytes | Path], dest: Path) -> int:
     return changed
 
 
+def quickstart_blocks(doc: Path = ROOT / "docs" / "serve.md") -> list[dict[str, str]]:
+    """docs/serve.md's quickstart, verbatim: every ```sh block with the sentence before it (the curl tab's
+    examples, so the console is always tried on exactly what the README says)."""
+    text = doc.read_text()
+    out = []
+    for m in re.finditer(r"```sh\n(.*?)```", text, re.S):
+        before = text[: m.start()].rstrip().split("\n\n")[-1].strip()
+        why = " ".join(before.split()) if not before.startswith("```") else ""
+        out.append({"why": why, "code": m.group(1)})
+    return out
+
+
 def build() -> Path:
     t0 = time.monotonic()
     if not (WEB / "index.html").exists():
@@ -300,6 +313,7 @@ def build() -> Path:
     for src in sorted(WEB.rglob("*")):
         if src.is_file() and "__pycache__" not in src.parts:
             files[src.relative_to(WEB).as_posix()] = src
+    files["quickstart.json"] = json.dumps(quickstart_blocks(), indent=1).encode()
     info = {
         "pyodide": PYODIDE_VERSION,
         "pyscript": PYSCRIPT_VERSION,

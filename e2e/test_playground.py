@@ -4,8 +4,9 @@ worker for a second tab, one writer across tabs, and the conformance suite, all 
 from __future__ import annotations
 
 import json
+import re
 
-from conftest import screenshot
+from conftest import ROOT, screenshot
 
 
 def open_playground(browser, page=None):
@@ -226,38 +227,84 @@ def test_reload_and_browser_restart_keep_everything(browser):
     assert page.locator("#log .tag.redelivered").count() == len(before)
 
 
-def test_curl_console_runs_readme_commands(browser):
-    browser.guard.expect_http_refusals = True  # the 404 below is on purpose
+def quickstart_blocks() -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / "serve.md").read_text(), re.S)
+
+
+def run_in_console(page, text: str) -> dict:
+    """Paste a script into the curl prompt, press Enter, wait until it has run; what it printed."""
+    n = page.evaluate("document.getElementById('term-out').children.length")
+    before = page.evaluate("MP.actionsDone + MP.actionsFailed")
+    page.fill("#curl-input", text)
+    page.press("#curl-input", "Enter")
+    page.wait_for_function(f"MP.actionsDone + MP.actionsFailed > {before}", timeout=30_000)
+    return page.evaluate(
+        """n => { const new_ = [...document.getElementById('term-out').children].slice(n);
+                  return {statuses: new_.filter(e => e.dataset.status).map(e => +e.dataset.status),
+                          errors: new_.filter(e => e.dataset.error).map(e => e.innerText),
+                          out: new_.filter(e => e.className === 'out').map(e => e.innerText),
+                          json: new_.filter(e => e.classList.contains('json')).map(e => e.innerText),
+                          notes: new_.filter(e => e.className === 'note').map(e => e.innerText)}; }""",
+        n,
+    )
+
+
+def test_curl_console_runs_the_readme_quickstart_verbatim(browser):
+    browser.guard.expect_http_refusals = True  # the 401 at the end is on purpose
     page = open_playground(browser)
     page.click("button[data-tab='curl']")
-
-    def run(cmd: str) -> tuple[int, str]:
-        n = page.locator("#term-out [data-status]").count()
-        page.fill("#curl-input", cmd)
-        page.press("#curl-input", "Enter")
-        page.wait_for_function(f"document.querySelectorAll('#term-out [data-status]').length > {n}")
-        status = page.locator("#term-out [data-status]").last
-        return int(status.get_attribute("data-status")), page.inner_text("#term-out")
-
-    status, _ = run("curl -s http://localhost:8130/mp/v0/discover")
-    assert status == 200
-    assert '"supportedVersions"' in page.inner_text("#term-out")
-    # The README's create command, then one using the saved owner token.
-    act(page, "#curl-examples li:nth-child(2) button")
-    assert page.input_value("#curl-input").startswith("curl -s -X POST http://localhost:8130/mp/v0/monitors ")
-    page.press("#curl-input", "Enter")
-    page.wait_for_function("document.querySelectorAll('#term-out [data-status]').length >= 2")
-    assert page.locator("#term-out [data-status]").last.get_attribute("data-status") == "201", (
-        page.inner_text("#term-out")
+    blocks = quickstart_blocks()
+    assert len(blocks) == 7
+    # the clickable examples are exactly the README's blocks
+    shown = page.eval_on_selector_all(
+        "#curl-examples li[data-group='quickstart'] button", "els => els.map(e => e.textContent)"
     )
-    status, _ = run(
-        "curl -s -X POST http://localhost:8130/mp/v0/monitors/deploys/observations "
-        "-H \"Authorization: Bearer $OWNER_TOKEN\" -H 'Content-Type: application/json' "
-        '-d \'{"type": "com.example.deploy", "subject": "web-1", "actor": "probe:deployer"}\''
+    assert shown == blocks
+
+    # 1. MP, the field() definition (built in), discover
+    r = run_in_console(page, blocks[0])
+    assert r["statuses"] == [200] and r["errors"] == [] and "# field: built in" in r["notes"]
+    # 2. define the monitor: the owner token flows through $(...) | field into $OWNER
+    r = run_in_console(page, blocks[1])
+    assert r["statuses"] == [201] and r["errors"] == []
+    owner = r["out"][0].removeprefix("owner token: ").strip()
+    assert len(owner) >= 24
+    # 3. publish as the producer
+    r = run_in_console(page, blocks[2])
+    assert r["statuses"] == [201] and r["errors"] == []
+    # 4. subscribe: "$SUB" | field '["subscription"]["id"]'
+    r = run_in_console(page, blocks[3])
+    assert r["statuses"] == [201] and r["errors"] == []
+    sub_id = r["out"][0].removeprefix("subscription ").strip()
+    assert re.fullmatch(r"sub-[0-9a-f]{8}", sub_id)
+    # 5. pull: the observation comes back, printed as python3 -c "print(...)" would
+    r = run_in_console(page, blocks[4])
+    assert r["statuses"] == [200] and r["errors"] == []
+    assert "'status': 'failed'" in r["out"][0] and "'actor': 'probe:ci'" in r["out"][0]
+    # 6. ack moves the cursor to $NEXT; the next pull is empty
+    r = run_in_console(page, blocks[5])
+    assert r["statuses"] == [200, 200] and r["errors"] == []
+    acked = json.loads(r["json"][0])
+    assert acked["cursor"] == 3 and acked["lag"] == 0  # $NEXT: past the creation (1) and the publish (2)
+    assert r["out"][-1].strip() == "[]"
+    # 7. publish again, long poll returns it at once, the state's confidence
+    r = run_in_console(page, blocks[6])
+    assert r["statuses"] == [201, 200, 200] and r["errors"] == []
+    assert r["out"][0].strip() == "build-413" and "'value': None" in r["out"][1]
+    # the reader's cursor really moved (read through the page's own Playground view of the engine)
+    state = page.evaluate(
+        """async ([sub, owner]) => (await (await fetch('/mp/v0/monitors/ci/state',
+                 {headers: {Authorization: 'Bearer ' + owner}})).json())""",
+        [sub_id, owner],
     )
-    assert status == 201
-    status, text = run("curl -s /mp/v0/monitors/deploys/state -H 'Authorization: Bearer wrong'")
-    assert status == 404 and "NOT_FOUND" in text  # a private monitor is invisible without its token
+    assert state["counters"]["subscriptions_active"] == 1
+
+    # outside the subset: said plainly, nothing sent
+    r = run_in_console(page, 'curl -sS "$MP/discover" | jq .')
+    assert r["statuses"] == [] and r["errors"][0].startswith("✗ not supported in this console: jq")
+    # a wrong token is refused by the engine, and the console shows the status
+    r = run_in_console(page, 'curl -sS "$MP/subscriptions/$SUB_ID/pull" -H "Authorization: Bearer wrong"')
+    assert r["statuses"] == [401]
     # history: up recalls the last command
     page.focus("#curl-input")
     page.press("#curl-input", "ArrowUp")

@@ -982,46 +982,23 @@ def schedule_refresh():
 
 
 # ============================================================================ curl console
-CURL = {"history": [], "pos": 0, "env": {"MP": "http://localhost:8130/mp/v0"}}
-EXAMPLES = [
-    ("Discover the server", "curl -s http://localhost:8130/mp/v0/discover"),
+# The README's quickstart (every ```sh block of docs/serve.md, verbatim) comes from quickstart.json, which
+# build.py extracts from the docs; the extras below use the same variable names.
+CURL = {"history": [], "pos": 0, "shell": None, "examples": []}
+EXTRAS = [
     (
-        "Create a monitor (the owner token is saved as $OWNER_TOKEN)",
-        "curl -s -X POST http://localhost:8130/mp/v0/monitors -H 'Content-Type: application/json' "
-        '-d \'{"id": "deploys", "name": "Deploys", "capabilities": ["observe", "act"], '
-        '"types": ["com.example.deploy"], "owner": "human:you"}\'',
+        "An agent asserts src (a person's certainty): refused, and the refusal is kept in the log",
+        'curl -sS -X POST "$MP/monitors/ci/observations" -H "Authorization: Bearer $OWNER" \\\n'
+        "  -H 'Content-Type: application/json' \\\n"
+        '  -d \'{"type": "com.example.ci.run", "subject": "build-412", "actor": "agent:claude", "tier": "src"}\'',
     ),
     (
-        "Publish as a probe",
-        "curl -s -X POST http://localhost:8130/mp/v0/monitors/deploys/observations "
-        "-H \"Authorization: Bearer $OWNER_TOKEN\" -H 'Content-Type: application/json' "
-        '-d \'{"type": "com.example.deploy", "subject": "web-1", "actor": "probe:deployer", '
-        '"data": {"status": "ok"}}\'',
+        "A wrong reader token: 401, however the subscription is named",
+        'curl -sS "$MP/subscriptions/$SUB_ID/pull" -H "Authorization: Bearer wrong"',
     ),
     (
-        "An agent asserts src: refused",
-        "curl -s -X POST http://localhost:8130/mp/v0/monitors/deploys/observations "
-        "-H \"Authorization: Bearer $OWNER_TOKEN\" -H 'Content-Type: application/json' "
-        '-d \'{"type": "com.example.deploy", "subject": "web-1", "actor": "agent:claude", "tier": "src"}\'',
-    ),
-    (
-        "Subscribe (reader token saved as $TOKEN, id as $SUB)",
-        'curl -s -X POST http://localhost:8130/mp/v0/subscriptions -H "Authorization: Bearer $OWNER_TOKEN" '
-        '-H \'Content-Type: application/json\' -d \'{"monitor": "deploys", "subscriber": "agent:me"}\'',
-    ),
-    (
-        "Pull (next saved as $NEXT)",
-        'curl -s "$MP/subscriptions/$SUB/pull?limit=10" -H "Authorization: Bearer $TOKEN"',
-    ),
-    (
-        "Ack what was pulled",
-        'curl -s -X POST "$MP/subscriptions/$SUB/ack" -H "Authorization: Bearer $TOKEN" '
-        "-H 'Content-Type: application/json' -d '{\"cursor\": $NEXT}'",
-    ),
-    ("Read the state", 'curl -s "$MP/monitors/deploys/state" -H "Authorization: Bearer $OWNER_TOKEN"'),
-    (
-        "A wrong token: a private monitor is invisible (404)",
-        'curl -s "$MP/monitors/deploys/state" -H "Authorization: Bearer nope"',
+        "The whole log through the reader, replayed from seq 1 (read-only)",
+        'curl -sS "$MP/subscriptions/$SUB_ID/pull?cursor=1" -H "Authorization: Bearer $READER" | field \'["observations"]\'',
     ),
 ]
 
@@ -1034,83 +1011,106 @@ def term_print(html_text):
 
 
 def remember(body):
+    """A single, unpiped curl's answer: keep its tokens under the quickstart's own variable names."""
     if not isinstance(body, dict):
         return []
-    env = CURL["env"]
+    env = CURL["shell"].env
     saved = []
     if body.get("owner_token"):
-        env["OWNER_TOKEN"] = body["owner_token"]
-        saved.append("OWNER_TOKEN")
-    if body.get("token"):
-        env["TOKEN"] = body["token"]
-        saved.append("TOKEN")
+        env["OWNER"] = body["owner_token"]
+        saved.append("OWNER")
     sub = body.get("subscription")
-    if isinstance(sub, dict) and sub.get("id"):
-        env["SUB"] = sub["id"]
-        saved.append("SUB")
-    if "next" in body and isinstance(body.get("next"), int):
+    if isinstance(sub, dict) and sub.get("id") and body.get("token"):
+        env["SUB_ID"] = sub["id"]
+        env["READER"] = body["token"]
+        saved += ["SUB_ID", "READER"]
+    if isinstance(body.get("next"), int) and "observations" in body:
         env["NEXT"] = str(body["next"])
         saved.append("NEXT")
     return saved
 
 
-async def curl_run(command):
-    command = command.strip()
-    if not command:
-        return
-    CURL["history"].append(command)
-    CURL["pos"] = len(CURL["history"])
-    term_print(f"<div class='cmd'>$ {esc(command)}</div>")
-    origin = str(js.location.origin)
-    try:
-        call = curl.parse(command, origin, CURL["env"])
-    except curl.CurlError as exc:
-        term_print(f"<div class='st-err'>curl: {esc(exc)}</div>")
-        return
+def term_emit(kind, text, extra):
+    if kind == "cmd":
+        term_print(f"<div class='cmd'>$ {esc(text)}</div>")
+    elif kind == "out":
+        term_print(f"<div class='out'>{esc(text)}</div>")
+    elif kind == "note":
+        term_print(f"<div class='note'># {esc(text.lstrip('# '))}</div>")
+    elif kind == "error":
+        term_print(f"<div class='st-err' data-error='1'>✗ {esc(text)}</div>")
+    elif kind == "http":
+        status, data = extra["status"], extra["data"]
+        ok = 200 <= status < 300
+        code = f" {data.get('code')}" if isinstance(data, dict) and data.get("code") and not ok else ""
+        where = "" if extra["shown"] else " · output piped or captured"
+        pretty = json.dumps(data, indent=2, ensure_ascii=False) if data is not None else text
+        saved = remember(data) if extra["remember"] else []
+        note = f"<div class='note'># saved ${', $'.join(saved)}</div>" if saved else ""
+        term_print(
+            f"<div class='{'st-ok' if ok else 'st-err'}' data-status='{status}'>{'✓' if ok else '✗'} HTTP "
+            f"{status}{esc(code)} <span class='note'>{esc(extra['method'])} "
+            f"{esc(extra['url'].split('/mp/v0', 1)[-1])}{where}</span></div>"
+            f"<div class='{'json' if extra['shown'] else 'json piped'}'>{esc(pretty)}</div>{note}"
+        )
+
+
+async def page_fetch(call):
     opts = {"method": call.method, "headers": call.headers}
     if call.body is not None:
         opts["body"] = call.body
-    try:
-        resp = await js.fetch(call.url, to_js(opts, dict_converter=js.Object.fromEntries))
-        status = int(resp.status)
-        text = str(await resp.text())
-    except Exception as exc:  # fetch itself failed (no service worker, network)
-        term_print(f"<div class='st-err'>curl: (7) {esc(exc)}</div>")
+    resp = await js.fetch(call.url, to_js(opts, dict_converter=js.Object.fromEntries))
+    return int(resp.status), str(await resp.text())
+
+
+async def curl_run(command):
+    if not command.strip():
         return
-    try:
-        data = json.loads(text) if text else None
-        pretty = json.dumps(data, indent=2, ensure_ascii=False) if data is not None else ""
-    except ValueError:
-        data, pretty = None, text
-    cls = "st-ok" if 200 <= status < 300 else "st-err"
-    code = f" {data.get('code')}" if isinstance(data, dict) and data.get("code") and status >= 400 else ""
-    saved = remember(data)
-    note = f"<div class='note'># saved ${', $'.join(saved)}</div>" if saved else ""
-    term_print(
-        f"<div class='{cls}' data-status='{status}'>HTTP {status}{esc(code)}</div><div>{esc(pretty)}</div>{note}"
-    )
+    CURL["history"].append(command.strip())
+    CURL["pos"] = len(CURL["history"])
+    await CURL["shell"].run(command)
     schedule_refresh()
 
 
-def render_examples():
-    ul = doc.getElementById("curl-examples")
-    ul.innerHTML = "".join(
-        f"<li><div class='why'>{esc(why)}</div><button data-act='curl-example' data-i='{i}'>{esc(cmd)}</button></li>"
-        for i, (why, cmd) in enumerate(EXAMPLES)
+async def render_examples():
+    CURL["shell"] = curl.Shell(
+        str(js.location.origin), page_fetch, term_emit, {"MP": "http://127.0.0.1:8130/mp/v0"}
     )
+    try:
+        resp = await js.fetch("./quickstart.json")
+        quick = [(b["why"], b["code"]) for b in json.loads(str(await resp.text()))]
+    except Exception as exc:  # shown, never hidden: the extras still work
+        quick = []
+        js.console.warn(f"quickstart.json: {exc!r}")
+    CURL["examples"] = quick + EXTRAS
+    ul = doc.getElementById("curl-examples")
+    items = []
+    for i, (why, cmd) in enumerate(CURL["examples"]):
+        if i == len(quick):
+            items.append("<li class='sub'><h4>More</h4></li>")
+        group = "quickstart" if i < len(quick) else "extra"
+        items.append(
+            f"<li data-group='{group}'><div class='why'>{esc(why)}</div>"
+            f"<button data-act='curl-example' data-i='{i}'>{esc(cmd)}</button></li>"
+        )
+    ul.innerHTML = "".join(items)
     term_print(
-        "<div class='note'># The engine of this page answers /mp/v0 through the service worker. "
-        "Paste a curl command or click an example.</div>"
+        "<div class='note'># This page's engine answers /mp/v0 through the service worker; "
+        "http://127.0.0.1:8130 and http://localhost:8130 mean this page. Paste the quickstart of docs/serve.md "
+        "(or click a block), Enter runs it; Shift+Enter adds a line.</div>"
     )
 
 
 def on_curl_key(evt):
     box = doc.getElementById("curl-input")
-    if evt.key == "Enter" and not evt.shiftKey:
+    if evt.key == "Enter" and not evt.shiftKey and not curl.incomplete(box.value):
         evt.preventDefault()
         cmd = box.value
         box.value = ""
+        box.rows = 1
         run_task(curl_run(cmd))
+    elif evt.key == "Enter":
+        box.rows = min(12, box.value.count("\n") + 2)  # a continuation: the newline goes in
     elif evt.key == "ArrowUp" and "\n" not in box.value:
         if CURL["history"]:
             evt.preventDefault()
@@ -1244,10 +1244,12 @@ async def dispatch(act, el):
         box = doc.getElementById("curl-input")
         cmd = box.value
         box.value = ""
+        box.rows = 1
         return await curl_run(cmd)
     if act == "curl-example":
         box = doc.getElementById("curl-input")
-        box.value = EXAMPLES[int(el.getAttribute("data-i"))][1]
+        box.value = CURL["examples"][int(el.getAttribute("data-i"))][1]
+        box.rows = min(12, box.value.count("\n") + 1)
         box.focus()
         return None
     if act == "conformance-run":
@@ -1363,7 +1365,7 @@ async def main():
         asyncio.ensure_future(take_over_when_free())
     await load_session()
     await refresh()
-    render_examples()
+    await render_examples()
     set_chip()
     click = create_proxy(on_click)
     doc.addEventListener("click", click)

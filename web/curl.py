@@ -1,19 +1,44 @@
-"""Parse a pasted curl command into a fetch() call for the playground's own origin."""
+"""The curl console's shell: a small, honest subset of sh, enough to run docs/serve.md's quickstart verbatim.
+
+Supported (anything else is refused with "not supported in this console: ..."):
+
+- statements separated by newlines or `;`, `\\` line continuations, quotes spanning lines, `#` comments;
+- variables: `NAME=word`, `$NAME`, `${NAME}`, `${NAME:-default}`; command substitution `$(...)`;
+- quoting: '...' (literal), "..." (with `\\"`, `\\\\`, `\\$` and expansions inside);
+- pipelines of `curl`, `echo [-n]` and `field '<subscript path>'`, and a final `> /dev/null`;
+- `field() { ...; }` is accepted and ignored: `field` is built in. It reads JSON from its input and prints
+  the value at a path of `["key"]` and `[int]` steps (no eval), as Python's print() would.
+
+curl takes `-X`, `-H`, `-d`/`--data*`, `--json`, `-s`, `-S`, `-f`, `--fail-with-body` (and friends); the
+README's server (`http://127.0.0.1:8130`, `http://localhost:8130`) is rewritten to the page's origin, and
+the request is sent by the caller's `fetch` (the page uses the browser's fetch, through the service worker).
+This module has no browser dependency: the page passes `fetch` and `emit` callbacks.
+"""
 
 from __future__ import annotations
 
+import json
 import re
-import shlex
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 LOCAL_HOSTS = ("localhost:8130", "127.0.0.1:8130", "[::1]:8130", "0.0.0.0:8130")
 DATA_FLAGS = ("-d", "--data", "--data-raw", "--data-binary", "--data-ascii", "--json")
 IGNORED_FLAGS = ("-s", "--silent", "-S", "--show-error", "-i", "--include", "-v", "--verbose", "-L", "--location",
                  "-f", "--fail", "--fail-with-body", "--compressed", "-N", "--no-buffer", "-sS", "-fsS", "-sSf")  # fmt: skip
+FUNC_START = re.compile(r"([A-Za-z_]\w*)\s*\(\s*\)\s*\{")
+NAME = re.compile(r"[A-Za-z_]\w*")
+ASSIGN = re.compile(r"^([A-Za-z_]\w*)=")
+STEP = re.compile(r"""\s*\[\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|(-?\d+))\s*\]""")
 
 
 class CurlError(ValueError):
-    pass
+    """A command this console cannot run; the message says what to do instead."""
+
+
+class Unsupported(CurlError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"not supported in this console: {what}")
 
 
 @dataclass
@@ -24,89 +49,488 @@ class CurlCall:
     body: str | None = None
 
 
-def expand(text: str, env: dict[str, str]) -> str:
-    """Substitute $NAME and ${NAME} from the console's saved values (tokens from earlier answers)."""
-
-    def sub(m: re.Match) -> str:
-        name = m.group(1) or m.group(2)
-        if name not in env:
-            raise CurlError(f"${name} is not set yet: run the command that returns it first")
-        return env[name]
-
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", sub, text)
-
-
-def parse(command: str, origin: str, env: dict[str, str] | None = None) -> CurlCall:
-    text = command.strip().replace("\\\r\n", " ").replace("\\\n", " ")
-    if not text:
-        raise CurlError("type a curl command, e.g. curl -s http://localhost:8130/mp/v0/discover")
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise CurlError(f"cannot parse the command: {exc} (check the quotes)") from exc
-    if not words or words[0] != "curl":
-        raise CurlError("only curl commands run here; start with: curl")
-    env = env or {}
+# ------------------------------------------------------------------------------------------- curl itself
+def parse_args(args: list[str], origin: str) -> CurlCall:
+    """curl's arguments (already expanded) as one request to the page's own origin."""
     method: str | None = None
     headers: dict[str, str] = {}
     body: str | None = None
     url: str | None = None
-    i = 1
-    while i < len(words):
-        w = words[i]
-
-        def value(i: int = i, w: str = w) -> str:
-            if i + 1 >= len(words):
-                raise CurlError(f"{w} needs a value")
-            return expand(words[i + 1], env)
-
-        if w in ("-X", "--request"):
-            method = value().upper()
+    i = 0
+    while i < len(args):
+        w = args[i]
+        if w in ("-X", "--request", "-H", "--header", *DATA_FLAGS):
+            if i + 1 >= len(args):
+                raise CurlError(f"curl: {w} needs a value")
+            v = args[i + 1]
             i += 2
-        elif w in DATA_FLAGS:
-            body = value()
-            if w == "--json":
-                headers.setdefault("Content-Type", "application/json")
-            i += 2
-        elif w in ("-H", "--header"):
-            raw = value()
-            if ":" not in raw:
-                raise CurlError(f"header {raw!r} should look like 'Name: value'")
-            name, val = raw.split(":", 1)
-            headers[name.strip()] = val.strip()
-            i += 2
+            if w in ("-X", "--request"):
+                method = v.upper()
+            elif w in ("-H", "--header"):
+                if ":" not in v:
+                    raise CurlError(f"curl: header {v!r} should look like 'Name: value'")
+                name, val = v.split(":", 1)
+                headers[name.strip()] = val.strip()
+            else:
+                body = v
+                if w == "--json":
+                    headers.setdefault("Content-Type", "application/json")
         elif w in IGNORED_FLAGS:
             i += 1
         elif w.startswith("-X") and len(w) > 2:
             method = w[2:].upper()
             i += 1
         elif w.startswith("-"):
-            raise CurlError(f"option {w} is not supported here (use -X, -H, -d, -s)")
+            raise Unsupported(f"the curl option {w} (use -X, -H, -d, -s, -S, --fail-with-body)")
         else:
             if url is not None:
-                raise CurlError(f"two URLs given ({url} and {w})")
-            url = expand(w, env)
+                raise CurlError(f"curl: two URLs given ({url} and {w})")
+            url = w
             i += 1
     if url is None:
-        raise CurlError("no URL given, e.g. http://localhost:8130/mp/v0/discover")
-    url = to_origin(url, origin)
-    if method is None:
-        method = "POST" if body is not None else "GET"
+        raise CurlError("curl: no URL given, e.g. http://localhost:8130/mp/v0/discover")
     if body is not None and body.startswith("@"):
-        raise CurlError("files (-d @file) cannot be read in the browser; paste the JSON instead")
-    return CurlCall(method, url, headers, body)
+        raise Unsupported("reading a file (-d @file); paste the JSON instead")
+    return CurlCall(method or ("POST" if body is not None else "GET"), to_origin(url, origin), headers, body)
 
 
 def to_origin(url: str, origin: str) -> str:
     """localhost:8130 (the README's server) becomes this page's origin; relative URLs stay relative."""
-    m = re.match(r"^(https?://)?([^/]+)(/.*)?$", url)
     if url.startswith("/"):
         return origin + url
+    m = re.match(r"^(https?://)?([^/?#]+)([/?#].*)?$", url)
     if m is None:
-        raise CurlError(f"cannot read the URL {url!r}")
+        raise CurlError(f"curl: cannot read the URL {url!r}")
     host, path = m.group(2), m.group(3) or "/"
     if host in LOCAL_HOSTS or origin.endswith("//" + host):
         return origin + path
     raise CurlError(
-        f"{host} is another host: the playground only reaches its own engine (use localhost:8130)"
+        f"curl: {host} is another host: the playground only reaches its own engine (use localhost:8130)"
     )
+
+
+# ------------------------------------------------------------------------------------------- field
+def subscript(value, path: str):
+    """Apply a Python subscript path made only of ["key"] and [int] steps (no eval)."""
+    pos = 0
+    steps = []
+    while pos < len(path.rstrip()):
+        m = STEP.match(path, pos)
+        if m is None:
+            raise Unsupported(f'field path {path!r}: only ["key"] and [int] steps')
+        if m.group(3) is not None:
+            steps.append(int(m.group(3)))
+        else:
+            raw = m.group(1) if m.group(1) is not None else m.group(2)
+            steps.append(re.sub(r"\\(.)", r"\1", raw))
+        pos = m.end()
+    for step in steps:
+        if isinstance(step, int) and not isinstance(value, list):
+            raise CurlError(f"TypeError: {type(value).__name__} indices must be keys, not int ({step})")
+        if isinstance(step, str) and not isinstance(value, dict):
+            raise CurlError(f"TypeError: cannot look up {step!r} in {type(value).__name__}")
+        try:
+            value = value[step]
+        except (KeyError, IndexError):
+            raise CurlError(f"{'KeyError' if isinstance(step, str) else 'IndexError'}: {step!r}") from None
+    return value
+
+
+# ------------------------------------------------------------------------------------------- lexing
+@dataclass
+class Word:
+    parts: list  # ("lit", text) | ("var", name, default_parts | None) | ("cmd", script)
+
+
+class Lexer:
+    """Words and operators of one script; expansions are kept as parts and done when the line runs."""
+
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.s[j] if j < len(self.s) else ""
+
+    def statements(self, closing: str = "") -> list[tuple[str, list]]:
+        """[(source text, tokens)]: tokens are Word, "|" or ">"; stops at `closing` (for `$(`)."""
+        out: list[tuple[str, list]] = []
+        tokens: list = []
+        start = self.i
+        while True:
+            c = self.peek()
+            if c == "" or (closing and c == closing):
+                if c == "" and closing:
+                    raise CurlError("unterminated $( ... ): a ) is missing")
+                break
+            if c in " \t":
+                self.i += 1
+            elif c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+            elif c in "\n;":
+                out.append((self.s[start : self.i], tokens))
+                tokens = []
+                self.i += 1
+                start = self.i
+            elif c == "#":
+                while self.peek() not in ("", "\n"):
+                    self.i += 1
+            elif c == "|":
+                if self.peek(1) == "|":
+                    raise Unsupported("|| (use one command per line)")
+                tokens.append("|")
+                self.i += 1
+            elif c == ">":
+                tokens.append(">")
+                self.i += 1
+            elif c == "&":
+                raise Unsupported("&& and & (use one command per line)")
+            elif c == "`":
+                raise Unsupported("backquotes (use $(...))")
+            elif c == "<":
+                raise Unsupported("< (input redirects)")
+            elif c in "()":
+                raise Unsupported(f"{c} outside $(...) (subshells, groups)")
+            elif not tokens and FUNC_START.match(self.s, self.i):
+                out.append(self._function_definition(start))
+                tokens = []
+                start = self.i
+            else:
+                tokens.append(self.word())
+        out.append((self.s[start : self.i], tokens))
+        return [(src.strip(), toks) for src, toks in out if toks]
+
+    def _function_definition(self, start: int) -> tuple[str, list]:
+        """`name() { ...; }`: returned whole and untokenised, up to its closing brace."""
+        depth = 0
+        j = self.i
+        while j < len(self.s):
+            ch = self.s[j]
+            if ch == "'":
+                j = self.s.find("'", j + 1)
+                if j < 0:
+                    break
+            elif ch == '"':
+                j += 1
+                while j < len(self.s) and self.s[j] != '"':
+                    j += 2 if self.s[j] == "\\" else 1
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    name = FUNC_START.match(self.s, self.i).group(1)
+                    self.i = j + 1
+                    return (self.s[start : j + 1], ["func", name])
+            j += 1
+        raise CurlError("unterminated function definition: a } is missing")
+
+    def word(self) -> Word:
+        parts: list = []
+        while True:
+            c = self.peek()
+            if c == "" or c in " \t\n;|&<>`()":
+                break
+            if c == "\\":
+                nxt = self.peek(1)
+                self.i += 2
+                if nxt != "\n":
+                    parts.append(("lit", nxt))
+            elif c == "'":
+                end = self.s.find("'", self.i + 1)
+                if end < 0:
+                    raise CurlError("unterminated ' quote")
+                parts.append(("lit", self.s[self.i + 1 : end]))
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                parts.append(("lit", ""))  # "" is a word even when empty
+                parts.extend(self._double_quoted())
+            elif c == "$":
+                parts.append(self.dollar())
+            else:
+                parts.append(("lit", c))
+                self.i += 1
+        return Word(parts)
+
+    def _double_quoted(self) -> list:
+        parts: list = []
+        while True:
+            c = self.peek()
+            if c == "":
+                raise CurlError('unterminated " quote')
+            if c == '"':
+                self.i += 1
+                return parts
+            if c == "\\":
+                nxt = self.peek(1)
+                self.i += 2
+                if nxt == "\n":
+                    continue
+                parts.append(("lit", nxt if nxt in '"\\$`' else "\\" + nxt))
+            elif c == "$":
+                parts.append(self.dollar())
+            elif c == "`":
+                raise Unsupported("backquotes (use $(...))")
+            else:
+                parts.append(("lit", c))
+                self.i += 1
+
+    def dollar(self) -> tuple:
+        self.i += 1
+        c = self.peek()
+        if c == "(":
+            if self.peek(1) == "(":
+                raise Unsupported("arithmetic $(( ))")
+            self.i += 1
+            inner = Lexer(self.s)
+            inner.i = self.i
+            stmts = inner.statements(closing=")")
+            self.i = inner.i + 1
+            return ("cmd", stmts)
+        if c == "{":
+            end = self.i + 1
+            m = NAME.match(self.s, end)
+            if m is None:
+                raise Unsupported("${...} other than ${NAME} and ${NAME:-default}")
+            self.i = m.end()
+            if self.peek() == "}":
+                self.i += 1
+                return ("var", m.group(0), None)
+            if self.s.startswith(":-", self.i):
+                self.i += 2
+                default: list = []
+                while self.peek() != "}":
+                    if self.peek() == "":
+                        raise CurlError("unterminated ${...}")
+                    if self.peek() == "$":
+                        default.append(self.dollar())
+                    elif self.peek() in "'\"\\":
+                        raise Unsupported("quotes or escapes inside ${NAME:-default}")
+                    else:
+                        default.append(("lit", self.peek()))
+                        self.i += 1
+                self.i += 1
+                return ("var", m.group(0), default)
+            raise Unsupported("${...} other than ${NAME} and ${NAME:-default}")
+        m = NAME.match(self.s, self.i)
+        if m is None:
+            if c in "?#@*!$0123456789-":
+                raise Unsupported(f"${c}")
+            return ("lit", "$")
+        self.i = m.end()
+        return ("var", m.group(0), None)
+
+
+def incomplete(text: str) -> bool:
+    """True while a typed script still needs lines: a trailing \\, an open quote, $( or { ... }."""
+    if text.rstrip(" \t").endswith("\\") or text.rstrip().endswith("|"):
+        return True
+    try:
+        split(text)
+    except Unsupported:
+        return False
+    except CurlError as exc:
+        return "unterminated" in str(exc)
+    return False
+
+
+def split(text: str) -> list[tuple[str, list]]:
+    """[(statement source, tokens)] of a pasted script; a function definition's tokens are ["func", name]."""
+    return Lexer(text.replace("\r\n", "\n")).statements()
+
+
+# ------------------------------------------------------------------------------------------- running
+Fetch = Callable[[CurlCall], Awaitable[tuple[int, str]]]
+Emit = Callable[[str, str, dict], None]  # (kind, text, extra): kinds cmd, out, http, note, error
+
+
+class Shell:
+    """Runs a pasted script statement by statement. `fetch(call) -> (status, body text)` sends a request;
+    `emit(kind, text, extra)` shows a line: `cmd` (the statement), `http` (a curl's status and pretty
+    JSON, extra: status, data), `out` (what the statement printed), `note`, `error`."""
+
+    def __init__(self, origin: str, fetch: Fetch, emit: Emit, env: dict[str, str] | None = None) -> None:
+        self.origin = origin
+        self.fetch = fetch
+        self.emit = emit
+        self.env: dict[str, str] = env if env is not None else {}
+        self.last_status = 0
+
+    async def run(self, text: str) -> int:
+        """Every statement in order (an error stops only that statement, as in sh); the last status."""
+        try:
+            stmts = split(text)
+        except CurlError as exc:
+            self.emit("cmd", text.strip(), {})
+            self.emit("error", str(exc), {})
+            self.last_status = 2
+            return 2
+        for src, tokens in stmts:
+            self.emit("cmd", src, {})
+            try:
+                out, status = await self.statement(tokens, top=True)
+            except CurlError as exc:
+                self.emit("error", str(exc), {})
+                status, out = (2 if isinstance(exc, Unsupported) else 1), ""
+            if out:
+                self.emit("out", out, {})
+            self.last_status = status
+        return self.last_status
+
+    async def statement(self, tokens: list, top: bool = False) -> tuple[str, int]:
+        if tokens and tokens[0] == "func":
+            if tokens[1] != "field":
+                raise Unsupported(f"defining shell functions ({tokens[1]}); only field is built in")
+            self.emit("note", "field: built in", {})
+            return "", 0
+        assigns: list[tuple[str, Word]] = []
+        rest = list(tokens)
+        while rest and isinstance(rest[0], Word) and self._assignment(rest[0]) is not None:
+            assigns.append(self._assignment(rest.pop(0)))
+        if assigns and rest:
+            raise Unsupported("VAR=value before a command (set it on its own line)")
+        if assigns:
+            status = 0
+            for name, word in assigns:
+                value, status = await self.expand(word)
+                self.env[name] = value
+            return "", status
+        return await self.pipeline(rest, top)
+
+    def _assignment(self, word: Word) -> tuple[str, Word] | None:
+        if not word.parts or word.parts[0][0] != "lit":
+            return None
+        lit = ""
+        k = 0
+        while k < len(word.parts) and word.parts[k][0] == "lit" and "=" not in lit:
+            lit += word.parts[k][1]
+            k += 1
+        m = ASSIGN.match(lit)
+        if m is None or not lit.startswith(m.group(0)):
+            return None
+        rest_lit = lit[len(m.group(0)) :]
+        value = ([("lit", rest_lit)] if rest_lit else []) + word.parts[k:]
+        return m.group(1), Word(value)
+
+    @staticmethod
+    def _literal(word: Word) -> str | None:
+        return "".join(p[1] for p in word.parts) if all(p[0] == "lit" for p in word.parts) else None
+
+    async def pipeline(self, tokens: list, top: bool) -> tuple[str, int]:
+        discard = False
+        if ">" in tokens:
+            k = tokens.index(">")
+            target = tokens[k + 1 :]
+            plain = [self._literal(t) for t in target] if all(isinstance(t, Word) for t in target) else []
+            if plain != ["/dev/null"]:
+                raise Unsupported("redirects other than > /dev/null")
+            tokens, discard = tokens[:k], True
+        stages: list[list[Word]] = [[]]
+        for tok in tokens:
+            if tok == "|":
+                stages.append([])
+            elif isinstance(tok, Word):
+                stages[-1].append(tok)
+            else:
+                raise Unsupported(str(tok))
+        if any(not s for s in stages):
+            raise CurlError("a | with no command on one side")
+        for stage in stages:  # refuse before anything is sent
+            self._check_command(self._literal(stage[0]))
+        data: str | None = None
+        status = 0
+        for n, stage in enumerate(stages):
+            args = []
+            for w in stage:
+                value, _ = await self.expand(w)
+                args.append(value)
+            name = args[0]
+            shown = top and n == len(stages) - 1 and not discard  # the statement's own output
+            if name == "curl":
+                data, status = await self.curl(args[1:], shown=shown, remember=top and len(stages) == 1)
+                if shown:
+                    data = ""  # already shown, pretty, with its status
+            elif name == "echo":
+                newline = True
+                if len(args) > 1 and args[1] == "-n":
+                    newline, args = False, args[1:]
+                data, status = " ".join(args[1:]) + ("\n" if newline else ""), 0
+            elif name == "field":
+                if len(args) != 2:
+                    raise CurlError("field takes one path, e.g. field '[\"owner_token\"]'")
+                data, status = self.field(data or "", args[1])
+            else:
+                self._check_command(name)
+        return ("" if discard else data or ""), status
+
+    @staticmethod
+    def _check_command(name: str | None) -> None:
+        if name is None or name in ("curl", "echo", "field"):
+            return
+        if name in ("python3", "python", "jq"):
+            raise Unsupported(f"{name} (field is built in: … | field '[\"key\"]')")
+        raise Unsupported(f"the command {name!r} (only curl, echo and field run here)")
+
+    def field(self, text: str, path: str) -> tuple[str, int]:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise CurlError("field: the input is not JSON (json.decoder.JSONDecodeError)") from None
+        try:
+            value = subscript(value, path)
+        except Unsupported:
+            raise
+        except CurlError as exc:
+            raise CurlError(f"field: {exc}") from None
+        return str(value) + "\n", 0  # exactly what print() shows, Python reprs included
+
+    async def curl(self, args: list[str], shown: bool, remember: bool) -> tuple[str, int]:
+        call = parse_args(args, self.origin)
+        try:
+            status, text = await self.fetch(call)
+        except Exception as exc:  # the fetch itself failed
+            raise CurlError(f"curl: (7) {exc}") from None
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = None
+        self.emit(
+            "http",
+            text,
+            {
+                "status": status,
+                "data": data,
+                "method": call.method,
+                "url": call.url,
+                "remember": remember,
+                "shown": shown,
+            },
+        )
+        fail = (
+            "-f" in args or "--fail" in args or "--fail-with-body" in args or "-fsS" in args or "-sSf" in args
+        )
+        return text, (22 if fail and status >= 400 else 0)
+
+    async def expand(self, word: Word) -> tuple[str, int]:
+        out = []
+        status = 0
+        for part in word.parts:
+            kind = part[0]
+            if kind == "lit":
+                out.append(part[1])
+            elif kind == "var":
+                value = self.env.get(part[1], "")
+                if not value and part[2] is not None:
+                    value, status = await self.expand(Word(part[2]))
+                elif part[1] not in self.env:
+                    self.emit("note", f"# ${part[1]} is not set: it expands to nothing", {})
+                out.append(value)
+            else:  # $(...): run it, capture its output, drop trailing newlines
+                captured = []
+                for _src, tokens in part[1]:
+                    text, status = await self.statement(tokens)
+                    captured.append(text)
+                out.append("".join(captured).rstrip("\n"))
+        return "".join(out), status

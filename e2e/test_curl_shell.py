@@ -1,0 +1,142 @@
+"""The curl console's shell (web/curl.py) in plain CPython, against the same EngineHost the page runs:
+docs/serve.md's quickstart runs verbatim, the field paths are evaluated without eval, and anything outside
+the subset is refused by name. (The browser run of the same blocks is in test_playground.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "web"))
+import curl  # noqa: E402
+from monitor_protocol.browser.host import EngineHost  # noqa: E402
+
+ORIGIN = "http://127.0.0.1:5555"
+
+
+def quickstart_blocks() -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / "serve.md").read_text(), re.S)
+
+
+class Console:
+    def __init__(self) -> None:
+        self.host = EngineHost()
+        self.lines: list[tuple[str, str, dict]] = []
+        self.shell = curl.Shell(ORIGIN, self.fetch, lambda k, t, x: self.lines.append((k, t, x)))
+
+    async def fetch(self, call: curl.CurlCall) -> tuple[int, str]:
+        assert call.url.startswith(ORIGIN + "/mp/v0/"), call.url
+        parts = urlsplit(call.url)
+        reply = await self.host.call(
+            call.method,
+            parts.path,
+            query=parse_qsl(parts.query),
+            headers=call.headers,
+            raw_body=(call.body or "").encode(),
+        )
+        return reply.status, json.loads(reply.to_shim_json())["body"]
+
+    def run(self, text: str) -> list[tuple[str, str, dict]]:
+        start = len(self.lines)
+        asyncio.run(self.shell.run(text))
+        return self.lines[start:]
+
+
+def kinds(lines, kind):
+    return [t for k, t, _ in lines if k == kind]
+
+
+def test_the_quickstart_runs_verbatim():
+    blocks = quickstart_blocks()
+    assert len(blocks) == 7
+    c = Console()
+    out = c.run(blocks[0])
+    assert kinds(out, "note") == ["field: built in"]
+    assert [x["status"] for k, _, x in out if k == "http"] == [200]
+    assert c.shell.env["MP"] == "http://127.0.0.1:8130/mp/v0"
+
+    out = c.run(blocks[1])
+    assert [x["status"] for k, _, x in out if k == "http"] == [201]
+    assert kinds(out, "out") == [f"owner token: {c.shell.env['OWNER']}\n"] and len(c.shell.env["OWNER"]) >= 24
+
+    out = c.run(blocks[2])
+    assert [x["status"] for k, _, x in out if k == "http"] == [201]
+
+    out = c.run(blocks[3])
+    sub_id = c.shell.env["SUB_ID"]
+    assert re.fullmatch(r"sub-[0-9a-f]{8}", sub_id) and kinds(out, "out") == [f"subscription {sub_id}\n"]
+
+    out = c.run(blocks[4])
+    assert "'status': 'failed'" in kinds(out, "out")[0]  # print() of a dict, as python3 -c would
+    assert c.shell.env["NEXT"] == "3"
+
+    out = c.run(blocks[5])
+    acked = [x["data"] for k, _, x in out if k == "http"][0]
+    assert acked["cursor"] == 3
+    assert kinds(out, "out")[-1] == "[]\n"  # the acknowledged observation does not come back
+
+    out = c.run(blocks[6])
+    assert [x["status"] for k, _, x in out if k == "http"] == [201, 200, 200]
+    assert kinds(out, "out")[0] == "build-413\n"
+    assert "'value': None" in kinds(out, "out")[1]
+    assert c.shell.last_status == 0
+    assert not kinds(c.lines, "error")
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [('["a"]', {"b": [1, 2]}), ('["a"]["b"][-1]', 2), ("['a']['b'][0]", 1), ('[ "a" ] ["b"]', [1, 2])],
+)
+def test_field_paths(path, value):
+    assert curl.subscript({"a": {"b": [1, 2]}}, path) == value
+
+
+@pytest.mark.parametrize(
+    "path", [".keys()", '["a"].__class__', '[__import__("os")]', '["a"]; import os', "[1:2]"]
+)
+def test_field_refuses_anything_but_subscripts(path):
+    with pytest.raises(curl.Unsupported):
+        curl.subscript({"a": 1}, path)
+
+
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [
+        ("ls -la", "the command 'ls'"),
+        ("curl -s $MP/discover && echo ok", "&&"),
+        ("echo `date`", "backquotes"),
+        ("curl -s $MP/discover > out.json", "redirects other than > /dev/null"),
+        ("jq() { cat; }", "defining shell functions (jq)"),
+        ("curl -s -o x $MP/discover", "the curl option -o"),
+        ("(echo hi)", "outside $(...)"),
+        ("echo $((1 + 2))", "arithmetic"),
+        ("X=1 echo $X", "VAR=value before a command"),
+        ("curl -s $MP/discover | python3 -m json.tool", "python3"),
+    ],
+)
+def test_outside_the_subset_is_refused_by_name(line, what):
+    c = Console()
+    c.shell.env["MP"] = "http://localhost:8130/mp/v0"
+    out = c.run(line)
+    errors = kinds(out, "error")
+    assert len(errors) == 1 and errors[0].startswith("not supported in this console: ") and what in errors[0]
+    assert kinds(out, "http") == []  # nothing was sent
+
+
+def test_quoting_variables_and_hosts():
+    c = Console()
+    out = c.run(
+        'A=one; B="two $A"; echo "${B}" \'$A\' ${UNSET:-fallback} "x\\"y" \\\n  continued\n'
+        "curl -sS http://localhost:8130/mp/v0/discover | field '[\"protocol\"]' > /dev/null; echo done"
+    )
+    assert kinds(out, "out") == ['two one $A fallback x"y continued\n', "done\n"]
+    assert [x["url"] for k, _, x in out if k == "http"] == [ORIGIN + "/mp/v0/discover"]
+    out = c.run("curl -s https://example.com/mp/v0/discover")
+    assert "another host" in kinds(out, "error")[0] and kinds(out, "http") == []
