@@ -213,3 +213,51 @@ async def test_push_410_retires_the_subscription(engine: Engine) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         server.shutdown()
+
+
+def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path) -> None:
+    """`create_app(..., background_tasks=[delivery_task])` under uvicorn, driven over HTTP by the client."""
+    import socket
+
+    import uvicorn
+    from monitor_protocol.binding.asgi import create_app
+    from monitor_protocol.binding.rest import RestRouter
+    from monitor_protocol.client import Client
+    from monitor_protocol.push import delivery_task
+
+    store = SQLiteStore(str(tmp_path / "door.db"))
+    service = MonitorService(store, clock=time.time)
+    app = create_app(service, RestRouter(service), store=store, background_tasks=[delivery_task])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    receiver = Receiver(script=[500])
+    sink_server = serve_receiver(receiver)
+    sink = f"http://127.0.0.1:{sink_server.server_address[1]}/hook"
+    try:
+        deadline = time.monotonic() + GUARD_SECONDS
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        with Client(base) as c:
+            owner = c.create_monitor("ci", types=[TYPE]).owner_token
+            sub = c.subscribe(
+                "ci", "hook:ci", protocol="http", sink=sink, filter={"types": [TYPE]}, token=owner
+            )
+            receiver.secret = sub.sink_secret or ""
+            seqs = [c.publish("ci", TYPE, subject=s, token=owner).seq for s in ("a", "b")]
+        receiver.wait_for(lambda: receiver.seqs() == seqs)
+        assert receiver.attempts == 2 and receiver.bad_signatures == 0
+        with Client(base, sub.token) as reader:
+            while reader.pull(sub.subscription.id, cursor=0, limit=1).cursor != seqs[-1] + 1:
+                assert time.monotonic() < deadline + GUARD_SECONDS, "the delivered batch was never committed"
+                time.sleep(0.05)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=GUARD_SECONDS)
+        sink_server.shutdown()
+        sock.close()
