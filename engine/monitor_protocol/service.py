@@ -261,7 +261,8 @@ class MonitorService:
     # ================================================================================ the log
     def _append(
         self, rec: Record, type_: str, build: Callable[[int], dict[str, Any]], *, subject: str | None
-    ) -> int:
+    ) -> dict[str, Any]:
+        """Append the event `build(seq)` at the next seq of this monitor's log and return it."""
         seq = rec["_head"] + 1
         event = build(seq)
         self.store.append(rec["id"], seq, event)
@@ -269,13 +270,13 @@ class MonitorService:
         if subject is not None and not type_.startswith(PROTOCOL_PREFIX):
             self.store.add_subject(rec["id"], subject)
         self._appended[rec["id"]] = seq
-        return seq
+        return event
 
     def _append_protocol(
         self, rec: Record, type_: str, actor: str, payload: dict[str, Any], *, subject: str | None = None
     ) -> int:
         now = self._now()
-        seq = self._append(
+        event = self._append(
             rec,
             type_,
             lambda s: events.build_protocol(
@@ -283,6 +284,7 @@ class MonitorService:
             ),
             subject=subject,
         )
+        seq = int(event["id"])
         if type_ == T_REJECTED:
             rec["_counters"]["rejected"] += 1
         return seq
@@ -625,7 +627,7 @@ class MonitorService:
         except ProtocolError as err:
             raise self._reject(rec, err, body, actor_for_log) from None
         prov = event_kwargs.pop("prov")
-        seq = self._append(
+        event = self._append(
             rec,
             event_kwargs["type_"],
             lambda s: events.build(
@@ -640,6 +642,7 @@ class MonitorService:
             ),
             subject=event_kwargs["subject"],
         )
+        seq = int(event["id"])
         c = rec["_counters"]
         c["observations"] += 1
         type_ = event_kwargs["type_"]
@@ -651,7 +654,7 @@ class MonitorService:
         if prov.actor not in rec["_actors"] and len(rec["_actors"]) < MAX_TRACKED_ACTORS:
             rec["_actors"].append(prov.actor)
         self.store.put_monitor(rec)
-        return {"observation": self.store.get_observation(rec["id"], seq), "seq": seq}
+        return {"observation": event, "seq": seq}
 
     @staticmethod
     def _spend_budget(rec: Record, now: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -106,7 +107,10 @@ def handle(service: MonitorService, raw: bytes, bearer: str | None) -> Response:
         if not payload:
             text = "An empty batch is not a request."
             return Response(200, _error(None, -32600, text, _invalid_body(text)))
-        replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
+        # One batch, one group commit where the store has one (each call still rolls back alone).
+        group = getattr(service.store, "batch", None)
+        with group() if group is not None else contextlib.nullcontext():
+            replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
         return Response(200, replies) if replies else Response(204, None)
     reply = call_one(service, payload, bearer)
     return Response(200, reply) if reply is not None else Response(204, None)

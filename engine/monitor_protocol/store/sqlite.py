@@ -158,9 +158,11 @@ class SQLiteStore(Store):
     def get_observation(self, monitor_id: str, seq: int) -> Record | None:
         return self._one("SELECT event FROM observations WHERE monitor=? AND seq=?", (monitor_id, seq))
 
-    def scan(self, monitor_id: str, from_seq: int, to_seq: int, chunk: int = 256) -> Iterator[Record]:
-        # Chunked so that a reader stopping early (limit reached) never loads the rest of the log.
+    def scan(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Record]:
+        # Chunks grow 8, 16, ... 256 rows: a pull of one reads a few rows, a drain reads in bulk, and a
+        # reader stopping early (limit reached) never loads the rest of the log.
         start = from_seq
+        chunk = 8
         while start <= to_seq:
             rows = self._db.execute(
                 "SELECT seq, event FROM observations WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?",
@@ -171,6 +173,7 @@ class SQLiteStore(Store):
             for _, event in rows:
                 yield json.loads(event)
             start = rows[-1][0] + 1
+            chunk = min(chunk * 2, 256)
 
     def delete_below(self, monitor_id: str, seq: int) -> int:
         cur = self._db.execute("DELETE FROM observations WHERE monitor=? AND seq<?", (monitor_id, seq))
