@@ -41,7 +41,7 @@ class Console:
             headers=call.headers,
             raw_body=(call.body or "").encode(),
         )
-        return reply.status, json.loads(reply.to_shim_json())["body"]
+        return reply.status, json.dumps(json.loads(reply.to_shim_json())["json"])
 
     def run(self, text: str) -> list[tuple[str, str, dict]]:
         start = len(self.lines)

@@ -110,7 +110,7 @@ class Engine:
             self.idb.durable = True
             restored = await self.idb.restore()
         self.storage = "indexeddb" if self.idb.durable else "memory"
-        self.host = EngineHost(memory, persist=self.idb.flush)
+        self.host = EngineHost(memory, persist=self.idb.flush, start_persist=self.idb.start_flush)
         self.mode = "owner"
         MP.handler = create_proxy(lambda text: asyncio.ensure_future(self.host.handle_shim(str(text))))
         MP.announceOwner()

@@ -44,6 +44,16 @@ MP.fatal = (message) => {
 };
 
 // ---------------------------------------------------------------- the service worker and its requests
+// One forwarded request: the engine answers (Python), then the reply waits until every IndexedDB write
+// started so far (this call's included) has committed; only then does it leave. Python starts the write
+// and returns, so a call costs one Python crossing and one transaction.
+MP.serve = async (reqText) => {
+  const text = await MP.handler(reqText);
+  await MP.idb.committed();
+  const reply = JSON.parse(text); // {status, headers, json}: pretty-printed here (V8's JSON is fast)
+  const body = reply.json === null || reply.json === undefined ? "" : JSON.stringify(reply.json, null, 2) + "\n";
+  return { status: reply.status, headers: reply.headers, body };
+};
 function notReady(port, why) {
   port.postMessage({ notReady: true, status: 503, body: JSON.stringify({ code: "UNAVAILABLE", error: why, done: [] }) });
 }
@@ -54,8 +64,8 @@ if ("serviceWorker" in navigator) {
     const port = event.ports[0];
     if (!MP.handler) return notReady(port, "The playground engine is still starting; try again in a moment.");
     if (!MP.isOwner) return port.postMessage({ notOwner: true });
-    Promise.resolve(MP.handler(msg.req))
-      .then((text) => port.postMessage(JSON.parse(text)))
+    MP.serve(msg.req)
+      .then((reply) => port.postMessage(reply))
       .catch((err) =>
         port.postMessage({
           status: 503,
@@ -106,6 +116,7 @@ MP.acquireLock = (wait) =>
 const DB_NAME = "monitor-protocol-playground";
 const STORES = ["records", "ui"];
 let db = null;
+let tail = Promise.resolve(true); // every write started so far
 function req(r) {
   return new Promise((resolve, reject) => {
     r.onsuccess = () => resolve(r.result);
@@ -119,6 +130,9 @@ function done(tx) {
     tx.onabort = () => reject(tx.error || new Error("IndexedDB transaction aborted"));
   });
 }
+// JSON text exactly as Python's json.dumps(x, separators=(",", ":")) writes it (ASCII: others as \uXXXX).
+const asciiJson = (x) =>
+  JSON.stringify(x).replace(/[\u007f-\uffff]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
 MP.idb = {
   async open() {
     if (!("indexedDB" in window) || !window.indexedDB) throw new Error("IndexedDB is not available");
@@ -137,23 +151,32 @@ MP.idb = {
     const [keys, values] = await Promise.all([req(store.getAllKeys()), req(store.getAll())]);
     return JSON.stringify(keys.map((k, i) => [k, values[i]]));
   },
-  // One transaction for a whole batch of changes: [[key, valueJson|null], ...]; resolves when committed.
-  async apply(changesJson) {
+  // One transaction for a whole batch of changes: [[table, key, value|null], ...] (one string from
+  // Python, parsed once); resolves when committed. Keys are the JSON text of [table, key], as Python's
+  // record_key writes them; values are stored as JSON text.
+  apply(changesJson) {
     const changes = JSON.parse(changesJson);
     const tx = db.transaction("records", "readwrite", { durability: "strict" });
     const store = tx.objectStore("records");
-    for (const [key, value] of changes) {
-      if (value === null) store.delete(key);
-      else store.put(value, key);
+    for (const [table, key, value] of changes) {
+      const rkey = asciiJson([table, key]);
+      if (value === null) store.delete(rkey);
+      else store.put(JSON.stringify(value), rkey);
     }
-    return done(tx);
+    const commit = done(tx);
+    commit.catch(() => {}); // the failure travels through committed() and the awaiting caller
+    tail = Promise.all([tail, commit]); // a failed write fails every later shim reply: storage is broken
+    tail.catch(() => {});
+    return commit;
+  },
+  // Resolves when every transaction started so far has committed (rejects if one failed).
+  committed() {
+    return tail;
   },
   // A follower tab's timeline: one monitor's committed observations from seq `from`, read-only, in order.
   // Keys are JSON ["observations","<monitor>/<seq, 20 digits>"], so one key range covers the monitor.
   async readLog(monitor, from, limit) {
-    // The same text as Python's json.dumps (ASCII only: anything else as \uXXXX).
-    const ascii = (t) => t.replace(/[\u0080-\uffff]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
-    const key = (seq) => ascii(JSON.stringify(["observations", `${monitor}/${String(seq).padStart(20, "0")}`]));
+    const key = (seq) => asciiJson(["observations", `${monitor}/${String(seq).padStart(20, "0")}`]);
     const range = IDBKeyRange.bound(key(Math.max(1, from)), key("99999999999999999999"));
     const tx = db.transaction("records", "readonly");
     return JSON.stringify(await req(tx.objectStore("records").getAll(range, limit)));

@@ -36,9 +36,12 @@ class Reply:
         return 200 <= self.status < 300
 
     def to_shim_json(self) -> str:
-        """The service worker's reply message: `{status, headers, body: <JSON text>}`."""
-        text = "" if self.body is None else json.dumps(self.body, indent=2, ensure_ascii=False) + "\n"
-        return json.dumps({"status": self.status, "headers": self.headers, "body": text})
+        """The service worker's reply message: `{status, headers, json: <the body, or null>}`, encoded once
+        with the C encoder (boot.js pretty-prints it for the fetch() caller; `indent=` would take Python's
+        slow pure-Python encoder, and a body nested as a string would be escaped twice)."""
+        body = json.dumps(self.body, separators=(",", ":"))
+        headers = json.dumps(self.headers, separators=(",", ":"))
+        return f'{{"status":{int(self.status)},"headers":{headers},"json":{body}}}'
 
 
 def parse_shim_request(text: str) -> tuple[str, str, list[tuple[str, str]], dict[str, str], bytes]:
@@ -59,6 +62,7 @@ class EngineHost:
         store: MemoryStore | None = None,
         persist: Callable[[], Awaitable[Any]] | None = None,
         clock: Callable[[], float] = time.time,
+        start_persist: Callable[[], Any] | None = None,
     ) -> None:
         self.store = store if store is not None else MemoryStore()
         self.service = MonitorService(self.store, clock=clock)
@@ -66,6 +70,9 @@ class EngineHost:
         self._admin_token = secrets.token_urlsafe(32)  # minted per page load, never shown or forwarded
         self._admin_router = RestRouter(self.service, admin_token=self._admin_token)
         self.persist = persist
+        # Starts the same write without waiting for it (IndexedDBStore.start_flush): for the shim, whose
+        # JavaScript caller waits for the commit itself before it replies (one crossing fewer per call).
+        self.start_persist = start_persist
         self.calls = 0
         self._waiters: dict[str, list[asyncio.Event]] = {}
         self.service.add_listener(self._on_append)
@@ -74,8 +81,10 @@ class EngineHost:
         for event in self._waiters.pop(monitor_id, []):
             event.set()
 
-    async def _durable(self) -> None:
-        if self.persist is not None:
+    async def _durable(self, caller_waits: bool = False) -> None:
+        if caller_waits and self.start_persist is not None:
+            self.start_persist()
+        elif self.persist is not None:
             await self.persist()
 
     async def call(
@@ -88,9 +97,12 @@ class EngineHost:
         headers: dict[str, str] | None = None,
         raw_body: bytes | None = None,
         admin: bool = False,
+        caller_waits_for_commit: bool = False,
     ) -> Reply:
         """One REST call through the router; the changes it made are durable before this returns.
-        `admin=True` (the page's own reads only) goes through the admin router with the page's token."""
+        `admin=True` (the page's own reads only) goes through the admin router with the page's token.
+        `caller_waits_for_commit=True` starts the write and returns at once: only for a caller that
+        awaits the commit itself before anyone sees the reply (boot.js `MP.serve`)."""
         if not path.startswith(API_PREFIX):
             path = API_PREFIX + path
         pairs = list(query.items()) if isinstance(query, dict) else list(query or [])
@@ -108,13 +120,13 @@ class EngineHost:
         request = Request(method.upper(), path, query=pairs, headers=hdrs, body=raw_body)
         self.calls += 1
         response = router.handle(request)
-        await self._durable()
+        await self._durable(caller_waits_for_commit)
         while response.long_poll is not None and response.long_poll.wait_seconds > 0:
             waited = await self._wait_for_append(response.long_poll.monitor, response.long_poll.wait_seconds)
             remaining = max(0.0, response.long_poll.wait_seconds - waited)
             request.query = [(k, v) for k, v in request.query if k != "wait"] + [("wait", f"{remaining:.3f}")]
             response = router.handle(request)
-            await self._durable()
+            await self._durable(caller_waits_for_commit)
             if remaining <= 0:
                 break
         return Reply(response.status, response.body, dict(response.headers))
@@ -141,14 +153,17 @@ class EngineHost:
         return await self.call("GET", "/admin/log", query=query, admin=True)
 
     async def handle_shim(self, text: str) -> str:
-        """Answer one forwarded request from the service worker (JSON in, JSON out)."""
+        """Answer one forwarded request from the service worker (JSON in, JSON out). The write is started
+        here and awaited by the JavaScript caller (boot.js `MP.serve`) before the reply leaves."""
         try:
             method, path, query, headers, body = parse_shim_request(text)
         except (ValueError, TypeError, AttributeError) as exc:
             return Reply(
                 400, {"code": "INVALID", "error": f"malformed shim request: {exc}", "done": []}
             ).to_shim_json()
-        reply = await self.call(method, path, query=query, headers=headers, raw_body=body)
+        reply = await self.call(
+            method, path, query=query, headers=headers, raw_body=body, caller_waits_for_commit=True
+        )
         return reply.to_shim_json()
 
     async def sweep(self) -> int:

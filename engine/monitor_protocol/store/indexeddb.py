@@ -4,9 +4,11 @@ is given; on load it reads every record back into the MemoryStore (`MemoryStore.
 
 The IndexedDB calls go through a small JavaScript helper (`window.MP.idb` in the playground's boot.js:
 `open()`, `loadAll()`, `apply(changesJson)`, `clear()`), so this module imports `js` lazily and the
-encoding functions below run (and are tested) in plain CPython too.
+encoding functions below run (and are tested) in plain CPython too. One engine call is one string handed
+to JavaScript, one `JSON.parse` and one IndexedDB transaction there: no per-record proxies or crossings.
 
-Record layout in the object store `records`: key = JSON `[table, key]`, value = the record as JSON text.
+Record layout in the object store `records`: key = JSON `[table, key]` (ASCII, as `record_key` writes it),
+value = the record as JSON text.
 """
 
 from __future__ import annotations
@@ -24,12 +26,10 @@ def record_key(table: str, key: str) -> str:
 
 
 def encode_changes(changes: list[Change]) -> str:
-    """Drained changes as the helper's batch: `[[recordKey, valueJson | null], ...]`, in order."""
-    batch = [
-        [record_key(table, key), None if value is None else json.dumps(value, separators=(",", ":"))]
-        for table, key, value in changes
-    ]
-    return json.dumps(batch, separators=(",", ":"))
+    """Drained changes as the helper's batch: `[[table, key, value | null], ...]`, in order, encoded ONCE
+    (the helper turns each into its record key and value text: nesting each value as a JSON string here
+    would escape every record twice, in Python, on the engine's critical path)."""
+    return json.dumps(changes, separators=(",", ":"))
 
 
 def decode_records(text: str) -> list[Change]:
@@ -88,15 +88,26 @@ class IndexedDBStore:
         self.memory.drain_changes()
         return len(records)
 
-    async def flush(self) -> int:
-        """Write what changed since the last flush in one IndexedDB transaction and wait for it to commit."""
+    def start_flush(self) -> Any:
+        """Hand what changed since the last flush to IndexedDB as ONE transaction, created now (so commits
+        keep the engine's order), without waiting: returns the commit's promise, or None when there is
+        nothing to write. The helper also folds it into `committed()`, which the service-worker door
+        (boot.js `MP.serve`) awaits before it replies, so the reply still follows the commit."""
         changes = self.memory.drain_changes()
         if not changes or not self.durable:
-            return 0
-        await self.helper.apply(encode_changes(changes))
+            return None
+        promise = self.helper.apply(encode_changes(changes))
         self.flushed_batches += 1
         self.flushed_records += len(changes)
-        return len(changes)
+        return promise
+
+    async def flush(self) -> int:
+        """Write what changed since the last flush in one IndexedDB transaction and wait for it to commit."""
+        promise = self.start_flush()
+        if promise is None:
+            return 0
+        await promise
+        return 1
 
     async def clear(self) -> None:
         if self.durable:
