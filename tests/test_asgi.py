@@ -221,6 +221,22 @@ def test_queued_calls_share_one_group_commit_and_hear_back_after_it():
     assert sorted(store.events[7:]) == [f"reply{i}" for i in range(5)]
 
 
+async def test_calls_made_in_one_loop_iteration_travel_and_commit_together():
+    store = RecordingBatchStore()
+    engine = EngineThread(store)
+    try:
+
+        def job(i):
+            store.events.append(f"job{i}")
+            return i
+
+        results = await asyncio.gather(*(engine.call(job, i) for i in range(4)))
+    finally:
+        engine.stop()
+    assert results == [0, 1, 2, 3]
+    assert store.events == ["begin", "job0", "job1", "job2", "job3", "commit"]  # one group commit
+
+
 def test_a_failed_group_commit_reports_no_success():
     store = RecordingBatchStore(fail_commit=True)
     engine = EngineThread(store)

@@ -81,6 +81,9 @@ def _internal_error_response(incident: str) -> Response:
     return error_response(err)
 
 
+Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
+
+
 class EngineThread:
     """The one thread that ever enters the engine (SQLite has one writer; the engine is not thread-safe).
 
@@ -93,6 +96,10 @@ class EngineThread:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._batch = getattr(store, "batch", None)
         self.max_batch = max_batch
+        # Calls made during one event-loop iteration travel to the engine thread together, so requests
+        # that arrived together share one group commit (and one thread wake-up).
+        self._pending: list[Job] = []
+        self._flush_scheduled = False
         self._thread = threading.Thread(target=self._run, name="mp-engine", daemon=True)
         self._thread.start()
         self._stopped = False
@@ -109,38 +116,37 @@ class EngineThread:
             else:
                 future.set_exception(value)
 
-        def reply(ok: bool, value: Any) -> None:
-            if not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(deliver, ok, value)
-                except RuntimeError:
-                    pass  # the loop closed meanwhile: nobody is waiting any more
-
-        self._submit(fn, args, reply)
+        if self._stopped:
+            raise RuntimeError("the engine thread has stopped")
+        self._pending.append((fn, args, loop, deliver))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
         return await future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        jobs, self._pending = self._pending, []
+        if jobs:
+            self._queue.put(jobs)
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the engine thread from any other thread, blocking until it is done."""
         done = threading.Event()
         box: list[Any] = []
 
-        def reply(ok: bool, value: Any) -> None:
+        def deliver(ok: bool, value: Any) -> None:
             box.append((ok, value))
             done.set()
 
-        self._submit(fn, args, reply)
+        if self._stopped:
+            raise RuntimeError("the engine thread has stopped")
+        self._queue.put([(fn, args, None, deliver)])
         done.wait()
         ok, value = box[0]
         if not ok:
             raise value
         return value
-
-    def _submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], reply: Callable[[bool, Any], None]
-    ) -> None:
-        if self._stopped:
-            raise RuntimeError("the engine thread has stopped")
-        self._queue.put((fn, args, reply))
 
     def stop(self) -> None:
         if not self._stopped:
@@ -151,10 +157,10 @@ class EngineThread:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            jobs = [job]
+            jobs = list(item)
             stop = False
             while len(jobs) < self.max_batch:
                 try:
@@ -164,25 +170,40 @@ class EngineThread:
                 if more is None:
                     stop = True
                     break
-                jobs.append(more)
+                jobs.extend(more)
             self._execute(jobs)
             if stop:
                 return
 
-    def _execute(self, jobs: list[Any]) -> None:
+    def _execute(self, jobs: list[Job]) -> None:
         if len(jobs) == 1 or self._batch is None:
-            for fn, args, reply in jobs:
-                reply(*_outcome(fn, args))
-            return
-        outcomes: list[tuple[bool, Any]] = []
-        try:
-            with self._batch():
-                outcomes = [_outcome(fn, args) for fn, args, _reply in jobs]
-        except BaseException as exc:  # the group commit failed: nothing in it may be reported as done
-            log.exception("group commit of %d engine calls failed", len(jobs))
-            outcomes = [(False, exc)] * len(jobs)
-        for (_fn, _args, reply), outcome in zip(jobs, outcomes, strict=True):
-            reply(*outcome)
+            outcomes = [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+        else:
+            try:
+                with self._batch():
+                    outcomes = [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+            except BaseException as exc:  # the group commit failed: nothing in it may be reported as done
+                log.exception("group commit of %d engine calls failed", len(jobs))
+                outcomes = [(False, exc)] * len(jobs)
+        # Replies go back once the commit is on disk: one wake-up per event loop, not one per request.
+        by_loop: dict[Any, list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]] = {}
+        for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
+            if loop is None:
+                deliver(*outcome)
+            else:
+                by_loop.setdefault(loop, []).append((deliver, outcome))
+        for loop, replies in by_loop.items():
+            if loop.is_closed():
+                continue  # nobody is waiting any more
+            try:
+                loop.call_soon_threadsafe(_deliver_all, replies)
+            except RuntimeError:
+                pass  # the loop closed meanwhile
+
+
+def _deliver_all(replies: list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]) -> None:
+    for deliver, outcome in replies:
+        deliver(*outcome)
 
 
 def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
