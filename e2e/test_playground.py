@@ -26,6 +26,8 @@ def act(page, selector: str) -> None:
 
 def story_step(page, expect_step: int) -> str:
     assert page.inner_text("#story-count") == f"Step {expect_step} of 11"
+    principle = page.inner_text("#story-principle")  # every step names its principle in plain words
+    assert principle.startswith("The principle: ") and len(principle) > 60
     act(page, "#story-do")
     return page.inner_text("#story-answer")
 
@@ -167,6 +169,9 @@ def test_refusals_are_kept_in_the_log(browser):
     rejected = [c["text"] for c in log_cards(page) if "rejected" in c["cls"]]
     assert len(rejected) == 2
     assert "PROVENANCE_CEILING" in rejected[0] and "TIER_NOT_ASSERTABLE" in rejected[1]
+    # the summary names only what the refused request carried: no "tier None" for a tier never sent
+    assert "None" not in rejected[0] and "tier" not in rejected[0].split("(sent:")[1]
+    assert "on_behalf_of human:mallory" in rejected[0] and "tier src" in rejected[1]
     assert page.locator("#log li.obs.rejected").first.evaluate(
         "e => getComputedStyle(e).backgroundColor"
     ) != (
@@ -451,3 +456,27 @@ def test_reset_clears_the_saved_log_after_confirming(browser):
     page.wait_for_selector("body.ready", timeout=60_000)
     assert page.locator("#log li.obs").count() == 0
     assert page.inner_text("#story-count") == "Step 1 of 11"
+
+
+def test_keyboard_reaches_every_control_with_a_visible_focus(browser):
+    page = open_playground(browser)
+    # every control is a real button (Tab reaches it, Enter and Space press it)
+    tags = page.eval_on_selector_all("[data-act],[data-tab]", "els => [...new Set(els.map(e => e.tagName))]")
+    assert tags == ["BUTTON"]
+    for _ in range(12):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "story-do":
+            break
+    assert page.evaluate("document.activeElement.id") == "story-do"
+    focus = page.evaluate(
+        "(() => { const s = getComputedStyle(document.activeElement); return [s.outlineStyle, s.outlineWidth]; })()"
+    )
+    assert focus[0] != "none" and focus[1] != "0px"
+    before = page.evaluate("MP.actionsDone + MP.actionsFailed")
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"MP.actionsDone + MP.actionsFailed > {before}", timeout=30_000)
+    assert "201 OK" in page.inner_text("#story-answer")
+    # colour is never the only signal: words or icons beside it
+    assert page.inner_text("#story-lesson").startswith("✓ Done.")
+    assert "⚙ configured" in log_cards(page)[0]["text"]
+    assert page.inner_text("#status-chip") == "ready · storage: IndexedDB"

@@ -244,9 +244,10 @@ def obs_summary(o):
     p = payload(o)
     if t == PROTO + "rejected":
         raw = p.get("raw") if isinstance(p.get("raw"), dict) else {}
-        return f"⚠ {p.get('code')}: {p.get('reason', '')}" + (
-            f" (raw: actor {raw.get('actor')}, tier {raw.get('tier')})" if raw else ""
-        )
+        sent = ", ".join(
+            f"{k} {raw[k]}" for k in ("actor", "on_behalf_of", "origin", "tier", "verification") if k in raw
+        )  # only what the refused request really carried
+        return f"⚠ {p.get('code')}: {p.get('reason', '')}" + (f" (sent: {sent})" if sent else "")
     if t == PROTO + "configured":
         return f"{p.get('action')}" + (f" · {p.get('reason')}" if p.get("reason") else "")
     if t == PROTO + "subscribed":
@@ -347,7 +348,8 @@ def render_log():
         subject = f" <span class='who'>{esc(o.get('subject'))}</span>" if o.get("subject") else ""
         parts.append(
             f"<li class='{' '.join(cls)}' data-seq='{s}' data-type='{esc(t)}'><div class='top'>"
-            f"<span class='seq'>#{s}</span><span class='type'>{esc(short_type(t))}</span>"
+            f"<span class='seq'>#{s}</span><span class='type'>{'⚙ ' if t.startswith(PROTO) else ''}"
+            f"{esc(short_type(t))}</span>"
             f"<span class='badge t-{esc(tier)}'>{esc(tier)}</span>{subject}<span class='who'>{who}</span>{tags}"
             f"</div><div class='small'>{esc(obs_summary(o))}</div></li>"
         )
@@ -509,12 +511,14 @@ def render_story():
     doc.getElementById("story-count").textContent = f"Step {i + 1} of {len(STEPS)}"
     doc.getElementById("story-title").textContent = step["title"]
     doc.getElementById("story-text").textContent = step["text"]
+    doc.getElementById("story-principle").innerHTML = f"<b>The principle:</b> {esc(step['principle'])}"
     done = set(S.get("story_done", []))
     doc.getElementById("story-dots").innerHTML = "".join(
-        f"<span class='{'done' if k in done else ''}{' cur' if k == i else ''}' title='step {k + 1}'></span>"
+        f"<span class='{'done' if k in done else ''}{' cur' if k == i else ''}' title='step {k + 1}"
+        f"{' (done)' if k in done else ''}{' (this step)' if k == i else ''}'></span>"
         for k in range(len(STEPS))
     )
-    doc.getElementById("story-lesson").textContent = step["lesson"] if i in done else ""
+    doc.getElementById("story-lesson").textContent = f"✓ Done. {step['lesson']}" if i in done else ""
     doc.getElementById("story-next").disabled = i >= len(STEPS) - 1
     doc.getElementById("story-back").disabled = i == 0
 
