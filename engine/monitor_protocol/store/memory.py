@@ -131,16 +131,18 @@ class MemoryStore(Store):
         )
         log[seq] = copy.deepcopy(event)
 
+    # Observations are written once (a deep copy on append) and never edited (P13): a reader gets a
+    # shallow copy, enough for the one top-level mark a pull adds (`redelivered`).
     def get_observation(self, monitor_id: str, seq: int) -> Record | None:
         ev = self._logs.get(monitor_id, {}).get(seq)
-        return copy.deepcopy(ev) if ev is not None else None
+        return dict(ev) if ev is not None else None
 
     def scan(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Record]:
         log = self._logs.get(monitor_id, {})
         for seq in range(max(from_seq, 1), to_seq + 1):
             ev = log.get(seq)
             if ev is not None:
-                yield copy.deepcopy(ev)
+                yield dict(ev)
 
     def delete_below(self, monitor_id: str, seq: int) -> int:
         log = self._logs.get(monitor_id, {})
