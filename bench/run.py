@@ -625,6 +625,19 @@ def markdown(c: dict[str, Any]) -> str:
                 f"| {s['what']} [{s['unit']}] | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} | "
                 f"{s.get('server_cpu_cores', '')} | {s.get('client_cpu_cores', '')} |"
             )
+    paired = dig(c, ("publish", "paired")) or {}
+    if paired:
+        out += [
+            "",
+            "| paired runs (a bare ASGI run, then a publish run) | publish/s | transport/s | ratio median | min | max |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for p in paired.values():
+            r = p["ratio"]
+            out.append(
+                f"| {p['what']} | {fmt(p['publish']['median'])} | {fmt(p['transport']['median'])} | "
+                f"{r['median']:.2f} | {r['min']:.2f} | {r['max']:.2f} |"
+            )
     out += [
         "",
         "| growth level | observations | fill (s) | database bytes | bytes/observation |",
