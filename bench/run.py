@@ -533,6 +533,9 @@ def verdicts(c: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
             continue
+        sizes = dig(c, ("growth", "ratios", "sizes"))
+        if key.startswith("growth") and sizes and sizes != "1000000/1000":
+            label = label.replace("1M/1k", sizes)
         met = value >= target if op == ">=" else value <= target
         by = value / target if op == ">=" else target / value if value else float("inf")
         out.append({
