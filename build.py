@@ -264,10 +264,18 @@ def sync_tree(files: dict[str, bytes | Path], dest: Path) -> int:
     return changed
 
 
-def quickstart_blocks(doc: Path = ROOT / "docs" / "serve.md") -> list[dict[str, str]]:
-    """docs/serve.md's quickstart, verbatim: every ```sh block with the sentence before it (the curl tab's
-    examples, so the console is always tried on exactly what the README says)."""
+def readme_section(title: str, doc: Path = ROOT / "README.md") -> str:
+    """The text of one `## title` section of the README (up to the next `## ` heading)."""
     text = doc.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def quickstart_blocks(doc: Path = ROOT / "README.md") -> list[dict[str, str]]:
+    """The README's curl quickstart, verbatim: every ```sh block of its section with the sentence before it
+    (the curl tab's examples and the tests' input, so both always try exactly what the README says)."""
+    text = readme_section("Quickstart with curl", doc)
     out = []
     for m in re.finditer(r"```sh\n(.*?)```", text, re.S):
         before = text[: m.start()].rstrip().split("\n\n")[-1].strip()

@@ -1,5 +1,5 @@
 """The curl console's shell (web/curl.py) in plain CPython, against the same EngineHost the page runs:
-docs/serve.md's quickstart runs verbatim, the field paths are evaluated without eval, and anything outside
+the README's quickstart runs verbatim, the field paths are evaluated without eval, and anything outside
 the subset is refused by name. (The browser run of the same blocks is in test_playground.py.)"""
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ ORIGIN = "http://127.0.0.1:5555"
 
 
 def quickstart_blocks() -> list[str]:
-    return re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / "serve.md").read_text(), re.S)
+    """The README's quickstart blocks, found where build.py finds them for the curl tab."""
+    sys.path.insert(0, str(ROOT))
+    import build
+
+    return [b["code"] for b in build.quickstart_blocks()]
 
 
 class Console:

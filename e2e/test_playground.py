@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 from conftest import ROOT, screenshot
 
@@ -233,7 +234,11 @@ def test_reload_and_browser_restart_keep_everything(browser):
 
 
 def quickstart_blocks() -> list[str]:
-    return re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / "serve.md").read_text(), re.S)
+    """The README's quickstart blocks, found where build.py finds them for the curl tab."""
+    sys.path.insert(0, str(ROOT))
+    import build
+
+    return [b["code"] for b in build.quickstart_blocks()]
 
 
 def run_in_console(page, text: str) -> dict:

@@ -986,7 +986,7 @@ def schedule_refresh():
 
 
 # ============================================================================ curl console
-# The README's quickstart (every ```sh block of docs/serve.md, verbatim) comes from quickstart.json, which
+# The README's quickstart (every ```sh block of the README's quickstart section, verbatim) comes from quickstart.json, which
 # build.py extracts from the docs; the extras below use the same variable names.
 CURL = {"history": [], "pos": 0, "shell": None, "examples": []}
 EXTRAS = [
@@ -1100,7 +1100,7 @@ async def render_examples():
     ul.innerHTML = "".join(items)
     term_print(
         "<div class='note'># This page's engine answers /mp/v0 through the service worker; "
-        "http://127.0.0.1:8130 and http://localhost:8130 mean this page. Paste the quickstart of docs/serve.md "
+        "http://127.0.0.1:8130 and http://localhost:8130 mean this page. Paste the README's quickstart "
         "(or click a block), Enter runs it; Shift+Enter adds a line.</div>"
     )
 

@@ -1,4 +1,4 @@
-"""The curl console's shell: a small, honest subset of sh, enough to run docs/serve.md's quickstart verbatim.
+"""The curl console's shell: a small, honest subset of sh, enough to run the README's quickstart verbatim.
 
 Supported (anything else is refused with "not supported in this console: ..."):
 
