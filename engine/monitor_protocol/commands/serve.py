@@ -176,6 +176,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 1
     from ..binding.asgi import create_app
     from ..binding.rest import RestRouter
+    from ..push import delivery_task
     from ..service import MonitorService
     from ..store.sqlite import SQLiteStore, StoreLocked
 
@@ -225,7 +226,10 @@ def run(name: str, args: argparse.Namespace) -> int:
             )
             return 1
         port = sock.getsockname()[1]
-        app = create_app(service, router, store=store, max_body=args.max_body)
+        # HTTP push (protocol: http subscriptions) runs beside the server; idle while there are none.
+        app = create_app(
+            service, router, store=store, max_body=args.max_body, background_tasks=[delivery_task]
+        )
 
         url = _url(args.host, port)
         print(f"Monitor Protocol server on {url}/mp/v0  (discover: {url}/mp/v0/discover)")

@@ -1,0 +1,81 @@
+"""`mp serve` itself runs HTTP push: a real server delivers a signed batch to a local sink and commits it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+from monitor_protocol.push import verify
+from serverutil import running_server
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.batches: list[dict] = []
+        self.headers: list[dict[str, str]] = []
+        self.bodies: list[bytes] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["content-length"]))
+                sink.headers.append({k.lower(): v for k, v in self.headers.items()})
+                sink.bodies.append(body)
+                sink.batches.append(json.loads(body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_mp_serve_pushes_signed_batches_and_commits_them(tmp_path):
+    sink = Sink()
+    try:
+        with running_server(tmp_path, "--db", str(tmp_path / "push.db")) as (base, _proc):
+            api = base + "/mp/v0"
+            owner = httpx.post(f"{api}/monitors", json={"id": "ci", "types": ["com.example.ci.run"]}).json()[
+                "owner_token"
+            ]
+            sub = httpx.post(
+                f"{api}/subscriptions",
+                json={
+                    "monitor": "ci",
+                    "subscriber": "webhook:receiver",
+                    "protocol": "http",
+                    "sink": sink.url,
+                    "filter": {"types": ["com.example.ci.run"]},
+                },
+                headers={"authorization": f"Bearer {owner}"},
+            ).json()
+            r = httpx.post(
+                f"{api}/monitors/ci/observations",
+                json={"type": "com.example.ci.run", "subject": "build-1", "actor": "probe:ci"},
+                headers={"authorization": f"Bearer {owner}"},
+            )
+            assert r.status_code == 201
+            seq = r.json()["seq"]
+            deadline = time.monotonic() + 20
+            info = None
+            while time.monotonic() < deadline:
+                info = httpx.get(
+                    f"{api}/subscriptions/{sub['subscription']['id']}",
+                    headers={"authorization": f"Bearer {sub['token']}"},
+                ).json()
+                if info["cursor"] > seq:
+                    break
+                time.sleep(0.05)
+            delivered = [o for b in sink.batches for o in b["observations"]]
+            assert [o["subject"] for o in delivered] == ["build-1"]
+            assert verify(sub["sink_secret"], sink.headers[0], sink.bodies[0])
+            assert not verify(sub["sink_secret"], sink.headers[0], sink.bodies[0] + b" ")  # control
+            assert info is not None and info["cursor"] == seq + 1 and info["lag"] == 0  # committed on 2xx
+    finally:
+        sink.server.shutdown()
