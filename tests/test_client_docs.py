@@ -1,4 +1,4 @@
-"""docs/doors.md: the Python example runs verbatim against a live `mp serve`, and the documented doors exist."""
+"""The README's Python example runs verbatim against a live `mp serve`; the documented doors exist."""
 
 from __future__ import annotations
 
@@ -10,12 +10,22 @@ from pathlib import Path
 
 from serverutil import mp_env, running_server
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "doors.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "doors.md"
+sys.path.insert(0, str(ROOT))
+import build  # noqa: E402  (finds README sections)
+
+README_DOORS = build.readme_section("Doors for agents and programs")
 
 
 def python_example() -> str:
-    section = DOC.read_text().split("## From Python", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```python\n(.*?)```", README_DOORS, re.S).group(1)
+
+
+def test_readme_mcp_configuration_is_valid_json() -> None:
+    block = re.search(r"```json\n(.*?)```", README_DOORS, re.S).group(1)
+    server = json.loads(block)["mcpServers"]["monitors"]
+    assert server["command"] == "mp" and server["args"][:2] == ["mcp", "--db"]
 
 
 def test_python_example_runs_verbatim(tmp_path: Path) -> None:
