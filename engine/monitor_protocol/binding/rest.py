@@ -14,7 +14,8 @@ from typing import Any
 from .. import tokens
 from ..errors import ProtocolError
 from ..filters import LIST_KEYS
-from ..service import MonitorService, _as_int
+from ..service import MonitorService
+from ..validation import as_int
 from ..vocab import FILTER_KEYS, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
 from . import jsonrpc
 from .messages import LongPoll, Request, Response
@@ -272,7 +273,7 @@ def _subscription(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
 @route("GET", "/subscriptions/{id}/pull")
 def _pull(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
     wait_raw = _single(req.query, "wait")
-    wait = _as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
+    wait = as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
     cursor = _single(req.query, "cursor")
     body = r.service.pull(
         p["id"],
