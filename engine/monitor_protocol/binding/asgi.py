@@ -4,9 +4,10 @@ What this module adds to the router, and nothing else:
 
 * the body cap: a request whose Content-Length, or whose bytes read so far, exceed ``max_body`` is refused
   with 413 TOO_LARGE before the rest is read;
-* one engine thread: every engine call (router, sweep, close) runs on a single dedicated thread, so the
-  event loop never blocks on SQLite and the engine is entered by one thread at a time; calls that queue
-  up meanwhile share one group commit (``store.batch()``), and none is answered before it is durable;
+* one engine at a time: the calls made during one event-loop iteration form one batch and one group
+  commit (``store.batch()``); an idle engine runs the batch right on the loop (no thread hop), a busy one
+  hands it to the engine thread, a lock keeps it to one entrant, and no call is answered before its
+  commit is durable;
 * long poll: an empty pull that asked to wait is held on an ``asyncio.Event`` fed by
   ``service.add_listener`` and re-handled as soon as its monitor gets an append (no polling);
 * SSE at ``GET /mp/v0/subscriptions/{id}/stream``: read-only replays of the pull route (the ``cursor``
@@ -85,11 +86,12 @@ Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None
 
 
 class EngineThread:
-    """The one thread that ever enters the engine (SQLite has one writer; the engine is not thread-safe).
+    """Enters the engine for everyone, one entrant at a time (SQLite has one writer; the engine is not
+    thread-safe): on the event loop when the engine is idle, else on this class's own thread.
 
-    Calls that queue up while it works are run together inside the store's ``batch()`` when it has one
-    (group commit: many requests, one fsync), and no caller hears its result before that commit, so every
-    success a client is told about is already durable.
+    Calls that arrive together are run inside the store's ``batch()`` when it has one (group commit: many
+    requests, one fsync), and no caller hears its result before that commit, so every success a client is
+    told about is already durable.
     """
 
     def __init__(self, store: Any = None, max_batch: int = 64) -> None:
@@ -100,6 +102,8 @@ class EngineThread:
         # that arrived together share one group commit (and one thread wake-up).
         self._pending: list[Job] = []
         self._flush_scheduled = False
+        # The engine is entered by one thread at a time: this thread, or the event loop when it is idle.
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="mp-engine", daemon=True)
         self._thread.start()
         self._stopped = False
@@ -127,8 +131,23 @@ class EngineThread:
     def _flush(self) -> None:
         self._flush_scheduled = False
         jobs, self._pending = self._pending, []
-        if jobs:
-            self._queue.put(jobs)
+        if not jobs:
+            return
+        # When the engine is idle, run the batch right here: no thread hop either way. Requests that arrive
+        # meanwhile wait in the socket buffers and form the next loop iteration's group commit.
+        if self._queue.empty() and self._lock.acquire(blocking=False):
+            try:
+                outcomes = self._commit(jobs)
+            finally:
+                self._lock.release()
+            _deliver_all(
+                [
+                    (deliver, outcome)
+                    for (_fn, _args, _loop, deliver), outcome in zip(jobs, outcomes, strict=True)
+                ]
+            )
+            return
+        self._queue.put(jobs)
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the engine thread from any other thread, blocking until it is done."""
@@ -175,16 +194,20 @@ class EngineThread:
             if stop:
                 return
 
-    def _execute(self, jobs: list[Job]) -> None:
+    def _commit(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
+        """Run the calls, as one group commit where the store has one; the caller holds the lock."""
         if len(jobs) == 1 or self._batch is None:
-            outcomes = [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
-        else:
-            try:
-                with self._batch():
-                    outcomes = [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
-            except BaseException as exc:  # the group commit failed: nothing in it may be reported as done
-                log.exception("group commit of %d engine calls failed", len(jobs))
-                outcomes = [(False, exc)] * len(jobs)
+            return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+        try:
+            with self._batch():
+                return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+        except BaseException as exc:  # the group commit failed: nothing in it may be reported as done
+            log.exception("group commit of %d engine calls failed", len(jobs))
+            return [(False, exc)] * len(jobs)
+
+    def _execute(self, jobs: list[Job]) -> None:
+        with self._lock:
+            outcomes = self._commit(jobs)
         # Replies go back once the commit is on disk: one wake-up per event loop, not one per request.
         by_loop: dict[Any, list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]] = {}
         for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
