@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -124,7 +125,10 @@ class EngineHost:
         while response.long_poll is not None and response.long_poll.wait_seconds > 0:
             waited = await self._wait_for_append(response.long_poll.monitor, response.long_poll.wait_seconds)
             remaining = max(0.0, response.long_poll.wait_seconds - waited)
-            request.query = [(k, v) for k, v in request.query if k != "wait"] + [("wait", f"{remaining:.3f}")]
+            # wait is a whole number of seconds on the wire: ask again with what is left, rounded up.
+            request.query = [(k, v) for k, v in request.query if k != "wait"] + [
+                ("wait", str(math.ceil(remaining)))
+            ]
             response = router.handle(request)
             await self._durable(caller_waits_for_commit)
             if remaining <= 0:

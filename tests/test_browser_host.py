@@ -1,0 +1,49 @@
+"""The playground's EngineHost (plain CPython): every call goes through the router, long polls wake on the
+append, and the admin door is the page's alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+from monitor_protocol.browser.host import EngineHost
+
+
+async def _feed(host: EngineHost) -> tuple[str, str, str]:
+    r = await host.call("POST", "/monitors", {"id": "ci", "types": ["com.example.ci.run"]})
+    owner = r.body["owner_token"]
+    r = await host.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:r"}, token=owner)
+    sub, reader = r.body["subscription"]["id"], r.body["token"]
+    first = await host.call("GET", f"/subscriptions/{sub}/pull", token=reader)
+    await host.call("POST", f"/subscriptions/{sub}/ack", {"cursor": first.body["next"]}, token=reader)
+    return owner, sub, reader
+
+
+async def test_long_poll_wakes_on_the_append():
+    host = EngineHost()
+    owner, sub, reader = await _feed(host)
+    waiting = asyncio.ensure_future(
+        host.call("GET", f"/subscriptions/{sub}/pull", token=reader, query={"wait": 5})
+    )
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # held: nothing to deliver yet
+    await host.call(
+        "POST", "/monitors/ci/observations", {"type": "com.example.ci.run", "subject": "b1"}, token=owner
+    )
+    reply = await asyncio.wait_for(waiting, 5)
+    assert reply.status == 200 and [o["subject"] for o in reply.body["observations"]] == ["b1"]
+
+
+async def test_long_poll_that_times_out_answers_empty():
+    host = EngineHost()
+    _owner, sub, reader = await _feed(host)
+    reply = await host.call("GET", f"/subscriptions/{sub}/pull", token=reader, query={"wait": 1})
+    assert reply.status == 200 and reply.body["observations"] == []
+
+
+async def test_admin_door_is_the_pages_alone():
+    host = EngineHost()
+    await _feed(host)
+    mine = await host.call("GET", "/admin/log", query={"monitor": "ci"}, admin=True)
+    assert mine.status == 200 and mine.body["observations"][0]["type"] == "ai.mentu.monitor.configured"
+    theirs = await host.call("GET", "/admin/log", query={"monitor": "ci"}, token="guess")
+    assert theirs.status == 404  # the public router has no admin routes at all
