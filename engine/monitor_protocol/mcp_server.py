@@ -35,6 +35,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 
 from .errors import ProtocolError
+from .validation import as_int
 from .vocab import (
     CAPABILITIES,
     EXTENSION_ID,
@@ -367,7 +368,7 @@ class RemoteBackend:
         if limit is not None:
             params.append(("limit", str(limit)))
         if wait:
-            params.append(("wait", str(wait)))
+            params.append(("wait", str(int(wait))))  # whole seconds on the wire
         params.extend(filter_params(filter))
         timeout = self.client.timeout + (float(wait) + LONG_POLL_MARGIN if wait else 0.0)
         return await self._req("GET", f"/subscriptions/{_seg(sub_id)}/pull", token, None, params, timeout)
@@ -528,7 +529,7 @@ async def _pull(b: Any, a: dict[str, Any]) -> Any:
         _tok(a, READER_ENV),
         cursor=a.get("cursor"),
         limit=a.get("limit"),
-        wait=float(a.get("wait") or 0),
+        wait=as_int(a.get("wait") or 0, "wait", minimum=0, maximum=int(MAX_WAIT_SECONDS)),
         filter=a.get("filter"),
     )
 
@@ -672,7 +673,7 @@ def tool_specs() -> list[ToolSpec]:
                 **sub,
                 "cursor": _s("integer", "read-only replay from this seq"),
                 "limit": _s("integer", "1..200 (default 50)"),
-                "wait": _s("number", "long poll seconds (0..50)"),
+                "wait": _s("integer", "long poll whole seconds (0..50)"),
                 "filter": FILTER,
             },
             ["subscription"],
@@ -846,6 +847,8 @@ class MonitorMCP:
             result = await spec.run(self.backend, dict(params.arguments or {}))
         except ToolFailure as failure:
             return self._failure(failure.body)
+        except ProtocolError as err:  # an argument refused before it reached the engine or the server
+            return self._failure(err.body())
         structured = result if isinstance(result, dict) else {"result": result}
         return types.CallToolResult(
             content=[types.TextContent(text=_text(result))], structured_content=structured

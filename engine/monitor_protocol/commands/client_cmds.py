@@ -193,7 +193,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("subscription", help="subscription id (sub-...)")
         parser.add_argument("--cursor", type=cursor_arg, help="read-only replay from this seq")
         parser.add_argument("--limit", type=int, help="1..200 (server default 50)")
-        parser.add_argument("--wait", type=float, help="long poll up to this many seconds (0..50)")
+        parser.add_argument("--wait", type=int, help="long poll up to this many whole seconds (0..50)")
         parser.add_argument("--filter", type=json_object_arg, help="inline filter (narrows, never widens)")
     elif name == "ack":
         parser.add_argument("subscription", help="subscription id")

@@ -43,7 +43,9 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("MP_BASE", DEFAULT_BASE),
         help="server URL (env MP_BASE, default %(default)s)",
     )
-    parser.add_argument("--wait", type=float, default=30.0, help="long poll seconds per request (default 30)")
+    parser.add_argument(
+        "--wait", type=int, default=30, help="long poll whole seconds per request, 0..50 (default 30)"
+    )
     parser.add_argument("--limit", type=int, default=None, help="observations per batch (1..200)")
     parser.add_argument(
         "--manual-ack",
@@ -81,7 +83,7 @@ class Watch:
     ) -> None:
         self.c = client
         self.sub = args.subscription
-        self.wait = max(0.0, float(args.wait))
+        self.wait = max(0, int(args.wait))
         self.limit = args.limit
         self.manual = bool(args.manual_ack)
         self.catch_up = bool(args.catch_up)
