@@ -1,0 +1,48 @@
+"""The engine and its in-browser pieces import nothing outside the standard library (they run on Pyodide),
+while the doors that may use packages (server, client, MCP) stay out of the core's import graph."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+CORE = [
+    "monitor_protocol.service",
+    "monitor_protocol.store.memory",
+    "monitor_protocol.store.sqlite",
+    "monitor_protocol.store.indexeddb",
+    "monitor_protocol.binding.rest",
+    "monitor_protocol.binding.jsonrpc",
+    "monitor_protocol.browser.host",
+    "monitor_protocol.conformance",
+    "monitor_protocol.conformance.inprocess",
+    "monitor_protocol.schemas",
+]
+
+PROBE = """
+import importlib, sys
+before = set(sys.modules)
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+outside = sorted(
+    m for m in set(sys.modules) - before
+    if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "monitor_protocol"
+)
+print(",".join(outside))
+"""
+
+
+def imported_outside_stdlib(*modules: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, *modules], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return [m for m in out.split(",") if m]
+
+
+def test_the_core_imports_only_the_standard_library():
+    assert imported_outside_stdlib(*CORE) == []
+
+
+def test_the_probe_sees_a_package_import():
+    # positive control: the HTTP client door does pull in httpx, and the probe notices
+    assert "httpx" in imported_outside_stdlib("monitor_protocol.client")
