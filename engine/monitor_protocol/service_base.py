@@ -6,7 +6,7 @@ import time as _time
 from collections.abc import Callable
 from typing import Any
 
-from . import events, tokens
+from . import __version__, events, tokens
 from .errors import ProtocolError
 from .store.base import Record, Store
 from .validation import invalid
@@ -28,7 +28,7 @@ from .vocab import (
 )
 
 SERVER_NAME = "monitor-protocol-python"
-SERVER_VERSION = "0.1.0"
+SERVER_VERSION = __version__
 PUBLISHABLE_PROTOCOL_TYPES = (T_CONTRADICTION, T_CONTRADICTION_RESOLVED)
 UPDATABLE_FIELDS = (
     "name",
