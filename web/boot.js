@@ -130,7 +130,7 @@ function done(tx) {
     tx.onabort = () => reject(tx.error || new Error("IndexedDB transaction aborted"));
   });
 }
-// JSON text exactly as Python's json.dumps(x, separators=(",", ":")) writes it (ASCII: others as \uXXXX).
+// JSON text exactly as Python's json.dumps(x, separators=(",", ":")) writes it (ASCII: everything else as \u escapes).
 const asciiJson = (x) =>
   JSON.stringify(x).replace(/[\u007f-\uffff]/g, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
 MP.idb = {

@@ -260,9 +260,9 @@ class MonitorApp:
     ) -> None:
         self.service = service
         self.router = router
-        self.store = store
+        self.store = store if store is not None else getattr(service, "store", None)
         self.max_body = int(max_body)
-        self.engine = engine or EngineThread(store)
+        self.engine = engine or EngineThread(self.store)
         self.sweep_interval = sweep_interval
         self.heartbeat_seconds = heartbeat_seconds
         self.background_tasks: list[BackgroundTask] = list(background_tasks)
@@ -691,33 +691,10 @@ class MonitorApp:
             log.exception("background task %r failed", task)
 
 
-def create_app(
-    service: Any,
-    router: Any,
-    *,
-    store: Any = None,
-    max_body: int = DEFAULT_MAX_BODY,
-    engine: EngineThread | None = None,
-    sweep_interval: float | None = SWEEP_INTERVAL_SECONDS,
-    heartbeat_seconds: float = SSE_HEARTBEAT_SECONDS,
-    background_tasks: Iterable[BackgroundTask] = (),
-    on_startup: Iterable[Hook] = (),
-    on_shutdown: Iterable[Hook] = (),
-) -> MonitorApp:
-    """Build the ASGI app around a service and its router (``store`` defaults to ``service.store``)."""
-    store = store if store is not None else getattr(service, "store", None)
-    return MonitorApp(
-        service,
-        router,
-        store=store,
-        max_body=max_body,
-        engine=engine,
-        sweep_interval=sweep_interval,
-        heartbeat_seconds=heartbeat_seconds,
-        background_tasks=background_tasks,
-        on_startup=on_startup,
-        on_shutdown=on_shutdown,
-    )
+def create_app(service: Any, router: Any, **options: Any) -> MonitorApp:
+    """Build the ASGI app around a service and its router; ``options`` are MonitorApp's (``store``
+    defaults to ``service.store``)."""
+    return MonitorApp(service, router, **options)
 
 
 # -- helpers -----------------------------------------------------------------------------------------
