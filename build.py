@@ -415,8 +415,23 @@ def ensure_venv() -> None:
     stamp.write_text(key + "\n")
 
 
+# Debian's Chromium and the flags that keep it offline and quiet here (BROWSER.md); e2e and the playground
+# benchmark launch it with exactly these.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
 def ensure_chromium() -> None:
-    if Path("/usr/bin/chromium").exists():
+    if Path(CHROMIUM).exists():
         return
     if os.geteuid() != 0:
         fail("Chromium is missing and this is not root. Install it with:\n  sudo apt-get update && "
@@ -424,8 +439,8 @@ def ensure_chromium() -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update"], env=env)
     run(["apt-get", "install", "-y", "--no-install-recommends", "chromium"], env=env)
-    if not Path("/usr/bin/chromium").exists():
-        fail("apt-get installed chromium but /usr/bin/chromium is still missing")
+    if not Path(CHROMIUM).exists():
+        fail(f"apt-get installed chromium but {CHROMIUM} is still missing")
 
 
 def test(no_e2e: bool, extra: list[str]) -> None:

@@ -26,17 +26,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MP_SERVE_QUIET", "1")
 import build  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM = build.CHROMIUM
+ARGS = build.CHROMIUM_ARGS
 TARGET_COLD_S = 4.0
 
 PUBLISH_LOOP = """async ([n, parallel]) => {

@@ -19,17 +19,8 @@ sys.path.insert(0, str(ROOT))
 import build  # noqa: E402
 
 os.environ.setdefault("MP_SERVE_QUIET", "1")
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM = build.CHROMIUM
+ARGS = build.CHROMIUM_ARGS
 ARTIFACTS = ROOT / "test-artifacts"
 
 
