@@ -55,8 +55,11 @@ def test_p1_non_human_owner_has_a_ceiling(h):
     tok = r.body["owner_token"]
     refused = h.publish("bot", tok, actor="agent:bot", origin="human", tier="src")
     assert refused.status == 403 and refused.body["code"] == "PROVENANCE_CEILING"
-    inferred = h.publish("bot", tok, actor="human:someone")  # inferred human origin becomes agent
-    assert inferred.status == 201 and inferred.body["observation"]["origin"] == "agent"
+    # A person's name under a machine's token is another person than the owner (rule 6): refused.
+    posing = h.publish("bot", tok, actor="human:someone")
+    assert posing.status == 403 and posing.body["code"] == "PROVENANCE_CEILING"
+    accepted = h.publish("bot", tok, actor="agent:bot")  # positive control: the owner itself
+    assert accepted.status == 201 and accepted.body["observation"]["origin"] == "agent"
 
 
 def test_p2_a_rejection_is_evidence(h):

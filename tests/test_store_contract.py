@@ -1,36 +1,53 @@
 """The store contract, one module for every store: memory, SQLite, and memory restored from its own change
-journal (what the browser's IndexedDB door persists and loads back)."""
+journal exactly as the browser's IndexedDB door encodes, persists and loads it back."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
-from monitor_protocol.store.memory import MemoryStore
+from monitor_protocol.store.indexeddb import decode_records, encode_changes, record_key
+from monitor_protocol.store.memory import TABLES, MemoryStore
 from monitor_protocol.store.sqlite import SQLiteStore, StoreLocked
+
+# A subscription taken by another id: SQLite's unique index raises IntegrityError, the memory store ValueError.
+NameTaken = (ValueError, sqlite3.IntegrityError)
 
 
 class JournalReplayStore(MemoryStore):
     """A MemoryStore whose every read comes from a fresh store loaded from the persisted journal, so the
-    contract holds for the IndexedDB door's drain_changes()/load() round trip too."""
+    contract holds for the IndexedDB door's drain_changes()/load() round trip too. `persisted` plays boot.js
+    `MP.idb`: `apply()` stores each change under record_key(table, key) as JSON text, `loadAll()` returns
+    `[[recordKey, valueJson], ...]`, which decode_records turns back into load()'s input."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.persisted: dict[tuple[str, str], object] = {}
+        self.persisted: dict[str, str] = {}
 
     def reload(self) -> MemoryStore:
-        for table, key, value in self.drain_changes():
+        for table, key, value in json.loads(encode_changes(self.drain_changes())):
+            assert table in TABLES, table
             if value is None:
-                self.persisted.pop((table, key), None)
+                self.persisted.pop(record_key(table, key), None)
             else:
-                self.persisted[(table, key)] = value
+                self.persisted[record_key(table, key)] = json.dumps(value)
         fresh = MemoryStore()
-        fresh.load([(t, k, v) for (t, k), v in self.persisted.items()])
+        fresh.load(decode_records(json.dumps(sorted(self.persisted.items()))))
         return fresh
 
 
-def _sub(sid: str, monitor: str = "m1", subscriber: str = "agent:a", token_hash: str = "h1") -> dict:
-    return {"id": sid, "monitor": monitor, "subscriber": subscriber, "token_hash": token_hash, "cursor": 0}
+def _sub(
+    sid: str, monitor: str = "m1", subscriber: str = "agent:a", token_hash: str = "h1", active: bool = True
+) -> dict:
+    return {
+        "id": sid,
+        "monitor": monitor,
+        "subscriber": subscriber,
+        "token_hash": token_hash,
+        "cursor": 0,
+        "active": active,
+    }
 
 
 def _event(monitor: str, seq: int) -> dict:
@@ -147,6 +164,100 @@ def test_returned_records_are_copies(store):
     rec = store.get_monitor("m1")
     rec["tags"].append("b")
     assert store.get_monitor("m1") == {"id": "m1", "tags": ["a"]}
+
+
+def test_put_subscription_never_replaces_another(store):
+    with store.transaction():
+        store.put_subscription(_sub("sub-1", subscriber="agent:a", token_hash="h1"))
+        store.put_subscription(_sub("sub-2", subscriber="agent:b", token_hash="h2"))
+    # a new id under a name that another subscription holds
+    with pytest.raises(NameTaken), store.transaction():
+        store.put_subscription(_sub("sub-3", subscriber="agent:a", token_hash="h3"))
+    # an existing id renamed onto a name that another subscription holds
+    with pytest.raises(NameTaken), store.transaction():
+        store.put_subscription(_sub("sub-2", subscriber="agent:a", token_hash="h2"))
+    v = view(store)
+    assert [s["id"] for s in v.list_subscriptions("m1")] == ["sub-1", "sub-2"]
+    assert v.find_subscription("m1", "agent:a")["id"] == "sub-1"
+    assert v.find_subscription("m1", "agent:b")["id"] == "sub-2"
+    assert v.get_subscription("sub-3") is None and v.find_subscription_by_token("h3") is None
+    # the same name on another monitor, and an update of a subscription under its own name, are fine
+    with store.transaction():
+        store.put_subscription(_sub("sub-4", monitor="m2", subscriber="agent:a", token_hash="h4"))
+        store.put_subscription(_sub("sub-1", subscriber="agent:a", token_hash="h1b"))
+        store.put_subscription(_sub("sub-2", subscriber="agent:c", token_hash="h2"))
+    v = view(store)
+    assert v.find_subscription("m2", "agent:a")["id"] == "sub-4"
+    assert v.find_subscription_by_token("h1b")["id"] == "sub-1" and v.find_subscription_by_token("h1") is None
+    assert (
+        v.find_subscription("m1", "agent:c")["id"] == "sub-2" and v.find_subscription("m1", "agent:b") is None
+    )
+
+
+def test_count_active_subscriptions(store):
+    assert store.count_active_subscriptions("m1") == 0
+    with store.transaction():
+        for i in range(5):
+            store.put_subscription(
+                _sub(f"sub-{i}", subscriber=f"agent:{i}", token_hash=f"h{i}", active=i != 3)
+            )
+        store.put_subscription(_sub("other", monitor="m2", subscriber="agent:0", token_hash="hx"))
+    assert view(store).count_active_subscriptions("m1") == 4
+    with store.transaction():
+        store.put_subscription(_sub("sub-0", subscriber="agent:0", token_hash="h0", active=False))
+        store.put_subscription(_sub("sub-3", subscriber="agent:3", token_hash="h3", active=True))
+        store.put_subscription(_sub("sub-4", subscriber="agent:4", token_hash="h4", active=False))
+    with pytest.raises(RuntimeError), store.transaction():
+        store.put_subscription(_sub("sub-1", subscriber="agent:1", token_hash="h1", active=False))
+        store.put_subscription(_sub("sub-9", subscriber="agent:9", token_hash="h9"))
+        raise RuntimeError("abort")
+    v = view(store)
+    assert v.count_active_subscriptions("m1") == 3
+    assert v.count_active_subscriptions("m1") == sum(1 for s in v.list_subscriptions("m1") if s["active"])
+    assert v.count_active_subscriptions("m2") == 1 and v.count_active_subscriptions("nope") == 0
+
+
+def test_idempotency_keys_are_kept_per_monitor(store):
+    assert store.get_idempotency("m1", "k1") is None
+    with store.transaction():
+        store.put_idempotency("m1", "k1", {"seq": 12, "at": 1764000000.5})
+        store.put_idempotency("m2", "k1", {"seq": 3, "at": 1764000001.0})
+        store.put_idempotency("m1", 'odd "key"/[1]', {"seq": 13, "at": 1764000002.0})
+    v = view(store)
+    assert v.get_idempotency("m1", "k1") == {"seq": 12, "at": 1764000000.5}
+    assert v.get_idempotency("m2", "k1") == {"seq": 3, "at": 1764000001.0}
+    assert v.get_idempotency("m1", 'odd "key"/[1]')["seq"] == 13
+    assert v.get_idempotency("m1", "k2") is None and v.get_idempotency("m3", "k1") is None
+    rec = store.get_idempotency("m1", "k1")
+    rec["seq"] = 99
+    assert store.get_idempotency("m1", "k1")["seq"] == 12  # a copy
+
+
+def test_idempotency_rollback_and_purge(store):
+    with store.transaction():
+        store.put_idempotency("m1", "old", {"seq": 1, "at": 100.0})
+        store.put_idempotency("m1", "edge", {"seq": 2, "at": 200.0})
+        store.put_idempotency("m2", "new", {"seq": 1, "at": 300.0})
+    with pytest.raises(RuntimeError), store.transaction():
+        store.put_idempotency("m1", "old", {"seq": 7, "at": 999.0})
+        store.put_idempotency("m1", "lost", {"seq": 8, "at": 999.0})
+        assert store.purge_idempotency(1000.0) == 4
+        raise RuntimeError("abort")
+    v = view(store)
+    assert (
+        v.get_idempotency("m1", "old") == {"seq": 1, "at": 100.0} and v.get_idempotency("m1", "lost") is None
+    )
+    assert v.get_idempotency("m2", "new")["seq"] == 1
+    with store.transaction():
+        assert store.purge_idempotency(200.0) == 1  # strictly before: "edge" (at 200.0) stays
+    v = view(store)
+    assert v.get_idempotency("m1", "old") is None
+    assert v.get_idempotency("m1", "edge")["seq"] == 2 and v.get_idempotency("m2", "new")["seq"] == 1
+    with store.transaction():
+        assert store.purge_idempotency(1e12) == 2
+        assert store.purge_idempotency(1e12) == 0
+    v = view(store)
+    assert v.get_idempotency("m1", "edge") is None and v.get_idempotency("m2", "new") is None
 
 
 def test_sqlite_commit_survives_reopen_and_rollback_does_not(tmp_path):

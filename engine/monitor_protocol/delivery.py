@@ -5,20 +5,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import filters, timefmt, tokens
+from . import filters, netguard, timefmt, tokens
 from .errors import ProtocolError
 from .service_base import (
     ServiceCore,
 )
 from .store.base import Record
-from .validation import as_int, check_actor, check_vocab, check_vocab_list, invalid, require_object
+from .validation import (
+    as_int,
+    check_actor,
+    check_name,
+    check_reason,
+    check_vocab,
+    check_vocab_list,
+    invalid,
+    require_object,
+)
 from .vocab import (
     CAPABILITIES,
     DEFAULT_LIMIT,
     LAG_COUNT_CAP,
+    MAX_ACTIVE_SUBSCRIPTIONS,
+    MAX_INTEGER,
     MAX_LIMIT,
     PROTOCOLS,
     RESET_POLICIES,
+    SCAN_BUDGET,
+    SUBSCRIPTION_ID_HEX,
     T_BOOKMARK,
     T_SUBSCRIBED,
     T_SUBSCRIPTION_RETIRED,
@@ -52,6 +65,15 @@ class DeliveryRules(ServiceCore):
                 f"{subscriber} already subscribes to {monitor_id}; a name is not a credential. Re-subscribe "
                 "with that subscription's current token or the owner's token.",
             )
+        # On a private monitor only a grant made with the owner's token survives: a revoked reader's old
+        # token opens nothing.
+        if (
+            rec["visibility"] == "private"
+            and existing is not None
+            and not is_owner
+            and existing.get("_grant", "default") != "owner"
+        ):
+            raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
         if is_owner or is_sub_token:
             grant = list(rec["capabilities"])
         else:
@@ -70,10 +92,20 @@ class DeliveryRules(ServiceCore):
                 monitor_capabilities=list(rec["capabilities"]),
                 requested=requested,
             )
-        if rec["visibility"] == "shared" and not (is_owner or is_sub_token or holds_existing):
+        if rec["visibility"] == "shared" and not (
+            is_owner
+            or is_sub_token
+            or (holds_existing and existing.get("_grant", "default") in ("owner", "subscribe"))
+        ):
             raise ProtocolError(
                 "UNAUTHORIZED",
                 f"Monitor {monitor_id} is shared: subscribing needs its subscribe token (or the owner's).",
+            )
+        # What this subscription's grant rests on, so a narrowed definition can revoke it (section 8).
+        basis = "owner" if is_owner else "subscribe" if is_sub_token else None
+        if basis is None:
+            basis = (
+                existing.get("_grant", "default") if holds_existing and existing is not None else "default"
             )
         flt = filters.validate(body.get("filter"), rec.get("types") or [])
         protocol = body.get("protocol", existing["protocol"] if existing else "pull")
@@ -82,10 +114,22 @@ class DeliveryRules(ServiceCore):
         check_vocab(reset_policy, RESET_POLICIES, "reset_policy")
         sink = body.get("sink", existing.get("sink") if existing else None)
         if protocol == "http":
+            if basis == "default":
+                raise ProtocolError(
+                    "UNAUTHORIZED",
+                    "An HTTP push subscription needs the monitor's owner or subscribe token: the server "
+                    "will POST to the sink on the monitor's behalf.",
+                )
             if not isinstance(sink, str) or not sink.startswith(("http://", "https://")):
                 raise invalid('protocol "http" needs a sink URL such as "https://example.com/hook".')
-        elif sink is not None and not isinstance(sink, str):
-            raise invalid("sink must be a URL string or null.")
+            check_name(sink, "sink", '"https://example.com/hook"')
+            refusal = netguard.sink_refusal(sink, self.allowed_sinks)
+            if refusal is not None:
+                raise invalid(refusal, sink=sink)
+        elif sink is not None:
+            if not isinstance(sink, str):
+                raise invalid("sink must be a URL string or null.")
+            check_name(sink, "sink", '"https://example.com/hook"')
         mute = body.get(
             "retire_after_mute_seconds", existing.get("retire_after_mute_seconds") if existing else None
         )
@@ -105,10 +149,19 @@ class DeliveryRules(ServiceCore):
             else:
                 raise invalid('from must be "head", "earliest" or a non-negative integer seq.', invalid=frm)
         now = self._now()
+        if (existing is None or not existing["active"]) and self.store.count_active_subscriptions(
+            monitor_id
+        ) >= MAX_ACTIVE_SUBSCRIPTIONS:
+            raise ProtocolError(
+                "OVER_BUDGET",
+                f"Monitor {monitor_id} has {MAX_ACTIVE_SUBSCRIPTIONS} active subscriptions, the most it "
+                "serves; retire one first.",
+                limit=MAX_ACTIVE_SUBSCRIPTIONS,
+            )
         token_out = tokens.mint("mpr")
         if existing is None:
             sub: Record = {
-                "id": tokens.new_id("sub"),
+                "id": self._new_subscription_id(),
                 "monitor": monitor_id,
                 "subscriber": subscriber,
                 "filter": flt,
@@ -126,6 +179,7 @@ class DeliveryRules(ServiceCore):
                 "_mute_since": now,
                 "_last_ack": None,
                 "_relist": False,
+                "_grant": basis,
             }
             renewed = False
         else:
@@ -152,6 +206,8 @@ class DeliveryRules(ServiceCore):
                     "active": True,
                     "token_hash": tokens.digest(token_out),
                     "_mute_since": now,
+                    "_grant": basis,
+                    "_revoked": False,
                 }
             )
             renewed = True
@@ -187,6 +243,13 @@ class DeliveryRules(ServiceCore):
             out["sink_secret"] = sub["_sink_secret"]
         return out
 
+    def _new_subscription_id(self) -> str:
+        """sub- and 16 hex digits; a new id never replaces an existing subscription (section 4)."""
+        while True:
+            candidate = tokens.new_id("sub", SUBSCRIPTION_ID_HEX)
+            if self.store.get_subscription(candidate) is None:
+                return candidate
+
     def _mute_seconds(self, rec: Record, sub: Record) -> int:
         return int(
             sub.get("retire_after_mute_seconds")
@@ -218,21 +281,31 @@ class DeliveryRules(ServiceCore):
 
     # ---------------------------------------------------------------------------- lag and pull
     def _lag(self, rec: Record, sub: Record) -> int:
-        """P5: what this subscription would receive if it pulled now, its own filter included."""
+        return self._lag_count(rec, sub)[0]
+
+    def _lag_count(self, rec: Record, sub: Record) -> tuple[int, bool]:
+        """P5: what this subscription would receive if it pulled now, its own filter included, and whether
+        the count is capped. A filtered count examines at most SCAN_BUDGET rows (section 10: no reader can
+        stall the others); past that it reports an upper bound (matched + rows not yet examined)."""
         start = max(sub["cursor"], 1, rec["_floor"])
         head = rec["_head"]
         if start > head:
-            return 0
+            return 0, False
         flt = sub["filter"]
         if filters.is_empty(flt):
-            return head - start + 1
-        count = 0
+            return min(head - start + 1, LAG_COUNT_CAP), head - start + 1 > LAG_COUNT_CAP
+        count = examined = 0
+        last = start - 1
         for event in self.store.scan(rec["id"], start, head):
+            examined += 1
+            last = int(event["id"])
             if filters.matches(flt, event):
                 count += 1
-                if count >= LAG_COUNT_CAP:
-                    break
-        return count
+            if examined >= SCAN_BUDGET:
+                break
+        if last < head and examined >= SCAN_BUDGET:
+            return min(count + head - last, LAG_COUNT_CAP), True
+        return count, False
 
     def pull(
         self,
@@ -262,6 +335,16 @@ class DeliveryRules(ServiceCore):
         lim = DEFAULT_LIMIT if limit is None else as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
         replay = cursor is not None
         inline_flt = filters.validate(inline, rec.get("types") or []) if inline is not None else {}
+        if inline_flt:
+            clash = filters.disjoint(sub["filter"], inline_flt)
+            if clash is not None:
+                raise ProtocolError(
+                    "INVALID_FILTER",
+                    f"The inline filter cannot match anything this subscription's filter lets through "
+                    f"({clash}); an inline filter only narrows the subscription's own.",
+                    subscription_filter=sub["filter"],
+                    inline_filter=inline_flt,
+                )
         for f in (sub["filter"], inline_flt):
             f_lim = filters.limit_of(f)
             if f_lim:
@@ -284,11 +367,16 @@ class DeliveryRules(ServiceCore):
             sub["cursor"] = start
             sub["_relist"] = sub["reset_policy"] == "earliest"
         batch: list[dict[str, Any]] = []
-        for event in self.store.scan(rec["id"], max(start, 1), head):
+        last_examined, capped = max(start, 1) - 1, False
+        for examined, event in enumerate(self.store.scan(rec["id"], max(start, 1), head), start=1):
+            last_examined = int(event["id"])
             if filters.matches(sub["filter"], event) and filters.matches(inline_flt, event):
                 batch.append(event)
                 if len(batch) >= lim:
                     break
+            elif examined >= SCAN_BUDGET and last_examined < head:
+                capped = True  # bounded read: the rest waits for the next pull, from `next`
+                break
         if (
             not replay
             and sub.get("_relist")
@@ -311,7 +399,10 @@ class DeliveryRules(ServiceCore):
             if int(event["id"]) <= hwm:
                 event["redelivered"] = True
                 redelivered += 1
-        next_cursor = int(batch[-1]["id"]) + 1 if batch else head + 1
+        if capped:
+            next_cursor = last_examined + 1  # every row below it was examined and did not match
+        else:
+            next_cursor = int(batch[-1]["id"]) + 1 if batch else head + 1
         if not replay:
             new_hwm = max(hwm, int(batch[-1]["id"])) if batch else hwm
             rec["_counters"]["delivered"] += len(batch) - redelivered
@@ -322,17 +413,23 @@ class DeliveryRules(ServiceCore):
             self.store.put_subscription(sub)
             self.store.put_monitor(rec)
             self._schedule(now + self._mute_seconds(rec, sub))
-        return {
+        lag, lag_capped = self._lag_count(rec, sub)
+        out = {
             "subscription": sub["id"],
             "monitor": rec["id"],
             "cursor": sub["cursor"],
             "head": head,
-            "lag": self._lag(rec, sub),
+            "lag": lag,
             "retention_floor": floor,
             "next": next_cursor,
             "redelivered": redelivered,
             "observations": batch,
         }
+        if lag_capped:
+            out["lag_capped"] = True
+        if capped:
+            out["scan_capped"] = True  # more rows remain past `next`: pull again (after acking `next`)
+        return out
 
     # ---------------------------------------------------------------------------- ack, seek, renew, retire
     def ack(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
@@ -356,6 +453,8 @@ class DeliveryRules(ServiceCore):
         if not is_int and not (isinstance(requested, float) and requested.is_integer()):
             raise invalid(f"cursor must be an integer (the pull reply's next), not {requested!r}.")
         requested = int(requested)
+        if abs(requested) > MAX_INTEGER:
+            raise invalid("cursor must be within 0..2^53.")
         if requested < 0:
             raise invalid(f"cursor must be at least 0 (got {requested}).")
         rec = self._monitor_rec(sub["monitor"])
@@ -389,8 +488,8 @@ class DeliveryRules(ServiceCore):
     def _seek(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
         sub = self._subscription(sub_id, token)
         body = require_object(body, "seek")
-        reason = body.get("reason")
-        if not isinstance(reason, str) or not reason.strip():
+        reason = check_reason(body.get("reason"), "reason")
+        if reason is None or not reason.strip():
             raise invalid('seek needs a reason: {"cursor": <seq>, "reason": "why you are moving"}.')
         if "cursor" not in body:
             raise invalid('seek needs {"cursor": <seq>, "reason": "..."}.')
@@ -431,9 +530,7 @@ class DeliveryRules(ServiceCore):
         def run() -> dict[str, Any]:
             sub = self._subscription(sub_id, token)
             b = require_object(body, "retire")
-            reason = b.get("reason", "by request")
-            if not isinstance(reason, str):
-                raise invalid("reason must be a string.")
+            reason = check_reason(b.get("reason", "by request"), "reason") or "by request"
             rec = self._monitor_rec(sub["monitor"])
             seq = self._retire_sub(rec, sub, sub["subscriber"], "by request", note=reason)
             return {"ok": True, "subscription": sub["id"], "seq": seq, "cursor_kept": sub["cursor"]}

@@ -10,17 +10,25 @@ from .vocab import ERROR_STATUS, JSONRPC_CODE
 class ProtocolError(Exception):
     """A refusal the protocol defines. `extras` travel in the error body beside code, error and done."""
 
-    def __init__(self, code: str, message: str, **extras: Any) -> None:
+    def __init__(self, code: str, message: str, *, http_status: int | None = None, **extras: Any) -> None:
         if code not in ERROR_STATUS:
             raise ValueError(f"unknown protocol error code {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
         self.extras = extras
+        # Only an internal failure overrides the table (UNAVAILABLE as 503, PROTOCOL.md section 10).
+        self.http_status = http_status
 
     @property
     def status(self) -> int:
-        return ERROR_STATUS[self.code]
+        return self.http_status or ERROR_STATUS[self.code]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Transport headers the refusal asks for: Retry-After when the client should simply retry."""
+        retry = self.extras.get("retry_after")
+        return {"retry-after": str(retry)} if isinstance(retry, int) else {}
 
     @property
     def jsonrpc_code(self) -> int:
@@ -33,3 +41,29 @@ class ProtocolError(Exception):
 
     def __repr__(self) -> str:
         return f"ProtocolError({self.code!r}, {self.message!r}, {self.extras!r})"
+
+
+STORAGE_RETRY_AFTER_SECONDS = 1
+
+
+def storage_unavailable(detail: str) -> ProtocolError:
+    """A storage failure (disk full, I/O error) is not bad input: 503 UNAVAILABLE, retry later."""
+    return ProtocolError(
+        "UNAVAILABLE",
+        f"The server's storage failed ({detail}); nothing of this request was written. Retry in a moment.",
+        http_status=503,
+        retry_after=STORAGE_RETRY_AFTER_SECONDS,
+        storage=True,
+    )
+
+
+def internal_failure(incident: str) -> ProtocolError:
+    """A bug in the server is not bad input either: 503 UNAVAILABLE naming the logged incident."""
+    return ProtocolError(
+        "UNAVAILABLE",
+        f"The server failed while handling this request (incident {incident}, logged on the server); "
+        "nothing of it was written. Retry, and report the incident if it keeps failing.",
+        http_status=503,
+        retry_after=STORAGE_RETRY_AFTER_SECONDS,
+        incident=incident,
+    )

@@ -85,8 +85,9 @@ def build_protocol(
     actor: str,
     payload: dict,
 ) -> dict[str, Any]:
-    """A protocol-written observation (section 7): data.payload, data.tags.monitor, tier measured."""
-    origin = "system" if actor.startswith("system:") else _origin_for(actor)
+    """A protocol-written observation (section 7): data.payload, data.tags.monitor, and the provenance of
+    the server's own measurement (origin system, tier measured, machine_verified) whoever the actor is: the
+    actor keeps the name the caller gave, a claim, never a credential."""
     return build(
         monitor=monitor,
         seq=seq,
@@ -94,15 +95,9 @@ def build_protocol(
         subject=subject,
         time=time,
         actor=actor,
-        origin=origin,
+        origin="system",
         tier="measured",
         verification="machine_verified",
         data={"payload": payload},
         tags={"monitor": monitor["id"]},
     )
-
-
-def _origin_for(actor: str) -> str:
-    from .provenance import origin_of_actor
-
-    return origin_of_actor(actor)

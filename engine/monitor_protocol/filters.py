@@ -7,7 +7,18 @@ from typing import Any
 
 from . import timefmt
 from .errors import ProtocolError
-from .vocab import FILTER_KEYS, HORIZONS, ORIGINS, PROTOCOL_TYPES, TAG_KEY_PATTERN, TIERS, TYPE_PATTERN
+from .vocab import (
+    FILTER_KEYS,
+    HORIZONS,
+    MAX_FILTER_BYTES,
+    MAX_FILTER_TEXT_CHARS,
+    MAX_NAME_CHARS,
+    ORIGINS,
+    PROTOCOL_TYPES,
+    TAG_KEY_PATTERN,
+    TIERS,
+    TYPE_PATTERN,
+)
 
 LIST_KEYS = ("types", "sources", "subjects", "actors", "tiers", "origins", "horizons")
 CLOSED_VALUES = {"tiers": TIERS, "origins": ORIGINS, "horizons": HORIZONS}
@@ -27,14 +38,29 @@ def _type_is_known(pattern: str, known: list[str]) -> bool:
 
 
 def validate(raw: Any, declared_types: list[str] | tuple[str, ...] = ()) -> Filter:
-    """Return a normalised filter or raise INVALID_FILTER naming what to send instead."""
+    """Return a normalised filter or raise INVALID_FILTER naming what to send instead (INVALID for a filter
+    over the size limits of section 10)."""
     if raw is None:
         return {}
+    _check_size(raw)
     if isinstance(raw, list):
         if not raw:
             return {}
         return [_validate_one(item, declared_types) for item in raw]
     return _validate_one(raw, declared_types)
+
+
+def _check_size(raw: Any) -> None:
+    from . import wire  # a filter is also a wire value: no NaN, no lone surrogate, bounded depth
+
+    wire.check(raw)
+    size = len(json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > MAX_FILTER_BYTES:
+        raise ProtocolError(
+            "INVALID",
+            f"The filter is {size} bytes as JSON; at most {MAX_FILTER_BYTES} are allowed.",
+            limit=MAX_FILTER_BYTES,
+        )
 
 
 def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -49,11 +75,11 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
                 value = [value]
             is_tag = key.startswith("#")
             if not isinstance(value, list) or not all(
-                isinstance(v, str) or (is_tag and v is None) for v in value
+                (isinstance(v, str) and len(v) <= MAX_NAME_CHARS) or (is_tag and v is None) for v in value
             ):
                 raise ProtocolError(
                     "INVALID_FILTER",
-                    f"Filter key {key!r} takes an array of strings.",
+                    f"Filter key {key!r} takes an array of strings of at most {MAX_NAME_CHARS} characters.",
                     known_keys=_known_keys(),
                 )
             if key in CLOSED_VALUES:
@@ -80,7 +106,7 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
         elif key == "limit":
             if isinstance(value, str) and value.isdigit():
                 value = int(value)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**53:
                 raise ProtocolError(
                     "INVALID_FILTER",
                     "Filter key 'limit' takes an integer of at least 1.",
@@ -92,12 +118,18 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
                 raise ProtocolError(
                     "INVALID_FILTER", "Filter key 'text' takes a string.", known_keys=_known_keys()
                 )
+            if len(value) > MAX_FILTER_TEXT_CHARS:
+                raise ProtocolError(
+                    "INVALID",
+                    f"Filter text is {len(value)} characters; at most {MAX_FILTER_TEXT_CHARS} are allowed.",
+                    limit=MAX_FILTER_TEXT_CHARS,
+                )
             out[key] = value
         else:
             raise ProtocolError(
                 "INVALID_FILTER",
-                f"Unknown filter key {key!r}; use one of {', '.join(_known_keys())}.",
-                invalid=key,
+                f"Unknown filter key {key[:64]!r}; use one of {', '.join(_known_keys())}.",
+                invalid=key[:64],
                 known_keys=_known_keys(),
             )
     return out
@@ -226,3 +258,49 @@ def limit_of(flt: Filter) -> int | None:
     if isinstance(flt, dict):
         return flt.get("limit")
     return None
+
+
+def _patterns_overlap(p: str, q: str) -> bool:
+    """Could some value match both patterns (each exact, or a prefix ending in *)?"""
+    p_prefix, q_prefix = p.endswith("*"), q.endswith("*")
+    if p_prefix and q_prefix:
+        a, b = p[:-1], q[:-1]
+        return a.startswith(b) or b.startswith(a)
+    if p_prefix:
+        return q.startswith(p[:-1])
+    if q_prefix:
+        return p.startswith(q[:-1])
+    return p == q
+
+
+_DISJOINT_KEYS = {"types": True, "subjects": True, "actors": False}  # key -> prefix patterns allowed
+
+
+def _one_disjoint(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    for key, prefixes in _DISJOINT_KEYS.items():
+        if key in a and key in b:
+            left, right = a[key], b[key]
+            if prefixes:
+                overlap = any(_patterns_overlap(p, q) for p in left for q in right)
+            else:
+                overlap = bool(set(left) & set(right))
+            if not overlap:
+                return f"{key} {left} and {right} share nothing"
+    return None
+
+
+def disjoint(subscription: Filter, inline: Filter) -> str | None:
+    """Why the intersection of two filters is empty by construction (disjoint types, subjects or actors
+    lists, PROTOCOL.md section 8), or None when it may match something."""
+    left = subscription if isinstance(subscription, list) else [subscription]
+    right = inline if isinstance(inline, list) else [inline]
+    left = [f for f in left if f] or [{}]
+    right = [f for f in right if f] or [{}]
+    reasons = []
+    for a in left:
+        for b in right:
+            why = _one_disjoint(a, b)
+            if why is None:
+                return None
+            reasons.append(why)
+    return "; ".join(dict.fromkeys(reasons))

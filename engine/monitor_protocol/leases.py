@@ -10,13 +10,31 @@ from .service_base import (
     ServiceCore,
 )
 from .store.base import Record
-from .validation import as_int, invalid, require_object
+from .validation import as_int, check_json_size, check_name, check_reason, invalid, require_object
 from .vocab import (
     DEFAULT_LEASE_SECONDS,
     DELIVERY_COUNT_LIMIT,
+    MAX_EVIDENCE_BYTES,
     MAX_LEASE_SECONDS,
+    MAX_OUTCOME_CHARS,
     T_LEASE,
 )
+
+# The lease lifecycle (PROTOCOL.md section 8), one table: (state, action) -> state. `attempts` grows on the
+# transitions marked counted: a reject, or an expiry (a worker that dies holding a lease has failed it);
+# a release gives the work back without counting. At delivery_count_limit the subject is dead-lettered.
+LEASE_TRANSITIONS = {
+    ("free", "claim"): ("held", False),
+    ("held", "renew"): ("held", False),
+    ("held", "complete"): ("free", False),
+    ("held", "release"): ("free", False),
+    ("held", "reject"): ("free", True),
+    ("held", "expired"): ("free", True),
+}
+
+
+def counts_as_attempt(action: str) -> bool:
+    return LEASE_TRANSITIONS.get(("held", action), ("free", False))[1]
 
 
 class LeaseRules(ServiceCore):
@@ -41,6 +59,8 @@ class LeaseRules(ServiceCore):
         subject = body.get("subject")
         if not isinstance(subject, str) or not subject:
             raise invalid(f'{action} needs {{"subject": "<a subject this monitor published>"}}.')
+        check_name(subject, "subject", '"build-412"')
+        note = check_reason(body.get("note"), "note")
         rec = self._monitor_rec(sub["monitor"])
         if rec["_status"] == "retired":
             raise ProtocolError("UNAVAILABLE", f"Monitor {rec['id']} is retired.", live=state.live_of(rec))
@@ -68,7 +88,6 @@ class LeaseRules(ServiceCore):
                 subject=subject,
                 holder=lease["holder"] if lease else None,
             )
-        note = body.get("note")
         if action == "renew":
             if "lease_duration_seconds" in body:
                 lease["lease_duration_seconds"] = as_int(
@@ -92,9 +111,14 @@ class LeaseRules(ServiceCore):
             return {"lease": self.served_lease(lease), "expires": timefmt.iso(self._expiry(lease))}
         if action == "complete":
             outcome = body.get("outcome")
-            if not isinstance(outcome, str) or not outcome:
-                raise invalid('complete needs {"subject", "outcome": "done" (or another word), "evidence"?}.')
+            if not isinstance(outcome, str) or not outcome or len(outcome) > MAX_OUTCOME_CHARS:
+                raise invalid(
+                    'complete needs {"subject", "outcome": "done" (or another word of at most '
+                    f'{MAX_OUTCOME_CHARS} characters), "evidence"?}}.'
+                )
             evidence = body.get("evidence")
+            if evidence is not None:
+                check_json_size(evidence, "evidence", MAX_EVIDENCE_BYTES)
             if (rec.get("limits") or {}).get("require_evidence") and not evidence:
                 raise ProtocolError(
                     "EVIDENCE_REQUIRED",
@@ -114,9 +138,7 @@ class LeaseRules(ServiceCore):
             self.store.put_lease(lease)
             self.store.put_monitor(rec)
             return {"ok": True, "seq": seq, "idempotent": False, "lease": self.served_lease(lease)}
-        reason = body.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise invalid("reason must be a string.")
+        reason = check_reason(body.get("reason"), "reason")
         seq = self._free_lease(rec, lease, action, sub["subscriber"], reason=reason, sub=sub)
         return {
             "ok": True,
@@ -144,8 +166,8 @@ class LeaseRules(ServiceCore):
         if lease is not None and lease["dead_letter"]:
             raise ProtocolError(
                 "DEAD_LETTERED",
-                f"Subject {subject!r} was rejected {lease['attempts']} times and is dead-lettered; it is not "
-                "claimed again.",
+                f"Subject {subject!r} failed {lease['attempts']} times (rejected or expired) and is "
+                "dead-lettered; it is not claimed again.",
                 subject=subject,
                 attempts=lease["attempts"],
                 delivery_count_limit=lease["delivery_count_limit"],
@@ -191,7 +213,6 @@ class LeaseRules(ServiceCore):
                 "_completed": None,
             }
         )
-        lease["attempts"] += 1
         self.store.put_lease(lease)
         self._schedule(self._expiry(lease))
         self._append_protocol(
@@ -237,7 +258,8 @@ class LeaseRules(ServiceCore):
         previous = lease["holder"]
         lease["holder"] = None
         extra: dict[str, Any] = {"reason": reason, "previous_holder": previous}
-        if action == "reject":
+        if counts_as_attempt(action):
+            lease["attempts"] += 1
             if lease["attempts"] >= lease["delivery_count_limit"]:
                 lease["dead_letter"] = True
             extra.update({"attempts": lease["attempts"], "dead_letter": lease["dead_letter"]})

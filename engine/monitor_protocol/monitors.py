@@ -12,7 +12,16 @@ from .service_base import (
     ServiceCore,
 )
 from .store.base import Record
-from .validation import as_int, check_actor, check_vocab, check_vocab_list, invalid, require_object
+from .validation import (
+    as_int,
+    check_actor,
+    check_json_size,
+    check_reason,
+    check_vocab,
+    check_vocab_list,
+    invalid,
+    require_object,
+)
 from .vocab import (
     CAPABILITIES,
     HORIZONS,
@@ -38,6 +47,8 @@ class MonitorRules(ServiceCore):
             elif key == "description":
                 if value is not None and not isinstance(value, str):
                     raise invalid("description must be a string or null.")
+                if value is not None:
+                    check_json_size(value, "description", 4096)
             elif key == "source":
                 if not isinstance(value, dict):
                     raise invalid('source must be an object such as {"kind": "log"}.')
@@ -199,7 +210,14 @@ class MonitorRules(ServiceCore):
         return out
 
     def _configured(
-        self, rec: Record, action: str, before: dict[str, Any] | None, diff: Any, reason: Any, rule: Any
+        self,
+        rec: Record,
+        action: str,
+        before: dict[str, Any] | None,
+        diff: Any,
+        reason: Any,
+        rule: Any,
+        extra: dict[str, Any] | None = None,
     ) -> int:
         payload = {
             "action": action,
@@ -209,6 +227,7 @@ class MonitorRules(ServiceCore):
             "rule": rule,
             "reason": reason,
             "actor": rec["owner"],
+            **(extra or {}),
         }
         # `after` is the monitor as served once this observation is in the log, head included.
         rec["_head"] += 1
@@ -243,12 +262,8 @@ class MonitorRules(ServiceCore):
     def _configure(self, monitor_id: str, action: str, body: Any, token: str | None) -> dict[str, Any]:
         rec = self._owner_monitor(monitor_id, token)
         body = require_object(body, action)
-        reason = body.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise invalid("reason must be a string.")
-        rule = body.get("rule")
-        if rule is not None and not isinstance(rule, str):
-            raise invalid("rule must be a string.")
+        reason = check_reason(body.get("reason"), "reason")
+        rule = check_reason(body.get("rule"), "rule")
         before = self.served_monitor(rec)
         status = rec["_status"]
         if status == "retired":
@@ -258,6 +273,7 @@ class MonitorRules(ServiceCore):
                 live=state.live_of(rec),
             )
         out: dict[str, Any] = {}
+        extra: dict[str, Any] | None = None
         if action == "update":
             patch = body.get("patch")
             if not isinstance(patch, dict) or not patch:
@@ -280,6 +296,8 @@ class MonitorRules(ServiceCore):
                 subscribe_token = tokens.mint("mps")
                 rec["_subscribe_hash"] = tokens.digest(subscribe_token)
                 out["subscribe_token"] = subscribe_token
+            if {"visibility", "capabilities", "default_grant"} & set(diff):
+                extra = self._revoke_narrowed(rec)
         elif action in ("pause", "resume", "retire"):
             diff = None
             rec["_status"] = {"pause": "paused", "resume": "active", "retire": "retired"}[action]
@@ -291,6 +309,48 @@ class MonitorRules(ServiceCore):
             diff = {"active": {"before": before["active"], "after": rec["_status"] == "active"}}
         else:
             raise ProtocolError("NOT_FOUND", f"No action {action!r}; use update, pause, resume or retire.")
-        seq = self._configured(rec, action, before, diff, reason, rule)
+        seq = self._configured(rec, action, before, diff, reason, rule, extra)
         out.update({"monitor": self.served_monitor(rec), "seq": seq})
         return out
+
+    def _allowed_now(self, rec: Record, sub: Record) -> list[str] | None:
+        """What this subscription could be granted under the definition as it is now (None: it could not
+        subscribe at all). The basis is how it was granted: the owner's token, the subscribe token, or none."""
+        basis = sub.get("_grant", "default")
+        visibility = rec["visibility"]
+        if basis == "owner":
+            return list(rec["capabilities"])
+        if basis == "subscribe" and visibility == "shared":
+            return list(rec["capabilities"])
+        if visibility in ("private", "shared"):
+            return None
+        return [c for c in rec["default_grant"] if c in rec["capabilities"]]
+
+    def _revoke_narrowed(self, rec: Record) -> dict[str, Any]:
+        """A grant never outlives the definition that allowed it (section 8): shrink every subscription's
+        capabilities to what it could be granted now, and retire (reason revoked, cursor kept) those that
+        could no longer subscribe at all."""
+        narrowed: list[str] = []
+        revoked: list[str] = []
+        for sub in self.store.list_subscriptions(rec["id"]):
+            allowed = self._allowed_now(rec, sub)
+            if allowed is None:
+                if not sub.get("_revoked"):
+                    sub["_revoked"] = True
+                    revoked.append(sub["id"])
+                    if sub["active"]:
+                        self._retire_sub(rec, sub, rec["owner"], "revoked")
+                    else:
+                        self.store.put_subscription(sub)
+                continue
+            kept = [c for c in sub["capabilities"] if c in allowed]
+            if kept != sub["capabilities"]:
+                sub["capabilities"] = kept
+                narrowed.append(sub["id"])
+                self.store.put_subscription(sub)
+                holder = f"sub:{sub['id']}"
+                if "act" not in kept:
+                    for lease in self.store.list_leases(rec["id"]):
+                        if lease["holder"] == holder:
+                            self._free_lease(rec, lease, "release", rec["owner"], reason="act revoked")
+        return {"revoked": revoked, "narrowed": narrowed} if revoked or narrowed else {}

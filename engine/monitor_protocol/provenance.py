@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ProtocolError
+from .validation import check_actor
 from .vocab import ORIGINS, TIERS, VERIFICATIONS
 
 HUMAN_GRADE_VERIFICATION = ("human_verified", "certified")
@@ -35,11 +36,18 @@ DEFAULT_VERIFICATION = {
 
 
 def actor_prefix(actor: str) -> str:
-    return actor.split(":", 1)[0].lower() if ":" in actor else ""
+    """The prefix says what an actor is only when it is one of the lower-case ones (section 3): `HuMaN:x`
+    is a name like any other, and so an agent."""
+    prefix = actor.split(":", 1)[0] if ":" in actor else ""
+    return prefix if prefix in _PREFIX_ORIGIN else ""
 
 
 def is_human(actor: str | None) -> bool:
     return bool(actor) and actor_prefix(actor) == "human"
+
+
+def is_system(actor: str | None) -> bool:
+    return bool(actor) and actor_prefix(actor) == "system"
 
 
 def origin_of_actor(actor: str) -> str:
@@ -76,8 +84,8 @@ def resolve(owner: str, actor: str, body: dict[str, Any]) -> Provenance:
                 invalid=value,
                 known=list(known),
             )
-    if on_behalf_of is not None and not isinstance(on_behalf_of, str):
-        raise ProtocolError("INVALID", "on_behalf_of is an actor string such as human:you, or null.")
+    if on_behalf_of is not None:
+        check_actor(on_behalf_of, "on_behalf_of")
 
     if origin is None:
         origin = origin_of_actor(actor)
@@ -129,6 +137,24 @@ def resolve(owner: str, actor: str, body: dict[str, Any]) -> Provenance:
             actor=actor,
             origin=origin,
             verification=verification,
+        )
+    # (6) whoever holds the token cannot speak as another person
+    if is_human(actor) and actor != owner:
+        raise ProtocolError(
+            "PROVENANCE_CEILING",
+            f"Actor {actor} is a person other than this monitor's owner ({owner}); a token cannot speak for "
+            "another person. Publish as the owner, or let that person publish through their own monitor.",
+            actor=actor,
+            owner=owner,
+        )
+    # (7) only the server writes as the system
+    if is_system(actor) or origin == "system":
+        raise ProtocolError(
+            "PROVENANCE_CEILING",
+            "Only the server writes as the system (actor system:..., origin 'system'); publish under your "
+            "own actor and origin.",
+            actor=actor,
+            origin=origin,
         )
     return Provenance(
         actor=actor, origin=origin, tier=tier, verification=verification, on_behalf_of=on_behalf_of

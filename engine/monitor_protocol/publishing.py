@@ -1,10 +1,11 @@
-"""Publishing: vocabulary, provenance ceilings (P1), budget, references; every refusal logged (P2)."""
+"""Publishing: vocabulary, provenance ceilings (P1), time, budget, references, idempotency keys; every
+refusal logged (P2)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import events, provenance, state, timefmt
+from . import events, provenance, state, timefmt, wire
 from .errors import ProtocolError
 from .service_base import (
     MAX_TRACKED_ACTORS,
@@ -12,21 +13,56 @@ from .service_base import (
     ServiceCore,
 )
 from .store.base import Record
-from .validation import check_actor, invalid
+from .validation import check_actor, check_name, invalid
 from .vocab import (
+    IDEMPOTENCY_KEY_MAX_CHARS,
+    IDEMPOTENCY_WINDOW_SECONDS,
+    MAX_FUTURE_SECONDS,
+    MAX_NAME_CHARS,
     PROTOCOL_PREFIX,
     TYPE_PATTERN,
 )
 
+MAX_REFERENCES = 64
+
+
+def check_idempotency_key(value: Any) -> str:
+    """1-128 printable ASCII characters (PROTOCOL.md section 8)."""
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= IDEMPOTENCY_KEY_MAX_CHARS
+        or not all(" " <= ch <= "~" for ch in value)
+    ):
+        raise invalid(
+            f"idempotency_key must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters "
+            "(e.g. a UUID), sent in the body or as the Idempotency-Key header.",
+            limit=IDEMPOTENCY_KEY_MAX_CHARS,
+        )
+    return value
+
 
 class PublishRules(ServiceCore):
     # ================================================================================ publish
-    def publish(self, monitor_id: str, body: Any, token: str | None) -> dict[str, Any]:
-        return self._call(lambda: self._publish(monitor_id, body, token))
+    def publish(
+        self, monitor_id: str, body: Any, token: str | None, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        return self._call(lambda: self._publish(monitor_id, body, token, idempotency_key))
 
-    def _publish(self, monitor_id: str, body: Any, token: str | None) -> dict[str, Any]:
+    def _publish(
+        self, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
+    ) -> dict[str, Any]:
         rec = self._owner_monitor(monitor_id, token)
         now = self._now()
+        key = self._idempotency_key(body, header_key)
+        if key is not None:
+            seen = self.store.get_idempotency(rec["id"], key)
+            if seen is not None and now - float(seen["at"]) < IDEMPOTENCY_WINDOW_SECONDS:
+                # The first reply again: same seq, nothing appended (a retry after a lost reply).
+                return {
+                    "observation": self.store.get_observation(rec["id"], int(seen["seq"])),
+                    "seq": int(seen["seq"]),
+                    "idempotent": True,
+                }
         rec["_source_contact"] = now
         claimed_actor = body.get("actor") if isinstance(body, dict) else None
         actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec["owner"]
@@ -41,6 +77,7 @@ class PublishRules(ServiceCore):
                 raise invalid(
                     'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
                 )
+            wire.check(body)
             event_kwargs = self._validate_publish(rec, body)
             self._spend_budget(rec, now)
         except ProtocolError as err:
@@ -69,11 +106,37 @@ class PublishRules(ServiceCore):
             c["contradictions"] += 1
         elif type_.endswith(".contradiction_resolved"):
             c["contradictions_resolved"] += 1
-        rec["_last"] = {"seq": seq, "ts": event_kwargs["time"], "type": type_}
+        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
+        rec["_last"] = {"seq": seq, "ts": now, "type": type_}
         if prov.actor not in rec["_actors"] and len(rec["_actors"]) < MAX_TRACKED_ACTORS:
             rec["_actors"].append(prov.actor)
         self.store.put_monitor(rec)
-        return {"observation": event, "seq": seq}
+        out: dict[str, Any] = {"observation": event, "seq": seq}
+        if key is not None:
+            self.store.put_idempotency(rec["id"], key, {"seq": seq, "at": now})
+            out["idempotent"] = False
+        return out
+
+    def refuse_publish(self, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
+        """A publish whose body could not even be parsed (not JSON, NaN, too deep) is still evidence (P2):
+        for the owner, the refusal and a bounded excerpt of the text are logged before the error returns."""
+
+        def run() -> None:
+            rec = self._owner_monitor(monitor_id, token)
+            raise self._reject(rec, error, raw, rec["owner"])
+
+        self._call(run)
+
+    @staticmethod
+    def _idempotency_key(body: Any, header_key: str | None) -> str | None:
+        body_key = body.get("idempotency_key") if isinstance(body, dict) else None
+        if header_key is not None:
+            header_key = check_idempotency_key(header_key)
+        if body_key is not None:
+            body_key = check_idempotency_key(body_key)
+            if header_key is not None and header_key != body_key:
+                raise invalid("The Idempotency-Key header and idempotency_key in the body differ; send one.")
+        return body_key if body_key is not None else header_key
 
     @staticmethod
     def _spend_budget(rec: Record, now: float) -> None:
@@ -98,21 +161,25 @@ class PublishRules(ServiceCore):
     def _validate_publish(self, rec: Record, body: dict[str, Any]) -> dict[str, Any]:
         known_fields = {
             "type", "subject", "data", "tags", "actor", "origin", "tier", "verification", "on_behalf_of",
-            "time", "source_ref", "rule", "wasDerivedFrom", "supersedes",
+            "time", "source_ref", "rule", "wasDerivedFrom", "supersedes", "idempotency_key",
         }  # fmt: skip
         unknown = sorted(set(body) - known_fields)
         if unknown:
             raise invalid(
-                f"Unknown observation field(s) {unknown}; known: {sorted(known_fields)}.", invalid=unknown
+                f"Unknown observation field(s) {[u[:64] for u in unknown[:10]]}; known: {sorted(known_fields)}.",
+                invalid=[u[:64] for u in unknown[:10]],
             )
         type_ = body.get("type")
         declared = rec.get("types") or []
-        if not isinstance(type_, str) or not TYPE_PATTERN.match(type_):
+        if isinstance(type_, str) and len(type_) > MAX_NAME_CHARS:
+            check_name(type_, "type", "com.example.ci.run")  # a limit (section 10): 400 INVALID
+        if not isinstance(type_, str) or len(type_) > MAX_NAME_CHARS or not TYPE_PATTERN.match(type_):
             raise ProtocolError(
                 "UNKNOWN_VOCABULARY",
-                "type is required and must be reverse-DNS, e.g. com.example.ci.run.",
+                f"type is required and must be reverse-DNS of at most {MAX_NAME_CHARS} characters, "
+                "e.g. com.example.ci.run.",
                 field="type",
-                invalid=type_,
+                invalid=type_[:MAX_NAME_CHARS] if isinstance(type_, str) else None,
                 known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
             )
         if type_.startswith(PROTOCOL_PREFIX) and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
@@ -134,8 +201,8 @@ class PublishRules(ServiceCore):
         actor = check_actor(body.get("actor", rec["owner"]), "actor")
         prov = provenance.resolve(rec["owner"], actor, body)
         subject = body.get("subject")
-        if subject is not None and (not isinstance(subject, str) or not subject):
-            raise invalid("subject must be a non-empty string or null.")
+        if subject is not None:
+            check_name(subject, "subject", '"build-412"')
         data = body.get("data", {})
         if data is None:
             data = {}
@@ -149,17 +216,27 @@ class PublishRules(ServiceCore):
             tags = {}
         if not isinstance(tags, dict):
             raise invalid('tags must be an object such as {"env": "prod"}.')
-        t = self._now()
+        now = self._now()
+        t = now
         if "time" in body and body["time"] is not None:
-            t = timefmt.parse(body["time"])
+            t = timefmt.parse(body["time"]) if isinstance(body["time"], str) else None
             if t is None:
                 raise invalid("time must be RFC 3339, e.g. 2026-09-22T17:10:11.188Z.")
+            if t > now + MAX_FUTURE_SECONDS:
+                raise invalid(
+                    f"time {body['time']} is more than {MAX_FUTURE_SECONDS} s ahead of the server's clock "
+                    f"({timefmt.iso(now)}); send when the event happened, by a clock that is set.",
+                    server_time=timefmt.iso(now),
+                    limit=MAX_FUTURE_SECONDS,
+                )
         for name in ("source_ref", "rule"):
-            if body.get(name) is not None and not isinstance(body[name], str):
-                raise invalid(f"{name} must be a string.")
+            if body.get(name) is not None:
+                check_name(body[name], name, '"build-412"')
         derived = body.get("wasDerivedFrom") or []
-        if not isinstance(derived, list):
-            raise invalid('wasDerivedFrom must be an array of {"source", "id"} objects.')
+        if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
+            raise invalid(
+                f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
+            )
         derived = [self._reference(rec, item, "wasDerivedFrom", must_exist=False) for item in derived]
         supersedes = body.get("supersedes")
         if supersedes is not None:
@@ -182,7 +259,7 @@ class PublishRules(ServiceCore):
         own = events.source_of(rec["id"])
         if isinstance(value, bool):
             raise invalid(f'{name} must be a seq or {{"source", "id"}}.')
-        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        if isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit()):
             value = {"source": own, "id": str(int(value))}
         if (
             not isinstance(value, dict)
@@ -191,9 +268,14 @@ class PublishRules(ServiceCore):
             or isinstance(value.get("id"), bool)
         ):
             raise invalid(f'{name} must be a seq or an object {{"source": "monitor:<id>", "id": "<seq>"}}.')
-        ref = {"source": value["source"], "id": str(value["id"])}
+        ref = {
+            "source": check_name(value["source"], f"{name}.source", '"monitor:ci"'),
+            "id": check_name(str(value["id"]), f"{name}.id", '"4"'),
+        }
         if must_exist and ref["source"] == own:
-            seq = int(ref["id"]) if ref["id"].isdigit() else -1
+            seq = (
+                int(ref["id"]) if ref["id"].isascii() and ref["id"].isdigit() and len(ref["id"]) < 17 else -1
+            )
             if not 1 <= seq <= rec["_head"]:
                 raise ProtocolError(
                     "NOT_FOUND",

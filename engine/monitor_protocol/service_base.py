@@ -6,22 +6,33 @@ import time as _time
 from collections.abc import Callable
 from typing import Any
 
-from . import __version__, events, tokens
-from .errors import ProtocolError
-from .store.base import Record, Store
-from .validation import invalid
+from . import __version__, events, tokens, wire
+from .errors import ProtocolError, storage_unavailable
+from .store.base import Record, StorageError, Store
+from .validation import check_name, invalid
 from .vocab import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_LIMIT,
     DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
     DELIVERY_COUNT_LIMIT,
     EXTENSION_ID,
+    IDEMPOTENCY_KEY_MAX_CHARS,
+    IDEMPOTENCY_WINDOW_SECONDS,
     LAG_COUNT_CAP,
+    MAX_ACTIVE_SUBSCRIPTIONS,
+    MAX_FILTER_BYTES,
+    MAX_FILTER_TEXT_CHARS,
+    MAX_FUTURE_SECONDS,
+    MAX_JSON_DEPTH,
     MAX_LEASE_SECONDS,
     MAX_LIMIT,
+    MAX_NAME_CHARS,
+    MAX_REASON_BYTES,
+    MAX_RPC_BATCH,
     MAX_WAIT_SECONDS,
     PROTOCOL_PREFIX,
     PROTOCOL_VERSION,
+    SCAN_BUDGET,
     T_CONTRADICTION,
     T_CONTRADICTION_RESOLVED,
     T_REJECTED,
@@ -60,14 +71,21 @@ class ServiceCore:
         clock: Callable[[], float] = _time.time,
         registration_token: str | None = None,
         retire_after_mute_seconds: int | None = None,
+        allowed_sinks: tuple[str, ...] | list[str] = (),
+        streams: bool = True,
     ) -> None:
         self.store = store
+        # Push sinks the operator allowed although they are internal addresses (--allow-sink).
+        self.allowed_sinks = tuple(allowed_sinks)
+        # Whether the door in front of this engine can hold SSE streams (the browser's cannot).
+        self.streams = streams
         self.clock = clock
         self.registration_token = registration_token
         self.default_retire_after_mute = retire_after_mute_seconds or DEFAULT_RETIRE_AFTER_MUTE_SECONDS
         self._listeners: list[Listener] = []
         self._next_deadline: float | None = None  # recomputed by sweep(); None = must scan
         self._deadline_known = False
+        self._last_idempotency_purge = float("-inf")
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -91,11 +109,15 @@ class ServiceCore:
             self._maybe_sweep()
         self._appended: dict[str, int] = {}
         deferred: ProtocolError | None = None
-        with self.store.transaction():
-            try:
-                result = fn()
-            except _LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
-                deferred = refusal.error
+        try:
+            with self.store.transaction():
+                try:
+                    result = fn()
+                except _LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
+                    deferred = refusal.error
+        except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
+            self._appended = {}
+            raise storage_unavailable(str(exc) or type(exc).__name__) from None
         appended, self._appended = self._appended, {}
         self._notify(appended)
         if deferred is not None:
@@ -109,6 +131,7 @@ class ServiceCore:
     def _monitor_rec(self, monitor_id: Any) -> Record:
         if not isinstance(monitor_id, str):
             raise invalid("The monitor id must be a string.")
+        check_name(monitor_id, "monitor", '"ci"')
         rec = self.store.get_monitor(monitor_id)
         if rec is None:
             raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
@@ -130,7 +153,7 @@ class ServiceCore:
             return True
         if token:
             sub = self.store.find_subscription_by_token(tokens.digest(token))
-            if sub is not None and sub["monitor"] == rec["id"]:
+            if sub is not None and sub["monitor"] == rec["id"] and not sub.get("_revoked"):
                 return True
         return False
 
@@ -152,6 +175,7 @@ class ServiceCore:
     def _subscription(self, sub_id: Any, token: str | None, *, allow_retired: bool = False) -> Record:
         if not isinstance(sub_id, str):
             raise invalid("The subscription id must be a string.")
+        check_name(sub_id, "subscription", '"sub-0123456789abcdef"')
         sub = self.store.get_subscription(sub_id)
         if sub is None:
             raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r} here.", subscription=sub_id)
@@ -214,11 +238,14 @@ class ServiceCore:
 
     def _reject(self, rec: Record, error: ProtocolError, raw: Any, actor: str) -> _LoggedRefusal:
         """P2: the refused payload is kept as evidence; the caller raises what this returns."""
+        reason = error.message if len(error.message) <= 1024 else error.message[:1021] + "..."
+        if not isinstance(actor, str) or wire.problem(actor) or len(actor) > MAX_NAME_CHARS:
+            actor = rec["owner"]  # the claimed name was itself unusable; the refusal's raw keeps it
         seq = self._append_protocol(
             rec,
             T_REJECTED,
             "system:guard",
-            {"code": error.code, "reason": error.message, "raw": raw, "actor": actor},
+            {"code": error.code, "reason": reason, **wire.bounded_raw(raw), "actor": actor},
         )
         self.store.put_monitor(rec)
         error.extras["rejected_seq"] = seq
@@ -231,7 +258,7 @@ class ServiceCore:
             "protocol": "monitor-protocol",
             "capabilities": {
                 "monitors": True,
-                "feeds": {"pull": True, "http": True, "mcp": True, "sse": True},
+                "feeds": {"pull": True, "http": True, "mcp": True, "sse": self.streams},
                 "leases": {"delivery_count_limit": DELIVERY_COUNT_LIMIT},
                 "extensions": {EXTENSION_ID: {"version": PROTOCOL_VERSION}},
             },
@@ -248,6 +275,18 @@ class ServiceCore:
                 "retire_after_mute_seconds": self.default_retire_after_mute,
                 "lag_count_cap": LAG_COUNT_CAP,
                 "registration_required": self.registration_token is not None,
+                "max_name_chars": MAX_NAME_CHARS,
+                "max_json_depth": MAX_JSON_DEPTH,
+                "max_filter_bytes": MAX_FILTER_BYTES,
+                "max_filter_text_chars": MAX_FILTER_TEXT_CHARS,
+                "max_reason_bytes": MAX_REASON_BYTES,
+                "max_rpc_batch": MAX_RPC_BATCH,
+                "max_active_subscriptions": MAX_ACTIVE_SUBSCRIPTIONS,
+                "max_future_seconds": MAX_FUTURE_SECONDS,
+                "max_integer": 2**53,
+                "scan_budget": SCAN_BUDGET,
+                "idempotency_key_max_chars": IDEMPOTENCY_KEY_MAX_CHARS,
+                "idempotency_window_seconds": IDEMPOTENCY_WINDOW_SECONDS,
             },
             "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION, "implementation": "python"},
             "ttlMs": 60000,
@@ -255,7 +294,16 @@ class ServiceCore:
         }
 
 
-_PRIVATE_SUB_FIELDS = ("token_hash", "_hwm", "_mute_since", "_last_ack", "_relist", "_sink_secret")
+_PRIVATE_SUB_FIELDS = (
+    "token_hash",
+    "_hwm",
+    "_mute_since",
+    "_last_ack",
+    "_relist",
+    "_sink_secret",
+    "_grant",
+    "_revoked",
+)
 
 
 class _LoggedRefusal(Exception):

@@ -12,8 +12,11 @@ from .store.base import Record
 from .validation import as_int
 from .vocab import (
     DEFAULT_LIMIT,
+    IDEMPOTENCY_WINDOW_SECONDS,
     MAX_LIMIT,
 )
+
+IDEMPOTENCY_PURGE_SECONDS = 60.0
 
 
 class UpkeepRules(ServiceCore):
@@ -67,6 +70,9 @@ class UpkeepRules(ServiceCore):
                     nearest = exp if nearest is None else min(nearest, exp)
             self._next_deadline = nearest
             self._deadline_known = True
+            if moment - self._last_idempotency_purge >= IDEMPOTENCY_PURGE_SECONDS:
+                self._last_idempotency_purge = moment
+                self.store.purge_idempotency(moment - IDEMPOTENCY_WINDOW_SECONDS)
             return changed
 
         return self._call(run, lazy_sweep=False)

@@ -1,30 +1,41 @@
-"""Request validation shared by the rules: integers, objects, actors and closed vocabularies (P11)."""
+"""Request validation shared by the rules: integers, objects, names, actors, reasons and closed
+vocabularies (P11, PROTOCOL.md sections 3 and 10)."""
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from typing import Any
 
+from . import wire
 from .errors import ProtocolError
-from .vocab import ACTOR_PATTERN
+from .vocab import MAX_INTEGER, MAX_NAME_CHARS, MAX_REASON_BYTES
 
 
 def invalid(message: str, **extras: Any) -> ProtocolError:
     return ProtocolError("INVALID", message, **extras)
 
 
+def _ascii_integer(text: str) -> bool:
+    digits = text[1:] if text[:1] == "-" else text
+    return digits.isascii() and digits.isdigit()
+
+
 def as_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Integers only (a JSON number without a fraction, or a decimal string from a query)."""
+    """Integers only: a JSON number without a fraction, or ASCII decimal digits from a query; |n| <= 2^53."""
     if isinstance(value, bool):
         raise invalid(f"{name} must be an integer, not a boolean.")
     if isinstance(value, str):
-        text = value.strip()
-        if not text or not (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
-            raise invalid(f"{name} must be an integer, not {value!r}.")
+        text = value  # ASCII decimal digits exactly: no spaces, signs other than a leading minus, or "²"
+        if not text or len(text) > 17 or not _ascii_integer(text):
+            raise invalid(f"{name} must be an integer in ASCII decimal digits, not {value[:40]!r}.")
         value = int(text)
     elif isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
         raise invalid(f"{name} must be an integer, not {type(value).__name__}.")
+    if abs(value) > MAX_INTEGER:
+        raise invalid(f"{name} must be within 0..2^53 (got a {len(str(abs(value)))}-digit number).")
     if minimum is not None and value < minimum:
         raise invalid(f"{name} must be at least {minimum} (got {value}).")
     if maximum is not None and value > maximum:
@@ -37,12 +48,61 @@ def require_object(body: Any, what: str) -> dict[str, Any]:
         return {}
     if not isinstance(body, dict):
         raise invalid(f"The {what} body must be a JSON object.")
-    return body
+    return wire.check(body)
+
+
+def _bad_char(value: str) -> str | None:
+    for ch in value:
+        if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Cs"):
+            return f"U+{ord(ch):04X}"
+    return None
+
+
+def check_name(value: Any, name: str, example: str) -> str:
+    """An id, subject or type: a non-empty string of at most 256 characters."""
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{name} must be a non-empty string such as {example}.")
+    if len(value) > MAX_NAME_CHARS:
+        raise invalid(
+            f"{name} is {len(value)} characters long; at most {MAX_NAME_CHARS} are allowed.",
+            limit=MAX_NAME_CHARS,
+        )
+    return value
 
 
 def check_actor(value: Any, name: str) -> str:
-    if not isinstance(value, str) or not ACTOR_PATTERN.match(value):
-        raise invalid(f"{name} must be an actor such as human:you, agent:claude or probe:ci (got {value!r}).")
+    """Any non-empty name of at most 256 characters without whitespace or control characters (section 3);
+    a lower-case prefix such as human: says what it is, any other form is treated as an agent."""
+    check_name(value, name, "human:you, agent:claude or reader-7")
+    bad = _bad_char(value)
+    if bad is not None:
+        raise invalid(
+            f"{name} may not contain whitespace or control characters (found {bad}); send a name such as "
+            "agent:claude or reader-7."
+        )
+    return value
+
+
+def check_reason(value: Any, name: str) -> str | None:
+    """A reason or note: a string of at most 1 KiB (UTF-8), or null."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"{name} must be a string.")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_REASON_BYTES:
+        raise invalid(
+            f"{name} is {size} bytes; at most {MAX_REASON_BYTES} bytes are allowed.", limit=MAX_REASON_BYTES
+        )
+    return wire.check(value)
+
+
+def check_json_size(value: Any, name: str, limit: int) -> Any:
+    """A structured field whose serialized JSON is at most `limit` bytes."""
+    wire.check(value)
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > limit:
+        raise invalid(f"{name} is {size} bytes as JSON; at most {limit} are allowed.", limit=limit)
     return value
 
 
@@ -50,9 +110,9 @@ def check_vocab(value: Any, known: tuple[str, ...], name: str) -> str:
     if value not in known:
         raise ProtocolError(
             "UNKNOWN_VOCABULARY",
-            f"Unknown {name} {value!r}; use one of {', '.join(known)}.",
+            f"Unknown {name} {str(value)[:80]!r}; use one of {', '.join(known)}.",
             field=name,
-            invalid=value,
+            invalid=value if isinstance(value, str) and len(value) <= 256 else str(value)[:80],
             known=list(known),
         )
     return value

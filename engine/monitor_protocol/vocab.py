@@ -21,7 +21,6 @@ ACTOR_PREFIXES = ("human", "agent", "system", "hook", "probe", "webhook")
 
 TYPE_PATTERN = re.compile(r"^[a-z0-9]+(\.[a-z0-9_-]+)+$")
 MONITOR_ID_PATTERN = re.compile(r"^[\w.-]{2,64}$")
-ACTOR_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$")
 TAG_KEY_PATTERN = re.compile(r"^#[A-Za-z_][A-Za-z0-9_-]*$")
 
 # The protocol's own observation types.
@@ -124,3 +123,21 @@ MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 MAX_WAIT_SECONDS = 50
 LAG_COUNT_CAP = 100_000
+
+# Input limits (PROTOCOL.md section 10): every bound on what a request may carry, in one place.
+MAX_NAME_CHARS = 256  # ids, subjects, actors, types
+MAX_JSON_DEPTH = 32
+MAX_FILTER_BYTES = 4096  # a filter, serialized
+MAX_FILTER_TEXT_CHARS = 256
+MAX_REASON_BYTES = 1024  # a seek, configuration, retire or lease reason or note
+MAX_OUTCOME_CHARS = 256
+MAX_EVIDENCE_BYTES = 4096
+MAX_RPC_BATCH = 100
+MAX_ACTIVE_SUBSCRIPTIONS = 10_000  # per monitor
+MAX_INTEGER = 2**53  # integers in queries and bodies; larger ones do not survive other JSON clients
+MAX_FUTURE_SECONDS = 300  # a publisher's `time` may run ahead of the server's clock by this much
+MAX_RAW_BYTES = 2048  # a rejected row keeps the raw payload whole up to this size, else a bounded excerpt
+IDEMPOTENCY_KEY_MAX_CHARS = 128
+IDEMPOTENCY_WINDOW_SECONDS = 86400
+SCAN_BUDGET = 1000  # rows a filtered pull, or a filtered lag count, examines per request at most
+SUBSCRIPTION_ID_HEX = 16

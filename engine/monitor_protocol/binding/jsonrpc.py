@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ProtocolError
+from .. import wire
+from ..errors import ProtocolError, internal_failure
 from ..service import MonitorService
+from ..store.base import StorageError
+from ..vocab import JSONRPC_CODE, MAX_RPC_BATCH
 from .messages import Response
 
 log = logging.getLogger("monitor_protocol.jsonrpc")
@@ -90,27 +93,41 @@ def call_one(service: MonitorService, msg: Any, bearer: str | None) -> dict[str,
         result = method(service, params, token)
     except ProtocolError as err:
         return None if is_notification else _error(id_, err.jsonrpc_code, err.message, err.body())
-    except Exception as exc:  # never a transport-level failure for one bad call
-        log.exception("unexpected error in JSON-RPC %s", msg["method"])
-        text = f"The server could not process this call ({exc.__class__.__name__})."
-        return None if is_notification else _error(id_, -32603, text, _invalid_body(text))
+    except Exception:  # never a transport-level failure for one bad call; a bug is not bad input
+        incident = uuid.uuid4().hex[:12]
+        log.exception("incident %s: unexpected error in JSON-RPC %s", incident, msg["method"])
+        err = internal_failure(incident)
+        return None if is_notification else _error(id_, -32603, err.message, err.body())
     return None if is_notification else {"jsonrpc": "2.0", "id": id_, "result": result}
 
 
 def handle(service: MonitorService, raw: bytes, bearer: str | None) -> Response:
     try:
-        payload = json.loads(raw) if raw and raw.strip() else None
-    except (ValueError, UnicodeDecodeError):
-        text = "The body is not valid JSON."
-        return Response(200, _error(None, -32700, text, _invalid_body(text)))
+        payload = wire.loads(raw) if raw and raw.strip() else None
+    except ProtocolError as err:
+        return Response(200, _error(None, -32700, err.message, err.body()))
     if isinstance(payload, list):
         if not payload:
             text = "An empty batch is not a request."
             return Response(200, _error(None, -32600, text, _invalid_body(text)))
+        if len(payload) > MAX_RPC_BATCH:
+            err = ProtocolError(
+                "TOO_LARGE",
+                f"A JSON-RPC batch holds at most {MAX_RPC_BATCH} calls (this one {len(payload)}); "
+                "split it into several batches.",
+                limit=MAX_RPC_BATCH,
+            )
+            return Response(413, _error(None, JSONRPC_CODE["TOO_LARGE"], err.message, err.body()))
         # One batch, one group commit where the store has one (each call still rolls back alone).
         group = getattr(service.store, "batch", None)
-        with group() if group is not None else contextlib.nullcontext():
-            replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
+        try:
+            with group() if group is not None else contextlib.nullcontext():
+                replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
+        except StorageError as exc:  # the group commit itself failed: nothing of the batch was written
+            from ..errors import storage_unavailable
+
+            err = storage_unavailable(str(exc) or type(exc).__name__)
+            return Response(503, err.body(), dict(err.headers))
         return Response(200, replies) if replies else Response(204, None)
     reply = call_one(service, payload, bearer)
     return Response(200, reply) if reply is not None else Response(204, None)

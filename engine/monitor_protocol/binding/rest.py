@@ -5,14 +5,14 @@ raises: malformed input of any kind is a 4xx with a code from the closed list an
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import tokens
-from ..errors import ProtocolError
+from .. import tokens, wire
+from ..errors import ProtocolError, internal_failure
 from ..filters import LIST_KEYS
 from ..service import MonitorService
 from ..validation import as_int
@@ -42,7 +42,7 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
 
 
 def error_response(err: ProtocolError) -> Response:
-    return Response(err.status, err.body())
+    return Response(err.status, err.body(), dict(err.headers))
 
 
 def bearer(req: Request) -> str | None:
@@ -56,12 +56,7 @@ def bearer(req: Request) -> str | None:
 def parse_json_body(req: Request) -> Any:
     if not req.body or not req.body.strip():
         return None
-    try:
-        return json.loads(req.body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(
-            "INVALID", f"The body is not valid JSON ({exc.__class__.__name__}): send a JSON object."
-        ) from None
+    return wire.loads(req.body)  # RFC 8259 only: no NaN, no lone surrogates, bounded depth
 
 
 def _host_name(host: str) -> str:
@@ -93,17 +88,10 @@ class RestRouter:
             resp = self._handle(req)
         except ProtocolError as err:
             resp = error_response(err)
-        except Exception as exc:  # a bug must still answer with a protocol error, never a 500
-            log.exception("unexpected error handling %s %s", req.method, req.path)
-            resp = Response(
-                400,
-                {
-                    "code": "INVALID",
-                    "error": f"The server could not process this request ({exc.__class__.__name__}); "
-                    "check the body against PROTOCOL.md section 5.",
-                    "done": [],
-                },
-            )
+        except Exception:  # a bug is not bad input: 503 naming a logged incident, never a 500 or a 400
+            incident = uuid.uuid4().hex[:12]
+            log.exception("incident %s: unexpected error handling %s %s", incident, req.method, req.path)
+            resp = error_response(internal_failure(incident))
         origin = req.header("origin")
         if origin and origin.rstrip("/") in self.allowed_origins:
             resp.headers.update(self._cors(origin))
@@ -189,8 +177,8 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
             continue
         if key == "filter":
             try:
-                extra = json.loads(value)
-            except ValueError:
+                extra = wire.loads(value)
+            except ProtocolError:
                 raise ProtocolError(
                     "INVALID_FILTER", "The filter query parameter must be a JSON object."
                 ) from None
@@ -205,8 +193,8 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
         else:
             raise ProtocolError(
                 "INVALID_FILTER",
-                f"Unknown pull parameter {key!r}: use cursor, limit, wait or a filter key.",
-                invalid=key,
+                f"Unknown pull parameter {key[:64]!r}: use cursor, limit, wait or a filter key.",
+                invalid=key[:64],
                 known_keys=["cursor", "limit", "wait", *FILTER_KEYS, "#<tag>"],
             )
     return flt or None
@@ -257,7 +245,14 @@ for _action in ("update", "pause", "resume", "retire"):
 
 @route("POST", "/monitors/{id}/observations")
 def _publish(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(201, r.service.publish(p["id"], parse_json_body(req), bearer(req)))
+    key = req.header("idempotency-key")
+    try:
+        parsed = parse_json_body(req)
+    except ProtocolError as err:  # logged where the monitor is known (section 10), then returned
+        r.service.refuse_publish(p["id"], bearer(req), err, req.body.decode("utf-8", "replace"))
+        raise
+    body = r.service.publish(p["id"], parsed, bearer(req), idempotency_key=key)
+    return Response(200 if body.get("idempotent") else 201, body)
 
 
 @route("POST", "/subscriptions")
@@ -283,7 +278,7 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
         filter=_inline_filter(req.query),
     )
     resp = Response(200, body)
-    if wait > 0 and not body["observations"]:
+    if wait > 0 and not body["observations"] and not body.get("scan_capped"):
         resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait))
     return resp
 

@@ -12,6 +12,12 @@ from typing import Any
 Record = dict[str, Any]
 
 
+class StorageError(Exception):
+    """The storage itself failed (disk full, I/O error, a database that cannot be written). Every store
+    raises this, wrapping its driver's error, from any method or from the commit; the transaction is rolled
+    back, and the engine answers 503 UNAVAILABLE (never 400: the request was not at fault)."""
+
+
 def lease_key(monitor: str, subject: str) -> str:
     return json.dumps([monitor, subject])
 
@@ -73,6 +79,10 @@ class Store(ABC):
     @abstractmethod
     def find_subscription(self, monitor_id: str, subscriber: str) -> Record | None: ...
 
+    def count_active_subscriptions(self, monitor_id: str) -> int:
+        """How many subscriptions of this monitor are active (the 10,000 cap, PROTOCOL.md section 10)."""
+        return sum(1 for s in self.list_subscriptions(monitor_id) if s["active"])
+
     @abstractmethod
     def find_subscription_by_token(self, token_hash: str) -> Record | None: ...
 
@@ -88,3 +98,15 @@ class Store(ABC):
 
     @abstractmethod
     def list_leases(self, monitor_id: str | None = None) -> list[Record]: ...
+
+    # publish idempotency keys (PROTOCOL.md section 8): key -> {"seq": int, "at": float (server time)}
+    @abstractmethod
+    def get_idempotency(self, monitor_id: str, key: str) -> Record | None: ...
+
+    @abstractmethod
+    def put_idempotency(self, monitor_id: str, key: str, rec: Record) -> None: ...
+
+    @abstractmethod
+    def purge_idempotency(self, before: float) -> int:
+        """Forget keys recorded before `before` (server time); return how many went."""
+        ...

@@ -8,7 +8,9 @@ encoding functions below run (and are tested) in plain CPython too. One engine c
 to JavaScript, one `JSON.parse` and one IndexedDB transaction there: no per-record proxies or crossings.
 
 Record layout in the object store `records`: key = JSON `[table, key]` (ASCII, as `record_key` writes it),
-value = the record as JSON text.
+value = the record as JSON text. The tables are MemoryStore's `TABLES` (monitors, observations, subjects,
+subscriptions, leases, idempotency), all in that one object store: a new table needs no new object store
+and no IndexedDB version upgrade.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .memory import MemoryStore
+from .memory import TABLES, MemoryStore
 
 Change = tuple[str, str, Any]
 
@@ -39,7 +41,7 @@ def decode_records(text: str) -> list[Change]:
         table, key = json.loads(rkey)
         out.append((table, key, None if value is None else json.loads(value)))
     # Monitors first, then the log, then what refers to them: load() indexes as it goes.
-    order = {"monitors": 0, "observations": 1, "subjects": 2, "subscriptions": 3, "leases": 4}
+    order = {table: i for i, table in enumerate(TABLES)}
     out.sort(key=lambda rec: order.get(rec[0], 9))
     return out
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from .base import Record, Store, lease_key, observation_key
 
-TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases")
+TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases", "idempotency")
 
 
 class MemoryStore(Store):
@@ -22,7 +22,9 @@ class MemoryStore(Store):
         self._subs: dict[str, Record] = {}
         self._subs_by_name: dict[tuple[str, str], str] = {}
         self._subs_by_token: dict[str, str] = {}
+        self._subs_by_monitor: dict[str, dict[str, None]] = {}
         self._leases: dict[tuple[str, str], Record] = {}
+        self._idem: dict[tuple[str, str], Record] = {}
         self._undo: list[tuple[str, Any, Any]] | None = None
         self._pending: list[tuple[str, str, Any]] = []
         self._changes: list[tuple[str, str, Any]] = []
@@ -82,6 +84,11 @@ class MemoryStore(Store):
                 self._leases.pop(key, None)
             else:
                 self._leases[key] = before
+        elif kind == "idem":
+            if before is None:
+                self._idem.pop(key, None)
+            else:
+                self._idem[key] = before
 
     # --- browser persistence ------------------------------------------------------------------------
     def drain_changes(self) -> list[tuple[str, str, Any]]:
@@ -106,6 +113,9 @@ class MemoryStore(Store):
                 self._index_sub(value)
             elif table == "leases":
                 self._leases[(value["monitor"], value["subject"])] = value
+            elif table == "idempotency":
+                monitor, idem_key = json.loads(key)
+                self._idem[(monitor, idem_key)] = value
         self._changes = []
 
     # --- monitors ---------------------------------------------------------------------------------
@@ -171,10 +181,16 @@ class MemoryStore(Store):
     def _index_sub(self, rec: Record) -> None:
         self._subs_by_name[(rec["monitor"], rec["subscriber"])] = rec["id"]
         self._subs_by_token[rec["token_hash"]] = rec["id"]
+        self._subs_by_monitor.setdefault(rec["monitor"], {})[rec["id"]] = None
 
     def _unindex_sub(self, rec: Record) -> None:
         self._subs_by_name.pop((rec["monitor"], rec["subscriber"]), None)
         self._subs_by_token.pop(rec["token_hash"], None)
+        ids = self._subs_by_monitor.get(rec["monitor"])
+        if ids is not None:
+            ids.pop(rec["id"], None)
+            if not ids:
+                del self._subs_by_monitor[rec["monitor"]]
 
     def get_subscription(self, sub_id: str) -> Record | None:
         rec = self._subs.get(sub_id)
@@ -182,6 +198,12 @@ class MemoryStore(Store):
 
     def put_subscription(self, rec: Record) -> None:
         key = rec["id"]
+        owner = self._subs_by_name.get((rec["monitor"], rec["subscriber"]))
+        if owner is not None and owner != key:  # as SQLite's unique (monitor, subscriber) index refuses it
+            raise ValueError(
+                f"subscriber {rec['subscriber']!r} of monitor {rec['monitor']!r} already belongs to "
+                f"subscription {owner}, not {key}"
+            )
         before = self._subs.get(key)
         self._journal("sub", key, before, ("subscriptions", key, copy.deepcopy(rec)))
         if before is not None:
@@ -192,6 +214,10 @@ class MemoryStore(Store):
     def find_subscription(self, monitor_id: str, subscriber: str) -> Record | None:
         sub_id = self._subs_by_name.get((monitor_id, subscriber))
         return self.get_subscription(sub_id) if sub_id else None
+
+    def count_active_subscriptions(self, monitor_id: str) -> int:
+        subs = self._subs
+        return sum(1 for sid in self._subs_by_monitor.get(monitor_id, ()) if subs[sid].get("active"))
 
     def find_subscription_by_token(self, token_hash: str) -> Record | None:
         sub_id = self._subs_by_token.get(token_hash)
@@ -220,3 +246,20 @@ class MemoryStore(Store):
             for key, rec in sorted(self._leases.items())
             if monitor_id is None or key[0] == monitor_id
         ]
+
+    # --- publish idempotency keys -----------------------------------------------------------------
+    def get_idempotency(self, monitor_id: str, key: str) -> Record | None:
+        rec = self._idem.get((monitor_id, key))
+        return copy.deepcopy(rec) if rec is not None else None
+
+    def put_idempotency(self, monitor_id: str, key: str, rec: Record) -> None:
+        k = (monitor_id, key)
+        self._journal("idem", k, self._idem.get(k), ("idempotency", json.dumps(list(k)), copy.deepcopy(rec)))
+        self._idem[k] = copy.deepcopy(rec)
+
+    def purge_idempotency(self, before: float) -> int:
+        gone = [k for k, rec in self._idem.items() if rec["at"] < before]
+        for k in gone:
+            self._journal("idem", k, self._idem[k], ("idempotency", json.dumps(list(k)), None))
+            del self._idem[k]
+        return len(gone)

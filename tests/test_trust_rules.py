@@ -1,0 +1,539 @@
+"""The trust and hardening rules of PROTOCOL.md sections 3, 6, 7, 8 and 10, one named test per rule, each
+refusal beside its positive control, on every store. The attacks are the ones found against the server."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from enginekit import STORE_KINDS, Harness, make_store
+from monitor_protocol import delivery, timefmt, tokens
+from monitor_protocol.binding.messages import Request
+from monitor_protocol.errors import ProtocolError
+from monitor_protocol.service import MonitorService
+from monitor_protocol.store.base import StorageError
+from monitor_protocol.store.memory import MemoryStore
+from monitor_protocol.vocab import SCAN_BUDGET
+
+A = "com.example.ci.run"
+B = "com.example.ci.deploy"
+REJECTED = "ai.mentu.monitor.rejected"
+SUBSCRIBED = "ai.mentu.monitor.subscribed"
+RETIRED = "ai.mentu.monitor.subscription_retired"
+
+
+@pytest.fixture(params=STORE_KINDS)
+def h(request, tmp_path):
+    harness = Harness(make_store(request.param, tmp_path))
+    yield harness
+    harness.store.close()
+
+
+def raw_call(h: Harness, method: str, path: str, raw: bytes, token: str | None = None):
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    resp = h.router.handle(Request(method, "/mp/v0" + path, [], headers, raw))
+    return resp
+
+
+def of_type(log: list[dict], type_: str) -> list[dict]:
+    return [o for o in log if o["type"] == type_]
+
+
+def rows_size(obs: dict) -> int:
+    return len(json.dumps(obs).encode())
+
+
+# ---- section 3: names -------------------------------------------------------------------------------
+
+
+def test_subscriber_names_of_any_form_are_accepted_and_treated_as_agents(h):
+    h.monitor("ci", visibility="public")
+    for name in ("reader-104749", "x", "mailto:a@b", "HuMaN:x", "a" * 256):
+        r = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": name})
+        assert r.status == 201, (name, r.body)
+        assert r.body["subscription"]["subscriber"] == name
+    for bad in ("human:you\n", "a b", "tab\there", "nul\x00", "line\u2028sep", "", "a" * 257, 7):
+        r = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": bad})
+        assert r.status == 400 and r.body["code"] == "INVALID", (bad, r.body)
+
+
+def test_actor_prefixes_are_lower_case_so_mixed_case_is_an_agent(h):
+    tok = h.monitor("ci")  # owned by human:you
+    mixed = h.publish("ci", tok, actor="HuMaN:x")
+    assert mixed.status == 201 and mixed.body["observation"]["origin"] == "agent"
+    assert mixed.body["observation"]["tier"] == "unverified"
+    owner = h.publish("ci", tok, actor="human:you")  # positive control: the real prefix is a person
+    assert owner.status == 201 and owner.body["observation"]["origin"] == "human"
+    trailing = h.publish("ci", tok, actor="human:you\n")
+    assert trailing.status == 400 and trailing.body["code"] == "INVALID"
+
+
+# ---- section 6: rules 6 and 7 ------------------------------------------------------------------------
+
+
+def test_rule6_a_token_cannot_speak_for_another_person(h):
+    tok = h.monitor("ci")
+    stranger = h.publish(
+        "ci", tok, actor="human:stranger", origin="human", tier="src", verification="human_verified"
+    )
+    assert stranger.status == 403 and stranger.body["code"] == "PROVENANCE_CEILING"
+    assert "rejected_seq" in stranger.body
+    owner = h.publish("ci", tok, actor="human:you", origin="human", tier="src", verification="human_verified")
+    assert owner.status == 201 and owner.body["observation"]["tier"] == "src"
+    delegated = h.publish(
+        "ci", tok, actor="agent:claude", on_behalf_of="human:you", origin="human", tier="src"
+    )
+    assert delegated.status == 201
+    prov = delegated.body["observation"]["data"]["provenance"]
+    assert prov["actor"] == "agent:claude" and prov["on_behalf_of"] == "human:you"
+
+
+def test_rule7_only_the_server_writes_as_the_system(h):
+    tok = h.monitor("ci")
+    for fields in ({"actor": "system:guard"}, {"origin": "system"}, {"actor": "agent:x", "origin": "system"}):
+        r = h.publish("ci", tok, **fields)
+        assert r.status == 403 and r.body["code"] == "PROVENANCE_CEILING", (fields, r.body)
+    control = h.publish("ci", tok, actor="probe:ci")
+    assert control.status == 201 and control.body["observation"]["origin"] == "probe"
+
+
+# ---- section 7: protocol rows carry the server's provenance and are bounded --------------------------
+
+
+def test_no_anonymous_caller_can_put_a_human_origin_into_a_log(h):
+    h.call("POST", "/monitors", {"id": "bot", "owner": "agent:bot", "visibility": "public"})
+    sub = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "bot", "subscriber": "human:ceo", "filter": {"text": "APPROVED"}},
+    )
+    assert sub.status == 201
+    sid, rtok = sub.body["subscription"]["id"], sub.body["token"]
+    seek = h.call("POST", f"/subscriptions/{sid}/seek", {"cursor": 0, "reason": "APPROVED BY CEO"}, rtok)
+    assert seek.status == 200
+    rows = h.call("GET", f"/subscriptions/{sid}/pull", token=rtok, query=[("cursor", "1"), ("text", "")])
+    log = h.service.read_log("bot", 1, 200)["observations"]
+    written = of_type(log, SUBSCRIBED)
+    assert len(written) == 2 and rows.status == 200
+    for row in written:
+        assert row["actor"] == "human:ceo"  # the name the caller gave, kept as a claim
+        assert (row["origin"], row["tier"], row["verified"]) == ("system", "measured", "machine_verified")
+        assert row["data"]["provenance"]["origin"] == "system"
+    assert all(o["origin"] != "human" for o in log)
+
+
+def test_protocol_rows_are_bounded_by_the_input_limits(h):
+    h.monitor("ci", visibility="public")
+    huge_text = {"monitor": "ci", "subscriber": "human:ceo", "filter": {"text": "APPROVED BY CEO " * 30000}}
+    r = h.call("POST", "/subscriptions", huge_text)
+    assert r.status == 400 and r.body["code"] == "INVALID" and "4096" in r.body["error"]
+    long_text = {"monitor": "ci", "subscriber": "human:ceo", "filter": {"text": "x" * 257}}
+    r = h.call("POST", "/subscriptions", long_text)
+    assert r.status == 400 and r.body["code"] == "INVALID" and "256" in r.body["error"]
+    at_limit = h.call(
+        "POST", "/subscriptions", {"monitor": "ci", "subscriber": "a", "filter": {"text": "x" * 256}}
+    )
+    assert at_limit.status == 201
+    big_filter = {
+        "monitor": "ci",
+        "subscriber": "b",
+        "filter": {"subjects": [f"s{i:05d}" * 20 for i in range(40)]},
+    }
+    r = h.call("POST", "/subscriptions", big_filter)
+    assert r.status == 400 and "4096" in r.body["error"]
+    sid, rtok = at_limit.body["subscription"]["id"], at_limit.body["token"]
+    long_reason = h.call("POST", f"/subscriptions/{sid}/seek", {"cursor": 0, "reason": "é" * 513}, rtok)
+    assert long_reason.status == 400 and "1024" in long_reason.body["error"]
+    ok_reason = h.call("POST", f"/subscriptions/{sid}/seek", {"cursor": 0, "reason": "x" * 1024}, rtok)
+    assert ok_reason.status == 200
+    for row in h.service.read_log("ci", 1, 200)["observations"]:
+        assert rows_size(row) < 8192, row["type"]
+
+
+def test_a_rejected_row_keeps_a_bounded_excerpt_of_a_large_raw_payload(h):
+    tok = h.monitor("ci")
+    small = {"type": A, "actor": "agent:x", "tier": "src", "data": {"claim": "trust me"}}
+    r = h.call("POST", "/monitors/ci/observations", small, tok)
+    assert r.status == 400
+    big = {"type": A, "tier": "src", "actor": "agent:x", "data": {"blob": "z" * 200_000}}
+    r2 = h.call("POST", "/monitors/ci/observations", big, tok)
+    assert r2.status == 400
+    rows = {int(o["id"]): o for o in h.service.read_log("ci", 1, 200)["observations"]}
+    kept = rows[r.body["rejected_seq"]]["data"]["payload"]
+    assert kept["raw"] == small  # whole when small (C16)
+    excerpt = rows[r2.body["rejected_seq"]]["data"]["payload"]
+    assert excerpt["raw_truncated"] is True and excerpt["raw_bytes"] > 200_000
+    assert len(excerpt["raw_sha256"]) == 64 and rows_size(rows[r2.body["rejected_seq"]]) < 8192
+
+
+# ---- section 8 ---------------------------------------------------------------------------------------
+
+
+def test_an_inline_filter_disjoint_from_the_subscription_is_invalid_filter(h):
+    tok = h.monitor("ci", types=[A, B])
+    h.publish("ci", tok, subject="build-1")
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A], "subjects": ["build-*"]})
+    for query in ([("types", B)], [("subjects", "deploy-1")], [("types", "com.example.ci.d*")]):
+        r = h.call("GET", f"/subscriptions/{sid}/pull", token=rtok, query=query)
+        assert r.status == 400 and r.body["code"] == "INVALID_FILTER", (query, r.body)
+        assert "subscription_filter" in r.body and "inline_filter" in r.body
+    for query in ([("types", A)], [("subjects", "build-1")], [("types", "com.example.*")]):
+        r = h.call("GET", f"/subscriptions/{sid}/pull", token=rtok, query=query)
+        assert r.status == 200 and [o["subject"] for o in r.body["observations"]] == ["build-1"], query
+
+
+def test_time_ahead_of_the_server_clock_is_refused_and_freshness_is_the_servers(h):
+    tok = h.monitor("ci", ttl_seconds=60)
+    future = h.publish("ci", tok, time="2999-01-01T00:00:00Z")
+    assert future.status == 400 and future.body["code"] == "INVALID" and "rejected_seq" in future.body
+    near = h.publish("ci", tok, time=timefmt.iso(h.clock() + 200))  # within the 300 s allowance
+    assert near.status == 201
+    h.clock.advance(30)
+    past = h.publish("ci", tok, time="2020-01-01T00:00:00Z")
+    assert past.status == 201 and past.body["observation"]["time"] == "2020-01-01T00:00:00.000Z"
+    state = h.call("GET", "/monitors/ci/state", token=tok).body
+    assert state["ages"]["since_last_observation_s"] == 0
+    assert state["covers_until"] == timefmt.iso(h.clock())
+    assert "stale_source" not in state["confidence"]["gaps"]
+    h.clock.advance(120)  # the server's clock, not the claimed time, makes the source stale
+    assert "stale_source" in h.call("GET", "/monitors/ci/state", token=tok).body["confidence"]["gaps"]
+
+
+def test_revocation_retires_a_reader_who_could_no_longer_subscribe(h):
+    tok = h.monitor("ci", visibility="public", capabilities=["observe", "act"])
+    h.publish("ci", tok, subject="job-1")
+    anon_id, anon_tok = h.subscribe("ci", None, subscriber="agent:stranger")
+    own_id, own_tok = h.subscribe("ci", tok, subscriber="agent:worker", capabilities=["observe", "act"])
+    assert h.pull(anon_id, anon_tok).status == 200  # positive control before the change
+    r = h.call("POST", "/monitors/ci/update", {"patch": {"visibility": "private"}, "reason": "closing"}, tok)
+    assert r.status == 200
+    gone = h.pull(anon_id, anon_tok)
+    assert gone.status == 404 and gone.body.get("retired") is True
+    again = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:stranger"}, anon_tok)
+    assert again.status == 404  # its old token opens nothing any more
+    assert h.call("GET", "/monitors/ci", token=anon_tok).status == 404
+    assert h.pull(own_id, own_tok).status == 200  # the owner's grant survives
+    log = h.service.read_log("ci", 1, 200)["observations"]
+    retired = [o for o in of_type(log, RETIRED) if o["data"]["payload"]["subscription"] == anon_id]
+    assert retired and retired[0]["data"]["payload"]["reason"] == "revoked"
+
+
+def test_revocation_shrinks_capabilities_so_act_removed_stops_claims(h):
+    tok = h.monitor("ci", visibility="public", capabilities=["observe", "act"])
+    for s in ("job-1", "job-2"):
+        h.publish("ci", tok, subject=s)
+    sid, rtok = h.subscribe("ci", tok, subscriber="agent:worker", capabilities=["observe", "act"])
+    claim = h.call("POST", f"/subscriptions/{sid}/leases/claim", {"subject": "job-1"}, rtok)
+    assert claim.status == 201  # positive control
+    r = h.call("POST", "/monitors/ci/update", {"patch": {"capabilities": ["observe"]}}, tok)
+    assert r.status == 200
+    refused = h.call("POST", f"/subscriptions/{sid}/leases/claim", {"subject": "job-2"}, rtok)
+    assert refused.status == 403 and refused.body["code"] == "CAPABILITY_MISSING"
+    info = h.call("GET", f"/subscriptions/{sid}", token=rtok).body
+    assert info["capabilities"] == ["observe"]
+    assert h.store.get_lease("ci", "job-1")["holder"] is None  # the held lease was released
+
+
+def test_an_expired_lease_counts_as_an_attempt_and_a_release_does_not(h):
+    tok = h.monitor("ci", capabilities=["observe", "act"])
+    h.publish("ci", tok, subject="job-1")
+    sid, rtok = h.subscribe("ci", tok, capabilities=["observe", "act"])
+    claim = {"subject": "job-1", "lease_duration_seconds": 1}
+    for _ in range(3):  # releases give the work back without counting
+        assert h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok).status == 201
+        assert h.call("POST", f"/subscriptions/{sid}/leases/release", claim, rtok).status == 200
+    assert h.store.get_lease("ci", "job-1")["attempts"] == 0
+    for n in range(1, 6):  # a worker that keeps crashing while holding it
+        r = h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok)
+        assert r.status == 201, (n, r.body)
+        h.clock.advance(2)
+        h.service.sweep()
+        assert h.store.get_lease("ci", "job-1")["attempts"] == n
+    dead = h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok)
+    assert dead.status == 409 and dead.body["code"] == "DEAD_LETTERED"
+    expired = [
+        o["data"]["payload"]
+        for o in h.service.read_log("ci", 1, 200)["observations"]
+        if o["type"] == "ai.mentu.monitor.lease" and o["data"]["payload"]["action"] == "expired"
+    ]
+    assert [p["attempts"] for p in expired] == [1, 2, 3, 4, 5] and expired[-1]["dead_letter"] is True
+
+
+def test_a_repeated_idempotency_key_appends_nothing(h):
+    tok = h.monitor("ci")
+    first = h.publish("ci", tok, subject="build-1", idempotency_key="k-1")
+    assert first.status == 201 and first.body["idempotent"] is False
+    again = h.publish("ci", tok, subject="build-1", idempotency_key="k-1")
+    assert again.status == 200 and again.body["idempotent"] is True
+    assert again.body["seq"] == first.body["seq"] and again.body["observation"]["id"] == str(
+        first.body["seq"]
+    )
+    header = h.call("POST", "/monitors/ci/observations", {"type": A}, tok, headers={"idempotency-key": "k-2"})
+    header_again = h.call(
+        "POST", "/monitors/ci/observations", {"type": A}, tok, headers={"idempotency-key": "k-2"}
+    )
+    assert header.status == 201 and header_again.status == 200
+    assert header_again.body["seq"] == header.body["seq"]
+    other = h.publish("ci", tok, idempotency_key="k-3")  # a different key appends
+    assert other.status == 201 and other.body["seq"] == header.body["seq"] + 1
+    head = h.call("GET", "/monitors/ci", token=tok).body["head"]
+    assert head == other.body["seq"]
+    for bad in ("x" * 129, "tab\tkey", "é", ""):
+        r = h.publish("ci", tok, idempotency_key=bad)
+        assert r.status == 400 and r.body["code"] == "INVALID", bad
+    h.clock.advance(86_401)  # after the window the key is forgotten
+    h.service.sweep()
+    late = h.publish("ci", tok, subject="build-1", idempotency_key="k-1")
+    assert late.status == 201 and late.body["seq"] > head
+
+
+def test_subscription_ids_have_16_hex_digits_and_a_collision_never_replaces(h, monkeypatch):
+    h.monitor("ci", visibility="public")
+    first_id, first_tok = h.subscribe("ci", None, subscriber="agent:first")
+    assert re.fullmatch(r"sub-[0-9a-f]{16}", first_id)
+    minted = iter([first_id, "sub-00000000000000ab"])
+    monkeypatch.setattr(tokens, "new_id", lambda prefix, length=8: next(minted))
+    second_id, _ = h.subscribe("ci", None, subscriber="agent:second")
+    assert second_id == "sub-00000000000000ab"
+    assert h.pull(first_id, first_tok).status == 200  # the first reader is untouched
+
+
+def test_a_monitor_serves_a_bounded_number_of_active_subscriptions(h, monkeypatch):
+    monkeypatch.setattr(delivery, "MAX_ACTIVE_SUBSCRIPTIONS", 3)
+    h.monitor("ci", visibility="public")
+    subs = [h.subscribe("ci", None, subscriber=f"agent:r{i}") for i in range(3)]
+    over = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:r3"})
+    assert over.status == 429 and over.body["code"] == "OVER_BUDGET"
+    resub = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:r0"}, subs[0][1])
+    assert resub.status == 201  # an active reader re-keying is not a new one
+    sid, tok = subs[1]
+    assert h.call("POST", f"/subscriptions/{sid}/retire", {}, tok).status == 200
+    assert h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:r3"}).status == 201
+
+
+# ---- section 10: input limits ------------------------------------------------------------------------
+
+
+def nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def test_json_nesting_is_at_most_32_levels(h):
+    tok = h.monitor("ci", visibility="public")
+    ok = h.publish("ci", tok, data={"v": nested(30)})  # the body, data and 30 more objects: 32 levels
+    assert ok.status == 201
+    deep = h.publish("ci", tok, data={"v": nested(31)})
+    assert deep.status == 400 and deep.body["code"] == "INVALID" and "32" in deep.body["error"]
+    assert "rejected_seq" in deep.body
+    very = raw_call(
+        h,
+        "POST",
+        "/monitors/ci/observations",
+        b'{"type":"' + A.encode() + b'","data":' + b'{"a":' * 5000 + b"1" + b"}" * 5001,
+        tok,
+    )
+    assert very.status == 400 and very.body["code"] == "INVALID"
+    sid, rtok = h.subscribe("ci", None, filter={"text": "k"})  # a text-filtered reader still reads
+    r = h.pull(sid, rtok, limit=200)
+    assert r.status == 200 and r.body["observations"]
+
+
+def test_nan_infinity_and_lone_surrogates_are_not_json(h):
+    tok = h.monitor("ci")
+    for raw in (
+        b'{"type": "%s", "data": {"a": NaN}}',
+        b'{"type": "%s", "data": {"a": Infinity}}',
+        b'{"type": "%s", "data": {"a": -Infinity}}',
+        b'{"type": "%s", "data": {"a": 1e400}}',
+        b'{"type": "%s", "data": {"a": "\\ud800"}}',
+        b'{"type": "%s", "data": {"\\udfff": 1}}',
+        b'{"type": "%s", "data": {"a": 123456789012345678901234567890}}',
+    ):
+        body = raw.replace(b"%s", A.encode())
+        r = raw_call(h, "POST", "/monitors/ci/observations", body, tok)
+        assert r.status == 400 and r.body["code"] == "INVALID", (body, r.body)
+        assert "rejected_seq" in r.body  # logged: the monitor is known
+    pair = raw_call(
+        h,
+        "POST",
+        "/monitors/ci/observations",
+        b'{"type": "%s", "data": {"a": "\\ud83d\\ude00", "b": 1.5, "c": 9007199254740992}}'.replace(
+            b"%s", A.encode()
+        ),
+        tok,
+    )
+    assert pair.status == 201 and pair.body["observation"]["data"]["a"] == "\U0001f600"
+    with pytest.raises(ProtocolError) as caught:  # a door handing the engine a NaN directly
+        h.service.publish("ci", {"type": A, "data": {"a": float("nan")}}, tok)
+    assert caught.value.code == "INVALID"
+    for obs in h.service.read_log("ci", 1, 200)["observations"]:
+        json.dumps(obs, allow_nan=False).encode("utf-8")  # everything served is RFC 8259 JSON
+
+
+def test_names_are_at_most_256_characters(h):
+    tok = h.monitor("ci")
+    assert h.publish("ci", tok, subject="s" * 256).status == 201
+    long_subject = h.publish("ci", tok, subject="s" * 257)
+    assert long_subject.status == 400 and "256" in long_subject.body["error"]
+    long_actor = h.publish("ci", tok, actor="agent:" + "a" * 251)
+    assert long_actor.status == 400
+    long_type = h.publish("ci", tok, type="com." + "a" * 253)
+    assert long_type.status == 400 and long_type.body["code"] == "INVALID" and "256" in long_type.body["error"]
+
+
+def test_integers_are_ascii_digits_within_2_to_the_53(h):
+    tok = h.monitor("ci")
+    h.publish("ci", tok)
+    sid, rtok = h.subscribe("ci", tok)
+    assert h.pull(sid, rtok, limit="5").status == 200
+    for bad in ("²", "٣", "1e3", " 3", "+3", "9" * 5000, str(2**53 + 1)):
+        r = h.pull(sid, rtok, limit=bad)
+        assert r.status == 400 and r.body["code"] == "INVALID", bad
+    assert h.pull(sid, rtok, cursor=str(2**53)).status == 200
+    big_ack = h.ack(sid, rtok, 2**60)
+    assert big_ack.status == 400 and big_ack.body["code"] == "INVALID"
+
+
+def test_a_json_rpc_batch_holds_at_most_100_calls(h):
+    call = {"jsonrpc": "2.0", "method": "monitors/discover", "params": {}}
+    ok = h.call("POST", "/rpc", [dict(call, id=i) for i in range(100)])
+    assert ok.status == 200 and len(ok.body) == 100
+    over = h.call("POST", "/rpc", [dict(call, id=i) for i in range(101)])
+    assert over.status == 413 and over.body["error"]["data"]["code"] == "TOO_LARGE"
+    assert over.body["error"]["code"] == -32016
+
+
+def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
+    tok = h.monitor("ci", types=[A, B])
+    for i in range(SCAN_BUDGET * 2 + 10):
+        h.publish("ci", tok, type=B, subject=f"noise-{i}")
+    target = h.publish("ci", tok, type=A, subject="needle").body["seq"]
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
+    seen: list[str] = []
+    rounds = 0
+    while not seen:
+        rounds += 1
+        r = h.pull(sid, rtok, limit=1)
+        assert r.status == 200
+        seen = [o["subject"] for o in r.body["observations"] if o["type"] == A]
+        if not seen:
+            assert r.body["scan_capped"] is True and r.body["lag_capped"] is True
+            assert r.body["next"] <= target  # nothing unexamined is skipped
+        assert h.ack(sid, rtok, r.body["next"]).status == 200
+    assert seen == ["needle"] and 2 <= rounds <= 4
+    caught_up = h.pull(sid, rtok)
+    assert caught_up.body["lag"] == 0 and "lag_capped" not in caught_up.body
+    unfiltered_id, unfiltered_tok = h.subscribe("ci", tok, subscriber="agent:all")
+    exact = h.pull(unfiltered_id, unfiltered_tok, limit=1).body
+    assert exact["lag"] == exact["head"] and "scan_capped" not in exact  # positive control
+
+
+# ---- section 10: internal failures are not bad input -------------------------------------------------
+
+
+class FailingStore(MemoryStore):
+    fail = False
+
+    def append(self, monitor_id, seq, event):
+        if self.fail:
+            raise StorageError("database or disk is full")
+        return super().append(monitor_id, seq, event)
+
+
+def test_a_storage_failure_is_503_with_retry_after_and_nothing_half_written():
+    store = FailingStore()
+    h = Harness(store)
+    tok = h.monitor("ci")
+    assert h.publish("ci", tok).status == 201  # positive control
+    store.fail = True
+    resp = h.router.handle(
+        Request("POST", "/mp/v0/monitors/ci/observations", [], {"authorization": f"Bearer {tok}"},
+                json.dumps({"type": A}).encode())
+    )  # fmt: skip
+    assert resp.status == 503 and resp.body["code"] == "UNAVAILABLE" and resp.body["storage"] is True
+    assert resp.headers["retry-after"] == "1"
+    store.fail = False
+    monitor = h.call("GET", "/monitors/ci", token=tok).body
+    assert monitor["head"] == 2  # the configured row and the first publish: nothing of the failed one
+    assert h.publish("ci", tok).body["seq"] == 3
+
+
+def test_a_full_sqlite_disk_is_503_not_400(tmp_path):
+    from monitor_protocol.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "full.db"))
+    h = Harness(store)
+    tok = h.monitor("ci")
+    assert h.publish("ci", tok).status == 201
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count={pages + 2}")
+    statuses = {h.publish("ci", tok, data={"blob": "x" * 20_000}).status for _ in range(10)}
+    assert 503 in statuses and 400 not in statuses and 500 not in statuses
+    head_when_full = h.call("GET", "/monitors/ci", token=tok).body["head"]
+    store._db.execute("PRAGMA max_page_count=1073741823")
+    after = h.publish("ci", tok)
+    assert after.status == 201 and after.body["seq"] == head_when_full + 1
+    store.close()
+
+
+class Buggy(MonitorService):
+    def _publish(self, *args, **kwargs):
+        raise KeyError("a bug, not the caller's fault")
+
+
+def test_a_bug_is_a_503_naming_an_incident_never_a_400_or_500():
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci")
+    h.service.__class__ = Buggy
+    r = h.publish("ci", tok)
+    assert (
+        r.status == 503
+        and r.body["code"] == "UNAVAILABLE"
+        and re.fullmatch(r"[0-9a-f]{12}", r.body["incident"])
+    )
+
+
+# ---- section 9: push needs the owner's say and a public sink -----------------------------------------
+
+
+def test_a_push_subscription_needs_a_token_and_a_public_sink(h):
+    tok = h.monitor("ci", visibility="public")
+    anonymous = h.call(
+        "POST", "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": "https://example.com/hook"},
+    )  # fmt: skip
+    assert anonymous.status == 401 and anonymous.body["code"] == "UNAUTHORIZED"
+    for sink in (
+        "http://127.0.0.1:18999/internal",
+        "http://169.254.169.254/latest",
+        "http://[::1]/",
+        "http://localhost/",
+    ):
+        r = h.call(
+            "POST",
+            "/subscriptions",
+            {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": sink},
+            tok,
+        )
+        assert r.status == 400 and r.body["code"] == "INVALID" and "--allow-sink" in r.body["error"], sink
+    public = h.call(
+        "POST", "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": "https://example.com/hook"}, tok,
+    )  # fmt: skip
+    assert public.status == 201
+
+
+def test_an_operator_may_allow_an_internal_sink():
+    service = MonitorService(MemoryStore(), allowed_sinks=("127.0.0.1",))
+    h = Harness(MemoryStore())
+    h.service, h.router.service = service, service
+    tok = h.monitor("ci")
+    r = h.call(
+        "POST", "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": "http://127.0.0.1:18999/hook"}, tok,
+    )  # fmt: skip
+    assert r.status == 201
