@@ -27,7 +27,8 @@ def test_every_check_passes_over_http(tmp_path):
         by_status.setdefault(result["status"], []).append(result["id"])
     failures = [f"{r['id']}: {r['note']}" for r in report["results"] if r["status"] != "pass"]
     assert not failures, "\n".join(failures)
+    assert report["profile"] == "all"
     assert report["ok"] is True and done.returncode == 0
     ids = set(by_status["pass"])
-    assert {"C01", "C12", "C17", "C19", "C30"} <= ids  # the checks only a real server can show
+    assert {"C01", "C12", "C17", "C19", "C30", "X40"} <= ids  # the checks only a real server can show
     assert "Traceback" not in log, log[-4000:]

@@ -5,16 +5,30 @@ decorative (PROTOCOL.md section 11)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from monitor_protocol import delivery as delivery_mod
+from monitor_protocol import events as events_mod
+from monitor_protocol import filters as filters_mod
+from monitor_protocol import leases as leases_mod
+from monitor_protocol import netguard as netguard_mod
+from monitor_protocol import provenance as provenance_mod
+from monitor_protocol import publishing as publishing_mod
 from monitor_protocol import service as service_mod
+from monitor_protocol import timefmt as timefmt_mod
 from monitor_protocol import tokens as tokens_mod
+from monitor_protocol import validation as validation_mod
+from monitor_protocol import wire as wire_mod
+from monitor_protocol.binding import jsonrpc as jsonrpc_mod
 from monitor_protocol.conformance import run_suite
 from monitor_protocol.conformance.inprocess import InProcessTransport
 from monitor_protocol.errors import ProtocolError
+from monitor_protocol.monitors import MonitorRules
+from monitor_protocol.publishing import PublishRules
 from monitor_protocol.service import MonitorService
 
 # ---- the mutants ------------------------------------------------------------------------------------
@@ -307,6 +321,155 @@ def _tokens_from_the_wrong_place(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(MonitorService, "_subscribe", _subscribe)
 
 
+# ---- mutants of the trust and hardening rules (PROTOCOL.md sections 3, 6-10) ---------------------------
+
+
+def _speak_for_anyone(mp: pytest.MonkeyPatch) -> None:
+    """Rule 6 broken: a token may publish as any person, not only its owner."""
+    real = provenance_mod.resolve
+
+    def resolve(owner, actor, body):
+        if provenance_mod.is_human(actor) and actor != owner:
+            return dataclasses.replace(real(owner, owner, body), actor=actor)
+        return real(owner, actor, body)
+
+    mp.setattr(provenance_mod, "resolve", resolve)
+
+
+def _write_as_the_system(mp: pytest.MonkeyPatch) -> None:
+    """Rule 7 broken: a publisher may write as system:... or declare origin system."""
+    real = provenance_mod.resolve
+
+    def resolve(owner, actor, body):
+        if provenance_mod.is_system(actor) or body.get("origin") == "system":
+            trimmed = {k: v for k, v in body.items() if k != "origin"}
+            out = real(owner, "agent:stand-in", trimmed)
+            return dataclasses.replace(out, actor=actor, origin="system", tier="measured")
+        return real(owner, actor, body)
+
+    mp.setattr(provenance_mod, "resolve", resolve)
+
+
+def _protocol_rows_inherit_the_callers_origin(mp: pytest.MonkeyPatch) -> None:
+    """Section 7 broken: a protocol row takes its origin from the caller's name (human:ceo -> human)."""
+    real = events_mod.build_protocol
+
+    def build_protocol(**kw):
+        event = real(**kw)
+        origin = provenance_mod.origin_of_actor(kw["actor"])
+        event["origin"] = origin
+        event["data"]["provenance"]["origin"] = origin
+        return event
+
+    mp.setattr(events_mod, "build_protocol", build_protocol)
+
+
+def _subscriber_names_need_a_prefix(mp: pytest.MonkeyPatch) -> None:
+    """Section 3 broken: a subscriber name without a known prefix is refused (as before the revision)."""
+    real = validation_mod.check_actor
+
+    def check_actor(value, name):
+        out = real(value, name)
+        if name == "subscriber" and not provenance_mod.actor_prefix(out):
+            raise validation_mod.invalid("subscriber must be prefixed, e.g. agent:you.")
+        return out
+
+    mp.setattr(delivery_mod, "check_actor", check_actor)
+
+
+def _any_time_accepted(mp: pytest.MonkeyPatch) -> None:
+    """Time broken: a publish dated far in the future is accepted."""
+    mp.setattr(publishing_mod, "MAX_FUTURE_SECONDS", 10**12)
+
+
+class ClientClockFreshness(MonitorService):
+    """Time broken: freshness (ages, covers_until) comes from the publisher's claimed time."""
+
+    def _publish(self, monitor_id, body, token, header_key=None):
+        out = super()._publish(monitor_id, body, token, header_key)
+        if not out.get("idempotent"):
+            rec = self.store.get_monitor(monitor_id)
+            rec["_last"]["ts"] = timefmt_mod.parse(out["observation"]["time"])
+            self.store.put_monitor(rec)
+        return out
+
+
+def _disjoint_inline_filters_pass(mp: pytest.MonkeyPatch) -> None:
+    """Section 8 broken: an inline filter disjoint from the subscription's answers an empty page."""
+    mp.setattr(filters_mod, "disjoint", lambda a, b: None)
+
+
+def _nesting_unbounded(mp: pytest.MonkeyPatch) -> None:
+    """Section 10 broken: JSON may nest as deep as the parser allows."""
+    mp.setattr(wire_mod, "MAX_JSON_DEPTH", 10**6)
+
+
+def _nan_accepted(mp: pytest.MonkeyPatch) -> None:
+    """Section 10 broken: NaN, Infinity and lone surrogates are accepted (and served bare)."""
+    mp.setattr(wire_mod, "_constant", lambda name: float(name.replace("-Infinity", "-inf")))
+    mp.setattr(wire_mod, "_float", float)
+    mp.setattr(wire_mod, "problem", lambda value: None)
+
+
+def _names_unbounded(mp: pytest.MonkeyPatch) -> None:
+    """Section 10 broken: subjects, actors, types and ids may be any length."""
+    mp.setattr(validation_mod, "MAX_NAME_CHARS", 10**9)
+    mp.setattr(publishing_mod, "MAX_NAME_CHARS", 10**9)
+
+
+def _filter_text_unbounded(mp: pytest.MonkeyPatch) -> None:
+    """Section 10 broken: a filter's text may be any length (a 480 KB subscribed row)."""
+    mp.setattr(filters_mod, "MAX_FILTER_TEXT_CHARS", 10**9)
+    mp.setattr(filters_mod, "MAX_FILTER_BYTES", 10**9)
+
+
+def _unicode_digits(mp: pytest.MonkeyPatch) -> None:
+    """Section 10 broken: any Unicode digit (\u00b2) or padded text counts as an integer."""
+    mp.setattr(validation_mod, "_ascii_integer", lambda text: text.strip().lstrip("-").isdigit())
+
+    real = validation_mod.as_int
+
+    def as_int(value, name, **kw):
+        if isinstance(value, str):
+            import unicodedata
+
+            value = "".join(str(unicodedata.digit(c, 0)) if c.isdigit() else c for c in value.strip())
+        return real(value, name, **kw)
+
+    for mod in (validation_mod, delivery_mod):
+        mp.setattr(mod, "as_int", as_int)
+
+
+def _batch_unbounded(mp: pytest.MonkeyPatch) -> None:
+    """Section 10 broken: a JSON-RPC batch may hold any number of calls."""
+    mp.setattr(jsonrpc_mod, "MAX_RPC_BATCH", 10**9)
+
+
+def _no_revocation(mp: pytest.MonkeyPatch) -> None:
+    """Section 8 broken: a grant outlives the definition that allowed it."""
+    mp.setattr(MonitorRules, "_revoke_narrowed", lambda self, rec: {})
+
+
+def _expiry_not_counted(mp: pytest.MonkeyPatch) -> None:
+    """Section 8 broken: an expired lease does not count as an attempt."""
+    mp.setitem(leases_mod.LEASE_TRANSITIONS, ("held", "expired"), ("free", False))
+
+
+def _no_idempotency(mp: pytest.MonkeyPatch) -> None:
+    """Section 8 broken: a repeated idempotency key appends again."""
+    mp.setattr(PublishRules, "_idempotency_key", staticmethod(lambda body, header: None))
+
+
+def _short_subscription_ids(mp: pytest.MonkeyPatch) -> None:
+    """Section 4 broken: subscription ids of 4 hex digits (they collide, and replace each other)."""
+    mp.setattr(delivery_mod, "SUBSCRIPTION_ID_HEX", 4)
+
+
+def _any_sink(mp: pytest.MonkeyPatch) -> None:
+    """Section 9 broken: push sinks on loopback and link-local addresses are accepted."""
+    mp.setattr(netguard_mod, "sink_refusal", lambda url, allowed=(), resolve=None: None)
+
+
 @dataclass
 class Mutant:
     name: str
@@ -339,7 +502,26 @@ MUTANTS = [
     Mutant("a paused monitor accepts writes", PausedAcceptsWrites, expected=("C14", "X07")),
     Mutant("confidence defaulted to a number", ConfidenceDefaulted, expected=("C15", "C29")),
     Mutant("a re-sent ack is recomputed", AckRecomputed, expected=("C20",)),
-]
+    Mutant("a token speaks for another person", patch=_speak_for_anyone, expected=("X27",)),
+    Mutant("a publisher writes as the system", patch=_write_as_the_system, expected=("X27",)),
+    Mutant("protocol rows inherit the caller's origin", patch=_protocol_rows_inherit_the_callers_origin,
+           expected=("X25", "X44")),
+    Mutant("subscriber names need a prefix", patch=_subscriber_names_need_a_prefix, expected=("X24",)),
+    Mutant("a publish dated 2999 is accepted", patch=_any_time_accepted, expected=("X29",)),
+    Mutant("freshness from the publisher's clock", ClientClockFreshness, expected=("X29",)),
+    Mutant("a disjoint inline filter passes", patch=_disjoint_inline_filters_pass, expected=("X28",)),
+    Mutant("JSON nesting unbounded", patch=_nesting_unbounded, expected=("X30",)),
+    Mutant("NaN and lone surrogates accepted", patch=_nan_accepted, expected=("X31",)),
+    Mutant("names of any length", patch=_names_unbounded, expected=("X32",)),
+    Mutant("filter text of any length", patch=_filter_text_unbounded, expected=("X26",)),
+    Mutant("Unicode digits are integers", patch=_unicode_digits, expected=("X33",)),
+    Mutant("JSON-RPC batches of any size", patch=_batch_unbounded, expected=("X34",)),
+    Mutant("grants outlive the definition", patch=_no_revocation, expected=("X35",)),
+    Mutant("an expired lease is not an attempt", patch=_expiry_not_counted, expected=("X36",)),
+    Mutant("idempotency keys ignored", patch=_no_idempotency, expected=("X37",)),
+    Mutant("4-hex subscription ids", patch=_short_subscription_ids, expected=("X38",)),
+    Mutant("internal push sinks accepted", patch=_any_sink, expected=("X39",)),
+]  # fmt: skip
 
 
 async def _run(mutant: Mutant, monkeypatch: pytest.MonkeyPatch) -> Any:

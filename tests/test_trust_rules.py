@@ -382,7 +382,9 @@ def test_names_are_at_most_256_characters(h):
     long_actor = h.publish("ci", tok, actor="agent:" + "a" * 251)
     assert long_actor.status == 400
     long_type = h.publish("ci", tok, type="com." + "a" * 253)
-    assert long_type.status == 400 and long_type.body["code"] == "INVALID" and "256" in long_type.body["error"]
+    assert (
+        long_type.status == 400 and long_type.body["code"] == "INVALID" and "256" in long_type.body["error"]
+    )
 
 
 def test_integers_are_ascii_digits_within_2_to_the_53(h):

@@ -66,7 +66,7 @@ class EngineHost:
         start_persist: Callable[[], Any] | None = None,
     ) -> None:
         self.store = store if store is not None else MemoryStore()
-        self.service = MonitorService(self.store, clock=clock)
+        self.service = MonitorService(self.store, clock=clock, streams=False)  # the page holds no SSE stream
         self.router = RestRouter(self.service)  # what the shim (and any fetch) reaches: no admin routes
         self._admin_token = secrets.token_urlsafe(32)  # minted per page load, never shown or forwarded
         self._admin_router = RestRouter(self.service, admin_token=self._admin_token)

@@ -1,5 +1,7 @@
 """`mp conform`: run the conformance suite against a server (--base) or, without one, a fresh in-process
-memory engine. Exit status 1 when any check fails."""
+memory engine. `--profile published` runs only PROTOCOL.md section 11's checklist, fair to any
+implementation; `--profile all` (the default) adds this project's own checks. Exit status 1 when any check
+fails, 2 on a bad argument."""
 
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     parser.add_argument("--only", help="comma-separated check ids, e.g. C05,C12")
     parser.add_argument(
+        "--profile",
+        choices=("all", "published", "project"),
+        default="all",
+        help="published: only the section 11 checklist, fair to any implementation; project: only this"
+        " project's own choices and limits; all (default): both",
+    )
+    parser.add_argument(
         "--reference-schemas", metavar="DIR", help="also validate every object against these schemas"
     )
 
@@ -36,19 +45,23 @@ async def _run(args: argparse.Namespace) -> Any:
         async with HttpTransport(
             args.base, admin_token=args.admin_token, registration_token=args.registration_token
         ) as transport:
-            return await run_suite(transport, only=args.only, reference_schema_dir=args.reference_schemas)
+            return await run_suite(
+                transport, only=args.only, reference_schema_dir=args.reference_schemas, profile=args.profile
+            )
     from ..conformance.inprocess import InProcessTransport
 
     transport = InProcessTransport.create(
         admin_token=args.admin_token or "admin-test-token", registration_token=args.registration_token
     )
-    return await run_suite(transport, only=args.only, reference_schema_dir=args.reference_schemas)
+    return await run_suite(
+        transport, only=args.only, reference_schema_dir=args.reference_schemas, profile=args.profile
+    )
 
 
 def run(name: str, args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(_run(args))
-    except ValueError as exc:  # an unknown --only id
+    except ValueError as exc:  # an unknown --only id, or one outside the --profile
         print(f"mp conform: {exc}", file=sys.stderr)
         return 2
     if args.json:

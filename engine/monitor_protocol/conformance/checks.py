@@ -1,7 +1,21 @@
-"""Every behaviour of PROTOCOL.md section 11 (ids C01..C34, C20b) plus extra checks X01.. for what that list
-leaves out. Each check is an `async def` taking a Context; it returns a note, raises CheckFailed (fail) or
-Skip (skip). Every negative check has a positive control beside it: a refusal only counts when the same
-request, made properly, is accepted. Standard library only.
+"""The conformance suite's checks: PROTOCOL.md section 11 as runnable code, over any transport.
+
+Every check declares a profile:
+
+- `published` (C01..C34, C20b): the published checklist of section 11, written so that it judges any
+  implementation of the protocol fairly. These checks make no assumption that belongs to this project: each
+  uses a fresh monitor and fresh, randomly suffixed subjects and subscriber names (a server whose leases are
+  global per subject passes), never relies on a monitor's seqs being dense or starting at 1, reads limits
+  and lease defaults from what the server advertises instead of expecting exact values, and assumes no more
+  of a subscription id than `sub-` followed by at least 8 hex digits.
+- `project` (X01..): this project's own choices and limits (dense per-monitor seqs, exact defaults, the
+  input limits of section 10, idempotency keys, revocation, ...). An assertion that once lived in a
+  published check but rests on such a choice lives here, so `--profile all` still proves all of it.
+
+Each check is an `async def` taking a Context; it returns a note, raises CheckFailed (fail) or Skip (skip).
+Every negative check has a positive control beside it: a refusal only counts when the same request, made
+properly, is accepted. Standard library only, and nothing of the engine's rules is imported: the suite
+judges the engine.
 """
 
 from __future__ import annotations
@@ -185,11 +199,28 @@ def classify(node: Any, seen: Seen) -> None:
 class Context:
     """What every check gets: the transport, helpers that speak the protocol, and the record for C29."""
 
-    def __init__(self, transport: Any, reference_schema_dir: str | None = None) -> None:
+    def __init__(self, transport: Any, reference_schema_dir: str | None = None, profile: str = "all") -> None:
         self.t = transport
         self.reference_schema_dir = reference_schema_dir
+        self.profile = profile
         self.seen = Seen()
         self.run_id = secrets.token_hex(3)
+        self._discover: dict[str, Any] | None = None
+
+    async def discover(self) -> dict[str, Any]:
+        """The server's discover document, fetched once."""
+        if self._discover is None:
+            self._discover = expect(await self.req("GET", "/discover"), 200, what="GET /discover")
+        return self._discover
+
+    async def page(self) -> int:
+        """The largest pull `limit` to ask for: the server's advertised max_limit, at most 200."""
+        try:
+            lim = (await self.discover()).get("limits") or {}
+        except Exception:  # a broken discover is C01's to report; a page size is still needed here
+            lim = {}
+        mx = lim.get("max_limit") if isinstance(lim, dict) else None
+        return min(mx, 200) if isinstance(mx, int) and not isinstance(mx, bool) and mx >= 1 else 50
 
     # -- plumbing ------------------------------------------------------------------------------------
     def record(self, reply: Reply) -> Reply:
@@ -224,6 +255,7 @@ class Context:
         return replies
 
     def uid(self, prefix: str) -> str:
+        """A fresh name: unique to this run and this call (subjects, subscribers, monitor ids)."""
         return f"{prefix}-{self.run_id}-{secrets.token_hex(3)}"
 
     # -- monitors --------------------------------------------------------------------------------------
@@ -238,6 +270,12 @@ class Context:
         body.setdefault("type", A)
         return await self.req(
             "POST", f"/monitors/{m.id}/observations", body=body, token=m.token if token is ... else token
+        )
+
+    async def publish_with_headers(self, m: Monitor, headers: dict[str, str], **body: Any) -> Reply:
+        body.setdefault("type", A)
+        return await self.req(
+            "POST", f"/monitors/{m.id}/observations", body=body, token=m.token, headers=headers
         )
 
     async def pub(self, m: Monitor, **body: Any) -> dict[str, Any]:
@@ -262,7 +300,8 @@ class Context:
     async def subscribe(
         self, m: Monitor, subscriber: str | None = None, token: Any = ..., **body: Any
     ) -> Reply:
-        body = {"monitor": m.id, "subscriber": subscriber or f"agent:{self.uid('r')}", **body}
+        name = subscriber if subscriber is not None else f"agent:{self.uid('r')}"
+        body = {"monitor": m.id, "subscriber": name, **body}
         return await self.req("POST", "/subscriptions", body=body, token=m.token if token is ... else token)
 
     async def sub(self, m: Monitor, subscriber: str | None = None, token: Any = ..., **body: Any) -> Sub:
@@ -289,8 +328,9 @@ class Context:
 
     async def catch_up(self, s: Sub) -> dict[str, Any]:
         """Pull and ack until nothing is left; returns the last ack body."""
+        page = await self.page()
         for _ in range(50):
-            p = await self.pulled(s, limit=200)
+            p = await self.pulled(s, limit=page)
             a = expect(await self.ack(s, p["next"]), 200, what="ack while catching up")
             if not p["observations"]:
                 return a
@@ -307,11 +347,12 @@ class Context:
     async def log(self, m: Monitor) -> list[dict[str, Any]]:
         """The whole retained log of `m`, replayed read-only through an owner-token reader."""
         if m.reader is None:
-            m.reader = await self.sub(m, f"agent:log-reader-{self.run_id}")
+            m.reader = await self.sub(m, f"agent:{self.uid('log-reader')}")
         out: list[dict[str, Any]] = []
         cursor = 0
-        for _ in range(100):
-            p = await self.pulled(m.reader, cursor=cursor, limit=200)
+        page = await self.page()
+        for _ in range(1000):
+            p = await self.pulled(m.reader, cursor=cursor, limit=page)
             if not p["observations"]:
                 return out
             out.extend(p["observations"])
@@ -328,23 +369,47 @@ class Context:
 CheckFn = Callable[[Context], Awaitable[str | None]]
 
 
+PUBLISHED = "published"  # PROTOCOL.md section 11's list: behaviour every implementation must show
+PROJECT = "project"  # this project's own choices and limits
+PROFILES = (PUBLISHED, PROJECT)
+
+
 @dataclass
 class Check:
     id: str
     title: str
     fn: CheckFn
+    profile: str
     final: bool = False  # runs after every other check (it judges what the others received)
 
 
 CHECKS: list[Check] = []
 
 
-def check(cid: str, title: str, final: bool = False) -> Callable[[CheckFn], CheckFn]:
+def check(cid: str, title: str, *, profile: str, final: bool = False) -> Callable[[CheckFn], CheckFn]:
+    """Register a check under `cid` with its `profile` (PUBLISHED or PROJECT)."""
+    if profile not in PROFILES:
+        raise ValueError(f"check {cid}: profile {profile!r} is not one of {PROFILES}")
+    if any(c.id == cid for c in CHECKS):
+        raise ValueError(f"check id {cid} is registered twice")
+
     def deco(fn: CheckFn) -> CheckFn:
-        CHECKS.append(Check(cid, title, fn, final))
+        CHECKS.append(Check(cid, title, fn, profile, final))
         return fn
 
     return deco
+
+
+ACTOR = re.compile(r"^[^\s\x00-\x1f\x7f-\x9f]{1,256}$")
+
+
+def _actor_ok(v: Any) -> bool:
+    """Section 3: a non-empty name of at most 256 characters, no whitespace or control characters."""
+    return isinstance(v, str) and bool(ACTOR.match(v))
+
+
+def _posint(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def need_rejected_seq(body: dict[str, Any], what: str) -> int:
@@ -359,7 +424,7 @@ def need_rejected_seq(body: dict[str, Any], what: str) -> int:
 # ---- section 11 ----------------------------------------------------------------------------------------
 
 
-@check("C01", "discover shape")
+@check("C01", "discover shape", profile=PUBLISHED)
 async def c01(ctx: Context) -> str:
     d = expect(await ctx.req("GET", "/discover"), 200, what="GET /discover")
     need(
@@ -371,7 +436,8 @@ async def c01(ctx: Context) -> str:
     need("monitors" in caps, "capabilities.monitors missing")
     feeds = caps.get("feeds") or {}
     need(all(k in feeds for k in ("pull", "http", "mcp", "sse")), f"capabilities.feeds lacks a door: {feeds}")
-    need((caps.get("leases") or {}).get("delivery_count_limit") == 5, "leases.delivery_count_limit is not 5")
+    dcl = (caps.get("leases") or {}).get("delivery_count_limit")
+    need(_posint(dcl), f"leases.delivery_count_limit is not a positive integer: {dcl!r}")
     ext = (caps.get("extensions") or {}).get("ai.mentu/monitors")
     need(
         isinstance(ext, dict) and "version" in ext,
@@ -379,8 +445,10 @@ async def c01(ctx: Context) -> str:
     )
     lim = d.get("limits") or {}
     need(
-        lim.get("max_limit") == 200 and lim.get("default_limit") == 50 and lim.get("max_wait_seconds") == 50,
-        f"limits wrong: {lim}",
+        all(_posint(lim.get(k)) for k in ("max_limit", "default_limit", "max_wait_seconds"))
+        and lim["default_limit"] <= lim["max_limit"],
+        f"limits: max_limit, default_limit (at most max_limit) and max_wait_seconds must be positive"
+        f" integers: {lim}",
     )
     si = d.get("serverInfo") or {}
     need(all(k in si for k in ("name", "version", "implementation")), f"serverInfo incomplete: {si}")
@@ -388,7 +456,7 @@ async def c01(ctx: Context) -> str:
     return f"server {si.get('name')} {si.get('version')}"
 
 
-@check("C02", "unknown filter key -> INVALID_FILTER with known_keys")
+@check("C02", "unknown filter key -> INVALID_FILTER with known_keys", profile=PUBLISHED)
 async def c02(ctx: Context) -> None:
     m = await ctx.create("c02")
     b = expect(
@@ -398,7 +466,7 @@ async def c02(ctx: Context) -> None:
     expect(await ctx.subscribe(m, filter={"types": [A]}), 201, what="control: a known filter key")
 
 
-@check("C03", "undeclared type -> INVALID_FILTER with known_types")
+@check("C03", "undeclared type -> INVALID_FILTER with known_types", profile=PUBLISHED)
 async def c03(ctx: Context) -> None:
     m = await ctx.create("c03", types=[A, B])
     b = expect(await ctx.subscribe(m, filter={"types": [C]}), 400, "INVALID_FILTER", "undeclared filter type")
@@ -407,7 +475,7 @@ async def c03(ctx: Context) -> None:
     expect(await ctx.subscribe(m, filter={"types": [B]}), 201, what="control: a declared type")
 
 
-@check("C04", "agent asserting src -> TIER_NOT_ASSERTABLE")
+@check("C04", "agent asserting src -> TIER_NOT_ASSERTABLE", profile=PUBLISHED)
 async def c04(ctx: Context) -> None:
     m = await ctx.create("c04", owner="human:c04")
     b = expect(await ctx.publish(m, actor="agent:bot", tier="src"), 400, "TIER_NOT_ASSERTABLE", "agent src")
@@ -416,14 +484,15 @@ async def c04(ctx: Context) -> None:
     need(obs["tier"] == "src" and obs["origin"] == "human", f"control: the human owner's src: {obs}")
 
 
-@check("C05", "pull does not advance the cursor")
+@check("C05", "pull does not advance the cursor", profile=PUBLISHED)
 async def c05(ctx: Context) -> None:
     m = await ctx.create("c05")
     for i in range(3):
         await ctx.pub(m, data={"i": i})
     s = await ctx.sub(m)
-    p1 = await ctx.pulled(s)
-    p2 = await ctx.pulled(s)
+    page = await ctx.page()
+    p1 = await ctx.pulled(s, limit=page)
+    p2 = await ctx.pulled(s, limit=page)
     seqs1 = [seq_of(o) for o in p1["observations"]]
     seqs2 = [seq_of(o) for o in p2["observations"]]
     need(len(seqs1) >= 3, f"first pull returned {seqs1}")
@@ -438,7 +507,7 @@ async def c05(ctx: Context) -> None:
     need(p3["cursor"] == p1["next"], f"after ack the pull cursor is {p3['cursor']}")
 
 
-@check("C06", "ack below is CURSOR_BACKWARDS, equal is idempotent")
+@check("C06", "ack below is CURSOR_BACKWARDS, equal is idempotent", profile=PUBLISHED)
 async def c06(ctx: Context) -> None:
     m = await ctx.create("c06")
     for _ in range(3):
@@ -458,7 +527,7 @@ async def c06(ctx: Context) -> None:
     need(p2["cursor"] == nxt, f"the refused backwards ack moved the cursor to {p2['cursor']}")
 
 
-@check("C07", "a narrow filter still reports the real head")
+@check("C07", "a narrow filter still reports the real head", profile=PUBLISHED)
 async def c07(ctx: Context) -> None:
     m = await ctx.create("c07")
     s = await ctx.sub(m, filter={"types": [A]})
@@ -477,7 +546,7 @@ async def c07(ctx: Context) -> None:
     need(a["lag"] == 0, f"caught-up filtered reader has lag {a['lag']}")
 
 
-@check("C08", "an inline pull filter narrows and never widens")
+@check("C08", "an inline pull filter narrows and never widens", profile=PUBLISHED)
 async def c08(ctx: Context) -> None:
     m = await ctx.create("c08")
     s = await ctx.sub(m, filter={"types": [A, B]})
@@ -488,13 +557,17 @@ async def c08(ctx: Context) -> None:
     need(plain == {A, B}, f"control: the subscription filter alone gives {plain}")
     narrowed = [o["type"] for o in (await ctx.pulled(s, types=A))["observations"]]
     need(narrowed == [A], f"inline types={A} gave {narrowed}")
-    widened = [o["type"] for o in (await ctx.pulled(s, types=C))["observations"]]
-    need(C not in widened, f"inline types={C} widened the subscription's filter: {widened}")
+    wide = await ctx.pull(s, types=C)
+    if wide.status == 400:  # disjoint by construction: section 8 lets the server refuse it
+        expect(wide, 400, "INVALID_FILTER", f"inline types={C} outside the subscription's types")
+    else:
+        widened = [o["type"] for o in expect(wide, 200, what=f"inline types={C}")["observations"]]
+        need(C not in widened, f"inline types={C} widened the subscription's filter: {widened}")
     p = await ctx.pulled(s)
     need(p["cursor"] == s.body["cursor"], "an inline-filtered pull moved the cursor")
 
 
-@check("C09", "every observation is a valid CloudEvent with the extensions")
+@check("C09", "every observation is a valid CloudEvent with the extensions", profile=PUBLISHED)
 async def c09(ctx: Context) -> None:
     m = await ctx.create("c09", horizon="minute")
     await ctx.pub(
@@ -524,7 +597,7 @@ async def c09(ctx: Context) -> None:
             where,
         )
         need(o.get("horizon") == "minute", f"{where}: horizon {o.get('horizon')} is not the monitor's (P8)")
-        need(isinstance(o.get("actor"), str) and ":" in o["actor"], f"{where}: actor {o.get('actor')}")
+        need(_actor_ok(o.get("actor")), f"{where}: actor {o.get('actor')!r} is not a section 3 actor")
         prov = (o.get("data") or {}).get("provenance") or {}
         need(
             prov.get("origin") == o["origin"]
@@ -547,7 +620,7 @@ async def c09(ctx: Context) -> None:
     return f"{len(log)} observations"
 
 
-@check("C10", "sequence zero-padded to 20 and strictly increasing")
+@check("C10", "sequence zero-padded to 20 and strictly increasing", profile=PUBLISHED)
 async def c10(ctx: Context) -> None:
     m = await ctx.create("c10")
     for _ in range(4):
@@ -560,34 +633,42 @@ async def c10(ctx: Context) -> None:
             f"sequence {o.get('sequence')!r}",
         )
     need(all(a < b for a, b in zip(seqs, seqs[1:], strict=False)), f"seqs not strictly increasing: {seqs}")
-    need(seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"seqs not dense: {seqs}")
-    need(seqs[0] == 1, f"a monitor's own sequence starts at 1, got {seqs[0]}")
+    need(seqs and seqs[0] >= 1, f"seqs start below 1: {seqs}")
 
 
-async def _act_monitor(ctx: Context, prefix: str, subjects: list[str], **fields: Any) -> Monitor:
+async def _act_monitor(
+    ctx: Context, prefix: str, names: list[str], **fields: Any
+) -> tuple[Monitor, list[str]]:
+    """A monitor with `act` that has published one observation per subject. Subjects are fresh names
+    (`names` with a random suffix), so a server whose leases are global per subject is judged fairly."""
     fields.setdefault("capabilities", ["observe", "react", "act"])
     m = await ctx.create(prefix, **fields)
+    subjects = [ctx.uid(n) for n in names]
     for subject in subjects:
         await ctx.pub(m, type=A, subject=subject)
-    return m
+    return m, subjects
 
 
-@check("C11", "claim without act -> CAPABILITY_MISSING")
+@check("C11", "claim without act -> CAPABILITY_MISSING", profile=PUBLISHED)
 async def c11(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "c11", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "c11", ["job-1"])
     reader = await ctx.sub(m, capabilities=["observe"])
     need("act" not in reader.body["capabilities"], f"asked observe, granted {reader.body['capabilities']}")
-    expect(await ctx.lease(reader, "claim", subject="job-1"), 403, "CAPABILITY_MISSING", "claim without act")
+    expect(await ctx.lease(reader, "claim", subject=j1), 403, "CAPABILITY_MISSING", "claim without act")
     actor = await ctx.sub(m, capabilities=["observe", "act"])
-    expect(await ctx.lease(actor, "claim", subject="job-1"), 201, what="control: claim with act")
+    expect(await ctx.lease(actor, "claim", subject=j1), 201, what="control: claim with act")
 
 
-@check("C12", "two concurrent claims: exactly one wins, the other LEASE_HELD naming the holder")
+@check(
+    "C12",
+    "two concurrent claims: exactly one wins, the other LEASE_HELD naming the holder",
+    profile=PUBLISHED,
+)
 async def c12(ctx: Context) -> str:
-    m = await _act_monitor(ctx, "c12", ["job-1", "job-2"])
+    m, (j1, j2) = await _act_monitor(ctx, "c12", ["job-1", "job-2"])
     s1 = await ctx.sub(m, capabilities=["observe", "act"])
     s2 = await ctx.sub(m, capabilities=["observe", "act"])
-    for subject in ("job-1", "job-2"):
+    for subject in (j1, j2):
         replies = await ctx.race(
             [
                 {
@@ -610,28 +691,20 @@ async def c12(ctx: Context) -> str:
     return f"over {ctx.t.name}"
 
 
-@check("C13", "complete after expiry and a new holder -> LEASE_LOST")
+@check("C13", "complete after expiry and a new holder -> LEASE_LOST", profile=PUBLISHED)
 async def c13(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "c13", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "c13", ["job-1"])
     s1 = await ctx.sub(m, capabilities=["observe", "act"])
     s2 = await ctx.sub(m, capabilities=["observe", "act"])
-    expect(await ctx.lease(s1, "claim", subject="job-1", lease_duration_seconds=1), 201, what="first claim")
-    expect(await ctx.lease(s2, "claim", subject="job-1"), 409, "LEASE_HELD", "control: claim while held")
+    expect(await ctx.lease(s1, "claim", subject=j1, lease_duration_seconds=1), 201, what="first claim")
+    expect(await ctx.lease(s2, "claim", subject=j1), 409, "LEASE_HELD", "control: claim while held")
     await ctx.t.sleep(1.1)
-    expect(await ctx.lease(s2, "claim", subject="job-1"), 201, what="claim after expiry")
+    expect(await ctx.lease(s2, "claim", subject=j1), 201, what="claim after expiry")
+    expect(await ctx.lease(s1, "complete", subject=j1, outcome="done"), 409, "LEASE_LOST", "stale complete")
     expect(
-        await ctx.lease(s1, "complete", subject="job-1", outcome="done"), 409, "LEASE_LOST", "stale complete"
-    )
-    expect(
-        await ctx.lease(s2, "complete", subject="job-1", outcome="done"),
+        await ctx.lease(s2, "complete", subject=j1, outcome="done"),
         200,
         what="control: new holder completes",
-    )
-    rows = [(o["actor"], payload(o)) for o in await _types_in(ctx, m, T_LEASE)]
-    expired = [(a, p) for a, p in rows if p.get("action") == "expired"]
-    need(
-        len(expired) == 1 and expired[0][0] == "system:sweep" and expired[0][1].get("subscription") == s1.id,
-        f"the expiry is not logged once as lease{{expired}} by system:sweep for {s1.id}: {rows}",
     )
 
 
@@ -639,7 +712,11 @@ async def _types_in(ctx: Context, m: Monitor, t: str) -> list[dict[str, Any]]:
     return [o for o in await ctx.log(m) if o["type"] == t]
 
 
-@check("C14", "pause, resume, retire and subscription retire emit observations; paused refuses UNAVAILABLE")
+@check(
+    "C14",
+    "pause, resume, retire and subscription retire emit observations; paused refuses UNAVAILABLE",
+    profile=PUBLISHED,
+)
 async def c14(ctx: Context) -> None:
     m = await ctx.create("c14")
     s = await ctx.sub(m)
@@ -661,20 +738,17 @@ async def c14(ctx: Context) -> None:
     expect(await ctx.publish(m), 409, "UNAVAILABLE", "publish on a retired monitor")
     actions = [payload(o).get("action") for o in await _types_in(ctx, m, T_CONFIGURED)]
     need(actions == ["create", "pause", "resume", "retire"], f"configured actions in the log: {actions}")
-    for o in await ctx.log(m):
-        if o["type"].startswith(P):
-            need(
-                (o["data"].get("tags") or {}).get("monitor") == m.id and o["tier"] == "measured",
-                f"protocol row {o['type']} lacks data.tags.monitor or tier measured: {o}",
-            )
-            need(isinstance(o["data"].get("payload"), dict), f"protocol row {o['type']} lacks data.payload")
     retired = [payload(o) for o in await _types_in(ctx, m, T_SUB_RETIRED)]
     need(
         any(p.get("subscription") == s.id for p in retired), f"no subscription_retired for {s.id}: {retired}"
     )
 
 
-@check("C15", "state carries as_of, covers_until, live, confidence with missing inputs never defaulted")
+@check(
+    "C15",
+    "state carries as_of, covers_until, live, confidence with missing inputs never defaulted",
+    profile=PUBLISHED,
+)
 async def c15(ctx: Context) -> None:
     m = await ctx.create("c15")
     await ctx.pub(m)
@@ -718,7 +792,7 @@ async def c15(ctx: Context) -> None:
     need(st3["live"] == {"value": False, "reason": "paused"}, f"paused live {st3['live']}")
 
 
-@check("C16", "a refused input is visible as a rejected observation with its raw payload")
+@check("C16", "a refused input is visible as a rejected observation with its raw payload", profile=PUBLISHED)
 async def c16(ctx: Context) -> None:
     m = await ctx.create("c16")
     before = (await ctx.state(m))["counters"]["rejected"]
@@ -766,7 +840,11 @@ async def _compacted(ctx: Context, prefix: str, n: int = 6) -> tuple[Monitor, in
     return m, head, subs
 
 
-@check("C17", "a cursor below a real retention floor -> 410 CURSOR_EXPIRED with retention_floor and relist")
+@check(
+    "C17",
+    "a cursor below a real retention floor -> 410 CURSOR_EXPIRED with retention_floor and relist",
+    profile=PUBLISHED,
+)
 async def c17(ctx: Context) -> None:
     control = await ctx.create("c17ok")
     for _ in range(3):
@@ -782,12 +860,12 @@ async def c17(ctx: Context) -> None:
     b2 = expect(await ctx.pull(subs["none"], cursor=1), 410, "CURSOR_EXPIRED", "replay below the floor")
     need(b2.get("retention_floor") == floor, "replay floor differs")
     p = await ctx.pulled(subs["none"], cursor=floor)
-    need(p["observations"] and seq_of(p["observations"][0]) == floor, f"control: replay from the floor {p}")
+    need(p["observations"] and seq_of(p["observations"][0]) >= floor, f"control: replay from the floor {p}")
     need(p["retention_floor"] == floor, f"pull retention_floor {p['retention_floor']} != {floor}")
     need((await ctx.state(m))["retention_floor"] == floor, "state retention_floor differs")
 
 
-@check("C18", "a private monitor is listed only with its token")
+@check("C18", "a private monitor is listed only with its token", profile=PUBLISHED)
 async def c18(ctx: Context) -> None:
     m = await ctx.create("c18")
     other = await ctx.create("c18o")
@@ -818,9 +896,10 @@ async def c18(ctx: Context) -> None:
 @check(
     "C19",
     "a mute subscription is retired, the will emitted, its leases freed, re-subscribing keeps the cursor",
+    profile=PUBLISHED,
 )
 async def c19(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "c19", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "c19", ["job-1"])
     await ctx.log(m)  # the log reader exists before time passes, with the default mute allowance
     subscriber = f"agent:{ctx.uid('mute')}"
     s = await ctx.sub(m, subscriber, capabilities=["observe", "act"], retire_after_mute_seconds=1)
@@ -828,10 +907,8 @@ async def c19(ctx: Context) -> None:
     await ctx.pub(m)
     p = await ctx.pulled(s)
     expect(await ctx.ack(s, p["next"]), 200, what="ack")
-    expect(await ctx.lease(s, "claim", subject="job-1"), 201, what="claim")
-    expect(
-        await ctx.lease(other, "claim", subject="job-1"), 409, "LEASE_HELD", "control: held before the sweep"
-    )
+    expect(await ctx.lease(s, "claim", subject=j1), 201, what="claim")
+    expect(await ctx.lease(other, "claim", subject=j1), 409, "LEASE_HELD", "control: held before the sweep")
     await ctx.t.sleep(1.1)
     b = expect(await ctx.pull(s), 404, what="pull of a mute-retired subscription")
     need(b.get("retired") is True and b.get("cursor") == p["next"], f"retired pull body {b}")
@@ -845,16 +922,14 @@ async def c19(ctx: Context) -> None:
     need(
         payload(will_rows[0]).get("cursor") == p["next"], f"the will does not keep the cursor: {will_rows[0]}"
     )
-    expect(
-        await ctx.lease(other, "claim", subject="job-1"), 201, what="the retired holder's lease was not freed"
-    )
+    expect(await ctx.lease(other, "claim", subject=j1), 201, what="the retired holder's lease was not freed")
     again = await ctx.sub(m, subscriber, token=s.token)
     need(again.id == s.id, f"re-subscribing made a new subscription {again.id} instead of {s.id}")
     need(again.body["cursor"] == p["next"] and again.body["active"] is True, f"re-subscribed {again.body}")
     expect(await ctx.pull(again), 200, what="control: the reactivated subscription pulls")
 
 
-@check("C20", "an identical ack returns the prior result")
+@check("C20", "an identical ack returns the prior result", profile=PUBLISHED)
 async def c20(ctx: Context) -> None:
     m = await ctx.create("c20")
     await ctx.pub(m)
@@ -867,16 +942,16 @@ async def c20(ctx: Context) -> None:
     a3 = expect(await ctx.ack(s, p["next"]), 200, what="same ack after an append")
     need(a3 == a1, f"a re-sent ack is not the prior result: {a1} then {a3}")
     a4 = expect(await ctx.ack(s, p["next"] + 1), 200, what="control: a new ack")
-    need(a4["cursor"] == p["next"] + 1 and a4["head"] == a1["head"] + 1, f"control ack {a4}")
+    need(a4["cursor"] == p["next"] + 1 and a4["head"] > a1["head"], f"control ack {a4}")
 
 
-@check("C20b", "re-claiming a held lease returns the same lease")
+@check("C20b", "re-claiming a held lease returns the same lease", profile=PUBLISHED)
 async def c20b(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "c20b", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "c20b", ["job-1"])
     s = await ctx.sub(m, capabilities=["observe", "act"])
-    c1 = expect(await ctx.lease(s, "claim", subject="job-1"), 201, what="claim")
+    c1 = expect(await ctx.lease(s, "claim", subject=j1), 201, what="claim")
     need(c1.get("idempotent") is False, f"first claim idempotent={c1.get('idempotent')}")
-    c2 = expect(await ctx.lease(s, "claim", subject="job-1"), 200, what="holder re-claims")
+    c2 = expect(await ctx.lease(s, "claim", subject=j1), 200, what="holder re-claims")
     need(c2.get("idempotent") is True, f"re-claim idempotent={c2.get('idempotent')}")
     need(c2["lease"] == c1["lease"], f"re-claim returned another lease: {c1['lease']} vs {c2['lease']}")
 
@@ -886,7 +961,7 @@ def _names(obs: dict[str, Any], m: Monitor, target: dict[str, Any]) -> bool:
     return isinstance(sup, dict) and sup.get("id") == target["id"] and sup.get("source") == f"monitor:{m.id}"
 
 
-@check("C21", "a correction carries supersedes and the original is unchanged")
+@check("C21", "a correction carries supersedes and the original is unchanged", profile=PUBLISHED)
 async def c21(ctx: Context) -> None:
     m = await ctx.create("c21")
     orig = await ctx.pub(m, subject="x", data={"value": 1})
@@ -903,7 +978,11 @@ async def c21(ctx: Context) -> None:
     need(again == orig, f"the original changed: {orig} -> {again}")
 
 
-@check("C22", "an ack computed from the spec's cursor definition makes the acked observations not come back")
+@check(
+    "C22",
+    "an ack computed from the spec's cursor definition makes the acked observations not come back",
+    profile=PUBLISHED,
+)
 async def c22(ctx: Context) -> None:
     m = await ctx.create("c22")
     for _ in range(3):
@@ -914,17 +993,22 @@ async def c22(ctx: Context) -> None:
     need(p["next"] == seq_of(p["observations"][-1]) + 1, f"next {p['next']} is not last seq + 1")
     expect(await ctx.ack(s, p["next"]), 200, what="ack next")
     acked = {seq_of(o) for o in p["observations"]}
+    rest = {seq_of(o) for o in (await ctx.pulled(s, cursor=0, limit=await ctx.page()))["observations"]}
+    rest = {x for x in rest if x >= p["next"]}
     new = await ctx.pub(m)
-    p2 = await ctx.pulled(s, limit=200)
+    p2 = await ctx.pulled(s, limit=await ctx.page())
     got = {seq_of(o) for o in p2["observations"]}
     need(not (acked & got), f"acked seqs came back: {sorted(acked & got)}")
-    need(seq_of(new) in got and min(got) == p["next"], f"control: the rest did not come: {sorted(got)}")
+    need(
+        seq_of(new) in got and rest <= got and min(got) >= p["next"],
+        f"control: the rest {sorted(rest)} + {seq_of(new)} did not come: {sorted(got)}",
+    )
     expect(await ctx.ack(s, p2["next"]), 200, what="ack the rest")
     p3 = await ctx.pulled(s)
     need(p3["observations"] == [] and p3["next"] == p3["head"] + 1, f"after the last ack {p3}")
 
 
-@check("C23", "wrong and missing bearer are both 401")
+@check("C23", "wrong and missing bearer are both 401", profile=PUBLISHED)
 async def c23(ctx: Context) -> None:
     m = await ctx.create("c23")
     s = await ctx.sub(m)
@@ -941,24 +1025,28 @@ async def c23(ctx: Context) -> None:
     expect(await ctx.pull(s), 200, what="control: pull with the reader token")
 
 
-@check("C24", "a lease claimed by its holder completes")
+@check("C24", "a lease claimed by its holder completes", profile=PUBLISHED)
 async def c24(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "c24", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "c24", ["job-1"])
     s = await ctx.sub(m, capabilities=["observe", "act"])
-    c = expect(await ctx.lease(s, "claim", subject="job-1", lease_duration_seconds=30), 201, what="claim")
+    c = expect(await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=30), 201, what="claim")
     lease = c["lease"]
-    need(lease["subject"] == "job-1" and lease["holder"] == f"sub:{s.id}", f"lease {lease}")
-    need(lease["lease_duration_seconds"] == 30 and lease["delivery_count_limit"] == 5, f"lease {lease}")
-    d = expect(await ctx.lease(s, "complete", subject="job-1", outcome="done"), 200, what="complete")
+    need(lease["subject"] == j1 and lease["holder"] == f"sub:{s.id}", f"lease {lease}")
+    need(
+        lease["lease_duration_seconds"] == 30 and _posint(lease.get("delivery_count_limit")), f"lease {lease}"
+    )
+    d = expect(await ctx.lease(s, "complete", subject=j1, outcome="done"), 200, what="complete")
     need(d.get("ok") is True and isinstance(d.get("seq"), int), f"complete reply {d}")
     rows = [payload(o) for o in await _types_in(ctx, m, T_LEASE)]
     need([r.get("action") for r in rows] == ["claim", "complete"], f"lease rows {rows}")
-    need(
-        all(r.get("subject") == "job-1" and r.get("subscription") == s.id for r in rows), f"lease rows {rows}"
-    )
+    need(all(r.get("subject") == j1 and r.get("subscription") == s.id for r in rows), f"lease rows {rows}")
 
 
-@check("C25", "a caught-up reader has lag 0 and another monitor's traffic moves neither its lag nor its head")
+@check(
+    "C25",
+    "a caught-up reader has lag 0 and another monitor's traffic moves neither its lag nor its head",
+    profile=PUBLISHED,
+)
 async def c25(ctx: Context) -> None:
     m = await ctx.create("c25")
     n = await ctx.create("c25n")
@@ -976,12 +1064,14 @@ async def c25(ctx: Context) -> None:
     )
     await ctx.pub(m)
     p = await ctx.pulled(s)
-    need(
-        p["lag"] == 1 and p["head"] == head + 1, f"control: own traffic gives lag {p['lag']} head {p['head']}"
-    )
+    need(p["lag"] == 1 and p["head"] > head, f"control: own traffic gives lag {p['lag']} head {p['head']}")
 
 
-@check("C26", "every provenance inflation is refused while delegation to the owner is honoured")
+@check(
+    "C26",
+    "every provenance inflation is refused while delegation to the owner is honoured",
+    profile=PUBLISHED,
+)
 async def c26(ctx: Context) -> None:
     agent = f"agent:{ctx.uid('owner')}"
     agent_owned = await ctx.create("c26a", owner=agent)
@@ -1043,7 +1133,7 @@ async def c26(ctx: Context) -> None:
     )
 
 
-@check("C27", "a non-integer cursor is refused in ack and in pull")
+@check("C27", "a non-integer cursor is refused in ack and in pull", profile=PUBLISHED)
 async def c27(ctx: Context) -> None:
     m = await ctx.create("c27")
     await ctx.pub(m)
@@ -1056,10 +1146,10 @@ async def c27(ctx: Context) -> None:
     expect(await ctx.ack(s, 2), 200, what="control: ack 2")
 
 
-@check("C28", "a stranger cannot be granted act by asking")
+@check("C28", "a stranger cannot be granted act by asking", profile=PUBLISHED)
 async def c28(ctx: Context) -> None:
     caps = ["observe", "react", "act"]
-    m = await ctx.create("c28", visibility="public", capabilities=caps)
+    m = await ctx.create("c28", visibility="public", capabilities=caps, default_grant=["observe"])
     subscriber = f"agent:{ctx.uid('stranger')}"
     b = expect(
         await ctx.subscribe(m, subscriber, token=None, capabilities=["observe", "act"]),
@@ -1096,7 +1186,7 @@ async def c28(ctx: Context) -> None:
     )
 
 
-@check("C29", "every object received validates against its schema", final=True)
+@check("C29", "every object received validates against its schema", final=True, profile=PUBLISHED)
 async def c29(ctx: Context) -> str:
     await _tour(ctx)
     try:
@@ -1106,8 +1196,15 @@ async def c29(ctx: Context) -> str:
     try:
         import jsonschema  # noqa: F401
     except ImportError as exc:
-        raise CheckFailed(f"jsonschema is not importable here, nothing was validated ({exc})") from exc
-    dirs = [("project", schema_dir())]
+        ctx.c29_counts = {}  # type: ignore[attr-defined]
+        raise Skip(
+            f"jsonschema is not importable here, so nothing could be validated ({exc}); install jsonschema"
+            " to run this check"
+        ) from exc
+    dirs: list[tuple[str, Any]] = []
+    if ctx.profile != PUBLISHED or not ctx.reference_schema_dir:
+        # the published profile judges another implementation by the published schemas when it has them
+        dirs.append(("project", schema_dir()))
     if ctx.reference_schema_dir:
         dirs.append(("reference", ctx.reference_schema_dir))
     by_kind = ctx.seen.by_kind()
@@ -1132,24 +1229,25 @@ async def c29(ctx: Context) -> str:
     if problems:
         shown = "\n  ".join(problems[:8])
         raise CheckFailed(f"{len(problems)} schema violations ({summary}):\n  {shown}")
-    need(sum(counts["project"].values()) > 0, "nothing was validated")
+    need(all(sum(c.values()) > 0 for c in counts.values()), f"nothing was validated: {counts}")
     return summary
 
 
 async def _tour(ctx: Context) -> None:
     """Make sure at least one of every kind was received, whatever subset of checks ran."""
     m = await ctx.create("c29", capabilities=["observe", "act"], types=[A], ttl_seconds=3600)
-    await ctx.pub(m, subject="job-1", data={"n": 1}, tags={"k": "v"})
+    job = ctx.uid("job")
+    await ctx.pub(m, subject=job, data={"n": 1}, tags={"k": "v"})
     s = await ctx.sub(m, capabilities=["observe", "act"], filter={"types": [A]})
     p = await ctx.pulled(s)
     await ctx.ack(s, p["next"])
-    await ctx.lease(s, "claim", subject="job-1")
+    await ctx.lease(s, "claim", subject=job)
     await ctx.state(m)
     await ctx.req("GET", "/monitors", token=m.token)
     await ctx.publish(m, tier="nope")
 
 
-@check("C30", "a foreign Origin is refused, no Origin is served")
+@check("C30", "a foreign Origin is refused, no Origin is served", profile=PUBLISHED)
 async def c30(ctx: Context) -> None:
     if not ctx.t.supports_origin:
         raise Skip("this transport cannot send an Origin header")
@@ -1171,7 +1269,7 @@ async def c30(ctx: Context) -> None:
     expect(await ctx.req("GET", "/discover"), 200, what="control: no Origin is served")
 
 
-@check("C32", "a subscriber's name is not a credential")
+@check("C32", "a subscriber's name is not a credential", profile=PUBLISHED)
 async def c32(ctx: Context) -> None:
     m = await ctx.create("c32", visibility="public")
     name = f"agent:{ctx.uid('alice')}"
@@ -1192,43 +1290,55 @@ async def c32(ctx: Context) -> None:
 
 
 @check(
-    "C33", "a reject that reaches delivery_count_limit dead-letters the subject; later claims DEAD_LETTERED"
+    "C33",
+    "a reject that reaches delivery_count_limit dead-letters the subject; later claims DEAD_LETTERED",
+    profile=PUBLISHED,
 )
 async def c33(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "c33", ["job-1", "job-2"])
+    m, (j1, j2) = await _act_monitor(ctx, "c33", ["job-1", "job-2"])
     s = await ctx.sub(m, capabilities=["observe", "act"])
-    for attempt in range(1, 6):
-        c = await ctx.lease(s, "claim", subject="job-1")
+    limit = None
+    attempt = 0
+    while limit is None or attempt < limit:
+        attempt += 1
+        c = await ctx.lease(s, "claim", subject=j1)
         need(c.status in (200, 201), f"claim {attempt} before the limit: {c!r}")
+        if limit is None:
+            limit = (c.get("lease") or {}).get("delivery_count_limit")
+            need(_posint(limit) and limit <= 100, f"the lease's delivery_count_limit: {c.body}")
         r = expect(
-            await ctx.lease(s, "reject", subject="job-1", reason=f"try {attempt}"),
+            await ctx.lease(s, "reject", subject=j1, reason=f"try {attempt}"),
             200,
             what=f"reject {attempt}",
         )
-        need(r.get("dead_letter") is (attempt == 5), f"reject {attempt}: dead_letter={r.get('dead_letter')}")
-    expect(await ctx.lease(s, "claim", subject="job-1"), 409, "DEAD_LETTERED", "claim after dead-lettering")
-    expect(
-        await ctx.lease(s, "claim", subject="job-2"), 201, what="control: another subject is still claimable"
-    )
+        need(
+            r.get("dead_letter") is (attempt == limit),
+            f"reject {attempt} of {limit}: dead_letter={r.get('dead_letter')}",
+        )
+    expect(await ctx.lease(s, "claim", subject=j1), 409, "DEAD_LETTERED", "claim after dead-lettering")
+    expect(await ctx.lease(s, "claim", subject=j2), 201, what="control: another subject is still claimable")
 
 
-@check("C34", "a subscription claims only subjects its own monitor published (else NOT_FOUND)")
+@check(
+    "C34", "a subscription claims only subjects its own monitor published (else NOT_FOUND)", profile=PUBLISHED
+)
 async def c34(ctx: Context) -> None:
-    mine = await _act_monitor(ctx, "c34", ["in-mine"])
-    theirs = await _act_monitor(ctx, "c34t", ["in-theirs"])
+    mine, (in_mine,) = await _act_monitor(ctx, "c34", ["in-mine"])
+    theirs, (in_theirs,) = await _act_monitor(ctx, "c34t", ["in-theirs"])
     s = await ctx.sub(mine, capabilities=["observe", "act"])
     expect(
-        await ctx.lease(s, "claim", subject="in-theirs"), 404, "NOT_FOUND", "claim another monitor's subject"
+        await ctx.lease(s, "claim", subject=in_theirs), 404, "NOT_FOUND", "claim another monitor's subject"
     )
     expect(
-        await ctx.lease(s, "claim", subject="never-published"), 404, "NOT_FOUND", "claim an unknown subject"
+        await ctx.lease(s, "claim", subject=ctx.uid("never-published")),
+        404,
+        "NOT_FOUND",
+        "claim an unknown subject",
     )
-    expect(
-        await ctx.lease(s, "claim", subject="in-mine"), 201, what="control: claim its own monitor's subject"
-    )
+    expect(await ctx.lease(s, "claim", subject=in_mine), 201, what="control: claim its own monitor's subject")
     t = await ctx.sub(theirs, capabilities=["observe", "act"])
     expect(
-        await ctx.lease(t, "claim", subject="in-theirs"),
+        await ctx.lease(t, "claim", subject=in_theirs),
         201,
         what="control: the other monitor's reader claims it",
     )
@@ -1237,7 +1347,7 @@ async def c34(ctx: Context) -> None:
 # ---- beyond the published list ----------------------------------------------------------------------
 
 
-@check("X01", "seek needs a reason, is logged, and moves back")
+@check("X01", "seek needs a reason, is logged, and moves back", profile=PROJECT)
 async def x01(ctx: Context) -> None:
     m = await ctx.create("x01")
     for _ in range(3):
@@ -1278,7 +1388,7 @@ async def x01(ctx: Context) -> None:
     )
 
 
-@check("X02", "renew: the old token is dead at once, the new one works, same cursor")
+@check("X02", "renew: the old token is dead at once, the new one works, same cursor", profile=PROJECT)
 async def x02(ctx: Context) -> None:
     m = await ctx.create("x02")
     await ctx.pub(m)
@@ -1295,7 +1405,9 @@ async def x02(ctx: Context) -> None:
 
 
 @check(
-    "X03", "subscription retire: pull is 404 {retired, cursor}; re-subscribing reactivates with the cursor"
+    "X03",
+    "subscription retire: pull is 404 {retired, cursor}; re-subscribing reactivates with the cursor",
+    profile=PROJECT,
 )
 async def x03(ctx: Context) -> None:
     m = await ctx.create("x03")
@@ -1334,7 +1446,7 @@ async def x03(ctx: Context) -> None:
     )
 
 
-@check("X04", "a supersedes chain keeps every link and every original")
+@check("X04", "a supersedes chain keeps every link and every original", profile=PROJECT)
 async def x04(ctx: Context) -> None:
     m = await ctx.create("x04")
     chain = [await ctx.pub(m, subject="v", data={"v": 0})]
@@ -1354,7 +1466,7 @@ async def x04(ctx: Context) -> None:
         need(got == o, f"seq {o['id']} changed")
 
 
-@check("X05", "compaction: reset_policy earliest moves to the floor, latest to head + 1")
+@check("X05", "compaction: reset_policy earliest moves to the floor, latest to head + 1", profile=PROJECT)
 async def x05(ctx: Context) -> None:
     m, head, subs = await _compacted(ctx, "x05")
     floor = (await ctx.state(m))["retention_floor"]
@@ -1370,7 +1482,7 @@ async def x05(ctx: Context) -> None:
     expect(await ctx.pull(subs["none"]), 410, "CURSOR_EXPIRED", "control: reset_policy none")
 
 
-@check("X06", "a replay after a relist ends with a bookmark observation")
+@check("X06", "a replay after a relist ends with a bookmark observation", profile=PROJECT)
 async def x06(ctx: Context) -> None:
     m, head, subs = await _compacted(ctx, "x06")
     seen: list[dict[str, Any]] = []
@@ -1396,7 +1508,11 @@ async def x06(ctx: Context) -> None:
     )
 
 
-@check("X07", "a paused or retired monitor refuses writes with UNAVAILABLE, rejected_seq and live")
+@check(
+    "X07",
+    "a paused or retired monitor refuses writes with UNAVAILABLE, rejected_seq and live",
+    profile=PROJECT,
+)
 async def x07(ctx: Context) -> None:
     m = await ctx.create("x07")
     expect(await ctx.configure(m, "pause"), 200, what="pause")
@@ -1415,13 +1531,13 @@ async def x07(ctx: Context) -> None:
     need(st["live"] == {"value": False, "reason": "retired"}, f"retired live {st['live']}")
 
 
-@check("X08", "complete is idempotent")
+@check("X08", "complete is idempotent", profile=PROJECT)
 async def x08(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "x08", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "x08", ["job-1"])
     s = await ctx.sub(m, capabilities=["observe", "act"])
-    expect(await ctx.lease(s, "claim", subject="job-1"), 201, what="claim")
-    d1 = expect(await ctx.lease(s, "complete", subject="job-1", outcome="done"), 200, what="complete")
-    d2 = expect(await ctx.lease(s, "complete", subject="job-1", outcome="done"), 200, what="complete again")
+    expect(await ctx.lease(s, "claim", subject=j1), 201, what="claim")
+    d1 = expect(await ctx.lease(s, "complete", subject=j1, outcome="done"), 200, what="complete")
+    d2 = expect(await ctx.lease(s, "complete", subject=j1, outcome="done"), 200, what="complete again")
     same = {k: d2.get(k) for k in ("ok", "seq", "lease") if k in d1} == {
         k: d1[k] for k in ("ok", "seq", "lease") if k in d1
     }
@@ -1430,7 +1546,7 @@ async def x08(ctx: Context) -> None:
     need(rows.count("complete") == 1, f"complete logged {rows.count('complete')} times")
 
 
-@check("X09", "JSON-RPC: single and batch calls, numeric error codes in the section 3 order")
+@check("X09", "JSON-RPC: single and batch calls, numeric error codes in the section 3 order", profile=PROJECT)
 async def x09(ctx: Context) -> None:
     m = await ctx.create("x09")
     await ctx.pub(m)
@@ -1480,7 +1596,7 @@ async def x09(ctx: Context) -> None:
     need((bad.get("error") or {}).get("code") == -32601, f"unknown method {bad}")
 
 
-@check("X10", "lag counts only what the subscription's own filter lets through")
+@check("X10", "lag counts only what the subscription's own filter lets through", profile=PROJECT)
 async def x10(ctx: Context) -> None:
     m = await ctx.create("x10")
     s = await ctx.sub(m, filter={"types": [A]})
@@ -1497,7 +1613,12 @@ async def x10(ctx: Context) -> None:
     need(p["lag"] == 1, f"control: one matching observation, lag {p['lag']}")
 
 
-@check("X11", "every error body has code, a sentence, done[] and the status of its code", final=True)
+@check(
+    "X11",
+    "every error body has code, a sentence, done[] and the status of its code",
+    final=True,
+    profile=PROJECT,
+)
 async def x11(ctx: Context) -> str:
     need(ctx.seen.errors, "no error bodies were received")
     for status, body in ctx.seen.errors:
@@ -1511,10 +1632,11 @@ async def x11(ctx: Context) -> str:
     return f"{len(ctx.seen.errors)} error bodies"
 
 
-@check("X12", "malformed input is a 400 (or 404/413) with a code, never a 500")
+@check("X12", "malformed input is a 400 (or 404/413) with a code, never a 500", profile=PROJECT)
 async def x12(ctx: Context) -> str | None:
     m = await ctx.create("x12", capabilities=["observe", "act"])
-    await ctx.pub(m, subject="job-1")
+    job = ctx.uid("job")
+    await ctx.pub(m, subject=job)
     s = await ctx.sub(m, capabilities=["observe", "act"])
     path = f"/monitors/{m.id}/observations"
     for raw in (b"{not json", b"[1,2]", b'"text"', b"\xff\xfe"):
@@ -1548,10 +1670,10 @@ async def x12(ctx: Context) -> str | None:
         expect(await ctx.pull(s, **q), 400, "INVALID", f"pull {q}")
     expect(await ctx.pull(s, limit="200", wait="0"), 200, what="control: limit=200 wait=0")
     for dur in ("x", 1.5, 0, -3):
-        r = await ctx.lease(s, "claim", subject="job-1", lease_duration_seconds=dur)
+        r = await ctx.lease(s, "claim", subject=job, lease_duration_seconds=dur)
         need(r.status == 400 and r.get("code") == "INVALID", f"lease_duration_seconds {dur!r}: {r!r}")
     expect(
-        await ctx.lease(s, "claim", subject="job-1", lease_duration_seconds=5),
+        await ctx.lease(s, "claim", subject=job, lease_duration_seconds=5),
         201,
         what="control: duration 5",
     )
@@ -1577,7 +1699,11 @@ async def x12(ctx: Context) -> str | None:
     return f"413 seen after {len(resets)} connection reset(s)" if resets else None
 
 
-@check("X13", "monitor create defaults, DUPLICATE, validation, update as a versioned configured observation")
+@check(
+    "X13",
+    "monitor create defaults, DUPLICATE, validation, update as a versioned configured observation",
+    profile=PROJECT,
+)
 async def x13(ctx: Context) -> None:
     m = await ctx.create("x13")
     mb = m.body
@@ -1652,7 +1778,9 @@ async def x13(ctx: Context) -> None:
     )
 
 
-@check("X14", "an observation at or below the delivered high-water mark is marked redelivered")
+@check(
+    "X14", "an observation at or below the delivered high-water mark is marked redelivered", profile=PROJECT
+)
 async def x14(ctx: Context) -> None:
     m = await ctx.create("x14")
     for _ in range(2):
@@ -1675,22 +1803,22 @@ async def x14(ctx: Context) -> None:
     )
 
 
-@check("X15", "retiring a subscription releases its leases")
+@check("X15", "retiring a subscription releases its leases", profile=PROJECT)
 async def x15(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "x15", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "x15", ["job-1"])
     s1 = await ctx.sub(m, capabilities=["observe", "act"])
     s2 = await ctx.sub(m, capabilities=["observe", "act"])
-    expect(await ctx.lease(s1, "claim", subject="job-1"), 201, what="claim")
-    expect(await ctx.lease(s2, "claim", subject="job-1"), 409, "LEASE_HELD", "control: held")
+    expect(await ctx.lease(s1, "claim", subject=j1), 201, what="claim")
+    expect(await ctx.lease(s2, "claim", subject=j1), 409, "LEASE_HELD", "control: held")
     expect(
         await ctx.req("POST", f"/subscriptions/{s1.id}/retire", body={"reason": "x"}, token=s1.token),
         200,
         what="retire",
     )
-    expect(await ctx.lease(s2, "claim", subject="job-1"), 201, what="claim after the holder retired")
+    expect(await ctx.lease(s2, "claim", subject=j1), 201, what="claim after the holder retired")
 
 
-@check("X16", "a shared monitor is readable only with the subscribe token")
+@check("X16", "a shared monitor is readable only with the subscribe token", profile=PROJECT)
 async def x16(ctx: Context) -> None:
     m = await ctx.create("x16", visibility="shared", capabilities=["observe", "react"])
     need(isinstance(m.subscribe_token, str) and m.subscribe_token, "no subscribe_token for a shared monitor")
@@ -1709,7 +1837,7 @@ async def x16(ctx: Context) -> None:
     )
 
 
-@check("X17", "ack is clamped to head + 1")
+@check("X17", "ack is clamped to head + 1", profile=PROJECT)
 async def x17(ctx: Context) -> None:
     m = await ctx.create("x17")
     await ctx.pub(m)
@@ -1721,26 +1849,26 @@ async def x17(ctx: Context) -> None:
     need(len(p["observations"]) == 1, f"control: the next observation still arrives: {p['observations']}")
 
 
-@check("X18", "lease renew by the holder extends it; by anyone else it is refused")
+@check("X18", "lease renew by the holder extends it; by anyone else it is refused", profile=PROJECT)
 async def x18(ctx: Context) -> None:
-    m = await _act_monitor(ctx, "x18", ["job-1"])
+    m, (j1,) = await _act_monitor(ctx, "x18", ["job-1"])
     s1 = await ctx.sub(m, capabilities=["observe", "act"])
     s2 = await ctx.sub(m, capabilities=["observe", "act"])
-    c = expect(await ctx.lease(s1, "claim", subject="job-1", lease_duration_seconds=1), 201, what="claim")
+    c = expect(await ctx.lease(s1, "claim", subject=j1, lease_duration_seconds=1), 201, what="claim")
     await ctx.t.sleep(0.6)
-    r = expect(await ctx.lease(s1, "renew", subject="job-1"), 200, what="renew")
+    r = expect(await ctx.lease(s1, "renew", subject=j1), 200, what="renew")
     need(r["lease"]["renew_time"] > c["lease"]["renew_time"] and "expires" in r, f"renew {r}")
     await ctx.t.sleep(0.6)  # past the claim's expiry, within the renewal's
-    expect(await ctx.lease(s2, "claim", subject="job-1"), 409, "LEASE_HELD", "renewed lease is still held")
-    r2 = await ctx.lease(s2, "renew", subject="job-1")
+    expect(await ctx.lease(s2, "claim", subject=j1), 409, "LEASE_HELD", "renewed lease is still held")
+    r2 = await ctx.lease(s2, "renew", subject=j1)
     need(
         r2.status == 409 and r2.get("code") in ("LEASE_HELD", "LEASE_LOST"), f"renew by a non-holder: {r2!r}"
     )
-    expect(await ctx.lease(s1, "release", subject="job-1"), 200, what="release")
-    expect(await ctx.lease(s2, "claim", subject="job-1"), 201, what="control: claim after release")
+    expect(await ctx.lease(s1, "release", subject=j1), 200, what="release")
+    expect(await ctx.lease(s2, "claim", subject=j1), 201, what="control: claim after release")
 
 
-@check("X19", "only the owner configures a monitor")
+@check("X19", "only the owner configures a monitor", profile=PROJECT)
 async def x19(ctx: Context) -> None:
     m = await ctx.create("x19", visibility="public")
     s = await ctx.sub(m)
@@ -1757,7 +1885,7 @@ async def x19(ctx: Context) -> None:
     )
 
 
-@check("X20", "pull limit defaults to 50; limit=N returns at most N")
+@check("X20", "pull limit defaults to 50; limit=N returns at most N", profile=PROJECT)
 async def x20(ctx: Context) -> None:
     m = await ctx.create("x20")
     for i in range(55):
@@ -1774,7 +1902,7 @@ async def x20(ctx: Context) -> None:
     need(len(p200["observations"]) == 55, f"control: limit=200 gave {len(p200['observations'])}")
 
 
-@check("X21", "a filter matches by addressing: types prefix, subjects, actors, #tags")
+@check("X21", "a filter matches by addressing: types prefix, subjects, actors, #tags", profile=PROJECT)
 async def x21(ctx: Context) -> None:
     m = await ctx.create("x21", owner=f"human:{ctx.uid('o')}")
     await ctx.pub(m, type=A, subject="s1", tags={"env": "prod"})
@@ -1796,7 +1924,7 @@ async def x21(ctx: Context) -> None:
         need(p["lag"] == len(want), f"filter {flt}: lag {p['lag']} is not {len(want)}")
 
 
-@check("X22", "from: head, earliest or an integer sets where a new subscription starts")
+@check("X22", "from: head, earliest or an integer sets where a new subscription starts", profile=PROJECT)
 async def x22(ctx: Context) -> None:
     m = await ctx.create("x22")
     for _ in range(3):
@@ -1820,7 +1948,9 @@ async def x22(ctx: Context) -> None:
 
 
 @check(
-    "X23", "state projection: counters, last, single_actor, stale_source, contradictions_open never below 0"
+    "X23",
+    "state projection: counters, last, single_actor, stale_source, contradictions_open never below 0",
+    profile=PROJECT,
 )
 async def x23(ctx: Context) -> None:
     m = await ctx.create("x23", owner=f"human:{ctx.uid('o')}", ttl_seconds=1)
@@ -1846,3 +1976,672 @@ async def x23(ctx: Context) -> None:
         "stale_source" in st["confidence"]["gaps"], f"older than ttl_seconds, gaps {st['confidence']['gaps']}"
     )
     need(st["ages"]["since_last_observation_s"] >= 1, f"ages {st['ages']}")
+
+
+# ---- this project's rules beyond the published list (PROTOCOL.md sections 3, 6-10, end of 11) ---------
+
+
+async def _logged(ctx: Context, m: Monitor, body: dict[str, Any], what: str) -> None:
+    """The refusal's body names a rejected_seq and that seq of `m` is a rejected observation."""
+    rs = need_rejected_seq(body, what)
+    row = await ctx.at(m, rs)
+    need(row["type"] == T_REJECTED, f"{what}: seq {rs} is {row['type']}, not a rejected observation")
+
+
+async def _publish_raw(ctx: Context, m: Monitor, raw: bytes, headers: dict[str, str] | None = None) -> Reply:
+    return await ctx.req(
+        "POST", f"/monitors/{m.id}/observations", raw_body=raw, token=m.token, headers=headers
+    )
+
+
+def _refused(reply: Reply, what: str, codes: tuple[str, ...] = ("INVALID",)) -> dict[str, Any]:
+    """A 400 (or 413 for TOO_LARGE) whose code is one of `codes`."""
+    ok = reply.code in codes and reply.status == ERROR_STATUS.get(reply.code or "", 0)
+    need(ok, f"{what}: expected a refusal {'/'.join(codes)}, got {reply!r}")
+    return reply.body
+
+
+def _iso(ts: float) -> str:
+    import datetime as dt
+
+    d = dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+def _epoch(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _row_of(rows: list[dict[str, Any]], sub_id: str, key: str | None = None) -> dict[str, Any] | None:
+    for o in rows:
+        p = payload(o)
+        if p.get("subscription") == sub_id and (key is None or key in p):
+            return o
+    return None
+
+
+def _system_measured(o: dict[str, Any], what: str) -> None:
+    prov = (o.get("data") or {}).get("provenance") or {}
+    need(
+        o.get("origin") == "system"
+        and o.get("tier") == "measured"
+        and o.get("verified") == "machine_verified",
+        f"{what}: origin/tier/verified {o.get('origin')}/{o.get('tier')}/{o.get('verified')},"
+        " expected system/measured/machine_verified",
+    )
+    need(
+        prov.get("origin") == "system"
+        and prov.get("tier") == "measured"
+        and prov.get("verification") == "machine_verified",
+        f"{what}: provenance {prov}",
+    )
+
+
+@check(
+    "X24",
+    "subscriber names of any form are accepted as agents; whitespace, control characters or > 256 are INVALID",
+    profile=PROJECT,
+)
+async def x24(ctx: Context) -> None:
+    m = await ctx.create("x24", visibility="public")
+    for name in ("reader-104749", "x", "mailto:a@b", "a" * 256):
+        s = await ctx.sub(m, name)
+        need(
+            s.body.get("subscriber") == name,
+            f"subscriber {name[:40]!r} came back as {s.body.get('subscriber')!r}",
+        )
+        expect(await ctx.pull(s), 200, what=f"control: subscriber {name[:40]!r} pulls")
+    for name in ("human:you\n", "human:you x", "agent:\tbot", "agent:bot\x00", "a" * 257, ""):
+        _refused(await ctx.subscribe(m, name), f"subscriber {name[:40]!r}")
+    for actor in ("reader-104749", "x", "mailto:a@b"):
+        obs = await ctx.pub(m, actor=actor)
+        need(
+            obs["actor"] == actor and obs["origin"] == "agent" and obs["tier"] == "unverified",
+            f"actor {actor!r} is not treated as an agent: {obs['actor']} {obs['origin']} {obs['tier']}",
+        )
+    for actor in ("agent:bot\n", "agent:b ot", "agent:" + "a" * 251):
+        b = _refused(await ctx.publish(m, actor=actor), f"publish actor {actor[:40]!r}")
+        await _logged(ctx, m, b, f"publish actor {actor[:40]!r}")
+    obs = await ctx.pub(m, actor="agent:" + "a" * 250)
+    need(len(obs["actor"]) == 256, "control: a 256-character actor is kept")
+
+
+@check(
+    "X25",
+    "no anonymous caller writes origin human: subscribed and seek rows are system, measured, machine_verified",
+    profile=PROJECT,
+)
+async def x25(ctx: Context) -> None:
+    m = await ctx.create("x25", visibility="public")
+    await ctx.pub(m)
+    s = await ctx.sub(m, "human:ceo", token=None)
+    a = await ctx.catch_up(s)
+    r = await ctx.req(
+        "POST",
+        f"/subscriptions/{s.id}/seek",
+        body={"cursor": 1, "reason": "human:ceo says so"},
+        token=s.token,
+    )
+    expect(r, 200, what="seek by the anonymous subscriber")
+    rows = await _types_in(ctx, m, T_SUBSCRIBED)
+    sub_row = _row_of([o for o in rows if "seek" not in payload(o)], s.id)
+    seek_row = _row_of(rows, s.id, "seek")
+    need(sub_row is not None, f"no subscribed row for {s.id}")
+    need(seek_row is not None, f"no seek row for {s.id} (cursor was {a['cursor']})")
+    for row, what in ((sub_row, "subscribed row"), (seek_row, "seek row")):
+        _system_measured(row, what)
+        need(row["actor"] == "human:ceo", f"{what}: the actor is not kept as given: {row['actor']!r}")
+    humans = [o["id"] for o in await ctx.log(m) if o.get("origin") == "human"]
+    need(not humans, f"an anonymous caller put origin human into the log at seqs {humans}")
+
+
+@check(
+    "X26",
+    "bounded inputs: filter text <= 256, a filter <= 4 KiB, seek and configuration reasons <= 1 KiB",
+    profile=PROJECT,
+)
+async def x26(ctx: Context) -> None:
+    m = await ctx.create("x26")
+    await ctx.pub(m)
+    codes = ("INVALID", "INVALID_FILTER", "TOO_LARGE")
+    _refused(await ctx.subscribe(m, filter={"text": "t" * 257}), "filter text of 257 characters", codes)
+    await ctx.sub(m, filter={"text": "t" * 256})
+    big = {"subjects": [f"{i:03d}-" + "s" * 96 for i in range(45)]}  # ~4.6 KiB serialized
+    need(len(json.dumps(big)) > 4096, "test setup: the big filter is not over 4 KiB")
+    _refused(await ctx.subscribe(m, filter=big), f"a filter of {len(json.dumps(big))} bytes", codes)
+    fits = {"subjects": big["subjects"][:30]}
+    need(len(json.dumps(fits)) < 4000, "test setup: the control filter is not under 4 KiB")
+    await ctx.sub(m, filter=fits)
+    s = await ctx.sub(m)
+    await ctx.catch_up(s)
+    path = f"/subscriptions/{s.id}/seek"
+    r = await ctx.req("POST", path, body={"cursor": 1, "reason": "r" * 1025}, token=s.token)
+    _refused(r, "a seek reason of 1025 characters", ("INVALID", "TOO_LARGE"))
+    r = await ctx.req("POST", path, body={"cursor": 1, "reason": "r" * 1024}, token=s.token)
+    expect(r, 200, what="control: a seek reason of 1024 characters")
+    r = await ctx.configure(m, "update", {"patch": {"description": "d"}, "reason": "r" * 1025})
+    _refused(r, "a configuration reason of 1025 characters", ("INVALID", "TOO_LARGE"))
+    r = await ctx.configure(m, "update", {"patch": {"description": "d"}, "reason": "r" * 1024})
+    expect(r, 200, what="control: a configuration reason of 1024 characters")
+
+
+@check(
+    "X27",
+    "provenance rules 6 and 7: another human or system actor is PROVENANCE_CEILING; prefixes are lower-case",
+    profile=PROJECT,
+)
+async def x27(ctx: Context) -> None:
+    owner = f"human:{ctx.uid('you')}"
+    m = await ctx.create("x27", owner=owner)
+    for body, what in (
+        ({"actor": "human:stranger"}, "actor human:stranger on a monitor of another person"),
+        ({"actor": owner + "x"}, "actor a prefix-extension of the owner"),
+        ({"actor": "system:guard"}, "actor system:guard"),
+        ({"origin": "system"}, "declared origin system"),
+        ({"actor": "probe:p", "origin": "system"}, "a probe declaring origin system"),
+    ):
+        b = expect(await ctx.publish(m, **body), 403, "PROVENANCE_CEILING", what)
+        await _logged(ctx, m, b, what)
+    odd = await ctx.pub(m, actor="HuMaN:x")
+    need(
+        odd["actor"] == "HuMaN:x" and odd["origin"] == "agent" and odd["tier"] == "unverified",
+        f"actor HuMaN:x is not an agent: {odd['origin']} {odd['tier']}",
+    )
+    mine = await ctx.pub(m, actor=owner)
+    need(mine["origin"] == "human" and mine["actor"] == owner, f"control: the owner itself: {mine['origin']}")
+    plain = await ctx.pub(m)
+    need(plain["actor"] == owner, f"control: actor defaults to the owner, got {plain['actor']}")
+
+
+@check(
+    "X28",
+    "an inline pull filter disjoint from the subscription's is INVALID_FILTER; an overlapping one narrows",
+    profile=PROJECT,
+)
+async def x28(ctx: Context) -> None:
+    owner = f"human:{ctx.uid('o')}"
+    m = await ctx.create("x28", owner=owner)
+    s1, s2, s3 = ctx.uid("s1"), ctx.uid("s2"), ctx.uid("s3")
+    await ctx.pub(m, type=A, subject=s1, actor="probe:p1")
+    await ctx.pub(m, type=B, subject=s2, actor="probe:p2")
+    await ctx.pub(m, type=C, subject=s3, actor="probe:p3")
+    flt = {"types": [A, B], "subjects": [s1, s2], "actors": ["probe:p1", "probe:p2"]}
+    s = await ctx.sub(m, filter=flt)
+    for key, inline, theirs in (("types", C, A), ("subjects", s3, s1), ("actors", "probe:p3", "probe:p1")):
+        b = expect(await ctx.pull(s, **{key: inline}), 400, "INVALID_FILTER", f"inline {key}={inline}")
+        text = json.dumps(b)
+        need(inline in text and theirs in text, f"inline {key}: the refusal does not name both filters: {b}")
+    for key, inline, want in (("types", A, [A]), ("subjects", s2, [B]), ("actors", "probe:p1", [A])):
+        got = [
+            o["type"]
+            for o in (await ctx.pulled(s, **{key: [inline, "zz.unrelated.x"] if key == "types" else inline}))[
+                "observations"
+            ]
+        ]
+        need(got == want, f"control: inline {key}={inline} delivered {got}, expected {want}")
+
+
+@check(
+    "X29",
+    "time: more than 300 s ahead is INVALID and logged; a past time is kept; ages follow the server's clock",
+    profile=PROJECT,
+)
+async def x29(ctx: Context) -> None:
+    m = await ctx.create("x29")
+    await ctx.pub(m)
+    now = _epoch((await ctx.state(m))["as_of"])
+    ahead = _iso(now + 400)
+    b = _refused(await ctx.publish(m, time=ahead), f"time {ahead} (400 s ahead of the server)")
+    await _logged(ctx, m, b, "a time 400 s ahead")
+    soon = _iso(now + 120)
+    obs = await ctx.pub(m, time=soon)
+    need(obs["time"] == soon, f"control: a time 120 s ahead is kept: {obs['time']} (sent {soon})")
+    past = _iso(now - 3 * 365 * 86400)
+    obs = await ctx.pub(m, time=past)
+    need(
+        obs["time"] == past, f"a past time is not kept as the publisher's claim: {obs['time']} (sent {past})"
+    )
+    st = await ctx.state(m)
+    age = st["ages"]["since_last_observation_s"]
+    need(
+        isinstance(age, int) and 0 <= age <= 60, f"ages follow the publisher's time, not the server's: {age}"
+    )
+    cu = st.get("covers_until")
+    need(
+        isinstance(cu, str) and abs(_epoch(cu) - _epoch(st["as_of"])) <= 300,
+        f"covers_until {cu} is not near the server's clock (as_of {st['as_of']})",
+    )
+
+
+def _nested(depth: int, kind: str = "object") -> Any:
+    """A JSON value `depth` levels deep (`{}` and `[]` are one level)."""
+    v: Any = {} if kind == "object" else []
+    for _ in range(depth - 1):
+        v = {"a": v} if kind == "object" else [v]
+    return v
+
+
+@check("X30", "JSON nesting deeper than 32 levels is refused and logged; 32 is accepted", profile=PROJECT)
+async def x30(ctx: Context) -> None:
+    m = await ctx.create("x30")
+    for kind in ("object", "array"):
+        # the body itself is level 1, so data may be 31 levels deep
+        expect(await ctx.publish(m, data={"v": _nested(30, kind)}), 201, what=f"control: 32 levels ({kind})")
+        b = _refused(await ctx.publish(m, data={"v": _nested(31, kind)}), f"33 levels ({kind})")
+        await _logged(ctx, m, b, f"33 levels ({kind})")
+    deep = b'{"type":"' + A.encode() + b'","data":' + b"[" * 200 + b"]" * 200 + b"}"
+    b = _refused(await _publish_raw(ctx, m, deep), "200 levels of arrays")
+    await _logged(ctx, m, b, "200 levels")
+
+
+@check("X31", "NaN, Infinity, 1e400 and lone surrogates in a body are refused and logged", profile=PROJECT)
+async def x31(ctx: Context) -> None:
+    m = await ctx.create("x31")
+    head = b'{"type":"' + A.encode() + b'","data":{"x":'
+    for lit in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b'"\\ud800"', b'"a\\udc00b"'):
+        b = _refused(await _publish_raw(ctx, m, head + lit + b"}}"), f"data.x = {lit.decode()}")
+        await _logged(ctx, m, b, f"data.x = {lit.decode()}")
+    r = await ctx.req(
+        "POST",
+        "/subscriptions",
+        raw_body=b'{"monitor":"' + m.id.encode() + b'","subscriber":"\\ud800"}',
+        token=m.token,
+    )
+    _refused(r, "a lone surrogate in a subscribe body")
+    for lit, want in ((b"1.5", 1.5), (b"1e300", 1e300), (b'"\\ud83d\\ude00"', "\U0001f600")):
+        r = expect(
+            await _publish_raw(ctx, m, head + lit + b"}}"), 201, what=f"control: data.x = {lit.decode()}"
+        )
+        need(
+            r["observation"]["data"].get("x") == want,
+            f"control: data.x = {lit.decode()} stored as {r['observation']['data']}",
+        )
+
+
+@check(
+    "X32",
+    "subjects, types, actors and monitor ids over 256 characters are refused (256 accepted where allowed)",
+    profile=PROJECT,
+)
+async def x32(ctx: Context) -> None:
+    m = await ctx.create("x32")
+    t256 = "com.example." + "a" * 244
+    cases = (
+        ("subject", {"subject": "s" * 257}, {"subject": "s" * 256}),
+        ("type", {"type": t256 + "a"}, {"type": t256}),
+        ("actor", {"actor": "agent:" + "a" * 251}, {"actor": "agent:" + "a" * 250}),
+    )
+    for what, bad, good in cases:
+        b = _refused(await ctx.publish(m, **bad), f"a {what} of 257 characters")
+        await _logged(ctx, m, b, f"a {what} of 257 characters")
+        obs = await ctx.pub(m, **good)
+        need(len(obs[what]) == 256, f"control: a {what} of 256 characters is kept")
+    r = await ctx.req("POST", "/monitors", body={"id": "m" * 257}, token=ctx.t.registration_token)
+    _refused(r, "a monitor id of 257 characters")
+    _refused(
+        await ctx.req("POST", "/subscriptions", body={"monitor": "m" * 257, "subscriber": "agent:x"}),
+        "subscribe to a monitor id of 257 characters",
+    )
+    expect(await ctx.subscribe(m), 201, what="control: subscribe to the real monitor")
+
+
+@check("X33", "integers are ASCII digits within 0..2^53 in queries and bodies", profile=PROJECT)
+async def x33(ctx: Context) -> None:
+    m, (j1,) = await _act_monitor(ctx, "x33", ["job"])
+    s = await ctx.sub(m, capabilities=["observe", "act"])
+    big = 2**53 + 1
+    for q in (
+        {"limit": "²"},
+        {"limit": "٣"},
+        {"limit": "３"},
+        {"cursor": "²"},
+        {"cursor": str(big)},
+        {"wait": "²"},
+        {"limit": " 3"},
+    ):
+        _refused(await ctx.pull(s, **q), f"pull {q}")
+    expect(await ctx.pull(s, limit="3", cursor="1", wait="0"), 200, what="control: pull limit=3 cursor=1")
+    expect(await ctx.pull(s, cursor=str(2**53)), 200, what="control: pull cursor=2^53")
+    _refused(await ctx.ack(s, big), "ack 2^53 + 1")
+    _refused(
+        await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=big), "lease_duration_seconds 2^53 + 1"
+    )
+    _refused(await ctx.subscribe(m, **{"from": big}), "subscribe from 2^53 + 1")
+    r = await ctx.req(
+        "POST", "/monitors", body={"id": ctx.uid("x33t"), "ttl_seconds": big}, token=ctx.t.registration_token
+    )
+    _refused(r, "ttl_seconds 2^53 + 1")
+    expect(await ctx.ack(s, 2**53), 200, what="control: ack 2^53 (clamped to head + 1)")
+    expect(
+        await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=30), 201, what="control: duration 30"
+    )
+
+
+@check("X34", "a JSON-RPC batch over 100 calls is refused whole; 100 calls are served", profile=PROJECT)
+async def x34(ctx: Context) -> None:
+    m = await ctx.create("x34")
+
+    def batch(n: int) -> list[dict[str, Any]]:
+        return [
+            {
+                "jsonrpc": "2.0",
+                "id": i,
+                "method": "monitors/publish",
+                "params": {"id": m.id, "token": m.token, "type": A},
+            }
+            for i in range(n)
+        ]
+
+    head = (await ctx.get_monitor(m))["head"]
+    r = await ctx.req("POST", "/rpc", body=batch(101))
+    # over /rpc the refusal may travel as a JSON-RPC error object (its data is the REST body)
+    err = r.body.get("error") if isinstance(r.body, dict) and r.body.get("jsonrpc") == "2.0" else None
+    code = ((err or {}).get("data") or {}).get("code") if isinstance(err, dict) else r.code
+    need(
+        code in ("INVALID", "TOO_LARGE") and r.status in (200, ERROR_STATUS[code]),
+        f"a batch of 101 calls was not refused with INVALID or TOO_LARGE: {r!r}",
+    )
+    if err is not None:
+        need(err.get("code") == JSONRPC_CODE[code], f"JSON-RPC error code {err.get('code')} for {code}")
+    need((await ctx.get_monitor(m))["head"] == head, "a refused batch of 101 calls still published")
+    out = expect(await ctx.req("POST", "/rpc", body=batch(100)), 200, what="control: a batch of 100 calls")
+    need(isinstance(out, list) and len(out) == 100, f"control: 100 replies expected, got {str(out)[:200]}")
+    need(
+        all("result" in x for x in out),
+        f"control: a call of the 100 failed: {[x for x in out if 'result' not in x][:1]}",
+    )
+    need((await ctx.get_monitor(m))["head"] >= head + 100, "control: the 100 publishes did not append")
+
+
+@check(
+    "X35",
+    "revocation: going private retires anonymous subscriptions (revoked); dropping act revokes claims",
+    profile=PROJECT,
+)
+async def x35(ctx: Context) -> None:
+    caps = ["observe", "react", "act"]
+    m, (j1, j2) = await _act_monitor(ctx, "x35", ["job-1", "job-2"], visibility="public", capabilities=caps)
+    anon = await ctx.sub(m, token=None)
+    owned = await ctx.sub(m, capabilities=["observe", "act"])
+    a = await ctx.catch_up(anon)
+    expect(await ctx.lease(owned, "claim", subject=j1), 201, what="control: claim before the update")
+    expect(await ctx.lease(owned, "release", subject=j1), 200, what="control: release")
+    r = await ctx.configure(m, "update", {"patch": {"visibility": "private"}, "reason": "close it"})
+    expect(r, 200, what="update to private")
+    b = expect(await ctx.pull(anon), 404, what="pull of an anonymous subscription after going private")
+    need(b.get("retired") is True and b.get("cursor") == a["cursor"], f"revoked pull body {b}")
+    wills = [payload(o) for o in await _types_in(ctx, m, T_SUB_RETIRED)]
+    need(
+        any(w.get("subscription") == anon.id and w.get("reason") == "revoked" for w in wills),
+        f"no subscription_retired{{reason: revoked}} for {anon.id}: {wills}",
+    )
+    expect(await ctx.pull(owned), 200, what="control: the owner-token subscription still pulls")
+    r = await ctx.configure(
+        m,
+        "update",
+        {"patch": {"capabilities": ["observe", "react"], "default_grant": ["observe"]}, "reason": "no act"},
+    )
+    expect(r, 200, what="update dropping act")
+    expect(
+        await ctx.lease(owned, "claim", subject=j2), 403, "CAPABILITY_MISSING", "claim after act was removed"
+    )
+    expect(await ctx.pull(owned), 200, what="control: it still observes")
+
+
+@check(
+    "X36",
+    "an expired lease counts as an attempt, a release does not; at the limit the subject is dead-lettered",
+    profile=PROJECT,
+)
+async def x36(ctx: Context) -> str:
+    m, (j1, j2) = await _act_monitor(ctx, "x36", ["job-1", "job-2"])
+    s = await ctx.sub(m, capabilities=["observe", "act"])
+    c = expect(await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=1), 201, what="claim")
+    base = c["lease"].get("attempts")
+    limit = c["lease"].get("delivery_count_limit")
+    need(isinstance(base, int) and _posint(limit) and limit <= 20, f"lease attempts/limit {c['lease']}")
+    for i in range(2):
+        expect(await ctx.lease(s, "release", subject=j1), 200, what=f"release {i + 1}")
+        c = expect(
+            await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=1), 201, what="claim after release"
+        )
+        need(
+            c["lease"]["attempts"] == base,
+            f"a release counted as an attempt: {base} -> {c['lease']['attempts']}",
+        )
+    for n in range(1, limit + 1):
+        await ctx.t.sleep(1.1)
+        r = await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=1)
+        if n < limit - base:
+            b = expect(r, 201, what=f"claim after expiry {n}")
+            need(
+                b["lease"]["attempts"] == base + n, f"after {n} expiries attempts is {b['lease']['attempts']}"
+            )
+        else:
+            expect(r, 409, "DEAD_LETTERED", f"claim after {n} expiries (delivery_count_limit {limit})")
+            break
+    expect(await ctx.lease(s, "claim", subject=j2), 201, what="control: another subject is claimable")
+    return f"dead-lettered after {limit - base} expiries"
+
+
+@check(
+    "X37",
+    "publish idempotency: a repeated idempotency_key or Idempotency-Key appends nothing; bad keys are INVALID",
+    profile=PROJECT,
+)
+async def x37(ctx: Context) -> None:
+    m = await ctx.create("x37")
+    k1 = ctx.uid("key")
+    first = expect(
+        await ctx.publish(m, idempotency_key=k1, data={"n": 1}), 201, what="first publish with a key"
+    )
+    head = (await ctx.get_monitor(m))["head"]
+    again = await ctx.publish(m, idempotency_key=k1, data={"n": 1})
+    b = expect(again, 200, what="the same key again")
+    need(
+        b.get("seq") == first["seq"] and b.get("idempotent") is True,
+        f"repeat reply {b} (first seq {first['seq']})",
+    )
+    need(b["observation"]["id"] == first["observation"]["id"], "the repeat is not the first reply")
+    need((await ctx.get_monitor(m))["head"] == head, "a repeated key moved the head")
+    other = expect(await ctx.publish(m, idempotency_key=ctx.uid("key")), 201, what="control: a different key")
+    need(other["seq"] > first["seq"], "control: a different key appends")
+    k2 = ctx.uid("hdr")
+    h1 = expect(
+        await ctx.publish_with_headers(m, {"Idempotency-Key": k2}), 201, what="Idempotency-Key header"
+    )
+    head = (await ctx.get_monitor(m))["head"]
+    h2 = expect(await ctx.publish_with_headers(m, {"Idempotency-Key": k2}), 200, what="the same header again")
+    need(h2.get("seq") == h1["seq"] and h2.get("idempotent") is True, f"header repeat {h2}")
+    need((await ctx.get_monitor(m))["head"] == head, "a repeated header key moved the head")
+    for key, what in (
+        ("k" * 129, "129 characters"),
+        ("a\x07b", "a control character"),
+        ("caf\u00e9", "non-ASCII"),
+        ("", "empty"),
+        ("a b\n", "a newline"),
+    ):
+        _refused(await ctx.publish(m, idempotency_key=key), f"idempotency_key {what}")
+    _refused(
+        await ctx.publish_with_headers(m, {"Idempotency-Key": "k" * 129}), "Idempotency-Key of 129 characters"
+    )
+    expect(await ctx.publish(m, idempotency_key="k" * 128), 201, what="control: a key of 128 characters")
+
+
+@check(
+    "X38",
+    "subscription ids are sub- and at least 8 hex digits; a new subscription never replaces another",
+    profile=PROJECT,
+)
+async def x38(ctx: Context) -> str:
+    m = await ctx.create("x38", visibility="public")
+    subs = [await ctx.sub(m, token=None if i % 2 else ...) for i in range(24)]
+    ids = [s.id for s in subs]
+    bad = [i for i in ids if not re.match(r"^sub-[0-9a-f]{8,}$", i)]
+    need(not bad, f"subscription ids not sub- + at least 8 hex digits: {bad[:3]}")
+    need(len(set(ids)) == len(ids), f"a subscription id was minted twice: {ids}")
+    for s in subs:
+        expect(await ctx.pull(s), 200, what=f"the token of {s.id} still pulls after later subscribes")
+    return f"ids of {sorted({len(i) - 4 for i in ids})} hex digits"
+
+
+async def _retire_now(ctx: Context, reply: Reply) -> None:
+    """A subscription the check did not want: retire it at once, before any push can go out."""
+    sub = reply.get("subscription") or {}
+    if isinstance(sub, dict) and sub.get("id") and reply.get("token"):
+        await ctx.req(
+            "POST",
+            f"/subscriptions/{sub['id']}/retire",
+            body={"reason": "conformance"},
+            token=reply.get("token"),
+        )
+
+
+@check(
+    "X39",
+    "HTTP push needs the owner or subscribe token; loopback and link-local sinks are INVALID (no connection)",
+    profile=PROJECT,
+)
+async def x39(ctx: Context) -> None:
+    m = await ctx.create("x39", visibility="public")
+    outside = "https://example.invalid/mp-conformance"  # RFC 2606: never resolves, so nothing is sent
+    push = {"protocol": "http", "from": "head"}
+    r = await ctx.subscribe(m, token=None, sink=outside, **push)
+    if r.status == 201:
+        await _retire_now(ctx, r)
+    expect(r, 401, "UNAUTHORIZED", "an anonymous push subscription")
+    expect(
+        await ctx.subscribe(m, token=None, **{"from": "head"}),
+        201,
+        what="control: an anonymous pull subscription",
+    )
+    for sink in (
+        "http://127.0.0.1:9/x",
+        "http://169.254.169.254/",
+        "http://[::1]:9/x",
+        "http://localhost:9/x",
+    ):
+        r = await ctx.subscribe(m, sink=sink, **push)
+        if r.status == 201:
+            await _retire_now(ctx, r)
+            raise CheckFailed(
+                f"the server accepted the internal sink {sink} (retired at once): that is only right when it was"
+                " started with --allow-sink"
+            )
+        body = _refused(r, f"sink {sink}")
+        need(
+            isinstance(body.get("error"), str) and body["error"], f"sink {sink}: no sentence naming the rule"
+        )
+    r = await ctx.subscribe(m, sink=outside, **push)
+    if r.status == 201:
+        await _retire_now(ctx, r)
+    expect(r, 201, what=f"control: the owner's push subscription to {outside}")
+
+
+@check("X40", "an unknown HTTP method gets the protocol's error body with a code", profile=PROJECT)
+async def x40(ctx: Context) -> None:
+    if not getattr(ctx.t, "real_http", False):
+        raise Skip("needs a real HTTP server: the in-process transport has no request line to get wrong")
+    for method, path in (("FOO", "/discover"), ("BREW", "/monitors")):
+        r = await ctx.t.request(method, path)  # not recorded: section 3 gives no status for this code
+        need(400 <= r.status < 500, f"{method} {path}: status {r.status} (a 4xx expected): {r!r}")
+        b = r.body
+        need(
+            isinstance(b, dict) and b.get("code") in ERROR_STATUS and isinstance(b.get("error"), str),
+            f"{method} {path}: not the protocol's error body: {r!r}",
+        )
+    expect(await ctx.req("GET", "/discover"), 200, what="control: GET /discover")
+
+
+# ---- moved from the published checks: this project's own choices ----------------------------------------
+
+
+@check(
+    "X41",
+    "this project's defaults: max_limit 200, default_limit 50, max_wait_seconds 50, delivery_count_limit 5",
+    profile=PROJECT,
+)
+async def x41(ctx: Context) -> None:
+    d = await ctx.discover()
+    lim = d.get("limits") or {}
+    need(
+        lim.get("max_limit") == 200 and lim.get("default_limit") == 50 and lim.get("max_wait_seconds") == 50,
+        f"limits {lim}",
+    )
+    dcl = ((d.get("capabilities") or {}).get("leases") or {}).get("delivery_count_limit")
+    need(dcl == 5, f"discover's leases.delivery_count_limit is {dcl!r}, not 5")
+    m, (j1,) = await _act_monitor(ctx, "x41", ["job"])
+    s = await ctx.sub(m, capabilities=["observe", "act"])
+    c = expect(await ctx.lease(s, "claim", subject=j1), 201, what="claim")
+    need(c["lease"].get("delivery_count_limit") == 5, f"a lease's delivery_count_limit: {c['lease']}")
+    need(
+        _posint(c["lease"].get("lease_duration_seconds")), f"a positive default lease duration: {c['lease']}"
+    )
+
+
+@check(
+    "X42",
+    "per-monitor dense seqs: a monitor's log starts at 1, has no gaps, and another monitor takes none",
+    profile=PROJECT,
+)
+async def x42(ctx: Context) -> None:
+    m = await ctx.create("x42")
+    n = await ctx.create("x42n")
+    for _ in range(3):
+        await ctx.pub(m)
+        await ctx.pub(n)
+    seqs = [seq_of(o) for o in await ctx.log(m)]
+    need(seqs and seqs[0] == 1, f"a monitor's own sequence starts at 1, got {seqs[:3]}")
+    need(seqs == list(range(1, len(seqs) + 1)), f"seqs not dense: {seqs}")
+    head = (await ctx.get_monitor(m))["head"]
+    need(head == seqs[-1], f"head {head} is not the last seq {seqs[-1]}")
+    obs = await ctx.pub(m)
+    need(seq_of(obs) == head + 1, f"one publish moved the head from {head} to {seq_of(obs)}")
+    need((await ctx.get_monitor(m))["head"] == head + 1, "head after one publish")
+
+
+@check("X43", "a lease expiry is logged once as lease{expired} by system:sweep", profile=PROJECT)
+async def x43(ctx: Context) -> None:
+    m, (j1,) = await _act_monitor(ctx, "x43", ["job"])
+    s1 = await ctx.sub(m, capabilities=["observe", "act"])
+    s2 = await ctx.sub(m, capabilities=["observe", "act"])
+    expect(await ctx.lease(s1, "claim", subject=j1, lease_duration_seconds=1), 201, what="claim")
+    await ctx.t.sleep(1.1)
+    expect(await ctx.lease(s2, "claim", subject=j1), 201, what="claim after expiry")
+    rows = [(o["actor"], payload(o)) for o in await _types_in(ctx, m, T_LEASE)]
+    expired = [(a, p) for a, p in rows if p.get("action") == "expired"]
+    need(
+        len(expired) == 1 and expired[0][0] == "system:sweep" and expired[0][1].get("subscription") == s1.id,
+        f"the expiry is not logged once as lease{{expired}} by system:sweep for {s1.id}: {rows}",
+    )
+    need([p.get("action") for _, p in rows] == ["claim", "expired", "claim"], f"lease rows {rows}")
+
+
+@check(
+    "X44",
+    "every protocol row has data.payload, data.tags.monitor and is system, measured, machine_verified",
+    profile=PROJECT,
+)
+async def x44(ctx: Context) -> str:
+    m, (j1,) = await _act_monitor(ctx, "x44", ["job"])
+    s = await ctx.sub(m, capabilities=["observe", "act"])
+    await ctx.catch_up(s)
+    expect(await ctx.lease(s, "claim", subject=j1), 201, what="claim")
+    expect(await ctx.lease(s, "complete", subject=j1, outcome="done"), 200, what="complete")
+    await ctx.publish(m, tier="nope")
+    expect(await ctx.configure(m, "pause"), 200, what="pause")
+    expect(
+        await ctx.req("POST", f"/subscriptions/{s.id}/retire", body={"reason": "done"}, token=s.token),
+        200,
+        what="retire",
+    )
+    rows = [o for o in await ctx.log(m) if o["type"].startswith(P)]
+    kinds = sorted({o["type"][len(P) :] for o in rows})
+    for o in rows:
+        where = f"protocol row {o['id']} ({o['type']})"
+        need((o["data"].get("tags") or {}).get("monitor") == m.id, f"{where} lacks data.tags.monitor: {o}")
+        need(isinstance(o["data"].get("payload"), dict), f"{where} lacks data.payload")
+        _system_measured(o, where)
+    return f"{len(rows)} rows: {', '.join(kinds)}"

@@ -15,6 +15,7 @@ class HttpTransport:
     """Speaks to `base` (e.g. http://127.0.0.1:8130); `sleep` really waits, `race` really overlaps."""
 
     supports_origin = True
+    real_http = True  # a real request line and socket (X40 needs one)
 
     def __init__(
         self,

@@ -30,6 +30,7 @@ class InProcessTransport:
 
     name = "in-process"
     supports_origin = True
+    real_http = False  # a real request line and socket (X40 needs one)
 
     def __init__(
         self,

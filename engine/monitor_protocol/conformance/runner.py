@@ -7,7 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import CHECKS, CheckFailed, Context, Skip
+from .checks import CHECKS, PROFILES, CheckFailed, Context, Skip
+
+ALL = "all"
+PROFILE_CHOICES = (ALL, *PROFILES)
 
 
 @dataclass
@@ -16,6 +19,7 @@ class Result:
     title: str
     status: str  # pass | fail | skip
     note: str = ""
+    profile: str = ""
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -25,6 +29,7 @@ class Report:
     transport: str
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0
+    profile: str = ALL
 
     def _count(self, status: str) -> int:
         return sum(1 for r in self.results if r.status == status)
@@ -60,13 +65,14 @@ class Report:
             lines.append(f"{r.id:<5} {r.status.upper():<6} {title:<{title_w}} {note}".rstrip())
         lines.append(
             f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
-            f" ({self.transport}, {self.seconds:.1f} s)"
+            f" ({self.transport}, profile {self.profile}, {self.seconds:.1f} s)"
         )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "transport": self.transport,
+            "profile": self.profile,
             "ok": self.ok,
             "passed": self.passed,
             "failed": self.failed,
@@ -76,6 +82,7 @@ class Report:
                 {
                     "id": r.id,
                     "title": r.title,
+                    "profile": r.profile,
                     "status": r.status,
                     "note": r.note,
                     "seconds": round(r.seconds, 3),
@@ -86,9 +93,12 @@ class Report:
         }
 
 
-def _selected(only: Iterable[str] | str | None) -> set[str] | None:
+def _selected(only: Iterable[str] | str | None, profile: str) -> set[str]:
+    if profile not in PROFILE_CHOICES:
+        raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILE_CHOICES)}")
+    in_profile = {c.id for c in CHECKS if profile == ALL or c.profile == profile}
     if only is None:
-        return None
+        return in_profile
     if isinstance(only, str):
         only = only.split(",")
     known = {c.id.lower(): c.id for c in CHECKS}
@@ -96,21 +106,37 @@ def _selected(only: Iterable[str] | str | None) -> set[str] | None:
     unknown = [x for x in asked if x.lower() not in known]
     if unknown:
         raise ValueError(f"unknown check id(s) {unknown}; known: {', '.join(c.id for c in CHECKS)}")
-    return {known[x.lower()] for x in asked}
+    chosen = {known[x.lower()] for x in asked}
+    outside = sorted(chosen - in_profile)
+    if outside:
+        raise ValueError(f"check id(s) {outside} are not in the {profile} profile")
+    return chosen
+
+
+def checks_in(profile: str = ALL) -> list[Any]:
+    """The registered checks of `profile` ("all", "published" or "project"), in report order."""
+    wanted = _selected(None, profile)
+    return [c for c in CHECKS if c.id in wanted]
 
 
 async def run_suite(
-    transport: Any, only: Iterable[str] | str | None = None, reference_schema_dir: str | None = None
+    transport: Any,
+    only: Iterable[str] | str | None = None,
+    reference_schema_dir: str | None = None,
+    profile: str = ALL,
 ) -> Report:
-    """Run every check (or those in `only`) against `transport`; a check that raises is a fail, never a crash.
-    Checks marked final (C29, X11) run last, over everything the others received."""
-    wanted = _selected(only)
-    ctx = Context(transport, str(reference_schema_dir) if reference_schema_dir else None)
-    report = Report(getattr(transport, "name", type(transport).__name__))
+    """Run the checks of `profile` (or those of it named in `only`) against `transport`; a check that raises
+    is a fail, never a crash. Checks marked final (C29, X11) run last, over everything the others received.
+
+    `profile` is "all" (the default: every check), "published" (PROTOCOL.md section 11's list, fair to any
+    implementation) or "project" (this project's own choices and limits)."""
+    wanted = _selected(only, profile)
+    ctx = Context(transport, str(reference_schema_dir) if reference_schema_dir else None, profile=profile)
+    report = Report(getattr(transport, "name", type(transport).__name__), profile=profile)
     ordered = [c for c in CHECKS if not c.final] + [c for c in CHECKS if c.final]
     started = time.monotonic()
     for chk in ordered:
-        if wanted is not None and chk.id not in wanted:
+        if chk.id not in wanted:
             continue
         t0 = time.monotonic()
         try:
@@ -123,6 +149,7 @@ async def run_suite(
         except Exception as exc:  # a broken server must not crash the run
             result = Result(chk.id, chk.title, "fail", f"{type(exc).__name__}: {exc}")
         result.seconds = time.monotonic() - t0
+        result.profile = chk.profile
         if chk.id == "C29":
             result.data = {"validated": getattr(ctx, "c29_counts", {})}
         report.results.append(result)
