@@ -26,7 +26,10 @@ TYPE = "com.example.ci.run"
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(tmp_path_factory.mktemp("client"), "--allow-admin", ADMIN) as (url, _proc):
+    # The push test subscribes a loopback sink, which the operator must allow (PROTOCOL.md section 9).
+    with running_server(
+        tmp_path_factory.mktemp("client"), "--allow-admin", ADMIN, "--allow-sink", "127.0.0.1"
+    ) as (url, _proc):
         yield url
 
 
@@ -306,3 +309,14 @@ def test_cli_subscribe_http_prints_the_sink_secret(base: str) -> None:
     assert f"sink_secret: {secret}" in sub.stdout.splitlines()
     bad = mp(base, "subscribe", "hookm", "--subscriber", "hook:x", "--protocol", "http", "--token", owner)
     assert bad.returncode == 1 and bad.stderr.startswith("error: INVALID: ")
+
+
+def test_publish_retried_with_an_idempotency_key_appends_once(base: str) -> None:
+    with Client(base) as c:
+        owner = new_monitor(c, "idem")
+        first = c.publish("idem", TYPE, subject="build-1", idempotency_key="retry-1", token=owner)
+        retried = c.publish("idem", TYPE, subject="build-1", idempotency_key="retry-1", token=owner)
+        assert not first.idempotent and retried.idempotent and retried.seq == first.seq
+        other = c.publish("idem", TYPE, subject="build-2", idempotency_key="retry-2", token=owner)
+        assert not other.idempotent and other.seq == first.seq + 1  # positive control: a new key appends
+        assert c.get_monitor("idem", token=owner).head == other.seq

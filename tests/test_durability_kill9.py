@@ -1,5 +1,6 @@
 """Durability (PROTOCOL.md section 8): `kill -9` in the middle of a stream of publishes and acks loses nothing
-a client was told had succeeded, and redelivers nothing that was acknowledged."""
+a client was told had succeeded, redelivers nothing that was acknowledged, and a producer that retries the
+publish whose reply the crash swallowed, with its idempotency key, appends it exactly once."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_kill9_mid_stream_keeps_every_confirmed_write(tmp_path):
     lock = threading.Lock()
     confirmed: dict[str, int] = {}  # subject -> seq, for every publish answered 201
     acked: list[int] = []  # every cursor an ack was answered 200 for
+    in_flight: dict[int, tuple[str, dict]] = {}  # publisher -> the publish the crash left without a reply
     failures: list[str] = []
     enough = threading.Event()
     stop = threading.Event()
@@ -48,19 +50,18 @@ def test_kill9_mid_stream_keeps_every_confirmed_write(tmp_path):
             i = 0
             while not stop.is_set():
                 subject = f"p{n}-{i}"
+                body = {
+                    "type": RUN,
+                    "subject": subject,
+                    "actor": "probe:load",
+                    "data": {"n": n, "i": i},
+                    "idempotency_key": f"key-{subject}",
+                }
                 try:
-                    reply = client.post(
-                        "/monitors/load/observations",
-                        json={
-                            "type": RUN,
-                            "subject": subject,
-                            "actor": "probe:load",
-                            "data": {"n": n, "i": i},
-                        },
-                        headers=bearer(owner),
-                    )
+                    reply = client.post("/monitors/load/observations", json=body, headers=bearer(owner))
                 except httpx.HTTPError:
-                    return  # the server died under us; this publish's fate is unknown, which is allowed
+                    in_flight[n] = (subject, body)  # its fate is unknown: the producer will retry it
+                    return
                 assert reply.status_code == 201, reply.text
                 with lock:
                     confirmed[subject] = reply.json()["seq"]
@@ -106,9 +107,19 @@ def test_kill9_mid_stream_keeps_every_confirmed_write(tmp_path):
         running_server(tmp_path, "--db", str(db)) as (base, _again),
         httpx.Client(base_url=base + "/mp/v0") as mp,
     ):
-        # Every confirmed publish is in the log, with the seq it was confirmed with.
+        # The producers retry what the crash left unanswered, with the same idempotency keys: whatever
+        # had landed is answered 200 with its first seq, the rest is appended now, nothing twice.
+        for subject, body in in_flight.values():
+            retried = mp.post("/monitors/load/observations", json=body, headers=bearer(owner))
+            assert retried.status_code in (200, 201), retried.text
+            assert retried.json()["idempotent"] is (retried.status_code == 200)
+            confirmed[subject] = retried.json()["seq"]
+            again = mp.post("/monitors/load/observations", json=body, headers=bearer(owner))
+            assert again.status_code == 200 and again.json()["seq"] == confirmed[subject]
+        # Every confirmed publish is in the log, with the seq it was confirmed with, exactly once.
         monitor = mp.get("/monitors/load", headers=bearer(owner)).json()
         seen: dict[str, int] = {}
+        copies: dict[str, int] = {}
         cursor = 1
         while cursor <= monitor["head"]:
             page = mp.get(
@@ -118,9 +129,14 @@ def test_kill9_mid_stream_keeps_every_confirmed_write(tmp_path):
             ).json()
             for observation in page["observations"]:
                 seen[observation["subject"]] = int(observation["id"])
+                if observation["type"] == RUN:
+                    copies[observation["subject"]] = copies.get(observation["subject"], 0) + 1
             cursor = page["next"]
         missing = {s: q for s, q in confirmed.items() if seen.get(s) != q}
         assert not missing, f"confirmed publishes lost or moved by the crash: {sorted(missing.items())[:10]}"
+        duplicated = {s: n for s, n in copies.items() if n > 1}
+        assert not duplicated, f"retried publishes appended twice: {sorted(duplicated.items())[:10]}"
+        assert in_flight, "no publish was in flight when the server died: the retry path went untested"
 
         # The committed cursor survived; nothing at or below it comes back, everything above it does.
         pull = mp.get(f"/subscriptions/{sub_id}/pull", params={"limit": 200}, headers=bearer(reader)).json()

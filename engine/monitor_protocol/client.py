@@ -208,10 +208,13 @@ class MonitorChanged(Result):
 class Published(Result):
     observation: dict[str, Any]
     seq: int
+    idempotent: bool = False  # True: a repeated idempotency_key; this is the first reply, nothing appended
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> Published:
-        return cls(raw, dict(raw.get("observation") or {}), int(raw.get("seq") or 0))
+        return cls(
+            raw, dict(raw.get("observation") or {}), int(raw.get("seq") or 0), bool(raw.get("idempotent"))
+        )
 
 
 @dataclass
@@ -532,7 +535,8 @@ class _Routes:
         **fields: Any,
     ) -> Any:
         """POST /monitors/{id}/observations (owner) -> Published. `fields`: tags, actor, origin, tier,
-        verification, on_behalf_of, time, source_ref, rule, wasDerivedFrom, supersedes."""
+        verification, on_behalf_of, time, source_ref, rule, wasDerivedFrom, supersedes, idempotency_key
+        (retrying with the same key after a lost reply appends nothing and returns the first reply)."""
         body = _drop_none(
             {"type": type, "subject": subject, "data": dict(data) if data is not None else None, **fields}
         )
