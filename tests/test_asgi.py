@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from monitor_protocol.binding.asgi import EngineThread, create_app
+from monitor_protocol.binding.asgi import EngineThread, create_app, error_response
 from monitor_protocol.binding.messages import Request
 from monitor_protocol.binding.rest import RestRouter
+from monitor_protocol.errors import ProtocolError, internal_failure, storage_unavailable
 from monitor_protocol.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
 
@@ -452,10 +453,58 @@ async def test_an_unexpected_exception_is_a_protocol_error_not_a_500():
     service = MonitorService(MemoryStore())
     app = create_app(service, BrokenRouter(), sweep_interval=None)
     conn = await call(app, "GET", "/mp/v0/discover")
-    assert conn.status == 400
+    # A bug is not bad input (PROTOCOL.md section 10): 503 UNAVAILABLE with Retry-After, never 400 or 500.
+    assert conn.status == 503
+    assert conn.headers["retry-after"] == "1"
+    assert conn.headers["content-type"] == "application/json"
     body = conn.json()
-    assert body["code"] == "INVALID" and body["done"] == [] and body["incident"] in body["error"]
+    assert body["code"] == "UNAVAILABLE" and body["done"] == [] and body["incident"] in body["error"]
     app.engine.stop()
+
+
+class StorageFailingRouter:
+    def handle(self, request):
+        raise storage_unavailable("disk I/O error")
+
+
+async def test_a_refusal_escaping_the_router_carries_its_headers():
+    service = MonitorService(MemoryStore())
+    app = create_app(service, StorageFailingRouter(), sweep_interval=None)
+    conn = await call(app, "POST", "/mp/v0/monitors", {"id": "x"})
+    assert conn.status == 503 and conn.headers["retry-after"] == "1"
+    assert conn.json()["code"] == "UNAVAILABLE" and conn.json()["storage"] is True
+    app.engine.stop()
+
+
+def test_error_response_adds_the_refusals_headers():
+    assert error_response(storage_unavailable("full")).headers == {"retry-after": "1"}
+    assert error_response(internal_failure("abc"), {"vary": "Origin"}).headers == {
+        "retry-after": "1",
+        "vary": "Origin",
+    }
+    assert error_response(ProtocolError("INVALID", "no")).headers == {}  # control: nothing to add
+
+
+@pytest.mark.parametrize("failure", ["bug", "storage"])
+async def test_an_engine_failure_inside_a_request_is_503_with_retry_after(served, monkeypatch, failure):
+    """Through the real router and service: the engine raising mid-request never looks like bad input."""
+    owner, _sub, _reader = await setup_feed(served)
+
+    def broken_publish(*args, **kwargs):
+        if failure == "storage":
+            raise storage_unavailable("disk full")
+        raise RuntimeError("a bug in the engine")
+
+    monkeypatch.setattr(served.service, "publish", broken_publish)
+    conn = await call(served, "POST", "/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "x"}, owner)
+    assert conn.status == 503, conn.text
+    assert conn.headers["retry-after"] == "1"
+    assert conn.headers["content-type"] == "application/json"
+    body = conn.json()
+    assert body["code"] == "UNAVAILABLE" and body["done"] == [] and body["error"]
+    monkeypatch.undo()
+    ok = await call(served, "GET", "/mp/v0/discover")  # positive control: the door still serves
+    assert ok.status == 200 and "retry-after" not in ok.headers
 
 
 async def test_an_append_between_the_read_and_the_parking_still_wakes(served):

@@ -7,7 +7,9 @@ Waits are hang guards only: each test waits for the deliveries it expects, never
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,13 +19,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from monitor_protocol import netguard
 from monitor_protocol.push import Pusher, backoff, sign, verify
 from monitor_protocol.service import MonitorService
 from monitor_protocol.store.sqlite import SQLiteStore
 
 TYPE = "com.example.ci.run"
 GUARD_SECONDS = 30.0
+# The receivers run on loopback, which push refuses unless the operator allows it (PROTOCOL.md section 9).
+LOOPBACK_SINKS = ("127.0.0.1",)
 
 
 @dataclass
@@ -34,6 +40,7 @@ class Receiver:
     script: list[int] = field(default_factory=list)
     accepted: list[dict[str, Any]] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
     bad_signatures: int = 0
     attempts: int = 0
     changed: threading.Condition = field(default_factory=threading.Condition)
@@ -41,6 +48,7 @@ class Receiver:
     def handle(self, headers: dict[str, str], body: bytes) -> int:
         with self.changed:
             self.attempts += 1
+            self.hosts.append({k.lower(): v for k, v in headers.items()}.get("host", ""))
             if not verify(self.secret, headers, body):
                 self.bad_signatures += 1
                 status = 400
@@ -96,7 +104,9 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
     executor = ThreadPoolExecutor(max_workers=1)
     loop = asyncio.get_running_loop()
     store = await loop.run_in_executor(executor, SQLiteStore, str(tmp_path / "push.db"))
-    service = await loop.run_in_executor(executor, lambda: MonitorService(store, clock=time.time))
+    service = await loop.run_in_executor(
+        executor, lambda: MonitorService(store, clock=time.time, allowed_sinks=LOOPBACK_SINKS)
+    )
     yield Engine(service, executor)
     await loop.run_in_executor(executor, store.close)
     executor.shutdown()
@@ -226,7 +236,7 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
     from monitor_protocol.push import delivery_task
 
     store = SQLiteStore(str(tmp_path / "door.db"))
-    service = MonitorService(store, clock=time.time)
+    service = MonitorService(store, clock=time.time, allowed_sinks=LOOPBACK_SINKS)
     app = create_app(service, RestRouter(service), store=store, background_tasks=[delivery_task])
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -261,3 +271,407 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
         thread.join(timeout=GUARD_SECONDS)
         sink_server.shutdown()
         sock.close()
+
+
+# -- the sink guard at delivery (PROTOCOL.md section 9) ------------------------------------------------------
+
+
+def _is_loopback(host: Any) -> bool:
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return str(host).lower() == "localhost"
+
+
+@dataclass
+class NetworkGuard:
+    """Records every connection, name lookup and HTTP request the code under test attempts."""
+
+    connects: list[Any] = field(default_factory=list)
+    lookups: list[Any] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+    def foreign(self) -> list[Any]:
+        return [a for a in self.connects if not _is_loopback(a[0])] + [
+            h for h in self.lookups if not _is_loopback(h)
+        ]
+
+
+@pytest.fixture
+def network(monkeypatch: pytest.MonkeyPatch) -> NetworkGuard:
+    """Only loopback may be reached: anything else is refused here (and recorded, so a test can prove
+    the code never even tried)."""
+    guard = NetworkGuard()
+    real_connect, real_connect_ex, real_getaddrinfo = (
+        socket.socket.connect,
+        socket.socket.connect_ex,
+        socket.getaddrinfo,
+    )
+    real_send = httpx.AsyncClient.send
+
+    def connect(self: socket.socket, address: Any) -> Any:
+        guard.connects.append(address)
+        if isinstance(address, tuple) and not _is_loopback(address[0]):
+            raise ConnectionRefusedError(f"test guard: no connection to {address!r}")
+        return real_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> Any:
+        guard.connects.append(address)
+        if isinstance(address, tuple) and not _is_loopback(address[0]):
+            raise ConnectionRefusedError(f"test guard: no connection to {address!r}")
+        return real_connect_ex(self, address)
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        guard.lookups.append(host)
+        if not _is_loopback(host if not isinstance(host, bytes) else host.decode()):
+            raise socket.gaierror(f"test guard: no DNS lookup of {host!r}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    async def send(self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any) -> Any:
+        guard.requests.append(str(request.url))
+        return await real_send(self, request, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(httpx.AsyncClient, "send", send)
+    return guard
+
+
+class FakeDNS:
+    """A resolver the test controls (no real lookups): `answers` is what the host resolves to now."""
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.asked: list[str] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, host: str) -> list[str]:
+        with self.changed:
+            self.asked.append(host)
+            self.changed.notify_all()
+        return list(self.answers)
+
+    def wait_for(self, count: int) -> None:
+        deadline = time.monotonic() + GUARD_SECONDS
+        with self.changed:
+            while len(self.asked) < count:
+                left = deadline - time.monotonic()
+                assert left > 0, f"resolver asked {len(self.asked)} times"
+                self.changed.wait(left)
+
+
+async def test_push_refuses_a_sink_resolving_to_a_private_address_without_connecting(
+    engine: Engine, network: NetworkGuard
+) -> None:
+    receiver = Receiver()
+    server = serve_receiver(receiver)
+    port = server.server_address[1]
+    # A public-looking name passes the subscribe-time check; at delivery it resolves to loopback.
+    owner, subscribed = await setup(engine, f"http://hook.example:{port}/hook")
+    receiver.secret = subscribed["sink_secret"]
+    await publish(engine, owner, "never-sent")
+    dns = FakeDNS("127.0.0.1")
+    pusher = Pusher(engine.call, engine.service, backoff=lambda attempt: 0.01, allowed_sinks=(), resolve=dns)
+    task = asyncio.create_task(pusher.run())
+    try:
+        await wait_in_thread(lambda: dns.wait_for(3))  # resolved again at every attempt, backing off
+        assert set(dns.asked) == {"hook.example"}
+        assert network.requests == [] and receiver.attempts == 0  # no POST was even built into a request
+        assert network.connects == [] and network.foreign() == []
+        info = (await engine.call(engine.service.push_targets))[0]
+        assert info["cursor"] == 0  # nothing committed, and the subscription is still a push target
+        refusal = await pusher.vet(f"http://hook.example:{port}/hook")
+        assert isinstance(refusal, str) and "loopback" in refusal and "--allow-sink" in refusal
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+
+
+async def test_push_connects_to_the_vetted_address_and_keeps_the_host(
+    engine: Engine, network: NetworkGuard
+) -> None:
+    """Connect to the address that was checked, not to whatever the name resolves to a moment later."""
+    receiver = Receiver()
+    server = serve_receiver(receiver)
+    port = server.server_address[1]
+    owner, subscribed = await setup(engine, f"http://hook.example:{port}/hook")
+    receiver.secret = subscribed["sink_secret"]
+    first = await publish(engine, owner, "one")
+    dns = FakeDNS("127.0.0.1")  # the service allows 127.0.0.1 (LOOPBACK_SINKS): the allow-list comes from it
+    pusher = Pusher(engine.call, engine.service, backoff=lambda attempt: 0.01, resolve=dns)
+    assert pusher.allowed_sinks == LOOPBACK_SINKS
+    task = asyncio.create_task(pusher.run())
+    try:
+        await wait_in_thread(lambda: receiver.wait_for(lambda: receiver.seqs() == first))
+        assert receiver.hosts == [f"hook.example:{port}"]  # Host names the sink, the socket the address
+        assert network.requests == [f"http://127.0.0.1:{port}/hook"]
+        assert network.foreign() == []
+        # DNS rebinding: the same name now points at the cloud metadata address. Nothing goes there.
+        dns.answers = ["169.254.169.254"]
+        asked = len(dns.asked)
+        await publish(engine, owner, "two")
+        await wait_in_thread(lambda: dns.wait_for(asked + 3))
+        assert receiver.seqs() == first and len(network.requests) == 1
+        assert network.foreign() == [] and not any("169.254" in str(c) for c in network.connects)
+        # Rebound back to an allowed address, the waiting batch goes out (nothing was lost).
+        dns.answers = ["127.0.0.1"]
+        await wait_in_thread(lambda: receiver.wait_for(lambda: len(receiver.seqs()) == 2))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+
+
+async def test_push_refuses_a_literal_sink_the_operator_no_longer_allows(
+    engine: Engine, network: NetworkGuard
+) -> None:
+    receiver = Receiver()
+    server = serve_receiver(receiver)
+    owner, subscribed = await setup(engine, f"http://127.0.0.1:{server.server_address[1]}/hook")
+    await publish(engine, owner, "held")
+    dns = FakeDNS()
+    pusher = Pusher(
+        engine.call, engine.service, backoff=lambda attempt: 0.01, allowed_sinks=("10.0.0.0/8",), resolve=dns
+    )
+    verdicts: list[Any] = []
+    real_vet = pusher.vet
+
+    async def counting_vet(sink: str) -> Any:
+        verdicts.append(await real_vet(sink))
+        return verdicts[-1]
+
+    pusher.vet = counting_vet  # type: ignore[method-assign]
+    task = asyncio.create_task(pusher.run())
+    try:
+        deadline = time.monotonic() + GUARD_SECONDS
+        while len(verdicts) < 3:  # several refused attempts, backing off between them
+            assert time.monotonic() < deadline, "the pusher did not retry the refused sink"
+            await asyncio.sleep(0.01)
+        assert all(isinstance(v, str) and "loopback address" in v for v in verdicts)
+        assert receiver.attempts == 0 and network.requests == [] and network.connects == []
+        assert dns.asked == []  # a literal is judged without any lookup
+        assert (await engine.call(engine.service.push_targets))[0]["cursor"] == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+
+
+def test_netguard_resolve_host_normalises_literals_without_lookups(network: NetworkGuard) -> None:
+    assert netguard.resolve_host("127.1") == ["127.0.0.1"]
+    assert netguard.resolve_host("[::1]") == ["::1"]
+    assert netguard.resolve_host("2130706433") == ["127.0.0.1"]
+    assert network.lookups == []
+
+
+# -- netguard: the sink rule, judged without I/O and with a resolver -------------------------------------
+
+REFUSED = [
+    ("http://127.0.0.1/hook", "loopback"),
+    ("http://127.1/hook", "loopback"),
+    ("http://2130706433/hook", "loopback"),
+    ("http://0x7f.1/hook", "loopback"),
+    ("http://0x7f000001/hook", "loopback"),
+    ("http://0177.0.0.1/hook", "loopback"),
+    ("http://127.0.0.1./hook", "loopback"),
+    ("http://[::1]/hook", "loopback"),
+    ("http://[::ffff:127.0.0.1]/hook", "loopback"),
+    ("http://[::ffff:7f00:1]/hook", "loopback"),
+    ("http://[2002:7f00:1::1]/hook", "loopback"),  # 6to4 around 127.0.0.1
+    ("http://[::127.0.0.1]/hook", "loopback"),  # IPv4-compatible
+    ("http://１２７.０.０.１/hook", "loopback"),  # fullwidth digits normalise to 127.0.0.1
+    ("http://10.0.0.1/hook", "private"),
+    ("http://172.16.0.1/hook", "private"),
+    ("http://192.168.1.1/hook", "private"),
+    ("http://[fc00::1]/hook", "private"),
+    ("http://[fd12:3456::1]/hook", "private"),
+    ("http://[::ffff:10.0.0.1]/hook", "private"),
+    ("http://[64:ff9b::a00:1]/hook", "private"),  # NAT64 around 10.0.0.1
+    ("http://169.254.169.254/latest/meta-data", "link-local"),
+    ("http://[fe80::1]/hook", "link-local"),
+    ("http://100.64.0.1/hook", "carrier-grade NAT"),
+    ("http://0.0.0.0/hook", "unspecified"),
+    ("http://0/hook", "unspecified"),
+    ("http://[::]/hook", "unspecified"),
+    ("http://224.0.0.1/hook", "multicast"),
+    ("http://[ff02::1]/hook", "multicast"),
+    ("http://[ff0e::1]/hook", "multicast"),
+    ("http://255.255.255.255/hook", "reserved"),
+    ("http://240.0.0.1/hook", "reserved"),
+    ("http://192.0.2.10/hook", "private"),  # documentation range (ipaddress files it as private)
+    ("http://[fec0::1]/hook", "site-local"),
+    ("http://localhost/hook", "loopback name"),
+    ("http://LOCALHOST.:8080/hook", "loopback name"),
+    ("http://a.localhost/hook", "loopback name"),
+    ("http://printer.local/hook", "link-local"),
+    ("http://metadata.google.internal/computeMetadata", "private-use"),
+    ("http://example.com@127.0.0.1/hook", "loopback"),  # userinfo is not the host
+    ("http://a@b@127.0.0.1/hook", "several '@'"),
+    ("http://127.0.0.1\\@example.com/hook", "backslash"),
+    ("http://ex%61mple.com/hook", "percent"),
+    ("http://[fe80::1%25eth0]/hook", "percent"),
+    ("ftp://example.com/hook", "scheme"),
+    ("file:///etc/passwd", "scheme"),
+    ("gopher://127.0.0.1/", "scheme"),
+    ("//example.com/hook", "scheme"),
+    ("http:///hook", "no host"),
+    ("http://[::1/hook", "not a valid URL"),
+    ("http://example.com:99999/hook", "not a valid URL"),
+]
+ACCEPTED = [
+    "https://example.com/hook",
+    "http://example.com/hook",
+    "https://93.184.216.34/",
+    "https://[2606:2800:220:1:248:1893:25c8:1946]/hook",
+    "https://user:secret@example.com/hook",
+    "https://example.com:8443/hook?x=1",
+    "HTTPS://Example.COM/hook",
+    "https://8.8.8.8/",
+]
+
+
+@pytest.mark.parametrize(("url", "rule"), REFUSED)
+def test_netguard_refuses_non_public_sinks_naming_the_rule(url: str, rule: str) -> None:
+    refusal = netguard.sink_refusal(url)
+    assert refusal is not None and rule in refusal, (url, refusal)
+    if rule in ("loopback", "private", "link-local", "multicast", "unspecified", "reserved"):
+        assert "--allow-sink" in refusal  # the sentence says how an operator would allow it
+
+
+@pytest.mark.parametrize("url", ACCEPTED)
+def test_netguard_accepts_public_sinks(url: str) -> None:
+    assert netguard.sink_refusal(url) is None
+    assert netguard.sink_refusal(url, resolve=lambda host: ["93.184.216.34"]) is None
+
+
+def test_netguard_allow_list_takes_addresses_networks_and_names() -> None:
+    assert netguard.sink_refusal("http://127.0.0.1:9000/hook", ["127.0.0.1"]) is None
+    assert (
+        netguard.sink_refusal("http://127.1:9000/hook", ["127.0.0.1"]) is None
+    )  # same address, spelled oddly
+    assert netguard.sink_refusal("http://[::ffff:127.0.0.1]/hook", ["127.0.0.1"]) is None
+    assert netguard.sink_refusal("http://[::1]/hook", ["[::1]"]) is None
+    assert netguard.sink_refusal("http://10.2.3.4/hook", ["10.0.0.0/8"]) is None
+    assert netguard.sink_refusal("http://[fd00::5]/hook", ["fd00::/8"]) is None
+    assert netguard.sink_refusal("http://localhost:9000/hook", ["localhost"]) is None
+    assert netguard.sink_refusal("http://hooks.internal/hook", ["HOOKS.internal."]) is None
+    # Controls: an allowance covers what it names and nothing else.
+    assert "loopback" in (netguard.sink_refusal("http://127.0.0.2/hook", ["127.0.0.1"]) or "")
+    assert "private" in (netguard.sink_refusal("http://11.0.0.1/x", ["10.0.0.0/8"]) or "private")
+    assert "private" in (netguard.sink_refusal("http://192.168.0.1/hook", ["10.0.0.0/8"]) or "")
+    assert "loopback" in (netguard.sink_refusal("http://[::1]/hook", ["127.0.0.1"]) or "")
+    assert "loopback" in (netguard.sink_refusal("http://a.localhost/hook", ["localhost"]) or "")
+    assert netguard.sink_refusal("http://10.0.0.1/hook", ["example.com"]) is not None
+    # An allowed name is trusted whatever it resolves to; an allowed address only for that address.
+    assert (
+        netguard.sink_refusal("http://hooks.corp/h", ["hooks.corp"], resolve=lambda h: ["10.9.9.9"]) is None
+    )
+    refusal = netguard.sink_refusal("http://hooks.corp/h", ["10.0.0.1"], resolve=lambda h: ["10.9.9.9"])
+    assert refusal is not None and "10.9.9.9" in refusal
+    assert netguard.check_allow_entry("10.0.0.0/8") is None and netguard.check_allow_entry("::1") is None
+    assert netguard.check_allow_entry("hooks.corp") is None
+    assert netguard.check_allow_entry("10.0.0.0/99") is not None
+
+
+def test_netguard_judges_every_resolved_address() -> None:
+    url = "https://hook.example.com/h"
+    assert netguard.sink_refusal(url) is None  # without I/O a public-looking name passes (subscribe time)
+    ok = netguard.sink_refusal(url, resolve=lambda h: ["93.184.216.34", "2606:2800:220:1::1"])
+    assert ok is None
+    for bad, rule in [
+        (["93.184.216.34", "10.0.0.1"], "private"),  # any disallowed address refuses
+        (["169.254.169.254"], "link-local"),
+        (["::ffff:127.0.0.1"], "loopback"),
+        (["fe80::1%eth0"], "link-local"),
+        (["0.0.0.0"], "unspecified"),
+    ]:
+        refusal = netguard.sink_refusal(url, resolve=lambda h, bad=bad: bad)
+        assert refusal is not None and rule in refusal and "hook.example.com" in refusal, (bad, refusal)
+    assert "no address" in (netguard.sink_refusal(url, resolve=lambda h: []) or "")
+
+    def failing(host: str) -> list[str]:
+        raise socket.gaierror("Name or service not known")
+
+    assert "could not be resolved" in (netguard.sink_refusal(url, resolve=failing) or "")
+    # The resolver is asked for the URL's real host, never the userinfo.
+    asked: list[str] = []
+    netguard.sink_refusal(
+        "https://127.0.0.1@hook.example.com/h", resolve=lambda h: asked.append(h) or ["8.8.8.8"]
+    )
+    assert asked == ["hook.example.com"]
+
+
+def test_netguard_loose_ipv4_matches_what_resolvers_accept() -> None:
+    for text in ["127.1", "2130706433", "0x7f.1", "0x7f000001", "0177.0.0.1", "127.0.1", "127.0.0.1"]:
+        assert str(netguard.parse_ipv4_loose(text)) == socket.inet_ntoa(socket.inet_aton(text)), text
+    for text in ["256.0.0.1", "1.2.3.4.5", "example.com", "1e3", "08.0.0.1", "", "1..2"]:
+        assert netguard.parse_ipv4_loose(text) is None, text
+
+
+def _self_signed(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A throwaway certificate for `name` (openssl CLI), used as its own CA by the test's client."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            f"/CN={name}",
+            "-addext",
+            f"subjectAltName=DNS:{name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_push_over_tls_pins_the_address_but_names_the_host_in_sni_and_verification(
+    engine: Engine, network: NetworkGuard, tmp_path: Path
+) -> None:
+    import ssl
+
+    cert, key = _self_signed(tmp_path, "hook.example")
+    receiver = Receiver()
+    server = serve_receiver(receiver)
+    server_names: list[str | None] = []
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    context.sni_callback = lambda sock, name, ctx: server_names.append(name)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    port = server.server_address[1]
+    owner, subscribed = await setup(engine, f"https://hook.example:{port}/hook")
+    receiver.secret = subscribed["sink_secret"]
+    seqs = await publish(engine, owner, "tls")
+    client = httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(cert)), trust_env=False)
+    pusher = Pusher(
+        engine.call, engine.service, http=client, backoff=lambda a: 0.01, resolve=FakeDNS("127.0.0.1")
+    )
+    task = asyncio.create_task(pusher.run())
+    try:
+        await wait_in_thread(lambda: receiver.wait_for(lambda: receiver.seqs() == seqs))
+        assert server_names and set(server_names) == {"hook.example"}  # SNI names the sink, not 127.0.0.1
+        assert receiver.hosts == [f"hook.example:{port}"]
+        assert network.requests == [f"https://127.0.0.1:{port}/hook"] and network.foreign() == []
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
+        server.shutdown()

@@ -22,7 +22,7 @@ def test_mp_serve_pushes_signed_batches_and_commits_only_what_was_received(tmp_p
     receiver = Receiver(script=[500, 502])
     sink_server = serve_receiver(receiver)
     sink = f"http://127.0.0.1:{sink_server.server_address[1]}/hook"
-    base, proc = start_server(tmp_path)
+    base, proc = start_server(tmp_path, "--allow-sink", "127.0.0.1")  # the receiver is on loopback
     port = base.rsplit(":", 1)[1]
     try:
         with Client(base) as c:
@@ -44,7 +44,7 @@ def test_mp_serve_pushes_signed_batches_and_commits_only_what_was_received(tmp_p
         receiver.wait_for(lambda: receiver.attempts > seen)
         stop_server(proc)
         assert receiver.seqs() == first
-        base, proc = start_server(tmp_path, "--port", port)
+        base, proc = start_server(tmp_path, "--port", port, "--allow-sink", "127.0.0.1")
         assert (
             committed(base, sub.subscription.id, sub.token) == first[-1] + 1
         )  # nothing committed unreceived

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 from monitor_protocol.push import verify
-from serverutil import running_server
+from serverutil import mp_command, mp_env, running_server, server_log
 
 
 class Sink:
@@ -39,7 +40,11 @@ class Sink:
 def test_mp_serve_pushes_signed_batches_and_commits_them(tmp_path):
     sink = Sink()
     try:
-        with running_server(tmp_path, "--db", str(tmp_path / "push.db")) as (base, _proc):
+        # The sink is on loopback: push refuses it unless the operator allows it (PROTOCOL.md section 9).
+        with running_server(tmp_path, "--db", str(tmp_path / "push.db"), "--allow-sink", "127.0.0.1") as (
+            base,
+            _proc,
+        ):
             api = base + "/mp/v0"
             owner = httpx.post(f"{api}/monitors", json={"id": "ci", "types": ["com.example.ci.run"]}).json()[
                 "owner_token"
@@ -79,3 +84,47 @@ def test_mp_serve_pushes_signed_batches_and_commits_them(tmp_path):
             assert info is not None and info["cursor"] == seq + 1 and info["lag"] == 0  # committed on 2xx
     finally:
         sink.server.shutdown()
+
+
+def test_mp_serve_refuses_non_public_sinks_unless_allowed(tmp_path):
+    """Every sink here is on loopback or refused before anything is sent: no test traffic leaves the machine."""
+    sink = Sink()
+    try:
+        with running_server(tmp_path, "--allow-sink", "127.0.0.0/8") as (base, proc):
+            api = base + "/mp/v0"
+            owner = httpx.post(f"{api}/monitors", json={"id": "ci", "types": ["com.example.ci.run"]}).json()[
+                "owner_token"
+            ]
+            for url in (
+                "http://[::1]:9/hook",
+                "http://169.254.169.254/latest/meta-data",
+                "http://10.0.0.1/h",
+            ):
+                r = httpx.post(
+                    f"{api}/subscriptions",
+                    json={"monitor": "ci", "subscriber": "webhook:r", "protocol": "http", "sink": url},
+                    headers={"authorization": f"Bearer {owner}"},
+                )
+                assert r.status_code == 400, r.text
+                assert r.json()["code"] == "INVALID" and "--allow-sink" in r.json()["error"]
+            # Positive control: a loopback sink inside the allowed network is accepted.
+            r = httpx.post(
+                f"{api}/subscriptions",
+                json={"monitor": "ci", "subscriber": "webhook:ok", "protocol": "http", "sink": sink.url},
+                headers={"authorization": f"Bearer {owner}"},
+            )
+            assert r.status_code == 201, r.text
+        assert "push sinks allowed beyond public addresses: 127.0.0.0/8" in server_log(proc)
+    finally:
+        sink.server.shutdown()
+
+
+def test_mp_serve_refuses_an_unusable_allow_sink_entry(tmp_path):
+    done = subprocess.run(
+        mp_command("serve", "--db", str(tmp_path / "x.db"), "--port", "0", "--allow-sink", "10.0.0.0/99"),
+        env=mp_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--allow-sink" in done.stderr

@@ -13,6 +13,16 @@ Nothing is committed that the sink did not acknowledge with a 2xx, and a worker 
 request in flight for its subscription. Workers sleep until an append wakes them (`service.add_listener`);
 the set of push subscriptions is re-read on every wake and every few seconds.
 
+Sink guard (PROTOCOL.md section 9): before every POST the sink's host is resolved again (in a thread) and
+`netguard.sink_refusal` judges the URL and every address it resolves to against the operator's allow-list
+(`service.allowed_sinks`, from `mp serve --allow-sink`). A refused sink gets no request at all: the refusal is
+logged and retried with the same backoff as a failed delivery, and the cursor does not move.
+To keep the window between that check and the connection closed (DNS rebinding), the POST connects to the
+vetted address itself: the URL's host is replaced by the address, while the `Host` header and the TLS SNI /
+certificate check (httpx's `sni_hostname` request extension) still name the sink's own host. Each sink host
+gets its own client, so a TLS connection verified for one name is never reused for another name that happens
+to share its address.
+
 Signing (Standard Webhooks): `webhook-id` is `<subscription>:<first seq>-<last seq>` (stable while the same
 batch is retried, so a receiver can de-duplicate), `webhook-timestamp` is Unix seconds, and
 `webhook-signature` is `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>` where `key` is the base64
@@ -30,11 +40,12 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import httpx
 
+from . import netguard
 from .errors import ProtocolError
 
 log = logging.getLogger("monitor_protocol.push")
@@ -91,10 +102,18 @@ class Pusher:
         rescan_seconds: float = RESCAN_SECONDS,
         backoff: Callable[[int], float] = backoff,
         clock: Callable[[], float] = time.time,
+        allowed_sinks: Collection[str] | None = None,
+        resolve: Callable[[str], list[str]] = netguard.resolve_host,
     ) -> None:
         self.call = call
         self.service = service
+        # An injected client serves every sink (tests); otherwise one owned client per sink host.
         self.http = http
+        self._clients: dict[tuple[str, str, int | None], httpx.AsyncClient] = {}
+        if allowed_sinks is None:
+            allowed_sinks = getattr(service, "allowed_sinks", None) or ()
+        self.allowed_sinks: tuple[str, ...] = tuple(allowed_sinks)
+        self.resolve = resolve
         self.limit = limit
         self.rescan_seconds = rescan_seconds
         self.backoff = backoff
@@ -127,9 +146,6 @@ class Pusher:
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        own_http = self.http is None
-        if self.http is None:
-            self.http = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_SECONDS, follow_redirects=False)
         await self.call(self.service.add_listener, self._appended)
         try:
             while True:
@@ -149,8 +165,9 @@ class Pusher:
                     await self.call(remove, self._appended)
                 except Exception:
                     log.exception("removing the push listener failed")
-            if own_http:
-                await self.http.aclose()
+            clients, self._clients = list(self._clients.values()), {}
+            for client in clients:
+                await client.aclose()
 
     async def rescan(self) -> None:
         targets = {t["id"]: t for t in await self.call(self.service.push_targets)}
@@ -210,12 +227,14 @@ class Pusher:
             "webhook-signature": sign(target.get("sink_secret") or "", msg_id, timestamp, body),
             "user-agent": "monitor-protocol-push/0.1",
         }
-        http = self.http or httpx.AsyncClient(timeout=REQUEST_TIMEOUT_SECONDS, follow_redirects=False)
-        self.http = http
-        try:
-            response = await http.post(target["sink"], content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            log.info("push %s: sink %s did not answer (%s); will retry", sub_id, target["sink"], exc)
+        sink = target["sink"]
+        plan = await self.vet(sink)
+        if isinstance(plan, str):
+            log.warning("push %s: sink %s refused, nothing sent (%s); will retry", sub_id, sink, plan)
+            return "retry"
+        response = await self.post(sink, plan, body, headers)
+        if isinstance(response, str):
+            log.info("push %s: sink %s did not answer (%s); will retry", sub_id, sink, response)
             return "retry"
         if 200 <= response.status_code < 300:
             try:
@@ -236,6 +255,72 @@ class Pusher:
             return "stop"
         log.info("push %s: sink answered %s; will retry", sub_id, response.status_code)
         return "retry"
+
+    # -- the sink guard ----------------------------------------------------------------------------------
+
+    async def vet(self, sink: str) -> list[str] | str:
+        """The addresses a delivery to ``sink`` may connect to, resolved now; or why it may not happen."""
+        try:
+            url = httpx.URL(sink)
+            host = url.raw_host.decode("ascii")
+        except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
+            return f"the sink {sink!r} is not a URL the HTTP client accepts ({exc})"
+        seen = netguard.sink_host(sink)
+        if seen is None or not _same_host(seen, url.host):
+            # The guard and the client must judge and call the same host (no parser differential).
+            return f"the sink URL {sink!r} names its host ambiguously; send a plain https:// or http:// URL"
+        refusal = netguard.sink_refusal(sink, self.allowed_sinks)
+        if refusal is not None:
+            return refusal
+        try:
+            addresses = await asyncio.to_thread(self.resolve, host)
+        except (OSError, UnicodeError) as exc:
+            return f"sink host {host} could not be resolved ({exc})"
+        refusal = netguard.sink_refusal(sink, self.allowed_sinks, resolve=lambda _host: addresses)
+        if refusal is not None:
+            return refusal
+        return addresses
+
+    def _client(self, url: httpx.URL) -> httpx.AsyncClient:
+        if self.http is not None:
+            return self.http
+        key = (url.scheme, url.host, url.port)
+        client = self._clients.get(key)
+        if client is None:
+            client = httpx.AsyncClient(
+                timeout=REQUEST_TIMEOUT_SECONDS, follow_redirects=False, trust_env=False
+            )
+            self._clients[key] = client
+        return client
+
+    async def post(
+        self, sink: str, addresses: list[str], body: bytes, headers: dict[str, str]
+    ) -> httpx.Response | str:
+        """POST to the vetted addresses in turn (the next only when a connection could not be made at all)."""
+        url = httpx.URL(sink)
+        pinned_headers = {**headers, "host": url.netloc.decode("ascii")}
+        extensions = {}
+        if url.scheme == "https" and netguard.parse_ip(url.host) is None:
+            extensions["sni_hostname"] = url.host  # TLS names and verifies the sink's host, not the address
+        client = self._client(url)
+        failure = "no address to connect to"
+        for address in addresses:
+            try:
+                return await client.post(
+                    url.copy_with(host=address), content=body, headers=pinned_headers, extensions=extensions
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                failure = f"{address}: {exc}"  # nothing reached the sink: the next address may answer
+            except httpx.HTTPError as exc:
+                return f"{address}: {exc}"
+        return failure
+
+
+def _same_host(a: str, b: str) -> bool:
+    ip_a, ip_b = netguard.parse_ip(a), netguard.parse_ip(b)
+    if ip_a is not None or ip_b is not None:
+        return ip_a == ip_b
+    return a.lower().rstrip(".") == b.lower().rstrip(".")
 
 
 async def delivery_task(app: Any) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..errors import ProtocolError
+from ..errors import ProtocolError, internal_failure
 from .messages import Request, Response
 from .rest import bearer
 
@@ -45,7 +45,7 @@ SSE_RETRY_MS = 3000
 SSE_HEARTBEAT_SECONDS = 5.0
 SSE_PAGE = 200
 SWEEP_INTERVAL_SECONDS = 1.0
-PROBE_CURSOR = 1 << 62  # a replay cursor past any head: reads nothing, reports the committed cursor
+PROBE_CURSOR = (1 << 53) - 1  # a replay cursor past any head (and within the wire's 0..2^53 integers)
 
 DISCARD_BYTES = 64 << 20  # how much of a refused body is read and dropped so the 413 reaches the client
 DISCARD_SECONDS = 5.0
@@ -67,19 +67,13 @@ class ClientGone(Exception):
 
 
 def error_response(err: ProtocolError, headers: dict[str, str] | None = None) -> Response:
-    return Response(err.status, err.body(), dict(headers or {}))
+    """The refusal as a response, with the transport headers it asks for (Retry-After on a 503)."""
+    return Response(err.status, err.body(), {**err.headers, **(headers or {})})
 
 
 def _internal_error_response(incident: str) -> Response:
-    # The protocol has no 500: an unexpected failure is answered with a protocol error that says what happened.
-    err = ProtocolError(
-        "INVALID",
-        f"the server could not handle this request (incident {incident}, logged on the server); "
-        "check the request against /mp/v0/discover and PROTOCOL.md section 5, and report the incident "
-        "if a valid request keeps failing",
-        incident=incident,
-    )
-    return error_response(err)
+    # A bug is not bad input (PROTOCOL.md section 10): 503 UNAVAILABLE with Retry-After, naming the incident.
+    return error_response(internal_failure(incident))
 
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
