@@ -14,7 +14,9 @@ def mint(prefix: str) -> str:
 
 
 def digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    # surrogatepass: a token that is not Unicode text (a lone surrogate from an in-page door) still hashes,
+    # to a digest no minted token has, so it is a plain 401, never a crash.
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def matches(token: str | None, stored_hash: str | None) -> bool:

@@ -119,3 +119,15 @@ def bounded_raw(value: Any) -> dict[str, Any]:
         "raw_bytes": size,
         "raw_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
     }
+
+
+def scrub(value: Any) -> Any:
+    """An error body echoes what the caller sent (a path, an id, an Origin); a lone surrogate there, which only
+    an in-process door can deliver, becomes U+FFFD so the reply is still UTF-8 JSON."""
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value

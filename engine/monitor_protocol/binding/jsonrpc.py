@@ -63,7 +63,8 @@ for _action in ("claim", "renew", "complete", "release", "reject"):
 
 
 def _error(id_: Any, code: int, message: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message, "data": data}}
+    error = {"code": code, "message": message, "data": data}
+    return {"jsonrpc": "2.0", "id": wire.scrub(id_), "error": wire.scrub(error)}
 
 
 def _invalid_body(message: str) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def call_one(service: MonitorService, msg: Any, bearer: str | None) -> dict[str,
         incident = uuid.uuid4().hex[:12]
         log.exception("incident %s: unexpected error in JSON-RPC %s", incident, msg["method"])
         err = internal_failure(incident)
-        return None if is_notification else _error(id_, -32603, err.message, err.body())
+        return None if is_notification else _error(id_, err.jsonrpc_code, err.message, err.body())
     return None if is_notification else {"jsonrpc": "2.0", "id": id_, "result": result}
 
 

@@ -42,7 +42,7 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
 
 
 def error_response(err: ProtocolError) -> Response:
-    return Response(err.status, err.body(), dict(err.headers))
+    return Response(err.status, wire.scrub(err.body()), dict(err.headers))
 
 
 def bearer(req: Request) -> str | None:
