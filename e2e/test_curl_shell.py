@@ -75,7 +75,7 @@ def test_the_quickstart_runs_verbatim():
 
     out = c.run(blocks[3])
     sub_id = c.shell.env["SUB_ID"]
-    assert re.fullmatch(r"sub-[0-9a-f]{8}", sub_id) and kinds(out, "out") == [f"subscription {sub_id}\n"]
+    assert re.fullmatch(r"sub-[0-9a-f]{16}", sub_id) and kinds(out, "out") == [f"subscription {sub_id}\n"]
 
     out = c.run(blocks[4])
     assert "'status': 'failed'" in kinds(out, "out")[0]  # print() of a dict, as python3 -c would

@@ -286,7 +286,7 @@ def test_curl_console_runs_the_readme_quickstart_verbatim(browser):
     r = run_in_console(page, blocks[3])
     assert r["statuses"] == [201] and r["errors"] == []
     sub_id = r["out"][0].removeprefix("subscription ").strip()
-    assert re.fullmatch(r"sub-[0-9a-f]{8}", sub_id)
+    assert re.fullmatch(r"sub-[0-9a-f]{16}", sub_id)
     # 5. pull: the observation comes back, printed as python3 -c "print(...)" would
     r = run_in_console(page, blocks[4])
     assert r["statuses"] == [200] and r["errors"] == []
