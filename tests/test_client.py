@@ -234,7 +234,10 @@ def test_cli_round_trip_with_env_tokens(base: str) -> None:
         env=env,
     )
     assert pub.returncode == 0 and pub.stdout.startswith("published seq="), pub.stderr
-    sub = mp(base, "subscribe", "clim", "--subscriber", "agent:cli", "--capability", "act", "--json", env=env)
+    sub = mp(
+        base, "subscribe", "clim", "--subscriber", "agent:cli", "--capability", "observe", "--capability", "act",
+        "--json", env=env,
+    )  # fmt: skip
     assert sub.returncode == 0, sub.stderr
     sub_body = json.loads(sub.stdout)
     sid = sub_body["subscription"]["id"]

@@ -265,10 +265,10 @@ class PausedAcceptsWrites(MonitorService):
             self._forced = rec
         return rec
 
-    def _publish(self, monitor_id, body, token):
+    def _publish(self, monitor_id, body, token, header_key=None):
         self._forced = None
         try:
-            return super()._publish(monitor_id, body, token)
+            return super()._publish(monitor_id, body, token, header_key)
         finally:
             if self._forced is not None:
                 self._forced["_status"] = "paused"
@@ -425,7 +425,7 @@ def _filter_text_unbounded(mp: pytest.MonkeyPatch) -> None:
 
 def _unicode_digits(mp: pytest.MonkeyPatch) -> None:
     """Section 10 broken: any Unicode digit (\u00b2) or padded text counts as an integer."""
-    mp.setattr(validation_mod, "_ascii_integer", lambda text: text.strip().lstrip("-").isdigit())
+    mp.setattr(validation_mod, "is_digits", lambda text: text.strip().lstrip("-+").isdigit())
 
     real = validation_mod.as_int
 
@@ -452,7 +452,7 @@ def _no_revocation(mp: pytest.MonkeyPatch) -> None:
 
 def _expiry_not_counted(mp: pytest.MonkeyPatch) -> None:
     """Section 8 broken: an expired lease does not count as an attempt."""
-    mp.setitem(leases_mod.LEASE_TRANSITIONS, ("held", "expired"), ("free", False))
+    mp.setitem(leases_mod.COUNTS_AS_ATTEMPT, "expired", False)
 
 
 def _no_idempotency(mp: pytest.MonkeyPatch) -> None:

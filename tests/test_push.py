@@ -675,3 +675,42 @@ async def test_push_over_tls_pins_the_address_but_names_the_host_in_sni_and_veri
         await asyncio.gather(task, return_exceptions=True)
         await client.aclose()
         server.shutdown()
+
+
+async def test_push_goes_on_past_a_bounded_scan_that_found_nothing_for_it() -> None:
+    """A filtered push subscription behind more non-matching rows than one pull examines (SCAN_BUDGET):
+    the pusher commits past them and delivers what follows, instead of idling on an empty page forever."""
+    from enginekit import Harness
+    from monitor_protocol.store.memory import MemoryStore
+    from monitor_protocol.vocab import SCAN_BUDGET
+
+    h = Harness(MemoryStore())
+    owner = h.monitor("ci", types=["com.a.x", "com.b.y"])
+    sub = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "ci", "subscriber": "hook:ci", "protocol": "http", "sink": "https://example.com/hook",
+         "filter": {"types": ["com.a.x"]}},
+        owner,
+    )  # fmt: skip
+    assert sub.status == 201, sub.body
+    sid = sub.body["subscription"]["id"]
+    for _ in range(SCAN_BUDGET + 200):
+        h.publish("ci", owner, type="com.b.y")
+    needle = h.publish("ci", owner, type="com.a.x", subject="needle").body["seq"]
+    posted: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted.append(json.loads(request.content))
+        return httpx.Response(200)
+
+    async def call(fn, *args):
+        return fn(*args)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))  # no socket is ever opened
+    pusher = Pusher(call, h.service, http=client, resolve=lambda host: ["93.184.216.34"])
+    pusher.targets = {t["id"]: t for t in h.service.push_targets()}
+    outcomes = [await pusher.deliver_once(sid) for _ in range(3)]
+    await client.aclose()
+    assert [o["subject"] for batch in posted for o in batch["observations"]] == ["needle"], outcomes
+    assert h.store.get_subscription(sid)["cursor"] == needle + 1

@@ -414,24 +414,37 @@ def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
     for i in range(SCAN_BUDGET * 2 + 10):
         h.publish("ci", tok, type=B, subject=f"noise-{i}")
     target = h.publish("ci", tok, type=A, subject="needle").body["seq"]
-    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
-    seen: list[str] = []
-    rounds = 0
-    while not seen:
-        rounds += 1
-        r = h.pull(sid, rtok, limit=1)
-        assert r.status == 200
-        seen = [o["subject"] for o in r.body["observations"] if o["type"] == A]
-        if not seen:
-            assert r.body["scan_capped"] is True and r.body["lag_capped"] is True
-            assert r.body["next"] <= target  # nothing unexamined is skipped
-        assert h.ack(sid, rtok, r.body["next"]).status == 200
-    assert seen == ["needle"] and 2 <= rounds <= 4
-    caught_up = h.pull(sid, rtok)
-    assert caught_up.body["lag"] == 0 and "lag_capped" not in caught_up.body
+    for acking in (True, False):  # a reader that never acks an empty page (push, watch, SSE) goes on too
+        sid, rtok = h.subscribe("ci", tok, subscriber=f"agent:acking-{acking}", filter={"types": [A]})
+        pages = []
+        while not pages or not pages[-1]["observations"]:
+            r = h.pull(sid, rtok, limit=1)
+            assert r.status == 200
+            pages.append(r.body)
+            if acking:
+                assert h.ack(sid, rtok, r.body["next"]).status == 200
+            assert len(pages) <= 4, "a bounded pull must still make progress"
+        assert [o["subject"] for o in pages[-1]["observations"]] == ["needle"]
+        assert len(pages) >= 3  # 2,000 rows of noise at most 1,000 rows a pull
+        for page in pages[:-1]:
+            assert page["scan_capped"] is True and page["observations"] == []
+            assert page["next"] <= target  # acking it skips nothing unexamined
+        assert pages[0]["lag_capped"] is True  # the count, too, stops at the budget: an upper bound
+        assert "scan_capped" not in pages[-1]
+    caught_up = h.pull(sid, rtok, cursor=target + 1)
+    assert caught_up.body["observations"] == []
     unfiltered_id, unfiltered_tok = h.subscribe("ci", tok, subscriber="agent:all")
     exact = h.pull(unfiltered_id, unfiltered_tok, limit=1).body
     assert exact["lag"] == exact["head"] and "scan_capped" not in exact  # positive control
+
+
+def test_a_filter_array_costs_one_haystack_per_row_and_holds_at_most_16_objects(h):
+    h.monitor("ci", visibility="public")
+    many = [{"text": f"zq{i}"} for i in range(17)]
+    r = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:x", "filter": many})
+    assert r.status == 400 and "16" in r.body["error"]
+    ok = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:x", "filter": many[:16]})
+    assert ok.status == 201
 
 
 # ---- section 10: internal failures are not bad input -------------------------------------------------
@@ -539,3 +552,149 @@ def test_an_operator_may_allow_an_internal_sink():
         {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": "http://127.0.0.1:18999/hook"}, tok,
     )  # fmt: skip
     assert r.status == 201
+
+
+# ---- what the review of this change found, each with its control ---------------------------------------
+
+
+def test_a_monitor_definition_and_its_configured_rows_are_bounded(h):
+    for bad in (
+        {"id": "m1", "reason": "x" * 2000},
+        {"id": "m2", "name": "x" * 257},
+        {"id": "m3", "types": ["a." + "b" * 300]},
+        {"id": "m4", "cadence": {"note": "x" * 9000}},
+        {"id": "m5", "owner": "system:sweep"},
+    ):
+        r = h.call("POST", "/monitors", bad)
+        assert r.status == 400 and r.body["code"] == "INVALID", (bad, r.body)
+    tok = h.monitor("ci", cadence={"note": "x" * 3000}, reason="r" * 1024)
+    r = h.call("POST", "/monitors/ci/update", {"patch": {"cadence": {"note": "y" * 3000}}}, tok)
+    assert r.status == 200
+    too_big = h.call(
+        "POST",
+        "/monitors/ci/update",
+        {"patch": {"rules": [{"id": "r" * 9000, "when": {}, "then": "x"}]}},
+        tok,
+    )
+    assert too_big.status == 400 and "8192" in too_big.body["error"]
+    for row in h.service.read_log("ci", 1, 200)["observations"]:
+        assert rows_size(row) < 24_000, row["type"]
+
+
+def test_integer_spellings_are_refused_in_filters_and_bodies_too(h):
+    tok = h.monitor("ci", visibility="public")
+    for bad in ("²", "٣", " 3", "-0", 3.0):
+        r = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "a", "filter": {"limit": bad}})
+        assert r.status == 400 and r.body["code"] == "INVALID_FILTER", (bad, r.body)
+    assert (
+        h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "a", "filter": {"limit": 3}}).status
+        == 201
+    )
+    h.publish("ci", tok)
+    sid, rtok = h.subscribe("ci", tok, subscriber="b")
+    for bad in ("-0", "+1"):
+        assert h.pull(sid, rtok, cursor=bad).status == 400
+    for bad in (1.0, "2", True):
+        r = h.ack(sid, rtok, bad)
+        assert r.status == 400 and r.body["code"] == "INVALID", bad
+    assert h.ack(sid, rtok, 2).status == 200
+
+
+def test_times_outside_rfc_3339_years_are_refused_and_early_years_are_four_digits(h):
+    tok = h.monitor("ci")
+    r = h.publish("ci", tok, time="0001-01-01T00:00:00+23:59")  # before year 1 once in UTC
+    assert r.status == 400 and r.body["code"] == "INVALID" and "rejected_seq" in r.body
+    early = h.publish("ci", tok, time="0001-01-01T00:00:00Z")
+    assert early.status == 201 and early.body["observation"]["time"] == "0001-01-01T00:00:00.000Z"
+    sid, rtok = h.subscribe("ci", tok, filter={"until": "0002-01-01T00:00:00Z", "types": [A]})
+    assert [o["id"] for o in h.pull(sid, rtok).body["observations"]] == [early.body["observation"]["id"]]
+
+
+def test_a_lease_freed_by_a_retirement_after_its_time_ran_out_counts_as_an_attempt(h):
+    tok = h.monitor(
+        "ci", visibility="public", capabilities=["observe", "act"], default_grant=["observe", "act"]
+    )
+    h.publish("ci", tok, subject="job")
+    sid, rtok = h.subscribe("ci", None, capabilities=["observe", "act"], retire_after_mute_seconds=120)
+    claim = h.call(
+        "POST", f"/subscriptions/{sid}/leases/claim", {"subject": "job", "lease_duration_seconds": 60}, rtok
+    )
+    assert claim.status == 201
+    h.clock.advance(200)  # the worker died holding it, and went silent
+    h.call("GET", "/monitors")  # any engine call runs the due sweep first
+    assert h.store.get_lease("ci", "job")["attempts"] == 1
+    actions = [
+        o["data"]["payload"]["action"]
+        for o in h.service.read_log("ci", 1, 200)["observations"]
+        if o["type"].endswith(".lease")
+    ]
+    assert actions == ["claim", "expired"]
+    # control: a retirement while the lease is still alive gives the work back without counting
+    sid2, rtok2 = h.subscribe("ci", None, subscriber="agent:second", capabilities=["observe", "act"])
+    assert h.call("POST", f"/subscriptions/{sid2}/leases/claim", {"subject": "job"}, rtok2).status == 201
+    assert h.call("POST", f"/subscriptions/{sid2}/retire", {}, rtok2).status == 200
+    assert h.store.get_lease("ci", "job")["attempts"] == 1
+
+
+def test_a_capped_scan_never_emits_the_relist_bookmark_early(h):
+    tok = h.monitor("ci", types=[A, B])
+    for _ in range(10):
+        h.publish("ci", tok, type=A)
+    for _ in range(SCAN_BUDGET + 500):
+        h.publish("ci", tok, type=B)
+    needle = h.publish("ci", tok, type=A, subject="needle").body["seq"]
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]}, reset_policy="earliest")
+    assert h.call("POST", "/admin/compact", {"monitor": "ci", "upto_seq": 5}, "admin-token").status == 200
+    delivered: list[tuple[int, str, bool]] = []
+    for _ in range(6):
+        body = h.pull(sid, rtok).body
+        delivered += [(int(o["id"]), o["type"], bool(o.get("redelivered"))) for o in body["observations"]]
+        h.ack(sid, rtok, body["next"])
+        if any(t.endswith(".bookmark") for _, t, _ in delivered):
+            break
+    seqs = [s for s, _, _ in delivered]
+    assert needle in seqs and seqs.index(needle) < len(seqs) - 1  # the bookmark comes last, after the needle
+    assert delivered[-1][1] == "ai.mentu.monitor.bookmark"
+    assert not any(r for _, _, r in delivered)  # nothing was marked redelivered on its first delivery
+
+
+def test_observe_is_what_reads(h):
+    tok = h.monitor(
+        "ci", visibility="public", capabilities=["observe", "act"], default_grant=["observe", "act"]
+    )
+    h.publish("ci", tok)
+    blind, blind_tok = h.subscribe("ci", None, subscriber="agent:blind", capabilities=["act"])
+    r = h.pull(blind, blind_tok)
+    assert r.status == 403 and r.body["code"] == "CAPABILITY_MISSING"
+    reader, reader_tok = h.subscribe("ci", None, subscriber="agent:reader")
+    assert h.pull(reader, reader_tok).status == 200  # control
+    h.call("POST", "/monitors/ci/update", {"patch": {"capabilities": ["act"], "default_grant": []}}, tok)
+    assert h.pull(reader, reader_tok).status == 403  # narrowing observe away revokes reading
+
+
+def test_the_subscribe_token_grants_the_monitors_capabilities_on_a_public_monitor_too(h):
+    r = h.call(
+        "POST", "/monitors",
+        {"id": "ci", "owner": "human:you", "visibility": "public", "subscribe_token": True,
+         "capabilities": ["observe", "act"]},
+    )  # fmt: skip
+    sub_tok = r.body["subscribe_token"]
+    ok = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:w", "capabilities": ["observe", "act"]},
+        sub_tok,
+    )
+    assert ok.status == 201
+    anon = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:x", "capabilities": ["observe", "act"]},
+    )
+    assert anon.status == 403 and anon.body["code"] == "CAPABILITY_MISSING"  # control: no token, no act
+
+
+def test_a_bad_idempotency_key_is_logged_like_every_publish_refusal(h):
+    tok = h.monitor("ci")
+    r = h.publish("ci", tok, idempotency_key="x" * 200)
+    assert r.status == 400 and "rejected_seq" in r.body

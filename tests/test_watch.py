@@ -375,3 +375,32 @@ def test_a_failing_proxy_is_down_not_fatal(tmp_path: Path, watchers: list[Watche
     finally:
         proxy.shutdown()
         stop_server(proc)
+
+
+def test_watch_goes_on_past_more_non_matching_rows_than_one_pull_examines(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """A filtered feed behind more noise than a bounded pull examines (SCAN_BUDGET): the watch still prints
+    the observation that follows, though it never acks an empty page."""
+    from monitor_protocol.vocab import SCAN_BUDGET
+
+    base, proc = start_server(tmp_path)
+    try:
+        with Client(base) as c:
+            owner = c.create_monitor("ci", types=[TYPE, "com.example.noise"]).owner_token
+            sub = c.subscribe("ci", "agent:watcher", token=owner, filter={"types": [TYPE]})
+        calls = [
+            {"jsonrpc": "2.0", "id": i, "method": "monitors/publish",
+             "params": {"id": "ci", "type": "com.example.noise", "token": owner}}
+            for i in range(100)
+        ]  # fmt: skip
+        with httpx.Client(base_url=base + "/mp/v0") as raw:
+            for _ in range(SCAN_BUDGET // 100 + 3):
+                assert raw.post("/rpc", json=calls).status_code == 200
+        (needle,) = publish(base, owner, "needle")
+        w = Watcher(sub.subscription.id, "--token", sub.token, "--base", base, "--wait", "5")
+        watchers.append(w)
+        assert w.obs(1) == [(needle, "needle", False)]
+        wait_committed(base, sub.subscription.id, sub.token, needle + 1)
+    finally:
+        stop_server(proc)

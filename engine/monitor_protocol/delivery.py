@@ -26,7 +26,6 @@ from .vocab import (
     DEFAULT_LIMIT,
     LAG_COUNT_CAP,
     MAX_ACTIVE_SUBSCRIPTIONS,
-    MAX_INTEGER,
     MAX_LIMIT,
     PROTOCOLS,
     RESET_POLICIES,
@@ -52,7 +51,8 @@ class DeliveryRules(ServiceCore):
         subscriber = check_actor(body.get("subscriber"), "subscriber")
         existing = self.store.find_subscription(monitor_id, subscriber)
         is_owner = tokens.matches(token, rec["_owner_hash"])
-        is_sub_token = rec["visibility"] == "shared" and tokens.matches(token, rec.get("_subscribe_hash"))
+        # The subscribe token grants the monitor's capabilities wherever it exists (shared or public).
+        is_sub_token = rec["visibility"] != "private" and tokens.matches(token, rec.get("_subscribe_hash"))
         holds_existing = existing is not None and tokens.matches(token, existing["token_hash"])
         if rec["visibility"] == "private" and not (is_owner or holds_existing):
             raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
@@ -195,6 +195,8 @@ class DeliveryRules(ServiceCore):
                 )
             if start is not None:
                 sub["cursor"] = start
+            if "filter" in body and flt != sub["filter"]:
+                sub["_scan_mark"] = None  # what was found not to match, was found for the old filter
             sub.update(
                 {
                     "filter": flt if "filter" in body else sub["filter"],
@@ -283,6 +285,15 @@ class DeliveryRules(ServiceCore):
     def _lag(self, rec: Record, sub: Record) -> int:
         return self._lag_count(rec, sub)[0]
 
+    @staticmethod
+    def _past_known_misses(sub: Record, start: int) -> int:
+        """Where a filtered scan from `start` has to begin: past the run of rows a bounded pull already
+        examined and found not matching this subscription's filter (`_scan_mark`, [from, to])."""
+        mark = sub.get("_scan_mark")
+        if mark and mark[0] <= start <= mark[1] + 1:
+            return mark[1] + 1
+        return start
+
     def _lag_count(self, rec: Record, sub: Record) -> tuple[int, bool]:
         """P5: what this subscription would receive if it pulled now, its own filter included, and whether
         the count is capped. A filtered count examines at most SCAN_BUDGET rows (section 10: no reader can
@@ -294,6 +305,9 @@ class DeliveryRules(ServiceCore):
         flt = sub["filter"]
         if filters.is_empty(flt):
             return min(head - start + 1, LAG_COUNT_CAP), head - start + 1 > LAG_COUNT_CAP
+        start = self._past_known_misses(sub, start)
+        if start > head:
+            return 0, False
         count = examined = 0
         last = start - 1
         for event in self.store.scan(rec["id"], start, head):
@@ -331,6 +345,13 @@ class DeliveryRules(ServiceCore):
                 raise ProtocolError("NOT_FOUND", f"No active subscription {sub_id!r}.", subscription=sub_id)
         else:
             sub = self._subscription(sub_id, token)
+            if "observe" not in sub["capabilities"]:  # P7: observe reads
+                raise ProtocolError(
+                    "CAPABILITY_MISSING",
+                    "Pulling needs the observe capability, which this subscription does not hold (now).",
+                    granted=sub["capabilities"],
+                    required="observe",
+                )
         rec = self._monitor_rec(sub["monitor"])
         lim = DEFAULT_LIMIT if limit is None else as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
         replay = cursor is not None
@@ -367,8 +388,9 @@ class DeliveryRules(ServiceCore):
             sub["cursor"] = start
             sub["_relist"] = sub["reset_policy"] == "earliest"
         batch: list[dict[str, Any]] = []
-        last_examined, capped = max(start, 1) - 1, False
-        for examined, event in enumerate(self.store.scan(rec["id"], max(start, 1), head), start=1):
+        first = self._past_known_misses(sub, max(start, 1))
+        last_examined, capped = first - 1, False
+        for examined, event in enumerate(self.store.scan(rec["id"], first, head), start=1):
             last_examined = int(event["id"])
             if filters.matches(sub["filter"], event) and filters.matches(inline_flt, event):
                 batch.append(event)
@@ -377,8 +399,15 @@ class DeliveryRules(ServiceCore):
             elif examined >= SCAN_BUDGET and last_examined < head:
                 capped = True  # bounded read: the rest waits for the next pull, from `next`
                 break
+        if capped and not replay and not inline_flt:
+            # Remember what was examined in vain, so the next pull goes on from there even if this reader
+            # never acks an empty page (push, watch, SSE): bounded work per request, never a stall.
+            mark = sub.get("_scan_mark")
+            begins = mark[0] if mark and first == mark[1] + 1 else max(start, 1)
+            sub["_scan_mark"] = [begins, last_examined]
         if (
             not replay
+            and not capped
             and sub.get("_relist")
             and (not batch or int(batch[-1]["id"]) == head)
             and len(batch) < lim
@@ -448,15 +477,9 @@ class DeliveryRules(ServiceCore):
         body = require_object(body, "ack")
         if "cursor" not in body:
             raise invalid('ack needs {"cursor": <next>} where next is the pull reply\'s "next".')
-        requested = body["cursor"]
-        is_int = isinstance(requested, int) and not isinstance(requested, bool)
-        if not is_int and not (isinstance(requested, float) and requested.is_integer()):
-            raise invalid(f"cursor must be an integer (the pull reply's next), not {requested!r}.")
-        requested = int(requested)
-        if abs(requested) > MAX_INTEGER:
-            raise invalid("cursor must be within 0..2^53.")
-        if requested < 0:
-            raise invalid(f"cursor must be at least 0 (got {requested}).")
+        if isinstance(body["cursor"], str):  # a JSON integer, not a string of digits (C27)
+            raise invalid(f"cursor must be an integer (the pull reply's next), not {body['cursor'][:40]!r}.")
+        requested = as_int(body["cursor"], "cursor", minimum=0)
         rec = self._monitor_rec(sub["monitor"])
         head = rec["_head"]
         target = min(requested, head + 1)

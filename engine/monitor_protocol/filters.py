@@ -10,6 +10,7 @@ from .errors import ProtocolError
 from .vocab import (
     FILTER_KEYS,
     HORIZONS,
+    MAX_FILTER_ALTERNATIVES,
     MAX_FILTER_BYTES,
     MAX_FILTER_TEXT_CHARS,
     MAX_NAME_CHARS,
@@ -51,15 +52,14 @@ def validate(raw: Any, declared_types: list[str] | tuple[str, ...] = ()) -> Filt
 
 
 def _check_size(raw: Any) -> None:
-    from . import wire  # a filter is also a wire value: no NaN, no lone surrogate, bounded depth
+    from .validation import check_json_size  # a filter is also a wire value, and bounded
 
-    wire.check(raw)
-    size = len(json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    if size > MAX_FILTER_BYTES:
+    check_json_size(raw, "The filter", MAX_FILTER_BYTES)
+    if isinstance(raw, list) and len(raw) > MAX_FILTER_ALTERNATIVES:
         raise ProtocolError(
             "INVALID",
-            f"The filter is {size} bytes as JSON; at most {MAX_FILTER_BYTES} are allowed.",
-            limit=MAX_FILTER_BYTES,
+            f"A filter array holds at most {MAX_FILTER_ALTERNATIVES} objects (this one {len(raw)}).",
+            limit=MAX_FILTER_ALTERNATIVES,
         )
 
 
@@ -104,15 +104,16 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
                 )
             out[key] = value
         elif key == "limit":
-            if isinstance(value, str) and value.isdigit():
-                value = int(value)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**53:
+            from .validation import as_int
+
+            try:
+                out[key] = as_int(value, "limit", minimum=1)
+            except ProtocolError:
                 raise ProtocolError(
                     "INVALID_FILTER",
-                    "Filter key 'limit' takes an integer of at least 1.",
+                    "Filter key 'limit' takes an integer of at least 1 (ASCII digits).",
                     known_keys=_known_keys(),
-                )
-            out[key] = value
+                ) from None
         elif key == "text":
             if not isinstance(value, str):
                 raise ProtocolError(
@@ -188,7 +189,7 @@ def _tag_match(values: list[str | None], tag_value: Any) -> bool:
     return str(tag_value) in values if not isinstance(tag_value, bool) else json.dumps(tag_value) in values
 
 
-def _match_one(flt: dict[str, Any], event: dict[str, Any]) -> bool:
+def _match_one(flt: dict[str, Any], event: dict[str, Any], memo: dict[str, str]) -> bool:
     for key, value in flt.items():
         if key == "types":
             if not _prefix_match(value, event.get("type")):
@@ -220,7 +221,7 @@ def _match_one(flt: dict[str, Any], event: dict[str, Any]) -> bool:
             if t is None or u is None or t > u:
                 return False
         elif key == "text":
-            if not _text_match(value, event):
+            if not _text_match(value, event, memo):
                 return False
         elif key.startswith("#"):
             tags = (event.get("data") or {}).get("tags") or {}
@@ -229,29 +230,29 @@ def _match_one(flt: dict[str, Any], event: dict[str, Any]) -> bool:
     return True
 
 
-def _text_match(needle: str, event: dict[str, Any]) -> bool:
-    # Addressing, not ownership (P12): the subject, the type and what the publisher wrote in data.
-    data = dict(event.get("data") or {})
-    data.pop("provenance", None)
-    hay = " ".join(
-        [
-            event.get("type") or "",
-            event.get("subject") or "",
-            json.dumps(data, ensure_ascii=False, sort_keys=True),
-        ]
-    )
-    return needle.lower() in hay.lower()
+def _text_match(needle: str, event: dict[str, Any], memo: dict[str, str]) -> bool:
+    # Addressing, not ownership (P12): the subject, the type and what the publisher wrote in data. The
+    # haystack is built once per event however many alternatives ask for text (bounded work per row).
+    hay = memo.get("hay")
+    if hay is None:
+        data = dict(event.get("data") or {})
+        data.pop("provenance", None)
+        hay = " ".join(
+            [
+                event.get("type") or "",
+                event.get("subject") or "",
+                json.dumps(data, ensure_ascii=False, sort_keys=True),
+            ]
+        ).lower()
+        memo["hay"] = hay
+    return needle.lower() in hay
 
 
 def matches(flt: Filter, event: dict[str, Any]) -> bool:
+    memo: dict[str, str] = {}
     if isinstance(flt, list):
-        return not flt or any(_match_one(f, event) for f in flt)
-    return _match_one(flt, event)
-
-
-def matches_all(filters: list[Filter], event: dict[str, Any]) -> bool:
-    """Intersection: an inline filter narrows the subscription's own filter, never widens it (C08)."""
-    return all(matches(f, event) for f in filters)
+        return not flt or any(_match_one(f, event, memo) for f in flt)
+    return _match_one(flt, event, memo)
 
 
 def limit_of(flt: Filter) -> int | None:

@@ -20,21 +20,14 @@ from .vocab import (
     T_LEASE,
 )
 
-# The lease lifecycle (PROTOCOL.md section 8), one table: (state, action) -> state. `attempts` grows on the
-# transitions marked counted: a reject, or an expiry (a worker that dies holding a lease has failed it);
-# a release gives the work back without counting. At delivery_count_limit the subject is dead-lettered.
-LEASE_TRANSITIONS = {
-    ("free", "claim"): ("held", False),
-    ("held", "renew"): ("held", False),
-    ("held", "complete"): ("free", False),
-    ("held", "release"): ("free", False),
-    ("held", "reject"): ("free", True),
-    ("held", "expired"): ("free", True),
-}
+# Which ways of letting go of a held lease count as a failed attempt (PROTOCOL.md section 8): a reject, or
+# an expiry (a worker that dies holding a lease has failed it); a release gives the work back and a complete
+# finishes it. At delivery_count_limit attempts the subject is dead-lettered.
+COUNTS_AS_ATTEMPT = {"reject": True, "expired": True, "release": False, "complete": False}
 
 
 def counts_as_attempt(action: str) -> bool:
-    return LEASE_TRANSITIONS.get(("held", action), ("free", False))[1]
+    return COUNTS_AS_ATTEMPT.get(action, False)
 
 
 class LeaseRules(ServiceCore):
@@ -256,6 +249,8 @@ class LeaseRules(ServiceCore):
     ) -> int:
         """release, reject, or expired: the holder lets go; a reject at the limit dead-letters the subject."""
         previous = lease["holder"]
+        if action == "release" and previous is not None and self._expired(lease, self._now()):
+            action = "expired"  # freed by a retirement after its time ran out: the holder failed it
         lease["holder"] = None
         extra: dict[str, Any] = {"reason": reason, "previous_holder": previous}
         if counts_as_attempt(action):

@@ -211,7 +211,7 @@ class EmbeddedBackend:
         while True:
             reply = await self.call("pull", sub_id, token, cursor=cursor, limit=limit, filter=filter)
             remaining = deadline - loop.time()
-            if reply.get("observations") or remaining <= 0:
+            if reply.get("observations") or reply.get("scan_capped") or remaining <= 0:
                 return reply
             event = asyncio.Event()
             monitor_id = reply.get("monitor", "")
@@ -219,7 +219,7 @@ class EmbeddedBackend:
             try:
                 # An append may have landed between the pull and the registration: look once more first.
                 reply = await self.call("pull", sub_id, token, cursor=cursor, limit=limit, filter=filter)
-                if reply.get("observations"):
+                if reply.get("observations") or reply.get("scan_capped"):
                     return reply
                 try:
                     await asyncio.wait_for(event.wait(), remaining)

@@ -7,6 +7,7 @@ from typing import Any
 
 from . import events, filters, state, timefmt, tokens
 from .errors import ProtocolError
+from .provenance import is_system
 from .service_base import (
     UPDATABLE_FIELDS,
     ServiceCore,
@@ -16,6 +17,7 @@ from .validation import (
     as_int,
     check_actor,
     check_json_size,
+    check_name,
     check_reason,
     check_vocab,
     check_vocab_list,
@@ -25,6 +27,7 @@ from .validation import (
 from .vocab import (
     CAPABILITIES,
     HORIZONS,
+    MAX_DEFINITION_BYTES,
     MONITOR_ID_PATTERN,
     SOURCE_KINDS,
     T_CONFIGURED,
@@ -44,6 +47,7 @@ class MonitorRules(ServiceCore):
             if key == "name":
                 if not isinstance(value, str) or not value.strip():
                     raise invalid("name must be a non-empty string.")
+                check_name(value, "name", '"CI runs"')
             elif key == "description":
                 if value is not None and not isinstance(value, str):
                     raise invalid("description must be a string or null.")
@@ -90,6 +94,8 @@ class MonitorRules(ServiceCore):
             elif key == "types":
                 if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
                     raise invalid("types must be an array of reverse-DNS strings.")
+                for t in value:
+                    check_name(t, "types[]", "com.example.ci.run")
                 bad = [t for t in value if not TYPE_PATTERN.match(t)]
                 if bad:
                     raise ProtocolError(
@@ -106,6 +112,9 @@ class MonitorRules(ServiceCore):
                 if "observations_per_day" in value:
                     as_int(value["observations_per_day"], "limits.observations_per_day", minimum=1)
             rec[key] = value
+        check_json_size(
+            {k: rec.get(k) for k in UPDATABLE_FIELDS}, "The monitor definition", MAX_DEFINITION_BYTES
+        )  # a configured row carries it (section 7: protocol rows stay small)
         missing = [c for c in rec["default_grant"] if c not in rec["capabilities"]]
         if missing:
             raise invalid(
@@ -141,6 +150,10 @@ class MonitorRules(ServiceCore):
             raise invalid(f"Unknown monitor field(s) {unknown}.", invalid=unknown)
         owner = body.get("owner", "human:owner" if attested else "agent:owner")
         check_actor(owner, "owner")
+        if is_system(owner):
+            raise invalid("owner may not be system:...: only the server writes as the system.")
+        reason = check_reason(body.get("reason"), "reason")
+        rule = check_reason(body.get("rule"), "rule")
         now = self._now()
         rec: Record = {
             "id": monitor_id,
@@ -194,7 +207,7 @@ class MonitorRules(ServiceCore):
                 "_last_pull": None,
             }
         )
-        seq = self._configured(rec, "create", None, None, body.get("reason"), body.get("rule"))
+        seq = self._configured(rec, "create", None, None, reason, rule)
         out: dict[str, Any] = {"monitor": self.served_monitor(rec), "owner_token": owner_token}
         if subscribe_token:
             out["subscribe_token"] = subscribe_token
@@ -320,7 +333,7 @@ class MonitorRules(ServiceCore):
         visibility = rec["visibility"]
         if basis == "owner":
             return list(rec["capabilities"])
-        if basis == "subscribe" and visibility == "shared":
+        if basis == "subscribe" and visibility != "private":
             return list(rec["capabilities"])
         if visibility in ("private", "shared"):
             return None

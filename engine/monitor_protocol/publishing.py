@@ -53,7 +53,10 @@ class PublishRules(ServiceCore):
     ) -> dict[str, Any]:
         rec = self._owner_monitor(monitor_id, token)
         now = self._now()
-        key = self._idempotency_key(body, header_key)
+        try:
+            key = self._idempotency_key(body, header_key)
+        except ProtocolError as err:
+            raise self._reject(rec, err, body, rec["owner"]) from None
         if key is not None:
             seen = self.store.get_idempotency(rec["id"], key)
             if seen is not None and now - float(seen["at"]) < IDEMPOTENCY_WINDOW_SECONDS:

@@ -215,6 +215,15 @@ class Pusher:
             log.warning("push %s: pull refused (%s: %s); delivery stopped", sub_id, err.code, err.message)
             return "stop"
         observations = batch.get("observations") or []
+        if not observations and batch.get("scan_capped"):
+            # A bounded pull examined rows none of which is for this sink: commit past them and go on.
+            try:
+                await self.call(self.service.ack_as_system, sub_id, int(batch["next"]))
+            except ProtocolError as err:
+                if err.code != "CURSOR_BACKWARDS":
+                    log.warning("push %s: commit refused (%s: %s)", sub_id, err.code, err.message)
+                    return "stop"
+            return "delivered"
         if not observations:
             return "idle"
         body = json.dumps(batch, separators=(",", ":"), ensure_ascii=False).encode()

@@ -303,6 +303,7 @@ _PRIVATE_SUB_FIELDS = (
     "_sink_secret",
     "_grant",
     "_revoked",
+    "_scan_mark",
 )
 
 

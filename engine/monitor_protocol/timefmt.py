@@ -7,7 +7,11 @@ from datetime import UTC, datetime
 
 def iso(ts: float) -> str:
     dt = datetime.fromtimestamp(ts, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    # Four-digit year always (strftime's %Y gives "1" for year 1 on glibc, which is not RFC 3339).
+    return (
+        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}."
+        f"{dt.microsecond // 1000:03d}Z"
+    )
 
 
 def parse(value: str) -> float | None:
@@ -19,8 +23,10 @@ def parse(value: str) -> float | None:
         text = text[:-1] + "+00:00"
     try:
         dt = datetime.fromisoformat(text)
-    except ValueError:
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        ts = dt.timestamp()
+        datetime.fromtimestamp(ts, tz=UTC)  # representable in UTC as well (year 1..9999 after the offset)
+    except (ValueError, OverflowError, OSError):
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+    return ts

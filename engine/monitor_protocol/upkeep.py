@@ -48,16 +48,8 @@ class UpkeepRules(ServiceCore):
                     monitors[mid] = self._monitor_rec(mid)
                 return monitors[mid]
 
-            for sub in self.store.list_subscriptions():
-                if not sub["active"]:
-                    continue
-                rec = monitor(sub["monitor"])
-                deadline = sub["_mute_since"] + self._mute_seconds(rec, sub)
-                if moment > deadline:
-                    self._retire_sub(rec, sub, "system:sweep", "mute")
-                    changed += 1
-                else:
-                    nearest = deadline if nearest is None else min(nearest, deadline)
+            # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is
+            # also retired for silence in this sweep.
             for lease in self.store.list_leases():
                 if lease["holder"] is None:
                     continue
@@ -68,6 +60,16 @@ class UpkeepRules(ServiceCore):
                 else:
                     exp = self._expiry(lease)
                     nearest = exp if nearest is None else min(nearest, exp)
+            for sub in self.store.list_subscriptions():
+                if not sub["active"]:
+                    continue
+                rec = monitor(sub["monitor"])
+                deadline = sub["_mute_since"] + self._mute_seconds(rec, sub)
+                if moment > deadline:
+                    self._retire_sub(rec, sub, "system:sweep", "mute")
+                    changed += 1
+                else:
+                    nearest = deadline if nearest is None else min(nearest, deadline)
             self._next_deadline = nearest
             self._deadline_known = True
             if moment - self._last_idempotency_purge >= IDEMPOTENCY_PURGE_SECONDS:

@@ -16,21 +16,19 @@ def invalid(message: str, **extras: Any) -> ProtocolError:
     return ProtocolError("INVALID", message, **extras)
 
 
-def _ascii_integer(text: str) -> bool:
-    digits = text[1:] if text[:1] == "-" else text
-    return digits.isascii() and digits.isdigit()
+def is_digits(text: str) -> bool:
+    """ASCII decimal digits and nothing else: no sign, no space, no "²" or "٣" (str.isdigit says yes)."""
+    return bool(text) and text.isascii() and text.isdigit()
 
 
 def as_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Integers only: a JSON number without a fraction, or ASCII decimal digits from a query; |n| <= 2^53."""
+    """The one integer rule (section 10): a JSON integer, or ASCII decimal digits from a query, within
+    0..2^53 in magnitude. A boolean, a float (even 5.0) or any other spelling is 400 INVALID."""
     if isinstance(value, bool):
         raise invalid(f"{name} must be an integer, not a boolean.")
     if isinstance(value, str):
-        text = value  # ASCII decimal digits exactly: no spaces, signs other than a leading minus, or "²"
-        if not text or len(text) > 17 or not _ascii_integer(text):
+        if len(value) > 17 or not is_digits(value):
             raise invalid(f"{name} must be an integer in ASCII decimal digits, not {value[:40]!r}.")
-        value = int(text)
-    elif isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
         raise invalid(f"{name} must be an integer, not {type(value).__name__}.")

@@ -114,7 +114,7 @@ def bounded_raw(value: Any) -> dict[str, Any]:
     if size <= MAX_RAW_BYTES:
         return {"raw": value}
     return {
-        "raw": text[: MAX_RAW_BYTES // 2],
+        "raw": text.encode("utf-8")[: MAX_RAW_BYTES // 2].decode("utf-8", "ignore"),
         "raw_truncated": True,
         "raw_bytes": size,
         "raw_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),

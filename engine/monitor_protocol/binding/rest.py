@@ -184,7 +184,11 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
                 ) from None
             if not isinstance(extra, dict):
                 raise ProtocolError("INVALID_FILTER", "The filter query parameter must be a JSON object.")
-            flt.update(extra)
+            for k, v in extra.items():  # merged with the other filter keys, whatever their order
+                if isinstance(flt.get(k), list) and isinstance(v, list):
+                    flt[k].extend(v)
+                else:
+                    flt[k] = v
         elif key in LIST_KEYS or TAG_KEY_PATTERN.match(key):
             values = [v for v in value.split(",") if v] if key in LIST_KEYS else [value]
             flt.setdefault(key, []).extend(values)
