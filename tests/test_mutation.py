@@ -470,6 +470,25 @@ def _any_sink(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(netguard_mod, "sink_refusal", lambda url, allowed=(), resolve=None: None)
 
 
+class ForgetDeliveredPage(MonitorService):
+    """Bounded reads broken: a capped page that delivered something is remembered as examined in vain, so
+    a reader that crashes before acking never gets it again."""
+
+    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
+        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
+        if out.get("scan_capped") and out["observations"] and cursor is None:
+            sub = self.store.get_subscription(sub_id)
+            sub["_scan_mark"] = [max(sub["cursor"], 1), out["next"] - 1]
+            self.store.put_subscription(sub)
+        return out
+
+
+def _no_scan_memory(mp: pytest.MonkeyPatch) -> None:
+    """Bounded reads broken: an empty capped page is forgotten, so a reader that does not ack empty pages
+    (push, watch, SSE) examines the same rows forever."""
+    mp.setattr(delivery_mod.DeliveryRules, "_past_known_misses", staticmethod(lambda sub, start: start))
+
+
 @dataclass
 class Mutant:
     name: str
@@ -521,6 +540,8 @@ MUTANTS = [
     Mutant("idempotency keys ignored", patch=_no_idempotency, expected=("X37",)),
     Mutant("4-hex subscription ids", patch=_short_subscription_ids, expected=("X38",)),
     Mutant("internal push sinks accepted", patch=_any_sink, expected=("X39",)),
+    Mutant("a capped page that delivered is forgotten", ForgetDeliveredPage, expected=("X45",)),
+    Mutant("empty capped pages are not remembered", patch=_no_scan_memory, expected=("X45",)),
 ]  # fmt: skip
 
 

@@ -438,6 +438,21 @@ def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
     assert exact["lag"] == exact["head"] and "scan_capped" not in exact  # positive control
 
 
+def test_a_capped_page_that_delivered_something_still_comes_back_until_acked(h):
+    tok = h.monitor("ci", types=[A, B])
+    first = h.publish("ci", tok, type=A, subject="first").body["seq"]
+    for _ in range(SCAN_BUDGET + 100):
+        h.publish("ci", tok, type=B)
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
+    page = h.pull(sid, rtok).body
+    assert [int(o["id"]) for o in page["observations"]] == [first] and page["scan_capped"] is True
+    again = h.pull(sid, rtok).body  # the reader crashed before acking: at-least-once
+    assert [int(o["id"]) for o in again["observations"]] == [first]
+    assert again["observations"][0]["redelivered"] is True
+    assert h.ack(sid, rtok, again["next"]).status == 200
+    assert h.pull(sid, rtok).body["observations"] == []  # acked: it does not come back
+
+
 def test_a_filter_array_costs_one_haystack_per_row_and_holds_at_most_16_objects(h):
     h.monitor("ci", visibility="public")
     many = [{"text": f"zq{i}"} for i in range(17)]

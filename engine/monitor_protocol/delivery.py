@@ -399,9 +399,10 @@ class DeliveryRules(ServiceCore):
             elif examined >= SCAN_BUDGET and last_examined < head:
                 capped = True  # bounded read: the rest waits for the next pull, from `next`
                 break
-        if capped and not replay and not inline_flt:
+        if capped and not batch and not replay and not inline_flt:
             # Remember what was examined in vain, so the next pull goes on from there even if this reader
-            # never acks an empty page (push, watch, SSE): bounded work per request, never a stall.
+            # never acks an empty page (push, watch, SSE): bounded work per request, never a stall. Only
+            # an empty page: rows delivered but not acked must come back on the next pull (P4).
             mark = sub.get("_scan_mark")
             begins = mark[0] if mark and first == mark[1] + 1 else max(start, 1)
             sub["_scan_mark"] = [begins, last_examined]

@@ -2645,3 +2645,40 @@ async def x44(ctx: Context) -> str:
         need(isinstance(o["data"].get("payload"), dict), f"{where} lacks data.payload")
         _system_measured(o, where)
     return f"{len(rows)} rows: {', '.join(kinds)}"
+
+
+@check(
+    "X45",
+    "a filtered reader behind 1,100 non-matching rows gets what follows in a few pulls, acking or not, "
+    "and an unacked page comes back",
+    profile=PROJECT,
+)
+async def x45(ctx: Context) -> str:
+    m = await ctx.create("x45", types=[A, B])
+    early = await ctx.pub(m, type=A, subject=ctx.uid("early"))
+    calls = [
+        {"jsonrpc": "2.0", "id": i, "method": "monitors/publish", "params": {"id": m.id, "type": B, "token": m.token}}
+        for i in range(100)
+    ]  # fmt: skip
+    for _ in range(11):  # more non-matching rows than this project examines in one pull (1,000)
+        r = await ctx.req("POST", "/rpc", body=calls)
+        need(r.status == 200 and all("result" in x for x in r.body), f"noise batch failed: {r!r}"[:300])
+    needle = await ctx.pub(m, type=A, subject=ctx.uid("needle"))
+    s = await ctx.sub(m, filter={"types": [A]}, **{"from": 0})
+    first = await ctx.pulled(s, limit=50)
+    need([o["id"] for o in first["observations"]][:1] == [early["id"]], f"first page: {first}"[:300])
+    again = await ctx.pulled(s, limit=50)  # never acked: the page comes back, marked
+    need(
+        [o["id"] for o in again["observations"]][:1] == [early["id"]] and again["observations"][0].get("redelivered"),
+        f"an unacked page did not come back (redelivered): {again}"[:300],
+    )  # fmt: skip
+    expect(await ctx.ack(s, int(early["id"]) + 1), 200, what="ack past the early one")
+    for pulls in range(1, 6):  # without acking empty pages
+        page = await ctx.pulled(s, limit=50)
+        got = [o["id"] for o in page["observations"]]
+        if got:
+            need(got == [needle["id"]], f"expected only the needle, got {got}")
+            need(int(page["next"]) == int(needle["id"]) + 1, f"next after the needle: {page['next']}")
+            return f"the needle after {pulls} pulls"
+        need(int(page["next"]) <= int(needle["id"]), f"an empty page's next {page['next']} skips the needle")
+    raise CheckFailed("5 pulls never reached the observation behind the non-matching rows")
