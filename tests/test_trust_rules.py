@@ -713,3 +713,84 @@ def test_a_bad_idempotency_key_is_logged_like_every_publish_refusal(h):
     tok = h.monitor("ci")
     r = h.publish("ci", tok, idempotency_key="x" * 200)
     assert r.status == 400 and "rejected_seq" in r.body
+
+
+def test_the_servers_own_push_reads_only_with_observe(h):
+    tok = h.monitor("ci", capabilities=["observe", "act"])
+    h.publish("ci", tok)
+    body = {"monitor": "ci", "subscriber": "hook:ci", "protocol": "http", "sink": "https://example.com/h"}
+    sid = h.call("POST", "/subscriptions", body, tok).body["subscription"]["id"]
+    assert h.service.pull_as_system(sid)["observations"]  # control
+    h.call("POST", "/monitors/ci/update", {"patch": {"capabilities": ["act"], "default_grant": []}}, tok)
+    with pytest.raises(ProtocolError) as refused:
+        h.service.pull_as_system(sid)
+    assert refused.value.code == "CAPABILITY_MISSING"
+
+
+def test_malformed_inline_filters_are_400_in_any_order(h):
+    tok = h.monitor("ci")
+    h.publish("ci", tok)
+    sid, rtok = h.subscribe("ci", tok)
+    for query in (
+        [("filter", json.dumps({"types": A})), ("types", A)],
+        [("types", A), ("filter", json.dumps({"types": A}))],
+        [("filter", json.dumps({"#k": {"x": 1}})), ("#k", "v")],
+    ):
+        r = h.call("GET", f"/subscriptions/{sid}/pull", token=rtok, query=query)
+        assert r.status in (200, 400) and (r.status == 200 or r.body["code"] == "INVALID_FILTER"), (
+            query,
+            r.body,
+        )
+    merged = h.call(
+        "GET",
+        f"/subscriptions/{sid}/pull",
+        token=rtok,
+        query=[("filter", json.dumps({"types": [A]})), ("types", A)],
+    )
+    assert merged.status == 200 and merged.body["observations"]  # control
+
+
+def test_body_integers_are_json_integers_and_times_are_rfc_3339(h):
+    tok = h.monitor("ci", capabilities=["observe", "act"])
+    h.publish("ci", tok, subject="job")
+    sid, rtok = h.subscribe("ci", tok, capabilities=["observe", "act"])
+    assert h.call("POST", f"/subscriptions/{sid}/seek", {"cursor": "2", "reason": "r"}, rtok).status == 400
+    assert h.call("POST", f"/subscriptions/{sid}/seek", {"cursor": 2, "reason": "r"}, rtok).status == 200
+    claim = {"subject": "job", "lease_duration_seconds": "60"}
+    assert h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok).status == 400
+    assert (
+        h.call(
+            "POST", f"/subscriptions/{sid}/leases/claim", {**claim, "lease_duration_seconds": 60}, rtok
+        ).status
+        == 201
+    )
+    for bad in (
+        "2026-01-01",
+        "2026-01-01 00:00:00Z",
+        "20260101T000000Z",
+        "2026-01-01T00:00:00",
+        " 2026-01-01T00:00:00Z",
+    ):
+        r = h.publish("ci", tok, time=bad)
+        assert r.status == 400 and r.body["code"] == "INVALID", bad
+    assert h.publish("ci", tok, time="2026-01-01T00:00:00.123456789+02:00").status == 201
+
+
+def test_limit_inside_a_filter_array_is_refused_not_ignored(h):
+    tok = h.monitor("ci")
+    r = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "ci", "subscriber": "a", "filter": [{"types": [A], "limit": 1}]},
+        tok,
+    )
+    assert r.status == 400 and r.body["code"] == "INVALID_FILTER"
+    assert (
+        h.call(
+            "POST",
+            "/subscriptions",
+            {"monitor": "ci", "subscriber": "a", "filter": {"types": [A], "limit": 1}},
+            tok,
+        ).status
+        == 201
+    )

@@ -404,3 +404,33 @@ def test_watch_goes_on_past_more_non_matching_rows_than_one_pull_examines(
         wait_committed(base, sub.subscription.id, sub.token, needle + 1)
     finally:
         stop_server(proc)
+
+
+def test_manual_ack_watch_reads_on_past_a_bounded_empty_page(tmp_path: Path, watchers: list[Watcher]) -> None:
+    """--manual-ack reads ahead by read-only replays: behind more non-matching rows than a bounded pull
+    examines, it still prints what follows, and commits nothing itself."""
+    from monitor_protocol.vocab import SCAN_BUDGET
+
+    base, proc = start_server(tmp_path)
+    try:
+        with Client(base) as c:
+            owner = c.create_monitor("ci", types=[TYPE, "com.example.noise"]).owner_token
+            sub = c.subscribe("ci", "agent:watcher", token=owner, filter={"types": [TYPE]})
+        (first,) = publish(base, owner, "first")
+        calls = [
+            {"jsonrpc": "2.0", "id": i, "method": "monitors/publish",
+             "params": {"id": "ci", "type": "com.example.noise", "token": owner}}
+            for i in range(100)
+        ]  # fmt: skip
+        w = Watcher(sub.subscription.id, "--token", sub.token, "--base", base, "--wait", "2", "--manual-ack")
+        watchers.append(w)
+        assert w.obs(1) == [(first, "first", False)]
+        assert w.next() == f"NEXT {first + 1}"
+        with httpx.Client(base_url=base + "/mp/v0") as raw:
+            for _ in range(SCAN_BUDGET // 100 + 3):
+                assert raw.post("/rpc", json=calls).status_code == 200
+        (needle,) = publish(base, owner, "needle")
+        assert w.obs_between_nexts(1) == [(needle, "needle", False)]
+        assert committed(base, sub.subscription.id, sub.token) == 0  # manual: the watch acks nothing
+    finally:
+        stop_server(proc)

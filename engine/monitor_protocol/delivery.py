@@ -134,7 +134,7 @@ class DeliveryRules(ServiceCore):
             "retire_after_mute_seconds", existing.get("retire_after_mute_seconds") if existing else None
         )
         if mute is not None:
-            mute = as_int(mute, "retire_after_mute_seconds", minimum=1)
+            mute = as_int(mute, "retire_after_mute_seconds", minimum=1, text=False)
         head = rec["_head"]
         floor = rec["_floor"]
         start: int | None = None
@@ -345,13 +345,13 @@ class DeliveryRules(ServiceCore):
                 raise ProtocolError("NOT_FOUND", f"No active subscription {sub_id!r}.", subscription=sub_id)
         else:
             sub = self._subscription(sub_id, token)
-            if "observe" not in sub["capabilities"]:  # P7: observe reads
-                raise ProtocolError(
-                    "CAPABILITY_MISSING",
-                    "Pulling needs the observe capability, which this subscription does not hold (now).",
-                    granted=sub["capabilities"],
-                    required="observe",
-                )
+        if "observe" not in sub["capabilities"]:  # P7: observe reads, for the server's own push too
+            raise ProtocolError(
+                "CAPABILITY_MISSING",
+                "Pulling needs the observe capability, which this subscription does not hold (now).",
+                granted=sub["capabilities"],
+                required="observe",
+            )
         rec = self._monitor_rec(sub["monitor"])
         lim = DEFAULT_LIMIT if limit is None else as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
         replay = cursor is not None
@@ -478,9 +478,7 @@ class DeliveryRules(ServiceCore):
         body = require_object(body, "ack")
         if "cursor" not in body:
             raise invalid('ack needs {"cursor": <next>} where next is the pull reply\'s "next".')
-        if isinstance(body["cursor"], str):  # a JSON integer, not a string of digits (C27)
-            raise invalid(f"cursor must be an integer (the pull reply's next), not {body['cursor'][:40]!r}.")
-        requested = as_int(body["cursor"], "cursor", minimum=0)
+        requested = as_int(body["cursor"], "cursor", minimum=0, text=False)  # a JSON integer (C27)
         rec = self._monitor_rec(sub["monitor"])
         head = rec["_head"]
         target = min(requested, head + 1)
@@ -518,7 +516,7 @@ class DeliveryRules(ServiceCore):
         if "cursor" not in body:
             raise invalid('seek needs {"cursor": <seq>, "reason": "..."}.')
         rec = self._monitor_rec(sub["monitor"])
-        target = as_int(body["cursor"], "cursor", minimum=0)
+        target = as_int(body["cursor"], "cursor", minimum=0, text=False)
         target = min(target, rec["_head"] + 1)
         before = sub["cursor"]
         sub["cursor"] = target

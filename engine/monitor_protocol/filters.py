@@ -47,6 +47,13 @@ def validate(raw: Any, declared_types: list[str] | tuple[str, ...] = ()) -> Filt
     if isinstance(raw, list):
         if not raw:
             return {}
+        if any(isinstance(item, dict) and "limit" in item for item in raw):
+            raise ProtocolError(
+                "INVALID_FILTER",
+                "limit applies to a whole pull, not to one alternative of a filter array: put it in an "
+                "object filter or in the pull's limit.",
+                known_keys=_known_keys(),
+            )
         return [_validate_one(item, declared_types) for item in raw]
     return _validate_one(raw, declared_types)
 

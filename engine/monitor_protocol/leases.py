@@ -88,6 +88,7 @@ class LeaseRules(ServiceCore):
                     "lease_duration_seconds",
                     minimum=1,
                     maximum=MAX_LEASE_SECONDS,
+                    text=False,
                 )
             lease["renew_time"] = timefmt.iso(now)
             lease["_renew_ts"] = now
@@ -155,6 +156,7 @@ class LeaseRules(ServiceCore):
             "lease_duration_seconds",
             minimum=1,
             maximum=MAX_LEASE_SECONDS,
+            text=False,
         )
         if lease is not None and lease["dead_letter"]:
             raise ProtocolError(

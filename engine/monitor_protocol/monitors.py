@@ -74,7 +74,7 @@ class MonitorRules(ServiceCore):
                     raise invalid('cadence must be an object such as {"heartbeat_seconds": 60}.')
             elif key in ("ttl_seconds", "retire_after_mute_seconds"):
                 if value is not None:
-                    value = as_int(value, key, minimum=1)
+                    value = as_int(value, key, minimum=1, text=False)
             elif key == "budget":
                 if value is not None and not isinstance(value, dict):
                     raise invalid("budget must be an object or null.")
@@ -110,7 +110,9 @@ class MonitorRules(ServiceCore):
                 if not isinstance(value, dict):
                     raise invalid("limits must be an object.")
                 if "observations_per_day" in value:
-                    as_int(value["observations_per_day"], "limits.observations_per_day", minimum=1)
+                    as_int(
+                        value["observations_per_day"], "limits.observations_per_day", minimum=1, text=False
+                    )
             rec[key] = value
         check_json_size(
             {k: rec.get(k) for k in UPDATABLE_FIELDS}, "The monitor definition", MAX_DEFINITION_BYTES

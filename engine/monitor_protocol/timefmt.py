@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
+
+RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
 
 
 def iso(ts: float) -> str:
@@ -16,9 +19,13 @@ def iso(ts: float) -> str:
 
 def parse(value: str) -> float | None:
     """Seconds since the epoch for an RFC 3339 string, or None when it is not one."""
-    if not isinstance(value, str) or len(value) < 10:
-        return None
-    text = value.strip()
+    if not isinstance(value, str) or not RFC3339.fullmatch(value):
+        return None  # date only, no offset, a space, week dates, basic format: not RFC 3339
+    text = value[:10] + "T" + value[11:]
+    if "." in text:  # fromisoformat takes at most 6 fraction digits
+        head, _, rest = text.partition(".")
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"
     if text.endswith(("z", "Z")):
         text = text[:-1] + "+00:00"
     try:

@@ -82,7 +82,7 @@ class UpkeepRules(ServiceCore):
     # ================================================================================ admin
     def compact(self, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:
         def run() -> dict[str, Any]:
-            upto = as_int(upto_seq, "upto_seq", minimum=1)
+            upto = as_int(upto_seq, "upto_seq", minimum=1, text=False)
             recs = [self._monitor_rec(monitor_id)] if monitor_id is not None else self.store.list_monitors()
             out = []
             for rec in recs:

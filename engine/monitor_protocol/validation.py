@@ -21,11 +21,15 @@ def is_digits(text: str) -> bool:
     return bool(text) and text.isascii() and text.isdigit()
 
 
-def as_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """The one integer rule (section 10): a JSON integer, or ASCII decimal digits from a query, within
-    0..2^53 in magnitude. A boolean, a float (even 5.0) or any other spelling is 400 INVALID."""
+def as_int(
+    value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None, text: bool = True
+) -> int:
+    """The one integer rule (section 10): a JSON integer, or (`text`, for a query) ASCII decimal digits,
+    within 0..2^53 in magnitude. A boolean, a float (even 5.0) or any other spelling is 400 INVALID."""
     if isinstance(value, bool):
         raise invalid(f"{name} must be an integer, not a boolean.")
+    if isinstance(value, str) and not text:
+        raise invalid(f"{name} must be a JSON integer, not the string {value[:40]!r}.")
     if isinstance(value, str):
         if len(value) > 17 or not is_digits(value):
             raise invalid(f"{name} must be an integer in ASCII decimal digits, not {value[:40]!r}.")

@@ -191,7 +191,11 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
                     flt[k] = v
         elif key in LIST_KEYS or TAG_KEY_PATTERN.match(key):
             values = [v for v in value.split(",") if v] if key in LIST_KEYS else [value]
-            flt.setdefault(key, []).extend(values)
+            existing = flt.get(key)  # from a filter= parameter, of any shape: the filter grammar judges it
+            if isinstance(existing, list):
+                existing.extend(values)
+            else:
+                flt[key] = ([] if existing is None else [existing]) + values
         elif key in FILTER_KEYS:
             flt[key] = value
         else:

@@ -161,7 +161,12 @@ class Watch:
             shown = [o for o in page.observations if _seq(o) < committed]
             for obs in shown:
                 self.out.line(obs_line(obs))
-            if not page.observations or len(shown) < len(page.observations) or page.next <= at:
+            capped = bool(page.raw.get("scan_capped"))  # a bounded empty page: go on from its next
+            if (
+                (not page.observations and not capped)
+                or len(shown) < len(page.observations)
+                or page.next <= at
+            ):
                 break
             at = page.next
         self.out.line(f"CAUGHT-UP {committed}")
@@ -196,6 +201,10 @@ class Watch:
                         self.position = batch.next
                     else:
                         self._ack(batch.next)
+                elif self.manual and batch.raw.get("scan_capped") and batch.next > (self.position or 0):
+                    # A bounded read examined rows none of which is for this feed: read on from there
+                    # (read-only; what was examined, nothing of it matching, needs no ack).
+                    self.position = batch.next
                 elif self.manual and self.position is not None and batch.cursor > self.position:
                     self.position = batch.cursor  # someone acked past what this watch has read
             except ConnectionFailed as exc:
