@@ -152,9 +152,10 @@ def test_signature_is_standard_webhooks() -> None:
         "webhook-timestamp": "1614265330",
         "webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
     }
-    assert verify(secret, headers, body)
-    assert not verify(secret, headers, body + b" ")
-    assert not verify("whsec_" + "A" * 32, headers, body)
+    at = 1614265330  # the receiver's clock at delivery (the example is from 2021; verify refuses replays)
+    assert verify(secret, headers, body, now=at)
+    assert not verify(secret, headers, body + b" ", now=at)
+    assert not verify("whsec_" + "A" * 32, headers, body, now=at)
     assert all(0.25 <= backoff(1) <= 0.5 for _ in range(20))
     assert backoff(30) <= 60.0
 
@@ -261,7 +262,9 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
             receiver.secret = sub.sink_secret or ""
             seqs = [c.publish("ci", TYPE, subject=s, token=owner).seq for s in ("a", "b")]
         receiver.wait_for(lambda: receiver.seqs() == seqs)
-        assert receiver.attempts == 2 and receiver.bad_signatures == 0
+        # One failure, then the batch again; "b" rode along only if it was there before the first try
+        # (a failed batch is retried unchanged, so a later "b" waits for its own batch).
+        assert receiver.attempts in (2, 3) and receiver.bad_signatures == 0
         with Client(base, sub.token) as reader:
             while reader.pull(sub.subscription.id, cursor=0, limit=1).cursor != seqs[-1] + 1:
                 assert time.monotonic() < deadline + GUARD_SECONDS, "the delivered batch was never committed"
@@ -714,3 +717,121 @@ async def test_push_goes_on_past_a_bounded_scan_that_found_nothing_for_it() -> N
     await client.aclose()
     assert [o["subject"] for batch in posted for o in batch["observations"]] == ["needle"], outcomes
     assert h.store.get_subscription(sid)["cursor"] == needle + 1
+
+
+def test_verify_refuses_a_replayed_timestamp_and_accepts_within_tolerance() -> None:
+    """PROTOCOL.md section 9: verification refuses a webhook-timestamp more than 5 minutes away from the
+    receiver's clock, so a captured delivery cannot be replayed later."""
+    secret = "whsec_" + "QUJD" * 8
+    body = b'{"observations":[]}'
+    sent = 1_700_000_000
+
+    def headers(ts: int | str) -> dict[str, str]:
+        return {
+            "webhook-id": "sub-1:7-9",
+            "webhook-timestamp": str(ts),
+            "webhook-signature": sign(secret, "sub-1:7-9", int(ts), body),
+        }
+
+    assert verify(secret, headers(sent), body, now=sent)
+    assert verify(secret, headers(sent), body, now=sent + 299)  # late, within tolerance
+    assert verify(secret, headers(sent), body, now=sent + 300)
+    assert verify(secret, headers(sent), body, now=sent - 300)  # the sender's clock runs a little ahead
+    assert not verify(
+        secret, headers(sent), body, now=sent + 3600
+    )  # the same delivery replayed an hour later
+    assert not verify(secret, headers(sent), body, now=sent + 301)
+    assert not verify(secret, headers(sent), body, now=sent - 301)  # too far in the future
+    assert verify(
+        secret, headers(sent), body, now=sent + 3600, tolerance_seconds=7200
+    )  # the receiver's choice
+    assert not verify(secret, headers(sent), body, now=sent + 61, tolerance_seconds=60)
+    # Without `now`, the receiver's own clock decides.
+    fresh = int(time.time())
+    assert verify(secret, headers(fresh), body)
+    assert not verify(secret, headers(fresh - 3600), body)
+    # Timestamps that are not plain ASCII digits are refused before any arithmetic.
+    for ts in ("", "-5", "1.5", "\u0661\u0662", "9" * 40):
+        h = headers(sent)
+        h["webhook-timestamp"] = ts
+        assert not verify(secret, h, body, now=sent)
+
+
+async def test_push_retries_a_failed_batch_unchanged_while_new_observations_wait(engine: Engine) -> None:
+    """A failed batch is retried unchanged (same seqs, same webhook-id) until it is answered; what was
+    appended meanwhile waits for the next batch (PROTOCOL.md section 9)."""
+    attempts: list[tuple[str, list[int]]] = []
+    first_failure_seen = threading.Event()
+    more_published = threading.Event()
+
+    class Recording(Receiver):
+        def handle(self, headers: dict[str, str], body: bytes) -> int:
+            lower = {k.lower(): v for k, v in headers.items()}
+            with self.changed:
+                attempts.append(
+                    (lower["webhook-id"], [int(o["id"]) for o in json.loads(body)["observations"]])
+                )
+            if len(attempts) == 1:
+                first_failure_seen.set()
+                assert more_published.wait(
+                    GUARD_SECONDS
+                )  # the new rows exist before this failure is answered
+            return super().handle(headers, body)
+
+    receiver = Recording(script=[500, 503])
+    server = serve_receiver(receiver)
+    sink = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    owner, subscribed = await setup(engine, sink)
+    receiver.secret = subscribed["sink_secret"]
+    sub_id = subscribed["subscription"]["id"]
+    first = await publish(engine, owner, "b1", "b2")
+    pusher = Pusher(engine.call, engine.service, backoff=lambda attempt: 0.05)
+    task = asyncio.create_task(pusher.run())
+    try:
+        await wait_in_thread(lambda: first_failure_seen.wait(GUARD_SECONDS))
+        more = await publish(engine, owner, "b3", "b4")
+        more_published.set()
+        await wait_in_thread(lambda: receiver.wait_for(lambda: receiver.seqs() == first + more))
+        batch_id = f"{sub_id}:{first[0]}-{first[1]}"
+        assert attempts[:3] == [(batch_id, first)] * 3  # failed, failed, answered: the same batch each time
+        assert attempts[3:] == [(f"{sub_id}:{more[0]}-{more[1]}", more)]  # then the new ones, as a next batch
+        assert receiver.ids == [batch_id, f"{sub_id}:{more[0]}-{more[1]}"] and receiver.bad_signatures == 0
+        deadline = time.monotonic() + GUARD_SECONDS
+        while (await engine.call(engine.service.push_targets))[0]["cursor"] != more[-1] + 1:
+            assert time.monotonic() < deadline, "the last batch was never committed"
+            await asyncio.sleep(0.02)  # the commit follows the 2xx
+        assert pusher.inflight == {} and len(attempts) == 4  # nothing held once answered, nothing sent again
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        server.shutdown()
+
+
+async def test_push_starts_a_new_batch_when_the_cursor_moved_past_the_failed_one(engine: Engine) -> None:
+    """The held batch is forgotten only when the log says so: a reader committed past it meanwhile."""
+    posted: list[list[int]] = []
+    script = [500, 200, 200]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted.append([int(o["id"]) for o in json.loads(request.content)["observations"]])
+        return httpx.Response(script.pop(0))
+
+    owner, subscribed = await setup(engine, "https://hook.example/hook")
+    sub_id = subscribed["subscription"]["id"]
+    first = await publish(engine, owner, "a", "b")
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    pusher = Pusher(
+        engine.call, engine.service, http=client, resolve=lambda host: ["93.184.216.34"], allowed_sinks=()
+    )
+    pusher.targets = {t["id"]: t for t in await engine.call(engine.service.push_targets)}
+    try:
+        assert await pusher.deliver_once(sub_id) == "retry"
+        assert pusher.inflight == {sub_id: (str(first[0]), 2)}
+        more = await publish(engine, owner, "c")
+        await engine.call(engine.service.ack_as_system, sub_id, first[0] + 1)  # someone committed "a"
+        assert await pusher.deliver_once(sub_id) == "delivered"
+        assert posted == [first, [first[1], *more]]  # a new batch from the new cursor (a new webhook-id)
+        assert pusher.inflight == {}
+        assert await pusher.deliver_once(sub_id) == "idle"
+    finally:
+        await client.aclose()

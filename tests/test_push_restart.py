@@ -34,7 +34,8 @@ def test_mp_serve_pushes_signed_batches_and_commits_only_what_was_received(tmp_p
             receiver.secret = sub.sink_secret
             first = [c.publish("ci", TYPE, subject=s, token=owner).seq for s in ("a", "b")]
         receiver.wait_for(lambda: receiver.seqs() == first)
-        assert receiver.attempts == 3 and receiver.bad_signatures == 0
+        # a retried batch is unchanged (same seqs, same webhook-id): "a" may fail twice alone, then "b" follows
+        assert receiver.attempts in (3, 4) and receiver.bad_signatures == 0
 
         # The sink goes down with an observation pending; the server stops and starts again meanwhile.
         receiver.script = [503] * 1_000_000

@@ -6,6 +6,7 @@ depends on timing: each test waits for the lines it expects, in order.
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import signal
@@ -147,7 +148,8 @@ def test_watch_prints_one_line_per_observation_and_acks(tmp_path: Path, watchers
         line = w.next()
         assert line.startswith(f"OBS seq={big} type={TYPE} subject=big ")
         data = line.split(" data=", 1)[1]
-        assert len(data) == 400 and data.startswith('{"blob":"xxx') and data.endswith("…")
+        # Cut at 400 characters as a JSON string holding the start of the data's JSON, ending with "...".
+        assert len(data) <= 400 and json.loads(data).startswith('{"blob":"xxx') and data.endswith('..."')
         # Each batch is acked once printed: the committed cursor reaches past the big one.
         wait_committed(base, sid, reader, big + 1)
     finally:
@@ -306,19 +308,84 @@ def test_killed_between_print_and_ack_the_batch_comes_back(tmp_path: Path, watch
         stop_server(proc)
 
 
-def test_catch_up_replays_the_committed_history_first(tmp_path: Path, watchers: list[Watcher]) -> None:
+def test_catch_up_frames_the_backlog_and_never_replays_what_was_acked(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """The seed's invocation, as written: `--catch-up` frames what waited while nobody watched (from the
+    committed cursor to the head at start) between CATCHUP and LIVE, acks it, then follows."""
     base, proc = start_server(tmp_path)
     try:
         owner, sid, reader = setup_feed(base)
         old = publish(base, owner, "old-1", "old-2")
         with Client(base, reader) as c:
-            c.ack(sid, old[-1] + 1)
-        new = publish(base, owner, "new-1")
-        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "2", "--catch-up")
+            c.ack(sid, old[-1] + 1)  # acknowledged: never shown again
+        backlog = publish(base, owner, "new-1", "new-2", "new-3")
+        with Client(base, owner) as c:
+            head = c.state("ci").head
+        w = Watcher("--base", base, "--subscription", sid, "--token", reader, "--catch-up", "--wait", "2")
         watchers.append(w)
-        assert [(s, subj) for s, subj, _ in w.obs(2)] == [(old[0], "old-1"), (old[1], "old-2")]
-        assert w.next() == f"CAUGHT-UP {old[-1] + 1}"
-        assert w.obs(1) == [(new[0], "new-1", False)]
+        assert w.next() == f"CATCHUP 3 from={old[-1] + 1} head={head}"
+        assert w.obs(3) == [(s, f"new-{i}", False) for i, s in enumerate(backlog, 1)]
+        assert w.next() == "LIVE"
+        wait_committed(base, sid, reader, backlog[-1] + 1)  # the backlog is acknowledged as usual
+        live = publish(base, owner, "live-1")
+        assert w.obs(1) == [(live[0], "live-1", False)]
+        wait_committed(base, sid, reader, live[0] + 1)
+        w.stop()
+        # Restarted with --catch-up on a subscription with nothing waiting: an empty frame, no replay.
+        again = Watcher("--base", base, "--subscription", sid, "--token", reader, "--catch-up", "--wait", "2")
+        watchers.append(again)
+        with Client(base, owner) as c:
+            head = c.state("ci").head
+        assert again.next() == f"CATCHUP 0 from={live[0] + 1} head={head}"
+        assert again.next() == "LIVE"
+        later = publish(base, owner, "later")
+        assert again.obs(1) == [(later[0], "later", False)]
+    finally:
+        stop_server(proc)
+
+
+def test_catch_up_with_manual_ack_prints_next_inside_the_frame(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        backlog = publish(base, owner, "a", "b")
+        w = Watcher(sid, "--base", base, "--token", reader, "--catch-up", "--manual-ack", "--limit", "1")
+        watchers.append(w)
+        assert w.next().startswith("CATCHUP 2 from=0 head=")
+        assert w.obs(1) == [(backlog[0], "a", False)]
+        assert w.next() == f"NEXT {backlog[0] + 1}"
+        assert w.obs(1) == [(backlog[1], "b", False)]
+        assert w.next() == f"NEXT {backlog[1] + 1}"
+        assert w.next() == "LIVE"
+        assert committed(base, sid, reader) == 0  # manual: nothing committed by the watch
+        live = publish(base, owner, "c")
+        assert w.obs(1) == [(live[0], "c", False)]
+        assert w.next() == f"NEXT {live[0] + 1}"
+    finally:
+        stop_server(proc)
+
+
+def test_catch_up_on_a_subscription_created_at_the_head(tmp_path: Path, watchers: list[Watcher]) -> None:
+    base, proc = start_server(tmp_path)
+    try:
+        with Client(base) as c:
+            owner = c.create_monitor("ci", types=[TYPE]).owner_token
+        publish(base, owner, "before-1", "before-2")
+        with Client(base) as c:
+            s = c.subscribe("ci", "agent:late", token=owner, filter={"types": [TYPE]}, from_="head")
+            head = c.state("ci", token=owner).head
+        w = Watcher(s.subscription.id, "--token", s.token, "--base", base, "--catch-up", "--wait", "2")
+        watchers.append(w)
+        # The cursor is where the subscription started (past the backlog); the head may hold the row that
+        # logged this subscribe, which the subscription's filter does not let through.
+        assert s.subscription.cursor > 2
+        assert w.next() == f"CATCHUP 0 from={s.subscription.cursor} head={head}"
+        assert w.next() == "LIVE"
+        after = publish(base, owner, "after")
+        assert w.obs(1) == [(after[0], "after", False)]  # nothing published before it was replayed
     finally:
         stop_server(proc)
 

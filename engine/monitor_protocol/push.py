@@ -23,11 +23,18 @@ certificate check (httpx's `sni_hostname` request extension) still name the sink
 gets its own client, so a TLS connection verified for one name is never reused for another name that happens
 to share its address.
 
+A failed batch is retried unchanged (PROTOCOL.md section 9): the worker remembers the in-flight batch of each
+subscription (its first seq and its number of observations) and pulls the retry with that limit, so the same
+first N rows come back from the immutable log (same seqs, same `webhook-id`); observations appended meanwhile
+wait for the next batch. Only when the log itself says otherwise (the cursor moved past the batch, or its rows
+were compacted) does a new batch start.
+
 Signing (Standard Webhooks): `webhook-id` is `<subscription>:<first seq>-<last seq>` (stable while the same
-batch is retried, so a receiver can de-duplicate), `webhook-timestamp` is Unix seconds, and
+batch is retried, so a receiver can de-duplicate), `webhook-timestamp` is Unix seconds (of each attempt), and
 `webhook-signature` is `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>` where `key` is the base64
 decoded part of the subscription's `sink_secret` after `whsec_`. The secret is returned once, in the subscribe
-reply, as `sink_secret` (send your own `sink_secret` at subscribe to choose it).
+reply, as `sink_secret` (send your own `sink_secret` at subscribe to choose it). `verify` is the receiver's
+side: it also refuses a `webhook-timestamp` more than 5 minutes away from the receiver's clock (a replay).
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 60.0
 RESCAN_SECONDS = 5.0
+# verify: a webhook-timestamp further than this from the receiver's clock is refused (a replay)
+TIMESTAMP_TOLERANCE_SECONDS = 300.0
 
 
 def secret_key(sink_secret: str) -> bytes:
@@ -73,12 +82,24 @@ def sign(sink_secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-def verify(sink_secret: str, headers: dict[str, str], body: bytes) -> bool:
-    """What a receiver does: recompute the signature and compare in constant time (any listed v1 matches)."""
+def verify(
+    sink_secret: str,
+    headers: dict[str, str],
+    body: bytes,
+    *,
+    now: float | None = None,
+    tolerance_seconds: float = TIMESTAMP_TOLERANCE_SECONDS,
+) -> bool:
+    """What a receiver does: refuse a `webhook-timestamp` more than `tolerance_seconds` (5 minutes) away from
+    its clock (`now`, Unix seconds, default the current time), then recompute the signature and compare in
+    constant time (any listed v1 matches)."""
     lower = {k.lower(): v for k, v in headers.items()}
     msg_id, ts = lower.get("webhook-id", ""), lower.get("webhook-timestamp", "")
-    if not msg_id or not ts.isdigit():
+    if not msg_id or not ts.isascii() or not ts.isdigit() or len(ts) > 16:
         return False
+    current = time.time() if now is None else float(now)
+    if abs(current - int(ts)) > tolerance_seconds:
+        return False  # too old (a replay) or too far ahead
     expected = sign(sink_secret, msg_id, int(ts), body)
     return any(hmac.compare_digest(expected, given) for given in lower.get("webhook-signature", "").split())
 
@@ -121,6 +142,9 @@ class Pusher:
         self.workers: dict[str, asyncio.Task[None]] = {}
         self.wakes: dict[str, asyncio.Event] = {}
         self.targets: dict[str, dict[str, Any]] = {}
+        # The batch each subscription failed to deliver, as (first seq, number of observations): it is
+        # retried unchanged until the sink answers it (PROTOCOL.md section 9).
+        self.inflight: dict[str, tuple[str, int]] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -176,6 +200,7 @@ class Pusher:
             if sub_id not in targets or self.workers[sub_id].done():
                 task = self.workers.pop(sub_id)
                 self.wakes.pop(sub_id, None)
+                self.inflight.pop(sub_id, None)
                 task.cancel()
         for sub_id in targets:
             if sub_id not in self.workers:
@@ -206,15 +231,31 @@ class Pusher:
 
     async def deliver_once(self, sub_id: str) -> str:
         """One pull, one POST, one commit. Returns delivered | idle | retry | stop."""
+        outcome = await self._deliver_once(sub_id)
+        if outcome != "retry":
+            self.inflight.pop(sub_id, None)  # answered (or given up): the next batch is a new one
+        return outcome
+
+    async def _deliver_once(self, sub_id: str) -> str:
         target = self.targets.get(sub_id)
         if target is None:
             return "stop"
+        held = self.inflight.get(sub_id)
+        # A failed batch is pulled again with its own size: the log is immutable, so the same first N rows
+        # come back (same seqs, same webhook-id) and what was appended meanwhile waits for the next batch.
+        limit = held[1] if held is not None else self.limit
         try:
-            batch = await self.call(lambda: self.service.pull_as_system(sub_id, limit=self.limit))
+            batch = await self.call(lambda: self.service.pull_as_system(sub_id, limit=limit))
         except ProtocolError as err:
             log.warning("push %s: pull refused (%s: %s); delivery stopped", sub_id, err.code, err.message)
             return "stop"
         observations = batch.get("observations") or []
+        if held is not None and (not observations or str(observations[0]["id"]) != held[0]):
+            # The log moved under the batch (a reader committed past it, or its rows were compacted).
+            log.info(
+                "push %s: the failed batch from seq %s is gone from the cursor; a new batch", sub_id, held[0]
+            )
+            self.inflight.pop(sub_id, None)  # what came back (perhaps fewer rows than usual) is a new batch
         if not observations and batch.get("scan_capped"):
             # A bounded pull examined rows none of which is for this sink: commit past them and go on.
             try:
@@ -226,6 +267,8 @@ class Pusher:
             return "delivered"
         if not observations:
             return "idle"
+        # From here on a failure retries exactly this batch.
+        self.inflight[sub_id] = (str(observations[0]["id"]), len(observations))
         body = json.dumps(batch, separators=(",", ":"), ensure_ascii=False).encode()
         msg_id = f"{sub_id}:{observations[0]['id']}-{observations[-1]['id']}"
         timestamp = int(self.clock())
