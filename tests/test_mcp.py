@@ -1,23 +1,29 @@
 """`mp mcp` over stdio, driven by the official MCP SDK client (PROTOCOL.md section 9).
 
-The server runs as a real subprocess on a temporary SQLite database (embedded mode), and once against a real
-`mp serve` (`--base`). The SDK client negotiates the 2026-07-28 era by default (resource updates arrive on a
-`subscriptions/listen` stream); `mode="legacy"` exercises the handshake era (`resources/subscribe`).
+The server runs as a real subprocess on a temporary SQLite database (embedded mode), and against a real
+`mp serve` (`--base` / `MP_BASE`). The SDK client negotiates the 2026-07-28 era by default (resource updates
+arrive on a `subscriptions/listen` stream); `mode="legacy"` exercises the handshake era (`resources/subscribe`).
+The SDK client also checks every successful tool result against the tool's declared output schema.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
-from monitor_protocol.vocab import EXTENSION_ID
-from serverutil import start_server, stop_server
+from mcp.shared.exceptions import MCPError
+from monitor_protocol import __version__
+from monitor_protocol.vocab import EXTENSION_ID, PROTOCOL_VERSION
+from serverutil import bearer, mp_command, mp_env, start_server, stop_server
 
 HANG_GUARD_SECONDS = 60  # only stops a broken server from hanging the suite; no assertion depends on it
 
@@ -43,9 +49,11 @@ SECTION_9_TOOLS = {
 }
 
 
-def server_params(*args: str, env: dict[str, str] | None = None) -> StdioServerParameters:
+def server_params(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "monitor_protocol.cli", "mcp", *args], env=env
+        command=sys.executable, args=["-m", "monitor_protocol.cli", "mcp", *args], env=env, cwd=cwd
     )
 
 
@@ -71,9 +79,13 @@ async def exercise(client: Client) -> dict[str, Any]:
     publish = next(t for t in tools if t.name == "monitor_publish")
     assert "on_behalf_of" in publish.input_schema["properties"]
     assert EXTENSION_ID in (client.instructions or "")
+    # serverInfo.version is the package's; the protocol's version is said in the instructions and in the
+    # extension's settings.
+    assert client.server_info is not None and client.server_info.version == __version__
+    assert f"Monitor Protocol v{PROTOCOL_VERSION}" in (client.instructions or "")
     caps = client.server_capabilities
     # 2026-07-28: SEP-2133 extensions; handshake era: experimental capabilities.
-    assert EXTENSION_ID in (caps.extensions or caps.experimental or {})
+    assert (caps.extensions or caps.experimental or {})[EXTENSION_ID]["version"] == PROTOCOL_VERSION
 
     disc = await call(client, "monitor_discover", {})
     assert EXTENSION_ID in disc["capabilities"]["extensions"]
@@ -307,14 +319,39 @@ async def test_mcp_pull_wait_returns_on_append(tmp_path: Path) -> None:
             assert [o["subject"] for o in results[0]["observations"]] == ["x"]
 
 
+async def rest(base: str, method: str, path: str, token: str | None = None, body: Any = None) -> Any:
+    async with httpx.AsyncClient(timeout=10) as http:
+        reply = await http.request(
+            method, f"{base}/mp/v0{path}", json=body, headers=bearer(token) if token else {}
+        )
+    assert reply.status_code < 400, reply.text
+    return reply.json()
+
+
+async def active_subscriptions(base: str, monitor: str, token: str | None = None) -> int:
+    return (await rest(base, "GET", f"/monitors/{monitor}/state", token))["counters"]["subscriptions_active"]
+
+
+async def eventually(check: Any, expected: Any, *, seconds: float = 10.0) -> None:
+    """Wait for an asynchronous effect (a retire after a stream closed); fails with the last value seen."""
+    with anyio.move_on_after(seconds):
+        while (value := await check()) != expected:
+            await anyio.sleep(0.05)
+    assert value == expected
+
+
 async def test_mcp_against_a_server(tmp_path: Path) -> None:
+    """--base: a resource subscription is served by a watch subscription held in a long poll against the
+    server (not by polling its state): it exists while the stream is open and is retired after."""
     base, proc = start_server(tmp_path)
     try:
         with anyio.fail_after(HANG_GUARD_SECONDS):
             async with Client(server_params("--base", base)) as client:
                 ctx = await exercise(client)
+                assert await active_subscriptions(base, "ci") == 0
                 async with client.listen(resource_subscriptions=["monitor://ci/state"]) as stream:
-                    await call(
+                    assert await active_subscriptions(base, "ci") == 1  # the watch, opened before the ack
+                    published = await call(
                         client,
                         "monitor_publish",
                         {
@@ -327,6 +364,9 @@ async def test_mcp_against_a_server(tmp_path: Path) -> None:
                     async for event in stream:
                         assert event.uri == "monitor://ci/state"
                         break
+                    state = json.loads((await client.read_resource("monitor://ci/state")).contents[0].text)
+                    assert state["head"] >= published["seq"]
+                await eventually(lambda: active_subscriptions(base, "ci"), 0)
     finally:
         stop_server(proc)
 
@@ -350,3 +390,377 @@ def test_mcp_embedded_refuses_a_database_held_by_a_server(tmp_path: Path) -> Non
         stop_server(proc)
     assert ran.returncode == 1
     assert ran.stderr.startswith("mp mcp: ") and "--base URL" in ran.stderr
+
+
+class Updates:
+    """A message handler that records `notifications/resources/updated` with their arrival times."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, str]] = []
+        self.arrived = anyio.Event()
+
+    async def __call__(self, message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            self.seen.append((anyio.current_time(), str(message.params.uri)))
+            self.arrived.set()
+
+    async def after(self, moment: float) -> None:
+        """Wait until a notification has arrived at or after `moment`."""
+        while not any(t >= moment for t, _ in self.seen):
+            self.arrived = anyio.Event()
+            await self.arrived.wait()
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+async def test_mcp_against_a_server_legacy_subscribe_is_woken_by_the_long_poll(tmp_path: Path) -> None:
+    """MP_BASE picks the server (no --base), MP_TOKEN serves a private monitor's resources, the watch's own
+    rows wake nobody, a publish wakes the subscriber, and unsubscribing retires the watch."""
+    base, proc = start_server(tmp_path)
+    try:
+        created = await rest(base, "POST", "/monitors", body={"id": "priv", "types": ["com.example.x"]})
+        owner = created["owner_token"]
+        updates = Updates()
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            async with Client(
+                server_params(env={"MP_BASE": base, "MP_TOKEN": owner}),
+                mode="legacy",
+                message_handler=updates,
+            ) as client:
+                assert base in (client.instructions or "")
+                state = json.loads((await client.read_resource("monitor://priv/state")).contents[0].text)
+                await client.session.subscribe_resource("monitor://priv/state")
+                assert await active_subscriptions(base, "priv", owner) == 1
+                await anyio.sleep(0.6)
+                assert updates.seen == []  # the watch's own subscribed row is not news
+                before = anyio.current_time()
+                await rest(base, "POST", "/monitors/priv/observations", owner, {"type": "com.example.x"})
+                await updates.after(before)
+                assert updates.seen[-1][1] == "monitor://priv/state"
+                now = json.loads((await client.read_resource("monitor://priv/state")).contents[0].text)
+                assert now["head"] > state["head"]
+                await client.session.unsubscribe_resource("monitor://priv/state")
+                await eventually(lambda: active_subscriptions(base, "priv", owner), 0)
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+@pytest.mark.parametrize("door", ["embedded", "base"])
+async def test_mcp_resource_subscription_that_cannot_be_served_is_refused(tmp_path: Path, door: str) -> None:
+    """No such monitor, or a private one the environment's token cannot see: the subscribe request (either
+    era) fails instead of succeeding silently and never notifying."""
+    proc = None
+    if door == "base":
+        base, proc = start_server(tmp_path)
+        await rest(base, "POST", "/monitors", body={"id": "priv", "types": ["com.example.x"]})
+        args: tuple[str, ...] = ("--base", base)
+    else:
+        args = ("--db", str(tmp_path / "mcp.db"))
+    try:
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            async with Client(server_params(*args)) as client:
+                if door == "embedded":
+                    await call(client, "monitor_create", {"id": "priv", "types": ["com.example.x"]})
+                for uri in ("monitor://priv/state", "monitor://nope/state", "monitor://nope/definition"):
+                    with pytest.raises(MCPError) as err:
+                        async with client.listen(resource_subscriptions=[uri]):
+                            pass
+                    assert "NOT_FOUND" in str(err.value)
+                with pytest.raises(MCPError):
+                    async with client.listen(resource_subscriptions=["https://example.com/x"]):
+                        pass
+            async with Client(server_params(*args), mode="legacy") as client:
+                for uri in ("monitor://priv/state", "monitor://nope/state"):
+                    with pytest.raises(MCPError) as err:
+                        await client.session.subscribe_resource(uri)
+                    assert "NOT_FOUND" in str(err.value)
+    finally:
+        if proc is not None:
+            stop_server(proc)
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+async def test_mcp_resource_updates_are_coalesced(tmp_path: Path) -> None:
+    """20 quick publishes: at most one notification per resource per 250 ms, and the last change is
+    notified after it happened."""
+    updates = Updates()
+    with anyio.fail_after(HANG_GUARD_SECONDS):
+        async with Client(
+            server_params("--db", str(tmp_path / "mcp.db")), mode="legacy", message_handler=updates
+        ) as client:
+            owner = (
+                await call(
+                    client, "monitor_create", {"id": "qq", "types": ["com.example.q"], "visibility": "public"}
+                )
+            )["owner_token"]
+            await client.session.subscribe_resource("monitor://qq/state")
+            started = anyio.current_time()
+            for i in range(20):
+                last = anyio.current_time()
+                await call(
+                    client,
+                    "monitor_publish",
+                    {"id": "qq", "type": "com.example.q", "subject": f"s{i}", "token": owner},
+                )
+            elapsed = anyio.current_time() - started
+            with anyio.fail_after(5):
+                await updates.after(last)  # the trailing notification, however the publishes fell
+            await anyio.sleep(0.6)  # anything still due arrives now
+    times = [t for t, uri in updates.seen if uri == "monitor://qq/state"]
+    assert 1 <= len(times) < 20
+    assert len(times) <= int((elapsed + 0.5) / 0.25) + 1
+    assert all(b - a >= 0.15 for a, b in zip(times, times[1:], strict=False))  # 250 ms less jitter
+
+
+async def test_coalescer_sends_once_per_window_and_always_the_last_change() -> None:
+    from monitor_protocol.mcp_server import Coalescer
+
+    loop = asyncio.get_running_loop()
+    sent: list[tuple[float, str]] = []
+
+    async def send(key: str) -> None:
+        sent.append((loop.time(), key))
+
+    coalescer = Coalescer(send, interval=0.25)
+    first = loop.time()
+    coalescer.changed("b")
+    changes = []
+    for _ in range(20):
+        coalescer.changed("a")
+        changes.append(loop.time())
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.4)
+    a = [t for t, k in sent if k == "a"]
+    b = [t for t, k in sent if k == "b"]
+    assert len(b) == 1 and b[0] - first < 0.05  # a quiet key is sent at once
+    assert a[0] - changes[0] < 0.05
+    assert all(y - x >= 0.24 for x, y in zip(a, a[1:], strict=False))
+    assert len(a) <= int((changes[-1] - changes[0]) / 0.25) + 2 < 20
+    assert a[-1] >= changes[-1]  # the last change is always followed by a send
+    coalescer.close()
+
+
+async def test_mcp_tools_declare_output_schemas_annotations_and_bounds(tmp_path: Path) -> None:
+    with anyio.fail_after(HANG_GUARD_SECONDS):
+        async with Client(server_params("--db", str(tmp_path / "mcp.db"))) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            for tool in tools.values():
+                assert tool.output_schema and tool.output_schema["type"] == "object", tool.name
+                hints = tool.annotations
+                assert None not in (
+                    hints.read_only_hint,
+                    hints.destructive_hint,
+                    hints.idempotent_hint,
+                    hints.open_world_hint,
+                ), tool.name
+                for path, node in integer_nodes(tool.input_schema):
+                    assert "minimum" in node and "maximum" in node, f"{tool.name}.{path} is unbounded"
+            read_only = {n for n, t in tools.items() if t.annotations.read_only_hint}
+            assert read_only == {
+                "monitor_discover",
+                "monitor_list",
+                "monitor_get",
+                "monitor_state",
+                "monitor_pull",
+            }
+            destructive = {n for n, t in tools.items() if t.annotations.destructive_hint}
+            assert destructive == {"monitor_configure", "monitor_renew", "monitor_retire_subscription"}
+            assert tools["monitor_ack"].annotations.idempotent_hint is True
+            assert tools["lease_claim"].annotations.idempotent_hint is True
+            assert tools["monitor_publish"].annotations.idempotent_hint is False
+            assert "idempotency_key" in tools["monitor_publish"].input_schema["properties"]
+            assert tools["monitor_subscribe"].annotations.open_world_hint is True  # a push sink
+            pull = tools["monitor_pull"].input_schema["properties"]
+            assert (pull["limit"]["minimum"], pull["limit"]["maximum"]) == (1, 200)
+            assert (pull["wait"]["minimum"], pull["wait"]["maximum"]) == (0, 50)
+            assert (pull["cursor"]["minimum"], pull["cursor"]["maximum"]) == (0, 2**53)
+            lease = tools["lease_claim"].input_schema["properties"]["lease_duration_seconds"]
+            assert (lease["minimum"], lease["maximum"]) == (1, 86400)
+
+            owner = (
+                await call(
+                    client,
+                    "monitor_create",
+                    {"id": "b1", "types": ["com.example.b"], "capabilities": ["observe", "act"]},
+                )
+            )["owner_token"]
+            sub = await call(
+                client,
+                "monitor_subscribe",
+                {
+                    "monitor": "b1",
+                    "subscriber": "agent:b",
+                    "capabilities": ["observe", "act"],
+                    "token": owner,
+                },
+            )
+            reader = {"subscription": sub["subscription"]["id"], "token": sub["token"]}
+            refusals = [
+                ("monitor_pull", {"limit": 0}, "limit"),
+                ("monitor_pull", {"limit": 201}, "limit"),
+                ("monitor_pull", {"limit": "ten"}, "limit"),
+                ("monitor_pull", {"wait": 51}, "wait"),
+                ("monitor_pull", {"wait": -1}, "wait"),
+                ("monitor_pull", {"cursor": -1}, "cursor"),
+                ("monitor_pull", {"cursor": 2**53 + 1}, "cursor"),
+                ("monitor_ack", {"cursor": 10**30}, "cursor"),
+                ("monitor_seek", {"cursor": -5, "reason": "x"}, "cursor"),
+                ("lease_claim", {"subject": "s", "lease_duration_seconds": 0}, "lease_duration_seconds"),
+                ("lease_claim", {"subject": "s", "lease_duration_seconds": 86401}, "lease_duration_seconds"),
+                ("lease_renew", {"subject": "s", "lease_duration_seconds": 10**20}, "lease_duration_seconds"),
+            ]
+            for name, extra, field in refusals:
+                body = await refused(client, name, {**reader, **extra})
+                assert body["code"] == "INVALID" and body["field"] == field, (name, extra, body)
+            for name, args, field in [
+                ("monitor_create", {"id": "b2", "ttl_seconds": 0}, "ttl_seconds"),
+                ("monitor_subscribe", {"monitor": "b1", "subscriber": "agent:c", "from": -1}, "from"),
+                (
+                    "monitor_subscribe",
+                    {"monitor": "b1", "subscriber": "agent:c", "retire_after_mute_seconds": 2**54},
+                    "retire_after_mute_seconds",
+                ),
+                (
+                    "monitor_publish",
+                    {"id": "b1", "type": "com.example.b", "supersedes": -1, "token": owner},
+                    "supersedes",
+                ),
+                (
+                    "monitor_publish",
+                    {"id": "b1", "type": "com.example.b", "idempotency_key": "", "token": owner},
+                    "idempotency_key",
+                ),
+            ]:
+                body = await refused(client, name, args)
+                assert body["code"] == "INVALID" and body["field"] == field, (name, args, body)
+            missing = await refused(client, "monitor_ack", {"subscription": reader["subscription"]})
+            assert missing["code"] == "INVALID" and missing["field"] == "cursor"
+            # ... and the server is still there, bounds inclusive.
+            ok = await call(client, "monitor_pull", {**reader, "limit": 200, "wait": 0, "cursor": 0})
+            assert ok["monitor"] == "b1"
+
+            # Publish is idempotent only with an idempotency_key: the retry returns the first reply.
+            args = {
+                "id": "b1",
+                "type": "com.example.b",
+                "subject": "once",
+                "token": owner,
+                "idempotency_key": "k-1",
+            }
+            first = await call(client, "monitor_publish", args)
+            again = await call(client, "monitor_publish", args)
+            assert again["seq"] == first["seq"] and again["idempotent"] is True
+            plain = {k: v for k, v in args.items() if k != "idempotency_key"}
+            assert (await call(client, "monitor_publish", plain))["seq"] > first["seq"]
+
+
+def integer_nodes(schema: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every sub-schema that admits an integer or a number, with where it is."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(schema, dict):
+        kind = schema.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        if "integer" in kinds or "number" in kinds:
+            found.append((path, schema))
+        for key, value in schema.items():
+            sub = f"{path}.{key}" if key not in ("properties", "anyOf", "items") else path
+            if key == "properties":
+                for name, prop in value.items():
+                    found += integer_nodes(prop, f"{path}.{name}".lstrip("."))
+            elif isinstance(value, (dict, list)):
+                found += integer_nodes(value, sub)
+    elif isinstance(schema, list):
+        for item in schema:
+            found += integer_nodes(item, path)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- paths, env
+
+
+def mcp_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`mp mcp ...` with nothing on stdin: for the failures that happen before the MCP session starts."""
+    return subprocess.run(
+        mp_command("mcp", *args),
+        input="",
+        capture_output=True,
+        text=True,
+        env={**mp_env(), **(env or {})},
+        timeout=60,
+    )
+
+
+def test_mcp_db_that_cannot_be_used_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "x.db"
+    ran = mcp_run("--db", str(missing))
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert (
+        ran.stderr.startswith("mp mcp: ") and f"the directory {missing.parent} does not exist" in ran.stderr
+    )
+    ran = mcp_run("--db", "$MP_TEST_SURELY_UNSET/x.db")
+    assert (
+        ran.returncode == 2
+        and "MP_TEST_SURELY_UNSET is not set" in ran.stderr
+        and "Traceback" not in ran.stderr
+    )
+    ran = mcp_run("--db", str(tmp_path))
+    assert ran.returncode == 2 and "is a directory" in ran.stderr
+    (tmp_path / "junk.db").write_bytes(b"this is not a database, not at all" * 100)
+    ran = mcp_run("--db", str(tmp_path / "junk.db"))
+    assert ran.returncode == 1 and ran.stderr.startswith("mp mcp: ") and "Traceback" not in ran.stderr
+
+
+async def test_mcp_db_expands_home_and_variables(tmp_path: Path) -> None:
+    """MCP clients start the server without a shell: `~` and `$VAR` in --db are expanded by mp mcp."""
+    home, data = tmp_path / "home", tmp_path / "data"
+    home.mkdir()
+    data.mkdir()
+    env = {"HOME": str(home), "MP_TEST_DATA": str(data)}
+    for spelled, where in (("~/a.db", home / "a.db"), ("${MP_TEST_DATA}/b.db", data / "b.db")):
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            async with Client(server_params("--db", spelled, env=env, cwd=tmp_path)) as client:
+                assert str(where) in (client.instructions or "")
+                await call(client, "monitor_create", {"id": "here"})
+        assert where.is_file(), spelled
+    assert not any(p.name.endswith(".db") for p in tmp_path.iterdir())
+
+
+async def test_mcp_default_db_lives_in_the_user_data_directory(tmp_path: Path) -> None:
+    """Without --db: $XDG_DATA_HOME/monitor-protocol/monitor-protocol.db, else ~/.local/share/..., created
+    if missing and named in the instructions; never the client's working directory."""
+    home, xdg, cwd = tmp_path / "home", tmp_path / "xdg", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    cases = [
+        ({"HOME": str(home), "XDG_DATA_HOME": str(xdg)}, xdg / "monitor-protocol" / "monitor-protocol.db"),
+        ({"HOME": str(home)}, home / ".local" / "share" / "monitor-protocol" / "monitor-protocol.db"),
+    ]
+    for env, where in cases:
+        assert not where.parent.exists()
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            async with Client(server_params(env=env, cwd=cwd)) as client:
+                assert str(where) in (client.instructions or "")
+                listed = await call(client, "monitor_list", {})
+                assert listed["monitors"] == []  # a fresh database, not the other case's
+                await call(client, "monitor_create", {"id": "mine", "visibility": "public"})
+        assert where.is_file()
+    assert list(cwd.iterdir()) == []
+
+
+async def test_mcp_environment_chooses_the_door(tmp_path: Path) -> None:
+    """MP_BASE (and the deprecated MP_MCP_BASE) select the server; an explicit --db still wins."""
+    base, proc = start_server(tmp_path)
+    try:
+        await rest(base, "POST", "/monitors", body={"id": "remote", "visibility": "public"})
+        for env in ({"MP_BASE": base}, {"MP_MCP_BASE": base}):
+            with anyio.fail_after(HANG_GUARD_SECONDS):
+                async with Client(server_params(env=env, cwd=tmp_path)) as client:
+                    listed = await call(client, "monitor_list", {})
+                    assert [m["id"] for m in listed["monitors"]] == ["remote"], env
+        local = tmp_path / "local.db"
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            async with Client(server_params("--db", str(local), env={"MP_BASE": base})) as client:
+                assert (await call(client, "monitor_list", {}))["monitors"] == []
+        assert local.is_file()
+    finally:
+        stop_server(proc)

@@ -5,18 +5,23 @@ Two backends behind the same tools and resources:
 * embedded (`EmbeddedBackend`): a `MonitorService` on a SQLite file, entered by one engine thread (the store
   is opened on it). The mute sweep and lease expiry run on a one-second timer; appends wake resource
   subscribers through `service.add_listener`, and a pull asked to `wait` is held until an append.
-* remote (`RemoteBackend`): an `mp serve` reached through `monitor_protocol.client.AsyncClient`; subscribed
-  resources are watched by polling each monitor's state once a second (only while someone subscribed).
+* remote (`RemoteBackend`): an `mp serve` reached through `monitor_protocol.client.AsyncClient`. A subscribed
+  resource is followed by a watch subscription of this process (`mcp:resources-<hex>`, observe only, from the
+  head) held in a long poll against the server; it is retired when nobody listens any more.
 
 Tools take their token as the `token` argument; when absent, the environment supplies it by role, as for the
 CLI: owner tools (publish, configure, subscribe) MP_OWNER_TOKEN then MP_TOKEN, reader tools (pull, ack, seek,
 renew, retire_subscription, lease_*) MP_READER_TOKEN then MP_TOKEN, the rest (discover, list, get, state,
-create, and resource reads) MP_TOKEN then MP_OWNER_TOKEN. A protocol refusal comes back as a tool error
-(`isError: true`) whose text starts with the code and whose structured content is the REST error body.
+create, and resources) MP_TOKEN then MP_OWNER_TOKEN. Every tool declares an output schema and its
+annotations; arguments are checked against the input schema (bounds included) before anything runs. A
+protocol refusal comes back as a tool error (`isError: true`) whose text starts with the code and whose
+structured content is the REST error body.
 
 Resource updates reach both MCP eras: `resources/subscribe` (handshake era) gets
 `notifications/resources/updated` on its session, and `subscriptions/listen` (2026-07-28) streams get the same
-notification through the SDK's subscription bus. Notifications are wake-ups only; delivery is pull + ack.
+notification through the SDK's subscription bus; at most one per resource per 250 ms, the last change always
+notified. A subscription the environment's token cannot serve (no such monitor, an invisible one) is refused.
+Notifications are wake-ups only; delivery is pull + ack.
 """
 
 from __future__ import annotations
@@ -26,21 +31,29 @@ import json
 import logging
 import os
 import re
+import secrets
+import sqlite3
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 
+from . import __version__
 from .errors import ProtocolError
 from .validation import as_int
 from .vocab import (
     CAPABILITIES,
     EXTENSION_ID,
     HORIZONS,
+    IDEMPOTENCY_KEY_MAX_CHARS,
     JSONRPC_CODE,
+    MAX_INTEGER,
+    MAX_LEASE_SECONDS,
+    MAX_LIMIT,
     ORIGINS,
     PROTOCOL_VERSION,
     PROTOCOLS,
@@ -49,26 +62,38 @@ from .vocab import (
     VERIFICATIONS,
     VISIBILITIES,
 )
+from .vocab import MAX_WAIT_SECONDS as _MAX_WAIT
 
 log = logging.getLogger("monitor_protocol.mcp")
 
 SERVER_NAME = "monitor-protocol"
 SWEEP_INTERVAL_SECONDS = 1.0
-POLL_INTERVAL_SECONDS = 1.0
-MAX_WAIT_SECONDS = 50.0
+MAX_WAIT_SECONDS = float(_MAX_WAIT)
+NOTIFY_INTERVAL_SECONDS = 0.25  # at most one resources/updated per resource in this window
+WATCH_WAIT_SECONDS = 30  # --base: the long poll a watch subscription holds against the server
+WATCH_MUTE_SECONDS = 3600  # a watch left behind by a killed process is retired by the server's sweep
+WATCH_BACKOFF_MAX_SECONDS = 10.0
 RESOURCE_URI = re.compile(r"^monitor://([^/]+)/(definition|state)$")
 
 OWNER_ENV = ("MP_OWNER_TOKEN", "MP_TOKEN")
 READER_ENV = ("MP_READER_TOKEN", "MP_TOKEN")
 VIEWER_ENV = ("MP_TOKEN", "MP_OWNER_TOKEN")
 
-INSTRUCTIONS = (
-    f"Monitor Protocol v{PROTOCOL_VERSION} (MCP extension {EXTENSION_ID}). A monitor is an append-only log of "
-    "observations with a computed state. To follow one: monitor_subscribe (keep the reader token it returns), "
-    "then repeat monitor_pull and, once you have handled the batch, monitor_ack with the pull's `next`. Pull "
-    "never commits; only ack does. Work items are claimed with lease_claim and finished with lease_complete. "
-    "Resources monitor://{id}/definition and monitor://{id}/state can be subscribed to for wake-ups."
-)
+
+def instructions(where: str) -> str:
+    """What the agent is told at initialize: the protocol, the cycle, and where the monitors are kept."""
+    return (
+        f"Monitor Protocol v{PROTOCOL_VERSION} (MCP extension {EXTENSION_ID}; server {SERVER_NAME} "
+        f"{__version__}). {where} A monitor is an append-only log of observations with a computed state. "
+        "To follow one: monitor_subscribe (keep the reader token it returns), then repeat monitor_pull and, "
+        "once you have handled the batch, monitor_ack with the pull's `next`. Pull never commits; only ack "
+        "does. Give monitor_publish an idempotency_key so a retry cannot append twice. Work items are claimed "
+        "with lease_claim and finished with lease_complete. Resources monitor://{id}/definition and "
+        "monitor://{id}/state can be subscribed to for wake-ups."
+    )
+
+
+INSTRUCTIONS = instructions("")
 
 
 class ToolFailure(Exception):
@@ -79,12 +104,59 @@ class ToolFailure(Exception):
         self.body = body
 
 
+class DatabaseUnavailable(RuntimeError):
+    """The embedded database could not be opened (the message names the file and the reason)."""
+
+
 def env_token(roles: tuple[str, ...]) -> str | None:
     for name in roles:
         value = os.environ.get(name)
         if value:
             return value
     return None
+
+
+class Coalescer:
+    """At most one `send(key)` per key per `interval` seconds. The first change of a quiet key is sent at
+    once; changes inside the window are folded into one send when the window closes, so the last change is
+    always followed by a send."""
+
+    def __init__(
+        self, send: Callable[[str], Awaitable[None]], interval: float = NOTIFY_INTERVAL_SECONDS
+    ) -> None:
+        self.send = send
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._pending: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def changed(self, key: str) -> None:
+        """Called on the loop for every change of `key`."""
+        if key in self._pending:
+            return  # a send is already due at the end of this window; it will carry this change too
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = self._last.get(key, float("-inf")) + self.interval
+        if now >= due:
+            self._fire(key)
+        else:
+            self._pending[key] = loop.call_later(due - now, self._fire, key)
+
+    def _fire(self, key: str) -> None:
+        self._pending.pop(key, None)
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._last[key] = now
+        if len(self._last) > 1024:  # forget keys whose window is long closed
+            self._last = {k: t for k, t in self._last.items() if now - t < self.interval}
+        task = loop.create_task(self.send(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        for handle in self._pending.values():
+            handle.cancel()
+        self._pending.clear()
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -104,17 +176,28 @@ class EmbeddedBackend:
         self._on_change: Callable[[str], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
+    def where(self) -> str:
+        return (
+            f"Monitors are kept in the SQLite database {self.db_path} (embedded); tell the user this path "
+            "when they ask where their monitors live."
+        )
+
     async def start(self, on_change: Callable[[str], None]) -> None:
         import time
 
         from .service import MonitorService
-        from .store.sqlite import SQLiteStore
+        from .store.sqlite import SQLiteStore, StoreCorrupt, StoreLocked
 
         self.loop = asyncio.get_running_loop()
         self._on_change = on_change
 
         def build() -> None:
-            self.store = SQLiteStore(self.db_path)
+            try:
+                self.store = SQLiteStore(self.db_path)
+            except (StoreLocked, StoreCorrupt):
+                raise
+            except (sqlite3.Error, OSError) as exc:
+                raise DatabaseUnavailable(f"cannot open the database {self.db_path}: {exc}") from exc
             self.service = MonitorService(self.store, clock=time.time)
             self.service.add_listener(self._appended)
 
@@ -135,6 +218,12 @@ class EmbeddedBackend:
         if close is not None:
             await self._engine(close)
         self.executor.shutdown(wait=True)
+
+    async def watch(self, monitor_id: str) -> None:
+        """Appends reach `on_change` through the service's listener: nothing to set up."""
+
+    async def unwatch(self, monitor_id: str) -> None:
+        pass
 
     async def _engine(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -249,60 +338,134 @@ class EmbeddedBackend:
 
 
 class RemoteBackend:
-    """An `mp serve` over HTTP, through the async client; resource changes are found by polling state."""
+    """An `mp serve` over HTTP, through the async client. A watched monitor is followed by a watch
+    subscription of this process held in a long poll (`wait`), so a change wakes it as soon as it lands."""
 
-    def __init__(self, base: str, *, poll_interval: float = POLL_INTERVAL_SECONDS) -> None:
+    def __init__(self, base: str, *, watch_wait: int = WATCH_WAIT_SECONDS) -> None:
         from .client import AsyncClient
 
+        self.base = base
         self.client = AsyncClient(base)
-        self.poll_interval = poll_interval
-        self.watched: Callable[[], set[str]] = set
+        self.watch_wait = watch_wait
+        # One subscriber name per process: its watch subscriptions are told apart from everyone else's.
+        self.subscriber = f"mcp:resources-{secrets.token_hex(4)}"
         self._on_change: Callable[[str], None] | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._heads: dict[str, Any] = {}
+        self._watches: dict[str, dict[str, Any]] = {}  # monitor -> {id, token, task}
+        self._lock = asyncio.Lock()
 
-    async def start(self, on_change: Callable[[str], None], watched: Callable[[], set[str]] = set) -> None:
+    def where(self) -> str:
+        return f"Monitors are kept by the Monitor Protocol server at {self.base} (this MCP server is its client)."
+
+    async def start(self, on_change: Callable[[str], None]) -> None:
         self._on_change = on_change
-        self.watched = watched
-        self._task = asyncio.create_task(self._poller(), name="mp-mcp-poll")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        async with self._lock:
+            watched = list(self._watches)
+        if watched:
             try:
-                await self._task
-            except asyncio.CancelledError:
+                await asyncio.wait_for(
+                    asyncio.gather(*(self.unwatch(m) for m in watched), return_exceptions=True), 2.0
+                )
+            except TimeoutError:
                 pass
         await self.client.aclose()
 
-    async def _mark(self, monitor_id: str) -> Any:
-        from .client import ConnectionFailed, MonitorProtocolError
+    def watched(self) -> set[str]:
+        return set(self._watches)
 
-        try:
-            state = await self.client.request(
-                "GET", f"/monitors/{_seg(monitor_id)}/state", token=env_token(VIEWER_ENV)
+    async def watch(self, monitor_id: str) -> None:
+        """Open (once per monitor) the watch subscription and its long-poll task; a refusal (no such
+        monitor, an invisible one, no observe grant) or an unreachable server raises ToolFailure."""
+        async with self._lock:
+            if monitor_id in self._watches:
+                return
+            reply = await self._subscribe_watch(monitor_id, env_token(VIEWER_ENV))
+            watch = {"id": reply["subscription"]["id"], "token": reply["token"]}
+            self._watches[monitor_id] = watch
+            watch["task"] = asyncio.create_task(
+                self._follow(monitor_id, watch), name=f"mp-mcp-watch-{monitor_id}"
             )
-            return (state.get("head"), json.dumps(state.get("live"), sort_keys=True))
-        except (ConnectionFailed, MonitorProtocolError) as exc:
-            return ("error", getattr(exc, "code", "DOWN"))
 
-    async def prime(self, monitor_id: str) -> None:
-        """Record where a newly watched monitor stands, so the first change after a subscribe is seen."""
-        if monitor_id not in self._heads:
-            self._heads[monitor_id] = await self._mark(monitor_id)
+    async def unwatch(self, monitor_id: str) -> None:
+        async with self._lock:
+            watch = self._watches.pop(monitor_id, None)
+        if watch is None:
+            return
+        task = watch.get("task")
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        try:
+            await self._req(
+                "POST",
+                f"/subscriptions/{_seg(watch['id'])}/retire",
+                watch["token"],
+                {"reason": "no MCP client listens any more"},
+            )
+        except ToolFailure as failure:
+            log.info("watch of %s not retired: %s", monitor_id, failure)
 
-    async def _poller(self) -> None:
+    async def _subscribe_watch(self, monitor_id: str, token: str | None) -> Any:
+        body = {
+            "monitor": monitor_id,
+            "subscriber": self.subscriber,
+            "capabilities": ["observe"],
+            "from": "head",
+            "retire_after_mute_seconds": WATCH_MUTE_SECONDS,
+        }
+        return await self._req("POST", "/subscriptions", token, body)
+
+    def _own(self, observation: Any) -> bool:
+        """This process's own subscribe/retire rows: not a change anybody needs to hear about."""
+        return isinstance(observation, dict) and observation.get("actor") == self.subscriber
+
+    def _changed(self, monitor_id: str) -> None:
+        if self._on_change is not None:
+            self._on_change(monitor_id)
+
+    async def _follow(self, monitor_id: str, watch: dict[str, Any]) -> None:
+        """Long-poll the watch subscription; every batch is acked and, unless it is only this process's own
+        rows, reported as a change. After a failure the watch retries with backoff and reports one change
+        when it works again (something may have happened meanwhile)."""
+        loop = asyncio.get_running_loop()
+        backoff = 0.5
+        failed = False
         while True:
-            await asyncio.sleep(self.poll_interval)
-            watched = self.watched()
-            for monitor_id in sorted(watched):
-                mark = await self._mark(monitor_id)
-                before = self._heads.get(monitor_id)
-                self._heads[monitor_id] = mark
-                if before is not None and before != mark and self._on_change is not None:
-                    self._on_change(monitor_id)
-            for gone in set(self._heads) - watched:
-                del self._heads[gone]
+            started = loop.time()
+            try:
+                reply = await self.pull(watch["id"], watch["token"], limit=MAX_LIMIT, wait=self.watch_wait)
+            except ToolFailure as failure:
+                if not failed:
+                    log.warning("watch of %s failed: %s", monitor_id, failure)
+                    self._changed(monitor_id)  # the resource may now read differently (or not at all)
+                failed = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, WATCH_BACKOFF_MAX_SECONDS)
+                if failure.body.get("code") != "CONNECTION_FAILED":
+                    # Retired (mute, revoked) or re-keyed elsewhere: re-subscribe with the watch's own token.
+                    try:
+                        again = await self._subscribe_watch(monitor_id, watch["token"])
+                        watch["id"], watch["token"] = again["subscription"]["id"], again["token"]
+                    except ToolFailure:
+                        pass
+                continue
+            if failed:
+                failed, backoff = False, 0.5
+                self._changed(monitor_id)
+            observations = reply.get("observations") or []
+            if observations:
+                try:
+                    await self.ack(watch["id"], watch["token"], {"cursor": reply["next"]})
+                except ToolFailure as failure:
+                    log.info("watch of %s: ack failed: %s", monitor_id, failure)
+                if not all(self._own(o) for o in observations):
+                    self._changed(monitor_id)
+            elif loop.time() - started < 0.05:
+                await asyncio.sleep(0.5)  # a server that does not hold long polls is not spun on
 
     async def _req(
         self,
@@ -406,6 +569,12 @@ def _enum(values: tuple[str, ...], text: str) -> dict[str, Any]:
     return {"type": "string", "enum": list(values), "description": text}
 
 
+def _int(text: str, minimum: int = 0, maximum: int = MAX_INTEGER) -> dict[str, Any]:
+    """Every integer a tool takes is bounded in its schema (and refused outside, before anything runs)."""
+    return {"type": "integer", "minimum": minimum, "maximum": maximum, "description": text}
+
+
+SEQ = _int("a seq (0..2^53)")
 TOKEN = _s("string", "bearer token for this call (else taken from the MCP server's environment)")
 MONITOR_ID = _s("string", "monitor id")
 SUB_ID = _s("string", "subscription id (sub-...)")
@@ -416,6 +585,10 @@ FILTER = _s(
     additionalProperties=True,
 )
 CAP_LIST = {"type": "array", "items": {"type": "string", "enum": list(CAPABILITIES)}}
+SEQ_OR_ID = {
+    "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": MAX_INTEGER}],
+    "description": "a seq (0..2^53) or an observation id",
+}
 
 PUBLISH_FIELDS: dict[str, Any] = {
     "type": _s("string", "observation type, reverse-DNS, declared in the monitor's types"),
@@ -436,10 +609,17 @@ PUBLISH_FIELDS: dict[str, Any] = {
     "rule": _s("string", "the rule that produced it"),
     "wasDerivedFrom": {
         "type": "array",
-        "items": {"type": ["string", "integer"]},
+        "items": SEQ_OR_ID,
         "description": "seqs or ids this was derived from",
     },
-    "supersedes": _s(["string", "integer"], "the seq this observation corrects (P13)"),
+    "supersedes": {**SEQ_OR_ID, "description": "the seq this observation corrects (P13)"},
+    "idempotency_key": _s(
+        "string",
+        "makes a retry safe: a repeat with the same key within 24 h returns the first reply (same seq, "
+        "idempotent: true) and appends nothing. 1-128 printable ASCII characters",
+        minLength=1,
+        maxLength=IDEMPOTENCY_KEY_MAX_CHARS,
+    ),
 }
 
 MONITOR_FIELDS: dict[str, Any] = {
@@ -455,11 +635,67 @@ MONITOR_FIELDS: dict[str, Any] = {
     "source": _s("object", "{kind, ref, settings}", additionalProperties=True),
     "filter": FILTER,
     "rules": _s("array", "mechanical rules"),
-    "ttl_seconds": _s("integer", "stale after this many seconds without an observation"),
-    "retire_after_mute_seconds": _s("integer", "retire subscriptions that do not pull for this long"),
+    "ttl_seconds": _int("stale after this many seconds without an observation", 1),
+    "retire_after_mute_seconds": _int("retire subscriptions that do not pull for this long", 1),
     "subscribe_token": _s("boolean", "mint a subscribe token"),
     "token": _s("string", "the server's registration token, when it requires one"),
 }
+
+# ---- output schemas: the top level of each reply, nested objects named after the published schemas.
+
+
+def _obj(text: str, required: tuple[str, ...] = (), **props: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": text,
+        "properties": props,
+        "required": list(required),
+        "additionalProperties": True,
+    }
+
+
+def _out(required: tuple[str, ...], **props: Any) -> dict[str, Any]:
+    schema = _obj("", required, **props)
+    del schema["description"]
+    return schema
+
+
+INT = {"type": "integer"}
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+MONITOR_OUT = _obj(
+    "a Monitor (schemas/monitor.json)",
+    ("id", "version", "owner", "visibility"),
+    id=STR,
+    version=INT,
+    owner=STR,
+    visibility=STR,
+    active=BOOL,
+    head=INT,
+)
+OBSERVATION_OUT = _obj(
+    "an observation, a CloudEvent (schemas/observation.json)", ("id", "type"), id=STR, type=STR
+)
+SUBSCRIPTION_OUT = _obj(
+    "a Subscription (schemas/subscription.json)",
+    ("id", "monitor", "subscriber", "cursor"),
+    id=STR,
+    monitor=STR,
+    subscriber=STR,
+    cursor=INT,
+    capabilities={"type": "array", "items": STR},
+)
+LEASE_OUT = _obj("a Lease (schemas/lease.json)", ("subject",), subject=STR)
+STATE_OUT = _out(
+    ("monitor", "head", "live"),
+    monitor=STR,
+    head=INT,
+    live=_obj("whether the monitor is live, and why not", ("value",), value=BOOL),
+)
+LEASE_DONE_OUT = _out(("ok", "seq"), ok=BOOL, seq=INT, dead_letter=BOOL, lease=LEASE_OUT)
+
+# ---- annotations: (readOnly, destructive, idempotent, openWorld), as each tool truly is.
+READ = (True, False, True, False)
 
 
 class ToolSpec:
@@ -471,20 +707,56 @@ class ToolSpec:
         required: list[str],
         run: Callable[[Any, dict[str, Any]], Awaitable[Any]],
         *,
-        read_only: bool = False,
+        output: dict[str, Any],
+        hints: tuple[bool, bool, bool, bool],
+        title: str | None = None,
     ) -> None:
+        from jsonschema import Draft202012Validator
+
         self.name = name
+        self.title = title or name.replace("_", " ")
         self.description = description
         self.schema = {"type": "object", "properties": properties, "required": required}
+        self.output = output
         self.run = run
-        self.read_only = read_only
+        self.read_only, self.destructive, self.idempotent, self.open_world = hints
+        Draft202012Validator.check_schema(self.schema)
+        Draft202012Validator.check_schema(self.output)
+        self.validator = Draft202012Validator(self.schema)
 
     def tool(self) -> types.Tool:
         return types.Tool(
             name=self.name,
+            title=self.title,
             description=self.description,
             input_schema=self.schema,
-            annotations=types.ToolAnnotations(read_only_hint=self.read_only),
+            output_schema=self.output,
+            annotations=types.ToolAnnotations(
+                title=self.title,
+                read_only_hint=self.read_only,
+                destructive_hint=self.destructive,
+                idempotent_hint=self.idempotent,
+                open_world_hint=self.open_world,
+            ),
+        )
+
+    def check(self, args: dict[str, Any]) -> None:
+        """Refuse arguments outside the input schema (a type, a bound, a missing one) as 400 INVALID."""
+        from jsonschema.exceptions import best_match
+
+        error = best_match(self.validator.iter_errors(args))
+        if error is None:
+            return
+        field = ".".join(str(p) for p in error.absolute_path) or None
+        if error.validator == "required":
+            field = next((n for n in self.schema["required"] if n not in args), field)
+        where = f"argument {field}" if field else "arguments"
+        extras: dict[str, Any] = {"field": field} if field else {}
+        bound = error.schema.get(error.validator) if isinstance(error.schema, dict) else None
+        if error.validator in ("minimum", "maximum") and isinstance(bound, int):
+            extras[error.validator] = bound
+        raise ProtocolError(
+            "INVALID", f"{self.name}: {where}: {error.message}; see the tool's input schema.", **extras
         )
 
 
@@ -583,6 +855,7 @@ async def _list(b: Any, a: dict[str, Any]) -> Any:
 
 def tool_specs() -> list[ToolSpec]:
     sub = {"subscription": SUB_ID, "token": TOKEN}
+    lease_duration = _int("lease length in seconds (default 60)", 1, MAX_LEASE_SECONDS)
     return [
         ToolSpec(
             "monitor_discover",
@@ -590,7 +863,15 @@ def tool_specs() -> list[ToolSpec]:
             {},
             [],
             _discover,
-            read_only=True,
+            output=_out(
+                ("supportedVersions", "capabilities", "limits"),
+                supportedVersions={"type": "array", "items": STR},
+                protocol=STR,
+                capabilities=_obj("monitors, feeds, leases, extensions"),
+                limits=_obj("max_limit, default_limit, max_wait_seconds, ..."),
+                serverInfo=_obj("name, version, implementation"),
+            ),
+            hints=READ,
         ),
         ToolSpec(
             "monitor_list",
@@ -598,7 +879,8 @@ def tool_specs() -> list[ToolSpec]:
             {"token": TOKEN},
             [],
             _list,
-            read_only=True,
+            output=_out(("monitors",), monitors={"type": "array", "items": MONITOR_OUT}),
+            hints=READ,
         ),
         ToolSpec(
             "monitor_get",
@@ -606,19 +888,29 @@ def tool_specs() -> list[ToolSpec]:
             {"id": MONITOR_ID, "token": TOKEN},
             ["id"],
             _get,
-            read_only=True,
+            output={k: v for k, v in MONITOR_OUT.items() if k != "description"},
+            hints=READ,
         ),
         ToolSpec(
             "monitor_create",
-            "Create a monitor. The reply carries its owner token, shown once: keep it.",
+            "Create a monitor. The reply carries its owner token, shown once: keep it. An existing id is "
+            "refused (DUPLICATE).",
             MONITOR_FIELDS,
             ["id"],
             _create,
+            output=_out(
+                ("monitor", "owner_token"),
+                monitor=MONITOR_OUT,
+                owner_token=STR,
+                subscribe_token={"type": ["string", "null"]},
+                notice=STR,
+            ),
+            hints=(False, False, False, False),
         ),
         ToolSpec(
             "monitor_configure",
             "Change a monitor (owner): update (with a patch), pause, resume or "
-            "retire. Every change is itself an observation.",
+            "retire (final: retiring releases every lease). Every change is itself an observation.",
             {
                 "id": MONITOR_ID,
                 "action": _enum(("update", "pause", "resume", "retire"), "what to do"),
@@ -629,14 +921,19 @@ def tool_specs() -> list[ToolSpec]:
             },
             ["id", "action"],
             _configure,
+            output=_out(("monitor", "seq"), monitor=MONITOR_OUT, seq=INT),
+            hints=(False, True, False, False),
         ),
         ToolSpec(
             "monitor_publish",
             "Append an observation (owner token). An agent acting for the owner sets "
-            "actor to itself and on_behalf_of to the owner.",
+            "actor to itself and on_behalf_of to the owner. Not idempotent unless you give an "
+            "idempotency_key: then a retry returns the first reply and appends nothing.",
             {"id": MONITOR_ID, **PUBLISH_FIELDS, "token": TOKEN},
             ["id", "type"],
             _publish,
+            output=_out(("observation", "seq"), observation=OBSERVATION_OUT, seq=INT, idempotent=BOOL),
+            hints=(False, False, False, False),
         ),
         ToolSpec(
             "monitor_state",
@@ -645,54 +942,89 @@ def tool_specs() -> list[ToolSpec]:
             {"id": MONITOR_ID, "token": TOKEN},
             ["id"],
             _state,
-            read_only=True,
+            output=STATE_OUT,
+            hints=READ,
         ),
         ToolSpec(
             "monitor_subscribe",
-            "Subscribe to a monitor. The reply carries the reader token, shown once.",
+            "Subscribe to a monitor. The reply carries the reader token, shown once. Re-subscribing the "
+            "same subscriber renews its token and keeps its cursor. protocol http makes the server push "
+            "to the sink URL.",
             {
                 "monitor": MONITOR_ID,
                 "subscriber": _s("string", "your name, e.g. agent:triage"),
                 "capabilities": {**CAP_LIST, "description": "asked capabilities (granted, not requested)"},
                 "filter": FILTER,
-                "from": _s(["string", "integer"], "head, earliest or a seq (default: the beginning)"),
+                "from": {
+                    "anyOf": [
+                        {"type": "string", "enum": ["head", "earliest"]},
+                        {"type": "integer", "minimum": 0, "maximum": MAX_INTEGER},
+                    ],
+                    "description": "head, earliest or a seq (default: the beginning)",
+                },
                 "protocol": _enum(PROTOCOLS, "delivery protocol"),
                 "reset_policy": _enum(RESET_POLICIES, "what happens when the cursor expires"),
                 "sink": _s("string", "push URL for protocol http"),
-                "retire_after_mute_seconds": _s("integer", "retire when not pulled for this long"),
+                "retire_after_mute_seconds": _int("retire when not pulled for this long", 1),
                 "token": _s("string", "owner or subscribe token, or this subscription's token to re-key"),
             },
             ["monitor", "subscriber"],
             _subscribe,
+            output=_out(("subscription", "token"), subscription=SUBSCRIPTION_OUT, token=STR, notice=STR),
+            # a push subscription reaches out to any URL it is given
+            hints=(False, False, False, True),
         ),
         ToolSpec(
             "monitor_pull",
-            "Read observations at the cursor. Never commits: call monitor_ack with `next` "
-            "after handling them. `wait` long-polls up to 50 s.",
+            "Read observations at the cursor. Read-only: it never commits, so call monitor_ack with "
+            "`next` after handling them. `wait` long-polls up to 50 s.",
             {
                 **sub,
-                "cursor": _s("integer", "read-only replay from this seq"),
-                "limit": _s("integer", "1..200 (default 50)"),
-                "wait": _s("integer", "long poll whole seconds (0..50)"),
+                "cursor": _int("read-only replay from this seq (0..2^53)"),
+                "limit": _int(f"1..{MAX_LIMIT} (default 50)", 1, MAX_LIMIT),
+                "wait": _int(
+                    f"long poll, whole seconds (0..{int(MAX_WAIT_SECONDS)})", 0, int(MAX_WAIT_SECONDS)
+                ),
                 "filter": FILTER,
             },
             ["subscription"],
             _pull,
-            read_only=True,
+            output=_out(
+                ("subscription", "monitor", "cursor", "head", "next", "observations"),
+                subscription=STR,
+                monitor=STR,
+                cursor=INT,
+                head=INT,
+                lag=INT,
+                retention_floor=INT,
+                next=INT,
+                redelivered=INT,
+                observations={"type": "array", "items": OBSERVATION_OUT},
+            ),
+            hints=READ,
         ),
         ToolSpec(
             "monitor_ack",
-            "Commit the cursor (the pull's `next`): cumulative, never backwards.",
-            {**sub, "cursor": _s("integer", "the next seq to deliver")},
+            "Commit the cursor (the pull's `next`): cumulative, never backwards; the same ack again is "
+            "idempotent.",
+            {**sub, "cursor": {**SEQ, "description": "the next seq to deliver (0..2^53)"}},
             ["subscription", "cursor"],
             _reader("ack", "cursor"),
+            output=_out(("subscription", "cursor"), subscription=STR, cursor=INT, head=INT, lag=INT),
+            hints=(False, False, True, False),
         ),
         ToolSpec(
             "monitor_seek",
             "Move the cursor explicitly (the only way backwards), with a reason.",
-            {**sub, "cursor": _s("integer", "the new cursor"), "reason": _s("string", "why (logged)")},
+            {
+                **sub,
+                "cursor": {**SEQ, "description": "the new cursor (0..2^53)"},
+                "reason": _s("string", "why (logged)"),
+            },
             ["subscription", "cursor", "reason"],
             _reader("seek", "cursor", "reason"),
+            output=_out(("subscription", "cursor"), subscription=STR, cursor=INT),
+            hints=(False, False, True, False),
         ),
         ToolSpec(
             "monitor_renew",
@@ -700,36 +1032,47 @@ def tool_specs() -> list[ToolSpec]:
             sub,
             ["subscription"],
             _reader("renew"),
+            output=_out(("subscription", "token"), subscription=STR, token=STR, cursor=INT),
+            hints=(False, True, False, False),
         ),
         ToolSpec(
             "monitor_retire_subscription",
-            "Retire the subscription (its leases are released).",
+            "Retire the subscription (its leases are released; subscribing again reactivates it).",
             {**sub, "reason": _s("string", "why")},
             ["subscription"],
             _reader("retire_subscription"),
+            output=_out(
+                ("ok", "subscription", "cursor_kept"), ok=BOOL, subscription=STR, seq=INT, cursor_kept=INT
+            ),
+            hints=(False, True, True, False),
         ),
         ToolSpec(
             "lease_claim",
-            "Claim exclusive, expiring ownership of a subject (needs act).",
+            "Claim exclusive, expiring ownership of a subject (needs act). The holder claiming again gets "
+            "the same lease (idempotent: true).",
             {
                 **sub,
                 "subject": SUBJECT,
-                "lease_duration_seconds": _s("integer", "lease length"),
+                "lease_duration_seconds": lease_duration,
                 "note": _s("string", "note"),
             },
             ["subscription", "subject"],
             _lease("claim"),
+            output=_out(("lease", "expires"), lease=LEASE_OUT, expires=STR, idempotent=BOOL),
+            hints=(False, False, True, False),
         ),
         ToolSpec(
             "lease_renew",
             "Extend a lease you hold.",
-            {**sub, "subject": SUBJECT, "lease_duration_seconds": _s("integer", "lease length")},
+            {**sub, "subject": SUBJECT, "lease_duration_seconds": lease_duration},
             ["subscription", "subject"],
             _lease("renew"),
+            output=_out(("lease", "expires"), lease=LEASE_OUT, expires=STR),
+            hints=(False, False, False, False),
         ),
         ToolSpec(
             "lease_complete",
-            "Finish a lease you hold with an outcome.",
+            "Finish a lease you hold with an outcome (the same complete again returns the first reply).",
             {
                 **sub,
                 "subject": SUBJECT,
@@ -739,13 +1082,17 @@ def tool_specs() -> list[ToolSpec]:
             },
             ["subscription", "subject", "outcome"],
             _lease("complete"),
+            output=LEASE_DONE_OUT,
+            hints=(False, False, True, False),
         ),
         ToolSpec(
             "lease_release",
-            "Give a held lease back.",
+            "Give a held lease back (no attempt counted).",
             {**sub, "subject": SUBJECT, "reason": _s("string", "why")},
             ["subscription", "subject"],
             _lease("release"),
+            output=LEASE_DONE_OUT,
+            hints=(False, False, True, False),
         ),
         ToolSpec(
             "lease_reject",
@@ -753,6 +1100,8 @@ def tool_specs() -> list[ToolSpec]:
             {**sub, "subject": SUBJECT, "reason": _s("string", "why")},
             ["subscription", "subject"],
             _lease("reject"),
+            output=LEASE_DONE_OUT,
+            hints=(False, False, True, False),
         ),
     ]
 
@@ -764,6 +1113,19 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2)
 
 
+def _mcp_error(failure: ToolFailure) -> Exception:
+    from mcp.shared.exceptions import MCPError
+
+    code = JSONRPC_CODE.get(str(failure.body.get("code")), types.INVALID_PARAMS)
+    return MCPError(code, f"{failure.body.get('code')}: {failure.body.get('error')}", failure.body)
+
+
+def _connection_of(session: Any) -> Any:
+    # The SDK hands each request its own ServerSession over the one connection: a subscription belongs to
+    # the connection, so an unsubscribe (another request) finds it.
+    return getattr(session, "_connection", None) or session
+
+
 class MonitorMCP:
     """Tools, resources and resource-update notifications over one backend."""
 
@@ -772,14 +1134,17 @@ class MonitorMCP:
         self.specs = {spec.name: spec for spec in tool_specs()}
         self.bus = InMemorySubscriptionBus()
         self.listen = ListenHandler(self.bus)
-        # handshake era: uri -> sessions subscribed to it; 2026-07-28 era: uri -> open listen streams
-        self.legacy_subs: dict[str, set[Any]] = {}
+        self.coalescer = Coalescer(self._notify)
+        # handshake era: uri -> {connection: its session}; 2026-07-28 era: uri -> open listen streams
+        self.legacy_subs: dict[str, dict[Any, Any]] = {}
         self.listen_subs: dict[str, int] = {}
+        where = getattr(backend, "where", lambda: "")()
+        self.instructions = instructions(where)
         self.server: Server[Any] = Server(
             SERVER_NAME,
-            version=PROTOCOL_VERSION,
+            version=__version__,
             title="Monitor Protocol",
-            instructions=INSTRUCTIONS,
+            instructions=self.instructions,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,
@@ -800,27 +1165,25 @@ class MonitorMCP:
         return {m.group(1) for m in map(RESOURCE_URI.match, uris) if m}
 
     def monitor_changed(self, monitor_id: str) -> None:
-        """Called on the loop when a monitor's log moved: wake every subscriber of its resources."""
+        """Called on the loop when a monitor's log moved: wake every subscriber of its resources, at most
+        once per resource per NOTIFY_INTERVAL_SECONDS (the last change is always notified)."""
         for kind in ("definition", "state"):
             uri = f"monitor://{monitor_id}/{kind}"
             if self.legacy_subs.get(uri) or self.listen_subs.get(uri):
-                asyncio.get_running_loop().create_task(self._notify(uri))
+                self.coalescer.changed(uri)
 
     async def _notify(self, uri: str) -> None:
         await self.bus.publish(ResourceUpdated(uri=uri))
-        for session in list(self.legacy_subs.get(uri, ())):
+        for key, session in list(self.legacy_subs.get(uri, {}).items()):
             try:
                 await session.send_resource_updated(uri)
             except Exception:
-                self.legacy_subs.get(uri, set()).discard(session)  # that client is gone
+                self.legacy_subs.get(uri, {}).pop(key, None)  # that client is gone
 
     async def run_stdio(self) -> None:
         from mcp.server.stdio import stdio_server
 
-        if isinstance(self.backend, RemoteBackend):
-            await self.backend.start(self.monitor_changed, self.watched_monitors)
-        else:
-            await self.backend.start(self.monitor_changed)
+        await self.backend.start(self.monitor_changed)
         try:
             async with stdio_server() as (read_stream, write_stream):
                 options = self.server.create_initialization_options(
@@ -828,6 +1191,7 @@ class MonitorMCP:
                 )
                 await self.server.run(read_stream, write_stream, options)
         finally:
+            self.coalescer.close()
             self.listen.close()
             await self.backend.close()
 
@@ -843,12 +1207,24 @@ class MonitorMCP:
                 "NOT_FOUND", f"no tool {params.name!r}; tools: {', '.join(self.specs)}"
             ).body()
             return self._failure(body)
+        # A null argument is an absent one (some clients send every optional parameter).
+        args = {k: v for k, v in dict(params.arguments or {}).items() if v is not None}
         try:
-            result = await spec.run(self.backend, dict(params.arguments or {}))
+            spec.check(args)
+            result = await spec.run(self.backend, args)
         except ToolFailure as failure:
             return self._failure(failure.body)
         except ProtocolError as err:  # an argument refused before it reached the engine or the server
             return self._failure(err.body())
+        except Exception as exc:  # never a crash: the agent gets a tool error it can report
+            log.exception("tool %s failed", params.name)
+            return self._failure(
+                {
+                    "code": "INTERNAL",
+                    "error": f"{params.name} failed: {type(exc).__name__}: {exc}",
+                    "done": [],
+                }
+            )
         structured = result if isinstance(result, dict) else {"result": result}
         return types.CallToolResult(
             content=[types.TextContent(text=_text(result))], structured_content=structured
@@ -901,19 +1277,23 @@ class MonitorMCP:
             ]
         )
 
-    async def _read_resource(
-        self, ctx: Any, params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
+    @staticmethod
+    def _parse_uri(uri: str) -> tuple[str, str]:
         from mcp.shared.exceptions import MCPError
 
-        uri = str(params.uri)
         match = RESOURCE_URI.match(uri)
         if not match:
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"unknown resource {uri}; use monitor://{{id}}/definition or monitor://{{id}}/state",
             )
-        monitor_id, kind = match.groups()
+        return match.group(1), match.group(2)
+
+    async def _read_resource(
+        self, ctx: Any, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        monitor_id, kind = self._parse_uri(uri)
         token = env_token(VIEWER_ENV)
         try:
             if kind == "definition":
@@ -921,35 +1301,43 @@ class MonitorMCP:
             else:
                 value = await self.backend.state(monitor_id, token)
         except ToolFailure as failure:
-            code = JSONRPC_CODE.get(str(failure.body.get("code")), types.INVALID_PARAMS)
-            raise MCPError(
-                code, f"{failure.body.get('code')}: {failure.body.get('error')}", failure.body
-            ) from failure
+            raise _mcp_error(failure) from failure
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=_text(value))]
         )
 
-    async def _prime(self, uris: list[str]) -> None:
-        prime = getattr(self.backend, "prime", None)
-        if prime is None:
-            return
+    async def _servable(self, uris: list[str]) -> None:
+        """A subscription is only accepted when it can be served: the monitor exists, the environment's
+        token sees it, and (--base) the server accepted the watch that wakes it. Else the request fails."""
         for uri in uris:
-            match = RESOURCE_URI.match(uri)
-            if match:
-                await prime(match.group(1))
+            monitor_id, _kind = self._parse_uri(uri)
+            try:
+                await self.backend.state(monitor_id, env_token(VIEWER_ENV))
+                await self.backend.watch(monitor_id)
+            except ToolFailure as failure:
+                await self._unwatch_idle()
+                raise _mcp_error(failure) from failure
+
+    async def _unwatch_idle(self) -> None:
+        watched = getattr(self.backend, "watched", None)
+        if watched is None:
+            return
+        for monitor_id in watched() - self.watched_monitors():
+            await self.backend.unwatch(monitor_id)
 
     async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
-        await self._prime([str(params.uri)])
-        self.legacy_subs.setdefault(str(params.uri), set()).add(ctx.session)
+        await self._servable([str(params.uri)])
+        self.legacy_subs.setdefault(str(params.uri), {})[_connection_of(ctx.session)] = ctx.session
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        self.legacy_subs.get(str(params.uri), set()).discard(ctx.session)
+        self.legacy_subs.get(str(params.uri), {}).pop(_connection_of(ctx.session), None)
+        await self._unwatch_idle()
         return types.EmptyResult()
 
     async def _listen(self, ctx: Any, params: types.SubscriptionsListenRequestParams) -> Any:
         uris = list(params.notifications.resource_subscriptions or [])
-        await self._prime(uris)
+        await self._servable(uris)
         for uri in uris:
             self.listen_subs[uri] = self.listen_subs.get(uri, 0) + 1
         try:
@@ -959,10 +1347,21 @@ class MonitorMCP:
                 self.listen_subs[uri] -= 1
                 if self.listen_subs[uri] <= 0:
                     del self.listen_subs[uri]
+            # A stream ends by cancellation when its client goes: retire the idle watches regardless.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                try:
+                    await self._unwatch_idle()
+                except Exception:
+                    log.debug("unwatch after listen failed", exc_info=True)
 
 
 def build(db: str | None = None, base: str | None = None) -> MonitorMCP:
-    """The MCP server on an embedded database (`db`) or against an `mp serve` (`base`)."""
+    """The MCP server on an embedded database (`db`, default: the user's data directory) or against an
+    `mp serve` (`base`)."""
     if base:
         return MonitorMCP(RemoteBackend(base))
-    return MonitorMCP(EmbeddedBackend(db or "monitor-protocol.db"))
+    if db is None:
+        from .commands.mcp_cmd import default_db_path
+
+        db = str(default_db_path(create=True))
+    return MonitorMCP(EmbeddedBackend(db))
