@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import json
+import pickle
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
+from monitor_protocol import client as client_module
 from monitor_protocol.client import (
+    ERROR_CLASSES,
     AckResult,
     AsyncClient,
     Client,
     ConnectionFailed,
+    CursorBackwards,
+    Duplicate,
+    LeaseHeld,
     MonitorProtocolError,
+    NotFound,
     PullResult,
+    Unauthorized,
+    Unavailable,
+    UnknownVocabulary,
 )
+from monitor_protocol.vocab import ERROR_STATUS
 from serverutil import mp_command, mp_env, running_server
 
 ADMIN = "admin-token-for-tests-0123456789"
@@ -249,7 +262,7 @@ def test_cli_round_trip_with_env_tokens(base: str) -> None:
     assert lines[-1].startswith("NEXT 3 ")
     assert mp(base, "ack", sid, "3", env=env).returncode == 0
     back = mp(base, "ack", sid, "1", env=env)
-    assert back.returncode == 1 and back.stderr.startswith("error: CURSOR_BACKWARDS: ")
+    assert back.returncode == 3 and back.stderr.startswith("error: CURSOR_BACKWARDS: ")  # refused
     assert mp(base, "seek", sid, "1", "--reason", "again", env=env).stdout.strip() == "cursor=1"
     claim = mp(base, "lease", "claim", sid, "b1", "--json", env=env)
     assert claim.returncode == 0 and json.loads(claim.stdout)["lease"]["subject"] == "b1"
@@ -262,9 +275,9 @@ def test_cli_round_trip_with_env_tokens(base: str) -> None:
     paused = mp(base, "monitors", "pause", "clim", "--reason", "x", env={"MP_OWNER_TOKEN": owner})
     assert paused.returncode == 0 and "active=false" in paused.stdout
     refused = mp(base, "publish", "clim", TYPE, "--json", env={"MP_OWNER_TOKEN": owner})
-    assert refused.returncode == 1
-    first, body = refused.stderr.splitlines()[:2]
-    assert first.startswith("error: UNAVAILABLE: ") and json.loads(body)["code"] == "UNAVAILABLE"
+    assert refused.returncode == 3
+    assert refused.stderr.startswith("error: UNAVAILABLE: ")  # a sentence on stderr,
+    assert json.loads(refused.stdout)["code"] == "UNAVAILABLE"  # the error body as JSON on stdout
 
 
 def test_cli_network_failure_and_help() -> None:
@@ -272,7 +285,7 @@ def test_cli_network_failure_and_help() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     down = mp(f"http://127.0.0.1:{port}", "state", "x")
-    assert down.returncode == 1 and down.stderr.startswith("error: DOWN ")
+    assert down.returncode == 6 and down.stderr.startswith("error: UNREACHABLE: ")
     for command in (
         "publish",
         "subscribe",
@@ -311,7 +324,7 @@ def test_cli_subscribe_http_prints_the_sink_secret(base: str) -> None:
     assert sub.returncode == 0, sub.stderr
     assert f"sink_secret: {secret}" in sub.stdout.splitlines()
     bad = mp(base, "subscribe", "hookm", "--subscriber", "hook:x", "--protocol", "http", "--token", owner)
-    assert bad.returncode == 1 and bad.stderr.startswith("error: INVALID: ")
+    assert bad.returncode == 3 and bad.stderr.startswith("error: INVALID: ")
 
 
 def test_publish_retried_with_an_idempotency_key_appends_once(base: str) -> None:
@@ -323,3 +336,229 @@ def test_publish_retried_with_an_idempotency_key_appends_once(base: str) -> None
         other = c.publish("idem", TYPE, subject="build-2", idempotency_key="retry-2", token=owner)
         assert not other.idempotent and other.seq == first.seq + 1  # positive control: a new key appends
         assert c.get_monitor("idem", token=owner).head == other.seq
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_one_exception_class_per_error_code() -> None:
+    assert set(ERROR_STATUS) <= set(ERROR_CLASSES)  # every code of PROTOCOL.md section 3
+    classes = [ERROR_CLASSES[code] for code in ERROR_STATUS]
+    assert len(set(classes)) == len(classes)
+    for code, cls in ERROR_CLASSES.items():
+        assert issubclass(cls, MonitorProtocolError) and cls is not MonitorProtocolError
+        assert cls.__name__ == "".join(part.capitalize() for part in code.split("_"))
+        assert cls.__name__ in client_module.__all__
+    err = client_module.error_for("LEASE_HELD", "held", 409, {"holder": "sub:x"})
+    assert type(err) is LeaseHeld and (err.code, err.status, err.extras) == (
+        "LEASE_HELD",
+        409,
+        {"holder": "sub:x"},
+    )
+    assert type(client_module.error_for("SOMETHING_NEW", "x", 418)) is MonitorProtocolError
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is LeaseHeld and copy.body == err.body
+
+
+def test_refusals_raise_the_class_of_their_code(base: str) -> None:
+    with Client(base) as c:
+        owner = new_monitor(c, "typed-errors", capabilities=["observe", "act"], visibility="public")
+        with pytest.raises(Duplicate) as dup:
+            c.create_monitor("typed-errors", types=[TYPE])
+        assert dup.value.code == "DUPLICATE" and dup.value.status == 409
+        with pytest.raises(NotFound):
+            c.state("no-such-monitor")
+        with pytest.raises(Unauthorized) as unauth:
+            c.publish("typed-errors", TYPE, token="wrong")
+        assert isinstance(unauth.value, MonitorProtocolError) and unauth.value.status == 401
+        with pytest.raises(UnknownVocabulary):
+            c.publish("typed-errors", TYPE, tier="golden", token=owner)
+        c.publish("typed-errors", TYPE, subject="job", token=owner)
+        a = c.subscribe("typed-errors", "agent:a", capabilities=["observe", "act"], token=owner)
+        b = c.subscribe("typed-errors", "agent:b", capabilities=["observe", "act"], token=owner)
+        c.claim(a.subscription.id, "job", token=a.token)
+        with pytest.raises(LeaseHeld):
+            c.claim(b.subscription.id, "job", token=b.token)
+        head = c.pull(a.subscription.id, token=a.token).next
+        c.ack(a.subscription.id, head, token=a.token)
+        with pytest.raises(CursorBackwards) as back:
+            c.ack(a.subscription.id, 1, token=a.token)
+        assert back.value.code == "CURSOR_BACKWARDS" and back.value.status == 409
+        c.pause_monitor("typed-errors", "x", token=owner)
+        with pytest.raises(Unavailable) as paused:  # 409: not retried, even with retries
+            c.publish("typed-errors", TYPE, token=owner, retries=3, retry_backoff=0.01)
+        assert paused.value.status == 409 and "rejected_seq" in paused.value.extras
+        with pytest.raises(LeaseHeld):  # JSON-RPC errors too
+            c.rpc(
+                "leases/claim",
+                {"subscription": b.subscription.id, "subject": "job"},
+                token=b.token,
+            )
+
+
+# ---------------------------------------------------------------------------------------------- network
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class SilentServer:
+    """A TCP listener on 127.0.0.1 that reads each request and then hangs up without answering (`close`)
+    or keeps the connection open and never answers (`hang`)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.received: list[bytes] = []
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            self.received.append(data)
+            if self.mode == "close":
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_connection_failed_says_whether_the_request_was_sent() -> None:
+    with (
+        Client(f"http://127.0.0.1:{_free_port()}", timeout=2) as c,
+        pytest.raises(ConnectionFailed) as refused,
+    ):
+        c.discover()
+    assert refused.value.sent is False and refused.value.url.endswith("/mp/v0/discover")
+    for mode in ("close", "hang"):
+        server = SilentServer(mode)
+        try:
+            with Client(server.url, timeout=0.5) as c, pytest.raises(ConnectionFailed) as unknown:
+                c.publish("m", TYPE)
+            assert unknown.value.sent is True, mode  # the server had the request: outcome unknown
+            assert unknown.value.outcome_unknown
+            assert server.received and server.received[0].startswith(b"POST /mp/v0/monitors/m/observations")
+        finally:
+            server.close()
+
+
+class LoseFirstReplies(httpx.BaseTransport):
+    """Forwards every request to the real server, but loses the reply of the first `lose` ones (the server
+    did the work; the client sees a reset), or answers the first `unavailable` ones itself with a 503."""
+
+    def __init__(self, lose: int = 0, unavailable: int = 0) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.lose = lose
+        self.unavailable = unavailable
+        self.bodies: list[dict[str, Any]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.bodies.append(json.loads(request.read() or b"null"))
+        if self.unavailable:
+            self.unavailable -= 1
+            body = {"code": "UNAVAILABLE", "error": "storage failed; retry", "done": []}
+            return httpx.Response(503, json=body, headers={"retry-after": "0"})
+        response = self.inner.handle_request(request)
+        response.read()
+        if self.lose:
+            self.lose -= 1
+            raise httpx.ReadError("connection reset after the request was sent", request=request)
+        return response
+
+
+def test_publish_with_retries_survives_a_lost_reply_and_appends_once(base: str) -> None:
+    with Client(base) as c:
+        owner = new_monitor(c, "retried")
+        before = c.get_monitor("retried", token=owner).head
+    lossy = LoseFirstReplies(lose=1)
+    with Client(base, owner, transport=lossy) as c:
+        with pytest.raises(ConnectionFailed) as lost:  # without retries the lost reply is an unknown outcome
+            c.publish("retried", TYPE, subject="once")
+        assert lost.value.sent is True
+        lossy.lose = 1
+        pub = c.publish("retried", TYPE, subject="twice", retries=2, retry_backoff=0.01)
+    assert pub.idempotent is True  # the retry found the first attempt applied and got its reply
+    assert len(lossy.bodies) == 3
+    key = lossy.bodies[1]["idempotency_key"]
+    assert key and lossy.bodies[2]["idempotency_key"] == key  # generated once, sent on every attempt
+    assert "idempotency_key" not in lossy.bodies[0]  # no retries: nothing added to the body
+    with Client(base, owner) as c:
+        # one append for the lost-reply publish, one for the retried one
+        assert c.get_monitor("retried").head == before + 2 == pub.seq
+        observed = c.request("GET", "/monitors/retried/state")["counters"]["observations"]
+        assert observed >= 2
+
+
+def test_publish_retries_a_503_but_not_other_refusals(base: str) -> None:
+    with Client(base) as c:
+        owner = new_monitor(c, "retry503")
+    flaky = LoseFirstReplies(unavailable=2)
+    with Client(base, owner, transport=flaky) as c:
+        pub = c.publish("retry503", TYPE, idempotency_key="mine-1", retries=2, retry_backoff=0.01)
+        assert pub.idempotent is False and [b["idempotency_key"] for b in flaky.bodies] == ["mine-1"] * 3
+        flaky.unavailable, flaky.bodies = 3, []
+        with pytest.raises(Unavailable) as exhausted:  # retries spent: the last error raises
+            c.publish("retry503", TYPE, retries=2, retry_backoff=0.01)
+        assert exhausted.value.status == 503 and exhausted.value.retry_after == 0 and len(flaky.bodies) == 3
+        flaky.unavailable, flaky.bodies = 0, []
+        with pytest.raises(UnknownVocabulary):
+            c.publish("retry503", TYPE, tier="golden", retries=3, retry_backoff=0.01)
+        assert len(flaky.bodies) == 1  # a refusal is final
+        with pytest.raises(ValueError):
+            c.publish("retry503", TYPE, retries=-1)
+
+
+class AsyncLoseFirstReply(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.calls = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        response = await self.inner.handle_async_request(request)
+        await response.aread()
+        if self.calls == 1:
+            raise httpx.RemoteProtocolError("server disconnected", request=request)
+        return response
+
+
+async def test_async_publish_with_retries(base: str) -> None:
+    async with AsyncClient(base) as c:
+        owner = (await c.create_monitor("aretried", types=[TYPE])).owner_token
+    transport = AsyncLoseFirstReply()
+    async with AsyncClient(base, owner, transport=transport) as c:
+        pub = await c.publish("aretried", TYPE, retries=1, retry_backoff=0.01)
+        assert pub.idempotent is True and transport.calls == 2
+        assert (await c.state("aretried")).head == pub.seq
+
+
+def test_pull_wait_is_whole_seconds(base: str) -> None:
+    counting = LoseFirstReplies()
+    with Client(base, "no-token", transport=counting) as c:
+        for bad in (2.5, 3.0, True, "5"):
+            with pytest.raises(TypeError, match="whole seconds"):
+                c.pull("sub-0123456789abcdef", wait=bad)  # type: ignore[arg-type]
+        assert counting.bodies == []  # refused before anything was sent
+        with pytest.raises(NotFound):
+            c.pull("sub-0123456789abcdef", wait=0)  # an int goes through
+        assert len(counting.bodies) == 1

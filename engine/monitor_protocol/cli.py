@@ -1,10 +1,17 @@
-"""`mp`: one console script; each subcommand lives in monitor_protocol.commands.<module>."""
+"""`mp`: one console script; each subcommand lives in monitor_protocol.commands.<module>.
+
+`python -m monitor_protocol` runs the same `main`. Exit statuses are listed in `mp --help`
+(`commands.client_cmds.EXIT_STATUS_HELP`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from .commands.client_cmds import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_STATUS_HELP, EXIT_USAGE
 
 # subcommand -> module under monitor_protocol.commands exposing add_arguments(parser) and run(args) -> int
 COMMANDS: dict[str, str] = {
@@ -23,10 +30,27 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def version() -> str:
+    """The installed package's version (the source tree's `__version__` when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("monitor-protocol")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mp", description="The Monitor Protocol v0: server, client and tools."
+        prog="mp",
+        description="The Monitor Protocol v0: server, client and tools.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"mp {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"monitor_protocol.commands.{module_name}")
@@ -38,13 +62,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
     return int(args._module.run(args._name, args) or 0)
+
+
+def _stdout_gone() -> int:
+    """stdout's reader went away (`mp monitors list | head -1`): point stdout at /dev/null so nothing more
+    is written (not even the final flush at exit, which would print a traceback) and exit quietly.
+
+    SIGPIPE stays ignored, as Python sets it: restoring its default would let a closed *socket* kill the
+    process too; EPIPE on stdout is handled here instead, with the status a SIGPIPE death gives in a shell."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_PIPE
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            status = _run(argv)
+        except SystemExit:
+            sys.stdout.flush()  # argparse's --help, --version and usage errors: flush here, not at exit
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return _stdout_gone()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -6,22 +6,39 @@
         created = mp.create_monitor("ci", types=["com.example.ci.run"])
         mp.publish("ci", "com.example.ci.run", subject="build-1", token=created.owner_token)
 
-Every route returns a small dataclass with the fields PROTOCOL.md names and the whole JSON reply in `.raw`.
-A refusal the protocol defines raises `MonitorProtocolError(code, message, status, extras)`; a network
-failure (refused connection, reset, timeout) raises `ConnectionFailed`. Every request has a timeout; a long
-poll gets its `wait` plus a margin on top.
+Every route returns a small typed dataclass with the fields PROTOCOL.md names and the whole JSON reply in
+`.raw` (the admin routes return TypedDicts); the package ships a `py.typed` marker, so mypy and pyright check
+calls and results.
 
-`Client` and `AsyncClient` share one description of the routes (`_Routes`): each route method builds a
-`_Call` and hands it to `_run`, which the sync client performs at once and the async client returns as an
-awaitable.
+A refusal the protocol defines raises a subclass of `MonitorProtocolError` named after its code
+(`CursorBackwards` for CURSOR_BACKWARDS, `LeaseHeld`, `Unauthorized`, `NotFound`, ... see `ERROR_CLASSES`),
+each with `.code`, `.message`, `.status`, `.extras` and `.retry_after`; `except MonitorProtocolError` catches
+them all. A network failure raises `ConnectionFailed`, whose `sent` says whether the request may have reached
+the server (`False`: it was certainly never sent, e.g. connection refused; `True`: the outcome is unknown,
+e.g. a timeout or a reset after sending). Every request has a timeout; a long poll gets its `wait` plus a
+margin on top.
+
+`publish(..., retries=N)` retries safely: it sends an `idempotency_key` (a random one unless given) and
+retries only on `ConnectionFailed` or a 503 `Unavailable` (storage trouble, with `Retry-After`), with
+exponential backoff; a retry that finds the first attempt applied returns the first reply with
+`idempotent=True`.
+
+`Client` and `AsyncClient` share one description of the routes (`_Routes`): each route builds a typed
+`_Call[T]`; `_sync` turns it into a `Client` method returning `T`, `_async` into an `AsyncClient` coroutine
+method returning `T`, with the same parameters and docstring.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping
+import random
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, NotRequired, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -32,30 +49,62 @@ DEFAULT_BASE = "http://127.0.0.1:8130"
 API_PREFIX = "/mp/v0"
 DEFAULT_TIMEOUT = 10.0
 LONG_POLL_MARGIN = 10.0
+DEFAULT_RETRY_BACKOFF = 0.5  # seconds before the first retry; doubles per attempt
+MAX_RETRY_DELAY = 30.0  # no single wait between retries is longer (Retry-After included)
 
 __all__ = [
     "DEFAULT_BASE",
+    "ERROR_CLASSES",
     "AckResult",
     "AsyncClient",
+    "CapabilityMissing",
     "Client",
+    "CompactReply",
+    "CompactedLog",
     "ConnectionFailed",
+    "CursorBackwards",
+    "CursorExpired",
+    "DeadLettered",
     "Discovery",
+    "Duplicate",
+    "EvidenceRequired",
+    "Invalid",
+    "InvalidFilter",
     "LeaseDone",
     "LeaseGranted",
+    "LeaseHeld",
+    "LeaseLost",
     "Monitor",
-    "MonitorCreated",
     "MonitorChanged",
+    "MonitorCreated",
     "MonitorProtocolError",
+    "NotFound",
+    "OriginRefused",
+    "OverBudget",
+    "ProvenanceCeiling",
     "Published",
     "PullResult",
     "Renewed",
     "Result",
+    "RpcError",
+    "RpcReply",
     "SeekResult",
+    "SnapshotReply",
     "State",
     "Subscribed",
     "Subscription",
     "SubscriptionRetired",
+    "TierNotAssertable",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "UnexpectedResponse",
+    "UnknownVocabulary",
+    "error_for",
 ]
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -63,14 +112,33 @@ __all__ = [
 
 class MonitorProtocolError(Exception):
     """A refusal the server reported: `code` from the closed list (section 3), the server's sentence,
-    the HTTP status and the rest of the error body (`extras`, e.g. `retention_floor`, `rejected_seq`)."""
+    the HTTP status and the rest of the error body (`extras`, e.g. `retention_floor`, `rejected_seq`).
 
-    def __init__(self, code: str, message: str, status: int, extras: Mapping[str, Any] | None = None) -> None:
+    The client raises the subclass named after the code (`CursorBackwards`, `LeaseHeld`, ...; see
+    `ERROR_CLASSES`), or this class itself for a code it does not know. `retry_after` is the reply's
+    `Retry-After` in seconds, when it had one (a 503 UNAVAILABLE does)."""
+
+    code: str
+    message: str
+    status: int
+    extras: dict[str, Any]
+    retry_after: float | None
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        status: int,
+        extras: Mapping[str, Any] | None = None,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.status = status
-        self.extras: dict[str, Any] = dict(extras or {})
+        self.extras = dict(extras or {})
+        self.retry_after = retry_after
 
     @property
     def body(self) -> dict[str, Any]:
@@ -85,26 +153,210 @@ class MonitorProtocolError(Exception):
         """True when a pull found its subscription retired (404 `{retired: true, cursor}`)."""
         return bool(self.extras.get("retired"))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_error,
+            (type(self), self.code, self.message, self.status, self.extras, self.retry_after),
+        )
+
     def __repr__(self) -> str:
-        return f"MonitorProtocolError({self.code!r}, {self.message!r}, {self.status}, {self.extras!r})"
+        return f"{type(self).__name__}({self.code!r}, {self.message!r}, {self.status}, {self.extras!r})"
+
+
+def _rebuild_error(
+    cls: type[MonitorProtocolError],
+    code: str,
+    message: str,
+    status: int,
+    extras: dict[str, Any],
+    retry_after: float | None,
+) -> MonitorProtocolError:
+    return cls(code, message, status, extras, retry_after=retry_after)
+
+
+class InvalidFilter(MonitorProtocolError):
+    """INVALID_FILTER (400): the filter is malformed."""
+
+
+class UnknownVocabulary(MonitorProtocolError):
+    """UNKNOWN_VOCABULARY (400): a value outside a closed vocabulary (tier, origin, type pattern, ...)."""
+
+
+class TierNotAssertable(MonitorProtocolError):
+    """TIER_NOT_ASSERTABLE (400): the publisher may not assert that tier."""
+
+
+class Invalid(MonitorProtocolError):
+    """INVALID (400): a malformed request; the sentence says what to send instead."""
+
+
+class Unauthorized(MonitorProtocolError):
+    """UNAUTHORIZED (401): a wrong or missing token."""
+
+
+class CapabilityMissing(MonitorProtocolError):
+    """CAPABILITY_MISSING (403): the token's grant lacks the capability (extras: `granted`, ...)."""
+
+
+class ProvenanceCeiling(MonitorProtocolError):
+    """PROVENANCE_CEILING (403): the provenance claimed is above what this publisher may claim."""
+
+
+class OriginRefused(MonitorProtocolError):
+    """ORIGIN_REFUSED (403): a browser Origin (or Host) the operator did not allow."""
+
+
+class NotFound(MonitorProtocolError):
+    """NOT_FOUND (404): missing or invisible; a retired subscription's pull has `retired` set."""
+
+
+class Duplicate(MonitorProtocolError):
+    """DUPLICATE (409): the id exists already."""
+
+
+class CursorBackwards(MonitorProtocolError):
+    """CURSOR_BACKWARDS (409): an ack below the committed cursor (only seek goes backwards)."""
+
+
+class LeaseHeld(MonitorProtocolError):
+    """LEASE_HELD (409): another holder has the subject's lease."""
+
+
+class LeaseLost(MonitorProtocolError):
+    """LEASE_LOST (409): the lease expired or passed to another holder."""
+
+
+class EvidenceRequired(MonitorProtocolError):
+    """EVIDENCE_REQUIRED (409): a rule requires evidence to complete."""
+
+
+class Unavailable(MonitorProtocolError):
+    """UNAVAILABLE: 409 when the monitor is paused or retired (`rejected_seq`, `live`; retrying does not
+    help), 503 with `retry_after` when the server's storage failed (retrying does)."""
+
+
+class DeadLettered(MonitorProtocolError):
+    """DEAD_LETTERED (409): the subject reached the delivery count limit."""
+
+
+class CursorExpired(MonitorProtocolError):
+    """CURSOR_EXPIRED (410): the cursor fell below the retention floor (extras: `retention_floor`, ...)."""
+
+
+class TooLarge(MonitorProtocolError):
+    """TOO_LARGE (413): the body or a value exceeds a limit."""
+
+
+class OverBudget(MonitorProtocolError):
+    """OVER_BUDGET (429): a budget or a count limit is exhausted."""
+
+
+class UnexpectedResponse(MonitorProtocolError):
+    """Not a protocol reply (client-side code UNEXPECTED_RESPONSE): e.g. a proxy's HTML 502, or no JSON."""
+
+
+# Every error code of PROTOCOL.md section 3 -> the exception the client raises for it.
+ERROR_CLASSES: dict[str, type[MonitorProtocolError]] = {
+    "INVALID_FILTER": InvalidFilter,
+    "UNKNOWN_VOCABULARY": UnknownVocabulary,
+    "TIER_NOT_ASSERTABLE": TierNotAssertable,
+    "INVALID": Invalid,
+    "UNAUTHORIZED": Unauthorized,
+    "CAPABILITY_MISSING": CapabilityMissing,
+    "PROVENANCE_CEILING": ProvenanceCeiling,
+    "ORIGIN_REFUSED": OriginRefused,
+    "NOT_FOUND": NotFound,
+    "DUPLICATE": Duplicate,
+    "CURSOR_BACKWARDS": CursorBackwards,
+    "LEASE_HELD": LeaseHeld,
+    "LEASE_LOST": LeaseLost,
+    "EVIDENCE_REQUIRED": EvidenceRequired,
+    "UNAVAILABLE": Unavailable,
+    "DEAD_LETTERED": DeadLettered,
+    "CURSOR_EXPIRED": CursorExpired,
+    "TOO_LARGE": TooLarge,
+    "OVER_BUDGET": OverBudget,
+    "UNEXPECTED_RESPONSE": UnexpectedResponse,
+}
+
+
+def error_for(
+    code: str,
+    message: str,
+    status: int,
+    extras: Mapping[str, Any] | None = None,
+    *,
+    retry_after: float | None = None,
+) -> MonitorProtocolError:
+    """The exception for `code`: its class from `ERROR_CLASSES`, else `MonitorProtocolError` itself."""
+    cls = ERROR_CLASSES.get(code, MonitorProtocolError)
+    return cls(code, message, status, extras, retry_after=retry_after)
 
 
 class ConnectionFailed(Exception):
-    """The server could not be reached or did not answer in time (nothing is known about the outcome)."""
+    """The server could not be reached or did not answer in time.
 
-    def __init__(self, reason: str, url: str = "") -> None:
+    `sent` is False when the request certainly never left (connection refused, DNS failure, connect
+    timeout): nothing happened on the server. It is True when the request may have been sent (a timeout
+    while waiting for the reply, a reset or a disconnect after sending): the outcome is unknown, so retry
+    only what is safe to repeat (`publish` with an `idempotency_key`, ack, pull)."""
+
+    def __init__(self, reason: str, url: str = "", *, sent: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.url = url
+        self.sent = sent
+
+    @property
+    def outcome_unknown(self) -> bool:
+        """The same as `sent`: the request may have been applied."""
+        return self.sent
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_connection_failed, (self.reason, self.url, self.sent))
+
+    def __repr__(self) -> str:
+        return f"ConnectionFailed({self.reason!r}, {self.url!r}, sent={self.sent})"
 
 
-def _error_from_body(status: int, body: Any, text: str) -> MonitorProtocolError:
+def _rebuild_connection_failed(reason: str, url: str, sent: bool) -> ConnectionFailed:
+    return ConnectionFailed(reason, url, sent=sent)
+
+
+# httpx errors raised before any byte of the request could have reached the server.
+_NOT_SENT: tuple[type[Exception], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.LocalProtocolError,
+    httpx.ProxyError,
+)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # an HTTP date: not worth parsing for a retry hint
+    return seconds if seconds >= 0 else None
+
+
+def _error_from_body(
+    status: int, body: Any, text: str, retry_after: float | None = None
+) -> MonitorProtocolError:
     if isinstance(body, dict) and isinstance(body.get("code"), str):
         extras = {k: v for k, v in body.items() if k not in ("code", "error")}
-        return MonitorProtocolError(body["code"], str(body.get("error", "")), status, extras)
+        return error_for(body["code"], str(body.get("error", "")), status, extras, retry_after=retry_after)
     sentence = text.strip()[:200] or "no body"
-    return MonitorProtocolError(
-        "UNEXPECTED_RESPONSE", f"HTTP {status} without a protocol error: {sentence}", status
+    return UnexpectedResponse(
+        "UNEXPECTED_RESPONSE",
+        f"HTTP {status} without a protocol error: {sentence}",
+        status,
+        retry_after=retry_after,
     )
 
 
@@ -127,7 +379,7 @@ class Result:
 @dataclass
 class Discovery(Result):
     supported_versions: list[str]
-    protocol: Any
+    protocol: str | None
     capabilities: dict[str, Any]
     limits: dict[str, Any]
     server_info: dict[str, Any]
@@ -179,7 +431,7 @@ class MonitorCreated(Result):
     monitor: Monitor
     owner_token: str
     subscribe_token: str | None
-    notice: Any
+    notice: str | None
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> MonitorCreated:
@@ -278,7 +530,7 @@ class Subscribed(Result):
 
     subscription: Subscription
     token: str
-    notice: Any
+    notice: str | None
     sink_secret: str | None = None
 
     @classmethod
@@ -376,7 +628,7 @@ class LeaseGranted(Result):
     """Reply of claim and renew: the lease, when it expires and whether the claim repeated a held one."""
 
     lease: dict[str, Any]
-    expires: Any
+    expires: str | None
     idempotent: bool
 
     @classmethod
@@ -397,6 +649,45 @@ class LeaseDone(Result):
         return cls(raw, bool(raw.get("ok")), int(raw.get("seq") or 0), bool(raw.get("dead_letter")))
 
 
+class CompactedLog(TypedDict):
+    """One monitor's log after /admin/compact."""
+
+    monitor: str
+    retention_floor: int
+    removed: int
+
+
+class CompactReply(TypedDict):
+    """Reply of POST /admin/compact."""
+
+    ok: bool
+    compacted: list[CompactedLog]
+
+
+class SnapshotReply(TypedDict):
+    """Reply of GET /admin/snapshot: every monitor with its log and subscriptions, as JSON objects."""
+
+    taken_at: str
+    monitors: list[dict[str, Any]]
+
+
+class RpcError(TypedDict):
+    """A JSON-RPC error object; `data` is the REST error body."""
+
+    code: int
+    message: str
+    data: NotRequired[dict[str, Any]]
+
+
+class RpcReply(TypedDict):
+    """One reply of a JSON-RPC batch: `result` or `error`."""
+
+    jsonrpc: str
+    id: int | str | None
+    result: NotRequired[Any]
+    error: NotRequired[RpcError]
+
+
 def _raw(raw: Any) -> Any:
     return raw
 
@@ -405,18 +696,28 @@ def _monitor_list(raw: dict[str, Any]) -> list[Monitor]:
     return [Monitor.of(m) for m in raw.get("monitors") or []]
 
 
+def _compact_reply(raw: Any) -> CompactReply:
+    return raw  # type: ignore[no-any-return]
+
+
+def _snapshot_reply(raw: Any) -> SnapshotReply:
+    return raw  # type: ignore[no-any-return]
+
+
 # ---------------------------------------------------------------------------------------------- routes
 
 
 @dataclass
-class _Call:
+class _Call(Generic[T]):
     method: str
     path: str
     token: str | None
-    parse: Callable[[Any], Any]
+    parse: Callable[[Any], T]
     body: Any = None
     params: list[tuple[str, str]] = field(default_factory=list)
     timeout: float | None = None
+    retries: int = 0  # further attempts on ConnectionFailed or 503 UNAVAILABLE (only for safe calls)
+    backoff: float = DEFAULT_RETRY_BACKOFF
 
 
 def _seg(value: str) -> str:
@@ -439,19 +740,42 @@ def filter_params(flt: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     return pairs
 
 
-class _Routes:
-    """Every route of PROTOCOL.md section 5, once. `token=` on a call overrides the client's token."""
+def _whole_seconds(wait: int) -> int:
+    """`wait` is whole seconds on the wire; anything but an int is refused before a request is made."""
+    if isinstance(wait, bool) or not isinstance(wait, int):
+        raise TypeError(
+            f"wait is whole seconds, an int (0..50), not {wait!r}: the protocol refuses fractions; "
+            "round it yourself, e.g. wait=math.ceil(seconds)"
+        )
+    return wait
 
+
+def _check_retries(retries: int) -> int:
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries is a count of further attempts (an int >= 0), not {retries!r}")
+    return retries
+
+
+class _Base:
+    """What the route builders read from a client: its token and timeout."""
+
+    base: str
     token: str | None
     timeout: float
-    # Performs a call: `Client` returns the parsed result, `AsyncClient` an awaitable of it.
-    _run: Callable[[_Call], Any]
 
     def _tok(self, token: str | None) -> str | None:
         return token if token is not None else self.token
 
+
+class _Routes:
+    """Every route of PROTOCOL.md section 5, once. Each builds a `_Call[T]` from a client `c` (for its token
+    and timeout); `token=` on a call overrides the client's token. `Client` and `AsyncClient` expose each
+    under the same name (see `_sync` / `_async`)."""
+
+    @staticmethod
     def request(
-        self,
+        c: _Base,
+        /,
         method: str,
         path: str,
         *,
@@ -459,95 +783,125 @@ class _Routes:
         params: list[tuple[str, str]] | None = None,
         token: str | None = None,
         timeout: float | None = None,
-    ) -> Any:
+    ) -> _Call[Any]:
         """Any route under /mp/v0, returning the JSON reply as is (errors raise as for every route).
         `path` is relative to the prefix, e.g. "/monitors/ci/state"."""
-        return self._run(
-            _Call(method.upper(), path, self._tok(token), _raw, body, list(params or []), timeout)
-        )
+        return _Call(method.upper(), path, c._tok(token), _raw, body, list(params or []), timeout)
 
     # -- discovery and monitors ------------------------------------------------------------------
 
-    def discover(self) -> Any:
+    @staticmethod
+    def discover(c: _Base, /) -> _Call[Discovery]:
         """GET /discover -> Discovery."""
-        return self._run(_Call("GET", "/discover", None, Discovery.of))
+        return _Call("GET", "/discover", None, Discovery.of)
 
-    def list_monitors(self, *, token: str | None = None) -> Any:
+    @staticmethod
+    def list_monitors(c: _Base, /, *, token: str | None = None) -> _Call[list[Monitor]]:
         """GET /monitors -> list[Monitor] (what this token may see)."""
-        return self._run(_Call("GET", "/monitors", self._tok(token), _monitor_list))
+        return _Call("GET", "/monitors", c._tok(token), _monitor_list)
 
-    def get_monitor(self, monitor_id: str, *, token: str | None = None) -> Any:
+    @staticmethod
+    def get_monitor(c: _Base, /, monitor_id: str, *, token: str | None = None) -> _Call[Monitor]:
         """GET /monitors/{id} -> Monitor."""
-        return self._run(_Call("GET", f"/monitors/{_seg(monitor_id)}", self._tok(token), Monitor.of))
+        return _Call("GET", f"/monitors/{_seg(monitor_id)}", c._tok(token), Monitor.of)
 
-    def create_monitor(self, monitor_id: str, *, token: str | None = None, **fields: Any) -> Any:
+    @staticmethod
+    def create_monitor(
+        c: _Base, /, monitor_id: str, *, token: str | None = None, **fields: Any
+    ) -> _Call[MonitorCreated]:
         """POST /monitors -> MonitorCreated (the owner token is shown once). `token` is the server's
         registration token, needed only when the server requires one. `fields` are the Monitor's fields
         (name, types, capabilities, visibility, horizon, default_grant, ...)."""
         body = {"id": monitor_id, **_drop_none(fields)}
-        return self._run(_Call("POST", "/monitors", self._tok(token), MonitorCreated.of, body))
+        return _Call("POST", "/monitors", c._tok(token), MonitorCreated.of, body)
 
+    @staticmethod
     def update_monitor(
-        self,
+        c: _Base,
+        /,
         monitor_id: str,
         patch: Mapping[str, Any],
         *,
         reason: str | None = None,
         rule: str | None = None,
         token: str | None = None,
-    ) -> Any:
+    ) -> _Call[MonitorChanged]:
         """POST /monitors/{id}/update (owner) -> MonitorChanged."""
         body = _drop_none({"patch": dict(patch), "reason": reason, "rule": rule})
-        return self._run(
-            _Call("POST", f"/monitors/{_seg(monitor_id)}/update", self._tok(token), MonitorChanged.of, body)
-        )
+        return _Call("POST", f"/monitors/{_seg(monitor_id)}/update", c._tok(token), MonitorChanged.of, body)
 
-    def _lifecycle(self, action: str, monitor_id: str, reason: str | None, token: str | None) -> Any:
-        body = _drop_none({"reason": reason})
-        return self._run(
-            _Call("POST", f"/monitors/{_seg(monitor_id)}/{action}", self._tok(token), MonitorChanged.of, body)
-        )
-
-    def pause_monitor(self, monitor_id: str, reason: str | None = None, *, token: str | None = None) -> Any:
+    @staticmethod
+    def pause_monitor(
+        c: _Base, /, monitor_id: str, reason: str | None = None, *, token: str | None = None
+    ) -> _Call[MonitorChanged]:
         """POST /monitors/{id}/pause (owner) -> MonitorChanged."""
-        return self._lifecycle("pause", monitor_id, reason, token)
+        return _lifecycle(c, "pause", monitor_id, reason, token)
 
-    def resume_monitor(self, monitor_id: str, reason: str | None = None, *, token: str | None = None) -> Any:
+    @staticmethod
+    def resume_monitor(
+        c: _Base, /, monitor_id: str, reason: str | None = None, *, token: str | None = None
+    ) -> _Call[MonitorChanged]:
         """POST /monitors/{id}/resume (owner) -> MonitorChanged."""
-        return self._lifecycle("resume", monitor_id, reason, token)
+        return _lifecycle(c, "resume", monitor_id, reason, token)
 
-    def retire_monitor(self, monitor_id: str, reason: str | None = None, *, token: str | None = None) -> Any:
+    @staticmethod
+    def retire_monitor(
+        c: _Base, /, monitor_id: str, reason: str | None = None, *, token: str | None = None
+    ) -> _Call[MonitorChanged]:
         """POST /monitors/{id}/retire (owner) -> MonitorChanged; its leases are released."""
-        return self._lifecycle("retire", monitor_id, reason, token)
+        return _lifecycle(c, "retire", monitor_id, reason, token)
 
-    def state(self, monitor_id: str, *, token: str | None = None) -> Any:
+    @staticmethod
+    def state(c: _Base, /, monitor_id: str, *, token: str | None = None) -> _Call[State]:
         """GET /monitors/{id}/state -> State."""
-        return self._run(_Call("GET", f"/monitors/{_seg(monitor_id)}/state", self._tok(token), State.of))
+        return _Call("GET", f"/monitors/{_seg(monitor_id)}/state", c._tok(token), State.of)
 
+    @staticmethod
     def publish(
-        self,
+        c: _Base,
+        /,
         monitor_id: str,
         type: str,
         *,
         subject: str | None = None,
         data: Mapping[str, Any] | None = None,
         token: str | None = None,
+        retries: int = 0,
+        retry_backoff: float = DEFAULT_RETRY_BACKOFF,
         **fields: Any,
-    ) -> Any:
+    ) -> _Call[Published]:
         """POST /monitors/{id}/observations (owner) -> Published. `fields`: tags, actor, origin, tier,
         verification, on_behalf_of, time, source_ref, rule, wasDerivedFrom, supersedes, idempotency_key
-        (retrying with the same key after a lost reply appends nothing and returns the first reply)."""
+        (retrying with the same key after a lost reply appends nothing and returns the first reply).
+
+        `retries=N` (default 0) makes up to N further attempts, safely: an `idempotency_key` is sent (a
+        random UUID unless you pass one), and only `ConnectionFailed` or a 503 `Unavailable` is retried,
+        after `retry_backoff` seconds doubling per attempt (with jitter; at least the server's Retry-After;
+        each wait at most 30 s). Any other refusal raises at once; after the last attempt its error
+        raises. A retry that finds the observation already appended returns the first reply, with
+        `idempotent=True`."""
+        retries = _check_retries(retries)
+        if retries and fields.get("idempotency_key") is None:
+            fields["idempotency_key"] = str(uuid.uuid4())
         body = _drop_none(
             {"type": type, "subject": subject, "data": dict(data) if data is not None else None, **fields}
         )
-        return self._run(
-            _Call("POST", f"/monitors/{_seg(monitor_id)}/observations", self._tok(token), Published.of, body)
+        return _Call(
+            "POST",
+            f"/monitors/{_seg(monitor_id)}/observations",
+            c._tok(token),
+            Published.of,
+            body,
+            retries=retries,
+            backoff=retry_backoff,
         )
 
     # -- subscriptions ---------------------------------------------------------------------------
 
+    @staticmethod
     def subscribe(
-        self,
+        c: _Base,
+        /,
         monitor: str,
         subscriber: str,
         *,
@@ -560,9 +914,10 @@ class _Routes:
         retire_after_mute_seconds: int | None = None,
         token: str | None = None,
         **fields: Any,
-    ) -> Any:
+    ) -> _Call[Subscribed]:
         """POST /subscriptions -> Subscribed (the reader token is shown once). `token` is the owner's or the
-        monitor's subscribe token, or the subscription's own token when re-subscribing."""
+        monitor's subscribe token, or the subscription's own token when re-subscribing. `fields`: e.g.
+        sink_secret for protocol http."""
         body = _drop_none(
             {
                 "monitor": monitor,
@@ -577,127 +932,119 @@ class _Routes:
                 **fields,
             }
         )
-        return self._run(_Call("POST", "/subscriptions", self._tok(token), Subscribed.of, body))
+        return _Call("POST", "/subscriptions", c._tok(token), Subscribed.of, body)
 
+    @staticmethod
     def pull(
-        self,
+        c: _Base,
+        /,
         subscription: str,
         *,
         cursor: int | None = None,
         limit: int | None = None,
-        wait: float | None = None,
+        wait: int | None = None,
         filter: Mapping[str, Any] | None = None,
         token: str | None = None,
-    ) -> Any:
-        """GET /subscriptions/{id}/pull -> PullResult. Never commits. `cursor` is a read-only replay, `wait`
-        a long poll (0..50 s; the request timeout grows by it), `filter` an inline filter that narrows."""
+    ) -> _Call[PullResult]:
+        """GET /subscriptions/{id}/pull -> PullResult. Never commits. `cursor` is a read-only replay, `filter`
+        an inline filter that narrows. `wait` is a long poll in whole seconds, an `int` 0..50 (the request
+        timeout grows by it); a float such as 2.5 raises TypeError before anything is sent."""
         params: list[tuple[str, str]] = []
         if cursor is not None:
             params.append(("cursor", str(cursor)))
         if limit is not None:
             params.append(("limit", str(limit)))
         if wait is not None:
-            params.append(("wait", _num(wait)))
+            params.append(("wait", str(_whole_seconds(wait))))
         params.extend(filter_params(filter))
-        timeout = self.timeout + (float(wait) if wait else 0.0) + (LONG_POLL_MARGIN if wait else 0.0)
-        return self._run(
-            _Call(
-                "GET",
-                f"/subscriptions/{_seg(subscription)}/pull",
-                self._tok(token),
-                PullResult.of,
-                None,
-                params,
-                timeout,
-            )
+        timeout = c.timeout + (wait + LONG_POLL_MARGIN if wait else 0.0)
+        return _Call(
+            "GET",
+            f"/subscriptions/{_seg(subscription)}/pull",
+            c._tok(token),
+            PullResult.of,
+            None,
+            params,
+            timeout,
         )
 
-    def ack(self, subscription: str, cursor: int, *, token: str | None = None) -> Any:
+    @staticmethod
+    def ack(c: _Base, /, subscription: str, cursor: int, *, token: str | None = None) -> _Call[AckResult]:
         """POST /subscriptions/{id}/ack -> AckResult. Cumulative, never backwards; `cursor` is a pull's `next`."""
-        return self._run(
-            _Call(
-                "POST",
-                f"/subscriptions/{_seg(subscription)}/ack",
-                self._tok(token),
-                AckResult.of,
-                {"cursor": cursor},
-            )
+        return _Call(
+            "POST",
+            f"/subscriptions/{_seg(subscription)}/ack",
+            c._tok(token),
+            AckResult.of,
+            {"cursor": cursor},
         )
 
-    def seek(self, subscription: str, cursor: int, reason: str, *, token: str | None = None) -> Any:
+    @staticmethod
+    def seek(
+        c: _Base, /, subscription: str, cursor: int, reason: str, *, token: str | None = None
+    ) -> _Call[SeekResult]:
         """POST /subscriptions/{id}/seek -> SeekResult: the only way backwards, with a reason."""
-        return self._run(
-            _Call(
-                "POST",
-                f"/subscriptions/{_seg(subscription)}/seek",
-                self._tok(token),
-                SeekResult.of,
-                {"cursor": cursor, "reason": reason},
-            )
+        return _Call(
+            "POST",
+            f"/subscriptions/{_seg(subscription)}/seek",
+            c._tok(token),
+            SeekResult.of,
+            {"cursor": cursor, "reason": reason},
         )
 
-    def renew(self, subscription: str, *, token: str | None = None) -> Any:
+    @staticmethod
+    def renew(c: _Base, /, subscription: str, *, token: str | None = None) -> _Call[Renewed]:
         """POST /subscriptions/{id}/renew -> Renewed: a new token, the old one dies at once."""
-        return self._run(
-            _Call("POST", f"/subscriptions/{_seg(subscription)}/renew", self._tok(token), Renewed.of, {})
-        )
+        return _Call("POST", f"/subscriptions/{_seg(subscription)}/renew", c._tok(token), Renewed.of, {})
 
+    @staticmethod
     def retire_subscription(
-        self, subscription: str, reason: str | None = None, *, token: str | None = None
-    ) -> Any:
+        c: _Base, /, subscription: str, reason: str | None = None, *, token: str | None = None
+    ) -> _Call[SubscriptionRetired]:
         """POST /subscriptions/{id}/retire -> SubscriptionRetired; its leases are released."""
-        return self._run(
-            _Call(
-                "POST",
-                f"/subscriptions/{_seg(subscription)}/retire",
-                self._tok(token),
-                SubscriptionRetired.of,
-                _drop_none({"reason": reason}),
-            )
+        return _Call(
+            "POST",
+            f"/subscriptions/{_seg(subscription)}/retire",
+            c._tok(token),
+            SubscriptionRetired.of,
+            _drop_none({"reason": reason}),
         )
 
     # -- leases ----------------------------------------------------------------------------------
 
-    def _lease(
-        self, action: str, subscription: str, body: dict[str, Any], token: str | None, parse: Any
-    ) -> Any:
-        return self._run(
-            _Call(
-                "POST",
-                f"/subscriptions/{_seg(subscription)}/leases/{action}",
-                self._tok(token),
-                parse,
-                _drop_none(body),
-            )
-        )
-
+    @staticmethod
     def claim(
-        self,
+        c: _Base,
+        /,
         subscription: str,
         subject: str,
         *,
         lease_duration_seconds: int | None = None,
         note: str | None = None,
         token: str | None = None,
-    ) -> Any:
+    ) -> _Call[LeaseGranted]:
         """POST .../leases/claim (act) -> LeaseGranted (`idempotent` when the holder repeats its claim)."""
         body = {"subject": subject, "lease_duration_seconds": lease_duration_seconds, "note": note}
-        return self._lease("claim", subscription, body, token, LeaseGranted.of)
+        return _lease(c, "claim", subscription, body, token, LeaseGranted.of)
 
+    @staticmethod
     def renew_lease(
-        self,
+        c: _Base,
+        /,
         subscription: str,
         subject: str,
         *,
         lease_duration_seconds: int | None = None,
         token: str | None = None,
-    ) -> Any:
+    ) -> _Call[LeaseGranted]:
         """POST .../leases/renew (act) -> LeaseGranted."""
         body = {"subject": subject, "lease_duration_seconds": lease_duration_seconds}
-        return self._lease("renew", subscription, body, token, LeaseGranted.of)
+        return _lease(c, "renew", subscription, body, token, LeaseGranted.of)
 
+    @staticmethod
     def complete(
-        self,
+        c: _Base,
+        /,
         subscription: str,
         subject: str,
         outcome: str,
@@ -705,87 +1052,118 @@ class _Routes:
         evidence: Any = None,
         note: str | None = None,
         token: str | None = None,
-    ) -> Any:
+    ) -> _Call[LeaseDone]:
         """POST .../leases/complete (act) -> LeaseDone."""
         body = {"subject": subject, "outcome": outcome, "evidence": evidence, "note": note}
-        return self._lease("complete", subscription, body, token, LeaseDone.of)
+        return _lease(c, "complete", subscription, body, token, LeaseDone.of)
 
+    @staticmethod
     def release(
-        self, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None
-    ) -> Any:
+        c: _Base, /, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None
+    ) -> _Call[LeaseDone]:
         """POST .../leases/release (act) -> LeaseDone."""
-        return self._lease(
-            "release", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of
-        )
+        return _lease(c, "release", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of)
 
+    @staticmethod
     def reject(
-        self, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None
-    ) -> Any:
+        c: _Base, /, subscription: str, subject: str, reason: str | None = None, *, token: str | None = None
+    ) -> _Call[LeaseDone]:
         """POST .../leases/reject (act) -> LeaseDone (`dead_letter` once delivery_count_limit is reached)."""
-        return self._lease(
-            "reject", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of
-        )
+        return _lease(c, "reject", subscription, {"subject": subject, "reason": reason}, token, LeaseDone.of)
 
     # -- admin and JSON-RPC -----------------------------------------------------------------------
 
-    def admin_compact(self, upto_seq: int, monitor: str | None = None, *, token: str | None = None) -> Any:
-        """POST /admin/compact (admin token) -> the server's reply as a dict."""
+    @staticmethod
+    def admin_compact(
+        c: _Base, /, upto_seq: int, monitor: str | None = None, *, token: str | None = None
+    ) -> _Call[CompactReply]:
+        """POST /admin/compact (admin token) -> CompactReply `{ok, compacted: [{monitor, retention_floor,
+        removed}]}`."""
         body = _drop_none({"monitor": monitor, "upto_seq": upto_seq})
-        return self._run(_Call("POST", "/admin/compact", self._tok(token), _raw, body))
+        return _Call("POST", "/admin/compact", c._tok(token), _compact_reply, body)
 
-    def admin_snapshot(self, *, token: str | None = None) -> Any:
-        """GET /admin/snapshot (admin token) -> the server's reply as a dict."""
-        return self._run(_Call("GET", "/admin/snapshot", self._tok(token), _raw))
+    @staticmethod
+    def admin_snapshot(c: _Base, /, *, token: str | None = None) -> _Call[SnapshotReply]:
+        """GET /admin/snapshot (admin token) -> SnapshotReply `{taken_at, monitors}`."""
+        return _Call("GET", "/admin/snapshot", c._tok(token), _snapshot_reply)
 
+    @staticmethod
     def rpc(
-        self,
+        c: _Base,
+        /,
         method: str,
         params: Mapping[str, Any] | None = None,
         *,
         id: int | str = 1,
         token: str | None = None,
-    ) -> Any:
-        """POST /rpc, one JSON-RPC 2.0 call -> its `result`; an `error` raises MonitorProtocolError built from
-        `error.data` (the REST body)."""
+    ) -> _Call[dict[str, Any]]:
+        """POST /rpc, one JSON-RPC 2.0 call -> its `result` (a JSON object); an `error` raises the
+        MonitorProtocolError subclass built from `error.data` (the REST body)."""
         envelope = {"jsonrpc": "2.0", "id": id, "method": method, "params": dict(params or {})}
-        return self._run(_Call("POST", "/rpc", self._tok(token), _rpc_result, envelope))
+        return _Call("POST", "/rpc", c._tok(token), _rpc_result, envelope)
 
-    def rpc_batch(self, calls: list[tuple[str, Mapping[str, Any]]], *, token: str | None = None) -> Any:
+    @staticmethod
+    def rpc_batch(
+        c: _Base, /, calls: list[tuple[str, Mapping[str, Any]]], *, token: str | None = None
+    ) -> _Call[list[RpcReply]]:
         """POST /rpc with a batch -> the list of replies (each `{jsonrpc, id, result|error}`), in call order."""
         envelopes = [
             {"jsonrpc": "2.0", "id": i + 1, "method": m, "params": dict(p)} for i, (m, p) in enumerate(calls)
         ]
-        return self._run(_Call("POST", "/rpc", self._tok(token), _rpc_batch, envelopes))
+        return _Call("POST", "/rpc", c._tok(token), _rpc_batch, envelopes)
 
 
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+def _lifecycle(
+    c: _Base, action: str, monitor_id: str, reason: str | None, token: str | None
+) -> _Call[MonitorChanged]:
+    body = _drop_none({"reason": reason})
+    return _Call("POST", f"/monitors/{_seg(monitor_id)}/{action}", c._tok(token), MonitorChanged.of, body)
+
+
+def _lease(
+    c: _Base,
+    action: str,
+    subscription: str,
+    body: dict[str, Any],
+    token: str | None,
+    parse: Callable[[dict[str, Any]], T],
+) -> _Call[T]:
+    return _Call(
+        "POST",
+        f"/subscriptions/{_seg(subscription)}/leases/{action}",
+        c._tok(token),
+        parse,
+        _drop_none(body),
+    )
 
 
 def _rpc_error(error: Mapping[str, Any]) -> MonitorProtocolError:
     data = error.get("data")
     if isinstance(data, dict) and isinstance(data.get("code"), str):
         extras = {k: v for k, v in data.items() if k not in ("code", "error")}
-        return MonitorProtocolError(
+        return error_for(
             data["code"],
             str(data.get("error", error.get("message", ""))),
             ERROR_STATUS.get(data["code"], 400),
             extras,
         )
-    return MonitorProtocolError(
+    return Invalid(
         "INVALID", str(error.get("message", "JSON-RPC error")), 400, {"jsonrpc_code": error.get("code")}
     )
 
 
-def _rpc_result(raw: Any) -> Any:
+def _rpc_result(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise MonitorProtocolError("UNEXPECTED_RESPONSE", "JSON-RPC reply is not an object", 200)
+        raise UnexpectedResponse("UNEXPECTED_RESPONSE", "JSON-RPC reply is not an object", 200)
     if raw.get("error") is not None:
         raise _rpc_error(raw["error"])
-    return raw.get("result")
+    result = raw.get("result")
+    if not isinstance(result, dict):
+        raise UnexpectedResponse("UNEXPECTED_RESPONSE", "JSON-RPC result is not an object", 200)
+    return result
 
 
-def _rpc_batch(raw: Any) -> Any:
+def _rpc_batch(raw: Any) -> list[RpcReply]:
     if not isinstance(raw, list):
         return [raw]
     return sorted(
@@ -805,15 +1183,15 @@ def _headers(token: str | None) -> dict[str, str]:
     return headers
 
 
-def _decode(response: httpx.Response, call: _Call) -> Any:
+def _decode(response: httpx.Response, call: _Call[T]) -> T:
     try:
         body = response.json() if response.content else None
     except ValueError:
         body = None
     if response.status_code >= 400:
-        raise _error_from_body(response.status_code, body, response.text)
+        raise _error_from_body(response.status_code, body, response.text, _retry_after(response))
     if body is None and call.parse is not _raw:
-        raise MonitorProtocolError(
+        raise UnexpectedResponse(
             "UNEXPECTED_RESPONSE", f"HTTP {response.status_code} with no JSON body", response.status_code
         )
     return call.parse(body if body is not None else {})
@@ -825,10 +1203,65 @@ def _network_reason(exc: httpx.HTTPError) -> str:
     return f"{kind}: {detail}" if detail != kind else kind
 
 
+def _connection_failed(exc: httpx.HTTPError, url: str) -> ConnectionFailed:
+    return ConnectionFailed(_network_reason(exc), url, sent=not isinstance(exc, _NOT_SENT))
+
+
+def _retry_delay(call: _Call[Any], attempt: int, exc: Exception) -> float | None:
+    """Seconds to wait before attempt `attempt + 1`, or None when `exc` must raise now."""
+    if attempt >= call.retries:
+        return None
+    if isinstance(exc, MonitorProtocolError):
+        if exc.code != "UNAVAILABLE" or exc.status != 503:
+            return None  # a paused monitor (409) or any other refusal: retrying cannot help
+    elif not isinstance(exc, ConnectionFailed):
+        return None
+    delay = call.backoff * (2.0**attempt) * random.uniform(0.5, 1.0)
+    if isinstance(exc, MonitorProtocolError) and exc.retry_after is not None:
+        delay = max(delay, exc.retry_after)
+    return min(delay, MAX_RETRY_DELAY)
+
+
+def _signature(build: Callable[..., Any], returns: str) -> inspect.Signature:
+    sig = inspect.signature(build)
+    params = list(sig.parameters.values())
+    params[0] = params[0].replace(name="self", annotation=inspect.Parameter.empty)
+    return sig.replace(parameters=params, return_annotation=returns)
+
+
+def _returned(build: Callable[..., Any]) -> str:
+    text = str(inspect.signature(build).return_annotation)
+    return text[len("_Call[") : -1] if text.startswith("_Call[") else text
+
+
+def _sync(build: Callable[Concatenate[_Base, P], _Call[T]]) -> Callable[Concatenate[Client, P], T]:
+    """A `Client` method performing the route `build` describes."""
+
+    @functools.wraps(build)
+    def method(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._perform(build(self, *args, **kwargs))
+
+    method.__signature__ = _signature(build, _returned(build))  # type: ignore[attr-defined]
+    return method
+
+
+def _async(
+    build: Callable[Concatenate[_Base, P], _Call[T]],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """An `AsyncClient` coroutine method performing the route `build` describes."""
+
+    @functools.wraps(build)
+    async def method(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._perform(build(self, *args, **kwargs))
+
+    method.__signature__ = _signature(build, _returned(build))  # type: ignore[attr-defined]
+    return method
+
+
 # ---------------------------------------------------------------------------------------------- clients
 
 
-class Client(_Routes):
+class Client(_Base):
     """Synchronous client. `token` is used for every call that does not pass its own."""
 
     def __init__(
@@ -844,19 +1277,59 @@ class Client(_Routes):
         self.timeout = timeout
         self._http = httpx.Client(timeout=timeout, transport=transport)
 
-    def _run(self, call: _Call) -> Any:
+    def _once(self, call: _Call[T]) -> T:
+        url = self.base + call.path
         try:
             response = self._http.request(
                 call.method,
-                self.base + call.path,
-                params=call.params or None,
+                url,
+                params=tuple(call.params) or None,
                 json=call.body if call.body is not None else None,
                 headers=_headers(call.token),
                 timeout=call.timeout or self.timeout,
             )
         except httpx.HTTPError as exc:
-            raise ConnectionFailed(_network_reason(exc), self.base + call.path) from exc
+            raise _connection_failed(exc, url) from exc
         return _decode(response, call)
+
+    def _perform(self, call: _Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                return self._once(call)
+            except (ConnectionFailed, MonitorProtocolError) as exc:
+                delay = _retry_delay(call, attempt, exc)
+                if delay is None:
+                    raise
+            time.sleep(delay)
+            attempt += 1
+
+    request = _sync(_Routes.request)
+    discover = _sync(_Routes.discover)
+    list_monitors = _sync(_Routes.list_monitors)
+    get_monitor = _sync(_Routes.get_monitor)
+    create_monitor = _sync(_Routes.create_monitor)
+    update_monitor = _sync(_Routes.update_monitor)
+    pause_monitor = _sync(_Routes.pause_monitor)
+    resume_monitor = _sync(_Routes.resume_monitor)
+    retire_monitor = _sync(_Routes.retire_monitor)
+    state = _sync(_Routes.state)
+    publish = _sync(_Routes.publish)
+    subscribe = _sync(_Routes.subscribe)
+    pull = _sync(_Routes.pull)
+    ack = _sync(_Routes.ack)
+    seek = _sync(_Routes.seek)
+    renew = _sync(_Routes.renew)
+    retire_subscription = _sync(_Routes.retire_subscription)
+    claim = _sync(_Routes.claim)
+    renew_lease = _sync(_Routes.renew_lease)
+    complete = _sync(_Routes.complete)
+    release = _sync(_Routes.release)
+    reject = _sync(_Routes.reject)
+    admin_compact = _sync(_Routes.admin_compact)
+    admin_snapshot = _sync(_Routes.admin_snapshot)
+    rpc = _sync(_Routes.rpc)
+    rpc_batch = _sync(_Routes.rpc_batch)
 
     def close(self) -> None:
         self._http.close()
@@ -868,8 +1341,8 @@ class Client(_Routes):
         self.close()
 
 
-class AsyncClient(_Routes):
-    """Asynchronous client: the same methods as `Client`, each returning an awaitable."""
+class AsyncClient(_Base):
+    """Asynchronous client: the same methods as `Client`, each a coroutine (await it)."""
 
     def __init__(
         self,
@@ -884,22 +1357,61 @@ class AsyncClient(_Routes):
         self.timeout = timeout
         self._http = httpx.AsyncClient(timeout=timeout, transport=transport)
 
-    async def _perform(self, call: _Call) -> Any:
+    async def _once(self, call: _Call[T]) -> T:
+        url = self.base + call.path
         try:
             response = await self._http.request(
                 call.method,
-                self.base + call.path,
-                params=call.params or None,
+                url,
+                params=tuple(call.params) or None,
                 json=call.body if call.body is not None else None,
                 headers=_headers(call.token),
                 timeout=call.timeout or self.timeout,
             )
         except httpx.HTTPError as exc:
-            raise ConnectionFailed(_network_reason(exc), self.base + call.path) from exc
+            raise _connection_failed(exc, url) from exc
         return _decode(response, call)
 
-    def _run(self, call: _Call) -> Any:
-        return self._perform(call)
+    async def _perform(self, call: _Call[T]) -> T:
+        import anyio  # httpx depends on it; works under asyncio and trio
+
+        attempt = 0
+        while True:
+            try:
+                return await self._once(call)
+            except (ConnectionFailed, MonitorProtocolError) as exc:
+                delay = _retry_delay(call, attempt, exc)
+                if delay is None:
+                    raise
+            await anyio.sleep(delay)
+            attempt += 1
+
+    request = _async(_Routes.request)
+    discover = _async(_Routes.discover)
+    list_monitors = _async(_Routes.list_monitors)
+    get_monitor = _async(_Routes.get_monitor)
+    create_monitor = _async(_Routes.create_monitor)
+    update_monitor = _async(_Routes.update_monitor)
+    pause_monitor = _async(_Routes.pause_monitor)
+    resume_monitor = _async(_Routes.resume_monitor)
+    retire_monitor = _async(_Routes.retire_monitor)
+    state = _async(_Routes.state)
+    publish = _async(_Routes.publish)
+    subscribe = _async(_Routes.subscribe)
+    pull = _async(_Routes.pull)
+    ack = _async(_Routes.ack)
+    seek = _async(_Routes.seek)
+    renew = _async(_Routes.renew)
+    retire_subscription = _async(_Routes.retire_subscription)
+    claim = _async(_Routes.claim)
+    renew_lease = _async(_Routes.renew_lease)
+    complete = _async(_Routes.complete)
+    release = _async(_Routes.release)
+    reject = _async(_Routes.reject)
+    admin_compact = _async(_Routes.admin_compact)
+    admin_snapshot = _async(_Routes.admin_snapshot)
+    rpc = _async(_Routes.rpc)
+    rpc_batch = _async(_Routes.rpc_batch)
 
     async def aclose(self) -> None:
         await self._http.aclose()

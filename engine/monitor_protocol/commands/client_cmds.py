@@ -9,8 +9,11 @@ Tokens, when `--token` is not given, come from the environment by role:
 * viewing (`state`, `monitors list|get`) and `monitors create` (the registration token): MP_TOKEN, else
   MP_OWNER_TOKEN.
 
-A protocol refusal prints `error: CODE: sentence` to stderr (and the whole body with --json) and exits 1;
-a network failure prints `error: DOWN <reason>` and exits 1.
+A failure prints one sentence on stderr (`error: CODE: sentence`) and exits with a status that says what kind
+of failure it was (`EXIT_STATUS_HELP`, shown in `mp --help`; `exit_status(exc)` maps an exception to it).
+With `--json` the error is also printed on stdout as a JSON object: the server's error body
+`{code, error, done, ...extras}`, or `{"code": "UNREACHABLE", "error", "sent", "url"}` when the server could
+not be reached (`sent`: whether the request may have been applied).
 """
 
 from __future__ import annotations
@@ -21,6 +24,37 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # anything else: a reply that is not the protocol's (e.g. a proxy's error page)
+EXIT_USAGE = 2  # bad arguments (argparse's own status); nothing was sent
+EXIT_REFUSED = 3  # a protocol error other than UNAUTHORIZED and NOT_FOUND
+EXIT_UNAUTHORIZED = 4  # UNAUTHORIZED (401)
+EXIT_NOT_FOUND = 5  # NOT_FOUND (404), including a retired subscription's pull
+EXIT_UNREACHABLE = 6  # connection failed or timed out
+EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_PIPE = 141  # stdout closed early (`| head`), as for a tool killed by SIGPIPE (128 + 13)
+
+UNREACHABLE = "UNREACHABLE"  # the `code` of the JSON printed for a network failure under --json
+
+EXIT_STATUS_HELP = """\
+exit status (client commands: publish, subscribe, pull, ack, seek, state, monitors, lease, watch):
+  0    success
+  1    unexpected failure: a reply that is not the protocol's (e.g. a proxy's error page)
+  2    usage: bad arguments or options; nothing was sent
+  3    refused by the server: a protocol error other than the two below
+       (CURSOR_BACKWARDS, LEASE_HELD, UNAVAILABLE, INVALID, CAPABILITY_MISSING, ...)
+  4    UNAUTHORIZED (401): a wrong or missing token
+  5    NOT_FOUND (404): no such monitor or subscription, invisible to this token, or retired
+  6    server unreachable: the connection failed or timed out (watch retries instead)
+  130  interrupted (Ctrl-C)
+  141  stdout was closed early (e.g. `mp monitors list | head -1`): quiet, as for SIGPIPE
+
+A failure prints `error: CODE: sentence` on stderr. With --json it is also printed on stdout as JSON:
+the server's error body {"code", "error", "done", ...}, or for a network failure
+{"code": "UNREACHABLE", "error": "...", "sent": false|true, "url": "..."} (sent: true means the request
+may have reached the server, so its outcome is unknown).
+"""
 
 DEFAULT_BASE = "http://127.0.0.1:8130"
 
@@ -75,17 +109,51 @@ def resolve_token(args: argparse.Namespace) -> str | None:
     return None
 
 
+def read_arg_text(text: str) -> str:
+    """`@FILE` reads FILE, `-` reads stdin, anything else is the value itself."""
+    if text == "-":
+        return sys.stdin.read()
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc}") from exc
+    return text
+
+
 def json_arg(text: str) -> Any:
+    """JSON given inline, as `@FILE` or as `-` (stdin)."""
+    source = read_arg_text(text)
     try:
-        return json.loads(text)
+        return json.loads(source)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+        where = "stdin" if text == "-" else text[1:] if text.startswith("@") else "the argument"
+        raise argparse.ArgumentTypeError(f"not JSON ({where}): {exc}") from exc
 
 
 def json_object_arg(text: str) -> dict[str, Any]:
     value = json_arg(text)
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError('expected a JSON object, e.g. \'{"status": "ok"}\'')
+    return value
+
+
+def tag_arg(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"a tag is KEY=VALUE, not {text!r}")
+    return key, value
+
+
+def count_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count is a whole number >= 0, not {text!r}")
     return value
 
 
@@ -104,19 +172,60 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, ensure_ascii=False, indent=2))
 
 
+def exit_status(exc: BaseException) -> int:
+    """The exit status for a failure (EXIT_STATUS_HELP): 3 refused, 4 unauthorized, 5 not found,
+    6 unreachable, 2 a bad argument found late, 1 anything else."""
+    from ..client import ConnectionFailed, MonitorProtocolError
+
+    if isinstance(exc, ConnectionFailed):
+        return EXIT_UNREACHABLE
+    if isinstance(exc, MonitorProtocolError):
+        if exc.code == "UNAUTHORIZED":
+            return EXIT_UNAUTHORIZED
+        if exc.code == "NOT_FOUND":
+            return EXIT_NOT_FOUND
+        if exc.code == "UNEXPECTED_RESPONSE":
+            return EXIT_FAILED
+        return EXIT_REFUSED
+    if isinstance(exc, ValueError | TypeError):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def error_json(exc: BaseException) -> dict[str, Any]:
+    """What --json prints on stdout for a failure: the protocol error body, or an UNREACHABLE object."""
+    from ..client import ConnectionFailed, MonitorProtocolError
+
+    if isinstance(exc, MonitorProtocolError):
+        return exc.body
+    if isinstance(exc, ConnectionFailed):
+        return {"code": UNREACHABLE, "error": unreachable_sentence(exc), "sent": exc.sent, "url": exc.url}
+    return {"code": "USAGE" if exit_status(exc) == EXIT_USAGE else "FAILED", "error": str(exc)}
+
+
+def unreachable_sentence(exc: Any) -> str:
+    outcome = (
+        "the request may have reached the server: its outcome is unknown"
+        if exc.sent
+        else "the request was never sent"
+    )
+    where = f"{exc.url}: " if exc.url else ""
+    return f"{where}{exc.reason} ({outcome})"
+
+
 def report_error(exc: Exception, as_json: bool = False) -> int:
-    """Print a refusal or a network failure to stderr; return the exit status 1."""
+    """Print a failure (one sentence on stderr; with `as_json` its JSON on stdout); return its exit status."""
     from ..client import ConnectionFailed, MonitorProtocolError
 
     if isinstance(exc, MonitorProtocolError):
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
-        if as_json:
-            print(dumps(exc.body), file=sys.stderr)
     elif isinstance(exc, ConnectionFailed):
-        print(f"error: DOWN {exc.reason}", file=sys.stderr)
+        print(f"error: {UNREACHABLE}: {unreachable_sentence(exc)}", file=sys.stderr)
     else:
         print(f"error: {exc}", file=sys.stderr)
-    return 1
+    if as_json:
+        print_json(error_json(exc))
+    return exit_status(exc)
 
 
 def cut(text: str, limit: int = 400) -> str:
@@ -155,9 +264,14 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("monitor", help="monitor id")
         parser.add_argument("type", help="observation type (reverse-DNS, declared in the monitor's types)")
         parser.add_argument("--subject", help="what the observation is about (a work item)")
-        parser.add_argument("--data", type=json_object_arg, help="JSON object for the observation's data")
         parser.add_argument(
-            "--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag (repeatable)"
+            "--data",
+            type=json_object_arg,
+            metavar="JSON|@FILE|-",
+            help="the observation's data, a JSON object: inline, @FILE to read a file, - to read stdin",
+        )
+        parser.add_argument(
+            "--tag", action="append", default=[], type=tag_arg, metavar="KEY=VALUE", help="a tag (repeatable)"
         )
         parser.add_argument("--actor", help="who caused it, e.g. agent:claude (default: the owner)")
         parser.add_argument("--origin", help="human|agent|webhook|probe|system")
@@ -168,6 +282,19 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--on-behalf-of", dest="on_behalf_of", help="the owner an agent acts for")
         parser.add_argument("--supersedes", help="seq of the observation this one corrects")
         parser.add_argument("--source-ref", dest="source_ref", help="reference in the source")
+        parser.add_argument(
+            "--idempotency-key",
+            dest="idempotency_key",
+            help="repeating a publish with the same key appends nothing and returns the first reply",
+        )
+        parser.add_argument(
+            "--retries",
+            type=count_arg,
+            default=0,
+            metavar="N",
+            help="retry up to N times on a network failure or 503 UNAVAILABLE, safely: an idempotency key "
+            "is generated unless given (default 0)",
+        )
     elif name == "subscribe":
         parser.add_argument("monitor", help="monitor id")
         parser.add_argument("--subscriber", required=True, help="the reader's name, e.g. agent:triage")
@@ -265,14 +392,8 @@ def _add_lease(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- running
 
 
-def _tags(pairs: list[str]) -> dict[str, str] | None:
-    tags: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--tag wants KEY=VALUE, got {pair!r}")
-        tags[key] = value
-    return tags or None
+def _tags(pairs: list[tuple[str, str]]) -> dict[str, str] | None:
+    return dict(pairs) or None
 
 
 def _from(value: str | None) -> str | int | None:
@@ -289,7 +410,8 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
 
     action = getattr(args, "action", None)
     if name == "publish":
-        print(f"published seq={result.seq} type={result.observation.get('type')}")
+        repeat = " (repeated idempotency key: nothing appended)" if result.idempotent else ""
+        print(f"published seq={result.seq} type={result.observation.get('type')}{repeat}")
     elif name == "subscribe":
         s = result.subscription
         print(
@@ -344,10 +466,21 @@ def _call(name: str, args: argparse.Namespace, c: Any) -> Any:
     if name == "publish":
         fields = {
             k: getattr(args, k)
-            for k in ("actor", "origin", "tier", "verification", "on_behalf_of", "supersedes", "source_ref")
+            for k in (
+                "actor",
+                "origin",
+                "tier",
+                "verification",
+                "on_behalf_of",
+                "supersedes",
+                "source_ref",
+                "idempotency_key",
+            )
         }
         fields["tags"] = _tags(args.tag)
-        return c.publish(args.monitor, args.type, subject=args.subject, data=args.data, **fields)
+        return c.publish(
+            args.monitor, args.type, subject=args.subject, data=args.data, retries=args.retries, **fields
+        )
     if name == "subscribe":
         return c.subscribe(
             args.monitor,
@@ -435,10 +568,10 @@ def run(name: str, args: argparse.Namespace) -> int:
     try:
         with Client(args.base, resolve_token(args)) as c:
             result = _call(name, args, c)
-    except (MonitorProtocolError, ConnectionFailed, ValueError) as exc:
+    except (MonitorProtocolError, ConnectionFailed, ValueError, TypeError) as exc:
         return report_error(exc, args.json)
     if args.json:
         print_json([m.raw for m in result] if isinstance(result, list) else result.raw)
     else:
         _human(name, args, result)
-    return 0
+    return EXIT_OK

@@ -1,0 +1,8 @@
+"""`python -m monitor_protocol ...` is `mp ...`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
