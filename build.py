@@ -15,6 +15,27 @@ change.
 
 from __future__ import annotations
 
+if __name__ == "__main__" and globals().get("__spec__") is not None and __spec__.name == "build":
+    # `python -m build` in the repository root finds this file before pypa/build (the current directory comes
+    # first on sys.path). Step aside: drop this folder from the path and run the real package's __main__.
+    import importlib.util as _util
+    import os as _os
+    import runpy as _runpy
+    import sys as _sys
+
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or _os.curdir) != _here]
+    _sys.modules.pop("build", None)
+    if _util.find_spec("build") is None:
+        print(
+            "python -m build: pypa/build is not installed for this Python (pip install build); this "
+            "repository's own script runs as `python3 build.py build|serve|test|bench`",
+            file=_sys.stderr,
+        )
+        raise SystemExit(1)
+    _runpy.run_module("build", run_name="__main__", alter_sys=True)
+    raise SystemExit(0)
+
 import argparse
 import base64
 import functools

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -650,15 +651,16 @@ def test_sigterm_stops_cleanly_and_data_survives(tmp_path):
             assert monitor["head"] == 2
 
 
-def test_allow_admin_without_a_value_mints_and_prints_a_token(tmp_path):
+def test_allow_admin_without_a_value_mints_a_token_into_a_private_file(tmp_path):
     with (
         running_server(tmp_path, "--allow-admin") as (base, proc),
         httpx.Client(base_url=base + "/mp/v0") as mp,
     ):
-        printed = re.search(r"admin: enabled, token (\S+)", server_log(proc))
-        assert printed, server_log(proc)
-        token = printed.group(1)
-        assert len(token) >= 32
+        log = server_log(proc)
+        found = re.search(r"written to (\S+) ", log)  # the minted token is never printed, only its file
+        assert found, log
+        token = Path(found.group(1)).read_text().strip()
+        assert len(token) >= 32 and token not in log
         assert mp.get("/admin/snapshot", headers=bearer(token)).status_code == 200
         assert_error(mp.get("/admin/snapshot", headers=bearer(token + "x")), "UNAUTHORIZED")
 

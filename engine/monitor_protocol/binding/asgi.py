@@ -13,15 +13,22 @@ What this module adds to the router, and nothing else:
 * SSE at ``GET /mp/v0/subscriptions/{id}/stream``: read-only replays of the pull route (the ``cursor``
   query parameter) with the reader's own headers, so the stream never commits;
 * the lifespan: a sweep timer (``service.sweep()`` every second), ``background_tasks`` and
-  ``on_startup``/``on_shutdown`` hooks for other doors, and closing the store on shutdown.
+  ``on_startup``/``on_shutdown`` hooks for other doors, and closing the store on shutdown;
+* operations, outside ``/mp/v0``: ``GET /healthz`` (the process answers: 200), ``GET /readyz`` (the store
+  answers a trivial read on the engine thread within READY_TIMEOUT_SECONDS: 200, else 503) and
+  ``GET /metrics`` (Prometheus text; see ``Metrics``). The health routes skip the Origin and Host checks
+  (they reveal nothing, and probes name the server by address); ``/metrics`` keeps them, and answers only a
+  loopback client or a bearer of the metrics (or admin) token, and only that token once one is set.
 
-Origin, Host and CORS policy live in the router; this module never answers a request the router has not
-seen first, so the policy holds for every path, the stream included.
+Origin, Host and CORS policy live in the router; this module never answers a request under ``/mp/v0`` the
+router has not seen first, so the policy holds for every protocol path, the stream included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -36,7 +43,7 @@ from urllib.parse import parse_qsl
 
 from ..errors import ProtocolError, internal_failure
 from .messages import Request, Response
-from .rest import bearer
+from .rest import _ROUTES, PREFIX, bearer
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -50,6 +57,13 @@ PROBE_CURSOR = (1 << 53) - 1  # a replay cursor past any head (and within the wi
 DISCARD_BYTES = 64 << 20  # how much of a refused body is read and dropped so the 413 reaches the client
 DISCARD_SECONDS = 5.0
 STREAM_PATH = re.compile(r"^/mp/v0/subscriptions/([^/]+)/stream/?$")
+
+OPS_PATHS = ("/healthz", "/readyz", "/metrics")
+READY_TIMEOUT_SECONDS = 2.0
+METRICS_TIMEOUT_SECONDS = 5.0
+METRICS_TOP_SUBSCRIPTIONS = 20  # backlog gauges for at most this many active subscriptions (largest first)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "OPTIONS", "PUT", "PATCH", "DELETE"})
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -101,6 +115,8 @@ class EngineThread:
         self._thread = threading.Thread(target=self._run, name="mp-engine", daemon=True)
         self._thread.start()
         self._stopped = False
+        # Called as on_commit(seconds) after every batch (its calls and their commit), by whoever ran it.
+        self.on_commit: Callable[[float], None] | None = None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -190,6 +206,15 @@ class EngineThread:
 
     def _commit(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
         """Run the calls, as one group commit where the store has one; the caller holds the lock."""
+        started = time.perf_counter()
+        try:
+            return self._commit_batch(jobs)
+        finally:
+            hook = self.on_commit
+            if hook is not None:
+                hook(time.perf_counter() - started)
+
+    def _commit_batch(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
         if len(jobs) == 1 or self._batch is None:
             return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
         try:
@@ -230,6 +255,173 @@ def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
         return False, exc
 
 
+def _route_templates() -> list[tuple[re.Pattern[str], str]]:
+    """The router's routes as (regex on the path below /mp/v0, label such as /mp/v0/monitors/{id})."""
+    out = []
+    for _method, regex, _fn in _ROUTES:
+        label = re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", regex.pattern.strip("^$"))
+        out.append((regex, PREFIX + label))
+    return out
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _is_loopback(address: str | None) -> bool:
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class Metrics:
+    """The HTTP door's counters, rendered in the Prometheus text format (version 0.0.4).
+
+    Every label set is bounded: routes are the router's templates (ids replaced by ``{id}``; anything else is
+    ``other``), methods the HTTP ones, and per-subscription backlog only for the METRICS_TOP_SUBSCRIPTIONS
+    active subscriptions with the largest backlog. Counters are bumped on the event loop; commit times on
+    whichever thread ran the batch (one at a time, under the engine lock).
+    """
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.requests: dict[tuple[str, str, int], int] = {}
+        self.commit_buckets = [0] * (len(COMMIT_BUCKETS) + 1)
+        self.commit_sum = 0.0
+        self.commit_count = 0
+        self.parked_polls = 0
+        self.open_streams = 0
+        self._routes = _route_templates()
+
+    def route(self, path: str) -> str:
+        if path in OPS_PATHS:
+            return path
+        if not (path == PREFIX or path.startswith(PREFIX + "/")):
+            return "other"
+        below = path[len(PREFIX) :].rstrip("/") or "/"
+        for regex, label in self._routes:
+            if regex.match(below):
+                return label
+        return "other"
+
+    def count_request(self, method: str, path: str, status: int) -> None:
+        key = (self.route(path), method if method in KNOWN_METHODS else "OTHER", int(status))
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def observe_commit(self, seconds: float) -> None:
+        for i, bound in enumerate(COMMIT_BUCKETS):
+            if seconds <= bound:
+                self.commit_buckets[i] += 1
+                break
+        else:
+            self.commit_buckets[-1] += 1
+        self.commit_sum += seconds
+        self.commit_count += 1
+
+    def _routed(self, suffix: str, method: str) -> int:
+        return sum(
+            n
+            for (route, m, status), n in list(self.requests.items())
+            if route.endswith(suffix) and m == method and 200 <= status < 300
+        )
+
+    def render(self, appended: int, store: dict[str, Any] | None) -> str:
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+
+        family(
+            "mp_http_requests_total",
+            "counter",
+            "HTTP requests answered, by route template, method and status.",
+        )
+        for (route, method, status), n in sorted(self.requests.items()):
+            lines.append(
+                f'mp_http_requests_total{{route="{_label(route)}",method="{method}",status="{status}"}} {n}'
+            )
+        family(
+            "mp_observations_appended_total", "counter", "Observations appended and committed (every door)."
+        )
+        lines.append(f"mp_observations_appended_total {appended}")
+        family(
+            "mp_publishes_total",
+            "counter",
+            "REST publishes answered 2xx (POST /mp/v0/monitors/{id}/observations).",
+        )
+        lines.append(f"mp_publishes_total {self._routed('/observations', 'POST')}")
+        family("mp_pulls_total", "counter", "REST pulls answered 200 (GET /mp/v0/subscriptions/{id}/pull).")
+        lines.append(f"mp_pulls_total {self._routed('/pull', 'GET')}")
+        family("mp_acks_total", "counter", "REST acks answered 200 (POST /mp/v0/subscriptions/{id}/ack).")
+        lines.append(f"mp_acks_total {self._routed('/ack', 'POST')}")
+        family("mp_long_polls_parked", "gauge", "Long polls waiting for an append right now.")
+        lines.append(f"mp_long_polls_parked {self.parked_polls}")
+        family("mp_sse_streams_open", "gauge", "Server-Sent Event streams open right now.")
+        lines.append(f"mp_sse_streams_open {self.open_streams}")
+        family(
+            "mp_engine_commit_seconds",
+            "histogram",
+            "Time to run one engine batch (the calls of one event-loop turn) and commit it to the store.",
+        )
+        running = 0
+        for bound, n in zip((*COMMIT_BUCKETS, math.inf), self.commit_buckets, strict=True):
+            running += n
+            le = "+Inf" if bound == math.inf else f"{bound:g}"
+            lines.append(f'mp_engine_commit_seconds_bucket{{le="{le}"}} {running}')
+        lines.append(f"mp_engine_commit_seconds_sum {self.commit_sum:.6f}")
+        lines.append(f"mp_engine_commit_seconds_count {self.commit_count}")
+        family("mp_store_up", "gauge", "1 when the store answered the scrape's reads, else 0.")
+        lines.append(f"mp_store_up {1 if store is not None else 0}")
+        if store is not None:
+            family("mp_monitors", "gauge", "Monitors in the store.")
+            lines.append(f"mp_monitors {store['monitors']}")
+            family("mp_subscriptions_active", "gauge", "Active subscriptions in the store.")
+            lines.append(f"mp_subscriptions_active {store['active']}")
+            family(
+                "mp_subscription_backlog",
+                "gauge",
+                f"Observations past an active subscription's committed cursor (before its filter), for the "
+                f"{METRICS_TOP_SUBSCRIPTIONS} largest.",
+            )
+            for backlog, monitor, sub in store["top"]:
+                lines.append(
+                    f'mp_subscription_backlog{{monitor="{_label(monitor)}",subscription="{_label(sub)}"}} {backlog}'
+                )
+            family("mp_subscription_backlog_total", "gauge", "Backlog summed over every active subscription.")
+            lines.append(f"mp_subscription_backlog_total {store['total']}")
+        family("process_start_time_seconds", "gauge", "When the server started, in seconds since the epoch.")
+        lines.append(f"process_start_time_seconds {self.started:.3f}")
+        return "\n".join(lines) + "\n"
+
+
+def store_summary(store: Any) -> dict[str, Any]:
+    """Monitors, active subscriptions and their backlog (head past the committed cursor); engine thread."""
+    monitors = {m.get("id"): m for m in store.list_monitors()}
+    rows = []
+    active = 0
+    for sub in store.list_subscriptions():
+        if not sub.get("active"):
+            continue
+        active += 1
+        rec = monitors.get(sub.get("monitor"))
+        if rec is None:
+            continue
+        head = int(rec.get("_head", 0) or 0)
+        start = max(int(sub.get("cursor", 0) or 0), 1, int(rec.get("_floor", 1) or 1))
+        rows.append((max(0, head - start + 1), str(sub.get("monitor")), str(sub.get("id"))))
+    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+    return {
+        "monitors": len(monitors),
+        "active": active,
+        "top": rows[:METRICS_TOP_SUBSCRIPTIONS],
+        "total": sum(r[0] for r in rows),
+    }
+
+
 class MonitorApp:
     """An ASGI 3 application serving the Monitor Protocol over HTTP.
 
@@ -251,6 +443,8 @@ class MonitorApp:
         background_tasks: Iterable[BackgroundTask] = (),
         on_startup: Iterable[Hook] = (),
         on_shutdown: Iterable[Hook] = (),
+        ops_routes: bool = True,
+        metrics_token: str | None = None,
     ) -> None:
         self.service = service
         self.router = router
@@ -271,6 +465,12 @@ class MonitorApp:
         # right after its own pull ran, so an append that lands before it is parked still wakes it.
         self._append_count = 0
         self.draining = False
+        # /healthz, /readyz and /metrics (outside /mp/v0); metrics_token may be changed while serving.
+        self.ops_routes = ops_routes
+        self.metrics_token = metrics_token
+        self.metrics = Metrics()
+        if self.engine.on_commit is None:
+            self.engine.on_commit = self.metrics.observe_commit
 
     # -- engine thread ---------------------------------------------------------------------------
 
@@ -362,10 +562,14 @@ class MonitorApp:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                self.metrics.count_request(scope.get("method", ""), scope.get("path", ""), message["status"])
             await send(message)
 
         try:
             request = self._request(scope)
+            if self.ops_routes and request.path in OPS_PATHS and request.method in ("GET", "HEAD"):
+                await self._ops(request, scope, tracked_send)
+                return
             try:
                 request.body = await self._read_body(request, receive)
             except BodyTooLarge:
@@ -476,6 +680,87 @@ class MonitorApp:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
+    # -- operations: health, readiness, metrics ---------------------------------------------------------
+
+    async def _ops(self, request: Request, scope: Scope, send: Send) -> None:
+        if request.path == "/healthz":
+            await self._send_json(send, Response(200, {"status": "ok"}, {"cache-control": "no-store"}))
+        elif request.path == "/readyz":
+            await self._send_json(send, await self._ready())
+        else:
+            await self._metrics(request, scope, send)
+
+    async def _ready(self) -> Response:
+        headers = {"cache-control": "no-store"}
+        if self.draining or self.closed:
+            return Response(503, {"status": "stopping"}, {**headers, "retry-after": "1"})
+        probe = getattr(self.store, "get_monitor", None)
+        try:
+            if probe is not None:
+                await asyncio.wait_for(self.call(probe, ""), READY_TIMEOUT_SECONDS)
+        except TimeoutError:
+            return Response(
+                503,
+                {
+                    "status": "unavailable",
+                    "error": f"the store did not answer within {READY_TIMEOUT_SECONDS:g} s",
+                },
+                {**headers, "retry-after": "1"},
+            )
+        except Exception as exc:
+            log.warning("readiness probe: the store failed: %s", exc)
+            return Response(
+                503,
+                {"status": "unavailable", "error": "the store failed a trivial read (see the server log)"},
+                {**headers, "retry-after": "1"},
+            )
+        return Response(200, {"status": "ready"}, headers)
+
+    def _metrics_refusal(self, request: Request, scope: Scope) -> Response | None:
+        """None when this request may read /metrics: the Origin and Host checks of the protocol routes
+        hold (no DNS rebinding, no browser page reads it), then a metrics token, once one is set, is
+        required of everyone; without one a loopback client may read, or a bearer of the admin token."""
+        try:
+            self.router.check_request(request)
+        except ProtocolError as err:
+            return error_response(err)
+        token = bearer(request) or ""
+        expected = [t for t in (self.metrics_token, getattr(self.router, "admin_token", None)) if t]
+        if any(hmac.compare_digest(token.encode(), t.encode()) for t in expected):
+            return None
+        client = scope.get("client") or (None, None)
+        if not self.metrics_token and _is_loopback(client[0]):
+            return None
+        sentence = (
+            "GET /metrics needs the metrics token: Authorization: Bearer <token> (mp serve --metrics-token)."
+            if self.metrics_token
+            else "GET /metrics answers loopback clients only; start the server with --metrics-token "
+            "(env MP_METRICS_TOKEN) to scrape it from elsewhere."
+        )
+        return error_response(ProtocolError("UNAUTHORIZED", sentence))
+
+    async def _metrics(self, request: Request, scope: Scope, send: Send) -> None:
+        refusal = self._metrics_refusal(request, scope)
+        if refusal is not None:
+            await self._send_json(send, refusal)
+            return
+        summary = None
+        if self.store is not None and hasattr(self.store, "list_subscriptions") and not self.closed:
+            try:
+                summary = await asyncio.wait_for(
+                    self.call(store_summary, self.store), METRICS_TIMEOUT_SECONDS
+                )
+            except Exception as exc:  # the scrape still answers, with mp_store_up 0
+                log.warning("metrics: the store summary failed: %s", exc)
+        body = self.metrics.render(self._append_count, summary).encode()
+        headers = [
+            (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
     # -- long poll ---------------------------------------------------------------------------------
 
     async def _long_poll(
@@ -487,6 +772,7 @@ class MonitorApp:
         deadline = time.monotonic() + max(0.0, float(first.long_poll.wait_seconds))
         event = self._register(monitor, mark)
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
+        self.metrics.parked_polls += 1
         try:
             response = first
             while True:
@@ -516,6 +802,7 @@ class MonitorApp:
                     response.long_poll = None
                     return response
         finally:
+            self.metrics.parked_polls -= 1
             self._unregister(monitor, event)
             gone.cancel()
 
@@ -547,6 +834,7 @@ class MonitorApp:
             return
         await self.call(self.service.touch, sub_id, bearer(request))
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
+        self.metrics.open_streams += 1
         try:
             headers = [
                 (k.lower().encode("latin-1"), str(v).encode("latin-1"))
@@ -588,6 +876,7 @@ class MonitorApp:
                 event.clear()
                 page = await self.handle(self._replay(request, sub_id, cursor))
         finally:
+            self.metrics.open_streams -= 1
             self._unregister(monitor, event)
             gone.cancel()
             try:

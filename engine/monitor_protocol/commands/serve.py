@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import ipaddress
 import json
 import logging
@@ -36,99 +37,302 @@ class _Stop(Exception):
     """Raised by our own SIGINT/SIGTERM handlers outside uvicorn's own (before start, after shutdown)."""
 
 
+class ConfigError(Exception):
+    """A setting from the environment or the config file that cannot be used (exit status 2)."""
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+#
+# Every setting comes from, in this order: its flag, its environment variable, the --config file (TOML, the
+# flag's name as key, `-` or `_`), the default. Tokens can so stay off argv (which `ps` shows to every user).
+
+LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# setting -> (environment variable, kind)
+SETTINGS: dict[str, tuple[str, str]] = {
+    "host": ("MP_HOST", "str"),
+    "port": ("MP_PORT", "int"),
+    "db": ("MP_DB", "str"),
+    "registration_token": ("MP_REGISTRATION_TOKEN", "str"),
+    "allow_admin": ("MP_ADMIN_TOKEN", "admin"),
+    "metrics_token": ("MP_METRICS_TOKEN", "str"),
+    "allow_origin": ("MP_ALLOW_ORIGIN", "list"),
+    "allow_host": ("MP_ALLOW_HOST", "list"),
+    "allow_sink": ("MP_ALLOW_SINK", "list"),
+    "max_body": ("MP_MAX_BODY", "int"),
+    "header_timeout": ("MP_HEADER_TIMEOUT", "float"),
+    "body_timeout": ("MP_BODY_TIMEOUT", "float"),
+    "keep_alive": ("MP_KEEP_ALIVE", "float"),
+    "retire_after_mute": ("MP_RETIRE_AFTER_MUTE", "int"),
+    "log_level": ("MP_LOG_LEVEL", "level"),
+}
+CONFIG_ENV = "MP_CONFIG"
+CONFIG_ALIASES = {"admin_token": "allow_admin"}  # the file may say admin_token, like MP_ADMIN_TOKEN
+RESTART_ONLY = (
+    "host",
+    "port",
+    "db",
+    "registration_token",
+    "allow_admin",
+    "allow_sink",
+    "max_body",
+    "header_timeout",
+    "body_timeout",
+    "keep_alive",
+    "retire_after_mute",
+    "log_level",
+)
+
+
+def _mark_given(namespace: argparse.Namespace, dest: str) -> None:
+    given = set(getattr(namespace, "_given", ()) or ())
+    given.add(dest)
+    namespace._given = given
+
+
+class _StoreGiven(argparse.Action):
+    """argparse's store, remembering that the flag was on the command line (flags win over env and file)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
+        setattr(namespace, self.dest, values)
+        _mark_given(namespace, self.dest)
+
+
+class _AppendGiven(argparse.Action):
+    """argparse's append (a fresh list, never the default's), remembering that the flag was given."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
+        given = self.dest in (getattr(namespace, "_given", ()) or ())
+        items = list(getattr(namespace, self.dest) or []) if given else []
+        items.append(values)
+        setattr(namespace, self.dest, items)
+        _mark_given(namespace, self.dest)
+
+
+def _convert(name: str, kind: str, value: Any, where: str) -> Any:
+    """One setting's value from a string (environment) or a TOML value (config file)."""
+    text = isinstance(value, str)
+    try:
+        if kind == "str":
+            if not text:
+                raise ValueError("expected a string")
+            return value
+        if kind == "admin":  # a token, or true to mint one, or false for off
+            if isinstance(value, bool):
+                return "" if value else None
+            if not text or not value:
+                raise ValueError("expected a token (a non-empty string), or true to mint one")
+            return value
+        if kind == "list":
+            items = value.split(",") if text else value
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ValueError("expected a list of strings (or one comma-separated string)")
+            return [i.strip() for i in items if i.strip()]
+        if kind == "int":
+            if isinstance(value, bool) or not (text or isinstance(value, int)):
+                raise ValueError("expected an integer")
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool) or not (text or isinstance(value, int | float)):
+                raise ValueError("expected a number")
+            return float(value)
+        if kind == "level":
+            level = str(value).lower() if text else None
+            if level not in LOG_LEVELS:
+                raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+            return level
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc} (got {value!r})") from None
+    raise AssertionError(kind)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The TOML config file as settings (keys are the flags' names; `[serve]` may hold them too)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the config file {path} is not valid TOML: {exc}") from None
+    if isinstance(data.get("serve"), dict):
+        data = {**{k: v for k, v in data.items() if k != "serve"}, **data["serve"]}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        name = CONFIG_ALIASES.get(name, name)
+        if name not in SETTINGS:
+            known = ", ".join(sorted(SETTINGS))
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
+        out[name] = _convert(name, SETTINGS[name][1], value, f"{path}: {key}")
+    return out
+
+
+def resolve_settings(
+    args: argparse.Namespace, environ: Any = None
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The settings in force and where each came from ("--flag", "MP_X", "config FILE" or "default")."""
+    environ = os.environ if environ is None else environ
+    given = set(getattr(args, "_given", ()) or ())
+    config_path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
+    from_file = read_config_file(config_path) if config_path else {}
+    settings = argparse.Namespace(**vars(args))
+    settings.config = config_path
+    sources: dict[str, str] = {}
+    for name, (env, kind) in SETTINGS.items():
+        if name in given:
+            sources[name] = "--" + name.replace("_", "-")
+        elif environ.get(env, "") != "":
+            setattr(settings, name, _convert(name, kind, environ[env], env))
+            sources[name] = env
+        elif name in from_file:
+            setattr(settings, name, from_file[name])
+            sources[name] = f"config {config_path}"
+        else:
+            sources[name] = "default"
+        if name in LIST_SETTINGS:
+            setattr(settings, name, list(getattr(settings, name, None) or []))
+    return settings, sources
+
+
+def fingerprint(token: str) -> str:
+    """A short, stable name for a token in logs (never the token): the first 8 hex digits of its SHA-256."""
+    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:8]
+
+
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    s, a = _StoreGiven, _AppendGiven
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help=f"a TOML file of settings, the flags' names as keys (env {CONFIG_ENV}); flags win over the "
+        "environment (MP_HOST, MP_PORT, MP_DB, MP_ADMIN_TOKEN, ...), which wins over the file",
+    )
+    parser.add_argument(
+        "--host",
+        action=s,
+        default=DEFAULT_HOST,
+        help=f"address to listen on (env MP_HOST, default {DEFAULT_HOST})",
+    )
     parser.add_argument(
         "--port",
+        action=s,
         type=int,
         default=DEFAULT_PORT,
-        help=f"port to listen on (default {DEFAULT_PORT}; 0 picks a free port)",
+        help=f"port to listen on (env MP_PORT, default {DEFAULT_PORT}; 0 picks a free port)",
     )
     parser.add_argument(
         "--db",
+        action=s,
         default=DEFAULT_DB,
         metavar="PATH",
-        help=f"SQLite database file (default ./{DEFAULT_DB}); ':memory:' for a throwaway server",
+        help=f"SQLite database file (env MP_DB, default ./{DEFAULT_DB}); ':memory:' for a throwaway server",
     )
     parser.add_argument(
         "--registration-token",
+        action=s,
         default=None,
         metavar="TOKEN",
-        help="require this token to create monitors (creations with it are attested)",
+        help="require this token to create monitors (creations with it are attested); "
+        "env MP_REGISTRATION_TOKEN keeps it off the command line",
     )
     parser.add_argument(
         "--allow-admin",
+        action=s,
         nargs="?",
         const="",
         default=None,
         metavar="TOKEN",
         help="enable POST /mp/v0/admin/compact and GET /mp/v0/admin/snapshot behind this "
-        "bearer token (a token is minted and printed when none is given)",
+        "bearer token (env MP_ADMIN_TOKEN keeps it off the command line; without a value a token is "
+        "minted and written to a file readable only by you, never printed)",
+    )
+    parser.add_argument(
+        "--metrics-token",
+        action=s,
+        default=None,
+        metavar="TOKEN",
+        help="bearer token for GET /metrics (env MP_METRICS_TOKEN); without one, /metrics answers loopback "
+        "clients only (and the admin token)",
     )
     parser.add_argument(
         "--allow-origin",
-        action="append",
+        action=a,
         default=[],
         metavar="ORIGIN",
-        help="a browser Origin allowed to call the server (repeatable), e.g. http://localhost:5173",
+        help="a browser Origin allowed to call the server (repeatable; env MP_ALLOW_ORIGIN, comma-separated; "
+        "re-read on SIGHUP), e.g. http://localhost:5173",
     )
     parser.add_argument(
         "--allow-host",
-        action="append",
+        action=a,
         default=[],
         metavar="HOST",
-        help="an extra Host name accepted (repeatable); loopback binds accept only local names",
+        help="an extra Host name accepted (repeatable; env MP_ALLOW_HOST; re-read on SIGHUP); "
+        "loopback binds accept only local names",
     )
     parser.add_argument(
         "--max-body",
+        action=s,
         type=int,
         default=DEFAULT_MAX_BODY,
         metavar="BYTES",
-        help=f"largest request body accepted (default {DEFAULT_MAX_BODY})",
+        help=f"largest request body accepted (env MP_MAX_BODY, default {DEFAULT_MAX_BODY})",
     )
     parser.add_argument(
         "--header-timeout",
+        action=s,
         type=float,
         default=DEFAULT_HEADER_TIMEOUT,
         metavar="SECONDS",
         help="close a connection whose request line and headers have not all arrived this long after the "
-        f"request began (default {DEFAULT_HEADER_TIMEOUT:g})",
+        f"request began (env MP_HEADER_TIMEOUT, default {DEFAULT_HEADER_TIMEOUT:g})",
     )
     parser.add_argument(
         "--body-timeout",
+        action=s,
         type=float,
         default=DEFAULT_BODY_TIMEOUT,
         metavar="SECONDS",
         help="close a connection whose request body has not all arrived this long after the request began "
-        f"(default {DEFAULT_BODY_TIMEOUT:g})",
+        f"(env MP_BODY_TIMEOUT, default {DEFAULT_BODY_TIMEOUT:g})",
     )
     parser.add_argument(
         "--keep-alive",
+        action=s,
         type=float,
         default=DEFAULT_KEEP_ALIVE,
         metavar="SECONDS",
-        help=f"how long an idle keep-alive connection stays open (default {DEFAULT_KEEP_ALIVE:g})",
+        help="how long an idle keep-alive connection stays open "
+        f"(env MP_KEEP_ALIVE, default {DEFAULT_KEEP_ALIVE:g})",
     )
     parser.add_argument(
         "--allow-sink",
-        action="append",
+        action=a,
         default=[],
         metavar="HOST",
         help="let HTTP push deliver to this otherwise refused sink (loopback, private, link-local...): "
-        "a host name (exactly that name), an IP address or a CIDR network such as 10.0.0.0/8 (repeatable)",
+        "a host name (exactly that name), an IP address or a CIDR network such as 10.0.0.0/8 "
+        "(repeatable; env MP_ALLOW_SINK, comma-separated)",
     )
     parser.add_argument(
         "--retire-after-mute",
+        action=s,
         type=int,
         default=None,
         metavar="SECONDS",
-        help="server-wide override of retire_after_mute_seconds (default 604800 per subscription)",
+        help="server-wide override of retire_after_mute_seconds (env MP_RETIRE_AFTER_MUTE; "
+        "default 604800 per subscription)",
     )
     parser.add_argument(
         "--log-level",
+        action=s,
         default="info",
-        choices=("critical", "error", "warning", "info", "debug"),
-        help="uvicorn log level (default info)",
+        choices=LOG_LEVELS,
+        help="log level of the server and the engine (env MP_LOG_LEVEL, default info)",
     )
 
 
@@ -192,12 +396,72 @@ def _draining_server_class() -> type:
     return DrainingServer
 
 
+def _utc_time(record: logging.LogRecord) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{stamp}.{int(record.msecs):03d}Z"
+
+
+class UTCFormatter(logging.Formatter):
+    """Log lines stamped in UTC, RFC 3339 with milliseconds (2026-12-01T09:30:00.123Z)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return _utc_time(record)
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging (dictConfig) with a UTC timestamp on every line, the access log included."""
+    from uvicorn.logging import AccessFormatter, DefaultFormatter
+
+    class Default(DefaultFormatter):
+        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+            return _utc_time(record)
+
+    class Access(AccessFormatter):
+        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+            return _utc_time(record)
+
+    upper = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "default": {"()": Default, "fmt": "%(asctime)s %(levelprefix)s %(message)s", "use_colors": None},
+            "access": {
+                "()": Access,
+                "fmt": '%(asctime)s %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
+                "use_colors": None,
+            },
+            "engine": {"()": UTCFormatter, "fmt": LOG_FORMAT},
+        },
+        "handlers": {
+            "default": {
+                "formatter": "default",
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+            },
+            "access": {"formatter": "access", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"},
+            "engine": {"formatter": "engine", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
+        },
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
+            "uvicorn.error": {"level": upper},
+            "uvicorn.access": {"handlers": ["access"], "level": upper, "propagate": False},
+            # The engine's and the doors' own loggers print beside uvicorn's, so a crash is never silent.
+            "monitor_protocol": {"handlers": ["engine"], "level": upper, "propagate": False},
+        },
+    }
+
+
 def _log_engine_errors(level: str) -> None:
-    """The engine's and the door's own loggers print beside uvicorn's, so a crash is never silent."""
+    """The engine's loggers on stderr with timestamps, before uvicorn configures logging (and after it
+    when an embedding program configured logging its own way)."""
     logger = logging.getLogger("monitor_protocol")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+        handler.setFormatter(UTCFormatter(LOG_FORMAT))
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
@@ -357,46 +621,149 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop(signum)
 
 
+def _source_note(source: str) -> str:
+    if source.startswith("--"):
+        return f"from {source} on the command line"
+    return f"from {source}" if source != "default" else "default"
+
+
+def _argv_warning(name: str, source: str, env: str) -> str | None:
+    if not source.startswith("--"):
+        return None
+    return (
+        f"warning: the {name} was given on the command line, where every local user can read it (ps); "
+        f"put it in {env} or the --config file instead"
+    )
+
+
+def write_token_file(db: str, token: str) -> str:
+    """Write a minted token where only this user can read it and return the path: `<db>.admin-token`
+    (created 0600, replacing an old one), or a fresh temporary file for an in-memory database."""
+    if db == ":memory:":
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="mp-admin-token-")  # 0600, created exclusively
+    else:
+        path = db + ".admin-token"
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path
+
+
+def validate(cfg: argparse.Namespace) -> str | None:
+    """The first problem with the settings (an operator's sentence), or None."""
+    from .. import netguard
+
+    if not (0 <= cfg.port <= 65535):
+        return "--port must be between 0 and 65535"
+    if cfg.max_body < 1:
+        return "--max-body must be a positive number of bytes"
+    if cfg.retire_after_mute is not None and cfg.retire_after_mute < 1:
+        return "--retire-after-mute must be a positive number of seconds"
+    for flag in ("header_timeout", "body_timeout", "keep_alive"):
+        value = getattr(cfg, flag)
+        if not (value > 0 and value < 1e7):
+            return f"--{flag.replace('_', '-')} must be a positive number of seconds"
+    if cfg.body_timeout < cfg.header_timeout:
+        return "--body-timeout must be at least --header-timeout"
+    for entry in cfg.allow_sink:
+        problem = netguard.check_allow_entry(entry)
+        if problem is not None:
+            return problem
+    return None
+
+
+class Reloader:
+    """SIGHUP: re-read the environment and the --config file and apply what can change while serving
+    (allowed origins and hosts, the metrics token) without dropping a connection; the rest is reported
+    as needing a restart. A file that does not parse changes nothing."""
+
+    def __init__(self, flags: argparse.Namespace, cfg: argparse.Namespace, router: Any, app: Any) -> None:
+        self.flags, self.cfg, self.router, self.app = flags, cfg, router, app
+        self.log = logging.getLogger("monitor_protocol.serve")
+        self.count = 0
+
+    def __call__(self) -> None:
+        try:
+            fresh, _sources = resolve_settings(self.flags)
+        except ConfigError as exc:
+            self.log.error("SIGHUP: configuration not reloaded, the running one stays in force: %s", exc)
+            return
+        self.count += 1
+        origins = {o.rstrip("/") for o in fresh.allow_origin}
+        hosts = allowed_hosts_for(self.cfg.host, fresh.allow_host)
+        # Whole new sets, swapped in one assignment each: the engine thread sees the old or the new one.
+        self.router.allowed_origins = origins
+        self.router.allowed_hosts = {h.lower() for h in hosts} if hosts is not None else None
+        self.app.metrics_token = fresh.metrics_token
+        pending = [
+            name for name in RESTART_ONLY if getattr(fresh, name, None) != getattr(self.cfg, name, None)
+        ]
+        self.cfg.allow_origin, self.cfg.allow_host = fresh.allow_origin, fresh.allow_host
+        self.cfg.metrics_token = fresh.metrics_token
+        self.log.info(
+            "SIGHUP: configuration reloaded; origins allowed: %s; hosts allowed: %s",
+            ", ".join(sorted(origins)) or "none",
+            ", ".join(sorted(hosts)) if hosts is not None else "any",
+        )
+        if pending:
+            self.log.warning(
+                "SIGHUP: changed settings that need a restart were not applied: %s", ", ".join(pending)
+            )
+
+
+def _install_reload(reloader: Reloader) -> Any:
+    async def install(app: Any) -> None:
+        if hasattr(signal, "SIGHUP"):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader)
+
+    return install
+
+
+def _remove_reload(app: Any) -> None:
+    if hasattr(signal, "SIGHUP"):
+        try:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        except (RuntimeError, ValueError):
+            pass
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a late SIGHUP must not cut the shutdown short
+
+
 def run(name: str, args: argparse.Namespace) -> int:
     try:
         import uvicorn
     except ImportError:
-        print("mp serve needs uvicorn: pip install 'monitor-protocol[server]'", file=sys.stderr)
+        print("mp serve needs uvicorn: pip install monitor-protocol", file=sys.stderr)
         return 1
-    from .. import netguard
     from ..binding.asgi import create_app
     from ..binding.rest import RestRouter
     from ..push import delivery_task
     from ..service import MonitorService
     from ..store.sqlite import SQLiteStore, StoreLocked
 
-    if args.max_body < 1:
-        print("mp serve: --max-body must be a positive number of bytes", file=sys.stderr)
+    try:
+        cfg, sources = resolve_settings(args)
+    except ConfigError as exc:
+        print(f"mp serve: {exc}", file=sys.stderr)
         return 2
-    if args.retire_after_mute is not None and args.retire_after_mute < 1:
-        print("mp serve: --retire-after-mute must be a positive number of seconds", file=sys.stderr)
+    problem = validate(cfg)
+    if problem is not None:
+        print(f"mp serve: {problem}", file=sys.stderr)
         return 2
-    for flag in ("header_timeout", "body_timeout", "keep_alive"):
-        value = getattr(args, flag)
-        if not (value > 0 and value < 1e7):
-            print(
-                f"mp serve: --{flag.replace('_', '-')} must be a positive number of seconds", file=sys.stderr
-            )
-            return 2
-    if args.body_timeout < args.header_timeout:
-        print("mp serve: --body-timeout must be at least --header-timeout", file=sys.stderr)
-        return 2
-    for entry in args.allow_sink:
-        problem = netguard.check_allow_entry(entry)
-        if problem is not None:
-            print(f"mp serve: {problem}", file=sys.stderr)
-            return 2
     open_files = raise_open_file_limit()
 
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    db = args.db if args.db == ":memory:" else os.path.abspath(args.db)
+    if hasattr(signal, "SIGHUP"):  # until the loop takes SIGHUP over (reload), it must not stop the server
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    db = cfg.db if cfg.db == ":memory:" else os.path.abspath(cfg.db)
     store = None
     app = None
+    token_file = None
     try:
         try:
             store = SQLiteStore(db)
@@ -406,76 +773,120 @@ def run(name: str, args: argparse.Namespace) -> int:
         except Exception as exc:
             print(f"mp serve: cannot open the database {db}: {exc}", file=sys.stderr)
             return 1
-        admin_token = None
-        if args.allow_admin is not None:
-            admin_token = args.allow_admin or secrets.token_urlsafe(32)
-        hosts = allowed_hosts_for(args.host, args.allow_host)
+        admin_token: str | None = None
+        if cfg.allow_admin is not None:
+            admin_token = cfg.allow_admin
+            if not admin_token:
+                admin_token = secrets.token_urlsafe(32)
+                try:
+                    token_file = write_token_file(db, admin_token)
+                except OSError as exc:
+                    where = exc.filename or "a file"
+                    print(f"mp serve: cannot write the minted admin token to {where}: {exc}", file=sys.stderr)
+                    return 1
+        hosts = allowed_hosts_for(cfg.host, cfg.allow_host)
         service = MonitorService(
             store,
             clock=time.time,
-            registration_token=args.registration_token,
-            retire_after_mute_seconds=args.retire_after_mute,
-            allowed_sinks=tuple(args.allow_sink),
+            registration_token=cfg.registration_token,
+            retire_after_mute_seconds=cfg.retire_after_mute,
+            allowed_sinks=tuple(cfg.allow_sink),
         )
         router = RestRouter(
             service,
             admin_token=admin_token,
-            allowed_origins=tuple(args.allow_origin),
+            allowed_origins=tuple(cfg.allow_origin),
             allowed_hosts=hosts,
-            max_body=args.max_body,
+            max_body=cfg.max_body,
         )
         monitors = len(store.list_monitors())
         try:
-            sock = _bind(args.host, args.port)
+            sock = _bind(cfg.host, cfg.port)
         except OSError as exc:
-            print(
-                f"mp serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr
-            )
+            print(f"mp serve: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         port = sock.getsockname()[1]
+        reloader = Reloader(args, cfg, router, None)
         # HTTP push (protocol: http subscriptions) runs beside the server; idle while there are none.
         app = create_app(
-            service, router, store=store, max_body=args.max_body, background_tasks=[delivery_task]
+            service,
+            router,
+            store=store,
+            max_body=cfg.max_body,
+            background_tasks=[delivery_task],
+            on_startup=[_install_reload(reloader)],
+            on_shutdown=[_remove_reload],
+            metrics_token=cfg.metrics_token,
         )
+        reloader.app = app
 
-        url = _url(args.host, port)
+        url = _url(cfg.host, port)
         print(f"Monitor Protocol server on {url}/mp/v0  (discover: {url}/mp/v0/discover)")
+        if cfg.config:
+            print(f"config: {cfg.config} (SIGHUP re-reads it and the environment: origins and hosts)")
         print(f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else ""))
         print(f"monitors: {monitors}")
         mute = (
-            f"{args.retire_after_mute}s"
-            if args.retire_after_mute is not None
-            else "604800s (per subscription)"
+            f"{cfg.retire_after_mute}s" if cfg.retire_after_mute is not None else "604800s (per subscription)"
         )
         print(
-            f"limits: max_body={args.max_body} bytes, max_limit={MAX_LIMIT}, max_wait={MAX_WAIT_SECONDS}s, "
-            f"retire_after_mute={mute}, header_timeout={args.header_timeout:g}s, "
-            f"body_timeout={args.body_timeout:g}s, keep_alive={args.keep_alive:g}s"
+            f"limits: max_body={cfg.max_body} bytes, max_limit={MAX_LIMIT}, max_wait={MAX_WAIT_SECONDS}s, "
+            f"retire_after_mute={mute}, header_timeout={cfg.header_timeout:g}s, "
+            f"body_timeout={cfg.body_timeout:g}s, keep_alive={cfg.keep_alive:g}s"
             + (f", open_files={open_files}" if open_files else "")
         )
-        print(
-            "registration: " + ("token required" if args.registration_token else "open (monitors unattested)")
-        )
-        print(f"admin: enabled, token {admin_token}" if admin_token else "admin: disabled")
+        warnings = []
+        if cfg.registration_token:
+            print(f"registration: token required ({_source_note(sources['registration_token'])})")
+            warnings.append(
+                _argv_warning("registration token", sources["registration_token"], "MP_REGISTRATION_TOKEN")
+            )
+        else:
+            print("registration: open (monitors unattested)")
+        if token_file is not None and admin_token:
+            print(
+                f"admin: enabled, token minted for this run and written to {token_file} "
+                f"(readable by this user only; {fingerprint(admin_token)})"
+            )
+        elif admin_token:
+            print(
+                f"admin: enabled, token {_source_note(sources['allow_admin'])} ({fingerprint(admin_token)})"
+            )
+            warnings.append(_argv_warning("admin token", sources["allow_admin"], "MP_ADMIN_TOKEN"))
+        else:
+            print("admin: disabled")
+        if cfg.metrics_token:
+            print(f"metrics: GET /metrics with the metrics token ({_source_note(sources['metrics_token'])})")
+            warnings.append(_argv_warning("metrics token", sources["metrics_token"], "MP_METRICS_TOKEN"))
+        else:
+            print(
+                "metrics: GET /metrics for loopback clients" + (" and the admin token" if admin_token else "")
+            )
+        print("health: GET /healthz (process), GET /readyz (database)")
         print(
             "origins allowed: "
-            + (", ".join(args.allow_origin) or "none (requests with an Origin are refused)")
+            + (", ".join(cfg.allow_origin) or "none (requests with an Origin are refused)")
         )
         print("hosts allowed: " + (", ".join(sorted(hosts)) if hosts is not None else "any"))
-        print("push sinks allowed beyond public addresses: " + (", ".join(args.allow_sink) or "none"))
+        print("push sinks allowed beyond public addresses: " + (", ".join(cfg.allow_sink) or "none"))
+        for warning in warnings:
+            if warning:
+                print(warning)
         sys.stdout.flush()
 
         config = uvicorn.Config(
             app,
-            http=hardened_protocol_class(args.header_timeout, args.body_timeout),
+            http=hardened_protocol_class(cfg.header_timeout, cfg.body_timeout),
+            loop="auto",  # uvloop when it is installed (not on Windows), else asyncio's own loop
             lifespan="on",
-            log_level=args.log_level,
+            log_level=cfg.log_level,
+            log_config=log_config(cfg.log_level),
             access_log=True,
             timeout_graceful_shutdown=5,
-            timeout_keep_alive=args.keep_alive,
+            timeout_keep_alive=cfg.keep_alive,
         )
         server = _draining_server_class()(config, app)
-        _log_engine_errors(args.log_level)
+        _log_engine_errors(cfg.log_level)
         try:
             server.run(sockets=[sock])
         except _Stop:
@@ -495,6 +906,11 @@ def run(name: str, args: argparse.Namespace) -> int:
                 store.close()
         except Exception as exc:
             print(f"mp serve: closing the database failed: {exc}", file=sys.stderr)
+        if token_file is not None:
+            try:
+                os.unlink(token_file)
+            except OSError:
+                pass
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if store is not None:

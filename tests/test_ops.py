@@ -1,0 +1,621 @@
+"""Operating `mp serve`: settings from the environment and a TOML file (flags win), tokens kept out of the
+log, timestamped logs, /healthz, /readyz and /metrics, SIGHUP reloading the allowed origins without dropping
+a connection, a server without uvloop, and the systemd unit and Containerfile in deploy/."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from monitor_protocol.binding.asgi import create_app
+from monitor_protocol.binding.rest import RestRouter
+from monitor_protocol.commands import serve
+from monitor_protocol.service import MonitorService
+from monitor_protocol.store.memory import MemoryStore
+from serverutil import bearer, mp_command, mp_env, running_server, server_log
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+ADMIN = "ops-admin-token-0123456789abcdef"
+REGISTRATION = "ops-registration-token-0123456789"
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
+RUN = "com.example.ci.run"
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_settings(monkeypatch):
+    for env, _kind in serve.SETTINGS.values():
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.delenv(serve.CONFIG_ENV, raising=False)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments("serve", parser)
+    return parser.parse_args(list(argv))
+
+
+def create_monitor(mp: httpx.Client, monitor_id: str, token: str | None = None) -> str:
+    body = {
+        "id": monitor_id,
+        "description": "ops",
+        "horizon": "minute",
+        "visibility": "public",
+        "types": [RUN],
+    }
+    r = mp.post("/monitors", json=body, headers=bearer(token) if token else {})
+    assert r.status_code == 201, r.text
+    return r.json()["owner_token"]
+
+
+def start_failure(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        mp_command("serve", *args),
+        capture_output=True,
+        text=True,
+        env={**mp_env(), **(env or {})},
+        cwd=str(tmp_path),
+        timeout=60,
+    )
+
+
+# -- where settings come from -----------------------------------------------------------------------------
+
+
+def test_precedence_flag_then_environment_then_file_then_default(tmp_path):
+    config = tmp_path / "mp.toml"
+    config.write_text(
+        'port = 9001\nmax-body = 4096\nallow_origin = ["http://file.example"]\nadmin_token = "from-file"\n'
+        'log_level = "debug"\n'
+    )
+    env = {
+        "MP_PORT": "9002",
+        "MP_ALLOW_ORIGIN": "http://a.example, http://b.example",
+        "MP_CONFIG": str(config),
+    }
+    cfg, sources = serve.resolve_settings(parse("--port", "9003"), env)
+    assert cfg.port == 9003 and sources["port"] == "--port"  # the flag wins
+    assert (
+        cfg.allow_origin == ["http://a.example", "http://b.example"]
+        and sources["allow_origin"] == "MP_ALLOW_ORIGIN"
+    )
+    assert cfg.max_body == 4096 and sources["max_body"] == f"config {config}"
+    assert cfg.allow_admin == "from-file" and cfg.log_level == "debug"
+    assert cfg.header_timeout == 10.0 and sources["header_timeout"] == "default"
+    # A repeated flag replaces the environment's list (it does not extend the default or the env).
+    cfg, _ = serve.resolve_settings(
+        parse("--allow-origin", "http://c.example", "--allow-origin", "http://d"), env
+    )
+    assert cfg.allow_origin == ["http://c.example", "http://d"]
+    # --allow-admin without a value still means "mint one", and beats MP_ADMIN_TOKEN.
+    cfg, sources = serve.resolve_settings(parse("--allow-admin"), {"MP_ADMIN_TOKEN": "env-token"})
+    assert cfg.allow_admin == "" and sources["allow_admin"] == "--allow-admin"
+    cfg, sources = serve.resolve_settings(parse(), {"MP_ADMIN_TOKEN": "env-token"})
+    assert cfg.allow_admin == "env-token" and sources["allow_admin"] == "MP_ADMIN_TOKEN"
+
+
+def test_every_flag_has_an_environment_variable_and_a_file_key():
+    parser = argparse.ArgumentParser()
+    serve.add_arguments("serve", parser)
+    dests = {a.dest for a in parser._actions if a.dest not in ("help", "config")}
+    assert dests == set(serve.SETTINGS)
+    for name, (env, _kind) in serve.SETTINGS.items():
+        assert env.startswith("MP_")
+        flag = next(a for a in parser._actions if a.dest == name)
+        assert env in flag.help, f"--{name}'s help should name {env}"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("prot = 1\n", "unknown setting 'prot'"),
+        ('port = "eighty"\n', "port"),
+        ("allow_origin = [1, 2]\n", "list of strings"),
+        ("port = \n", "not valid TOML"),
+        ("max_body = true\n", "integer"),
+    ],
+)
+def test_a_bad_config_file_is_refused_with_a_sentence(tmp_path, text, needle):
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    with pytest.raises(serve.ConfigError, match=re.escape(needle)):
+        serve.resolve_settings(parse("--config", str(config)), {})
+
+
+def test_bad_settings_stop_the_server_with_exit_status_2(tmp_path):
+    done = start_failure(tmp_path, "--db", ":memory:", env={"MP_PORT": "eighty"})
+    assert done.returncode == 2 and "MP_PORT" in done.stderr
+    config = tmp_path / "typo.toml"
+    config.write_text("alow_origin = ['http://x']\n")
+    done = start_failure(tmp_path, "--db", ":memory:", "--port", "0", "--config", str(config))
+    assert done.returncode == 2 and "alow_origin" in done.stderr
+    done = start_failure(
+        tmp_path, "--db", ":memory:", "--port", "0", "--config", str(tmp_path / "missing.toml")
+    )
+    assert done.returncode == 2 and "missing.toml" in done.stderr
+
+
+def test_tokens_from_the_environment_work_and_never_reach_the_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("MP_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("MP_REGISTRATION_TOKEN", REGISTRATION)
+    monkeypatch.setenv("MP_ALLOW_ORIGIN", "http://a.example,http://b.example")
+    with running_server(tmp_path) as (base, proc), httpx.Client(base_url=base + "/mp/v0", timeout=30) as mp:
+        assert mp.get("/admin/snapshot", headers=bearer(ADMIN)).status_code == 200
+        assert mp.get("/admin/snapshot", headers=bearer("wrong")).status_code == 401
+        assert mp.post("/monitors", json={"id": "x"}).status_code == 401  # registration needs the token
+        create_monitor(mp, "envmon", REGISTRATION)
+        for origin in ("http://a.example", "http://b.example"):
+            r = mp.get("/discover", headers={"Origin": origin})
+            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+        assert mp.get("/discover", headers={"Origin": "http://c.example"}).status_code == 403
+        log = server_log(proc)
+    assert ADMIN not in log and REGISTRATION not in log
+    assert f"admin: enabled, token from MP_ADMIN_TOKEN ({serve.fingerprint(ADMIN)})" in log
+    assert "registration: token required (from MP_REGISTRATION_TOKEN)" in log
+    assert "warning" not in log.lower()
+
+
+def test_a_token_on_argv_is_not_printed_but_warned_about(tmp_path):
+    with running_server(tmp_path, "--allow-admin", ADMIN, "--db", ":memory:") as (base, proc):
+        assert httpx.get(base + "/mp/v0/admin/snapshot", headers=bearer(ADMIN)).status_code == 200
+        log = server_log(proc)
+    assert ADMIN not in log
+    assert "admin token was given on the command line" in log and "MP_ADMIN_TOKEN" in log
+
+
+def test_a_minted_admin_token_goes_to_a_private_file_not_the_log(tmp_path):
+    db = tmp_path / "mp.db"
+    token_file = Path(str(db) + ".admin-token")
+    with running_server(tmp_path, "--allow-admin", "--db", str(db)) as (base, proc):
+        assert token_file.exists()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        assert httpx.get(base + "/mp/v0/admin/snapshot", headers=bearer(token)).status_code == 200
+        log = server_log(proc)
+        assert token not in log and str(token_file) in log and serve.fingerprint(token) in log
+    assert not token_file.exists()  # the token dies with the server
+    # An in-memory server has no database folder: the token goes to a fresh private temporary file.
+    with running_server(tmp_path, "--allow-admin", "--db", ":memory:") as (base, proc):
+        found = re.search(
+            r"admin: enabled, token minted for this run and written to (\S+) ", server_log(proc)
+        )
+        assert found, server_log(proc)
+        memory_file = Path(found.group(1))
+        assert stat.S_IMODE(memory_file.stat().st_mode) == 0o600
+        token = memory_file.read_text().strip()
+        assert httpx.get(base + "/mp/v0/admin/snapshot", headers=bearer(token)).status_code == 200
+        assert token not in server_log(proc)
+    assert not memory_file.exists()
+
+
+def test_a_config_file_configures_the_server(tmp_path):
+    config = tmp_path / "mp.toml"
+    config.write_text(
+        f'[serve]\nallow-admin = "{ADMIN}"\nmax_body = 2048\nallow_origin = "http://f.example"\n'
+    )
+    with running_server(tmp_path, "--config", str(config)) as (base, proc):
+        with httpx.Client(base_url=base + "/mp/v0", timeout=30) as mp:
+            assert mp.get("/admin/snapshot", headers=bearer(ADMIN)).status_code == 200
+            assert mp.post("/monitors", content=b"x" * 4096).status_code == 413
+            assert mp.get("/discover", headers={"Origin": "http://f.example"}).status_code == 200
+        log = server_log(proc)
+    assert ADMIN not in log and f"config: {config}" in log
+    assert "limits: max_body=2048 bytes" in log
+
+
+def test_log_lines_carry_utc_timestamps(tmp_path):
+    with running_server(tmp_path, "--db", ":memory:") as (base, proc):
+        httpx.get(base + "/mp/v0/discover")
+        deadline = time.monotonic() + 10
+        while '"GET /mp/v0/discover' not in server_log(proc) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = server_log(proc)
+    uvicorn_lines = [line for line in log.splitlines() if "INFO" in line]
+    assert any("Application startup complete" in line for line in uvicorn_lines)
+    access = [line for line in uvicorn_lines if '"GET /mp/v0/discover' in line]
+    assert access, log
+    for line in uvicorn_lines:
+        assert STAMP.match(line), line
+
+
+# -- health, readiness ------------------------------------------------------------------------------------
+
+
+def test_healthz_and_readyz_answer_outside_the_prefix_whatever_the_host(tmp_path):
+    with running_server(tmp_path) as (base, _proc):
+        assert httpx.get(base + "/healthz").json() == {"status": "ok"}
+        r = httpx.get(base + "/readyz")
+        assert r.status_code == 200 and r.json() == {"status": "ready"}
+        # Probes name the server by address (a container's IP, a load balancer): the health routes
+        # answer any Host, while the protocol routes keep the DNS-rebinding guard.
+        evil = {"Host": "rebind.example"}
+        assert httpx.get(base + "/healthz", headers=evil).status_code == 200
+        assert httpx.get(base + "/readyz", headers=evil).status_code == 200
+        assert httpx.get(base + "/mp/v0/discover", headers=evil).status_code == 403
+        # Only GET and HEAD: anything else is the router's (404 naming /mp/v0).
+        assert httpx.head(base + "/healthz").status_code == 200
+        assert httpx.post(base + "/healthz").status_code == 404
+
+
+class Exchange:
+    """A raw ASGI exchange in-process (no socket), from a given client address."""
+
+    def __init__(self, path: str, *, client: str = "127.0.0.1", headers: dict[str, str] | None = None):
+        hdrs = {"host": "127.0.0.1:8130", **(headers or {})}
+        self.scope = {
+            "type": "http",
+            "method": "GET",
+            "path": path,
+            "query_string": b"",
+            "headers": [(k.lower().encode(), v.encode()) for k, v in hdrs.items()],
+            "client": (client, 40000),
+        }
+        self.sent: list[dict[str, Any]] = []
+
+    async def run(self, app: Any) -> Exchange:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            self.sent.append(message)
+
+        await asyncio.wait_for(app(self.scope, receive, send), 30)
+        return self
+
+    @property
+    def status(self) -> int:
+        return next(m["status"] for m in self.sent if m["type"] == "http.response.start")
+
+    @property
+    def text(self) -> str:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body").decode()
+
+
+class BrokenStore(MemoryStore):
+    def get_monitor(self, monitor_id):
+        raise OSError("disk I/O error")
+
+
+def make_app(store: Any, **options: Any) -> Any:
+    service = MonitorService(store, clock=time.time)
+    router = RestRouter(
+        service, admin_token=options.pop("admin_token", None), allowed_hosts={"127.0.0.1", "localhost"}
+    )
+    return create_app(service, router, store=store, sweep_interval=None, **options)
+
+
+async def test_readyz_is_503_when_the_store_fails_a_read_and_while_stopping():
+    app = make_app(BrokenStore())
+    try:
+        r = await Exchange("/readyz").run(app)
+        assert r.status == 503 and json.loads(r.text)["status"] == "unavailable"
+        assert (await Exchange("/healthz").run(app)).status == 200  # the process is still up
+    finally:
+        app.engine.stop()
+    app = make_app(MemoryStore())
+    try:
+        assert (await Exchange("/readyz").run(app)).status == 200
+        app.begin_shutdown()
+        r = await Exchange("/readyz").run(app)
+        assert r.status == 503 and json.loads(r.text)["status"] == "stopping"
+    finally:
+        app.engine.stop()
+
+
+# -- metrics ----------------------------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if labels else "") + r" (\S+)$"
+    found = re.search(pattern, text, re.M)
+    assert found, f"{name} {labels} not in:\n{text}"
+    return float(found.group(1))
+
+
+def test_metrics_count_what_the_server_does(tmp_path):
+    with running_server(tmp_path) as (base, _proc), httpx.Client(base_url=base + "/mp/v0", timeout=60) as mp:
+        owner = create_monitor(mp, "metered")
+        for i in range(3):
+            r = mp.post(
+                "/monitors/metered/observations",
+                json={"type": RUN, "subject": f"b{i}", "data": {"i": i}},
+                headers=bearer(owner),
+            )
+            assert r.status_code == 201, r.text
+        sub = mp.post("/subscriptions", json={"monitor": "metered", "subscriber": "agent:metrics"}).json()
+        sub_id, reader = sub["subscription"]["id"], sub["token"]
+        page = mp.get(f"/subscriptions/{sub_id}/pull", params={"limit": 2}, headers=bearer(reader)).json()
+        before = httpx.get(base + "/metrics")
+        assert before.status_code == 200
+        assert before.headers["content-type"].startswith("text/plain; version=0.0.4")
+        text = before.text
+        assert metric(text, "mp_subscription_backlog", monitor="metered", subscription=sub_id) >= 3
+        r = mp.post(f"/subscriptions/{sub_id}/ack", json={"cursor": page["next"]}, headers=bearer(reader))
+        assert r.status_code == 200, r.text
+        # A long poll parked while we scrape shows up in the gauge.
+        result: dict[str, Any] = {}
+
+        def park() -> None:
+            result["r"] = httpx.get(
+                f"{base}/mp/v0/subscriptions/{sub_id}/pull",
+                params={"wait": 3, "cursor": 10_000},
+                headers=bearer(reader),
+                timeout=30,
+            )
+
+        waiter = threading.Thread(target=park)
+        waiter.start()
+        deadline = time.monotonic() + 5
+        parked = 0.0
+        while time.monotonic() < deadline and not parked:
+            parked = metric(httpx.get(base + "/metrics").text, "mp_long_polls_parked")
+            time.sleep(0.05)
+        waiter.join(30)
+        text = httpx.get(base + "/metrics").text
+    assert parked == 1
+    assert metric(text, "mp_long_polls_parked") == 0
+    assert metric(text, "mp_publishes_total") == 3
+    assert metric(text, "mp_pulls_total") >= 2
+    assert metric(text, "mp_acks_total") == 1
+    assert metric(text, "mp_observations_appended_total") >= 3
+    assert metric(text, "mp_monitors") == 1 and metric(text, "mp_subscriptions_active") == 1
+    route = "/mp/v0/monitors/{id}/observations"
+    assert metric(text, "mp_http_requests_total", route=route, method="POST", status="201") == 3
+    assert metric(text, "mp_http_requests_total", route="/mp/v0/monitors", method="POST", status="201") == 1
+    assert metric(text, "mp_engine_commit_seconds_count") > 0
+    assert metric(text, "mp_engine_commit_seconds_bucket", le="+Inf") == metric(
+        text, "mp_engine_commit_seconds_count"
+    )
+    backlog = metric(text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
+    assert backlog < metric(before.text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
+    # Ids never become route labels: the label set stays bounded.
+    assert "metered" not in "".join(line for line in text.splitlines() if line.startswith("mp_http_requests"))
+
+
+def test_metrics_refuse_browsers_and_rebinding(tmp_path):
+    with running_server(tmp_path) as (base, _proc):
+        assert httpx.get(base + "/metrics", headers={"Origin": "http://evil.example"}).status_code == 403
+        assert httpx.get(base + "/metrics", headers={"Host": "rebind.example"}).status_code == 403
+        assert httpx.get(base + "/metrics").status_code == 200  # positive control
+
+
+def test_metrics_token_once_set_is_required_of_everyone(tmp_path, monkeypatch):
+    monkeypatch.setenv("MP_METRICS_TOKEN", "scrape-token-0123456789")
+    with running_server(tmp_path, "--db", ":memory:") as (base, proc):
+        assert httpx.get(base + "/metrics").status_code == 401  # loopback too
+        assert httpx.get(base + "/metrics", headers=bearer("nope")).status_code == 401
+        assert httpx.get(base + "/metrics", headers=bearer("scrape-token-0123456789")).status_code == 200
+        assert "scrape-token-0123456789" not in server_log(proc)
+
+
+async def test_metrics_from_a_remote_client_need_a_token():
+    app = make_app(MemoryStore(), admin_token=ADMIN)
+    try:
+        assert (await Exchange("/metrics", client="10.1.2.3").run(app)).status == 401
+        assert (await Exchange("/metrics", client="127.0.0.1").run(app)).status == 200
+        assert (await Exchange("/metrics", client="::1").run(app)).status == 200
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        assert (await Exchange("/metrics", client="10.1.2.3", headers=admin).run(app)).status == 200
+        app.metrics_token = "m-token"
+        assert (await Exchange("/metrics", client="127.0.0.1").run(app)).status == 401
+        ok = await Exchange("/metrics", client="10.1.2.3", headers={"authorization": "Bearer m-token"}).run(
+            app
+        )
+        assert ok.status == 200 and "mp_http_requests_total" in ok.text
+    finally:
+        app.engine.stop()
+
+
+# -- SIGHUP -----------------------------------------------------------------------------------------------
+
+
+def test_sighup_reloads_allowed_origins_without_dropping_connections(tmp_path):
+    config = tmp_path / "mp.toml"
+    config.write_text('allow_origin = ["http://old.example"]\n')
+    with running_server(tmp_path, "--config", str(config)) as (base, proc):
+        with httpx.Client(base_url=base + "/mp/v0", timeout=60) as mp:
+            create_monitor(mp, "hup")
+            sub = mp.post("/subscriptions", json={"monitor": "hup", "subscriber": "agent:hup"}).json()
+            sub_id, reader = sub["subscription"]["id"], sub["token"]
+            assert mp.get("/discover", headers={"Origin": "http://old.example"}).status_code == 200
+            assert mp.get("/discover", headers={"Origin": "http://new.example"}).status_code == 403
+            # A long poll is parked on a keep-alive connection while the server reloads.
+            result: dict[str, Any] = {}
+
+            def park() -> None:
+                result["r"] = mp.get(
+                    f"/subscriptions/{sub_id}/pull",
+                    params={"wait": 3, "cursor": 10_000},
+                    headers=bearer(reader),
+                )
+
+            waiter = threading.Thread(target=park)
+            waiter.start()
+            time.sleep(0.5)
+            config.write_text('allow_origin = ["http://new.example"]\n')
+            proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "configuration reloaded" not in server_log(proc) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mp.get("/discover", headers={"Origin": "http://new.example"}).status_code == 200
+            assert mp.get("/discover", headers={"Origin": "http://old.example"}).status_code == 403
+            waiter.join(30)
+            assert result["r"].status_code == 200  # the parked request was answered, not dropped
+            # A file that no longer parses changes nothing: the running configuration stays.
+            config.write_text("allow_origin = [\n")
+            proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "not reloaded" not in server_log(proc) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mp.get("/discover", headers={"Origin": "http://new.example"}).status_code == 200
+            # A setting that needs a restart is named, not silently ignored.
+            config.write_text('allow_origin = ["http://new.example"]\nmax_body = 99\n')
+            proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "need a restart" not in server_log(proc) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert proc.poll() is None  # still the same process
+        log = server_log(proc)
+    reload_lines = [line for line in log.splitlines() if "SIGHUP: " in line]
+    assert any("origins allowed: http://new.example" in line for line in reload_lines), log
+    assert any("max_body" in line and "need a restart" in line for line in reload_lines), log
+    for line in reload_lines:
+        assert STAMP.match(line), line  # the engine's loggers are timestamped too
+
+
+# -- uvloop is optional ----------------------------------------------------------------------------------
+
+
+def test_serve_runs_without_uvloop(tmp_path, monkeypatch):
+    blocker = tmp_path / "no-uvloop"
+    (blocker / "uvloop").mkdir(parents=True)
+    (blocker / "uvloop" / "__init__.py").write_text("raise ImportError('uvloop is not installed here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(blocker))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import uvloop"], env=mp_env(), capture_output=True, text=True, timeout=60
+    )
+    assert probe.returncode != 0  # the blocker works
+    with running_server(tmp_path, "--db", ":memory:") as (base, _proc):
+        assert httpx.get(base + "/mp/v0/discover").status_code == 200
+        assert httpx.get(base + "/readyz").status_code == 200
+
+
+# -- deploy/ ---------------------------------------------------------------------------------------------
+
+
+def systemd_unit() -> dict[str, dict[str, list[str]]]:
+    """The unit file as section -> key -> every value (systemd keys repeat: Environment=, SystemCallFilter=)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for raw in (DEPLOY / "monitor-protocol.service").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None, f"a key before any section: {line}"
+        key, sep, value = line.partition("=")
+        assert sep, f"not a key=value line: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def test_the_systemd_unit_has_what_a_service_needs():
+    unit = systemd_unit()
+    assert set(unit) >= {"Unit", "Service", "Install"}
+    svc = {k: v[-1] for k, v in unit["Service"].items()}
+    assert "mp serve" in svc["ExecStart"]
+    assert "--allow-admin" not in svc["ExecStart"] and "token" not in svc["ExecStart"].lower()
+    assert svc["EnvironmentFile"].lstrip("-").startswith("/etc/")
+    assert svc.get("DynamicUser") == "yes" or svc.get("User") not in (None, "root")
+    assert svc["StateDirectory"] == "monitor-protocol"
+    env = dict(e.split("=", 1) for e in unit["Service"]["Environment"])
+    assert env["MP_DB"].startswith("%S/monitor-protocol/") and env["MP_HOST"] == "127.0.0.1"
+    assert not any("TOKEN" in k for k in env)  # tokens come from the EnvironmentFile only
+    assert "kill -HUP" in svc["ExecReload"]  # systemctl reload: SIGHUP re-reads the allowed origins
+    assert svc["KillSignal"] == "SIGTERM"
+    for key in ("NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices"):
+        assert svc.get(key) in ("yes", "strict", "true"), key
+    # The serve command's own setrlimit call must not be killed by the syscall filter.
+    assert "~@resources" not in " ".join(unit["Service"].get("SystemCallFilter", []))
+    assert "multi-user.target" in svc.get("WantedBy", unit["Install"]["WantedBy"][-1])
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verifies_the_unit(tmp_path):
+    # verify wants ExecStart's binary to exist: point it at this interpreter's mp for the check.
+    text = (DEPLOY / "monitor-protocol.service").read_text()
+    mp = Path(sys.executable).with_name("mp")
+    if not mp.exists():
+        pytest.skip("no mp console script next to this interpreter")
+    text = re.sub(r"^ExecStart=\S+", f"ExecStart={mp}", text, flags=re.M)
+    unit = tmp_path / "monitor-protocol.service"
+    unit.write_text(text)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    output = done.stdout + done.stderr
+    # Without a running systemd (a container) verify still parses every directive: an unknown or invalid
+    # one is reported ("Unknown key 'X' in section [Service], ignoring.") and must not appear.
+    problems = [
+        line
+        for line in output.splitlines()
+        if re.search(r"Unknown|Invalid|Failed to parse|bad-setting", line)
+    ]
+    assert done.returncode == 0 and not problems, output
+
+
+def containerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in (DEPLOY / "Containerfile").read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    assert not pending, "a continued line never ends"
+    return out
+
+
+def test_the_containerfile_builds_a_non_root_image_with_a_healthcheck():
+    steps = containerfile()
+    kinds = [k for k, _ in steps]
+    assert kinds[0] == "FROM" and re.match(r"python:3\.1[1-4][\w.-]*-slim", steps[0][1])
+    users = [v for k, v in steps if k == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    assert kinds.index("USER") < kinds.index("CMD")
+    runs = " ".join(v for k, v in steps if k == "RUN")
+    assert "pip install" in runs and re.search(r"pip install [^&]*\.", runs)
+    for k, v in steps:
+        if k == "COPY":
+            for src in shlex.split(v)[:-1]:
+                if not src.startswith("--"):
+                    assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
+    health = next(v for k, v in steps if k == "HEALTHCHECK")
+    assert "/healthz" in health
+    cmd = json.loads(next(v for k, v in steps if k == "CMD"))
+    assert cmd[:2] == ["mp", "serve"] and "--host" in cmd and cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    text = (DEPLOY / "Containerfile").read_text()
+    assert "MP_ALLOW_HOST" in text  # guidance: a public bind should name its Host
+
+
+def test_the_containerfile_healthcheck_command_passes_against_a_live_server(tmp_path):
+    health = next(v for k, v in containerfile() if k == "HEALTHCHECK")
+    command = json.loads(health[health.index("CMD") + 3 :].strip())
+    assert command[0] == "python"
+    with running_server(tmp_path, "--db", ":memory:") as (base, proc):
+        port = base.rsplit(":", 1)[1]
+        env = {**os.environ, "MP_PORT": port}
+        ok = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
+        assert ok.returncode == 0, ok.stderr
+    down = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
+    assert down.returncode != 0  # and it fails once the server is gone
