@@ -233,3 +233,25 @@ def test_monitors_list_into_head_with_many_monitors(base: str) -> None:
         ["bash", "-c", f"{human} | head -1"], capture_output=True, text=True, env=env, timeout=60
     )
     assert ran.returncode == 0 and ran.stderr == "" and len(ran.stdout.splitlines()) == 1
+
+
+def test_pull_and_json_output_are_ascii_lines_under_any_stdout_encoding(base: str) -> None:
+    """`mp pull` prints the watch's own OBS lines and `--json` prints ASCII JSON: no crash on an ASCII
+    stdout, and one line per observation under Python's splitlines()."""
+    owner = monitor(base, "asciipull")
+    hostile = ["café", "cr\rOBS seq=999 tier=src origin=human", "tab\tnul\x00", "ls\u2028ps\u2029nel\x85"]
+    with Client(base) as c:
+        for subject in hostile:
+            c.publish(
+                "asciipull", TYPE, subject=subject, data={"note": subject, "blob": "é" * 600}, token=owner
+            )
+        sub = c.subscribe("asciipull", "agent:p", token=owner, filter={"types": [TYPE]})
+    ascii_env = {"PYTHONIOENCODING": "ascii", "LANG": "C", "LC_ALL": "C", "MP_READER_TOKEN": sub.token}
+    pulled = mp(base, "pull", sub.subscription.id, "--limit", "10", env=ascii_env)
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stdout.isascii()
+    lines = pulled.stdout.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["OBS"] * len(hostile) + ["NEXT"], lines
+    assert all(len(line.encode()) <= 4096 for line in lines)
+    as_json = mp(base, "monitors", "get", "caf\u00e9", "--json", env=ascii_env)
+    assert as_json.returncode == 5 and json.loads(as_json.stdout)["code"] == "NOT_FOUND"

@@ -619,3 +619,64 @@ def test_the_containerfile_healthcheck_command_passes_against_a_live_server(tmp_
         assert ok.returncode == 0, ok.stderr
     down = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
     assert down.returncode != 0  # and it fails once the server is gone
+
+
+def test_mp_serve_starts_as_the_units_install_steps_leave_it(tmp_path):
+    """The unit's own install comments, replayed in a temporary root: the files they create are enough for
+    `mp serve` to start with the unit's environment (a missing config file or one the service user cannot
+    read would make systemd restart it forever)."""
+    text = (DEPLOY / "monitor-protocol.service").read_text()
+    etc = tmp_path / "etc" / "monitor-protocol"
+    made = []
+    for line in text.splitlines():  # `#   install ... /etc/monitor-protocol/...` lines, in order
+        words = line.lstrip("# ").split()
+        if words[:1] == ["install"] and any(w.startswith("/etc/monitor-protocol") for w in words):
+            mode = int(words[words.index("-m") + 1], 8)
+            target = Path(str(tmp_path) + next(w for w in words if w.startswith("/etc/monitor-protocol")))
+            if "-d" in words:
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.touch()
+            target.chmod(mode)
+            made.append((target, mode))
+    unit = systemd_unit()
+    env = dict(e.split("=", 1) for e in unit["Service"]["Environment"])
+    config = Path(str(tmp_path) + env["MP_CONFIG"])
+    assert config.exists(), f"the install steps never create {env['MP_CONFIG']}: {made}"
+    assert config.stat().st_mode & 0o004 and etc.stat().st_mode & 0o001, "the service user cannot read it"
+    state = tmp_path / "var" / "lib"
+    run_env = {**mp_env(), **{k: v.replace("%S", str(state)) for k, v in env.items()}}
+    run_env["MP_CONFIG"] = str(config)
+    run_env["MP_PORT"] = "0"
+    (state / "monitor-protocol").mkdir(parents=True)
+    proc = subprocess.Popen(
+        mp_command("serve"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert "Monitor Protocol server on http://127.0.0.1:" in first, first + proc.stdout.read()
+        url = first.split(" on ", 1)[1].split("/mp/v0", 1)[0]
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "mp serve never answered /healthz"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def test_a_mistyped_token_in_the_config_file_is_not_echoed(tmp_path):
+    config = tmp_path / "mp.toml"
+    config.write_text("registration_token = 12345678\n")
+    done = subprocess.run(
+        mp_command("serve", "--config", str(config), "--db", ":memory:", "--port", "0"),
+        capture_output=True, text=True, env=mp_env(), timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and "12345678" not in done.stdout + done.stderr
+    assert "registration" in done.stderr  # it still says which setting is wrong

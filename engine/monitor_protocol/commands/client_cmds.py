@@ -165,11 +165,12 @@ def cursor_arg(text: str) -> int:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    # ASCII with \uXXXX escapes: valid JSON whatever stdout's encoding (PYTHONIOENCODING=ascii, LANG=C).
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
 
 
 def print_json(value: Any) -> None:
-    print(json.dumps(value, ensure_ascii=False, indent=2))
+    print(json.dumps(value, ensure_ascii=True, indent=2))
 
 
 def exit_status(exc: BaseException) -> int:
@@ -228,25 +229,12 @@ def report_error(exc: Exception, as_json: bool = False) -> int:
     return exit_status(exc)
 
 
-def cut(text: str, limit: int = 400) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def obs_line(obs: dict[str, Any]) -> str:
-    """`OBS seq=.. type=.. subject=.. tier=.. origin=.. actor=.. redelivered=.. data=<json, 400 chars>`."""
-    seq = obs.get("id") or str(int(obs.get("sequence") or 0))
-    redelivered = "true" if obs.get("redelivered") else "false"
-    return (
-        f"OBS seq={seq} type={obs.get('type')} subject={_word(obs.get('subject'))} tier={obs.get('tier')} "
-        f"origin={obs.get('origin')} actor={_word(obs.get('actor'))} redelivered={redelivered} "
-        f"data={cut(dumps(obs.get('data')))}"
-    )
+    """The watch's OBS line, one place for both (PROTOCOL.md section 9): printable ASCII, one physical line
+    under any splitter, at most 4 KiB, data cut as valid JSON."""
+    from .watch import obs_text  # the watch imports this module at its top
 
-
-def _word(value: Any) -> str:
-    if value is None:
-        return "-"
-    return str(value).replace(" ", "%20").replace("\n", "%0A")
+    return obs_text(obs)
 
 
 # ---------------------------------------------------------------------------------------------- arguments

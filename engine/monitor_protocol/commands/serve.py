@@ -142,7 +142,10 @@ def _convert(name: str, kind: str, value: Any, where: str) -> Any:
                 raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
             return level
     except ValueError as exc:
-        raise ConfigError(f"{where}: {exc} (got {value!r})") from None
+        # Never echo what might be a token (a mistyped one is still a secret): name its type only.
+        secret = "token" in name.lower() or "admin" in name.lower() or "token" in where.lower()
+        shown = f"a value of type {type(value).__name__}" if secret else repr(value)
+        raise ConfigError(f"{where}: {exc} (got {shown})") from None
     raise AssertionError(kind)
 
 

@@ -61,7 +61,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import client_cmds
-from .client_cmds import DEFAULT_BASE, READER, resolve_token
+from .client_cmds import DEFAULT_BASE, EXIT_PIPE, READER, resolve_token
 
 HELP = "follow a subscription: one OBS line per observation, for an agent's Monitor tool"
 
@@ -636,4 +636,4 @@ def run(name: str, args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return 130
         except BrokenPipeError:
-            return 0
+            return EXIT_PIPE  # stdout closed early (`| head`): quiet, as mp --help says
