@@ -25,51 +25,12 @@ from typing import Any
 from urllib.parse import quote
 
 from hypothesis import strategies as st
+from monitor_protocol.conformance import checks as conformance_checks
 
 # --------------------------------------------------------------------------------- the contract (sec. 3)
-CLOSED_CODES: dict[str, int] = {
-    "INVALID_FILTER": 400,
-    "UNKNOWN_VOCABULARY": 400,
-    "TIER_NOT_ASSERTABLE": 400,
-    "INVALID": 400,
-    "UNAUTHORIZED": 401,
-    "CAPABILITY_MISSING": 403,
-    "PROVENANCE_CEILING": 403,
-    "ORIGIN_REFUSED": 403,
-    "NOT_FOUND": 404,
-    "DUPLICATE": 409,
-    "CURSOR_BACKWARDS": 409,
-    "LEASE_HELD": 409,
-    "LEASE_LOST": 409,
-    "EVIDENCE_REQUIRED": 409,
-    "UNAVAILABLE": 409,
-    "DEAD_LETTERED": 409,
-    "CURSOR_EXPIRED": 410,
-    "TOO_LARGE": 413,
-    "OVER_BUDGET": 429,
-}
-RPC_ORDER = (
-    "INVALID_FILTER",
-    "UNKNOWN_VOCABULARY",
-    "TIER_NOT_ASSERTABLE",
-    "INVALID",
-    "CAPABILITY_MISSING",
-    "UNAUTHORIZED",
-    "NOT_FOUND",
-    "DUPLICATE",
-    "CURSOR_BACKWARDS",
-    "CURSOR_EXPIRED",
-    "LEASE_HELD",
-    "LEASE_LOST",
-    "EVIDENCE_REQUIRED",
-    "OVER_BUDGET",
-    "PROVENANCE_CEILING",
-    "ORIGIN_REFUSED",
-    "TOO_LARGE",
-    "UNAVAILABLE",
-    "DEAD_LETTERED",
-)
-RPC_CODE = {name: -32000 - i for i, name in enumerate(RPC_ORDER)}
+# The suite's own copy of section 3, written from PROTOCOL.md rather than imported from the engine.
+CLOSED_CODES: dict[str, int] = dict(conformance_checks.ERROR_STATUS)
+RPC_CODE: dict[str, int] = dict(conformance_checks.JSONRPC_CODE)
 STANDARD_RPC_CODES = {-32600, -32601, -32602, -32700}
 STANDARD_RPC_DATA_CODES = {"INVALID", "NOT_FOUND"}
 SUCCESS_STATUSES = {200, 201, 204}

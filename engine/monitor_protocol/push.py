@@ -258,13 +258,7 @@ class Pusher:
             self.inflight.pop(sub_id, None)  # what came back (perhaps fewer rows than usual) is a new batch
         if not observations and batch.get("scan_capped"):
             # A bounded pull examined rows none of which is for this sink: commit past them and go on.
-            try:
-                await self.call(self.service.ack_as_system, sub_id, int(batch["next"]))
-            except ProtocolError as err:
-                if err.code != "CURSOR_BACKWARDS":
-                    log.warning("push %s: commit refused (%s: %s)", sub_id, err.code, err.message)
-                    return "stop"
-            return "delivered"
+            return await self._commit(sub_id, int(batch["next"]))
         if not observations:
             return "idle"
         # From here on a failure retries exactly this batch.
@@ -289,14 +283,7 @@ class Pusher:
             log.info("push %s: sink %s did not answer (%s); will retry", sub_id, sink, response)
             return "retry"
         if 200 <= response.status_code < 300:
-            try:
-                await self.call(self.service.ack_as_system, sub_id, int(batch["next"]))
-            except ProtocolError as err:
-                # CURSOR_BACKWARDS: a reader with the token committed further meanwhile; the log is the truth.
-                if err.code != "CURSOR_BACKWARDS":
-                    log.warning("push %s: commit refused (%s: %s)", sub_id, err.code, err.message)
-                    return "stop"
-            return "delivered"
+            return await self._commit(sub_id, int(batch["next"]))
         if response.status_code == 410:
             try:
                 await self.call(
@@ -307,6 +294,17 @@ class Pusher:
             return "stop"
         log.info("push %s: sink answered %s; will retry", sub_id, response.status_code)
         return "retry"
+
+    async def _commit(self, sub_id: str, cursor: int) -> str:
+        """Ack as the subscription: "delivered", or "stop" when the commit is refused for another reason than
+        CURSOR_BACKWARDS (a reader with the token committed further meanwhile: the log is the truth)."""
+        try:
+            await self.call(self.service.ack_as_system, sub_id, cursor)
+        except ProtocolError as err:
+            if err.code != "CURSOR_BACKWARDS":
+                log.warning("push %s: commit refused (%s: %s)", sub_id, err.code, err.message)
+                return "stop"
+        return "delivered"
 
     # -- the sink guard ----------------------------------------------------------------------------------
 

@@ -98,11 +98,6 @@ def check(value: Any) -> Any:
     return value
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON, never NaN (ValueError instead: a bug, never a silent invalid reply)."""
-    return _dumps(value)
-
-
 def bounded_raw(value: Any) -> dict[str, Any]:
     """The raw refused payload for a rejected row (P2), bounded so a protocol row stays a few KiB: whole
     when small and well formed, otherwise an excerpt of its JSON with its size and digest."""
