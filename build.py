@@ -305,6 +305,18 @@ def quickstart_blocks(doc: Path = ROOT / "README.md") -> list[dict[str, str]]:
     return out
 
 
+def openapi_json() -> bytes:
+    """The REST binding's OpenAPI 3.1 document, generated from the engine's operations table (the engine
+    imports only the standard library, so this script's own Python can run it)."""
+    engine = str(ROOT / "engine")
+    sys.path.insert(0, engine)
+    try:
+        from monitor_protocol.openapi import dumps
+    finally:
+        sys.path.remove(engine)
+    return (dumps() + "\n").encode()
+
+
 def build() -> Path:
     t0 = time.monotonic()
     if not (WEB / "index.html").exists():
@@ -343,6 +355,7 @@ def build() -> Path:
         if src.is_file() and "__pycache__" not in src.parts:
             files[src.relative_to(WEB).as_posix()] = src
     files["quickstart.json"] = json.dumps(quickstart_blocks(), indent=1).encode()
+    files["openapi.json"] = openapi_json()
     info = {
         "pyodide": PYODIDE_VERSION,
         "pyscript": PYSCRIPT_VERSION,

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "watch": "watch",
     "mcp": "mcp_cmd",
     "conform": "conform",
+    "openapi": "openapi",
 }
 
 

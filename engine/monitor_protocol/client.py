@@ -25,7 +25,9 @@ exponential backoff; a retry that finds the first attempt applied returns the fi
 
 `Client` and `AsyncClient` share one description of the routes (`_Routes`): each route builds a typed
 `_Call[T]`; `_sync` turns it into a `Client` method returning `T`, `_async` into an `AsyncClient` coroutine
-method returning `T`, with the same parameters and docstring.
+method returning `T`, with the same parameters and docstring. Every route here is an operation of the
+operations table (`monitor_protocol.operations`, each operation naming its client methods) and every
+operation has its method here: tests/test_operations.py checks both ways, method and route.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ __all__ = [
     "LeaseGranted",
     "LeaseHeld",
     "LeaseLost",
+    "LogReply",
     "Monitor",
     "MonitorChanged",
     "MonitorCreated",
@@ -671,6 +674,16 @@ class SnapshotReply(TypedDict):
     monitors: list[dict[str, Any]]
 
 
+class LogReply(TypedDict):
+    """Reply of GET /admin/log: a page of a monitor's log, read without a subscription."""
+
+    monitor: str
+    head: int
+    retention_floor: int
+    next: int
+    observations: list[dict[str, Any]]
+
+
 class RpcError(TypedDict):
     """A JSON-RPC error object; `data` is the REST error body."""
 
@@ -701,6 +714,10 @@ def _compact_reply(raw: Any) -> CompactReply:
 
 
 def _snapshot_reply(raw: Any) -> SnapshotReply:
+    return raw  # type: ignore[no-any-return]
+
+
+def _log_reply(raw: Any) -> LogReply:
     return raw  # type: ignore[no-any-return]
 
 
@@ -935,6 +952,11 @@ class _Routes:
         return _Call("POST", "/subscriptions", c._tok(token), Subscribed.of, body)
 
     @staticmethod
+    def get_subscription(c: _Base, /, subscription: str, *, token: str | None = None) -> _Call[Subscription]:
+        """GET /subscriptions/{id} (reader) -> Subscription, with its lag (a retired one too)."""
+        return _Call("GET", f"/subscriptions/{_seg(subscription)}", c._tok(token), Subscription.of)
+
+    @staticmethod
     def pull(
         c: _Base,
         /,
@@ -1086,6 +1108,25 @@ class _Routes:
     def admin_snapshot(c: _Base, /, *, token: str | None = None) -> _Call[SnapshotReply]:
         """GET /admin/snapshot (admin token) -> SnapshotReply `{taken_at, monitors}`."""
         return _Call("GET", "/admin/snapshot", c._tok(token), _snapshot_reply)
+
+    @staticmethod
+    def admin_log(
+        c: _Base,
+        /,
+        monitor: str,
+        *,
+        from_seq: int | None = None,
+        limit: int | None = None,
+        token: str | None = None,
+    ) -> _Call[LogReply]:
+        """GET /admin/log (admin token) -> LogReply `{monitor, head, retention_floor, next, observations}`:
+        the log from `from_seq` (default 1), without a subscription."""
+        params = [("monitor", monitor)]
+        if from_seq is not None:
+            params.append(("from", str(from_seq)))
+        if limit is not None:
+            params.append(("limit", str(limit)))
+        return _Call("GET", "/admin/log", c._tok(token), _log_reply, None, params)
 
     @staticmethod
     def rpc(
@@ -1316,6 +1357,7 @@ class Client(_Base):
     state = _sync(_Routes.state)
     publish = _sync(_Routes.publish)
     subscribe = _sync(_Routes.subscribe)
+    get_subscription = _sync(_Routes.get_subscription)
     pull = _sync(_Routes.pull)
     ack = _sync(_Routes.ack)
     seek = _sync(_Routes.seek)
@@ -1328,6 +1370,7 @@ class Client(_Base):
     reject = _sync(_Routes.reject)
     admin_compact = _sync(_Routes.admin_compact)
     admin_snapshot = _sync(_Routes.admin_snapshot)
+    admin_log = _sync(_Routes.admin_log)
     rpc = _sync(_Routes.rpc)
     rpc_batch = _sync(_Routes.rpc_batch)
 
@@ -1398,6 +1441,7 @@ class AsyncClient(_Base):
     state = _async(_Routes.state)
     publish = _async(_Routes.publish)
     subscribe = _async(_Routes.subscribe)
+    get_subscription = _async(_Routes.get_subscription)
     pull = _async(_Routes.pull)
     ack = _async(_Routes.ack)
     seek = _async(_Routes.seek)
@@ -1410,6 +1454,7 @@ class AsyncClient(_Base):
     reject = _async(_Routes.reject)
     admin_compact = _async(_Routes.admin_compact)
     admin_snapshot = _async(_Routes.admin_snapshot)
+    admin_log = _async(_Routes.admin_log)
     rpc = _async(_Routes.rpc)
     rpc_batch = _async(_Routes.rpc_batch)
 

@@ -8,11 +8,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import wire
+from .. import operations, wire
 from ..errors import ProtocolError, internal_failure
+from ..operations import Operation, Param
 from ..service import MonitorService
 from ..store.base import StorageError
 from ..vocab import JSONRPC_CODE, MAX_RPC_BATCH
+from .hints import with_bearer_hint
 from .messages import Response
 
 log = logging.getLogger("monitor_protocol.jsonrpc")
@@ -30,36 +32,31 @@ def _need(params: Params, name: str) -> Any:
     return params[name]
 
 
-def _monitor_id(params: Params) -> Any:
-    return params["id"] if "id" in params else _need(params, "monitor")
+def _path_value(params: Params, param: Param) -> Any:
+    """A path parameter from params: the first alias present (`id`, else `monitor`), else the last one is
+    required."""
+    for name in param.aliases[:-1]:
+        if name in params:
+            return params[name]
+    return _need(params, param.aliases[-1])
 
 
-METHODS: dict[str, Callable[[MonitorService, Params, str | None], Any]] = {
-    "monitors/discover": lambda s, p, t: s.discover(),
-    "monitors/list": lambda s, p, t: s.list_monitors(t),
-    "monitors/get": lambda s, p, t: s.get_monitor(_monitor_id(p), t),
-    "monitors/create": lambda s, p, t: s.create_monitor(p, t),
-    "monitors/state": lambda s, p, t: s.state(_monitor_id(p), t),
-    "monitors/update": lambda s, p, t: s.configure(_monitor_id(p), "update", _strip(p, "id", "monitor"), t),
-    "monitors/pause": lambda s, p, t: s.configure(_monitor_id(p), "pause", _strip(p, "id", "monitor"), t),
-    "monitors/resume": lambda s, p, t: s.configure(_monitor_id(p), "resume", _strip(p, "id", "monitor"), t),
-    "monitors/retire": lambda s, p, t: s.configure(_monitor_id(p), "retire", _strip(p, "id", "monitor"), t),
-    "monitors/publish": lambda s, p, t: s.publish(_monitor_id(p), _strip(p, "id", "monitor"), t),
-    "feeds/subscribe": lambda s, p, t: s.subscribe(p, t),
-    "feeds/pull": lambda s, p, t: s.pull(
-        _need(p, "subscription"), t, cursor=p.get("cursor"), limit=p.get("limit"), filter=p.get("filter")
-    ),
-    "feeds/ack": lambda s, p, t: s.ack(_need(p, "subscription"), t, _strip(p, "subscription")),
-    "feeds/seek": lambda s, p, t: s.seek(_need(p, "subscription"), t, _strip(p, "subscription")),
-    "feeds/renew": lambda s, p, t: s.renew(_need(p, "subscription"), t),
-    "feeds/retire": lambda s, p, t: s.retire_subscription(
-        _need(p, "subscription"), t, _strip(p, "subscription")
-    ),
-}
-for _action in ("claim", "renew", "complete", "release", "reject"):
-    METHODS[f"leases/{_action}"] = lambda s, p, t, a=_action: s.lease(
-        _need(p, "subscription"), t, a, _strip(p, "subscription")
-    )
+Method = Callable[[MonitorService, Params, str | None], Any]
+
+
+def _method(op: Operation) -> Method:
+    """The JSON-RPC method of one table operation: params are the REST body plus the path ids (under
+    their aliases), which are taken out of the body."""
+    ids = tuple(name for p in op.path_params for name in p.aliases)
+
+    def run(service: MonitorService, params: Params, token: str | None) -> Any:
+        path = {p.name: _path_value(params, p) for p in op.path_params}
+        return operations.invoke(service, op, path, _strip(params, *ids), token, params)
+
+    return run
+
+
+METHODS: dict[str, Method] = {name: _method(op) for name, op in operations.BY_JSONRPC.items()}
 
 
 def _error(id_: Any, code: int, message: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +89,8 @@ def call_one(service: MonitorService, msg: Any, bearer: str | None) -> dict[str,
     params = _strip(params, "token")
     try:
         result = method(service, params, token)
-    except ProtocolError as err:
+    except ProtocolError as refused:
+        err = with_bearer_hint(refused)
         return None if is_notification else _error(id_, err.jsonrpc_code, err.message, err.body())
     except Exception:  # never a transport-level failure for one bad call; a bug is not bad input
         incident = uuid.uuid4().hex[:12]

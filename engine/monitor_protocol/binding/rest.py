@@ -11,13 +11,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import tokens, wire
+from .. import operations, tokens, wire
 from ..errors import ProtocolError, internal_failure
 from ..filters import LIST_KEYS
+from ..operations import Operation
 from ..service import MonitorService
 from ..validation import as_int
 from ..vocab import FILTER_KEYS, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
 from . import jsonrpc
+from .hints import with_bearer_hint
 from .messages import LongPoll, Request, Response
 
 log = logging.getLogger("monitor_protocol.rest")
@@ -42,7 +44,7 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
 
 
 def error_response(err: ProtocolError) -> Response:
-    return Response(err.status, wire.scrub(err.body()), dict(err.headers))
+    return Response(err.status, wire.scrub(with_bearer_hint(err).body()), dict(err.headers))
 
 
 def bearer(req: Request) -> str | None:
@@ -216,43 +218,33 @@ def _single(query: list[tuple[str, str]], name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- routes
-@route("GET", "/discover")
-def _discover(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(200, r.service.discover())
+# The route list, methods and credentials come from the operations table (operations.py). Most routes are
+# served by `_served`; a route whose arguments need shaping (headers, query strings, long poll) has its own
+# handler in SHAPED, keyed by operation name.
 
 
-@route("POST", "/monitors")
-def _create(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(201, r.service.create_monitor(parse_json_body(req), bearer(req)))
+def _served(ops: tuple[Operation, ...]) -> Handler:
+    """The handler of one table route: the admin check where the table says so, the body parsed for every
+    POST (an unparsable body is refused even where the engine would not read it), then the service call."""
+
+    def handle(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+        op = operations.pick(ops, p.get("action"))
+        shaped = SHAPED.get(op.name)
+        if shaped is not None:
+            return shaped(r, req, p, op)
+        if op.auth.credential == "admin":
+            r.require_admin(req)
+        payload = parse_json_body(req) if op.method == "POST" else None
+        result = operations.invoke(r.service, op, p, payload, bearer(req))
+        return Response(op.result.status_for(result), result)
+
+    return handle
 
 
-@route("GET", "/monitors")
-def _list(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(200, r.service.list_monitors(bearer(req)))
+Shaped = Callable[["RestRouter", Request, dict[str, str], Operation], Response]
 
 
-@route("GET", "/monitors/{id}")
-def _get(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(200, r.service.get_monitor(p["id"], bearer(req)))
-
-
-@route("GET", "/monitors/{id}/state")
-def _state(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(200, r.service.state(p["id"], bearer(req)))
-
-
-def _configure_route(action: str) -> None:
-    @route("POST", "/monitors/{id}/" + action)
-    def _configure(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-        return Response(200, r.service.configure(p["id"], action, parse_json_body(req), bearer(req)))
-
-
-for _action in ("update", "pause", "resume", "retire"):
-    _configure_route(_action)
-
-
-@route("POST", "/monitors/{id}/observations")
-def _publish(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+def _publish(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
     key = req.header("idempotency-key")
     try:
         parsed = parse_json_body(req)
@@ -260,21 +252,10 @@ def _publish(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
         r.service.refuse_publish(p["id"], bearer(req), err, req.body.decode("utf-8", "replace"))
         raise
     body = r.service.publish(p["id"], parsed, bearer(req), idempotency_key=key)
-    return Response(200 if body.get("idempotent") else 201, body)
+    return Response(op.result.status_for(body), body)
 
 
-@route("POST", "/subscriptions")
-def _subscribe(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(201, r.service.subscribe(parse_json_body(req), bearer(req)))
-
-
-@route("GET", "/subscriptions/{id}")
-def _subscription(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    return Response(200, r.service.subscription_info(p["id"], bearer(req)))
-
-
-@route("GET", "/subscriptions/{id}/pull")
-def _pull(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
     wait_raw = _single(req.query, "wait")
     wait = as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
     cursor = _single(req.query, "cursor")
@@ -291,25 +272,7 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
     return resp
 
 
-def _sub_route(action: str) -> None:
-    @route("POST", "/subscriptions/{id}/" + action)
-    def _sub_action(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-        s, body, token = r.service, parse_json_body(req), bearer(req)
-        if action == "ack":
-            return Response(200, s.ack(p["id"], token, body))
-        if action == "seek":
-            return Response(200, s.seek(p["id"], token, body))
-        if action == "renew":
-            return Response(200, s.renew(p["id"], token))
-        return Response(200, s.retire_subscription(p["id"], token, body))
-
-
-for _action in ("ack", "seek", "renew", "retire"):
-    _sub_route(_action)
-
-
-@route("GET", "/subscriptions/{id}/stream")
-def _stream(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+def _stream(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
     # Only a streaming door (mp serve) can hold an SSE response open; this binding says so plainly.
     raise ProtocolError(
         "NOT_FOUND",
@@ -317,38 +280,36 @@ def _stream(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
     )
 
 
-@route("POST", "/subscriptions/{id}/leases/{action}")
-def _lease(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    body = r.service.lease(p["id"], bearer(req), p["action"], parse_json_body(req))
-    status = 201 if p["action"] == "claim" and not body.get("idempotent") else 200
-    return Response(status, body)
-
-
-@route("POST", "/rpc")
-def _rpc(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+def _rpc(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
     return jsonrpc.handle(r.service, req.body, bearer(req))
 
 
-@route("POST", "/admin/compact")
-def _compact(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+def _compact(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
     r.require_admin(req)
     body = parse_json_body(req) or {}
     if not isinstance(body, dict) or "upto_seq" not in body:
         raise ProtocolError("INVALID", 'compact needs {"upto_seq": <seq>, "monitor"?: "<id>"}.')
-    return Response(200, r.service.compact(body.get("monitor"), body["upto_seq"]))
+    return Response(200, operations.invoke(r.service, op, p, body, None, body))
 
 
-@route("GET", "/admin/snapshot")
-def _snapshot(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
-    r.require_admin(req)
-    return Response(200, r.service.snapshot())
-
-
-@route("GET", "/admin/log")
-def _admin_log(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+def _admin_log(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
     r.require_admin(req)
     monitor = _single(req.query, "monitor")
     if monitor is None:
         raise ProtocolError("INVALID", "admin/log needs ?monitor=<id> (and optionally from=<seq>&limit=<n>).")
     frm = _single(req.query, "from")
-    return Response(200, r.service.read_log(monitor, 1 if frm is None else frm, _single(req.query, "limit")))
+    named = {"monitor": monitor, "from": 1 if frm is None else frm, "limit": _single(req.query, "limit")}
+    return Response(200, operations.invoke(r.service, op, p, None, None, named))
+
+
+SHAPED: dict[str, Shaped] = {
+    "publish": _publish,
+    "pull": _pull,
+    "stream": _stream,
+    "rpc": _rpc,
+    "admin_compact": _compact,
+    "admin_log": _admin_log,
+}
+
+for _method, _template, _ops in operations.routes():
+    route(_method, _template)(_served(_ops))
