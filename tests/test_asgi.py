@@ -252,13 +252,15 @@ async def test_calls_made_in_one_loop_iteration_travel_and_commit_together():
     assert store.events == ["begin", "job0", "job1", "job2", "job3", "commit"]  # one group commit
 
 
-async def test_an_idle_engine_runs_on_the_loop_and_a_busy_one_on_its_thread():
+async def test_every_engine_call_runs_on_the_engine_thread_never_on_the_loop():
     store = RecordingBatchStore()
     engine = EngineThread(store)
     gate = threading.Event()
     try:
         idle = await engine.call(lambda: threading.current_thread().name)
-        assert idle == threading.current_thread().name  # no hop when nothing else runs
+        assert (
+            idle == "mp-engine" != threading.current_thread().name
+        )  # even an idle engine is not entered here
         blocker = block(engine, gate)  # the engine thread is inside a call: never enter the engine twice
         pending = asyncio.ensure_future(engine.call(lambda: threading.current_thread().name))
         await asyncio.sleep(0.05)
@@ -339,14 +341,14 @@ async def test_long_poll_skips_non_matching_appends_and_returns_the_match(served
         headers={"authorization": f"Bearer {reader}"},
     )
     task = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
-    while "ci" not in served._waiters:  # the pull is parked on its monitor
+    while not served.waiters.parked_on("ci"):  # the pull is parked on its monitor
         await asyncio.sleep(0)
     await publish(served, owner, "ignored", OTHER)
     await publish(served, owner, "wanted", RUN)
     await asyncio.wait_for(task, HANG_GUARD)
     assert waiting.status == 200
     assert [o["subject"] for o in waiting.json()["observations"]] == ["wanted"]
-    assert served._waiters == {}
+    assert served.waiters.monitors() == []
 
 
 async def test_long_poll_ends_quietly_when_the_client_leaves(served):
@@ -358,12 +360,12 @@ async def test_long_poll_ends_quietly_when_the_client_leaves(served):
         headers={"authorization": f"Bearer {reader}"},
     )
     task = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
-    while "ci" not in served._waiters:
+    while not served.waiters.parked_on("ci"):
         await asyncio.sleep(0)
     waiting.disconnect()
     await asyncio.wait_for(task, HANG_GUARD)
     assert waiting.sent == []  # nobody to answer
-    assert served._waiters == {}
+    assert served.waiters.monitors() == []
 
 
 # -- SSE -------------------------------------------------------------------------------------------------
@@ -385,7 +387,7 @@ async def test_sse_heartbeats_follows_appends_and_stops_on_disconnect(served):
     stream.disconnect()
     await asyncio.wait_for(task, HANG_GUARD)
     assert stream.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
-    assert served._waiters == {}
+    assert served.waiters.monitors() == []
     # Streaming committed nothing.
     info = await call(served, "GET", f"/mp/v0/subscriptions/{sub}", token=reader)
     assert info.json()["cursor"] == 0
@@ -513,13 +515,11 @@ async def test_an_append_between_the_read_and_the_parking_still_wakes(served):
         "GET", f"/mp/v0/subscriptions/{sub}/pull", [("cursor", "99")], {"authorization": f"Bearer {reader}"}
     )
     _reply, mark = await served._handle_marked(pull)
-    parked_late = served._register("ci", mark)
-    assert not parked_late.is_set()  # positive control: nothing happened since the read
-    served._unregister("ci", parked_late)
+    # positive control: nothing happened since the read, so a wait would park (here: times out at once)
+    assert await served.waiters.wait("ci", mark, 0) is False
     await publish(served, owner, "slipped-in")  # lands after the read, before the waiter parks
-    parked = served._register("ci", mark)
-    assert parked.is_set()
-    served._unregister("ci", parked)
+    assert await asyncio.wait_for(served.waiters.wait("ci", mark, HANG_GUARD), HANG_GUARD) is True
+    assert served.waiters.monitors() == []
 
 
 async def test_body_cap_refusal_keeps_the_origin_policy_and_cors():
@@ -544,10 +544,10 @@ async def test_shutdown_answers_parked_long_polls_and_ends_streams(served):
     stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers=auth)
     follow = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
     await asyncio.wait_for(stream.wait_for(lambda c: "retry: 3000" in c.text), HANG_GUARD)
-    while len(served._waiters.get("ci", ())) < 2:  # both are parked on the monitor
+    while served.waiters.parked_on("ci") < 2:  # both are parked on the monitor
         await asyncio.sleep(0)
     served.begin_shutdown()
     await asyncio.wait_for(asyncio.gather(poll, follow), HANG_GUARD)
     assert waiting.status == 200 and waiting.json()["observations"] == []
     assert stream.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
-    assert served._waiters == {}
+    assert served.waiters.monitors() == []

@@ -3,8 +3,9 @@
 Two backends behind the same tools and resources:
 
 * embedded (`EmbeddedBackend`): a `MonitorService` on a SQLite file, entered by one engine thread (the store
-  is opened on it). The mute sweep and lease expiry run on a one-second timer; appends wake resource
-  subscribers through `service.add_listener`, and a pull asked to `wait` is held until an append.
+  is opened on it). The mute sweep and lease expiry run on a one-second timer; appends reach the shared
+  `Waiters` registry (waiters.py) through `service.add_listener`: it wakes resource subscribers, and a pull
+  asked to `wait` is parked there until an append.
 * remote (`RemoteBackend`): an `mp serve` reached through `monitor_protocol.client.AsyncClient`. A subscribed
   resource is followed by a watch subscription of this process (`mcp:resources-<hex>`, observe only, from the
   head) held in a long poll against the server; it is retired when nobody listens any more.
@@ -42,27 +43,13 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 
-from . import __version__
+from . import __version__, operations
 from .errors import ProtocolError
+from .operations import Auth
 from .validation import as_int
-from .vocab import (
-    CAPABILITIES,
-    EXTENSION_ID,
-    HORIZONS,
-    IDEMPOTENCY_KEY_MAX_CHARS,
-    JSONRPC_CODE,
-    MAX_INTEGER,
-    MAX_LEASE_SECONDS,
-    MAX_LIMIT,
-    ORIGINS,
-    PROTOCOL_VERSION,
-    PROTOCOLS,
-    RESET_POLICIES,
-    TIERS,
-    VERIFICATIONS,
-    VISIBILITIES,
-)
+from .vocab import EXTENSION_ID, JSONRPC_CODE, MAX_LIMIT, PROTOCOL_VERSION
 from .vocab import MAX_WAIT_SECONDS as _MAX_WAIT
+from .waiters import Waiters
 
 log = logging.getLogger("monitor_protocol.mcp")
 
@@ -172,8 +159,8 @@ class EmbeddedBackend:
         self.service: Any = None
         self.store: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._append_waiters: dict[str, set[asyncio.Event]] = {}
-        self._on_change: Callable[[str], None] | None = None
+        # Parked pulls and resource notifications: the registry every door shares (waiters.py).
+        self.waiters = Waiters()
         self._tasks: list[asyncio.Task[None]] = []
 
     def where(self) -> str:
@@ -185,11 +172,12 @@ class EmbeddedBackend:
     async def start(self, on_change: Callable[[str], None]) -> None:
         import time
 
-        from .service import MonitorService
+        from .service import Feeds, MonitorService
         from .store.sqlite import SQLiteStore, StoreCorrupt, StoreLocked
 
         self.loop = asyncio.get_running_loop()
-        self._on_change = on_change
+        self.waiters.bind(self.loop)
+        self.waiters.on_append = on_change
 
         def build() -> None:
             try:
@@ -198,14 +186,15 @@ class EmbeddedBackend:
                 raise
             except (sqlite3.Error, OSError) as exc:
                 raise DatabaseUnavailable(f"cannot open the database {self.db_path}: {exc}") from exc
-            self.service = MonitorService(self.store, clock=time.time)
-            self.service.add_listener(self._appended)
+            self.service = MonitorService(self.store, clock=time.time, feeds=Feeds(pull=True, mcp=True))
+            self.waiters.attach(self.service)  # on the engine thread, like every other service call
 
         await self._engine(build)
         if self.sweep_interval:
             self._tasks.append(asyncio.create_task(self._sweeper(), name="mp-mcp-sweep"))
 
     async def close(self) -> None:
+        self.waiters.wake_all()  # parked pulls answer now instead of holding the shutdown
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -214,6 +203,8 @@ class EmbeddedBackend:
             except asyncio.CancelledError:
                 pass
         self._tasks.clear()
+        if self.service is not None:
+            await self._engine(self.waiters.detach)
         close = getattr(self.store, "close", None)
         if close is not None:
             await self._engine(close)
@@ -237,28 +228,19 @@ class EmbeddedBackend:
             except Exception:
                 log.exception("sweep failed")
 
-    def _appended(self, monitor_id: str, head: int) -> None:
-        # On the engine thread after a committed append: hop to the loop, never block here.
-        loop = self.loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(self._wake, monitor_id)
-        except RuntimeError:
-            pass
-
-    def _wake(self, monitor_id: str) -> None:
-        for event in self._append_waiters.get(monitor_id, ()):
-            event.set()
-        if self._on_change is not None:
-            self._on_change(monitor_id)
-
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.service, method)
         try:
             return await self._engine(lambda: fn(*args, **kwargs))
         except ProtocolError as err:
             raise ToolFailure(err.body()) from err
+
+    async def perform(
+        self, op: operations.Operation, path: dict[str, Any], payload: Any, token: str | None
+    ) -> Any:
+        """One table operation: its service method with the arguments the table says (operations.py)."""
+        args, kwargs = operations.engine_args(op, path, payload, token)
+        return await self.call(op.service or "", *args, **kwargs)
 
     # The service's own signatures (docs/ENGINE_API.md).
     async def discover(self) -> Any:
@@ -298,28 +280,29 @@ class EmbeddedBackend:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, min(float(wait or 0), MAX_WAIT_SECONDS))
         while True:
-            reply = await self.call("pull", sub_id, token, cursor=cursor, limit=limit, filter=filter)
+            reply, mark = await self._pull_marked(sub_id, token, cursor, limit, filter)
             remaining = deadline - loop.time()
             if reply.get("observations") or reply.get("scan_capped") or remaining <= 0:
                 return reply
-            event = asyncio.Event()
-            monitor_id = reply.get("monitor", "")
-            self._append_waiters.setdefault(monitor_id, set()).add(event)
-            try:
-                # An append may have landed between the pull and the registration: look once more first.
-                reply = await self.call("pull", sub_id, token, cursor=cursor, limit=limit, filter=filter)
-                if reply.get("observations") or reply.get("scan_capped"):
-                    return reply
-                try:
-                    await asyncio.wait_for(event.wait(), remaining)
-                except TimeoutError:
-                    pass
-            finally:
-                waiters = self._append_waiters.get(monitor_id)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._append_waiters[monitor_id]
+            # Parked until an append after the one this pull saw (`mark`), so an append that landed
+            # between the pull and the parking wakes it at once; then pull again.
+            await self.waiters.wait(str(reply.get("monitor", "")), mark, remaining)
+            if self.waiters.draining:
+                return reply  # closing: answer with what the last pull saw, the engine is going away
+
+    async def _pull_marked(
+        self, sub_id: str, token: str | None, cursor: Any, limit: Any, filter: dict[str, Any] | None
+    ) -> tuple[Any, int]:
+        """The pull, and the registry's mark for its monitor read right after it, on the engine thread."""
+
+        def job() -> tuple[Any, int]:
+            reply = self.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=filter)
+            return reply, self.waiters.mark(str(reply.get("monitor", "")))
+
+        try:
+            return await self._engine(job)
+        except ProtocolError as err:
+            raise ToolFailure(err.body()) from err
 
     async def ack(self, sub_id: str, token: str | None, body: dict[str, Any]) -> Any:
         return await self.call("ack", sub_id, token, body)
@@ -489,29 +472,49 @@ class RemoteBackend:
                 {"code": "CONNECTION_FAILED", "error": f"the server did not answer: {err.reason}", "done": []}
             ) from err
 
+    # -- the table's routes (operations.py); pull, a long poll, is shaped by hand below
+
+    async def perform(
+        self, op: operations.Operation, path: dict[str, Any], payload: Any, token: str | None
+    ) -> Any:
+        """One table operation over HTTP: its method and route, the token and body only where the
+        operation takes them (a POST without a body sends `{}`)."""
+        body = payload if "body" in op.call else ({} if op.method == "POST" else None)
+        return await self._req(op.method, _expand(op, path), token if "token" in op.call else None, body)
+
+    async def _service(
+        self, service: str, path: dict[str, Any], payload: Any, token: str | None, action: str | None = None
+    ) -> Any:
+        op = operations.find(service, action)
+        if op is None:
+            raise ToolFailure(
+                ProtocolError("NOT_FOUND", f"No {service} action {action!r} in the operations table.").body()
+            )
+        return await self.perform(op, {**path, "action": action} if action else path, payload, token)
+
     async def discover(self) -> Any:
-        return await self._req("GET", "/discover", None)
+        return await self._service("discover", {}, None, None)
 
     async def list_monitors(self, token: str | None) -> Any:
-        return await self._req("GET", "/monitors", token)
+        return await self._service("list_monitors", {}, None, token)
 
     async def get_monitor(self, monitor_id: str, token: str | None) -> Any:
-        return await self._req("GET", f"/monitors/{_seg(monitor_id)}", token)
+        return await self._service("get_monitor", {"id": monitor_id}, None, token)
 
     async def create_monitor(self, body: dict[str, Any], token: str | None) -> Any:
-        return await self._req("POST", "/monitors", token, body)
+        return await self._service("create_monitor", {}, body, token)
 
     async def configure(self, monitor_id: str, action: str, body: dict[str, Any], token: str | None) -> Any:
-        return await self._req("POST", f"/monitors/{_seg(monitor_id)}/{_seg(action)}", token, body)
+        return await self._service("configure", {"id": monitor_id}, body, token, action)
 
     async def publish(self, monitor_id: str, body: dict[str, Any], token: str | None) -> Any:
-        return await self._req("POST", f"/monitors/{_seg(monitor_id)}/observations", token, body)
+        return await self._service("publish", {"id": monitor_id}, body, token)
 
     async def state(self, monitor_id: str, token: str | None) -> Any:
-        return await self._req("GET", f"/monitors/{_seg(monitor_id)}/state", token)
+        return await self._service("state", {"id": monitor_id}, None, token)
 
     async def subscribe(self, body: dict[str, Any], token: str | None) -> Any:
-        return await self._req("POST", "/subscriptions", token, body)
+        return await self._service("subscribe", {}, body, token)
 
     async def pull(
         self,
@@ -537,19 +540,25 @@ class RemoteBackend:
         return await self._req("GET", f"/subscriptions/{_seg(sub_id)}/pull", token, None, params, timeout)
 
     async def ack(self, sub_id: str, token: str | None, body: dict[str, Any]) -> Any:
-        return await self._req("POST", f"/subscriptions/{_seg(sub_id)}/ack", token, body)
+        return await self._service("ack", {"id": sub_id}, body, token)
 
     async def seek(self, sub_id: str, token: str | None, body: dict[str, Any]) -> Any:
-        return await self._req("POST", f"/subscriptions/{_seg(sub_id)}/seek", token, body)
+        return await self._service("seek", {"id": sub_id}, body, token)
 
     async def renew(self, sub_id: str, token: str | None) -> Any:
-        return await self._req("POST", f"/subscriptions/{_seg(sub_id)}/renew", token, {})
+        return await self._service("renew", {"id": sub_id}, None, token)
 
     async def retire_subscription(self, sub_id: str, token: str | None, body: dict[str, Any]) -> Any:
-        return await self._req("POST", f"/subscriptions/{_seg(sub_id)}/retire", token, body)
+        return await self._service("retire_subscription", {"id": sub_id}, body, token)
 
     async def lease(self, sub_id: str, token: str | None, action: str, body: dict[str, Any]) -> Any:
-        return await self._req("POST", f"/subscriptions/{_seg(sub_id)}/leases/{_seg(action)}", token, body)
+        return await self._service("lease", {"id": sub_id}, body, token, action)
+
+
+def _expand(op: operations.Operation, path: dict[str, Any]) -> str:
+    """The operation's route with its path parameters (and `{action}`) filled in, each one URL-quoted."""
+    values = {"action": op.action, **path}
+    return re.sub(r"\{(\w+)\}", lambda m: _seg(values[m.group(1)]), op.route)
 
 
 def _seg(value: str) -> str:
@@ -559,143 +568,18 @@ def _seg(value: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- tools
+# Every tool is generated from the operations table (operations.py): name, description, annotations, input
+# schema (the operation's parameters), output schema and the backend method it calls. Only monitor_pull has
+# a hand-written runner (`_pull`: its `wait` is a long poll held by the backend).
 
 
-def _s(kind: str | list[str], text: str, **more: Any) -> dict[str, Any]:
-    return {"type": kind, "description": text, **more}
-
-
-def _enum(values: tuple[str, ...], text: str) -> dict[str, Any]:
-    return {"type": "string", "enum": list(values), "description": text}
-
-
-def _int(text: str, minimum: int = 0, maximum: int = MAX_INTEGER) -> dict[str, Any]:
-    """Every integer a tool takes is bounded in its schema (and refused outside, before anything runs)."""
-    return {"type": "integer", "minimum": minimum, "maximum": maximum, "description": text}
-
-
-SEQ = _int("a seq (0..2^53)")
-TOKEN = _s("string", "bearer token for this call (else taken from the MCP server's environment)")
-MONITOR_ID = _s("string", "monitor id")
-SUB_ID = _s("string", "subscription id (sub-...)")
-SUBJECT = _s("string", "the work item the lease is about")
-FILTER = _s(
-    "object",
-    "filter: types, sources, subjects, actors, tiers, origins, horizons, since, until, limit, text, #tags",
-    additionalProperties=True,
-)
-CAP_LIST = {"type": "array", "items": {"type": "string", "enum": list(CAPABILITIES)}}
-SEQ_OR_ID = {
-    "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 0, "maximum": MAX_INTEGER}],
-    "description": "a seq (0..2^53) or an observation id",
-}
-
-PUBLISH_FIELDS: dict[str, Any] = {
-    "type": _s("string", "observation type, reverse-DNS, declared in the monitor's types"),
-    "subject": _s("string", "what it is about (a work item)"),
-    "data": _s("object", "the observation's own fields", additionalProperties=True),
-    "tags": _s("object", "tags (addressing, P12)", additionalProperties=True),
-    "actor": _s("string", "who caused it, e.g. agent:claude (default: the owner)"),
-    "origin": _enum(ORIGINS, "declared origin (default: inferred from the actor)"),
-    "tier": _enum(TIERS, "how much it is worth believing (defaults never reach the top)"),
-    "verification": _enum(VERIFICATIONS, "verification level"),
-    "on_behalf_of": _s(
-        "string",
-        "delegation: the monitor owner this actor acts for, e.g. human:you; "
-        "lets an agent record a person's origin/tier on their behalf (P1)",
-    ),
-    "time": _s("string", "RFC 3339 time of the observation"),
-    "source_ref": _s("string", "reference in the source"),
-    "rule": _s("string", "the rule that produced it"),
-    "wasDerivedFrom": {
-        "type": "array",
-        "items": SEQ_OR_ID,
-        "description": "seqs or ids this was derived from",
-    },
-    "supersedes": {**SEQ_OR_ID, "description": "the seq this observation corrects (P13)"},
-    "idempotency_key": _s(
-        "string",
-        "makes a retry safe: a repeat with the same key within 24 h returns the first reply (same seq, "
-        "idempotent: true) and appends nothing. 1-128 printable ASCII characters",
-        minLength=1,
-        maxLength=IDEMPOTENCY_KEY_MAX_CHARS,
-    ),
-}
-
-MONITOR_FIELDS: dict[str, Any] = {
-    "id": _s("string", "monitor id, ^[\\w.-]{2,64}$"),
-    "name": _s("string", "display name (default: the id)"),
-    "description": _s("string", "what is watched"),
-    "owner": _s("string", "owner actor, e.g. human:you"),
-    "types": {"type": "array", "items": {"type": "string"}, "description": "declared observation types"},
-    "capabilities": {**CAP_LIST, "description": "what readers may be granted"},
-    "default_grant": {**CAP_LIST, "description": "granted to strangers (subset of capabilities)"},
-    "visibility": _enum(VISIBILITIES, "who can read it"),
-    "horizon": _enum(HORIZONS, "how often it is expected to change"),
-    "source": _s("object", "{kind, ref, settings}", additionalProperties=True),
-    "filter": FILTER,
-    "rules": _s("array", "mechanical rules"),
-    "ttl_seconds": _int("stale after this many seconds without an observation", 1),
-    "retire_after_mute_seconds": _int("retire subscriptions that do not pull for this long", 1),
-    "subscribe_token": _s("boolean", "mint a subscribe token"),
-    "token": _s("string", "the server's registration token, when it requires one"),
-}
-
-# ---- output schemas: the top level of each reply, nested objects named after the published schemas.
-
-
-def _obj(text: str, required: tuple[str, ...] = (), **props: Any) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "description": text,
-        "properties": props,
-        "required": list(required),
-        "additionalProperties": True,
-    }
-
-
-def _out(required: tuple[str, ...], **props: Any) -> dict[str, Any]:
-    schema = _obj("", required, **props)
-    del schema["description"]
-    return schema
-
-
-INT = {"type": "integer"}
-STR = {"type": "string"}
-BOOL = {"type": "boolean"}
-MONITOR_OUT = _obj(
-    "a Monitor (schemas/monitor.json)",
-    ("id", "version", "owner", "visibility"),
-    id=STR,
-    version=INT,
-    owner=STR,
-    visibility=STR,
-    active=BOOL,
-    head=INT,
-)
-OBSERVATION_OUT = _obj(
-    "an observation, a CloudEvent (schemas/observation.json)", ("id", "type"), id=STR, type=STR
-)
-SUBSCRIPTION_OUT = _obj(
-    "a Subscription (schemas/subscription.json)",
-    ("id", "monitor", "subscriber", "cursor"),
-    id=STR,
-    monitor=STR,
-    subscriber=STR,
-    cursor=INT,
-    capabilities={"type": "array", "items": STR},
-)
-LEASE_OUT = _obj("a Lease (schemas/lease.json)", ("subject",), subject=STR)
-STATE_OUT = _out(
-    ("monitor", "head", "live"),
-    monitor=STR,
-    head=INT,
-    live=_obj("whether the monitor is live, and why not", ("value",), value=BOOL),
-)
-LEASE_DONE_OUT = _out(("ok", "seq"), ok=BOOL, seq=INT, dead_letter=BOOL, lease=LEASE_OUT)
-
-# ---- annotations: (readOnly, destructive, idempotent, openWorld), as each tool truly is.
-READ = (True, False, True, False)
+def env_roles(auth: Auth) -> tuple[str, ...]:
+    """Where a tool finds its token when the agent leaves `token` out, by the credential it asks for."""
+    if auth.credential in ("owner_token", "subscribe_token"):
+        return OWNER_ENV
+    if auth.credential == "reader_token":
+        return READER_ENV
+    return VIEWER_ENV
 
 
 class ToolSpec:
@@ -710,6 +594,8 @@ class ToolSpec:
         output: dict[str, Any],
         hints: tuple[bool, bool, bool, bool],
         title: str | None = None,
+        roles: tuple[str, ...] = VIEWER_ENV,
+        credential: str = "none",
     ) -> None:
         from jsonschema import Draft202012Validator
 
@@ -719,6 +605,8 @@ class ToolSpec:
         self.schema = {"type": "object", "properties": properties, "required": required}
         self.output = output
         self.run = run
+        self.roles = roles  # the environment variables the token falls back to (for the hint, too)
+        self.credential = credential
         self.read_only, self.destructive, self.idempotent, self.open_world = hints
         Draft202012Validator.check_schema(self.schema)
         Draft202012Validator.check_schema(self.output)
@@ -778,22 +666,6 @@ def _need(args: dict[str, Any], *names: str) -> None:
         )
 
 
-async def _configure(b: Any, a: dict[str, Any]) -> Any:
-    _need(a, "id", "action")
-    if a["action"] not in ("update", "pause", "resume", "retire"):
-        raise ToolFailure(
-            ProtocolError(
-                "INVALID", "action is one of update, pause, resume, retire", invalid=a["action"]
-            ).body()
-        )
-    return await b.configure(a["id"], a["action"], _body(a, "id", "action"), _tok(a, OWNER_ENV))
-
-
-async def _publish(b: Any, a: dict[str, Any]) -> Any:
-    _need(a, "id", "type")
-    return await b.publish(a["id"], _body(a, "id"), _tok(a, OWNER_ENV))
-
-
 async def _pull(b: Any, a: dict[str, Any]) -> Any:
     _need(a, "subscription")
     return await b.pull(
@@ -806,304 +678,99 @@ async def _pull(b: Any, a: dict[str, Any]) -> Any:
     )
 
 
-def _lease(action: str) -> Callable[[Any, dict[str, Any]], Awaitable[Any]]:
+RUNNERS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[Any]]] = {"monitor_pull": _pull}
+
+
+def _choose(spec: operations.ToolDef, a: dict[str, Any]) -> operations.Operation:
+    """The operation the arguments select; a selector naming none of the tool's operations is INVALID."""
+    op = spec.op_for(a)
+    if op is None:
+        selector = spec.tool.selector or ""
+        actions = ", ".join(o.action or "" for o in spec.ops)
+        raise ToolFailure(
+            ProtocolError("INVALID", f"{selector} is one of {actions}", invalid=a.get(selector)).body()
+        )
+    return op
+
+
+def _runner(spec: operations.ToolDef) -> Callable[[Any, dict[str, Any]], Awaitable[Any]]:
+    """Call the backend method of the chosen operation with the arguments the table says: path ids from
+    their arguments, the rest as the body, the token from the argument or the environment."""
+    ids = tuple(p.argument for p in spec.ops[0].path_params)
+    drop = (*ids, spec.tool.selector) if spec.tool.selector else ids
+    roles = env_roles(spec.ops[0].auth)
+
     async def run(b: Any, a: dict[str, Any]) -> Any:
-        _need(a, "subscription", "subject")
-        return await b.lease(a["subscription"], _tok(a, READER_ENV), action, _body(a, "subscription"))
+        _need(a, *spec.required)
+        op = _choose(spec, a)
+        path = {p.name: a[p.argument] for p in op.path_params}
+        return await b.perform(op, path, _body(a, *drop), _tok(a, roles))
 
     return run
-
-
-def _reader(method: str, *required: str) -> Callable[[Any, dict[str, Any]], Awaitable[Any]]:
-    async def run(b: Any, a: dict[str, Any]) -> Any:
-        _need(a, "subscription", *required)
-        fn = getattr(b, method)
-        if method == "renew":
-            return await fn(a["subscription"], _tok(a, READER_ENV))
-        return await fn(a["subscription"], _tok(a, READER_ENV), _body(a, "subscription"))
-
-    return run
-
-
-async def _get(b: Any, a: dict[str, Any]) -> Any:
-    _need(a, "id")
-    return await b.get_monitor(a["id"], _tok(a, VIEWER_ENV))
-
-
-async def _state(b: Any, a: dict[str, Any]) -> Any:
-    _need(a, "id")
-    return await b.state(a["id"], _tok(a, VIEWER_ENV))
-
-
-async def _create(b: Any, a: dict[str, Any]) -> Any:
-    _need(a, "id")
-    return await b.create_monitor(_body(a), _tok(a, VIEWER_ENV))
-
-
-async def _subscribe(b: Any, a: dict[str, Any]) -> Any:
-    _need(a, "monitor", "subscriber")
-    return await b.subscribe(_body(a), _tok(a, OWNER_ENV))
-
-
-async def _discover(b: Any, a: dict[str, Any]) -> Any:
-    return await b.discover()
-
-
-async def _list(b: Any, a: dict[str, Any]) -> Any:
-    return await b.list_monitors(_tok(a, VIEWER_ENV))
 
 
 def tool_specs() -> list[ToolSpec]:
-    sub = {"subscription": SUB_ID, "token": TOKEN}
-    lease_duration = _int("lease length in seconds (default 60)", 1, MAX_LEASE_SECONDS)
     return [
         ToolSpec(
-            "monitor_discover",
-            "What this server supports: versions, feeds, limits, extensions.",
-            {},
-            [],
-            _discover,
-            output=_out(
-                ("supportedVersions", "capabilities", "limits"),
-                supportedVersions={"type": "array", "items": STR},
-                protocol=STR,
-                capabilities=_obj("monitors, feeds, leases, extensions"),
-                limits=_obj("max_limit, default_limit, max_wait_seconds, ..."),
-                serverInfo=_obj("name, version, implementation"),
-            ),
-            hints=READ,
-        ),
-        ToolSpec(
-            "monitor_list",
-            "Monitors this token may see (public ones without a token).",
-            {"token": TOKEN},
-            [],
-            _list,
-            output=_out(("monitors",), monitors={"type": "array", "items": MONITOR_OUT}),
-            hints=READ,
-        ),
-        ToolSpec(
-            "monitor_get",
-            "One monitor's definition.",
-            {"id": MONITOR_ID, "token": TOKEN},
-            ["id"],
-            _get,
-            output={k: v for k, v in MONITOR_OUT.items() if k != "description"},
-            hints=READ,
-        ),
-        ToolSpec(
-            "monitor_create",
-            "Create a monitor. The reply carries its owner token, shown once: keep it. An existing id is "
-            "refused (DUPLICATE).",
-            MONITOR_FIELDS,
-            ["id"],
-            _create,
-            output=_out(
-                ("monitor", "owner_token"),
-                monitor=MONITOR_OUT,
-                owner_token=STR,
-                subscribe_token={"type": ["string", "null"]},
-                notice=STR,
-            ),
-            hints=(False, False, False, False),
-        ),
-        ToolSpec(
-            "monitor_configure",
-            "Change a monitor (owner): update (with a patch), pause, resume or "
-            "retire (final: retiring releases every lease). Every change is itself an observation.",
-            {
-                "id": MONITOR_ID,
-                "action": _enum(("update", "pause", "resume", "retire"), "what to do"),
-                "patch": _s("object", "fields to change (update)", additionalProperties=True),
-                "reason": _s("string", "why (logged)"),
-                "rule": _s("string", "rule behind the change"),
-                "token": TOKEN,
-            },
-            ["id", "action"],
-            _configure,
-            output=_out(("monitor", "seq"), monitor=MONITOR_OUT, seq=INT),
-            hints=(False, True, False, False),
-        ),
-        ToolSpec(
-            "monitor_publish",
-            "Append an observation (owner token). An agent acting for the owner sets "
-            "actor to itself and on_behalf_of to the owner. Not idempotent unless you give an "
-            "idempotency_key: then a retry returns the first reply and appends nothing.",
-            {"id": MONITOR_ID, **PUBLISH_FIELDS, "token": TOKEN},
-            ["id", "type"],
-            _publish,
-            output=_out(("observation", "seq"), observation=OBSERVATION_OUT, seq=INT, idempotent=BOOL),
-            hints=(False, False, False, False),
-        ),
-        ToolSpec(
-            "monitor_state",
-            "A monitor's computed state: head, live, counters, ages, confidence (with "
-            "what it does not know).",
-            {"id": MONITOR_ID, "token": TOKEN},
-            ["id"],
-            _state,
-            output=STATE_OUT,
-            hints=READ,
-        ),
-        ToolSpec(
-            "monitor_subscribe",
-            "Subscribe to a monitor. The reply carries the reader token, shown once. Re-subscribing the "
-            "same subscriber renews its token and keeps its cursor. protocol http makes the server push "
-            "to the sink URL.",
-            {
-                "monitor": MONITOR_ID,
-                "subscriber": _s("string", "your name, e.g. agent:triage"),
-                "capabilities": {**CAP_LIST, "description": "asked capabilities (granted, not requested)"},
-                "filter": FILTER,
-                "from": {
-                    "anyOf": [
-                        {"type": "string", "enum": ["head", "earliest"]},
-                        {"type": "integer", "minimum": 0, "maximum": MAX_INTEGER},
-                    ],
-                    "description": "head, earliest or a seq (default: the beginning)",
-                },
-                "protocol": _enum(PROTOCOLS, "delivery protocol"),
-                "reset_policy": _enum(RESET_POLICIES, "what happens when the cursor expires"),
-                "sink": _s("string", "push URL for protocol http"),
-                "retire_after_mute_seconds": _int("retire when not pulled for this long", 1),
-                "token": _s("string", "owner or subscribe token, or this subscription's token to re-key"),
-            },
-            ["monitor", "subscriber"],
-            _subscribe,
-            output=_out(("subscription", "token"), subscription=SUBSCRIPTION_OUT, token=STR, notice=STR),
-            # a push subscription reaches out to any URL it is given
-            hints=(False, False, False, True),
-        ),
-        ToolSpec(
-            "monitor_pull",
-            "Read observations at the cursor. Read-only: it never commits, so call monitor_ack with "
-            "`next` after handling them. `wait` long-polls up to 50 s.",
-            {
-                **sub,
-                "cursor": _int("read-only replay from this seq (0..2^53)"),
-                "limit": _int(f"1..{MAX_LIMIT} (default 50)", 1, MAX_LIMIT),
-                "wait": _int(
-                    f"long poll, whole seconds (0..{int(MAX_WAIT_SECONDS)})", 0, int(MAX_WAIT_SECONDS)
-                ),
-                "filter": FILTER,
-            },
-            ["subscription"],
-            _pull,
-            output=_out(
-                ("subscription", "monitor", "cursor", "head", "next", "observations"),
-                subscription=STR,
-                monitor=STR,
-                cursor=INT,
-                head=INT,
-                lag=INT,
-                retention_floor=INT,
-                next=INT,
-                redelivered=INT,
-                observations={"type": "array", "items": OBSERVATION_OUT},
-            ),
-            hints=READ,
-        ),
-        ToolSpec(
-            "monitor_ack",
-            "Commit the cursor (the pull's `next`): cumulative, never backwards; the same ack again is "
-            "idempotent.",
-            {**sub, "cursor": {**SEQ, "description": "the next seq to deliver (0..2^53)"}},
-            ["subscription", "cursor"],
-            _reader("ack", "cursor"),
-            output=_out(("subscription", "cursor"), subscription=STR, cursor=INT, head=INT, lag=INT),
-            hints=(False, False, True, False),
-        ),
-        ToolSpec(
-            "monitor_seek",
-            "Move the cursor explicitly (the only way backwards), with a reason.",
-            {
-                **sub,
-                "cursor": {**SEQ, "description": "the new cursor (0..2^53)"},
-                "reason": _s("string", "why (logged)"),
-            },
-            ["subscription", "cursor", "reason"],
-            _reader("seek", "cursor", "reason"),
-            output=_out(("subscription", "cursor"), subscription=STR, cursor=INT),
-            hints=(False, False, True, False),
-        ),
-        ToolSpec(
-            "monitor_renew",
-            "Rotate the subscription's token (same cursor); the old one dies at once.",
-            sub,
-            ["subscription"],
-            _reader("renew"),
-            output=_out(("subscription", "token"), subscription=STR, token=STR, cursor=INT),
-            hints=(False, True, False, False),
-        ),
-        ToolSpec(
-            "monitor_retire_subscription",
-            "Retire the subscription (its leases are released; subscribing again reactivates it).",
-            {**sub, "reason": _s("string", "why")},
-            ["subscription"],
-            _reader("retire_subscription"),
-            output=_out(
-                ("ok", "subscription", "cursor_kept"), ok=BOOL, subscription=STR, seq=INT, cursor_kept=INT
-            ),
-            hints=(False, True, True, False),
-        ),
-        ToolSpec(
-            "lease_claim",
-            "Claim exclusive, expiring ownership of a subject (needs act). The holder claiming again gets "
-            "the same lease (idempotent: true).",
-            {
-                **sub,
-                "subject": SUBJECT,
-                "lease_duration_seconds": lease_duration,
-                "note": _s("string", "note"),
-            },
-            ["subscription", "subject"],
-            _lease("claim"),
-            output=_out(("lease", "expires"), lease=LEASE_OUT, expires=STR, idempotent=BOOL),
-            hints=(False, False, True, False),
-        ),
-        ToolSpec(
-            "lease_renew",
-            "Extend a lease you hold.",
-            {**sub, "subject": SUBJECT, "lease_duration_seconds": lease_duration},
-            ["subscription", "subject"],
-            _lease("renew"),
-            output=_out(("lease", "expires"), lease=LEASE_OUT, expires=STR),
-            hints=(False, False, False, False),
-        ),
-        ToolSpec(
-            "lease_complete",
-            "Finish a lease you hold with an outcome (the same complete again returns the first reply).",
-            {
-                **sub,
-                "subject": SUBJECT,
-                "outcome": _s("string", "e.g. fixed, done"),
-                "evidence": _s(["object", "array", "string"], "evidence"),
-                "note": _s("string", "note"),
-            },
-            ["subscription", "subject", "outcome"],
-            _lease("complete"),
-            output=LEASE_DONE_OUT,
-            hints=(False, False, True, False),
-        ),
-        ToolSpec(
-            "lease_release",
-            "Give a held lease back (no attempt counted).",
-            {**sub, "subject": SUBJECT, "reason": _s("string", "why")},
-            ["subscription", "subject"],
-            _lease("release"),
-            output=LEASE_DONE_OUT,
-            hints=(False, False, True, False),
-        ),
-        ToolSpec(
-            "lease_reject",
-            "Give a subject back as failed; it dead-letters at the delivery count limit.",
-            {**sub, "subject": SUBJECT, "reason": _s("string", "why")},
-            ["subscription", "subject"],
-            _lease("reject"),
-            output=LEASE_DONE_OUT,
-            hints=(False, False, True, False),
-        ),
+            spec.tool.name,
+            spec.tool.description,
+            spec.input_schema["properties"],
+            list(spec.required),
+            RUNNERS.get(spec.tool.name) or _runner(spec),
+            output=spec.output_schema,
+            hints=spec.tool.hints,
+            roles=env_roles(spec.ops[0].auth),
+            credential=spec.ops[0].auth.credential,
+        )
+        for spec in operations.mcp_tools()
     ]
+
+
+# ---- the MCP door's hint for a missing or wrong credential
+
+# extras["needs"] (the engine's word) -> how the sentence names it
+NEEDS_LABELS = {
+    "owner_token": "the owner token",
+    "subscribe_token": "the owner or subscribe token",
+    "reader_token": "the subscription's reader token",
+    "registration_token": "the server's registration token",
+    "admin_token": "the admin token",
+}
+# The credential a tool's operation asks for, as `needs` spells it (for sentences that do not say).
+CREDENTIAL_NEEDS = {
+    "owner_token": "owner_token",
+    "subscribe_token": "subscribe_token",
+    "reader_token": "reader_token",
+    "registration": "registration_token",
+    "admin": "admin_token",
+}
+# An HTTP door's way to send a token, in the engine's older sentences ("...: send Authorization: Bearer
+# <owner_token>.") and the REST door's own hint ("... Send Authorization: Bearer <owner token>."): an MCP
+# caller has no header to set, so it is taken out before the MCP hint goes in.
+_HTTP_HINT_AFTER_STOP = re.compile(r"(?<=\.)\s*send authorization: bearer <[^>]*>\.?", re.IGNORECASE)
+_HTTP_HINT = re.compile(r"\s*:?\s*\bsend authorization: bearer <[^>]*>\.?", re.IGNORECASE)
+
+
+def without_http_hint(message: str) -> str:
+    return _HTTP_HINT.sub(".", _HTTP_HINT_AFTER_STOP.sub("", message)).strip()
+
+
+def tool_hint(body: dict[str, Any], spec: ToolSpec) -> dict[str, Any]:
+    """The refusal body with an UNAUTHORIZED sentence telling an MCP caller how to pass the token: the
+    tool's `token` argument or the MCP server's environment, never an HTTP header."""
+    message = body.get("error")
+    if body.get("code") != "UNAUTHORIZED" or not isinstance(message, str):
+        return body
+    stripped = without_http_hint(message)
+    needs = body.get("needs")
+    if not isinstance(needs, str) and stripped != message:
+        needs = CREDENTIAL_NEEDS.get(spec.credential)  # an older sentence: the tool's own credential
+    label = NEEDS_LABELS.get(needs) if isinstance(needs, str) else None
+    if label is None:
+        return {**body, "error": stripped}
+    env = " (or ".join(spec.roles) + ")" * (len(spec.roles) - 1)
+    hint = f"Pass {label} as this tool's `token` argument, or set {env} in the MCP server's environment."
+    return {**body, "error": f"{stripped} {hint}"}
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -1213,9 +880,9 @@ class MonitorMCP:
             spec.check(args)
             result = await spec.run(self.backend, args)
         except ToolFailure as failure:
-            return self._failure(failure.body)
+            return self._failure(tool_hint(failure.body, spec))
         except ProtocolError as err:  # an argument refused before it reached the engine or the server
-            return self._failure(err.body())
+            return self._failure(tool_hint(err.body(), spec))
         except Exception as exc:  # never a crash: the agent gets a tool error it can report
             log.exception("tool %s failed", params.name)
             return self._failure(

@@ -4,14 +4,16 @@ What this module adds to the router, and nothing else:
 
 * the body cap: a request whose Content-Length, or whose bytes read so far, exceed ``max_body`` is refused
   with 413 TOO_LARGE before the rest is read;
-* one engine at a time: the calls made during one event-loop iteration form one batch and one group
-  commit (``store.batch()``); an idle engine runs the batch right on the loop (no thread hop), a busy one
-  hands it to the engine thread, a lock keeps it to one entrant, and no call is answered before its
-  commit is durable;
-* long poll: an empty pull that asked to wait is held on an ``asyncio.Event`` fed by
-  ``service.add_listener`` and re-handled as soon as its monitor gets an append (no polling);
+* one engine thread: every engine call runs there, never on the event loop, so a slow call delays the
+  others by at most its own group commit while the loop keeps reading, answering and streaming; the calls
+  made during one event-loop iteration travel together as one batch and one group commit
+  (``store.batch()``), and no call is answered before its commit is durable;
+* long poll: an empty pull that asked to wait is parked in the shared ``Waiters`` registry (fed by
+  ``service.add_listener``) and re-handled as soon as its monitor gets an append (no polling); the pulls
+  one append wakes resume in the same loop turn, so their re-checks are one batch on the engine thread;
 * SSE at ``GET /mp/v0/subscriptions/{id}/stream``: read-only replays of the pull route (the ``cursor``
-  query parameter) with the reader's own headers, so the stream never commits;
+  query parameter) with the reader's own headers, so the stream never commits; it waits in the same
+  registry between pages;
 * the lifespan: a sweep timer (``service.sweep()`` every second), ``background_tasks`` and
   ``on_startup``/``on_shutdown`` hooks for other doors, and closing the store on shutdown;
 * operations, outside ``/mp/v0``: ``GET /healthz`` (the process answers: 200), ``GET /readyz`` (the store
@@ -42,6 +44,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ..errors import ProtocolError, internal_failure
+from ..waiters import Waiters
 from .messages import Request, Response
 from .rest import _ROUTES, PREFIX, bearer
 
@@ -90,12 +93,21 @@ def _internal_error_response(incident: str) -> Response:
     return error_response(internal_failure(incident))
 
 
+def _failure(request: Request, exc: BaseException) -> tuple[Response, int]:
+    """An engine call that raised, as the (response, mark) it answers with: never a raise, never a 500."""
+    if isinstance(exc, ProtocolError):
+        return error_response(exc), -1
+    incident = uuid.uuid4().hex[:12]
+    log.error("router raised on %s %s (incident %s)", request.method, request.path, incident, exc_info=exc)
+    return _internal_error_response(incident), -1
+
+
 Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
 
 
 class EngineThread:
-    """Enters the engine for everyone, one entrant at a time (SQLite has one writer; the engine is not
-    thread-safe): on the event loop when the engine is idle, else on this class's own thread.
+    """Enters the engine for everyone, on this class's own thread only (SQLite has one writer; the engine
+    is not thread-safe), so no engine call ever runs on the event loop.
 
     Calls that arrive together are run inside the store's ``batch()`` when it has one (group commit: many
     requests, one fsync), and no caller hears its result before that commit, so every success a client is
@@ -110,15 +122,18 @@ class EngineThread:
         # that arrived together share one group commit (and one thread wake-up).
         self._pending: list[Job] = []
         self._flush_scheduled = False
-        # The engine is entered by one thread at a time: this thread, or the event loop when it is idle.
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="mp-engine", daemon=True)
         self._thread.start()
         self._stopped = False
-        # Called as on_commit(seconds) after every batch (its calls and their commit), by whoever ran it.
+        # Called as on_commit(seconds) on the engine thread after every batch (its calls and their commit).
         self.on_commit: Callable[[float], None] | None = None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.submit(fn, *args)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Queue ``fn(*args)`` for the engine thread from the loop, without waiting: the returned future
+        gets its outcome once the batch it joined has committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
@@ -135,29 +150,16 @@ class EngineThread:
         self._pending.append((fn, args, loop, deliver))
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            # Scheduled behind everything already runnable in this loop turn, so what this turn submits
+            # (say, the re-checks of every pull one append woke) leaves as one batch.
             loop.call_soon(self._flush)
-        return await future
+        return future
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         jobs, self._pending = self._pending, []
-        if not jobs:
-            return
-        # When the engine is idle, run the batch right here: no thread hop either way. Requests that arrive
-        # meanwhile wait in the socket buffers and form the next loop iteration's group commit.
-        if self._queue.empty() and self._lock.acquire(blocking=False):
-            try:
-                outcomes = self._commit(jobs)
-            finally:
-                self._lock.release()
-            _deliver_all(
-                [
-                    (deliver, outcome)
-                    for (_fn, _args, _loop, deliver), outcome in zip(jobs, outcomes, strict=True)
-                ]
-            )
-            return
-        self._queue.put(jobs)
+        if jobs:
+            self._queue.put(jobs)
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the engine thread from any other thread, blocking until it is done."""
@@ -205,7 +207,7 @@ class EngineThread:
                 return
 
     def _commit(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
-        """Run the calls, as one group commit where the store has one; the caller holds the lock."""
+        """Run the calls, as one group commit where the store has one (engine thread only)."""
         started = time.perf_counter()
         try:
             return self._commit_batch(jobs)
@@ -225,8 +227,7 @@ class EngineThread:
             return [(False, exc)] * len(jobs)
 
     def _execute(self, jobs: list[Job]) -> None:
-        with self._lock:
-            outcomes = self._commit(jobs)
+        outcomes = self._commit(jobs)
         # Replies go back once the commit is on disk: one wake-up per event loop, not one per request.
         by_loop: dict[Any, list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]] = {}
         for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
@@ -283,7 +284,7 @@ class Metrics:
     Every label set is bounded: routes are the router's templates (ids replaced by ``{id}``; anything else is
     ``other``), methods the HTTP ones, and per-subscription backlog only for the METRICS_TOP_SUBSCRIPTIONS
     active subscriptions with the largest backlog. Counters are bumped on the event loop; commit times on
-    whichever thread ran the batch (one at a time, under the engine lock).
+    the engine thread.
     """
 
     def __init__(self) -> None:
@@ -400,19 +401,18 @@ class Metrics:
 
 def store_summary(store: Any) -> dict[str, Any]:
     """Monitors, active subscriptions and their backlog (head past the committed cursor); engine thread."""
-    monitors = {m.get("id"): m for m in store.list_monitors()}
+    monitors = {m.id: m for m in store.list_monitors()}
     rows = []
     active = 0
     for sub in store.list_subscriptions():
-        if not sub.get("active"):
+        if not sub.active:
             continue
         active += 1
-        rec = monitors.get(sub.get("monitor"))
+        rec = monitors.get(sub.monitor)
         if rec is None:
             continue
-        head = int(rec.get("_head", 0) or 0)
-        start = max(int(sub.get("cursor", 0) or 0), 1, int(rec.get("_floor", 1) or 1))
-        rows.append((max(0, head - start + 1), str(sub.get("monitor")), str(sub.get("id"))))
+        start = max(sub.cursor, 1, rec.floor)
+        rows.append((max(0, rec.head - start + 1), sub.monitor, sub.id))
     rows.sort(key=lambda r: (-r[0], r[1], r[2]))
     return {
         "monitors": len(monitors),
@@ -459,11 +459,9 @@ class MonitorApp:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        # Long polls and streams park here until their monitor gets an append (shared with every door).
+        self.waiters = Waiters()
         self._listening = False
-        # Appends seen so far, counted on the engine thread. A waiter compares it with the count taken
-        # right after its own pull ran, so an append that lands before it is parked still wakes it.
-        self._append_count = 0
         self.draining = False
         # /healthz, /readyz and /metrics (outside /mp/v0); metrics_token may be changed while serving.
         self.ops_routes = ops_routes
@@ -483,19 +481,19 @@ class MonitorApp:
         return (await self._handle_marked(request))[0]
 
     async def _handle_marked(self, request: Request) -> tuple[Response, int]:
-        """`handle`, plus the engine's append count right after the request ran."""
-
-        def job() -> tuple[Response, int]:
-            return self.router.handle(request), self._append_count
-
+        """`handle`, plus the registry's mark for the response's monitor, read on the engine thread right
+        after the request ran (so an append that commits before the caller parks still wakes it)."""
         try:
-            return await self.call(job)
-        except ProtocolError as err:
-            return error_response(err), -1
-        except Exception:
-            incident = uuid.uuid4().hex[:12]
-            log.exception("router raised on %s %s (incident %s)", request.method, request.path, incident)
-            return _internal_error_response(incident), -1
+            return await self._submit_marked(request)
+        except Exception as exc:
+            return _failure(request, exc)
+
+    def _submit_marked(self, request: Request) -> asyncio.Future[tuple[Response, int]]:
+        def job() -> tuple[Response, int]:
+            response = self.router.handle(request)
+            return response, self.waiters.mark(_monitor_of(response))
+
+        return self.engine.submit(job)
 
     # -- wake-ups ---------------------------------------------------------------------------------
 
@@ -503,46 +501,14 @@ class MonitorApp:
         if self._listening:
             return
         self.loop = asyncio.get_running_loop()
-        self.service.add_listener(self._on_append)
+        self.waiters.attach(self.service)
         self._listening = True
-
-    def _on_append(self, monitor_id: str, head: int) -> None:
-        # Called on the engine thread after a committed append: hop to the loop, never block here.
-        self._append_count += 1
-        loop = self.loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(self._wake, monitor_id)
-        except RuntimeError:
-            pass  # the loop is shutting down
 
     def begin_shutdown(self) -> None:
         """Stop holding requests open: parked long polls answer now and streams end, so the server can
         finish its connections instead of waiting out its graceful-shutdown timeout."""
         self.draining = True
-        for events in self._waiters.values():
-            for event in events:
-                event.set()
-
-    def _wake(self, monitor_id: str) -> None:
-        for event in self._waiters.get(monitor_id, ()):
-            event.set()
-
-    def _register(self, monitor_id: str, mark: int) -> asyncio.Event:
-        """Park a waiter on `monitor_id`; `mark` is the append count its last read saw."""
-        event = asyncio.Event()
-        self._waiters.setdefault(monitor_id, set()).add(event)
-        if mark != self._append_count:
-            event.set()  # something was appended between that read and now: look again at once
-        return event
-
-    def _unregister(self, monitor_id: str, event: asyncio.Event) -> None:
-        events = self._waiters.get(monitor_id)
-        if events is not None:
-            events.discard(event)
-            if not events:
-                del self._waiters[monitor_id]
+        self.waiters.wake_all()
 
     # -- ASGI entry -------------------------------------------------------------------------------
 
@@ -752,7 +718,7 @@ class MonitorApp:
                 )
             except Exception as exc:  # the scrape still answers, with mp_store_up 0
                 log.warning("metrics: the store summary failed: %s", exc)
-        body = self.metrics.render(self._append_count, summary).encode()
+        body = self.metrics.render(self.waiters.appended, summary).encode()
         headers = [
             (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),
@@ -768,43 +734,62 @@ class MonitorApp:
     ) -> Response | None:
         """Hold an empty pull until its monitor gets an append that matches, or until the deadline."""
         assert first.long_poll is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, float(first.long_poll.wait_seconds))
         monitor = first.long_poll.monitor
-        deadline = time.monotonic() + max(0.0, float(first.long_poll.wait_seconds))
-        event = self._register(monitor, mark)
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
         self.metrics.parked_polls += 1
         try:
-            response = first
             while True:
-                remaining = 0.0 if self.draining else deadline - time.monotonic()
-                if remaining > 0:
-                    waiter = asyncio.ensure_future(event.wait())
-                    done, _ = await asyncio.wait(
-                        {waiter, gone}, timeout=remaining, return_when="FIRST_COMPLETED"
-                    )
-                    if not waiter.done():
-                        waiter.cancel()
-                    if gone in done:
-                        return None
-                    remaining = 0.0 if self.draining else deadline - time.monotonic()
-                # Clear before asking again, so an append during the re-handle still wakes us.
-                event.clear()
-                wait = str(max(0, math.ceil(remaining))) if remaining > 0 else "0"
-                retry = Request(
-                    request.method,
-                    request.path,
-                    _with_param(request.query, "wait", wait),
-                    request.headers,
-                    request.body,
-                )
-                response = await self.handle(retry)
+                outcome = await self._park_and_recheck(request, monitor, mark, deadline, gone)
+                if outcome is None:
+                    return None  # the client left while waiting
+                response, mark, remaining = outcome
                 if response.long_poll is None or remaining <= 0:
                     response.long_poll = None
                     return response
+                monitor = response.long_poll.monitor  # nothing matched yet: park again
         finally:
             self.metrics.parked_polls -= 1
-            self._unregister(monitor, event)
             gone.cancel()
+
+    async def _park_and_recheck(
+        self, request: Request, monitor: str, mark: int, deadline: float, gone: asyncio.Future[None]
+    ) -> tuple[Response, int, float] | None:
+        """Park the pull; when an append wakes it (or its time is up) the registry calls back inside the
+        wake-up itself, and the re-check is submitted right there: every pull one append woke joins the
+        same engine batch, one group commit, and each task resumes once, with its answer. None: gone."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[tuple[Response, int, float] | None] = loop.create_future()
+
+        def recheck(woken: bool) -> None:
+            remaining = 0.0 if self.draining else deadline - loop.time()
+            retry = _rewaited(request, remaining)
+            try:
+                future = self._submit_marked(retry)
+            except RuntimeError as exc:  # the engine thread has stopped
+                _settle(answer, (*_failure(retry, exc), 0.0))
+                return
+
+            def answered(done: asyncio.Future[tuple[Response, int]]) -> None:
+                exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
+                reply = _failure(retry, exc) if exc is not None else done.result()
+                _settle(answer, (*reply, remaining))
+
+            future.add_done_callback(answered)
+
+        parked = self.waiters.park(monitor, mark, deadline - loop.time(), recheck)
+
+        def left(_gone: asyncio.Future[None]) -> None:
+            parked.cancel()
+            _settle(answer, None)
+
+        gone.add_done_callback(left)
+        try:
+            return await answer
+        finally:
+            gone.remove_done_callback(left)
+            parked.cancel()
 
     @staticmethod
     async def _wait_disconnect(receive: Receive) -> None:
@@ -819,70 +804,75 @@ class MonitorApp:
         """Section 9: replay the subscription through the read-only pull route and follow it live."""
         # A read-only replay far past any head checks the policy (Origin/Host) and the reader's token,
         # changes nothing, and reports the monitor and the committed cursor.
-        probe, mark = await self._handle_marked(self._replay(request, sub_id, PROBE_CURSOR, limit=1))
+        probe = await self.handle(self._replay(request, sub_id, PROBE_CURSOR, limit=1))
         if probe.status != 200:
             await self._send_json(send, probe)
             return
         start = _last_event_id(request)
         cursor = max(1, start if start is not None else _int(probe.body.get("cursor"), 1))
         monitor = str(probe.body.get("monitor", ""))
-        event = self._register(monitor, mark)
-        first = await self.handle(self._replay(request, sub_id, cursor))
+        first, mark = await self._handle_marked(self._replay(request, sub_id, cursor))
         if first.status != 200:
-            self._unregister(monitor, event)
             await self._send_json(send, first)
             return
         await self.call(self.service.touch, sub_id, bearer(request))
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
         self.metrics.open_streams += 1
         try:
-            headers = [
-                (k.lower().encode("latin-1"), str(v).encode("latin-1"))
-                for k, v in first.headers.items()
-                if k.lower() not in ("content-type", "content-length")
-            ]
-            headers += [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no"),
-            ]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await self._chunk(send, f"retry: {SSE_RETRY_MS}\n\n")
-            page = first
-            next_beat = time.monotonic() + self.heartbeat_seconds
-            while not gone.done() and not self.draining:
-                if page.status != 200:
-                    await self._chunk(send, _sse("error", page.body))
-                    return
-                observations = page.body.get("observations") or []
-                if observations:
-                    await self._chunk(send, "".join(_sse_observation(o) for o in observations))
-                cursor = max(cursor, _int(page.body.get("next"), cursor))
-                caught_up = cursor > _int(page.body.get("head"), 0)
-                if caught_up and not event.is_set():
-                    # Caught up: sleep until an append to this monitor or the next heartbeat.
-                    waiter = asyncio.ensure_future(event.wait())
-                    timeout = max(0.0, next_beat - time.monotonic())
-                    await asyncio.wait({waiter, gone}, timeout=timeout, return_when="FIRST_COMPLETED")
-                    if not waiter.done():
-                        waiter.cancel()
-                    if gone.done() or self.draining:
-                        return
-                if time.monotonic() >= next_beat:
-                    await self._chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
-                    # A reader following by stream is consuming (P6), though the stream never commits.
-                    await self.call(self.service.touch, sub_id, bearer(request))
-                    next_beat = time.monotonic() + self.heartbeat_seconds
-                event.clear()
-                page = await self.handle(self._replay(request, sub_id, cursor))
+            await self._follow(request, sub_id, monitor, cursor, first, mark, gone, send)
         finally:
             self.metrics.open_streams -= 1
-            self._unregister(monitor, event)
             gone.cancel()
             try:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             except Exception:
                 pass
+
+    async def _follow(
+        self,
+        request: Request,
+        sub_id: str,
+        monitor: str,
+        cursor: int,
+        page: Response,
+        mark: int,
+        gone: asyncio.Future[None],
+        send: Send,
+    ) -> None:
+        """Send the stream's head, then each page, parking in the registry whenever it is caught up."""
+        headers = [
+            (k.lower().encode("latin-1"), str(v).encode("latin-1"))
+            for k, v in page.headers.items()
+            if k.lower() not in ("content-type", "content-length")
+        ]
+        headers += [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._chunk(send, f"retry: {SSE_RETRY_MS}\n\n")
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + self.heartbeat_seconds
+        while not gone.done() and not self.draining:
+            if page.status != 200:
+                await self._chunk(send, _sse("error", page.body))
+                return
+            observations = page.body.get("observations") or []
+            if observations:
+                await self._chunk(send, "".join(_sse_observation(o) for o in observations))
+            cursor = max(cursor, _int(page.body.get("next"), cursor))
+            if cursor > _int(page.body.get("head"), 0):
+                # Caught up: sleep until an append to this monitor or the next heartbeat.
+                await self.waiters.wait(monitor, mark, next_beat - loop.time(), stop=gone)
+                if gone.done() or self.draining:
+                    return
+            if loop.time() >= next_beat:
+                await self._chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
+                # A reader following by stream is consuming (P6), though the stream never commits.
+                await self.call(self.service.touch, sub_id, bearer(request))
+                next_beat = loop.time() + self.heartbeat_seconds
+            page, mark = await self._handle_marked(self._replay(request, sub_id, cursor))
 
     @staticmethod
     def _replay(request: Request, sub_id: str, cursor: int, limit: int = SSE_PAGE) -> Request:
@@ -945,6 +935,7 @@ class MonitorApp:
             if asyncio.iscoroutine(result):
                 await result
         await self.call(self.close_store)
+        self.waiters.detach()
         self.engine.stop()
 
     def close_store(self) -> None:
@@ -985,6 +976,29 @@ def create_app(service: Any, router: Any, **options: Any) -> MonitorApp:
 
 def _with_param(query: list[tuple[str, str]], name: str, value: str) -> list[tuple[str, str]]:
     return [(k, v) for k, v in query if k != name] + [(name, value)]
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _rewaited(request: Request, remaining: float) -> Request:
+    """The same pull asking to wait what is left, in whole seconds (the wire's unit), rounded up."""
+    wait = str(max(0, math.ceil(remaining))) if remaining > 0 else "0"
+    return Request(
+        request.method, request.path, _with_param(request.query, "wait", wait), request.headers, request.body
+    )
+
+
+def _monitor_of(response: Response) -> str:
+    """The monitor a pull's reply is about ("" for any other reply): whose appends its reader waits for."""
+    if response.long_poll is not None:
+        return response.long_poll.monitor
+    body = response.body
+    if isinstance(body, dict) and isinstance(body.get("monitor"), str):
+        return body["monitor"]
+    return ""
 
 
 def _last_event_id(request: Request) -> int | None:

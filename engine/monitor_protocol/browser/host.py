@@ -18,10 +18,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..binding.messages import Request
+from ..binding.messages import Request, Response
 from ..binding.rest import RestRouter
-from ..service import MonitorService
+from ..service import Feeds, MonitorService
 from ..store.memory import MemoryStore
+from ..waiters import Waiters
 
 API_PREFIX = "/mp/v0"
 
@@ -66,7 +67,8 @@ class EngineHost:
         start_persist: Callable[[], Any] | None = None,
     ) -> None:
         self.store = store if store is not None else MemoryStore()
-        self.service = MonitorService(self.store, clock=clock, streams=False)  # the page holds no SSE stream
+        # The page only answers pulls: it holds no SSE stream, runs no push delivery and no MCP server.
+        self.service = MonitorService(self.store, clock=clock, feeds=Feeds(pull=True))
         self.router = RestRouter(self.service)  # what the shim (and any fetch) reaches: no admin routes
         self._admin_token = secrets.token_urlsafe(32)  # minted per page load, never shown or forwarded
         self._admin_router = RestRouter(self.service, admin_token=self._admin_token)
@@ -75,12 +77,10 @@ class EngineHost:
         # JavaScript caller waits for the commit itself before it replies (one crossing fewer per call).
         self.start_persist = start_persist
         self.calls = 0
-        self._waiters: dict[str, list[asyncio.Event]] = {}
-        self.service.add_listener(self._on_append)
-
-    def _on_append(self, monitor_id: str, head: int) -> None:
-        for event in self._waiters.pop(monitor_id, []):
-            event.set()
+        # Long polls park in the same registry as every other door's; here the engine calls its listener
+        # on the loop itself, so a wake-up needs no hop.
+        self.waiters = Waiters()
+        self.waiters.attach(self.service)
 
     async def _durable(self, caller_waits: bool = False) -> None:
         if caller_waits and self.start_persist is not None:
@@ -120,35 +120,38 @@ class EngineHost:
             hdrs.setdefault("content-type", "application/json")
         request = Request(method.upper(), path, query=pairs, headers=hdrs, body=raw_body)
         self.calls += 1
-        response = router.handle(request)
+        response, mark = self._handle_marked(router, request)
         await self._durable(caller_waits_for_commit)
-        while response.long_poll is not None and response.long_poll.wait_seconds > 0:
-            waited = await self._wait_for_append(response.long_poll.monitor, response.long_poll.wait_seconds)
-            remaining = max(0.0, response.long_poll.wait_seconds - waited)
+        if response.long_poll is not None:
+            response = await self._long_poll(router, request, response, mark, caller_waits_for_commit)
+        return Reply(response.status, response.body, dict(response.headers))
+
+    def _handle_marked(self, router: RestRouter, request: Request) -> tuple[Response, int]:
+        """The router's answer, and the registry's mark for its monitor, read right after the pull ran (an
+        append while the write is awaited then wakes the poll at once instead of being missed)."""
+        response = router.handle(request)
+        monitor = response.long_poll.monitor if response.long_poll is not None else ""
+        return response, self.waiters.mark(monitor)
+
+    async def _long_poll(
+        self, router: RestRouter, request: Request, response: Response, mark: int, caller_waits: bool
+    ) -> Response:
+        """Hold an empty pull until its monitor gets an append (then ask again) or its wait runs out."""
+        assert response.long_poll is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, response.long_poll.wait_seconds)
+        while response.long_poll is not None:
+            await self.waiters.wait(response.long_poll.monitor, mark, deadline - loop.time())
+            remaining = max(0.0, deadline - loop.time())
             # wait is a whole number of seconds on the wire: ask again with what is left, rounded up.
             request.query = [(k, v) for k, v in request.query if k != "wait"] + [
                 ("wait", str(math.ceil(remaining)))
             ]
-            response = router.handle(request)
-            await self._durable(caller_waits_for_commit)
+            response, mark = self._handle_marked(router, request)
+            await self._durable(caller_waits)
             if remaining <= 0:
                 break
-        return Reply(response.status, response.body, dict(response.headers))
-
-    async def _wait_for_append(self, monitor_id: str, seconds: float) -> float:
-        event = asyncio.Event()
-        self._waiters.setdefault(monitor_id, []).append(event)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        try:
-            await asyncio.wait_for(event.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
-        finally:
-            waiting = self._waiters.get(monitor_id, [])
-            if event in waiting:
-                waiting.remove(event)
-        return loop.time() - start
+        return response
 
     async def read_log(self, monitor_id: str, from_seq: int = 1, limit: int = 200) -> Reply:
         """The monitor's log without a subscription (GET /mp/v0/admin/log): no cursor, no commit, nothing
