@@ -141,13 +141,13 @@ def test_mp_conform_json_and_bad_ids(capsys):
 
 
 def test_mp_conform_exits_1_when_a_check_fails(monkeypatch, capsys):
+    from monitor_protocol import monitors
     from monitor_protocol.cli import main
-    from monitor_protocol.service import MonitorService
 
-    def leaky_visibility(self, rec, token):
+    def leaky_visibility(tx, rec, token):
         return True
 
-    monkeypatch.setattr(MonitorService, "_visible", leaky_visibility)
+    monkeypatch.setattr(monitors, "visible", leaky_visibility)
     assert main(["conform", "--only", "C18,C01"]) == 1
     out = capsys.readouterr().out
     assert "C18   FAIL" in out and "1 passed, 1 failed, 0 skipped" in out

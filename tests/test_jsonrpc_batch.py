@@ -39,10 +39,10 @@ def test_batch_is_one_commit_and_failures_stay_local(tmp_path):
     pulled = r.body[3]["result"]["observations"]
     assert [int(o["id"]) for o in pulled] == [rejected_seq]  # the refusal's evidence committed in the batch
     assert commits == ["COMMIT"]  # four calls, one fsync'd commit
-    # control: a single call is its own commit
-    commits.clear()
-    store._db.set_trace_callback(lambda sql: commits.append(sql) if sql.strip().upper() == "COMMIT" else None)
-    h.call("POST", "/rpc", rpc("monitors/state", 5, id="ci", token=tok))
-    store._db.set_trace_callback(None)
-    assert commits == ["COMMIT"]
+    # control: a single call that writes is its own durable commit; one that only reads writes nothing
+    before = store.stats.commits
+    h.call("POST", "/rpc", rpc("monitors/publish", 5, id="ci", type="com.example.ci.run", token=tok))
+    assert store.stats.commits == before + 1
+    h.call("POST", "/rpc", rpc("monitors/state", 6, id="ci", token=tok))
+    assert store.stats.commits == before + 1
     store.close()

@@ -1,13 +1,18 @@
 """Mutation testing of the conformance suite: each mutant is the engine with one rule deliberately broken
-(a small MonitorService subclass, or one engine function patched for the test). The suite must fail every
+(one rule function patched for the test, or a small MonitorService subclass). The suite must fail every
 mutant on at least one check, and pass the unbroken engine. A suite that cannot fail a wrong server is
-decorative (PROTOCOL.md section 11)."""
+decorative (PROTOCOL.md section 11).
+
+A rule is a plain function `rule(core, tx, ...)` that reads through the Tx and stages new (frozen) record
+versions in it; a mutant wraps the real function where the engine looks it up: the facade calls
+`module.function` through the module attribute, and a rule module calls what it imported from ledger or
+lookups through its own global name (so `publishing_mod.reject`, not `ledger_mod.reject`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,265 +20,369 @@ from monitor_protocol import delivery as delivery_mod
 from monitor_protocol import events as events_mod
 from monitor_protocol import filters as filters_mod
 from monitor_protocol import leases as leases_mod
+from monitor_protocol import ledger as ledger_mod
+from monitor_protocol import lookups as lookups_mod
+from monitor_protocol import monitors as monitors_mod
 from monitor_protocol import netguard as netguard_mod
 from monitor_protocol import provenance as provenance_mod
 from monitor_protocol import publishing as publishing_mod
-from monitor_protocol import service as service_mod
+from monitor_protocol import states as states_mod
 from monitor_protocol import timefmt as timefmt_mod
 from monitor_protocol import tokens as tokens_mod
+from monitor_protocol import upkeep as upkeep_mod
 from monitor_protocol import validation as validation_mod
 from monitor_protocol import wire as wire_mod
 from monitor_protocol.binding import jsonrpc as jsonrpc_mod
 from monitor_protocol.conformance import run_suite
 from monitor_protocol.conformance.inprocess import InProcessTransport
 from monitor_protocol.errors import ProtocolError
-from monitor_protocol.monitors import MonitorRules
-from monitor_protocol.publishing import PublishRules
-from monitor_protocol.service import MonitorService
+from monitor_protocol.service import LoggedRefusal, MonitorService
+from monitor_protocol.states import LeaseState, MonitorStatus
+
+Wrapper = Callable[..., Any]
+
+
+def _wrap(
+    mp: pytest.MonkeyPatch, modules: tuple[ModuleType, ...], name: str, make: Callable[[Wrapper], Wrapper]
+) -> None:
+    """Replace `name` in each module (where that module looks it up) by `make(the real function)`."""
+    for module in modules:
+        mp.setattr(module, name, make(getattr(module, name)))
+
+
+def _sub_of(tx: Any, sub_id: Any) -> Any:
+    """The subscription as this call sees it (staged or stored), or None for an id that names none."""
+    return tx.subscription(sub_id) if isinstance(sub_id, str) else None
+
 
 # ---- the mutants ------------------------------------------------------------------------------------
 
 
-class SkipCeiling(MonitorService):
+def _skip_ceiling(mp: pytest.MonkeyPatch) -> None:
     """P1 broken: publishing never checks the provenance ceilings (only vocabulary)."""
 
-    def _validate_publish(self, rec, body):
-        try:
-            return super()._validate_publish(rec, body)
-        except ProtocolError as exc:
-            if exc.code not in ("PROVENANCE_CEILING", "TIER_NOT_ASSERTABLE"):
-                raise
-            trimmed = {k: v for k, v in body.items() if k not in ("on_behalf_of", "origin", "verification")}
-            trimmed["tier"] = "measured"
-            return super()._validate_publish(rec, trimmed)
+    def make(real: Wrapper) -> Wrapper:
+        def validate_publish(tx, rec, body):
+            try:
+                return real(tx, rec, body)
+            except ProtocolError as exc:
+                if exc.code not in ("PROVENANCE_CEILING", "TIER_NOT_ASSERTABLE"):
+                    raise
+                trimmed = {
+                    k: v for k, v in body.items() if k not in ("on_behalf_of", "origin", "verification")
+                }
+                trimmed["tier"] = "measured"
+                return real(tx, rec, trimmed)
+
+        return validate_publish
+
+    _wrap(mp, (publishing_mod,), "validate_publish", make)
 
 
-class AckBackwards(MonitorService):
+def _ack_backwards(mp: pytest.MonkeyPatch) -> None:
     """P4 broken: an ack below the committed cursor moves it back."""
 
-    def _ack(self, sub_id, token, body, *, system):
-        try:
-            return super()._ack(sub_id, token, body, system=system)
-        except ProtocolError as exc:
-            if exc.code != "CURSOR_BACKWARDS":
-                raise
-            sub = self.store.get_subscription(sub_id)
-            sub["cursor"] = body["cursor"]
-            sub["_last_ack"] = None
-            self.store.put_subscription(sub)
-            return {"subscription": sub_id, "cursor": body["cursor"], "head": exc.extras["head"], "lag": 0}
+    def make(real: Wrapper) -> Wrapper:
+        def ack(core, tx, sub_id, token, body, *, system):
+            try:
+                return real(core, tx, sub_id, token, body, system=system)
+            except ProtocolError as exc:
+                if exc.code != "CURSOR_BACKWARDS":
+                    raise
+                sub = tx.subscription(sub_id)
+                tx.put_subscription(replace(sub, cursor=body["cursor"], last_ack=None))
+                return {
+                    "subscription": sub_id,
+                    "cursor": body["cursor"],
+                    "head": exc.extras["head"],
+                    "lag": 0,
+                }
+
+        return ack
+
+    _wrap(mp, (delivery_mod,), "ack", make)
 
 
-class ForgetRefusalLog(MonitorService):
+def _forget_refusal_log(mp: pytest.MonkeyPatch) -> None:
     """P2 broken: a refusal is returned but its rejected observation is never appended."""
-
-    def _reject(self, rec, error, raw, actor):
-        return service_mod._LoggedRefusal(error)
+    mp.setattr(publishing_mod, "reject", lambda tx, monitor_id, error, raw, actor: LoggedRefusal(error))
 
 
-class LagOverWholeLog(MonitorService):
+def _lag_over_whole_log(mp: pytest.MonkeyPatch) -> None:
     """P5 broken: lag counts everything after the cursor, ignoring the subscription's filter."""
 
-    def _lag(self, rec, sub):
-        start = max(sub["cursor"], 1, rec["_floor"])
-        return max(0, rec["_head"] - start + 1)
+    def lag(tx, rec, sub):
+        start = max(sub.cursor, 1, rec.floor)
+        return max(0, rec.head - start + 1)
+
+    for module in (delivery_mod, upkeep_mod):
+        mp.setattr(module, "lag", lag)
 
 
-class ActOnRequest(MonitorService):
+def _act_on_request(mp: pytest.MonkeyPatch) -> None:
     """P7 broken: whatever capabilities a subscriber asks for are granted."""
 
-    def _subscribe(self, body, token):
-        try:
-            return super()._subscribe(body, token)
-        except ProtocolError as exc:
-            if exc.code != "CAPABILITY_MISSING":
-                raise
-            asked = list(body["capabilities"])
-            out = super()._subscribe({**body, "capabilities": exc.extras["granted"]}, token)
-            sub = self.store.get_subscription(out["subscription"]["id"])
-            sub["capabilities"] = asked
-            self.store.put_subscription(sub)
-            out["subscription"]["capabilities"] = asked
-            return out
+    def make(real: Wrapper) -> Wrapper:
+        def subscribe(core, tx, body, token):
+            try:
+                return real(core, tx, body, token)
+            except ProtocolError as exc:
+                if exc.code != "CAPABILITY_MISSING":
+                    raise
+                asked = list(body["capabilities"])
+                out = real(core, tx, {**body, "capabilities": exc.extras["granted"]}, token)
+                sub = tx.subscription(out["subscription"]["id"])
+                tx.put_subscription(replace(sub, capabilities=asked))
+                out["subscription"]["capabilities"] = asked
+                return out
+
+        return subscribe
+
+    _wrap(mp, (delivery_mod,), "subscribe", make)
 
 
-class StaleHolderCompletes(MonitorService):
+def _stale_holder_completes(mp: pytest.MonkeyPatch) -> None:
     """Leases broken: a holder whose lease expired and was taken over may still complete."""
 
-    def _lease(self, sub_id, token, action, body):
-        try:
-            return super()._lease(sub_id, token, action, body)
-        except ProtocolError as exc:
-            if exc.code != "LEASE_LOST" or action != "complete":
-                raise
-            return {"ok": True, "seq": 0, "idempotent": False}
+    def make(real: Wrapper) -> Wrapper:
+        def lease(core, tx, sub_id, token, action, body):
+            try:
+                return real(core, tx, sub_id, token, action, body)
+            except ProtocolError as exc:
+                if exc.code != "LEASE_LOST" or action != "complete":
+                    raise
+                return {"ok": True, "seq": 0, "idempotent": False}
+
+        return lease
+
+    _wrap(mp, (leases_mod,), "lease", make)
 
 
-class PullCommits(MonitorService):
+def _pull_commits(mp: pytest.MonkeyPatch) -> None:
     """P4 broken: a pull commits the cursor as if it were an ack."""
 
-    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
-        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
-        if cursor is None:
-            sub = self.store.get_subscription(sub_id)
-            sub["cursor"] = out["next"]
-            self.store.put_subscription(sub)
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+            if cursor is None:
+                tx.put_subscription(replace(tx.subscription(sub_id), cursor=out["next"]))
+            return out
+
+        return pull
+
+    _wrap(mp, (delivery_mod,), "pull", make)
 
 
-class FilteredHead(MonitorService):
+def _filtered_head(mp: pytest.MonkeyPatch) -> None:
     """P5 broken: head is reported as the last observation the filter lets through."""
 
-    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
-        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
-        sub = self.store.get_subscription(sub_id)
-        if sub["filter"] and out["observations"]:
-            out["head"] = int(out["observations"][-1]["id"])
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+            if tx.subscription(sub_id).filter and out["observations"]:
+                out["head"] = int(out["observations"][-1]["id"])
+            return out
+
+        return pull
+
+    _wrap(mp, (delivery_mod,), "pull", make)
 
 
-class SecondClaimWins(MonitorService):
+def _second_claim_wins(mp: pytest.MonkeyPatch) -> None:
     """Leases broken: a claim on a subject someone else holds takes it over."""
 
-    def _claim(self, rec, sub, lease, subject, body, now, holder):
-        if lease is not None and lease["holder"] not in (None, holder):
-            lease["holder"] = None
-        return super()._claim(rec, sub, lease, subject, body, now, holder)
+    def make(real: Wrapper) -> Wrapper:
+        def _claim(core, tx, rec, sub, current, subject, body, holder):
+            if current is not None and current.holder not in (None, holder):
+                current = replace(current, holder=None)
+            return real(core, tx, rec, sub, current, subject, body, holder)
+
+        return _claim
+
+    _wrap(mp, (leases_mod,), "_claim", make)
 
 
-class RetireKeepsLeases(MonitorService):
+def _retire_keeps_leases(mp: pytest.MonkeyPatch) -> None:
     """P6 broken: retiring a subscription (by request or mute) does not free its leases."""
+    retiring = [False]
 
-    _retiring = False
+    def make_retire(real: Wrapper) -> Wrapper:
+        def retire_subscription(core, tx, sub, actor, reason, note=None):
+            retiring[0] = True
+            try:
+                return real(core, tx, sub, actor, reason, note)
+            finally:
+                retiring[0] = False
 
-    def _retire_sub(self, rec, sub, actor, reason, note=None):
-        self._retiring = True
-        try:
-            return super()._retire_sub(rec, sub, actor, reason, note)
-        finally:
-            self._retiring = False
+        return retire_subscription
 
-    def _free_lease(self, rec, lease, action, actor, **kw):
-        if self._retiring:
-            return 0
-        return super()._free_lease(rec, lease, action, actor, **kw)
+    def make_free(real: Wrapper) -> Wrapper:
+        def free_lease(core, tx, lease, action, actor, **kw):
+            if retiring[0]:
+                return lease, 0
+            return real(core, tx, lease, action, actor, **kw)
+
+        return free_lease
+
+    # every rule that retires a subscription, and the free_lease that retire_subscription calls (ledger's)
+    _wrap(mp, (delivery_mod, monitors_mod, upkeep_mod), "retire_subscription", make_retire)
+    _wrap(mp, (ledger_mod,), "free_lease", make_free)
 
 
-class NoRedeliveredMark(MonitorService):
+def _no_redelivered_mark(mp: pytest.MonkeyPatch) -> None:
     """P4 broken: a second delivery is not marked redelivered."""
 
-    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
-        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
-        for obs in out["observations"]:
-            obs.pop("redelivered", None)
-        out["redelivered"] = 0
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+            for obs in out["observations"]:
+                obs.pop("redelivered", None)
+            out["redelivered"] = 0
+            return out
+
+        return pull
+
+    _wrap(mp, (delivery_mod,), "pull", make)
 
 
-class PrivateListedToAll(MonitorService):
+def _private_listed_to_all(mp: pytest.MonkeyPatch) -> None:
     """P14 broken: every monitor is visible to everyone."""
+    for module in (lookups_mod, monitors_mod):
+        mp.setattr(module, "visible", lambda tx, rec, token: True)
 
-    def _visible(self, rec, token):
-        return True
 
-
-class InlineFilterWidens(MonitorService):
+def _inline_filter_widens(mp: pytest.MonkeyPatch) -> None:
     """P12 broken: an inline pull filter replaces the subscription's filter instead of narrowing it."""
 
-    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
-        if inline is None:
-            return super()._pull(sub_id, token, cursor, limit, inline, system=system)
-        sub = self.store.get_subscription(sub_id)
-        kept = sub["filter"] if sub else None
-        if sub:
-            sub["filter"] = {}
-            self.store.put_subscription(sub)
-        try:
-            return super()._pull(sub_id, token, cursor, limit, inline, system=system)
-        finally:
-            if sub:
-                sub = self.store.get_subscription(sub_id)
-                sub["filter"] = kept
-                self.store.put_subscription(sub)
+    def make(real: Wrapper) -> Wrapper:
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
+            sub = _sub_of(tx, sub_id)
+            if inline is None or sub is None:
+                return real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+            kept = sub.filter
+            tx.put_subscription(replace(sub, filter={}))
+            try:
+                return real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+            finally:
+                tx.put_subscription(replace(tx.subscription(sub_id), filter=kept))
+
+        return pull
+
+    _wrap(mp, (delivery_mod,), "pull", make)
 
 
-class NeverDeadLetters(MonitorService):
+def _never_dead_letters(mp: pytest.MonkeyPatch) -> None:
     """Leases broken: rejects never dead-letter a subject."""
 
-    def _free_lease(self, rec, lease, action, actor, **kw):
-        seq = super()._free_lease(rec, lease, action, actor, **kw)
-        if lease.get("dead_letter"):
-            lease["dead_letter"] = False
-            self.store.put_lease(lease)
-        return seq
+    def make(real: Wrapper) -> Wrapper:
+        def free_lease(core, tx, lease, action, actor, **kw):
+            freed, seq = real(core, tx, lease, action, actor, **kw)
+            if freed.dead_letter:
+                freed = tx.put_lease(replace(freed, state=LeaseState.FREE))
+            return freed, seq
+
+        return free_lease
+
+    # every module that frees a lease (its own imported name)
+    _wrap(mp, (leases_mod, ledger_mod, monitors_mod, upkeep_mod), "free_lease", make)
 
 
-class ClaimAnySubject(MonitorService):
+def _claim_any_subject(mp: pytest.MonkeyPatch) -> None:
     """Leases broken: a subscription may claim a subject its own monitor never published."""
 
-    def _lease(self, sub_id, token, action, body):
-        sub = self.store.get_subscription(sub_id) if isinstance(sub_id, str) else None
-        if sub and isinstance(body, dict) and isinstance(body.get("subject"), str) and body["subject"]:
-            self.store.add_subject(sub["monitor"], body["subject"])
-        return super()._lease(sub_id, token, action, body)
+    def make(real: Wrapper) -> Wrapper:
+        def lease(core, tx, sub_id, token, action, body):
+            sub = _sub_of(tx, sub_id)
+            if sub and isinstance(body, dict) and isinstance(body.get("subject"), str) and body["subject"]:
+                tx.add_subject(sub.monitor, body["subject"])
+            return real(core, tx, sub_id, token, action, body)
+
+        return lease
+
+    _wrap(mp, (leases_mod,), "lease", make)
 
 
-class SeekWithoutReason(MonitorService):
+def _seek_without_reason(mp: pytest.MonkeyPatch) -> None:
     """Seek broken: moving back needs no reason."""
 
-    def _seek(self, sub_id, token, body):
-        if isinstance(body, dict) and not body.get("reason"):
-            body = {**body, "reason": "(none given)"}
-        return super()._seek(sub_id, token, body)
+    def make(real: Wrapper) -> Wrapper:
+        def seek(core, tx, sub_id, token, body):
+            if isinstance(body, dict) and not body.get("reason"):
+                body = {**body, "reason": "(none given)"}
+            return real(core, tx, sub_id, token, body)
+
+        return seek
+
+    _wrap(mp, (delivery_mod,), "seek", make)
 
 
-class RenewKeepsOldToken(MonitorService):
+def _renew_keeps_old_token(mp: pytest.MonkeyPatch) -> None:
     """Renew broken: the new token is minted but the old one is kept (it must be dead at once)."""
 
-    def renew(self, sub_id, token):
-        sub = self.store.get_subscription(sub_id)
-        old = sub["token_hash"] if sub else None
-        out = super().renew(sub_id, token)
-        sub = self.store.get_subscription(sub_id)
-        sub["token_hash"] = old
-        self.store.put_subscription(sub)
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def renew(core, tx, sub_id, token):
+            sub = _sub_of(tx, sub_id)
+            old = sub.token_hash if sub else None
+            out = real(core, tx, sub_id, token)
+            tx.put_subscription(replace(tx.subscription(sub_id), token_hash=old))
+            return out
+
+        return renew
+
+    _wrap(mp, (delivery_mod,), "renew", make)
 
 
-class UnclampedAck(MonitorService):
+def _unclamped_ack(mp: pytest.MonkeyPatch) -> None:
     """Ack broken: an ack beyond the head is not clamped to head + 1, so later observations are skipped."""
 
-    def _ack(self, sub_id, token, body, *, system):
-        out = super()._ack(sub_id, token, body, system=system)
-        if isinstance(body, dict) and isinstance(body.get("cursor"), int) and body["cursor"] > out["cursor"]:
-            sub = self.store.get_subscription(sub_id)
-            sub["cursor"] = body["cursor"]
-            self.store.put_subscription(sub)
-            out = {**out, "cursor": body["cursor"]}
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def ack(core, tx, sub_id, token, body, *, system):
+            out = real(core, tx, sub_id, token, body, system=system)
+            if (
+                isinstance(body, dict)
+                and isinstance(body.get("cursor"), int)
+                and body["cursor"] > out["cursor"]
+            ):
+                tx.put_subscription(replace(tx.subscription(sub_id), cursor=body["cursor"]))
+                out = {**out, "cursor": body["cursor"]}
+            return out
+
+        return ack
+
+    _wrap(mp, (delivery_mod,), "ack", make)
 
 
-class PausedAcceptsWrites(MonitorService):
+def _paused_accepts_writes(mp: pytest.MonkeyPatch) -> None:
     """Lifecycle broken: a paused monitor still accepts observations."""
+    forced: list[str] = []  # the monitor this publish made active for the while
+    publishing = [False]
 
-    _forced: dict | None = None
+    def make_owner(real: Wrapper) -> Wrapper:
+        def owner_monitor(tx, monitor_id, token):
+            rec = real(tx, monitor_id, token)
+            if publishing[0] and not forced and rec.status is MonitorStatus.PAUSED:
+                rec = tx.put_monitor(replace(rec, status=MonitorStatus.ACTIVE))
+                forced.append(rec.id)
+            return rec
 
-    def _owner_monitor(self, monitor_id, token):
-        rec = super()._owner_monitor(monitor_id, token)
-        if self._forced is None and rec["_status"] == "paused":
-            rec["_status"] = "active"
-            self._forced = rec
-        return rec
+        return owner_monitor
 
-    def _publish(self, monitor_id, body, token, header_key=None):
-        self._forced = None
-        try:
-            return super()._publish(monitor_id, body, token, header_key)
-        finally:
-            if self._forced is not None:
-                self._forced["_status"] = "paused"
-                self.store.put_monitor(self._forced)
-                self._forced = None
+    def make_publish(real: Wrapper) -> Wrapper:
+        def publish(core, tx, monitor_id, body, token, header_key=None):
+            forced.clear()
+            publishing[0] = True
+            try:
+                return real(core, tx, monitor_id, body, token, header_key)
+            finally:
+                publishing[0] = False
+                if forced:
+                    tx.put_monitor(replace(tx.monitor(forced[0]), status=MonitorStatus.PAUSED))
+                    forced.clear()
+
+        return publish
+
+    _wrap(mp, (publishing_mod,), "owner_monitor", make_owner)
+    _wrap(mp, (publishing_mod,), "publish", make_publish)
 
 
 class ConfidenceDefaulted(MonitorService):
@@ -285,15 +394,19 @@ class ConfidenceDefaulted(MonitorService):
         return out
 
 
-class AckRecomputed(MonitorService):
+def _ack_recomputed(mp: pytest.MonkeyPatch) -> None:
     """Idempotency broken: a re-sent ack is recomputed instead of returning the prior result."""
 
-    def _ack(self, sub_id, token, body, *, system):
-        sub = self.store.get_subscription(sub_id) if isinstance(sub_id, str) else None
-        if sub is not None:
-            sub["_last_ack"] = None
-            self.store.put_subscription(sub)
-        return super()._ack(sub_id, token, body, system=system)
+    def make(real: Wrapper) -> Wrapper:
+        def ack(core, tx, sub_id, token, body, *, system):
+            sub = _sub_of(tx, sub_id)
+            if sub is not None:
+                tx.put_subscription(replace(sub, last_ack=None))
+            return real(core, tx, sub_id, token, body, system=system)
+
+        return ack
+
+    _wrap(mp, (delivery_mod,), "ack", make)
 
 
 def _any_bearer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,22 +416,21 @@ def _any_bearer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _tokens_from_the_wrong_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """Subscribe broken: a subscriber's name is enough to re-key its subscription (no token compared)."""
-    real = MonitorService._subscribe
 
-    def _subscribe(self, body, token):
-        if isinstance(body, dict) and isinstance(body.get("monitor"), str):
-            existing = [
-                s
-                for s in self.store.list_subscriptions()
-                if s["monitor"] == body["monitor"] and s["subscriber"] == body.get("subscriber")
-            ]
-            if existing and token is None:
-                existing[0]["token_hash"] = tokens_mod.digest("anyone")
-                self.store.put_subscription(existing[0])
-                token = "anyone"
-        return real(self, body, token)
+    def make(real: Wrapper) -> Wrapper:
+        def subscribe(core, tx, body, token):
+            if isinstance(body, dict) and isinstance(body.get("monitor"), str):
+                existing = [
+                    s for s in tx.subscriptions(body["monitor"]) if s.subscriber == body.get("subscriber")
+                ]
+                if existing and token is None:
+                    tx.put_subscription(replace(existing[0], token_hash=tokens_mod.digest("anyone")))
+                    token = "anyone"
+            return real(core, tx, body, token)
 
-    monkeypatch.setattr(MonitorService, "_subscribe", _subscribe)
+        return subscribe
+
+    _wrap(monkeypatch, (delivery_mod,), "subscribe", make)
 
 
 # ---- mutants of the trust and hardening rules (PROTOCOL.md sections 3, 6-10) ---------------------------
@@ -330,7 +442,7 @@ def _speak_for_anyone(mp: pytest.MonkeyPatch) -> None:
 
     def resolve(owner, actor, body):
         if provenance_mod.is_human(actor) and actor != owner:
-            return dataclasses.replace(real(owner, owner, body), actor=actor)
+            return replace(real(owner, owner, body), actor=actor)
         return real(owner, actor, body)
 
     mp.setattr(provenance_mod, "resolve", resolve)
@@ -344,7 +456,7 @@ def _write_as_the_system(mp: pytest.MonkeyPatch) -> None:
         if provenance_mod.is_system(actor) or body.get("origin") == "system":
             trimmed = {k: v for k, v in body.items() if k != "origin"}
             out = real(owner, "agent:stand-in", trimmed)
-            return dataclasses.replace(out, actor=actor, origin="system", tier="measured")
+            return replace(out, actor=actor, origin="system", tier="measured")
         return real(owner, actor, body)
 
     mp.setattr(provenance_mod, "resolve", resolve)
@@ -382,16 +494,21 @@ def _any_time_accepted(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(publishing_mod, "MAX_FUTURE_SECONDS", 10**12)
 
 
-class ClientClockFreshness(MonitorService):
+def _client_clock_freshness(mp: pytest.MonkeyPatch) -> None:
     """Time broken: freshness (ages, covers_until) comes from the publisher's claimed time."""
 
-    def _publish(self, monitor_id, body, token, header_key=None):
-        out = super()._publish(monitor_id, body, token, header_key)
-        if not out.get("idempotent"):
-            rec = self.store.get_monitor(monitor_id)
-            rec["_last"]["ts"] = timefmt_mod.parse(out["observation"]["time"])
-            self.store.put_monitor(rec)
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def publish(core, tx, monitor_id, body, token, header_key=None):
+            out = real(core, tx, monitor_id, body, token, header_key)
+            if not out.get("idempotent"):
+                rec = tx.monitor(monitor_id)
+                claimed = timefmt_mod.parse(out["observation"]["time"])
+                tx.put_monitor(replace(rec, last=replace(rec.last, ts=claimed)))
+            return out
+
+        return publish
+
+    _wrap(mp, (publishing_mod,), "publish", make)
 
 
 def _disjoint_inline_filters_pass(mp: pytest.MonkeyPatch) -> None:
@@ -447,17 +564,17 @@ def _batch_unbounded(mp: pytest.MonkeyPatch) -> None:
 
 def _no_revocation(mp: pytest.MonkeyPatch) -> None:
     """Section 8 broken: a grant outlives the definition that allowed it."""
-    mp.setattr(MonitorRules, "_revoke_narrowed", lambda self, rec: {})
+    mp.setattr(monitors_mod, "revoke_narrowed", lambda core, tx, monitor_id: {})
 
 
 def _expiry_not_counted(mp: pytest.MonkeyPatch) -> None:
     """Section 8 broken: an expired lease does not count as an attempt."""
-    mp.setitem(leases_mod.COUNTS_AS_ATTEMPT, "expired", False)
+    mp.setitem(states_mod.COUNTS_AS_ATTEMPT, "expired", False)  # the one table ledger and states read
 
 
 def _no_idempotency(mp: pytest.MonkeyPatch) -> None:
     """Section 8 broken: a repeated idempotency key appends again."""
-    mp.setattr(PublishRules, "_idempotency_key", staticmethod(lambda body, header: None))
+    mp.setattr(publishing_mod, "idempotency_key", lambda body, header_key: None)
 
 
 def _short_subscription_ids(mp: pytest.MonkeyPatch) -> None:
@@ -470,23 +587,28 @@ def _any_sink(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(netguard_mod, "sink_refusal", lambda url, allowed=(), resolve=None: None)
 
 
-class ForgetDeliveredPage(MonitorService):
+def _forget_delivered_page(mp: pytest.MonkeyPatch) -> None:
     """Bounded reads broken: a capped page that delivered something is remembered as examined in vain, so
     a reader that crashes before acking never gets it again."""
 
-    def _pull(self, sub_id, token, cursor, limit, inline, *, system):
-        out = super()._pull(sub_id, token, cursor, limit, inline, system=system)
-        if out.get("scan_capped") and out["observations"] and cursor is None:
-            sub = self.store.get_subscription(sub_id)
-            sub["_scan_mark"] = [max(sub["cursor"], 1), out["next"] - 1]
-            self.store.put_subscription(sub)
-        return out
+    def make(real: Wrapper) -> Wrapper:
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+            if out.get("scan_capped") and out["observations"] and cursor is None:
+                sub = tx.subscription(sub_id)
+                tx.put_subscription(replace(sub, scan_mark=(max(sub.cursor, 1), out["next"] - 1)))
+            return out
+
+        return pull
+
+    _wrap(mp, (delivery_mod,), "pull", make)
 
 
 def _no_scan_memory(mp: pytest.MonkeyPatch) -> None:
     """Bounded reads broken: an empty capped page is forgotten, so a reader that does not ack empty pages
     (push, watch, SSE) examines the same rows forever."""
-    mp.setattr(delivery_mod.DeliveryRules, "_past_known_misses", staticmethod(lambda sub, start: start))
+    for module in (delivery_mod, ledger_mod):  # the pull's scan, and lag's (ledger.lag_count)
+        mp.setattr(module, "past_known_misses", lambda sub, start: start)
 
 
 @dataclass
@@ -498,36 +620,36 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("skip the provenance ceiling", SkipCeiling, expected=("C26", "C04")),
-    Mutant("ack moves backwards", AckBackwards, expected=("C06",)),
-    Mutant("forget to log a refusal", ForgetRefusalLog, expected=("C16", "C26")),
-    Mutant("lag over the whole log", LagOverWholeLog, expected=("C07", "X10")),
-    Mutant("act granted on request", ActOnRequest, expected=("C28",)),
-    Mutant("stale lease holder completes", StaleHolderCompletes, expected=("C13",)),
-    Mutant("pull commits the cursor", PullCommits, expected=("C05",)),
-    Mutant("head is the filtered head", FilteredHead, expected=("C07",)),
-    Mutant("second concurrent claim wins", SecondClaimWins, expected=("C12",)),
-    Mutant("retire keeps leases", RetireKeepsLeases, expected=("X15", "C19")),
-    Mutant("no redelivered marking", NoRedeliveredMark, expected=("X14",)),
+    Mutant("skip the provenance ceiling", patch=_skip_ceiling, expected=("C26", "C04")),
+    Mutant("ack moves backwards", patch=_ack_backwards, expected=("C06",)),
+    Mutant("forget to log a refusal", patch=_forget_refusal_log, expected=("C16", "C26")),
+    Mutant("lag over the whole log", patch=_lag_over_whole_log, expected=("C07", "X10")),
+    Mutant("act granted on request", patch=_act_on_request, expected=("C28",)),
+    Mutant("stale lease holder completes", patch=_stale_holder_completes, expected=("C13",)),
+    Mutant("pull commits the cursor", patch=_pull_commits, expected=("C05",)),
+    Mutant("head is the filtered head", patch=_filtered_head, expected=("C07",)),
+    Mutant("second concurrent claim wins", patch=_second_claim_wins, expected=("C12",)),
+    Mutant("retire keeps leases", patch=_retire_keeps_leases, expected=("X15", "C19")),
+    Mutant("no redelivered marking", patch=_no_redelivered_mark, expected=("X14",)),
     Mutant("any bearer token accepted", patch=_any_bearer, expected=("C23",)),
-    Mutant("private monitors listed to everyone", PrivateListedToAll, expected=("C18",)),
-    Mutant("inline filter widens", InlineFilterWidens, expected=("C08",)),
-    Mutant("no DEAD_LETTERED after 5 rejects", NeverDeadLetters, expected=("C33",)),
-    Mutant("claim a subject from another monitor", ClaimAnySubject, expected=("C34",)),
-    Mutant("seek without a reason", SeekWithoutReason, expected=("X01",)),
-    Mutant("renew keeps the old token alive", RenewKeepsOldToken, expected=("X02",)),
-    Mutant("ack not clamped to head + 1", UnclampedAck, expected=("X17",)),
+    Mutant("private monitors listed to everyone", patch=_private_listed_to_all, expected=("C18",)),
+    Mutant("inline filter widens", patch=_inline_filter_widens, expected=("C08",)),
+    Mutant("no DEAD_LETTERED after 5 rejects", patch=_never_dead_letters, expected=("C33",)),
+    Mutant("claim a subject from another monitor", patch=_claim_any_subject, expected=("C34",)),
+    Mutant("seek without a reason", patch=_seek_without_reason, expected=("X01",)),
+    Mutant("renew keeps the old token alive", patch=_renew_keeps_old_token, expected=("X02",)),
+    Mutant("ack not clamped to head + 1", patch=_unclamped_ack, expected=("X17",)),
     Mutant("a subscriber's name is a credential", patch=_tokens_from_the_wrong_place, expected=("C32",)),
-    Mutant("a paused monitor accepts writes", PausedAcceptsWrites, expected=("C14", "X07")),
+    Mutant("a paused monitor accepts writes", patch=_paused_accepts_writes, expected=("C14", "X07")),
     Mutant("confidence defaulted to a number", ConfidenceDefaulted, expected=("C15", "C29")),
-    Mutant("a re-sent ack is recomputed", AckRecomputed, expected=("C20",)),
+    Mutant("a re-sent ack is recomputed", patch=_ack_recomputed, expected=("C20",)),
     Mutant("a token speaks for another person", patch=_speak_for_anyone, expected=("X27",)),
     Mutant("a publisher writes as the system", patch=_write_as_the_system, expected=("X27",)),
     Mutant("protocol rows inherit the caller's origin", patch=_protocol_rows_inherit_the_callers_origin,
            expected=("X25", "X44")),
     Mutant("subscriber names need a prefix", patch=_subscriber_names_need_a_prefix, expected=("X24",)),
     Mutant("a publish dated 2999 is accepted", patch=_any_time_accepted, expected=("X29",)),
-    Mutant("freshness from the publisher's clock", ClientClockFreshness, expected=("X29",)),
+    Mutant("freshness from the publisher's clock", patch=_client_clock_freshness, expected=("X29",)),
     Mutant("a disjoint inline filter passes", patch=_disjoint_inline_filters_pass, expected=("X28",)),
     Mutant("JSON nesting unbounded", patch=_nesting_unbounded, expected=("X30",)),
     Mutant("NaN and lone surrogates accepted", patch=_nan_accepted, expected=("X31",)),
@@ -540,7 +662,7 @@ MUTANTS = [
     Mutant("idempotency keys ignored", patch=_no_idempotency, expected=("X37",)),
     Mutant("4-hex subscription ids", patch=_short_subscription_ids, expected=("X38",)),
     Mutant("internal push sinks accepted", patch=_any_sink, expected=("X39",)),
-    Mutant("a capped page that delivered is forgotten", ForgetDeliveredPage, expected=("X45",)),
+    Mutant("a capped page that delivered is forgotten", patch=_forget_delivered_page, expected=("X45",)),
     Mutant("empty capped pages are not remembered", patch=_no_scan_memory, expected=("X45",)),
 ]  # fmt: skip
 

@@ -716,7 +716,7 @@ async def test_push_goes_on_past_a_bounded_scan_that_found_nothing_for_it() -> N
     outcomes = [await pusher.deliver_once(sid) for _ in range(3)]
     await client.aclose()
     assert [o["subject"] for batch in posted for o in batch["observations"]] == ["needle"], outcomes
-    assert h.store.get_subscription(sid)["cursor"] == needle + 1
+    assert h.store.get_subscription(sid).cursor == needle + 1
 
 
 def test_verify_refuses_a_replayed_timestamp_and_accepts_within_tolerance() -> None:

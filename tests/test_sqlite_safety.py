@@ -1,6 +1,8 @@
 """The SQLite store under storage failure, second writers and damaged files (PROTOCOL.md section 10):
 StorageError with a rollback (a real SQLITE_FULL through `PRAGMA max_page_count`), one writer per database
-FILE however the path is spelled, and StoreCorrupt for a file that fails quick_check or is not a database."""
+FILE however the path is spelled, StoreCorrupt for a file that fails quick_check or is not a database, and
+a read cache that never serves a record whose write was rolled back. Every write is one engine call: a
+`transaction()` and its one `apply(Changes)` of typed records."""
 
 from __future__ import annotations
 
@@ -15,14 +17,40 @@ import sys
 import textwrap
 
 import pytest
-from monitor_protocol.store.base import StorageError
-from monitor_protocol.store.sqlite import NOTE_SUFFIX, SQLiteStore, StoreCorrupt, StoreLocked
+from monitor_protocol.records import Monitor, Observation, Subscription
+from monitor_protocol.states import SubscriptionState
+from monitor_protocol.store.base import Changes, StorageError
+from monitor_protocol.store.sqlite import (
+    COUNT_ACTIVE_SQL,
+    NOTE_SUFFIX,
+    SQLiteStore,
+    StoreCorrupt,
+    StoreLocked,
+)
 
-BIG = "x" * 3000  # about one page per observation
+BIG = "x" * 3000  # about one page per observation (or per subscription filter)
 
 
-def _event(monitor: str, seq: int, data: str = "") -> dict:
-    return {"id": str(seq), "source": f"monitor:{monitor}", "type": "com.example.x", "data": data}
+# --- records and calls ----------------------------------------------------------------------------
+def monitor(mid: str = "m1", **kw) -> Monitor:
+    return Monitor(id=mid, owner="agent:owner", owner_hash="oh", created=100.0, updated=100.0, name=mid, **kw)
+
+
+def obs(monitor_id: str, seq: int, data: str = "") -> Observation:
+    event = {"id": str(seq), "source": f"monitor:{monitor_id}", "type": "com.example.x", "data": data}
+    return Observation.of(monitor_id, seq, event)
+
+
+def sub(
+    sid: str, monitor_id: str = "m1", subscriber: str = "agent:a", token_hash: str = "h", **kw
+) -> Subscription:
+    return Subscription(sid, monitor_id, subscriber, token_hash, created=100.0, mute_since=100.0, **kw)
+
+
+def put(store: SQLiteStore, **changes) -> None:
+    """One engine call that writes: a transaction and its one apply."""
+    with store.transaction():
+        store.apply(Changes(**changes))
 
 
 def _pages(store: SQLiteStore) -> int:
@@ -37,43 +65,77 @@ def _unlimit(store: SQLiteStore) -> None:
     store._db.execute("PRAGMA max_page_count=1073741823")
 
 
-def _seqs(store: SQLiteStore, monitor: str = "m1") -> list[int]:
-    return [int(e["id"]) for e in store.scan(monitor, 1, 10**6)]
+def _seqs(store: SQLiteStore, monitor_id: str = "m1") -> list[int]:
+    return [o.seq for o in store.scan(monitor_id, 1, 10**6)]
+
+
+def _file_counts(path) -> tuple[int, int, int]:
+    """(monitors, observations, subscriptions) as a separate reader of the file sees them."""
+    reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return tuple(
+            reader.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("monitors", "observations", "subscriptions")
+        )
+    finally:
+        reader.close()
 
 
 @pytest.fixture
 def store(tmp_path):
     s = SQLiteStore(str(tmp_path / "safety.db"))
-    with s.transaction():
-        s.put_monitor({"id": "m1", "n": 1})
-        s.append("m1", 1, _event("m1", 1))
+    put(s, monitors=[monitor("m1", head=1)], observations=[obs("m1", 1)])
     yield s
     s.close()
 
 
 # --- StorageError and rollback ------------------------------------------------------------------------
-def test_disk_full_raises_storage_error_and_keeps_nothing(store, tmp_path):
+def _big_subscriptions(n: int) -> list[Subscription]:
+    return [
+        sub(f"s{i}", subscriber=f"agent:{i}", token_hash=f"h{i}", filter={"data": BIG}) for i in range(2, n)
+    ]
+
+
+# Where the disk fills within the one apply: in the log (after the monitor was written), or in the
+# subscriptions (after the monitor, part of the log and subscription s1 were written).
+FILLS = {
+    "log": {
+        "monitors": [monitor("m1", head=199)],
+        "observations": [obs("m1", seq, BIG) for seq in range(2, 200)],
+        "subscriptions": [sub("s1")],
+    },
+    "subscriptions": {
+        "monitors": [monitor("m1", head=9)],
+        "observations": [obs("m1", seq) for seq in range(2, 10)],
+        "subscriptions": [sub("s1"), *_big_subscriptions(200)],
+    },
+}
+WRITTEN_FIRST = {
+    "log": ("monitors", "observations"),
+    "subscriptions": ("monitors", "observations", "subscriptions"),
+}
+
+
+@pytest.mark.parametrize("where", list(FILLS))
+def test_disk_full_raises_storage_error_and_keeps_nothing(store, tmp_path, where):
     _limit_pages(store, 3)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
     with pytest.raises(StorageError, match="full") as info, store.transaction():
-        store.put_monitor({"id": "m1", "n": 2})
-        store.put_subscription(
-            {"id": "s1", "monitor": "m1", "subscriber": "a", "token_hash": "h", "active": True}
-        )
-        for seq in range(2, 200):
-            store.append("m1", seq, _event("m1", seq, BIG))
+        store.apply(Changes(**FILLS[where]))
+    store._db.set_trace_callback(None)
     assert isinstance(info.value.__cause__, sqlite3.OperationalError)
     assert info.value.__cause__.sqlite_errorname == "SQLITE_FULL"
+    for table in WRITTEN_FIRST[where]:  # the failure came after these rows were written, not before
+        assert any(q.startswith(f"INSERT INTO {table} ") for q in statements), table
     # nothing of the failed transaction is visible, to this store or to a reader of the file
-    assert store.get_monitor("m1") == {"id": "m1", "n": 1}
+    assert store.get_monitor("m1") == monitor("m1", head=1)
     assert _seqs(store) == [1] and store.get_subscription("s1") is None
-    reader = sqlite3.connect(f"file:{tmp_path / 'safety.db'}?mode=ro", uri=True)
-    assert reader.execute("SELECT count(*) FROM observations").fetchone()[0] == 1
-    reader.close()
+    assert store.list_subscriptions() == [] and not store._db.in_transaction
+    assert _file_counts(tmp_path / "safety.db") == (1, 1, 0)
     # the same store keeps serving once there is room again
     _unlimit(store)
-    with store.transaction():
-        for seq in range(2, 40):
-            store.append("m1", seq, _event("m1", seq, BIG))
+    put(store, observations=[obs("m1", seq, BIG) for seq in range(2, 40)])
     assert _seqs(store) == list(range(1, 40))
 
 
@@ -81,25 +143,22 @@ def test_disk_full_in_a_group_commit_keeps_nothing_of_the_group(store):
     _limit_pages(store, 4)
     failures = []
     with pytest.raises(StorageError), store.batch():
-        with store.transaction():
-            store.append("m1", 2, _event("m1", 2))  # small: fits
+        put(store, observations=[obs("m1", 2)])  # small: fits
         for seq in range(3, 200):
             try:
-                with store.transaction():
-                    store.append("m1", seq, _event("m1", seq, BIG))
+                put(store, observations=[obs("m1", seq, BIG)])
             except StorageError as exc:
                 failures.append(exc)
                 break
         # the group is gone: a later call in it is refused rather than written outside the group
-        with pytest.raises(StorageError), store.transaction():
-            store.append("m1", 500, _event("m1", 500))
+        with pytest.raises(StorageError):
+            put(store, observations=[obs("m1", 500)])
     assert len(failures) == 1
     assert _seqs(store) == [1] and not store._db.in_transaction
     _unlimit(store)
     with store.batch():
         for seq in (2, 3):
-            with store.transaction():
-                store.append("m1", seq, _event("m1", seq, BIG))
+            put(store, observations=[obs("m1", seq, BIG)])
     assert _seqs(store) == [1, 2, 3]
 
 
@@ -132,16 +191,12 @@ def test_a_failed_commit_rolls_back_and_the_store_stays_usable(store, group):
             if group:
                 with store.batch():
                     for seq in (2, 3):
-                        with store.transaction():
-                            store.append("m1", seq, _event("m1", seq))
+                        put(store, observations=[obs("m1", seq)])
             else:
-                with store.transaction():
-                    store.append("m1", 2, _event("m1", 2))
-                    store.put_monitor({"id": "m1", "n": 2})
+                put(store, observations=[obs("m1", 2)], monitors=[monitor("m1", head=2)])
         assert not real.in_transaction  # rolled back, not left open
-        assert _seqs(store) == [1] and store.get_monitor("m1") == {"id": "m1", "n": 1}
-        with store.transaction():
-            store.append("m1", 2, _event("m1", 2))
+        assert _seqs(store) == [1] and store.get_monitor("m1") == monitor("m1", head=1)
+        put(store, observations=[obs("m1", 2)])
         assert _seqs(store) == [1, 2]
     finally:
         store._db = real
@@ -149,46 +204,142 @@ def test_a_failed_commit_rolls_back_and_the_store_stays_usable(store, group):
 
 def test_a_read_only_database_is_a_storage_error(store):
     store._db.execute("PRAGMA query_only=1")
-    with pytest.raises(StorageError, match="READONLY"), store.transaction():
-        store.put_monitor({"id": "m1", "n": 2})
+    with pytest.raises(StorageError, match="READONLY"):
+        put(store, monitors=[monitor("m1", head=2)])
     store._db.execute("PRAGMA query_only=0")
-    with store.transaction():
-        store.put_monitor({"id": "m1", "n": 3})
-    assert store.get_monitor("m1")["n"] == 3
+    put(store, monitors=[monitor("m1", head=3)])
+    assert store.get_monitor("m1").head == 3
 
 
 def test_bugs_are_not_storage_errors(store):
-    with pytest.raises(sqlite3.IntegrityError), store.transaction():
-        store.append("m1", 1, _event("m1", 1))  # duplicate seq: a bug, not the disk
-    with store.transaction():
-        store.put_subscription(
-            {"id": "s1", "monitor": "m1", "subscriber": "a", "token_hash": "h", "active": True}
-        )
-    with pytest.raises(sqlite3.IntegrityError), store.transaction():
-        store.put_subscription(
-            {"id": "s2", "monitor": "m1", "subscriber": "a", "token_hash": "h", "active": True}
-        )
+    with pytest.raises(sqlite3.IntegrityError):
+        put(store, observations=[obs("m1", 1)])  # duplicate seq: a bug, not the disk
+    put(store, subscriptions=[sub("s1", subscriber="agent:a")])
+    with pytest.raises(sqlite3.IntegrityError):  # another id for a taken (monitor, subscriber)
+        put(store, subscriptions=[sub("s2", subscriber="agent:a")])
     assert store.get_subscription("s1") is not None and store.get_subscription("s2") is None
 
 
 def test_count_active_subscriptions_reads_the_partial_index(store):
-    plan = store._db.execute(
-        "EXPLAIN QUERY PLAN SELECT count(*) FROM subscriptions WHERE monitor=? AND json_extract(rec, '$.active')",
-        ("m1",),
-    ).fetchall()
+    plan = store._db.execute("EXPLAIN QUERY PLAN " + COUNT_ACTIVE_SQL, ("m1",)).fetchall()
     assert any("subscriptions_active" in row[-1] for row in plan), plan
-    with store.transaction():
-        for i in range(300):
-            store.put_subscription(
-                {
-                    "id": f"s{i}",
-                    "monitor": "m1",
-                    "subscriber": f"a{i}",
-                    "token_hash": f"h{i}",
-                    "active": i % 3 > 0,
-                }
+    put(
+        store,
+        subscriptions=[
+            sub(
+                f"s{i}",
+                subscriber=f"agent:{i}",
+                token_hash=f"h{i}",
+                state=SubscriptionState.ACTIVE if i % 3 > 0 else SubscriptionState.RETIRED,
             )
+            for i in range(300)
+        ],
+    )
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
     assert store.count_active_subscriptions("m1") == 200
+    store._db.set_trace_callback(None)
+    assert statements == [COUNT_ACTIVE_SQL.replace("?", "'m1'")]  # the count is that query, nothing else
+
+
+# --- the read cache holds committed records only ------------------------------------------------------
+# Each rolls back a call (or a group) that wrote `m2` and `s2`; every one raises and keeps nothing.
+def _error_after_apply(store, m2, s2):
+    with pytest.raises(RuntimeError), store.transaction():
+        store.apply(Changes(monitors=[m2], subscriptions=[s2]))
+        # the call reads its own write (from the cache) before it fails
+        assert store.get_monitor("m1") == m2 and store.get_subscription("s1") == s2
+        raise RuntimeError("the rule failed after its apply")
+
+
+def _disk_full_in_apply(store, m2, s2):
+    _limit_pages(store, 3)
+    try:
+        with pytest.raises(StorageError, match="full"), store.transaction():
+            store.apply(Changes(monitors=[m2], subscriptions=[s2, *_big_subscriptions(200)]))
+    finally:
+        _unlimit(store)
+
+
+def _failing_commit(store, m2, s2, *, group: bool):
+    real = store._db
+    store._db = FailingCommit(real)
+    try:
+        with pytest.raises(StorageError, match="SQLITE_FULL"):
+            if group:
+                with store.batch():
+                    put(store, monitors=[m2])
+                    put(store, subscriptions=[s2])
+            else:
+                with store.transaction():
+                    store.apply(Changes(monitors=[m2], subscriptions=[s2]))
+                    assert store.get_monitor("m1") == m2 and store.get_subscription("s1") == s2
+    finally:
+        store._db = real
+
+
+def _disk_full_later_in_the_group(store, m2, s2):
+    _limit_pages(store, 4)
+    try:
+        with pytest.raises(StorageError), store.batch():
+            put(store, monitors=[m2], subscriptions=[s2])
+            assert store.get_monitor("m1") == m2 and store.get_subscription("s1") == s2
+            with pytest.raises(StorageError):
+                for seq in range(2, 200):
+                    put(store, observations=[obs("m1", seq, BIG)])
+    finally:
+        _unlimit(store)
+
+
+def _read_after_a_failed_call_in_the_group(store, m2, s2):
+    real = store._db
+    store._db = FailingCommit(real)
+    try:
+        with pytest.raises(StorageError, match="SQLITE_FULL"), store.batch():
+            put(store, monitors=[m2], subscriptions=[s2])
+            with pytest.raises(RuntimeError), store.transaction():  # rolled back alone, the group goes on
+                store.apply(Changes(observations=[obs("m1", 2)]))
+                raise RuntimeError
+            with store.transaction():  # a later call of the group reads what the first one wrote
+                assert store.get_monitor("m1") == m2 and store.get_subscription("s1") == s2
+    finally:
+        store._db = real
+
+
+ROLLBACKS = {
+    "exception after apply": _error_after_apply,
+    "disk full in apply": _disk_full_in_apply,
+    "commit fails": lambda store, m2, s2: _failing_commit(store, m2, s2, group=False),
+    "group commit fails": lambda store, m2, s2: _failing_commit(store, m2, s2, group=True),
+    "disk full later in the group": _disk_full_later_in_the_group,
+    "group commit fails after a read": _read_after_a_failed_call_in_the_group,
+}
+
+
+@pytest.mark.parametrize(
+    "how",
+    ROLLBACKS,
+)
+def test_a_rolled_back_write_never_stays_in_the_read_cache(store, tmp_path, how):
+    put(store, subscriptions=[sub("s1", cursor=1)])
+    m1, s1 = store.get_monitor("m1"), store.get_subscription("s1")  # both now in the cache
+    assert (m1, s1) == (monitor("m1", head=1), sub("s1", cursor=1))
+    m2, s2 = monitor("m1", head=2, version=2), sub("s1", cursor=2, hwm=2)
+    ROLLBACKS[how](store, m2, s2)
+    assert not store._db.in_transaction
+    # the committed versions, from the cache as from the file
+    assert store.get_monitor("m1") == m1 and store.get_subscription("s1") == s1
+    assert store.list_monitors() == [m1] and store.list_subscriptions() == [s1]
+    assert _seqs(store) == [1] and _file_counts(tmp_path / "safety.db") == (1, 1, 1)
+    # control: the same write, committed, is what the reads return (and what a reopened store reads)
+    put(store, monitors=[m2], subscriptions=[s2])
+    assert store.get_monitor("m1") == m2 and store.get_subscription("s1") == s2
+    store.close()
+    again = SQLiteStore(str(tmp_path / "safety.db"))
+    try:
+        assert again.get_monitor("m1") == m2 and again.get_subscription("s1") == s2
+    finally:
+        again.close()
 
 
 # --- one writer per database file ---------------------------------------------------------------------
@@ -217,13 +368,12 @@ def test_one_writer_however_the_path_is_spelled(tmp_path, monkeypatch):
         os.close(fd)
     note = json.loads((tmp_path / ("a.db" + NOTE_SUFFIX)).read_text())
     assert note["pid"] == os.getpid() and note["path"] == str((tmp_path / "a.db").resolve())
-    with first.transaction():  # the refusals left the first store working
-        first.put_monitor({"id": "m1"})
+    put(first, monitors=[monitor("m1")])  # the refusals left the first store working
     first.close()
     assert not (tmp_path / ("a.db" + NOTE_SUFFIX)).exists()  # the note goes with the lock
     for name in names.values():  # control: once the first closes, every spelling opens
         again = SQLiteStore(name)
-        assert again.get_monitor("m1") == {"id": "m1"}
+        assert again.get_monitor("m1") == monitor("m1")
         again.close()
 
 
@@ -268,9 +418,8 @@ def test_one_writer_across_processes(tmp_path, monkeypatch):
 
 def test_memory_databases_need_no_lock():
     a, b = SQLiteStore(":memory:"), SQLiteStore(":memory:")
-    with a.transaction():
-        a.put_monitor({"id": "m1"})
-    assert b.get_monitor("m1") is None
+    put(a, monitors=[monitor("m1")])
+    assert a.get_monitor("m1") == monitor("m1") and b.get_monitor("m1") is None
     a.close()
     b.close()
 
@@ -319,13 +468,9 @@ def _damage(path, how: str) -> None:
 def test_a_database_that_fails_quick_check_is_refused(tmp_path, how):
     path = tmp_path / "damaged.db"
     s = SQLiteStore(str(path))
-    with s.transaction():
-        s.put_monitor({"id": "m1"})
-        for seq in range(1, 400):
-            s.append("m1", seq, _event("m1", seq, "y" * 500))
+    put(s, monitors=[monitor("m1")], observations=[obs("m1", seq, "y" * 500) for seq in range(1, 400)])
     if how == "freelist":
-        with s.transaction():
-            s.delete_below("m1", 200)  # leaves free pages
+        put(s, compactions=[("m1", 200)])  # leaves free pages
     s.close()  # the last connection checkpoints: every page is in the main file
     _damage(path, how)
     with pytest.raises(StoreCorrupt) as info:
@@ -342,9 +487,8 @@ def test_fresh_and_empty_files_open(tmp_path):
     (tmp_path / "empty.db").write_bytes(b"")
     for name in ("empty.db", "new.db"):
         s = SQLiteStore(str(tmp_path / name))
-        with s.transaction():
-            s.put_monitor({"id": "m1"})
+        put(s, monitors=[monitor("m1")])
         s.close()
         again = SQLiteStore(str(tmp_path / name))
-        assert again.get_monitor("m1") == {"id": "m1"}
+        assert again.get_monitor("m1") == monitor("m1")
         again.close()

@@ -232,7 +232,7 @@ def test_revocation_shrinks_capabilities_so_act_removed_stops_claims(h):
     assert refused.status == 403 and refused.body["code"] == "CAPABILITY_MISSING"
     info = h.call("GET", f"/subscriptions/{sid}", token=rtok).body
     assert info["capabilities"] == ["observe"]
-    assert h.store.get_lease("ci", "job-1")["holder"] is None  # the held lease was released
+    assert h.store.get_lease("ci", "job-1").holder is None  # the held lease was released
 
 
 def test_an_expired_lease_counts_as_an_attempt_and_a_release_does_not(h):
@@ -243,13 +243,13 @@ def test_an_expired_lease_counts_as_an_attempt_and_a_release_does_not(h):
     for _ in range(3):  # releases give the work back without counting
         assert h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok).status == 201
         assert h.call("POST", f"/subscriptions/{sid}/leases/release", claim, rtok).status == 200
-    assert h.store.get_lease("ci", "job-1")["attempts"] == 0
+    assert h.store.get_lease("ci", "job-1").attempts == 0
     for n in range(1, 6):  # a worker that keeps crashing while holding it
         r = h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok)
         assert r.status == 201, (n, r.body)
         h.clock.advance(2)
         h.service.sweep()
-        assert h.store.get_lease("ci", "job-1")["attempts"] == n
+        assert h.store.get_lease("ci", "job-1").attempts == n
     dead = h.call("POST", f"/subscriptions/{sid}/leases/claim", claim, rtok)
     assert dead.status == 409 and dead.body["code"] == "DEAD_LETTERED"
     expired = [
@@ -412,10 +412,11 @@ def test_a_json_rpc_batch_holds_at_most_100_calls(h):
 def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
     tok = h.monitor("ci", types=[A, B])
     for i in range(SCAN_BUDGET * 2 + 10):
-        h.publish("ci", tok, type=B, subject=f"noise-{i}")
-    target = h.publish("ci", tok, type=A, subject="needle").body["seq"]
+        h.publish("ci", tok, type=B, subject=f"noise-{i}", tags={"lane": "noise"})
+    target = h.publish("ci", tok, type=A, subject="needle", tags={"lane": "work"}).body["seq"]
     for acking in (True, False):  # a reader that never acks an empty page (push, watch, SSE) goes on too
-        sid, rtok = h.subscribe("ci", tok, subscriber=f"agent:acking-{acking}", filter={"types": [A]})
+        # a tag is checked row by row (no index answers it): the bounded scan is what keeps this cheap
+        sid, rtok = h.subscribe("ci", tok, subscriber=f"agent:acking-{acking}", filter={"#lane": ["work"]})
         pages = []
         while not pages or not pages[-1]["observations"]:
             r = h.pull(sid, rtok, limit=1)
@@ -438,12 +439,26 @@ def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
     assert exact["lag"] == exact["head"] and "scan_capped" not in exact  # positive control
 
 
+def test_a_filter_on_indexed_columns_skips_the_noise_in_one_pull_with_an_exact_lag(h):
+    tok = h.monitor("ci", types=[A, B])
+    for i in range(SCAN_BUDGET * 2 + 10):
+        h.publish("ci", tok, type=B, subject=f"noise-{i}")
+    target = h.publish("ci", tok, type=A, subject="needle").body["seq"]
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A], "subjects": ["nee*"]})
+    page = h.pull(sid, rtok, limit=1).body
+    assert [int(o["id"]) for o in page["observations"]] == [target] and "scan_capped" not in page
+    assert page["lag"] == 1 and "lag_capped" not in page  # counted by the store, exactly
+    wide_id, wide_tok = h.subscribe("ci", tok, subscriber="agent:wide", filter={"types": [B]})
+    wide = h.pull(wide_id, wide_tok, limit=1).body
+    assert wide["lag"] == SCAN_BUDGET * 2 + 10 and "lag_capped" not in wide  # positive control: it counts
+
+
 def test_a_capped_page_that_delivered_something_still_comes_back_until_acked(h):
     tok = h.monitor("ci", types=[A, B])
-    first = h.publish("ci", tok, type=A, subject="first").body["seq"]
+    first = h.publish("ci", tok, type=A, subject="first", tags={"lane": "work"}).body["seq"]
     for _ in range(SCAN_BUDGET + 100):
         h.publish("ci", tok, type=B)
-    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
+    sid, rtok = h.subscribe("ci", tok, filter={"#lane": ["work"]})
     page = h.pull(sid, rtok).body
     assert [int(o["id"]) for o in page["observations"]] == [first] and page["scan_capped"] is True
     again = h.pull(sid, rtok).body  # the reader crashed before acking: at-least-once
@@ -468,10 +483,10 @@ def test_a_filter_array_costs_one_haystack_per_row_and_holds_at_most_16_objects(
 class FailingStore(MemoryStore):
     fail = False
 
-    def append(self, monitor_id, seq, event):
+    def apply(self, changes):
         if self.fail:
             raise StorageError("database or disk is full")
-        return super().append(monitor_id, seq, event)
+        return super().apply(changes)
 
 
 def test_a_storage_failure_is_503_with_retry_after_and_nothing_half_written():
@@ -511,7 +526,7 @@ def test_a_full_sqlite_disk_is_503_not_400(tmp_path):
 
 
 class Buggy(MonitorService):
-    def _publish(self, *args, **kwargs):
+    def publish(self, *args, **kwargs):
         raise KeyError("a bug, not the caller's fault")
 
 
@@ -637,7 +652,7 @@ def test_a_lease_freed_by_a_retirement_after_its_time_ran_out_counts_as_an_attem
     assert claim.status == 201
     h.clock.advance(200)  # the worker died holding it, and went silent
     h.call("GET", "/monitors")  # any engine call runs the due sweep first
-    assert h.store.get_lease("ci", "job")["attempts"] == 1
+    assert h.store.get_lease("ci", "job").attempts == 1
     actions = [
         o["data"]["payload"]["action"]
         for o in h.service.read_log("ci", 1, 200)["observations"]
@@ -648,7 +663,7 @@ def test_a_lease_freed_by_a_retirement_after_its_time_ran_out_counts_as_an_attem
     sid2, rtok2 = h.subscribe("ci", None, subscriber="agent:second", capabilities=["observe", "act"])
     assert h.call("POST", f"/subscriptions/{sid2}/leases/claim", {"subject": "job"}, rtok2).status == 201
     assert h.call("POST", f"/subscriptions/{sid2}/retire", {}, rtok2).status == 200
-    assert h.store.get_lease("ci", "job")["attempts"] == 1
+    assert h.store.get_lease("ci", "job").attempts == 1
 
 
 def test_a_capped_scan_never_emits_the_relist_bookmark_early(h):

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from . import timefmt
+from .records import Monitor
 
 
 def source_of(monitor_id: str) -> str:
@@ -25,7 +26,7 @@ def canonical_digest(obj: Any) -> str:
 
 def build(
     *,
-    monitor: dict[str, Any],
+    monitor: Monitor,
     seq: int,
     type_: str,
     subject: str | None,
@@ -50,7 +51,7 @@ def build(
         "verification": verification,
         "actor": actor,
         "on_behalf_of": on_behalf_of,
-        "attested": bool(monitor.get("attested")),
+        "attested": monitor.attested,
         "source_ref": source_ref,
         "rule": rule,
         "wasDerivedFrom": list(was_derived_from or []),
@@ -60,7 +61,7 @@ def build(
     return {
         "specversion": "1.0",
         "id": str(seq),
-        "source": source_of(monitor["id"]),
+        "source": source_of(monitor.id),
         "type": type_,
         "subject": subject,
         "time": timefmt.iso(time),
@@ -69,7 +70,7 @@ def build(
         "tier": tier,
         "origin": origin,
         "verified": verification,
-        "horizon": monitor.get("horizon", "event"),
+        "horizon": monitor.horizon,
         "actor": actor,
         "data": payload,
     }
@@ -77,7 +78,7 @@ def build(
 
 def build_protocol(
     *,
-    monitor: dict[str, Any],
+    monitor: Monitor,
     seq: int,
     type_: str,
     subject: str | None,
@@ -99,5 +100,5 @@ def build_protocol(
         tier="measured",
         verification="machine_verified",
         data={"payload": payload},
-        tags={"monitor": monitor["id"]},
+        tags={"monitor": monitor.id},
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 from . import timefmt
 from .errors import ProtocolError
+from .store.base import Alternative, Clause, LogQuery, Term
 from .vocab import (
     FILTER_KEYS,
     HORIZONS,
@@ -312,3 +313,49 @@ def disjoint(subscription: Filter, inline: Filter) -> str | None:
                 return None
             reasons.append(why)
     return "; ".join(dict.fromkeys(reasons))
+
+
+# ===================================================================================== index terms
+# Filter keys a store answers from its indexed columns (store/base.py LOG_COLUMNS): key -> (column,
+# whether a value ending in * is a prefix). The other keys are checked on the row by `matches`.
+_INDEXED = {
+    "types": ("type", True),
+    "subjects": ("subject", True),
+    "actors": ("actor", False),
+    "tiers": ("tier", False),
+    "origins": ("origin", False),
+    "horizons": ("horizon", False),
+}
+_ROW_ONLY_KEYS = ("sources", "since", "until", "text")  # and every #tag; "limit" does not select
+
+
+def _alternative(flt: dict[str, Any]) -> tuple[Alternative, bool]:
+    terms: list[Term] = []
+    complete = True
+    for key, value in flt.items():
+        if key in _INDEXED:
+            column, prefixes = _INDEXED[key]
+            exact = tuple(v for v in value if not (prefixes and v.endswith("*")))
+            pre = tuple(v[:-1] for v in value if prefixes and v.endswith("*"))
+            terms.append(Term(column, exact, pre))
+        elif key in _ROW_ONLY_KEYS or key.startswith("#"):
+            complete = False
+    return tuple(terms), complete
+
+
+def prefilter(*flts: Filter) -> LogQuery:
+    """What a store can select on its indexed columns for rows matching every one of `flts` (a pull's
+    subscription filter and its inline filter): a necessary condition, and `complete` when it is also
+    sufficient (then a store's count is the exact lag and no row needs `matches`)."""
+    clauses: list[Clause] = []
+    complete = True
+    for flt in flts:
+        if is_empty(flt):
+            continue
+        alternatives = []
+        for one in flt if isinstance(flt, list) else [flt]:
+            alt, whole = _alternative(one)
+            alternatives.append(alt)
+            complete = complete and whole
+        clauses.append(tuple(alternatives))
+    return LogQuery(tuple(clauses), complete)

@@ -7,12 +7,11 @@ from typing import Any
 
 from . import events, provenance, state, timefmt, wire
 from .errors import ProtocolError
-from .service_base import (
-    MAX_TRACKED_ACTORS,
-    PUBLISHABLE_PROTOCOL_TYPES,
-    ServiceCore,
-)
-from .store.base import Record
+from .ledger import append, reject
+from .lookups import owner_monitor
+from .records import LastSeen, Monitor, PublishKey, evolve
+from .service_base import ServiceCore
+from .tx import Tx
 from .validation import check_actor, check_name, invalid
 from .vocab import (
     IDEMPOTENCY_KEY_MAX_CHARS,
@@ -20,10 +19,14 @@ from .vocab import (
     MAX_FUTURE_SECONDS,
     MAX_NAME_CHARS,
     PROTOCOL_PREFIX,
+    T_CONTRADICTION,
+    T_CONTRADICTION_RESOLVED,
     TYPE_PATTERN,
 )
 
 MAX_REFERENCES = 64
+MAX_TRACKED_ACTORS = 16
+PUBLISHABLE_PROTOCOL_TYPES = (T_CONTRADICTION, T_CONTRADICTION_RESOLVED)
 
 
 def check_idempotency_key(value: Any) -> str:
@@ -41,248 +44,237 @@ def check_idempotency_key(value: Any) -> str:
     return value
 
 
-class PublishRules(ServiceCore):
-    # ================================================================================ publish
-    def publish(
-        self, monitor_id: str, body: Any, token: str | None, *, idempotency_key: str | None = None
-    ) -> dict[str, Any]:
-        return self._call(lambda: self._publish(monitor_id, body, token, idempotency_key))
+def publish(
+    core: ServiceCore, tx: Tx, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
+) -> dict[str, Any]:
+    rec = owner_monitor(tx, monitor_id, token)
+    now = tx.now
+    try:
+        key = idempotency_key(body, header_key)
+    except ProtocolError as err:
+        raise reject(tx, rec.id, err, body, rec.owner) from None
+    if key is not None:
+        seen = tx.publish_key(rec.id, key)
+        if seen is not None and now - seen.at < IDEMPOTENCY_WINDOW_SECONDS:
+            # The first reply again: same seq, nothing appended (a retry after a lost reply).
+            first = tx.observation(rec.id, seen.seq)
+            return {
+                "observation": first.to_wire() if first is not None else None,
+                "seq": seen.seq,
+                "idempotent": True,
+            }
+    rec = tx.put_monitor(evolve(rec, source_contact=now))
+    claimed_actor = body.get("actor") if isinstance(body, dict) else None
+    actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec.owner
+    try:
+        if not rec.active:
+            raise ProtocolError(
+                "UNAVAILABLE",
+                f"Monitor {monitor_id} is {rec.status.value}; it accepts no observations until resumed.",
+                live=state.live_of(rec),
+            )
+        if not isinstance(body, dict):
+            raise invalid(
+                'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
+            )
+        wire.check(body)
+        event_kwargs = validate_publish(tx, rec, body)
+        rec = tx.put_monitor(spend_budget(rec, now))
+    except ProtocolError as err:
+        raise reject(tx, rec.id, err, body, actor_for_log) from None
+    prov = event_kwargs.pop("prov")
+    obs = append(
+        tx,
+        rec.id,
+        lambda m, s: events.build(
+            monitor=m,
+            seq=s,
+            actor=prov.actor,
+            origin=prov.origin,
+            tier=prov.tier,
+            verification=prov.verification,
+            on_behalf_of=prov.on_behalf_of,
+            **event_kwargs,
+        ),
+    )
+    rec = tx.monitor(rec.id)
+    assert rec is not None
+    type_ = obs.type
+    counters = rec.counters.bump(observations=1)
+    if type_.endswith(".contradiction"):
+        counters = counters.bump(contradictions=1)
+    elif type_.endswith(".contradiction_resolved"):
+        counters = counters.bump(contradictions_resolved=1)
+    actors = rec.actors
+    if prov.actor not in actors and len(actors) < MAX_TRACKED_ACTORS:
+        actors = (*actors, prov.actor)
+    # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
+    tx.put_monitor(evolve(rec, counters=counters, last=LastSeen(obs.seq, now, type_), actors=actors))
+    out: dict[str, Any] = {"observation": obs.to_wire(), "seq": obs.seq}
+    if key is not None:
+        tx.put_publish_key(PublishKey(rec.id, key, obs.seq, now))
+        out["idempotent"] = False
+    return out
 
-    def _publish(
-        self, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
-    ) -> dict[str, Any]:
-        rec = self._owner_monitor(monitor_id, token)
-        now = self._now()
-        try:
-            key = self._idempotency_key(body, header_key)
-        except ProtocolError as err:
-            raise self._reject(rec, err, body, rec["owner"]) from None
-        if key is not None:
-            seen = self.store.get_idempotency(rec["id"], key)
-            if seen is not None and now - float(seen["at"]) < IDEMPOTENCY_WINDOW_SECONDS:
-                # The first reply again: same seq, nothing appended (a retry after a lost reply).
-                return {
-                    "observation": self.store.get_observation(rec["id"], int(seen["seq"])),
-                    "seq": int(seen["seq"]),
-                    "idempotent": True,
-                }
-        rec["_source_contact"] = now
-        claimed_actor = body.get("actor") if isinstance(body, dict) else None
-        actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec["owner"]
-        try:
-            if rec["_status"] != "active":
-                raise ProtocolError(
-                    "UNAVAILABLE",
-                    f"Monitor {monitor_id} is {rec['_status']}; it accepts no observations until resumed.",
-                    live=state.live_of(rec),
-                )
-            if not isinstance(body, dict):
-                raise invalid(
-                    'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
-                )
-            wire.check(body)
-            event_kwargs = self._validate_publish(rec, body)
-            self._spend_budget(rec, now)
-        except ProtocolError as err:
-            raise self._reject(rec, err, body, actor_for_log) from None
-        prov = event_kwargs.pop("prov")
-        event = self._append(
-            rec,
-            event_kwargs["type_"],
-            lambda s: events.build(
-                monitor=rec,
-                seq=s,
-                actor=prov.actor,
-                origin=prov.origin,
-                tier=prov.tier,
-                verification=prov.verification,
-                on_behalf_of=prov.on_behalf_of,
-                **event_kwargs,
-            ),
-            subject=event_kwargs["subject"],
+
+def refuse_publish(tx: Tx, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
+    """A publish whose body could not even be parsed (not JSON, NaN, too deep) is still evidence (P2):
+    for the owner, the refusal and a bounded excerpt of the text are logged before the error returns."""
+    rec = owner_monitor(tx, monitor_id, token)
+    raise reject(tx, rec.id, error, raw, rec.owner)
+
+
+def idempotency_key(body: Any, header_key: str | None) -> str | None:
+    body_key = body.get("idempotency_key") if isinstance(body, dict) else None
+    if header_key is not None:
+        header_key = check_idempotency_key(header_key)
+    if body_key is not None:
+        body_key = check_idempotency_key(body_key)
+        if header_key is not None and header_key != body_key:
+            raise invalid("The Idempotency-Key header and idempotency_key in the body differ; send one.")
+    return body_key if body_key is not None else header_key
+
+
+def spend_budget(rec: Monitor, now: float) -> Monitor:
+    """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it)."""
+    cap = (rec.limits or {}).get("observations_per_day")
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return rec
+    day = timefmt.iso(now)[:10]
+    count = rec.budget_used if rec.budget_day == day else 0
+    if count >= cap:
+        raise ProtocolError(
+            "OVER_BUDGET",
+            f"Monitor {rec.id} accepts {cap} observations per UTC day and has used them; try after "
+            f"{day}T24:00Z or raise limits.observations_per_day.",
+            limit=cap,
+            window="day",
+            day=day,
         )
-        seq = int(event["id"])
-        c = rec["_counters"]
-        c["observations"] += 1
-        type_ = event_kwargs["type_"]
-        if type_.endswith(".contradiction"):
-            c["contradictions"] += 1
-        elif type_.endswith(".contradiction_resolved"):
-            c["contradictions_resolved"] += 1
-        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
-        rec["_last"] = {"seq": seq, "ts": now, "type": type_}
-        if prov.actor not in rec["_actors"] and len(rec["_actors"]) < MAX_TRACKED_ACTORS:
-            rec["_actors"].append(prov.actor)
-        self.store.put_monitor(rec)
-        out: dict[str, Any] = {"observation": event, "seq": seq}
-        if key is not None:
-            self.store.put_idempotency(rec["id"], key, {"seq": seq, "at": now})
-            out["idempotent"] = False
-        return out
+    return evolve(rec, budget_day=day, budget_used=count + 1)
 
-    def refuse_publish(self, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
-        """A publish whose body could not even be parsed (not JSON, NaN, too deep) is still evidence (P2):
-        for the owner, the refusal and a bounded excerpt of the text are logged before the error returns."""
 
-        def run() -> None:
-            rec = self._owner_monitor(monitor_id, token)
-            raise self._reject(rec, error, raw, rec["owner"])
-
-        self._call(run)
-
-    @staticmethod
-    def _idempotency_key(body: Any, header_key: str | None) -> str | None:
-        body_key = body.get("idempotency_key") if isinstance(body, dict) else None
-        if header_key is not None:
-            header_key = check_idempotency_key(header_key)
-        if body_key is not None:
-            body_key = check_idempotency_key(body_key)
-            if header_key is not None and header_key != body_key:
-                raise invalid("The Idempotency-Key header and idempotency_key in the body differ; send one.")
-        return body_key if body_key is not None else header_key
-
-    @staticmethod
-    def _spend_budget(rec: Record, now: float) -> None:
-        """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it)."""
-        cap = (rec.get("limits") or {}).get("observations_per_day")
-        if not isinstance(cap, int) or isinstance(cap, bool):
-            return
-        day = timefmt.iso(now)[:10]
-        spent = rec.get("_budget") or {}
-        count = spent.get("count", 0) if spent.get("day") == day else 0
-        if count >= cap:
-            raise ProtocolError(
-                "OVER_BUDGET",
-                f"Monitor {rec['id']} accepts {cap} observations per UTC day and has used them; try after "
-                f"{day}T24:00Z or raise limits.observations_per_day.",
-                limit=cap,
-                window="day",
-                day=day,
-            )
-        rec["_budget"] = {"day": day, "count": count + 1}
-
-    def _validate_publish(self, rec: Record, body: dict[str, Any]) -> dict[str, Any]:
-        known_fields = {
-            "type", "subject", "data", "tags", "actor", "origin", "tier", "verification", "on_behalf_of",
-            "time", "source_ref", "rule", "wasDerivedFrom", "supersedes", "idempotency_key",
-        }  # fmt: skip
-        unknown = sorted(set(body) - known_fields)
-        if unknown:
+def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, Any]:
+    known_fields = {
+        "type", "subject", "data", "tags", "actor", "origin", "tier", "verification", "on_behalf_of",
+        "time", "source_ref", "rule", "wasDerivedFrom", "supersedes", "idempotency_key",
+    }  # fmt: skip
+    unknown = sorted(set(body) - known_fields)
+    if unknown:
+        raise invalid(
+            f"Unknown observation field(s) {[u[:64] for u in unknown[:10]]}; known: {sorted(known_fields)}.",
+            invalid=[u[:64] for u in unknown[:10]],
+        )
+    type_ = body.get("type")
+    declared = rec.types or []
+    if isinstance(type_, str) and len(type_) > MAX_NAME_CHARS:
+        check_name(type_, "type", "com.example.ci.run")  # a limit (section 10): 400 INVALID
+    if not isinstance(type_, str) or len(type_) > MAX_NAME_CHARS or not TYPE_PATTERN.match(type_):
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"type is required and must be reverse-DNS of at most {MAX_NAME_CHARS} characters, "
+            "e.g. com.example.ci.run.",
+            field="type",
+            invalid=type_[:MAX_NAME_CHARS] if isinstance(type_, str) else None,
+            known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
+        )
+    if type_.startswith(PROTOCOL_PREFIX) and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"Type {type_} is written only by the protocol itself; publish your own reverse-DNS type.",
+            field="type",
+            invalid=type_,
+            known=declared or list(PUBLISHABLE_PROTOCOL_TYPES),
+        )
+    if declared and type_ not in declared and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"Type {type_} is not declared by monitor {rec.id}; use one of {declared}.",
+            field="type",
+            invalid=type_,
+            known=declared,
+        )
+    actor = check_actor(body.get("actor", rec.owner), "actor")
+    prov = provenance.resolve(rec.owner, actor, body)
+    subject = body.get("subject")
+    if subject is not None:
+        check_name(subject, "subject", '"build-412"')
+    data = body.get("data", {})
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise invalid("data must be a JSON object (your fields stay at its top level).")
+    reserved = sorted({"tags", "provenance"} & set(data))
+    if reserved:
+        raise invalid(f"data may not carry {reserved}: send tags in the request's tags field.")
+    tags = body.get("tags", {})
+    if tags is None:
+        tags = {}
+    if not isinstance(tags, dict):
+        raise invalid('tags must be an object such as {"env": "prod"}.')
+    now = tx.now
+    t = now
+    if "time" in body and body["time"] is not None:
+        t = timefmt.parse(body["time"]) if isinstance(body["time"], str) else None
+        if t is None:
+            raise invalid("time must be RFC 3339, e.g. 2026-09-22T17:10:11.188Z.")
+        if t > now + MAX_FUTURE_SECONDS:
             raise invalid(
-                f"Unknown observation field(s) {[u[:64] for u in unknown[:10]]}; known: {sorted(known_fields)}.",
-                invalid=[u[:64] for u in unknown[:10]],
+                f"time {body['time']} is more than {MAX_FUTURE_SECONDS} s ahead of the server's clock "
+                f"({timefmt.iso(now)}); send when the event happened, by a clock that is set.",
+                server_time=timefmt.iso(now),
+                limit=MAX_FUTURE_SECONDS,
             )
-        type_ = body.get("type")
-        declared = rec.get("types") or []
-        if isinstance(type_, str) and len(type_) > MAX_NAME_CHARS:
-            check_name(type_, "type", "com.example.ci.run")  # a limit (section 10): 400 INVALID
-        if not isinstance(type_, str) or len(type_) > MAX_NAME_CHARS or not TYPE_PATTERN.match(type_):
-            raise ProtocolError(
-                "UNKNOWN_VOCABULARY",
-                f"type is required and must be reverse-DNS of at most {MAX_NAME_CHARS} characters, "
-                "e.g. com.example.ci.run.",
-                field="type",
-                invalid=type_[:MAX_NAME_CHARS] if isinstance(type_, str) else None,
-                known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
-            )
-        if type_.startswith(PROTOCOL_PREFIX) and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
-            raise ProtocolError(
-                "UNKNOWN_VOCABULARY",
-                f"Type {type_} is written only by the protocol itself; publish your own reverse-DNS type.",
-                field="type",
-                invalid=type_,
-                known=declared or list(PUBLISHABLE_PROTOCOL_TYPES),
-            )
-        if declared and type_ not in declared and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
-            raise ProtocolError(
-                "UNKNOWN_VOCABULARY",
-                f"Type {type_} is not declared by monitor {rec['id']}; use one of {declared}.",
-                field="type",
-                invalid=type_,
-                known=declared,
-            )
-        actor = check_actor(body.get("actor", rec["owner"]), "actor")
-        prov = provenance.resolve(rec["owner"], actor, body)
-        subject = body.get("subject")
-        if subject is not None:
-            check_name(subject, "subject", '"build-412"')
-        data = body.get("data", {})
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise invalid("data must be a JSON object (your fields stay at its top level).")
-        reserved = sorted({"tags", "provenance"} & set(data))
-        if reserved:
-            raise invalid(f"data may not carry {reserved}: send tags in the request's tags field.")
-        tags = body.get("tags", {})
-        if tags is None:
-            tags = {}
-        if not isinstance(tags, dict):
-            raise invalid('tags must be an object such as {"env": "prod"}.')
-        now = self._now()
-        t = now
-        if "time" in body and body["time"] is not None:
-            t = timefmt.parse(body["time"]) if isinstance(body["time"], str) else None
-            if t is None:
-                raise invalid("time must be RFC 3339, e.g. 2026-09-22T17:10:11.188Z.")
-            if t > now + MAX_FUTURE_SECONDS:
-                raise invalid(
-                    f"time {body['time']} is more than {MAX_FUTURE_SECONDS} s ahead of the server's clock "
-                    f"({timefmt.iso(now)}); send when the event happened, by a clock that is set.",
-                    server_time=timefmt.iso(now),
-                    limit=MAX_FUTURE_SECONDS,
-                )
-        for name in ("source_ref", "rule"):
-            if body.get(name) is not None:
-                check_name(body[name], name, '"build-412"')
-        derived = body.get("wasDerivedFrom") or []
-        if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
-            raise invalid(
-                f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
-            )
-        derived = [self._reference(rec, item, "wasDerivedFrom", must_exist=False) for item in derived]
-        supersedes = body.get("supersedes")
-        if supersedes is not None:
-            supersedes = self._reference(rec, supersedes, "supersedes", must_exist=True)
-        return {
-            "prov": prov,
-            "type_": type_,
-            "subject": subject,
-            "time": t,
-            "data": data,
-            "tags": tags,
-            "source_ref": body.get("source_ref"),
-            "rule": body.get("rule"),
-            "was_derived_from": derived,
-            "supersedes": supersedes,
-        }
+    for name in ("source_ref", "rule"):
+        if body.get(name) is not None:
+            check_name(body[name], name, '"build-412"')
+    derived = body.get("wasDerivedFrom") or []
+    if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
+        raise invalid(
+            f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
+        )
+    derived = [_reference(rec, item, "wasDerivedFrom", must_exist=False) for item in derived]
+    supersedes = body.get("supersedes")
+    if supersedes is not None:
+        supersedes = _reference(rec, supersedes, "supersedes", must_exist=True)
+    return {
+        "prov": prov,
+        "type_": type_,
+        "subject": subject,
+        "time": t,
+        "data": data,
+        "tags": tags,
+        "source_ref": body.get("source_ref"),
+        "rule": body.get("rule"),
+        "was_derived_from": derived,
+        "supersedes": supersedes,
+    }
 
-    def _reference(self, rec: Record, value: Any, name: str, *, must_exist: bool) -> dict[str, str]:
-        """A {source, id} reference; a bare seq (int or decimal string) names this monitor's log."""
-        own = events.source_of(rec["id"])
-        if isinstance(value, bool):
-            raise invalid(f'{name} must be a seq or {{"source", "id"}}.')
-        if isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit()):
-            value = {"source": own, "id": str(int(value))}
-        if (
-            not isinstance(value, dict)
-            or not isinstance(value.get("source"), str)
-            or not isinstance(value.get("id"), str | int)
-            or isinstance(value.get("id"), bool)
-        ):
-            raise invalid(f'{name} must be a seq or an object {{"source": "monitor:<id>", "id": "<seq>"}}.')
-        ref = {
-            "source": check_name(value["source"], f"{name}.source", '"monitor:ci"'),
-            "id": check_name(str(value["id"]), f"{name}.id", '"4"'),
-        }
-        if must_exist and ref["source"] == own:
-            seq = (
-                int(ref["id"]) if ref["id"].isascii() and ref["id"].isdigit() and len(ref["id"]) < 17 else -1
+
+def _reference(rec: Monitor, value: Any, name: str, *, must_exist: bool) -> dict[str, str]:
+    """A {source, id} reference; a bare seq (int or decimal string) names this monitor's log."""
+    own = events.source_of(rec.id)
+    if isinstance(value, bool):
+        raise invalid(f'{name} must be a seq or {{"source", "id"}}.')
+    if isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit()):
+        value = {"source": own, "id": str(int(value))}
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("source"), str)
+        or not isinstance(value.get("id"), str | int)
+        or isinstance(value.get("id"), bool)
+    ):
+        raise invalid(f'{name} must be a seq or an object {{"source": "monitor:<id>", "id": "<seq>"}}.')
+    ref = {
+        "source": check_name(value["source"], f"{name}.source", '"monitor:ci"'),
+        "id": check_name(str(value["id"]), f"{name}.id", '"4"'),
+    }
+    if must_exist and ref["source"] == own:
+        seq = int(ref["id"]) if ref["id"].isascii() and ref["id"].isdigit() and len(ref["id"]) < 17 else -1
+        if not 1 <= seq <= rec.head:
+            raise ProtocolError(
+                "NOT_FOUND",
+                f"{name} names observation {ref['id']} of {own}, which does not exist.",
+                field=name,
             )
-            if not 1 <= seq <= rec["_head"]:
-                raise ProtocolError(
-                    "NOT_FOUND",
-                    f"{name} names observation {ref['id']} of {own}, which does not exist.",
-                    field=name,
-                )
-        return ref
+    return ref

@@ -1,20 +1,111 @@
 """MonitorService: every rule of the Monitor Protocol v0 (PROTOCOL.md sections 1-8) over a Store.
 
 No I/O of its own, standard library only, an injectable clock: it runs unchanged in CPython, in Pyodide and
-under tests. Each public method is one store transaction and returns the REST success body of section 5, or
-raises ProtocolError. A refusal that must be logged (P2) commits its rejected observation, then raises."""
+under tests. Each public method is one engine call: one store transaction in which the rule (a function
+of monitors, publishing, delivery, leases or upkeep) stages its changes in a Tx and the applier writes
+them once. It returns the REST success body of section 5, or raises ProtocolError. A refusal that must be
+logged (P2) commits its rejected observation, then raises."""
 
 from __future__ import annotations
 
-from .delivery import DeliveryRules
-from .leases import LeaseRules
-from .monitors import MonitorRules
-from .publishing import PublishRules
-from .service_base import SERVER_NAME, SERVER_VERSION, ServiceCore, _LoggedRefusal
-from .upkeep import UpkeepRules
+from typing import Any
 
-__all__ = ["SERVER_NAME", "SERVER_VERSION", "MonitorService", "ServiceCore", "_LoggedRefusal"]
+from . import delivery, leases, monitors, publishing, upkeep
+from .errors import ProtocolError
+from .service_base import SERVER_NAME, SERVER_VERSION, Feeds, LoggedRefusal, ServiceCore
+
+__all__ = ["SERVER_NAME", "SERVER_VERSION", "Feeds", "LoggedRefusal", "MonitorService", "ServiceCore"]
 
 
-class MonitorService(MonitorRules, PublishRules, DeliveryRules, LeaseRules, UpkeepRules):
-    """Every rule of the protocol, one module per part: monitors, publishing, delivery, leases, upkeep."""
+class MonitorService(ServiceCore):
+    """The protocol's operations, each delegating to its rule module."""
+
+    # ---------------------------------------------------------------------------- monitors
+    def create_monitor(self, body: Any, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.create_monitor(self, tx, body, token))
+
+    def list_monitors(self, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.list_monitors(self, tx, token))
+
+    def get_monitor(self, monitor_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.get_monitor(self, tx, monitor_id, token))
+
+    def state(self, monitor_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.monitor_state(self, tx, monitor_id, token))
+
+    def configure(self, monitor_id: str, action: str, body: Any, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.configure(self, tx, monitor_id, action, body, token))
+
+    # ---------------------------------------------------------------------------- publishing
+    def publish(
+        self, monitor_id: str, body: Any, token: str | None, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        return self._call(lambda tx: publishing.publish(self, tx, monitor_id, body, token, idempotency_key))
+
+    def refuse_publish(self, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
+        self._call(lambda tx: publishing.refuse_publish(tx, monitor_id, token, error, raw))
+
+    # ---------------------------------------------------------------------------- delivery
+    def subscribe(self, body: Any, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.subscribe(self, tx, body, token))
+
+    def touch(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.touch(self, tx, sub_id, token))
+
+    def subscription_info(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.subscription_info(self, tx, sub_id, token))
+
+    def pull(
+        self,
+        sub_id: str,
+        token: str | None,
+        *,
+        cursor: Any = None,
+        limit: Any = None,
+        filter: Any = None,  # noqa: A002 - the protocol's word
+    ) -> dict[str, Any]:
+        return self._call(
+            lambda tx: delivery.pull(self, tx, sub_id, token, cursor, limit, filter, system=False)
+        )
+
+    def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:
+        """The server's own push delivery reads as the subscription, without its token."""
+        return self._call(lambda tx: delivery.pull(self, tx, sub_id, None, None, limit, None, system=True))
+
+    def ack(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.ack(self, tx, sub_id, token, body, system=False))
+
+    def ack_as_system(self, sub_id: str, cursor: int) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.ack(self, tx, sub_id, None, {"cursor": cursor}, system=True))
+
+    def seek(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.seek(self, tx, sub_id, token, body))
+
+    def renew(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.renew(self, tx, sub_id, token))
+
+    def retire_subscription(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.retire(self, tx, sub_id, token, body))
+
+    def retire_as_system(self, sub_id: str, reason: str) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.retire_as_system(self, tx, sub_id, reason))
+
+    def push_targets(self) -> list[dict[str, Any]]:
+        return self._call(delivery.push_targets)
+
+    # ---------------------------------------------------------------------------- leases
+    def lease(self, sub_id: str, token: str | None, action: str, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: leases.lease(self, tx, sub_id, token, action, body))
+
+    # ---------------------------------------------------------------------------- upkeep and admin
+    def sweep(self, now: float | None = None) -> int:
+        return self._call(lambda tx: upkeep.sweep(self, tx, tx.now if now is None else now), lazy_sweep=False)
+
+    def compact(self, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:
+        return self._call(lambda tx: upkeep.compact(self, tx, monitor_id, upto_seq))
+
+    def read_log(self, monitor_id: str, from_seq: Any = 1, limit: Any = None) -> dict[str, Any]:
+        return self._call(lambda tx: upkeep.read_log(self, tx, monitor_id, from_seq, limit))
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._call(lambda tx: upkeep.snapshot(self, tx))

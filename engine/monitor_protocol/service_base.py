@@ -1,15 +1,19 @@
-"""The core every rule module builds on: one transaction per call, listeners, records as served, the log."""
+"""The core every rule builds on: configuration, the clock, one transaction per call (a Tx staged by the
+rule, applied once), listeners told after the commit, the sweep deadline, and the lazily stored mute
+clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule."""
 
 from __future__ import annotations
 
 import time as _time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
-from . import __version__, events, tokens, wire
+from . import __version__
 from .errors import ProtocolError, storage_unavailable
-from .store.base import Record, StorageError, Store
-from .validation import check_name, invalid
+from .records import Monitor, Subscription, evolve
+from .store.base import StorageError, Store
+from .tx import Tx
 from .vocab import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_LIMIT,
@@ -31,37 +35,37 @@ from .vocab import (
     MAX_REASON_BYTES,
     MAX_RPC_BATCH,
     MAX_WAIT_SECONDS,
-    PROTOCOL_PREFIX,
     PROTOCOL_VERSION,
     SCAN_BUDGET,
-    T_CONTRADICTION,
-    T_CONTRADICTION_RESOLVED,
-    T_REJECTED,
 )
 
 SERVER_NAME = "monitor-protocol-python"
 SERVER_VERSION = __version__
-PUBLISHABLE_PROTOCOL_TYPES = (T_CONTRADICTION, T_CONTRADICTION_RESOLVED)
-UPDATABLE_FIELDS = (
-    "name",
-    "description",
-    "source",
-    "filter",
-    "horizon",
-    "capabilities",
-    "cadence",
-    "ttl_seconds",
-    "retire_after_mute_seconds",
-    "budget",
-    "visibility",
-    "rules",
-    "types",
-    "default_grant",
-    "limits",
-)
-MAX_TRACKED_ACTORS = 16
+
+# The mute clock (P6) of a reader that only pulls is stored lazily: a pull that delivers nothing new
+# writes nothing, and the stored clock may lag the last pull by at most this, or half the subscription's
+# own mute window if that is shorter. This engine's own sweep always uses the exact time it remembers.
+MUTE_FLUSH_SECONDS = 30.0
 
 Listener = Callable[[str, int], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Feeds:
+    """What the door in front of the engine offers (discover's capabilities.feeds): the engine itself
+    only pulls; SSE, HTTP push and MCP are the doors'."""
+
+    pull: bool = True
+    http: bool = False
+    mcp: bool = False
+    sse: bool = False
+
+    def to_wire(self) -> dict[str, bool]:
+        return {"pull": self.pull, "http": self.http, "mcp": self.mcp, "sse": self.sse}
+
+
+SERVER_FEEDS = Feeds(pull=True, http=True, mcp=True, sse=True)
 
 
 class ServiceCore:
@@ -74,19 +78,25 @@ class ServiceCore:
         retire_after_mute_seconds: int | None = None,
         allowed_sinks: tuple[str, ...] | list[str] = (),
         streams: bool = True,
+        feeds: Feeds | None = None,
     ) -> None:
         self.store = store
         # Push sinks the operator allowed although they are internal addresses (--allow-sink).
         self.allowed_sinks = tuple(allowed_sinks)
-        # Whether the door in front of this engine can hold SSE streams (the browser's cannot).
-        self.streams = streams
+        if feeds is None:
+            feeds = SERVER_FEEDS if streams else replace(SERVER_FEEDS, sse=False)
+        self.feeds = feeds
+        self.streams = feeds.sse
         self.clock = clock
         self.registration_token = registration_token
         self.default_retire_after_mute = retire_after_mute_seconds or DEFAULT_RETIRE_AFTER_MUTE_SECONDS
         self._listeners: list[Listener] = []
-        self._next_deadline: float | None = None  # recomputed by sweep(); None = must scan
+        self._next_deadline: float | None = None  # recomputed by sweep(); None = nothing is due
         self._deadline_known = False
-        self._last_idempotency_purge = float("-inf")
+        self.last_idempotency_purge = float("-inf")
+        # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
+        self._life: dict[str, float] = {}
+        self._monitor_pulls: dict[str, float] = {}
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -104,23 +114,27 @@ class ServiceCore:
                 except Exception:  # a broken listener must never undo a committed append
                     pass
 
-    def _call(self, fn: Callable[[], Any], *, lazy_sweep: bool = True) -> Any:
-        """One engine call = one store transaction; listeners hear about appends after the commit."""
+    def _call(self, fn: Callable[[Tx], T], *, lazy_sweep: bool = True) -> T:
+        """One engine call = one store transaction: the rule stages its changes in a Tx, the applier writes
+        them once, and listeners hear about appends after the commit."""
         if lazy_sweep:
             self._maybe_sweep()
-        self._appended: dict[str, int] = {}
         deferred: ProtocolError | None = None
         try:
             with self.store.transaction():
+                tx = Tx(self.store, self._now())
                 try:
-                    result = fn()
-                except _LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
+                    result = fn(tx)
+                except LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
                     deferred = refusal.error
+                    result = None  # type: ignore[assignment]
+                changes = tx.changes()
+                if not changes.empty():
+                    self.store.apply(changes)
         except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
-            self._appended = {}
             raise storage_unavailable(str(exc) or type(exc).__name__) from None
-        appended, self._appended = self._appended, {}
-        self._notify(appended)
+        self._remember_life(tx)
+        self._notify(tx.appended)
         if deferred is not None:
             raise deferred
         return result
@@ -128,129 +142,63 @@ class ServiceCore:
     def _now(self) -> float:
         return float(self.clock())
 
-    # ================================================================================ records
-    def _monitor_rec(self, monitor_id: Any) -> Record:
-        if not isinstance(monitor_id, str):
-            raise invalid("The monitor id must be a string.")
-        check_name(monitor_id, "monitor", '"ci"')
-        rec = self.store.get_monitor(monitor_id)
-        if rec is None:
-            raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
-        return rec
+    # ================================================================================ the sweep deadline
+    def schedule(self, deadline: float) -> None:
+        if self._deadline_known and (self._next_deadline is None or deadline < self._next_deadline):
+            self._next_deadline = deadline
 
-    @staticmethod
-    def served_monitor(rec: Record) -> dict[str, Any]:
-        out = {k: v for k, v in rec.items() if not k.startswith("_")}
-        out["active"] = rec["_status"] == "active"
-        out["head"] = rec["_head"]
-        return out
+    def next_deadline(self) -> float | None:
+        return self._next_deadline if self._deadline_known else self._now()
 
-    def _visible(self, rec: Record, token: str | None) -> bool:
-        if rec["visibility"] == "public":
-            return True
-        if tokens.matches(token, rec["_owner_hash"]):
-            return True
-        if rec["visibility"] == "shared" and tokens.matches(token, rec.get("_subscribe_hash")):
-            return True
-        if token:
-            sub = self.store.find_subscription_by_token(tokens.digest(token))
-            if sub is not None and sub["monitor"] == rec["id"] and not sub.get("_revoked"):
-                return True
-        return False
+    def _maybe_sweep(self) -> None:
+        if not self._deadline_known or (
+            self._next_deadline is not None and self._now() >= self._next_deadline
+        ):
+            self.sweep()
 
-    def _visible_monitor(self, monitor_id: Any, token: str | None) -> Record:
-        rec = self._monitor_rec(monitor_id)
-        if not self._visible(rec, token):
-            raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
-        return rec
+    def sweep(self, now: float | None = None) -> int:  # pragma: no cover - MonitorService defines it
+        raise NotImplementedError
 
-    def _owner_monitor(self, monitor_id: Any, token: str | None) -> Record:
-        rec = self._monitor_rec(monitor_id)
-        if not tokens.matches(token, rec["_owner_hash"]):
-            raise ProtocolError(
-                "UNAUTHORIZED",
-                "This needs the monitor's owner token: send Authorization: Bearer <owner_token>.",
-            )
-        return rec
+    def sweep_done(self, nearest: float | None) -> None:
+        self._next_deadline = nearest
+        self._deadline_known = True
 
-    def _subscription(self, sub_id: Any, token: str | None, *, allow_retired: bool = False) -> Record:
-        if not isinstance(sub_id, str):
-            raise invalid("The subscription id must be a string.")
-        check_name(sub_id, "subscription", '"sub-0123456789abcdef"')
-        sub = self.store.get_subscription(sub_id)
-        if sub is None:
-            raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r} here.", subscription=sub_id)
-        if not tokens.matches(token, sub["token_hash"]):
-            raise ProtocolError(
-                "UNAUTHORIZED",
-                "This needs the subscription's reader token: send Authorization: Bearer <token>.",
-            )
-        if not sub["active"] and not allow_retired:
-            raise ProtocolError(
-                "NOT_FOUND",
-                f"Subscription {sub_id} is retired; subscribe again with the same subscriber to reactivate it.",
-                retired=True,
-                cursor=sub["cursor"],
-                subscription=sub_id,
-            )
-        return sub
-
-    @staticmethod
-    def served_subscription(sub: Record, lag: int | None = None) -> dict[str, Any]:
-        out = {k: v for k, v in sub.items() if k not in _PRIVATE_SUB_FIELDS}
-        if lag is not None:
-            out["lag"] = lag
-        return out
-
-    @staticmethod
-    def served_lease(lease: Record) -> dict[str, Any]:
-        return {k: v for k, v in lease.items() if k != "monitor" and not k.startswith("_")}
-
-    # ================================================================================ the log
-    def _append(
-        self, rec: Record, type_: str, build: Callable[[int], dict[str, Any]], *, subject: str | None
-    ) -> dict[str, Any]:
-        """Append the event `build(seq)` at the next seq of this monitor's log and return it."""
-        seq = rec["_head"] + 1
-        event = build(seq)
-        self.store.append(rec["id"], seq, event)
-        rec["_head"] = seq
-        if subject is not None and not type_.startswith(PROTOCOL_PREFIX):
-            self.store.add_subject(rec["id"], subject)
-        self._appended[rec["id"]] = seq
-        return event
-
-    def _append_protocol(
-        self, rec: Record, type_: str, actor: str, payload: dict[str, Any], *, subject: str | None = None
-    ) -> int:
-        now = self._now()
-        event = self._append(
-            rec,
-            type_,
-            lambda s: events.build_protocol(
-                monitor=rec, seq=s, type_=type_, subject=subject, time=now, actor=actor, payload=payload
-            ),
-            subject=subject,
+    # ================================================================================ the mute clock
+    def mute_seconds(self, monitor: Monitor, sub: Subscription) -> int:
+        return int(
+            sub.retire_after_mute_seconds
+            or monitor.retire_after_mute_seconds
+            or self.default_retire_after_mute
         )
-        seq = int(event["id"])
-        if type_ == T_REJECTED:
-            rec["_counters"]["rejected"] += 1
-        return seq
 
-    def _reject(self, rec: Record, error: ProtocolError, raw: Any, actor: str) -> _LoggedRefusal:
-        """P2: the refused payload is kept as evidence; the caller raises what this returns."""
-        reason = error.message if len(error.message) <= 1024 else error.message[:1021] + "..."
-        if not isinstance(actor, str) or wire.problem(actor) or len(actor) > MAX_NAME_CHARS:
-            actor = rec["owner"]  # the claimed name was itself unusable; the refusal's raw keeps it
-        seq = self._append_protocol(
-            rec,
-            T_REJECTED,
-            "system:guard",
-            {"code": error.code, "reason": reason, **wire.bounded_raw(raw), "actor": actor},
-        )
-        self.store.put_monitor(rec)
-        error.extras["rejected_seq"] = seq
-        return _LoggedRefusal(error)
+    def alive(self, sub: Subscription) -> Subscription:
+        """The subscription with the latest sign of life this engine knows, stored or not yet."""
+        seen = self._life.get(sub.id)
+        if seen is None or seen <= sub.mute_since:
+            return sub
+        # Pending signs of life come from pulls only (touch and subscribe store theirs at once).
+        last = seen if sub.last_pull is None else max(seen, sub.last_pull)
+        return evolve(sub, mute_since=seen, last_pull=last)
+
+    def last_pull_of(self, monitor: Monitor) -> float | None:
+        seen = self._monitor_pulls.get(monitor.id)
+        if seen is None or (monitor.last_pull is not None and monitor.last_pull >= seen):
+            return monitor.last_pull
+        return seen
+
+    def must_store_life(self, monitor: Monitor, stored: Subscription, now: float) -> bool:
+        """Whether a sign of life at `now` must be written now (else it is remembered, see above): `stored`
+        is the subscription as the store holds it, not as `alive` sees it."""
+        window = min(MUTE_FLUSH_SECONDS, self.mute_seconds(monitor, stored) / 2)
+        return now - stored.mute_since >= window
+
+    def _remember_life(self, tx: Tx) -> None:
+        for sub_id, when in tx.life.items():
+            if when > self._life.get(sub_id, float("-inf")):
+                self._life[sub_id] = when
+        for monitor_id, when in tx.monitor_pulls.items():
+            if when > self._monitor_pulls.get(monitor_id, float("-inf")):
+                self._monitor_pulls[monitor_id] = when
 
     # ================================================================================ discovery
     def discover(self) -> dict[str, Any]:
@@ -259,7 +207,7 @@ class ServiceCore:
             "protocol": "monitor-protocol",
             "capabilities": {
                 "monitors": True,
-                "feeds": {"pull": True, "http": True, "mcp": True, "sse": self.streams},
+                "feeds": self.feeds.to_wire(),
                 "leases": {"delivery_count_limit": DELIVERY_COUNT_LIMIT},
                 "extensions": {EXTENSION_ID: {"version": PROTOCOL_VERSION}},
             },
@@ -288,6 +236,7 @@ class ServiceCore:
                 "scan_budget": SCAN_BUDGET,
                 "idempotency_key_max_chars": IDEMPOTENCY_KEY_MAX_CHARS,
                 "idempotency_window_seconds": IDEMPOTENCY_WINDOW_SECONDS,
+                "mute_clock_lag_seconds": MUTE_FLUSH_SECONDS,
             },
             "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION, "implementation": "python"},
             "ttlMs": 60000,
@@ -295,21 +244,9 @@ class ServiceCore:
         }
 
 
-_PRIVATE_SUB_FIELDS = (
-    "token_hash",
-    "_hwm",
-    "_mute_since",
-    "_last_ack",
-    "_relist",
-    "_sink_secret",
-    "_grant",
-    "_revoked",
-    "_scan_mark",
-)
-
-
-class _LoggedRefusal(Exception):
-    """Carries a refusal out of a transaction that must still commit (its rejected row is evidence)."""
+class LoggedRefusal(Exception):
+    """Carries a refusal out of a rule whose staged changes must still commit (its rejected row is
+    evidence, P2)."""
 
     def __init__(self, error: ProtocolError) -> None:
         super().__init__(error.message)

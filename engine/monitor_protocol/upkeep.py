@@ -5,138 +5,98 @@ from __future__ import annotations
 from typing import Any
 
 from . import state, timefmt
-from .service_base import (
-    ServiceCore,
-)
-from .store.base import Record
+from .ledger import free_lease, lag, retire_subscription
+from .lookups import monitor_of
+from .records import Monitor, evolve
+from .service_base import ServiceCore
+from .tx import Tx
 from .validation import as_int
-from .vocab import (
-    DEFAULT_LIMIT,
-    IDEMPOTENCY_WINDOW_SECONDS,
-    MAX_LIMIT,
-)
+from .vocab import DEFAULT_LIMIT, IDEMPOTENCY_WINDOW_SECONDS, MAX_LIMIT
 
 IDEMPOTENCY_PURGE_SECONDS = 60.0
 
 
-class UpkeepRules(ServiceCore):
-    # ================================================================================ sweep (P6, leases)
-    def _schedule(self, deadline: float) -> None:
-        if self._deadline_known and (self._next_deadline is None or deadline < self._next_deadline):
-            self._next_deadline = deadline
+def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
+    """Retire mute subscriptions and expire leases whose time has passed; return how many changed."""
+    changed = 0
+    nearest: float | None = None
+    # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is also
+    # retired for silence in this sweep.
+    for lease in tx.leases():
+        if lease.holder is None:
+            continue
+        if lease.expires < moment:
+            free_lease(core, tx, lease, "expired", "system:sweep")
+            changed += 1
+        else:
+            nearest = lease.expires if nearest is None else min(nearest, lease.expires)
+    for stored in tx.subscriptions():
+        if not stored.active:
+            continue
+        sub = core.alive(stored)
+        rec = monitor_of(tx, sub.monitor)
+        deadline = sub.mute_since + core.mute_seconds(rec, sub)
+        if moment > deadline:
+            retire_subscription(core, tx, sub, "system:sweep", "mute")
+            changed += 1
+        else:
+            nearest = deadline if nearest is None else min(nearest, deadline)
+    core.sweep_done(nearest)
+    if moment - core.last_idempotency_purge >= IDEMPOTENCY_PURGE_SECONDS:
+        core.last_idempotency_purge = moment
+        tx.purge_publish_keys(moment - IDEMPOTENCY_WINDOW_SECONDS)
+    return changed
 
-    def next_deadline(self) -> float | None:
-        return self._next_deadline if self._deadline_known else self._now()
 
-    def _maybe_sweep(self) -> None:
-        if not self._deadline_known or (
-            self._next_deadline is not None and self._now() >= self._next_deadline
-        ):
-            self.sweep()
+def compact(core: ServiceCore, tx: Tx, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:
+    upto = as_int(upto_seq, "upto_seq", minimum=1, text=False)
+    recs = [monitor_of(tx, monitor_id)] if monitor_id is not None else tx.monitors()
+    out = []
+    for rec in recs:
+        new_floor = min(upto, rec.head) + 1
+        removed = 0
+        if new_floor > rec.floor:
+            removed = tx.count(rec.id, rec.floor, new_floor - 1)
+            tx.compact(rec.id, new_floor)
+            rec = tx.put_monitor(evolve(rec, floor=new_floor))
+        out.append({"monitor": rec.id, "retention_floor": rec.floor, "removed": removed})
+    return {"ok": True, "compacted": out}
 
-    def sweep(self, now: float | None = None) -> int:
-        """Retire mute subscriptions and expire leases whose time has passed; return how many changed."""
-        moment = self._now() if now is None else now
 
-        def run() -> int:
-            changed = 0
-            nearest: float | None = None
-            monitors: dict[str, Record] = {}
+def read_log(
+    core: ServiceCore, tx: Tx, monitor_id: str, from_seq: Any = 1, limit: Any = None
+) -> dict[str, Any]:
+    """The operator's view of a monitor's log (admin door): no subscription, no cursor, no commit."""
+    rec = monitor_of(tx, monitor_id)
+    start = as_int(from_seq, "from", minimum=0)
+    lim = DEFAULT_LIMIT if limit is None else as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
+    rows = []
+    for obs in tx.scan(rec.id, max(start, rec.floor, 1), rec.head):
+        rows.append(obs)
+        if len(rows) >= lim:
+            break
+    return {
+        "monitor": rec.id,
+        "head": rec.head,
+        "retention_floor": rec.floor,
+        "next": rows[-1].seq + 1 if rows else rec.head + 1,
+        "observations": [o.to_wire() for o in rows],
+    }
 
-            def monitor(mid: str) -> Record:
-                if mid not in monitors:
-                    monitors[mid] = self._monitor_rec(mid)
-                return monitors[mid]
 
-            # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is
-            # also retired for silence in this sweep.
-            for lease in self.store.list_leases():
-                if lease["holder"] is None:
-                    continue
-                rec = monitor(lease["monitor"])
-                if self._expiry(lease) < moment:
-                    self._free_lease(rec, lease, "expired", "system:sweep")
-                    changed += 1
-                else:
-                    exp = self._expiry(lease)
-                    nearest = exp if nearest is None else min(nearest, exp)
-            for sub in self.store.list_subscriptions():
-                if not sub["active"]:
-                    continue
-                rec = monitor(sub["monitor"])
-                deadline = sub["_mute_since"] + self._mute_seconds(rec, sub)
-                if moment > deadline:
-                    self._retire_sub(rec, sub, "system:sweep", "mute")
-                    changed += 1
-                else:
-                    nearest = deadline if nearest is None else min(nearest, deadline)
-            self._next_deadline = nearest
-            self._deadline_known = True
-            if moment - self._last_idempotency_purge >= IDEMPOTENCY_PURGE_SECONDS:
-                self._last_idempotency_purge = moment
-                self.store.purge_idempotency(moment - IDEMPOTENCY_WINDOW_SECONDS)
-            return changed
+def _monitor_snapshot(core: ServiceCore, tx: Tx, rec: Monitor) -> dict[str, Any]:
+    subs = [core.alive(s) for s in tx.subscriptions(rec.id)]
+    active = sum(1 for s in subs if s.active)
+    return {
+        "monitor": rec.to_wire(),
+        "state": state.compute(rec, tx.now, active, core.last_pull_of(rec)),
+        "subscriptions": [s.to_wire(lag(tx, rec, s)) for s in subs],
+        "leases": [x.to_wire() for x in tx.leases(rec.id)],
+    }
 
-        return self._call(run, lazy_sweep=False)
 
-    # ================================================================================ admin
-    def compact(self, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            upto = as_int(upto_seq, "upto_seq", minimum=1, text=False)
-            recs = [self._monitor_rec(monitor_id)] if monitor_id is not None else self.store.list_monitors()
-            out = []
-            for rec in recs:
-                new_floor = min(upto, rec["_head"]) + 1
-                removed = 0
-                if new_floor > rec["_floor"]:
-                    removed = self.store.delete_below(rec["id"], new_floor)
-                    rec["_floor"] = new_floor
-                    self.store.put_monitor(rec)
-                out.append({"monitor": rec["id"], "retention_floor": rec["_floor"], "removed": removed})
-            return {"ok": True, "compacted": out}
-
-        return self._call(run)
-
-    def read_log(self, monitor_id: str, from_seq: Any = 1, limit: Any = None) -> dict[str, Any]:
-        """The operator's view of a monitor's log (admin door): no subscription, no cursor, no commit."""
-
-        def run() -> dict[str, Any]:
-            rec = self._monitor_rec(monitor_id)
-            start = as_int(from_seq, "from", minimum=0)
-            lim = DEFAULT_LIMIT if limit is None else as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
-            rows = []
-            for event in self.store.scan(rec["id"], max(start, rec["_floor"], 1), rec["_head"]):
-                rows.append(event)
-                if len(rows) >= lim:
-                    break
-            return {
-                "monitor": rec["id"],
-                "head": rec["_head"],
-                "retention_floor": rec["_floor"],
-                "next": int(rows[-1]["id"]) + 1 if rows else rec["_head"] + 1,
-                "observations": rows,
-            }
-
-        return self._call(run)
-
-    def snapshot(self) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            subs_by_monitor: dict[str, list[Record]] = {}
-            for s in self.store.list_subscriptions():
-                subs_by_monitor.setdefault(s["monitor"], []).append(s)
-            monitors = []
-            for rec in self.store.list_monitors():
-                subs = subs_by_monitor.get(rec["id"], [])
-                monitors.append(
-                    {
-                        "monitor": self.served_monitor(rec),
-                        "state": state.compute(
-                            rec, self._now(), sum(1 for s in subs if s["active"]), rec.get("_last_pull")
-                        ),
-                        "subscriptions": [self.served_subscription(s, self._lag(rec, s)) for s in subs],
-                        "leases": [self.served_lease(x) for x in self.store.list_leases(rec["id"])],
-                    }
-                )
-            return {"taken_at": timefmt.iso(self._now()), "monitors": monitors}
-
-        return self._call(run)
+def snapshot(core: ServiceCore, tx: Tx) -> dict[str, Any]:
+    return {
+        "taken_at": timefmt.iso(tx.now),
+        "monitors": [_monitor_snapshot(core, tx, rec) for rec in tx.monitors()],
+    }

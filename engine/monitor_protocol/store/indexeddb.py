@@ -8,9 +8,12 @@ encoding functions below run (and are tested) in plain CPython too. One engine c
 to JavaScript, one `JSON.parse` and one IndexedDB transaction there: no per-record proxies or crossings.
 
 Record layout in the object store `records`: key = JSON `[table, key]` (ASCII, as `record_key` writes it),
-value = the record as JSON text. The tables are MemoryStore's `TABLES` (monitors, observations, subjects,
-subscriptions, leases, idempotency), all in that one object store: a new table needs no new object store
-and no IndexedDB version upgrade.
+value = the record as JSON text: its `to_row()`, or for an observation the event as served. The tables are
+MemoryStore's `TABLES` (monitors, observations, subjects, subscriptions, leases, idempotency: the publish
+keys), all in that one object store: a new table needs no new object store and no IndexedDB version
+upgrade. The layout, table names and keys are those of the version before typed records; only the values
+of monitors, subscriptions, leases and publish keys changed shape, and `MemoryStore.load` reads both (a
+record of the old shape is rewritten in the new one the next time a call changes it).
 """
 
 from __future__ import annotations

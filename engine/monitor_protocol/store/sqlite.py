@@ -6,7 +6,17 @@ One writer: the lock is `flock(LOCK_EX | LOCK_NB)` on the database file itself (
 so a hard link, a symbolic link or another spelling of the path is the same lock. flock is independent of
 the POSIX locks SQLite takes (Linux), and the kernel drops it when the process dies. Beside the realpath
 the holder writes a note `<realpath>.writer` (JSON: pid, host, since, path, inode) that a refused opener
-reads to name it; the note is removed on close()."""
+reads to name it; the note is removed on close().
+
+The schema (format version 2, in `PRAGMA user_version`) is columnar: what a read selects or a filter tests
+is a column, indexed where a read needs it, and the rest of a record is one JSON column (`rec`), so each
+fact is stored once. The log keeps the event as served (`event`) beside copies of its filterable attributes,
+and `scan`/`count` push a LogQuery into SQL. A file of version 1 (user_version 0, the dict records of
+commit 00e022d) is migrated in place at open, in one transaction (store/migrate_v1.py); a file of a newer
+version is refused.
+
+A transaction that writes nothing (no apply, an empty Changes, or one that changed no row) is rolled back,
+not committed: it costs no fsync. `stats` counts durable commits with writes and those read-only calls."""
 
 from __future__ import annotations
 
@@ -22,34 +32,202 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from .base import Record, StorageError, Store
+from .. import __version__
+from ..records import Lease, Monitor, Observation, PublishKey, Subscription
+from . import migrate_v1
+from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS monitors (id TEXT PRIMARY KEY, rec TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS observations (
-    monitor TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL, PRIMARY KEY (monitor, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS subjects (monitor TEXT NOT NULL, subject TEXT NOT NULL, PRIMARY KEY (monitor, subject))
-    WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS subscriptions (
-    id TEXT PRIMARY KEY, monitor TEXT NOT NULL, subscriber TEXT NOT NULL, token_hash TEXT NOT NULL, rec TEXT NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_name ON subscriptions (monitor, subscriber);
-CREATE INDEX IF NOT EXISTS subscriptions_by_token ON subscriptions (token_hash);
-CREATE INDEX IF NOT EXISTS subscriptions_active ON subscriptions (monitor) WHERE json_extract(rec, '$.active');
-CREATE TABLE IF NOT EXISTS leases (
-    monitor TEXT NOT NULL, subject TEXT NOT NULL, rec TEXT NOT NULL, PRIMARY KEY (monitor, subject)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS idempotency (
-    monitor TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL, rec TEXT NOT NULL, PRIMARY KEY (monitor, key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS idempotency_by_at ON idempotency (at);
-"""
+SCHEMA_VERSION = 2
 
-# The active-subscription count is answered from the partial index alone (no row is read).
-_COUNT_ACTIVE = "SELECT count(*) FROM subscriptions WHERE monitor=? AND json_extract(rec, '$.active')"
+# Statements, not a script: `executescript` would commit the migration's open transaction first.
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS monitors (
+        id TEXT PRIMARY KEY, status TEXT NOT NULL, head INTEGER NOT NULL, floor INTEGER NOT NULL,
+        rec TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS observations (
+        monitor TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, subject TEXT, actor TEXT NOT NULL,
+        origin TEXT NOT NULL, tier TEXT NOT NULL, horizon TEXT NOT NULL, event TEXT NOT NULL,
+        PRIMARY KEY (monitor, seq)
+    ) WITHOUT ROWID""",
+    # A filtered read seeks one of these and walks it in seq order (the filters that name these columns).
+    "CREATE INDEX IF NOT EXISTS observations_by_type ON observations (monitor, type, seq)",
+    "CREATE INDEX IF NOT EXISTS observations_by_subject ON observations (monitor, subject, seq)",
+    "CREATE INDEX IF NOT EXISTS observations_by_actor ON observations (monitor, actor, seq)",
+    """CREATE TABLE IF NOT EXISTS subjects (
+        monitor TEXT NOT NULL, subject TEXT NOT NULL, PRIMARY KEY (monitor, subject)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS subscriptions (
+        id TEXT PRIMARY KEY, monitor TEXT NOT NULL, subscriber TEXT NOT NULL, token_hash TEXT NOT NULL,
+        state TEXT NOT NULL, cursor INTEGER NOT NULL, hwm INTEGER NOT NULL, mute_since REAL NOT NULL,
+        rec TEXT NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_name ON subscriptions (monitor, subscriber)",
+    "CREATE INDEX IF NOT EXISTS subscriptions_by_token ON subscriptions (token_hash)",
+    "CREATE INDEX IF NOT EXISTS subscriptions_active ON subscriptions (monitor) WHERE state = 'active'",
+    """CREATE TABLE IF NOT EXISTS leases (
+        monitor TEXT NOT NULL, subject TEXT NOT NULL, state TEXT NOT NULL, holder TEXT, renewed REAL NOT NULL,
+        duration INTEGER NOT NULL, rec TEXT NOT NULL, PRIMARY KEY (monitor, subject)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS publish_keys (
+        monitor TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL,
+        PRIMARY KEY (monitor, key)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
+)
+
+# The columns each table keeps out of a record's to_row(); the rest of the row is its `rec` JSON.
+MONITOR_COLUMNS = ("id", "status", "head", "floor")
+SUBSCRIPTION_COLUMNS = ("id", "monitor", "subscriber", "token_hash", "state", "cursor", "hwm", "mute_since")
+LEASE_COLUMNS = ("monitor", "subject", "state", "holder", "renewed", "duration")
+OBSERVATION_COLUMNS = ("seq", *LOG_COLUMNS, "event")
+
+
+def _upsert(table: str, columns: tuple[str, ...], key: str) -> str:
+    # An upsert on the key, never INSERT OR REPLACE: for subscriptions, a (monitor, subscriber) that belongs
+    # to ANOTHER row must violate the unique index (REPLACE would silently delete that other row).
+    cols = (*columns, "rec")
+    updates = ", ".join(f"{c}=excluded.{c}" for c in cols if c not in key.split(", "))
+    marks = ", ".join("?" * len(cols))
+    return (
+        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks}) ON CONFLICT({key}) DO UPDATE SET {updates}"
+    )
+
+
+_PUT_MONITOR = _upsert("monitors", MONITOR_COLUMNS, "id")
+_PUT_SUBSCRIPTION = _upsert("subscriptions", SUBSCRIPTION_COLUMNS, "id")
+_PUT_LEASE = _upsert("leases", LEASE_COLUMNS, "monitor, subject")
+_PUT_OBSERVATION = (
+    f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * (1 + len(OBSERVATION_COLUMNS)))})"
+)
+_PUT_PUBLISH_KEY = "INSERT OR REPLACE INTO publish_keys (monitor, key, seq, at) VALUES (?, ?, ?, ?)"
+_SELECT = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM"
+_SELECT_OBSERVATION = f"{_SELECT} observations"
+
+# The active-subscription count is answered from the partial index alone (no row is read): the query must
+# repeat the index's own WHERE term, literally, for SQLite to choose it.
+COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state = 'active'"
+
+MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _split(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
+    """A record's to_row() as its table's column values, then the JSON of what is left."""
+    return (*(row.pop(c) for c in columns), _dumps(row))
+
+
+def _join(values: tuple[Any, ...], columns: tuple[str, ...]) -> dict[str, Any]:
+    """The inverse of _split: the JSON rest with the column values put back."""
+    row = json.loads(values[len(columns)])
+    row.update(zip(columns, values, strict=False))
+    return row
+
+
+def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
+    return Observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]))
+
+
+# ===================================================================================== LogQuery as SQL
+def _source(query: LogQuery | None) -> str:
+    index = log_index(query)
+    return "observations" if index is None else f"observations INDEXED BY {index}"
+
+
+def next_prefix(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix` (None: there is none, so a prefix
+    range has no upper bound). Increment the last code point, skipping the surrogates (no stored text holds
+    one); a last code point of U+10FFFF is dropped and the one before it incremented. SQLite compares
+    text as UTF-8 bytes, whose order is code point order, the order Python compares strings in."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars.pop()) + 1
+        if code <= 0x10FFFF:
+            if 0xD800 <= code <= 0xDFFF:
+                code = 0xE000
+            return "".join(chars) + chr(code)
+    return None
+
+
+def _storable(text: str) -> bool:
+    """Text SQLite can hold (UTF-8). A lone surrogate, which JSON can spell, can match no stored value."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _term_sql(term: Term, params: list[Any], plain: bool) -> str:
+    if term.column not in LOG_COLUMNS:  # a column name goes into SQL text: only the known ones
+        raise ValueError(f"not an indexed log column: {term.column!r}")
+    col = f"+{term.column}" if plain else term.column
+    parts: list[str] = []
+    exact = [v for v in term.exact if _storable(v)]
+    if exact:
+        parts.append(f"{col} IN ({', '.join('?' * len(exact))})")
+        params.extend(exact)
+    for prefix in term.prefixes:
+        if not _storable(prefix):
+            continue
+        upper = next_prefix(prefix)
+        if upper is None:
+            parts.append(f"{col} >= ?")  # "" or only U+10FFFF: every value from it up starts with it
+            params.append(prefix)
+        else:
+            parts.append(f"({col} >= ? AND {col} < ?)")
+            params.extend((prefix, upper))
+    return " OR ".join(parts) if parts else "0"
+
+
+# The log columns with an index of their own, `(monitor, column, seq)`.
+INDEXED_COLUMNS = ("type", "subject", "actor")
+
+
+def log_where(query: LogQuery | None, *, plain: bool = False) -> tuple[str, list[Any]] | None:
+    """The query as a SQL condition on the log's columns and its parameters, or None when it lets every
+    row through. Clauses AND, alternatives OR, an alternative's terms AND, a term's values OR (a NULL
+    subject fails every comparison, as Term.holds says). `plain` writes each column as `+column`, which
+    no index can serve: the condition is then only tested on rows, and the seek is left to another term."""
+    if query is None or query.selects_all:
+        return None
+    params: list[Any] = []
+    clauses: list[str] = []
+    for clause in query.clauses:
+        if any(not alt for alt in clause):
+            continue  # an empty alternative holds always: this clause lets everything through
+        alts = [" AND ".join(f"({_term_sql(t, params, plain)})" for t in alt) for alt in clause]
+        clauses.append(" OR ".join(f"({a})" for a in alts) if alts else "0")
+    return " AND ".join(f"({c})" for c in clauses), params
+
+
+def _seekable_terms(query: LogQuery) -> list[Term]:
+    """The terms that must hold for every row (each term of a clause with one alternative) and are on a
+    column with its own index: a read may seek that index on their values."""
+    return [
+        term
+        for clause in query.clauses
+        if len(clause) == 1
+        for term in clause[0]
+        if term.column in INDEXED_COLUMNS
+    ]
+
+
+def log_index(query: LogQuery | None) -> str | None:
+    """The index a filtered read must seek, named to SQLite (INDEXED BY) rather than left to its planner:
+    without statistics it prefers the primary key's seq range, and with averaged ones (ANALYZE) it would
+    still read a million rows to find a rare type. A seekable term that lists exact values only (each value
+    one seek; a prefix range would walk the whole range whatever the seqs) with the fewest values wins.
+    None: no such term (see SQLiteStore._expand for prefixes), the planner chooses."""
+    if query is None:
+        return None
+    exact = [t for t in _seekable_terms(query) if not t.prefixes and any(_storable(v) for v in t.exact)]
+    if not exact:
+        return None
+    return f"observations_by_{min(exact, key=lambda t: len(t.exact)).column}"
+
 
 NOTE_SUFFIX = ".writer"
 
@@ -162,9 +340,16 @@ def _read_note(note_path: str, inode: tuple[int, int]) -> dict[str, Any] | None:
     return note
 
 
+class StoreVersionError(StoreCorrupt):
+    """The file's format version is not one this store reads or migrates (a newer one, most likely), or a
+    version 1 file failed to migrate (and was left as it was). A StoreCorrupt, so that every door that
+    refuses a damaged file at open refuses this one too, with this message."""
+
+
 class SQLiteStore(Store):
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.path = path
+        self.stats = StoreStats()
         self._lock_fd: int | None = None
         self._inode: tuple[int, int] | None = None
         self._note_path: str | None = None
@@ -172,6 +357,14 @@ class SQLiteStore(Store):
         self._depth = 0
         self._batch = False
         self._batch_broken = False
+        self._batch_wrote = False
+        self.migrated: dict[str, int] | None = None  # what a version 1 file held, when open migrated it
+        # Monitors and subscriptions read by id, kept between calls: this process is the file's only
+        # writer (the flock), so what it committed is what is there. Records are immutable. Whatever an
+        # apply put here before its commit is forgotten wholesale if that work is rolled back.
+        self._monitors: dict[str, Monitor] = {}
+        self._subs: dict[str, Subscription] = {}
+        self._uncommitted = False
         in_memory = path in (":memory:", "")
         target = path if in_memory else os.path.realpath(path)
         if not in_memory:
@@ -183,7 +376,7 @@ class SQLiteStore(Store):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.execute("PRAGMA foreign_keys=OFF")
-            self._db.executescript(SCHEMA)
+            self._open_schema(target)
         except BaseException as exc:
             self.close()
             if isinstance(exc, sqlite3.Error) and is_storage_failure(exc):
@@ -295,6 +488,53 @@ class SQLiteStore(Store):
             self._db = None  # type: ignore[assignment]
         self._release_lock()
 
+    # --- the format version -----------------------------------------------------------------------
+    def _open_schema(self, real: str) -> None:
+        """A file of this version opens as it is; an empty one gets the schema; a version 1 file is
+        migrated, all in one transaction (a crash or a failure mid-way leaves the file as it was)."""
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version == SCHEMA_VERSION:
+            return
+        if version != migrate_v1.V1_VERSION:
+            raise StoreVersionError(
+                f"The database {real} is in format version {version}, and this monitor-protocol "
+                f"{__version__} reads version {SCHEMA_VERSION} (and migrates version 1): "
+                + ("it was written by a newer release. " if version > SCHEMA_VERSION else "")
+                + "Nothing will be served from it; upgrade monitor-protocol, or start with another --db."
+            )
+        self._begin()
+        try:
+            if migrate_v1.is_v1_database(self._db):
+                self.migrated = migrate_v1.migrate_sqlite(self._db, self._create_schema, self._write)
+            elif self._has_table("monitors"):
+                raise StoreVersionError(
+                    f"The database {real} has a `monitors` table this store did not write; nothing will be "
+                    "served from it. Start with another --db."
+                )
+            else:
+                self._create_schema()
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except migrate_v1.MigrationError as exc:
+            self._rollback()
+            raise StoreVersionError(
+                f"The database {real} is in format version 1 and could not be migrated to version "
+                f"{SCHEMA_VERSION} ({exc}); it was left as it was. Nothing will be served from it."
+            ) from exc
+        except BaseException:
+            self._rollback()
+            raise
+        self._commit()
+
+    def _create_schema(self) -> None:
+        for statement in SCHEMA:
+            self._db.execute(statement)
+
+    def _has_table(self, name: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+        ).fetchone()
+        return row is not None
+
     # --- transactions -----------------------------------------------------------------------------
     def _run(self, sql: str) -> None:
         try:
@@ -304,8 +544,20 @@ class SQLiteStore(Store):
                 raise _storage_error(exc) from exc
             raise
 
+    def _forget_uncommitted(self, *, whole: bool = True) -> None:
+        """Work that wrote the cache is being undone: forget the cache (it is refilled by reads). Undoing
+        only part of a transaction (a call's savepoint in a group, a refused apply) leaves the rest of it
+        uncommitted: a read after that may still cache it, so the mark stays until the commit or the
+        whole rollback."""
+        if self._uncommitted:
+            self._monitors.clear()
+            self._subs.clear()
+            if whole:
+                self._uncommitted = False
+
     def _rollback(self) -> None:
         """Roll the open transaction back, if SQLite has not already done so (it may, after FULL or IOERR)."""
+        self._forget_uncommitted()
         if self._db.in_transaction:
             try:
                 self._db.execute("ROLLBACK")
@@ -314,6 +566,7 @@ class SQLiteStore(Store):
 
     def _commit(self) -> None:
         if not self._db.in_transaction:  # SQLite rolled it back after a failure the caller swallowed
+            self._forget_uncommitted()
             raise StorageError("the transaction was rolled back by the database after a storage failure")
         try:
             self._db.execute("COMMIT")
@@ -322,6 +575,16 @@ class SQLiteStore(Store):
             if is_storage_failure(exc):
                 raise _storage_error(exc) from exc
             raise
+        self._uncommitted = False
+
+    def _finish(self, wrote: bool) -> None:
+        """End a top-level transaction: commit what it wrote; a transaction that wrote nothing is rolled
+        back instead, which writes nothing to the WAL and costs no fsync."""
+        if wrote:
+            self._commit()
+            self.stats.commits += 1
+        else:
+            self._rollback()
 
     def _begin(self) -> None:
         if self._db.in_transaction:  # left over from a failure whose rollback failed: start clean
@@ -340,6 +603,8 @@ class SQLiteStore(Store):
             self._run("SAVEPOINT call")
         else:
             self._begin()
+        # Whether the call wrote: rows changed since it began (a rolled-back call before it is excluded).
+        mark = self._db.total_changes
         self._depth = 1
         try:
             yield
@@ -351,16 +616,21 @@ class SQLiteStore(Store):
                 self._rollback()
             raise
         self._depth = 0
+        wrote = self._db.total_changes != mark
+        if not wrote:
+            self.stats.read_only += 1
         if self._batch:
             try:
                 self._db.execute("RELEASE call")
             except sqlite3.Error as exc:
                 self._batch_broken = True
                 raise StorageError(f"a storage failure rolled back this group commit: {exc}") from exc
+            self._batch_wrote = self._batch_wrote or wrote
         else:
-            self._commit()
+            self._finish(wrote)
 
     def _abort_savepoint(self) -> None:
+        self._forget_uncommitted(whole=False)
         if not self._db.in_transaction:  # SQLite rolled the whole group back
             self._batch_broken = True
             return
@@ -382,6 +652,7 @@ class SQLiteStore(Store):
         self._begin()
         self._batch = True
         self._batch_broken = False
+        self._batch_wrote = False
         try:
             yield
         except BaseException:
@@ -394,60 +665,237 @@ class SQLiteStore(Store):
         if broken:
             self._rollback()
             raise StorageError("a storage failure rolled back this group commit; nothing in it was kept")
-        self._commit()
+        self._finish(self._batch_wrote)
 
-    # --- helpers ----------------------------------------------------------------------------------
-    def _one(self, sql: str, args: tuple[Any, ...]) -> Record | None:
-        row = self._db.execute(sql, args).fetchone()
-        return json.loads(row[0]) if row else None
+    # --- the one write of a call ------------------------------------------------------------------
+    @_guarded
+    def apply(self, changes: Changes) -> None:
+        if not self._depth:  # outside a call: a transaction of its own
+            with self.transaction():
+                self.apply(changes)
+            return
+        if changes.empty():
+            return
+        # A savepoint of its own, so that a refused statement (a taken subscriber, a duplicate seq) takes
+        # back the whole apply even if the caller goes on to commit.
+        self._db.execute("SAVEPOINT apply")
+        self._uncommitted = True
+        try:
+            self._write(changes)
+        except BaseException:
+            self._forget_uncommitted(whole=False)
+            if self._db.in_transaction:
+                try:
+                    self._db.execute("ROLLBACK TO apply")
+                    self._db.execute("RELEASE apply")
+                except sqlite3.Error:
+                    pass  # the transaction's own rollback follows; the original failure is what counts
+            raise
+        self._db.execute("RELEASE apply")
+        for m in changes.monitors:
+            self._monitors[m.id] = m
+        for sub in changes.subscriptions:
+            self._subs[sub.id] = sub
+
+    def _write(self, changes: Changes) -> None:
+        db = self._db
+        if changes.monitors:
+            db.executemany(_PUT_MONITOR, (_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors))
+        if changes.observations:
+            db.executemany(
+                _PUT_OBSERVATION,
+                (
+                    (
+                        o.monitor,
+                        o.seq,
+                        o.type,
+                        o.subject,
+                        o.actor,
+                        o.origin,
+                        o.tier,
+                        o.horizon,
+                        _dumps(o.event),
+                    )
+                    for o in changes.observations
+                ),
+            )
+        if changes.subjects:
+            db.executemany(
+                "INSERT OR IGNORE INTO subjects (monitor, subject) VALUES (?, ?)", changes.subjects
+            )
+        if changes.subscriptions:  # one statement each, in order: the unique index checks each one
+            db.executemany(
+                _PUT_SUBSCRIPTION, (_split(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions)
+            )
+        if changes.leases:
+            db.executemany(_PUT_LEASE, (_split(x.to_row(), LEASE_COLUMNS) for x in changes.leases))
+        if changes.publish_keys:
+            db.executemany(_PUT_PUBLISH_KEY, ((k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys))
+        for monitor, below in changes.compactions:
+            db.execute("DELETE FROM observations WHERE monitor=? AND seq<?", (monitor, below))
+        if changes.purge_keys_before is not None:
+            db.execute("DELETE FROM publish_keys WHERE at<?", (float(changes.purge_keys_before),))
 
     # --- monitors ---------------------------------------------------------------------------------
-    @_guarded
-    def get_monitor(self, monitor_id: str) -> Record | None:
-        return self._one("SELECT rec FROM monitors WHERE id=?", (monitor_id,))
+    _GET_MONITOR = f"SELECT {', '.join(MONITOR_COLUMNS)}, rec FROM monitors"
 
     @_guarded
-    def put_monitor(self, rec: Record) -> None:
-        self._db.execute("INSERT OR REPLACE INTO monitors (id, rec) VALUES (?, ?)", (rec["id"], _dumps(rec)))
+    def get_monitor(self, monitor_id: str) -> Monitor | None:
+        cached = self._monitors.get(monitor_id)
+        if cached is not None:
+            return cached
+        row = self._db.execute(f"{self._GET_MONITOR} WHERE id=?", (monitor_id,)).fetchone()
+        if not row:
+            return None
+        rec = self._monitors[monitor_id] = Monitor.from_row(_join(row, MONITOR_COLUMNS))
+        return rec
 
     @_guarded
-    def list_monitors(self) -> list[Record]:
-        return [json.loads(r[0]) for r in self._db.execute("SELECT rec FROM monitors ORDER BY id")]
+    def list_monitors(self) -> list[Monitor]:
+        rows = self._db.execute(f"{self._GET_MONITOR} ORDER BY id")
+        return [Monitor.from_row(_join(r, MONITOR_COLUMNS)) for r in rows]
 
     # --- the log ----------------------------------------------------------------------------------
     @_guarded
-    def append(self, monitor_id: str, seq: int, event: Record) -> None:
-        self._db.execute(
-            "INSERT INTO observations (monitor, seq, event) VALUES (?, ?, ?)",
-            (monitor_id, seq, _dumps(event)),
-        )
+    def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
+        row = self._db.execute(
+            f"{_SELECT_OBSERVATION} WHERE monitor=? AND seq=?", (monitor_id, seq)
+        ).fetchone()
+        return _observation(monitor_id, row) if row else None
 
     @_guarded
-    def get_observation(self, monitor_id: str, seq: int) -> Record | None:
-        return self._one("SELECT event FROM observations WHERE monitor=? AND seq=?", (monitor_id, seq))
+    def scan(
+        self, monitor_id: str, from_seq: int, to_seq: int, query: LogQuery | None = None
+    ) -> Iterator[Observation]:
+        to_seq = min(to_seq, MAX_SEQ)
+        plan = None if query is None else self._scan_plan(monitor_id, query)
+        if plan is None:
+            yield from self._scan_all(monitor_id, from_seq, to_seq)
+        else:
+            yield from self._scan_where(monitor_id, from_seq, to_seq, *plan)
 
-    @_guarded
-    def scan(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Record]:
+    def _scan_plan(self, monitor_id: str, query: LogQuery) -> tuple[str, str, list[Any]] | None:
+        """(FROM, WHERE condition, its parameters) for a filtered scan; None when the query selects all."""
+        where = log_where(query)
+        if where is None:
+            return None
+        if log_index(query) is not None:
+            return (_source(query), *where)
+        seek = self._expand(monitor_id, query)
+        if seek is None:
+            return ("observations", *where)
+        # The seek is the IN of the values found; the query's own condition, plain, is only tested on the
+        # rows it finds (else SQLite may seek the prefix range instead, and walk all of it).
+        column, values = seek
+        cond, params = log_where(query, plain=True) or ("1", [])
+        cond = f"({cond}) AND {column} IN ({', '.join('?' * len(values))})"
+        return (f"observations INDEXED BY observations_by_{column}", cond, [*params, *values])
+
+    # A prefix term whose values in this log are few becomes those values, so that a read seeks them.
+    EXPAND_LIMIT = 32
+
+    def _expand(self, monitor_id: str, query: LogQuery) -> tuple[str, list[str]] | None:
+        """For a seekable term with prefixes (`types: ["com.example.*"]`), the distinct values of its
+        column in this monitor's log that the term admits, found by one index seek each (a skip scan of
+        the prefix's range). Added to the condition as `column IN (...)`, they let the scan seek that
+        column's index in seq order: without them a prefix that matches nothing walks a million rows.
+        None when no term has few enough values (more than EXPAND_LIMIT) to be worth it."""
+        terms = [t for t in _seekable_terms(query) if t.prefixes]
+        for term in sorted(terms, key=lambda t: len(t.prefixes)):
+            values = self._values_with_prefixes(monitor_id, term)
+            if values is not None:
+                return term.column, [*dict.fromkeys([v for v in term.exact if _storable(v)] + values)]
+        return None
+
+    def _values_with_prefixes(self, monitor_id: str, term: Term) -> list[str] | None:
+        col = term.column
+        found: list[str] = []
+        for prefix in term.prefixes:
+            if not _storable(prefix):
+                continue
+            upper = next_prefix(prefix)
+            bound = "" if upper is None else f" AND {col} < ?"
+            after: str | None = None
+            while True:
+                op, low = (">=", prefix) if after is None else (">", after)
+                row = self._db.execute(
+                    f"SELECT {col} FROM observations INDEXED BY observations_by_{col} "
+                    f"WHERE monitor=? AND {col} {op} ?{bound} ORDER BY {col} LIMIT 1",
+                    (monitor_id, low) if upper is None else (monitor_id, low, upper),
+                ).fetchone()
+                if row is None:
+                    break
+                after = row[0]
+                found.append(row[0])
+                if len(found) > self.EXPAND_LIMIT:
+                    return None
+        return found
+
+    def _scan_all(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Observation]:
         # Chunks grow 8, 16, ... 256 rows: a pull of one reads a few rows, a drain reads in bulk, and a
         # reader stopping early (limit reached) never loads the rest of the log.
-        start = from_seq
-        chunk = 8
+        sql = f"{_SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?"
+        start, chunk = from_seq, 8
         while start <= to_seq:
-            rows = self._db.execute(
-                "SELECT seq, event FROM observations WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?",
-                (monitor_id, start, to_seq, chunk),
-            ).fetchall()
-            if not rows:
+            rows = self._db.execute(sql, (monitor_id, start, to_seq, chunk)).fetchall()
+            for r in rows:
+                yield _observation(monitor_id, r)
+            if len(rows) < chunk:
                 return
-            for _, event in rows:
-                yield json.loads(event)
             start = rows[-1][0] + 1
             chunk = min(chunk * 2, 256)
 
+    def _scan_where(
+        self, monitor_id: str, from_seq: int, to_seq: int, source: str, cond: str, params: list[Any]
+    ) -> Iterator[Observation]:
+        """Chunks as in _scan_all, each also bounded to a window of seqs. An index on one column serves
+        seq order for one value, but for several values (IN, a prefix range, OR) SQLite reads every match
+        in range to sort them: the window bounds that work per chunk. It doubles over stretches with few
+        matches (a million rows that do not match take ~log2(10^6) index seeks), and follows the density
+        where matches come thick (twice the span the last full chunk needed), so a long read stays linear."""
+        # Two subqueries, not `min(seq), max(seq)` in one: SQLite answers a lone min() or max() from the
+        # primary key's end, but both at once by reading every row of the monitor.
+        bounds = self._db.execute(
+            "SELECT (SELECT min(seq) FROM observations WHERE monitor=?1), "
+            "(SELECT max(seq) FROM observations WHERE monitor=?1)",
+            (monitor_id,),
+        ).fetchone()
+        if bounds[0] is None:
+            return
+        start, to_seq = max(from_seq, bounds[0]), min(to_seq, bounds[1])
+        sql = f"{_SELECT} {source} WHERE monitor=? AND seq>=? AND seq<=? AND ({cond}) ORDER BY seq LIMIT ?"
+        chunk, window = 8, 256
+        while start <= to_seq:
+            end = min(to_seq, start + window - 1)
+            rows = self._db.execute(sql, (monitor_id, start, end, *params, chunk)).fetchall()
+            for r in rows:
+                yield _observation(monitor_id, r)
+            if len(rows) == chunk:
+                window = max(256, 2 * (rows[-1][0] - start + 1))
+                start = rows[-1][0] + 1
+                chunk = min(chunk * 2, 256)
+            else:
+                start, window = end + 1, window * 2
+
     @_guarded
-    def delete_below(self, monitor_id: str, seq: int) -> int:
-        cur = self._db.execute("DELETE FROM observations WHERE monitor=? AND seq<?", (monitor_id, seq))
-        return cur.rowcount
+    def count(
+        self,
+        monitor_id: str,
+        from_seq: int,
+        to_seq: int,
+        query: LogQuery | None = None,
+        cap: int | None = None,
+    ) -> int:
+        if cap is not None and cap <= 0:
+            return 0
+        cond, params = log_where(query) or ("1", [])
+        # The LIMIT inside bounds the work: a capped count stops at `cap` rows (-1: no limit).
+        sql = (
+            f"SELECT count(*) FROM (SELECT 1 FROM {_source(query)} "
+            f"WHERE monitor=? AND seq>=? AND seq<=? AND ({cond}) LIMIT ?)"
+        )
+        args = (monitor_id, from_seq, min(to_seq, MAX_SEQ), *params, -1 if cap is None else cap)
+        return int(self._db.execute(sql, args).fetchone()[0])
 
     # --- subjects ---------------------------------------------------------------------------------
     @_guarded
@@ -457,84 +905,65 @@ class SQLiteStore(Store):
         ).fetchone()
         return row is not None
 
-    @_guarded
-    def add_subject(self, monitor_id: str, subject: str) -> None:
-        self._db.execute(
-            "INSERT OR IGNORE INTO subjects (monitor, subject) VALUES (?, ?)", (monitor_id, subject)
-        )
-
     # --- subscriptions ----------------------------------------------------------------------------
-    @_guarded
-    def get_subscription(self, sub_id: str) -> Record | None:
-        return self._one("SELECT rec FROM subscriptions WHERE id=?", (sub_id,))
+    _GET_SUBSCRIPTION = f"SELECT {', '.join(SUBSCRIPTION_COLUMNS)}, rec FROM subscriptions"
+
+    def _subscription(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
+        row = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
+        return Subscription.from_row(_join(row, SUBSCRIPTION_COLUMNS)) if row else None
 
     @_guarded
-    def put_subscription(self, rec: Record) -> None:
-        # An upsert on the id: a (monitor, subscriber) that belongs to ANOTHER subscription violates the
-        # unique index and raises IntegrityError (INSERT OR REPLACE would silently delete that other row).
-        self._db.execute(
-            "INSERT INTO subscriptions (id, monitor, subscriber, token_hash, rec) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET monitor=excluded.monitor, subscriber=excluded.subscriber, "
-            "token_hash=excluded.token_hash, rec=excluded.rec",
-            (rec["id"], rec["monitor"], rec["subscriber"], rec["token_hash"], _dumps(rec)),
-        )
+    def get_subscription(self, sub_id: str) -> Subscription | None:
+        cached = self._subs.get(sub_id)
+        if cached is not None:
+            return cached
+        sub = self._subscription("id=?", (sub_id,))
+        if sub is not None:
+            self._subs[sub_id] = sub
+        return sub
 
     @_guarded
-    def find_subscription(self, monitor_id: str, subscriber: str) -> Record | None:
-        return self._one(
-            "SELECT rec FROM subscriptions WHERE monitor=? AND subscriber=?", (monitor_id, subscriber)
-        )
+    def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None:
+        return self._subscription("monitor=? AND subscriber=?", (monitor_id, subscriber))
+
+    @_guarded
+    def find_subscription_by_token(self, token_hash: str) -> Subscription | None:
+        return self._subscription("token_hash=?", (token_hash,))
+
+    @_guarded
+    def list_subscriptions(self, monitor_id: str | None = None) -> list[Subscription]:
+        if monitor_id is None:
+            rows = self._db.execute(f"{self._GET_SUBSCRIPTION} ORDER BY id")
+        else:
+            rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE monitor=? ORDER BY id", (monitor_id,))
+        return [Subscription.from_row(_join(r, SUBSCRIPTION_COLUMNS)) for r in rows]
 
     @_guarded
     def count_active_subscriptions(self, monitor_id: str) -> int:
-        return int(self._db.execute(_COUNT_ACTIVE, (monitor_id,)).fetchone()[0])
-
-    @_guarded
-    def find_subscription_by_token(self, token_hash: str) -> Record | None:
-        return self._one("SELECT rec FROM subscriptions WHERE token_hash=?", (token_hash,))
-
-    @_guarded
-    def list_subscriptions(self, monitor_id: str | None = None) -> list[Record]:
-        if monitor_id is None:
-            rows = self._db.execute("SELECT rec FROM subscriptions ORDER BY id")
-        else:
-            rows = self._db.execute(
-                "SELECT rec FROM subscriptions WHERE monitor=? ORDER BY id", (monitor_id,)
-            )
-        return [json.loads(r[0]) for r in rows]
+        return int(self._db.execute(COUNT_ACTIVE_SQL, (monitor_id,)).fetchone()[0])
 
     # --- leases -----------------------------------------------------------------------------------
-    @_guarded
-    def get_lease(self, monitor_id: str, subject: str) -> Record | None:
-        return self._one("SELECT rec FROM leases WHERE monitor=? AND subject=?", (monitor_id, subject))
+    _GET_LEASE = f"SELECT {', '.join(LEASE_COLUMNS)}, rec FROM leases"
 
     @_guarded
-    def put_lease(self, rec: Record) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO leases (monitor, subject, rec) VALUES (?, ?, ?)",
-            (rec["monitor"], rec["subject"], _dumps(rec)),
-        )
+    def get_lease(self, monitor_id: str, subject: str) -> Lease | None:
+        row = self._db.execute(
+            f"{self._GET_LEASE} WHERE monitor=? AND subject=?", (monitor_id, subject)
+        ).fetchone()
+        return Lease.from_row(_join(row, LEASE_COLUMNS)) if row else None
 
     @_guarded
-    def list_leases(self, monitor_id: str | None = None) -> list[Record]:
+    def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         if monitor_id is None:
-            rows = self._db.execute("SELECT rec FROM leases ORDER BY monitor, subject")
+            rows = self._db.execute(f"{self._GET_LEASE} ORDER BY monitor, subject")
         else:
-            rows = self._db.execute("SELECT rec FROM leases WHERE monitor=? ORDER BY subject", (monitor_id,))
-        return [json.loads(r[0]) for r in rows]
+            rows = self._db.execute(f"{self._GET_LEASE} WHERE monitor=? ORDER BY subject", (monitor_id,))
+        return [Lease.from_row(_join(r, LEASE_COLUMNS)) for r in rows]
 
     # --- publish idempotency keys -----------------------------------------------------------------
     @_guarded
-    def get_idempotency(self, monitor_id: str, key: str) -> Record | None:
-        return self._one("SELECT rec FROM idempotency WHERE monitor=? AND key=?", (monitor_id, key))
-
-    @_guarded
-    def put_idempotency(self, monitor_id: str, key: str, rec: Record) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO idempotency (monitor, key, at, rec) VALUES (?, ?, ?, ?)",
-            (monitor_id, key, float(rec["at"]), _dumps(rec)),
-        )
-
-    @_guarded
-    def purge_idempotency(self, before: float) -> int:
-        return self._db.execute("DELETE FROM idempotency WHERE at<?", (float(before),)).rowcount
+    def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
+        row = self._db.execute(
+            "SELECT seq, at FROM publish_keys WHERE monitor=? AND key=?", (monitor_id, key)
+        ).fetchone()
+        return PublishKey(monitor_id, key, int(row[0]), float(row[1])) if row else None

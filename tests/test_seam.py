@@ -1,0 +1,138 @@
+"""The engine/store seam (issue 10): what a call writes, the lazily stored mute clock, typed records and
+their lifecycle tables, and what each door says it offers. Every test has its positive control."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from enginekit import STORE_KINDS, Harness, make_store
+from monitor_protocol import states
+from monitor_protocol.browser.host import EngineHost
+from monitor_protocol.records import Monitor, evolve
+from monitor_protocol.service_base import MUTE_FLUSH_SECONDS
+from monitor_protocol.states import LeaseState, MonitorStatus, SubscriptionState
+
+A = "com.example.ci.run"
+
+
+@pytest.fixture(params=STORE_KINDS)
+def h(request, tmp_path):
+    store = make_store(request.param, tmp_path)
+    yield Harness(store)
+    getattr(store, "close", lambda: None)()
+
+
+def test_an_empty_pull_and_a_read_write_nothing_a_delivery_and_a_publish_write_once(h):
+    tok = h.monitor("ci")
+    sid, rtok = h.subscribe("ci", tok)
+    page = h.pull(sid, rtok).body
+    assert h.ack(sid, rtok, page["next"]).status == 200
+    before = h.store.stats.commits
+    for _ in range(5):
+        assert h.pull(sid, rtok).body["observations"] == []  # empty pulls, as a long-poll re-check does
+    h.call("GET", "/monitors/ci/state", token=tok)
+    h.call("GET", f"/subscriptions/{sid}", token=rtok)
+    assert h.store.stats.commits == before  # nothing durable
+    assert h.publish("ci", tok).status == 201
+    assert h.store.stats.commits == before + 1  # positive control: a publish is one commit
+    assert len(h.pull(sid, rtok).body["observations"]) == 1
+    assert h.store.stats.commits == before + 2  # a delivery moves the high-water mark: one commit
+    again = h.pull(sid, rtok).body  # redelivered, nothing new: no write
+    assert again["observations"][0]["redelivered"] is True and h.store.stats.commits == before + 2
+
+
+def test_the_mute_clock_of_a_reader_that_only_pulls_is_exact_here_and_stored_within_its_bound(h):
+    tok = h.monitor("ci")
+    sid, rtok = h.subscribe("ci", tok, retire_after_mute_seconds=60)
+    first = h.pull(sid, rtok).body
+    h.ack(sid, rtok, first["next"])
+    for _ in range(12):  # two minutes of empty pulls every 10 s: never silent for 60 s
+        h.clock.advance(10)
+        assert h.pull(sid, rtok).status == 200
+        h.service.sweep()
+        stored = h.store.get_subscription(sid)
+        assert stored.active
+        assert h.clock.t - stored.mute_since < min(MUTE_FLUSH_SECONDS, 60 / 2)  # the stored lag bound
+    h.clock.advance(61)  # positive control: silence past the window retires it
+    h.service.sweep()
+    assert h.store.get_subscription(sid).state is SubscriptionState.RETIRED
+
+
+def test_served_last_pull_is_the_latest_pull_even_when_not_yet_stored(h):
+    from monitor_protocol import timefmt
+
+    tok = h.monitor("ci")
+    sid, rtok = h.subscribe("ci", tok)
+    h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+    h.clock.advance(3)
+    h.pull(sid, rtok)  # empty: remembered, not written
+    assert h.store.get_subscription(sid).last_pull < h.clock.t
+    served = h.call("GET", f"/subscriptions/{sid}", token=rtok).body
+    assert served["last_pull"] == timefmt.iso(h.clock.t)
+    state = h.call("GET", "/monitors/ci/state", token=tok).body
+    assert state["ages"]["since_last_pull_s"] == 0
+
+
+def test_state_after_compaction_says_its_counters_cover_the_whole_history(h):
+    tok = h.monitor("ci")
+    for _ in range(5):
+        h.publish("ci", tok)
+    assert (
+        h.call("POST", "/admin/compact", {"monitor": "ci", "upto_seq": 4}, token="admin-token").status == 200
+    )
+    state = h.call("GET", "/monitors/ci/state", token=tok).body
+    assert state["retention_floor"] == 5 and state["counters"]["observations"] == 5
+    assert state["computed_from"] == {"seq_from": 1, "seq_to": state["head"]}
+
+
+def test_records_are_frozen_and_evolve_checks_its_fields():
+    m = Monitor(id="ci", owner="agent:o", owner_hash="h", created=1.0, updated=1.0, name="ci")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.head = 3  # type: ignore[misc]
+    n = evolve(m, head=3, status=MonitorStatus.PAUSED)
+    assert (n.head, n.status, m.head, m.status) == (3, MonitorStatus.PAUSED, 0, MonitorStatus.ACTIVE)
+    assert n == dataclasses.replace(m, head=3, status=MonitorStatus.PAUSED)  # same as replace
+    with pytest.raises(TypeError, match="no field"):
+        evolve(m, _head=3)
+    assert not hasattr(n, "__dict__")  # slots: no stray attribute can hide a private field
+
+
+def test_the_lifecycle_tables():
+    assert states.monitor_next(MonitorStatus.ACTIVE, "pause") is MonitorStatus.PAUSED
+    assert states.monitor_next(MonitorStatus.PAUSED, "resume") is MonitorStatus.ACTIVE
+    for action in states.MONITOR_ACTIONS:
+        assert states.monitor_next(MonitorStatus.RETIRED, action) is None  # retired takes nothing
+    assert states.lease_next(LeaseState.HELD, "reject", attempts_after=4, limit=5) is LeaseState.FREE
+    assert states.lease_next(LeaseState.HELD, "reject", attempts_after=5, limit=5) is LeaseState.DEAD_LETTERED
+    assert (
+        states.lease_next(LeaseState.HELD, "expired", attempts_after=5, limit=5) is LeaseState.DEAD_LETTERED
+    )
+    assert states.lease_next(LeaseState.HELD, "release", attempts_after=5, limit=5) is LeaseState.FREE
+    assert states.lease_next(LeaseState.FREE, "complete", attempts_after=0, limit=5) is None
+    assert states.subscription_next(SubscriptionState.RETIRED, "subscribe") is SubscriptionState.ACTIVE
+    assert states.subscription_next(SubscriptionState.RETIRED, "mute") is None
+
+
+def test_a_retired_monitor_refuses_every_action_through_the_table(h):
+    tok = h.monitor("ci")
+    assert h.call("POST", "/monitors/ci/retire", {}, token=tok).status == 200
+    for action in ("pause", "resume", "retire"):
+        r = h.call("POST", f"/monitors/ci/{action}", {}, token=tok)
+        assert r.status == 409 and r.body["code"] == "UNAVAILABLE", action
+
+
+async def test_each_door_advertises_the_feeds_it_offers():
+    browser = (await EngineHost().call("GET", "/discover")).body["capabilities"]["feeds"]
+    assert browser == {"pull": True, "http": False, "mcp": False, "sse": False}
+    h = Harness(make_store("memory", None))
+    server = h.call("GET", "/discover").body["capabilities"]["feeds"]
+    assert server == {"pull": True, "http": True, "mcp": True, "sse": True}  # positive control
+
+
+def test_an_unauthorized_refusal_names_the_credential_and_the_rest_door_says_how(h):
+    tok = h.monitor("ci")
+    r = h.publish("ci", "wrong")
+    assert r.status == 401 and r.body["needs"] == "owner_token"
+    assert r.body["error"].count("Authorization: Bearer") == 1
+    assert h.publish("ci", tok).status == 201
