@@ -9,6 +9,8 @@ Sections (``--only`` takes these names, repeatable or comma-separated):
   pull        pull+ack round trips/s (limit 1) and batch drain (limit 200 + ack) in observations/s
   wake        long-poll wake latency: publish reply -> waiting pull?wait=30 reply, p50/p99
   growth      publish/s and pull/s with 1k, 100k and 1M observations in the monitor; bytes/observation
+  seam        issue 10's targets (bench/seam.py): filtered pull over 1M non-matching rows, 200/1000 parked
+              long polls woken by one publish, fsyncs per empty pull / re-check / publish, publish CPU
   playground  bench/playground_bench.py (cold start, publishes into IndexedDB), owned by the playground
 
 Each section writes bench/results/<name>.json; bench/results/latest.json combines the newest result of
@@ -51,7 +53,7 @@ from common import (  # noqa: E402
     summary,
 )
 
-SECTIONS = ("limits", "publish", "pull", "wake", "growth", "playground")
+SECTIONS = ("limits", "publish", "pull", "wake", "growth", "seam", "playground")
 
 # Client kinds for "16 concurrent clients" (see docs/bench.md for why there are three).
 C16 = {
@@ -438,6 +440,16 @@ class Bench:
         )
         return {"levels": levels, "ratios": ratios}
 
+    # ------------------------------------------------------------------------------------------ seam
+    def seam(self) -> dict[str, Any]:
+        """bench/seam.py on this tree's engine (the "after" column; bench/seam.py --before writes the other)."""
+        import seam
+
+        return seam.run(
+            quick=self.quick, runs=self.args.runs, duration=self.args.duration, tmpdir=self.args.tmpdir,
+            engine=str(ROOT / "engine"), label="after",
+        )  # fmt: skip
+
     # ------------------------------------------------------------------------------------------ playground
     def playground(self) -> dict[str, Any]:
         script = ROOT / "bench" / "playground_bench.py"
@@ -600,6 +612,11 @@ def table(c: dict[str, Any]) -> str:
         lines.append(f"target {v['label']} {v['target']}: {val} -> {v['status'].upper()}{extra}")
     if dig(c, ("playground", "status")) == "not measured":
         lines.append(f"playground: not measured: {c['playground'].get('error')}")
+    if isinstance(c.get("seam"), dict) and c["seam"].get("status") != "failed":
+        import seam
+
+        lines.append("")
+        lines += [f"seam: {label}: {value}" for label, value in seam.rows(c["seam"])]
     return "\n".join(lines)
 
 
@@ -682,6 +699,11 @@ def markdown(c: dict[str, Any]) -> str:
     for v in c.get("targets") or []:
         share = "" if v.get("share_of_target") is None else f"{v['share_of_target']:.2f}"
         out.append(f"| {v['label']} {v['target']} | {fmt(v['value'])} | {v['status']} | {share} |")
+    import seam
+
+    seam_md = seam.markdown(RESULTS)  # bench/results/seam-before.json and seam.json, side by side
+    if seam_md:
+        out += ["", seam_md]
     return "\n".join(out)
 
 
@@ -730,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench.log(f"{name} FAILED: {exc!r}")
                 result = {"status": "failed", "error": repr(exc)}
             result.update(
-                name=name, machine=info, quick=args.quick, runs=bench.runs, duration_s=bench.duration,
+                name=name, machine=result.get("machine", info), quick=args.quick, runs=bench.runs, duration_s=bench.duration,
                 seconds=round(time.perf_counter() - t0, 1), loadavg_before=[round(x, 2) for x in load],
             )  # fmt: skip
             if not args.no_write and name != "playground":
