@@ -136,3 +136,25 @@ def test_an_unauthorized_refusal_names_the_credential_and_the_rest_door_says_how
     assert r.status == 401 and r.body["needs"] == "owner_token"
     assert r.body["error"].count("Authorization: Bearer") == 1
     assert h.publish("ci", tok).status == 201
+
+
+def test_push_epoch_moves_only_when_the_push_targets_change():
+    from monitor_protocol.service import MonitorService
+    from monitor_protocol.store.memory import MemoryStore
+
+    svc = MonitorService(MemoryStore(), allowed_sinks=("127.0.0.0/8",))
+    tok = svc.create_monitor({"id": "ci", "visibility": "shared"}, None)["owner_token"]
+    assert svc.push_targets() == [] and svc.push_epoch == 0
+    for _ in range(3):
+        svc.publish("ci", {"type": "com.example.ci.run"}, tok)
+    pull_only = svc.subscribe({"monitor": "ci", "subscriber": "agent:puller"}, tok)
+    svc.ack(pull_only["subscription"]["id"], pull_only["token"], {"cursor": 2})
+    assert svc.push_epoch == 0  # appends, a pull subscription and an ack change no push target
+    sink = "http://127.0.0.1:9/hook"
+    pushed = svc.subscribe({"monitor": "ci", "subscriber": "agent:hook", "protocol": "http", "sink": sink}, tok)
+    assert svc.push_epoch == 1  # positive control: a new push subscription
+    sid = pushed["subscription"]["id"]
+    svc.ack_as_system(sid, 3)
+    assert svc.push_epoch == 1  # its cursor moving is not a new target
+    svc.retire_subscription(sid, pushed["token"], {"reason": "done"})
+    assert svc.push_epoch == 2 and svc.push_targets() == []

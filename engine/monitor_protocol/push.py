@@ -147,6 +147,7 @@ class Pusher:
         self.inflight: dict[str, tuple[str, int]] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._epoch: int | None = -1  # the engine's push_epoch when the targets were last read
 
     # -- wake-ups ------------------------------------------------------------------------------------
 
@@ -161,7 +162,11 @@ class Pusher:
             pass
 
     def _on_append(self, monitor_id: str) -> None:
-        self._wake.set()
+        # The set of push subscriptions changed (a subscribe, a retirement): look it up again. An append
+        # that changed nothing of it costs no engine call here.
+        epoch = getattr(self.service, "push_epoch", None)
+        if epoch is None or epoch != self._epoch:  # an engine that keeps no epoch: look every time
+            self._wake.set()
         for sub_id, target in self.targets.items():
             if target["monitor"] == monitor_id and sub_id in self.wakes:
                 self.wakes[sub_id].set()
@@ -194,6 +199,8 @@ class Pusher:
                 await client.aclose()
 
     async def rescan(self) -> None:
+        # Read before the targets: a change after this moves the epoch again, and the next append wakes us.
+        self._epoch = getattr(self.service, "push_epoch", None)
         targets = {t["id"]: t for t in await self.call(self.service.push_targets)}
         self.targets = targets
         for sub_id in list(self.workers):

@@ -91,7 +91,10 @@ class MonitorService(ServiceCore):
         return self._call(lambda tx: delivery.retire_as_system(self, tx, sub_id, reason))
 
     def push_targets(self) -> list[dict[str, Any]]:
-        return self._call(delivery.push_targets)
+        """Every active HTTP-push subscription; `push_epoch` then moves only when that set changes."""
+        targets = self._call(delivery.push_targets)
+        self.push_targets_seen(targets)
+        return targets
 
     # ---------------------------------------------------------------------------- leases
     def lease(self, sub_id: str, token: str | None, action: str, body: Any) -> dict[str, Any]:

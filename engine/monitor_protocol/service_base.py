@@ -97,6 +97,10 @@ class ServiceCore:
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
+        # HTTP push targets as the last push_targets() saw them, kept current by every commit:
+        # push_epoch moves only when that set changes, so the push door re-reads it only then.
+        self.push_epoch = 0
+        self._push_targets: dict[str, tuple[Any, ...]] | None = None
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -134,6 +138,8 @@ class ServiceCore:
         except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
             raise storage_unavailable(str(exc) or type(exc).__name__) from None
         self._remember_life(tx)
+        if self._push_targets is not None and changes.subscriptions:
+            self._track_push_targets(changes.subscriptions)
         self._notify(tx.appended)
         if deferred is not None:
             raise deferred
@@ -141,6 +147,26 @@ class ServiceCore:
 
     def _now(self) -> float:
         return float(self.clock())
+
+    def _track_push_targets(self, subs: list[Subscription]) -> None:
+        known = self._push_targets
+        assert known is not None
+        for sub in subs:
+            now = (
+                (sub.monitor, sub.sink, sub.sink_secret)
+                if sub.active and sub.protocol == "http" and sub.sink
+                else None
+            )
+            if known.get(sub.id) != now:
+                if now is None:
+                    known.pop(sub.id, None)
+                else:
+                    known[sub.id] = now
+                self.push_epoch += 1
+
+    def push_targets_seen(self, targets: list[dict[str, Any]]) -> None:
+        """What push_targets() returned: from now on push_epoch moves when that set changes."""
+        self._push_targets = {t["id"]: (t["monitor"], t["sink"], t["sink_secret"]) for t in targets}
 
     # ================================================================================ the sweep deadline
     def schedule(self, deadline: float) -> None:
