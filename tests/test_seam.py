@@ -151,7 +151,9 @@ def test_push_epoch_moves_only_when_the_push_targets_change():
     svc.ack(pull_only["subscription"]["id"], pull_only["token"], {"cursor": 2})
     assert svc.push_epoch == 0  # appends, a pull subscription and an ack change no push target
     sink = "http://127.0.0.1:9/hook"
-    pushed = svc.subscribe({"monitor": "ci", "subscriber": "agent:hook", "protocol": "http", "sink": sink}, tok)
+    pushed = svc.subscribe(
+        {"monitor": "ci", "subscriber": "agent:hook", "protocol": "http", "sink": sink}, tok
+    )
     assert svc.push_epoch == 1  # positive control: a new push subscription
     sid = pushed["subscription"]["id"]
     svc.ack_as_system(sid, 3)
