@@ -30,6 +30,7 @@ from .validation import (
 from .vocab import (
     CAPABILITIES,
     DEFAULT_LIMIT,
+    LAG_COUNT_CAP,
     MAX_ACTIVE_SUBSCRIPTIONS,
     MAX_LIMIT,
     PROTOCOLS,
@@ -406,7 +407,13 @@ def pull(
             tx.monitor_pulls[rec.id] = now
             sub = evolve(sub, last_pull=now, mute_since=now)
         core.schedule(now + core.mute_seconds(rec, sub))
-    lag_n, lag_capped = lag_count(tx, rec, sub)
+    if capped and not replay and not inline_flt:
+        # This pull just examined every row from the cursor to `next` under the subscription's own filter:
+        # the lag is what it found plus the rows not yet examined (an upper bound, flagged), with no
+        # second scan of another budget's worth of rows.
+        lag_n, lag_capped = min(len(batch) + head - last_examined, LAG_COUNT_CAP), True
+    else:
+        lag_n, lag_capped = lag_count(tx, rec, sub)
     out: dict[str, Any] = {
         "subscription": sub.id,
         "monitor": rec.id,

@@ -183,7 +183,13 @@ def lag_count(tx: Tx, rec: Monitor, sub: Subscription) -> tuple[int, bool]:
         if examined >= SCAN_BUDGET:
             break
     if examined >= SCAN_BUDGET and last < head:
-        rest = tx.count(rec.id, last + 1, head, query, cap=LAG_COUNT_CAP + 1)
+        # The rows not examined count as if they matched; the store narrows that bound only when its
+        # indexes can (counting every row would cost as much as the scan the budget just refused).
+        rest = (
+            head - last
+            if query.selects_all
+            else tx.count(rec.id, last + 1, head, query, cap=LAG_COUNT_CAP + 1)
+        )
         return min(count + rest, LAG_COUNT_CAP), True
     return count, False
 
