@@ -25,8 +25,14 @@ from .vocab import (
 
 
 # ===================================================================================== the log
-def append(tx: Tx, monitor_id: str, build: Callable[[Monitor, int], dict[str, Any]]) -> Observation:
-    """Append the event `build(monitor, seq)` at the next seq of this monitor's log."""
+def append(
+    tx: Tx,
+    monitor_id: str,
+    build: Callable[[Monitor, int], dict[str, Any]],
+    also: Callable[[Monitor, Observation], dict[str, Any]] | None = None,
+) -> Observation:
+    """Append the event `build(monitor, seq)` at the next seq of this monitor's log. `also(monitor, obs)`
+    names other monitor fields this append changes, so the monitor gets one new version, not two."""
     rec = tx.monitor(monitor_id)
     assert rec is not None
     seq = rec.head + 1
@@ -35,7 +41,7 @@ def append(tx: Tx, monitor_id: str, build: Callable[[Monitor, int], dict[str, An
     tx.append(obs)
     if obs.subject is not None and not obs.type.startswith(PROTOCOL_PREFIX):
         tx.add_subject(rec.id, obs.subject)
-    tx.put_monitor(evolve(rec, head=seq))
+    tx.put_monitor(evolve(rec, head=seq, **(also(rec, obs) if also is not None else {})))
     return obs
 
 

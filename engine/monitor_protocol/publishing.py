@@ -9,7 +9,7 @@ from . import events, provenance, state, timefmt, wire
 from .errors import ProtocolError
 from .ledger import append, reject
 from .lookups import owner_monitor
-from .records import LastSeen, Monitor, PublishKey, evolve
+from .records import LastSeen, Monitor, Observation, PublishKey, evolve
 from .service_base import ServiceCore
 from .tx import Tx
 from .validation import check_actor, check_name, invalid
@@ -63,7 +63,6 @@ def publish(
                 "seq": seen.seq,
                 "idempotent": True,
             }
-    rec = tx.put_monitor(evolve(rec, source_contact=now))
     claimed_actor = body.get("actor") if isinstance(body, dict) else None
     actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec.owner
     try:
@@ -81,8 +80,29 @@ def publish(
         event_kwargs = validate_publish(tx, rec, body)
         rec = tx.put_monitor(spend_budget(rec, now))
     except ProtocolError as err:
+        current = tx.monitor(rec.id)
+        assert current is not None
+        tx.put_monitor(evolve(current, source_contact=now))  # the source was heard from, even refused
         raise reject(tx, rec.id, err, body, actor_for_log) from None
     prov = event_kwargs.pop("prov")
+
+    def bookkeeping(m: Monitor, obs: Observation) -> dict[str, Any]:
+        counters = m.counters.bump(observations=1)
+        if obs.type.endswith(".contradiction"):
+            counters = counters.bump(contradictions=1)
+        elif obs.type.endswith(".contradiction_resolved"):
+            counters = counters.bump(contradictions_resolved=1)
+        actors = m.actors
+        if prov.actor not in actors and len(actors) < MAX_TRACKED_ACTORS:
+            actors = (*actors, prov.actor)
+        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
+        return {
+            "counters": counters,
+            "last": LastSeen(obs.seq, now, obs.type),
+            "actors": actors,
+            "source_contact": now,
+        }
+
     obs = append(
         tx,
         rec.id,
@@ -96,20 +116,8 @@ def publish(
             on_behalf_of=prov.on_behalf_of,
             **event_kwargs,
         ),
+        bookkeeping,
     )
-    rec = tx.monitor(rec.id)
-    assert rec is not None
-    type_ = obs.type
-    counters = rec.counters.bump(observations=1)
-    if type_.endswith(".contradiction"):
-        counters = counters.bump(contradictions=1)
-    elif type_.endswith(".contradiction_resolved"):
-        counters = counters.bump(contradictions_resolved=1)
-    actors = rec.actors
-    if prov.actor not in actors and len(actors) < MAX_TRACKED_ACTORS:
-        actors = (*actors, prov.actor)
-    # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
-    tx.put_monitor(evolve(rec, counters=counters, last=LastSeen(obs.seq, now, type_), actors=actors))
     out: dict[str, Any] = {"observation": obs.to_wire(), "seq": obs.seq}
     if key is not None:
         tx.put_publish_key(PublishKey(rec.id, key, obs.seq, now))

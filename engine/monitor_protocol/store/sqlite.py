@@ -699,7 +699,9 @@ class SQLiteStore(Store):
 
     def _write(self, changes: Changes) -> None:
         db = self._db
-        if changes.monitors:
+        if len(changes.monitors) == 1:  # the usual call: execute is cheaper than executemany of one
+            db.execute(_PUT_MONITOR, _split(changes.monitors[0].to_row(), MONITOR_COLUMNS))
+        elif changes.monitors:
             db.executemany(_PUT_MONITOR, (_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors))
         if changes.observations:
             db.executemany(
