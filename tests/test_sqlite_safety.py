@@ -19,7 +19,7 @@ import textwrap
 import pytest
 from monitor_protocol.records import Monitor, Observation, Subscription
 from monitor_protocol.states import SubscriptionState
-from monitor_protocol.store.base import Changes, StorageError
+from monitor_protocol.store.base import Changes, LogQuery, StorageError, Term
 from monitor_protocol.store.sqlite import (
     COUNT_ACTIVE_SQL,
     NOTE_SUFFIX,
@@ -218,6 +218,10 @@ def test_bugs_are_not_storage_errors(store):
     with pytest.raises(sqlite3.IntegrityError):  # another id for a taken (monitor, subscriber)
         put(store, subscriptions=[sub("s2", subscriber="agent:a")])
     assert store.get_subscription("s1") is not None and store.get_subscription("s2") is None
+    injected = LogQuery((((Term("event); DROP TABLE observations; --", ("x",)),),),))
+    with pytest.raises(ValueError, match="indexed log column"):
+        list(store.scan("m1", 1, 9, injected))  # a column name is checked, never spliced into SQL
+    assert os.path.exists(store.path) and store.count("m1", 1, 9) == 1
 
 
 def test_count_active_subscriptions_reads_the_partial_index(store):

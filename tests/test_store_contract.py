@@ -7,7 +7,6 @@ records in and out, one `apply(Changes)` per call, all or nothing; LogQuery read
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from dataclasses import replace
 
@@ -26,7 +25,7 @@ from monitor_protocol.records import (
     Subscription,
 )
 from monitor_protocol.states import LeaseState, MonitorStatus, SubscriptionState
-from monitor_protocol.store.base import LOG_COLUMNS, Changes, LogQuery, StorageError, Term
+from monitor_protocol.store.base import LOG_COLUMNS, Changes, LogQuery, Term
 from monitor_protocol.store.indexeddb import decode_records, encode_changes, record_key
 from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
 from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked, next_prefix
@@ -867,98 +866,5 @@ def test_sqlite_scan_is_lazy(tmp_path):
     s.close()
 
 
-# --- StorageError: the storage failed, not the request
-BIG = "x" * 3000  # about one page per observation
-
-
-def _limit_pages(s: SQLiteStore, extra: int) -> None:
-    s._db.execute(f"PRAGMA max_page_count={s._db.execute('PRAGMA page_count').fetchone()[0] + extra}")
-
-
-@pytest.fixture
-def sqlite_store(tmp_path):
-    s = SQLiteStore(str(tmp_path / "safety.db"))
-    put(s, monitors=[monitor("m1", head=1)], observations=[obs("m1", 1)])
-    yield s
-    s.close()
-
-
-def test_disk_full_is_a_storage_error_and_keeps_nothing(sqlite_store, tmp_path):
-    s = sqlite_store
-    _limit_pages(s, 3)
-    with pytest.raises(StorageError, match="full") as info, s.transaction():
-        s.apply(
-            Changes(
-                monitors=[monitor("m1", head=199)],
-                subscriptions=[sub("s1")],
-                observations=[obs("m1", seq, data=BIG) for seq in range(2, 200)],
-            )
-        )
-    assert info.value.__cause__.sqlite_errorname == "SQLITE_FULL"
-    assert s.get_monitor("m1").head == 1 and [o.seq for o in s.scan("m1", 1, 999)] == [1]
-    assert s.get_subscription("s1") is None and not s._db.in_transaction
-    reader = sqlite3.connect(f"file:{tmp_path / 'safety.db'}?mode=ro", uri=True)
-    assert reader.execute("SELECT count(*) FROM observations").fetchone()[0] == 1
-    reader.close()
-    s._db.execute("PRAGMA max_page_count=1073741823")  # room again: the same store keeps serving
-    put(s, observations=[obs("m1", seq, data=BIG) for seq in range(2, 40)])
-    assert s.count("m1", 1, 999) == 39
-
-
-def test_a_read_only_database_is_a_storage_error(sqlite_store):
-    s = sqlite_store
-    s._db.execute("PRAGMA query_only=1")
-    with pytest.raises(StorageError, match="READONLY"), s.transaction():
-        s.apply(Changes(monitors=[monitor("m1", head=2)]))
-    s._db.execute("PRAGMA query_only=0")
-    put(s, monitors=[monitor("m1", head=3)])
-    assert s.get_monitor("m1").head == 3
-
-
-class FailingCommit:
-    """The store's connection, except that COMMIT fails once as a full disk would."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._real = db
-        self.armed = True
-
-    def execute(self, sql: str, *args):
-        if self.armed and sql == "COMMIT":
-            self.armed = False
-            exc = sqlite3.OperationalError("database or disk is full")
-            exc.sqlite_errorcode = 13
-            exc.sqlite_errorname = "SQLITE_FULL"
-            raise exc
-        return self._real.execute(sql, *args)
-
-    def __getattr__(self, name: str):
-        return getattr(self._real, name)
-
-
-@pytest.mark.parametrize("group", [False, True], ids=["transaction", "batch"])
-def test_a_failed_commit_rolls_back_and_the_store_stays_usable(sqlite_store, group):
-    s, real = sqlite_store, sqlite_store._db
-    s._db = FailingCommit(real)
-    try:
-        with pytest.raises(StorageError, match="SQLITE_FULL"):
-            if group:
-                with s.batch():
-                    for seq in (2, 3):
-                        put(s, observations=[obs("m1", seq)])
-            else:
-                put(s, observations=[obs("m1", 2)], monitors=[monitor("m1", head=2)])
-        assert not real.in_transaction  # rolled back, not left open
-        assert [o.seq for o in s.scan("m1", 1, 9)] == [1] and s.get_monitor("m1").head == 1
-        assert s.stats.commits == 1  # only the fixture's
-        put(s, observations=[obs("m1", 2)])
-        assert [o.seq for o in s.scan("m1", 1, 9)] == [1, 2]
-    finally:
-        s._db = real
-
-
-def test_bugs_are_not_storage_errors(sqlite_store):
-    with pytest.raises(sqlite3.IntegrityError), sqlite_store.transaction():
-        sqlite_store.apply(Changes(observations=[obs("m1", 1)]))  # a duplicate seq: a bug, not the disk
-    with pytest.raises(ValueError, match="indexed log column"):
-        list(sqlite_store.scan("m1", 1, 9, Q(((T("event); DROP TABLE observations; --", "x"),),))))
-    assert os.path.exists(sqlite_store.path) and sqlite_store.count("m1", 1, 9) == 1
+# StorageError on a full disk, a read-only file, a failed commit, and bugs that are not storage errors:
+# tests/test_sqlite_safety.py.
