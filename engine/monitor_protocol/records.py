@@ -233,30 +233,59 @@ class Monitor:
         )
 
 
+# ===================================================================================== version 1 records
+# A v1 record is the same facts under other names (private ones prefixed "_") and times as RFC 3339 text:
+# each converter renames the keys into a row, fixes the few values that changed shape, and uses from_row.
+_V1_MONITOR = {
+    **{k: k for k in (*DEFINITION_FIELDS, "id", "owner", "version", "attested")},
+    "_owner_hash": "owner_hash",
+    "_status": "status",
+    "_subscribe_hash": "subscribe_hash",
+    "_head": "head",
+    "_floor": "floor",
+    "_counters": "counters",
+    "_last": "last",
+    "_actors": "actors",
+    "_source_contact": "source_contact",
+    "_last_pull": "last_pull",
+}
+_V1_SUBSCRIPTION = {
+    **{
+        k: k
+        for k in (
+            "id", "monitor", "subscriber", "token_hash", "filter", "capabilities", "cursor",
+            "reset_policy", "protocol", "sink", "retire_after_mute_seconds",
+        )
+    },
+    "_hwm": "hwm",
+    "_relist": "relist",
+    "_sink_secret": "sink_secret",
+    "_revoked": "revoked",
+    "_scan_mark": "scan_mark",
+}  # fmt: skip
+_V1_LEASE = {
+    **{k: k for k in ("monitor", "subject", "holder", "attempts", "delivery_count_limit")},
+    "lease_duration_seconds": "duration",
+    "lease_transitions": "transitions",
+    "_last_holder": "last_holder",
+    "_completed": "completed",
+}
+
+
+def _v1_row(rec: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {new: rec[old] for old, new in names.items() if old in rec}
+
+
 def monitor_from_v1(rec: dict[str, Any]) -> Monitor:
     budget = rec.get("_budget") or {}
-    last = rec.get("_last")
-    return Monitor(
-        **{k: rec[k] for k in DEFINITION_FIELDS if k in rec},
-        id=rec["id"],
-        owner=rec["owner"],
-        owner_hash=rec["_owner_hash"],
+    row = _v1_row(rec, _V1_MONITOR)
+    row.update(
         created=_ts(rec["created"]) or 0.0,
         updated=_ts(rec.get("updated", rec["created"])) or 0.0,
-        version=int(rec.get("version", 1)),
-        attested=bool(rec.get("attested", False)),
-        status=MonitorStatus(rec.get("_status", "active")),
-        subscribe_hash=rec.get("_subscribe_hash"),
-        head=int(rec.get("_head", 0)),
-        floor=int(rec.get("_floor", 1)),
-        counters=Counters.from_row(rec.get("_counters") or {}),
-        last=None if not last else LastSeen(int(last["seq"]), float(last["ts"]), str(last["type"])),
-        actors=tuple(rec.get("_actors") or ()),
-        source_contact=rec.get("_source_contact"),
-        last_pull=rec.get("_last_pull"),
         budget_day=budget.get("day"),
-        budget_used=int(budget.get("count", 0)),
+        budget_used=budget.get("count", 0),
     )
+    return Monitor.from_row(row)
 
 
 # ===================================================================================== observations
@@ -413,32 +442,17 @@ class Subscription:
 
 def subscription_from_v1(rec: dict[str, Any]) -> Subscription:
     ack = rec.get("_last_ack")
-    mark = rec.get("_scan_mark")
     created = _ts(rec["created"]) or 0.0
-    return Subscription(
-        id=rec["id"],
-        monitor=rec["monitor"],
-        subscriber=rec["subscriber"],
-        token_hash=rec["token_hash"],
+    row = _v1_row(rec, _V1_SUBSCRIPTION)
+    row.update(
         created=created,
-        mute_since=float(rec.get("_mute_since", created)),
-        filter=rec.get("filter", {}),
-        capabilities=list(rec.get("capabilities") or []),
-        cursor=int(rec.get("cursor", 0)),
-        reset_policy=rec.get("reset_policy", "none"),
-        protocol=rec.get("protocol", "pull"),
-        sink=rec.get("sink"),
-        retire_after_mute_seconds=rec.get("retire_after_mute_seconds"),
+        mute_since=rec.get("_mute_since", created),
         last_pull=_ts(rec.get("last_pull")),
-        state=SubscriptionState.ACTIVE if rec.get("active", True) else SubscriptionState.RETIRED,
-        hwm=int(rec.get("_hwm", 0)),
-        last_ack=None if not ack else AckMemo(int(ack["cursor"]), dict(ack["body"])),
-        relist=bool(rec.get("_relist", False)),
-        sink_secret=rec.get("_sink_secret"),
+        state="active" if rec.get("active", True) else "retired",
+        last_ack=None if not ack else {"cursor": ack["cursor"], "reply": ack["body"]},
         grant=rec.get("_grant") or "default",
-        revoked=bool(rec.get("_revoked", False)),
-        scan_mark=None if not mark else (int(mark[0]), int(mark[1])),
     )
+    return Subscription.from_row(row)
 
 
 # ===================================================================================== leases
@@ -525,7 +539,6 @@ class Lease:
 
 
 def lease_from_v1(rec: dict[str, Any]) -> Lease:
-    done = rec.get("_completed")
     holder = rec.get("holder")
     if rec.get("dead_letter"):
         state = LeaseState.DEAD_LETTERED
@@ -533,23 +546,14 @@ def lease_from_v1(rec: dict[str, Any]) -> Lease:
         state = LeaseState.HELD
     else:
         state = LeaseState.FREE
-    acquired = _ts(rec["acquire_time"]) or 0.0
-    return Lease(
-        monitor=rec["monitor"],
-        subject=rec["subject"],
-        duration=int(rec["lease_duration_seconds"]),
-        acquired=acquired,
-        renewed=float(rec["_renew_ts"])
-        if rec.get("_renew_ts") is not None
-        else _ts(rec["renew_time"]) or 0.0,
-        state=state,
-        holder=holder,
-        transitions=int(rec.get("lease_transitions", 0)),
-        attempts=int(rec.get("attempts", 0)),
-        delivery_count_limit=int(rec.get("delivery_count_limit", 5)),
-        last_holder=rec.get("_last_holder"),
-        completed=None if not done else Completion(done["by"], int(done["seq"]), done["outcome"]),
+    row = _v1_row(rec, _V1_LEASE)
+    renewed = rec.get("_renew_ts")
+    row.update(
+        acquired=_ts(rec["acquire_time"]) or 0.0,
+        renewed=float(renewed) if renewed is not None else _ts(rec["renew_time"]) or 0.0,
+        state=state.value,
     )
+    return Lease.from_row(row)
 
 
 # ===================================================================================== publish keys
