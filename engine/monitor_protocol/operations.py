@@ -14,7 +14,7 @@ Standard library only: the browser playground imports this module under Pyodide.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .vocab import (
@@ -120,9 +120,10 @@ class McpTool:
     (an enum of their actions) chooses the operation."""
 
     name: str
-    description: str
     # (readOnly, destructive, idempotent, openWorld), as the tool truly is
     hints: tuple[bool, bool, bool, bool]
+    # None: the operation's summary (said once, in the table); a tool several operations share says its own
+    description: str | None = None
     selector: str | None = None
     selector_text: str = ""
 
@@ -468,9 +469,11 @@ ADMIN = Auth("admin")
 READ = (True, False, True, False)
 CONFIGURE_TOOL = McpTool(
     "monitor_configure",
-    "Change a monitor (owner): update (with a patch), pause, resume or "
-    "retire (final: retiring releases every lease). Every change is itself an observation.",
     (False, True, False, False),
+    (
+        "Change a monitor (owner): update (with a patch), pause, resume or "
+        "retire (final: retiring releases every lease). Every change is itself an observation."
+    ),
     selector="action",
     selector_text="what to do",
 )
@@ -523,13 +526,15 @@ def _reader_op(
     )
 
 
-def _lease(action: str, tool: McpTool, result: Schema, params: tuple[Param, ...], client: str) -> Operation:
+def _lease(
+    action: str, tool: McpTool, summary: str, result: Schema, params: tuple[Param, ...], client: str
+) -> Operation:
     claim = action == "claim"
     return Operation(
         f"lease_{action}",
         "POST",
         "/subscriptions/{id}/leases/{action}",
-        tool.description,
+        summary,
         ACTOR,
         Result(result, status=201 if claim else 200, repeat_status=200 if claim else None),
         "lease",
@@ -564,9 +569,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "discover",
         (),
         jsonrpc="monitors/discover",
-        mcp=McpTool(
-            "monitor_discover", "What this server supports: versions, feeds, limits, extensions.", READ
-        ),
+        mcp=McpTool("monitor_discover", READ),
         client=("discover",),
     ),
     Operation(
@@ -590,12 +593,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ("body", "token"),
         MONITOR_PARAMS,
         jsonrpc="monitors/create",
-        mcp=McpTool(
-            "monitor_create",
-            "Create a monitor. The reply carries its owner token, shown once: keep it. An existing id is "
-            "refused (DUPLICATE).",
-            (False, False, False, False),
-        ),
+        mcp=McpTool("monitor_create", (False, False, False, False)),
         client=("create_monitor",),
     ),
     Operation(
@@ -608,7 +606,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "list_monitors",
         ("token",),
         jsonrpc="monitors/list",
-        mcp=McpTool("monitor_list", "Monitors this token may see (public ones without a token).", READ),
+        mcp=McpTool("monitor_list", READ),
         client=("list_monitors",),
     ),
     Operation(
@@ -622,7 +620,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ("id", "token"),
         (path_monitor(),),
         jsonrpc="monitors/get",
-        mcp=McpTool("monitor_get", "One monitor's definition.", READ),
+        mcp=McpTool("monitor_get", READ),
         client=("get_monitor",),
     ),
     Operation(
@@ -636,12 +634,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ("id", "token"),
         (path_monitor(),),
         jsonrpc="monitors/state",
-        mcp=McpTool(
-            "monitor_state",
-            "A monitor's computed state: head, live, counters, ages, confidence (with "
-            "what it does not know).",
-            READ,
-        ),
+        mcp=McpTool("monitor_state", READ),
         client=("state",),
     ),
     _configure(
@@ -679,13 +672,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ("id", "body", "token"),
         (path_monitor(), *PUBLISH_PARAMS),
         jsonrpc="monitors/publish",
-        mcp=McpTool(
-            "monitor_publish",
-            "Append an observation (owner token). An agent acting for the owner sets "
-            "actor to itself and on_behalf_of to the owner. Not idempotent unless you give an "
-            "idempotency_key: then a retry returns the first reply and appends nothing.",
-            (False, False, False, False),
-        ),
+        mcp=McpTool("monitor_publish", (False, False, False, False)),
         client=("publish",),
     ),
     Operation(
@@ -704,14 +691,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ("body", "token"),
         SUBSCRIBE_PARAMS,
         jsonrpc="feeds/subscribe",
-        mcp=McpTool(
-            "monitor_subscribe",
-            "Subscribe to a monitor. The reply carries the reader token, shown once. Re-subscribing the "
-            "same subscriber renews its token and keeps its cursor. protocol http makes the server push "
-            "to the sink URL.",
-            # a push subscription reaches out to any URL it is given
-            (False, False, False, True),
-        ),
+        mcp=McpTool("monitor_subscribe", (False, False, False, True)),
         client=("subscribe",),
     ),
     Operation(
@@ -751,12 +731,7 @@ OPERATIONS: tuple[Operation, ...] = (
         ("id", "token", "kw:cursor", "kw:limit", "kw:filter"),
         PULL_PARAMS,
         jsonrpc="feeds/pull",
-        mcp=McpTool(
-            "monitor_pull",
-            "Read observations at the cursor. Read-only: it never commits, so call monitor_ack with "
-            "`next` after handling them. `wait` long-polls up to 50 s.",
-            READ,
-        ),
+        mcp=McpTool("monitor_pull", READ),
         client=("pull",),
     ),
     _reader_op(
@@ -766,12 +741,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "idempotent.",
         _out(("subscription", "cursor"), subscription=STR, cursor=INT, head=INT, lag=INT),
         (body("cursor", {**SEQ, "description": "the next seq to deliver (0..2^53)"}, True),),
-        McpTool(
-            "monitor_ack",
-            "Commit the cursor (the pull's `next`): cumulative, never backwards; the same ack again is "
-            "idempotent.",
-            (False, False, True, False),
-        ),
+        McpTool("monitor_ack", (False, False, True, False)),
         "ack",
     ),
     _reader_op(
@@ -783,11 +753,7 @@ OPERATIONS: tuple[Operation, ...] = (
             body("cursor", {**SEQ, "description": "the new cursor (0..2^53)"}, True),
             reason("why (logged)", True),
         ),
-        McpTool(
-            "monitor_seek",
-            "Move the cursor explicitly (the only way backwards), with a reason.",
-            (False, False, True, False),
-        ),
+        McpTool("monitor_seek", (False, False, True, False)),
         "seek",
     ),
     _reader_op(
@@ -796,11 +762,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Rotate the subscription's token (same cursor); the old one dies at once.",
         _out(("subscription", "token"), subscription=STR, token=STR, cursor=INT),
         (),
-        McpTool(
-            "monitor_renew",
-            "Rotate the subscription's token (same cursor); the old one dies at once.",
-            (False, True, False, False),
-        ),
+        McpTool("monitor_renew", (False, True, False, False)),
         "renew",
         takes_body=False,
     ),
@@ -810,11 +772,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Retire the subscription (its leases are released; subscribing again reactivates it).",
         _out(("ok", "subscription", "cursor_kept"), ok=BOOL, subscription=STR, seq=INT, cursor_kept=INT),
         (reason(),),
-        McpTool(
-            "monitor_retire_subscription",
-            "Retire the subscription (its leases are released; subscribing again reactivates it).",
-            (False, True, True, False),
-        ),
+        McpTool("monitor_retire_subscription", (False, True, True, False)),
         "retire_subscription",
     ),
     Operation(
@@ -838,11 +796,10 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     _lease(
         "claim",
-        McpTool(
-            "lease_claim",
+        McpTool("lease_claim", (False, False, True, False)),
+        (
             "Claim exclusive, expiring ownership of a subject (needs act). The holder claiming again gets "
-            "the same lease (idempotent: true).",
-            (False, False, True, False),
+            "the same lease (idempotent: true)."
         ),
         _out(("lease", "expires"), lease=LEASE_OUT, expires=STR, idempotent=BOOL),
         (LEASE_SUBJECT, LEASE_DURATION, NOTE),
@@ -850,18 +807,16 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     _lease(
         "renew",
-        McpTool("lease_renew", "Extend a lease you hold.", (False, False, False, False)),
+        McpTool("lease_renew", (False, False, False, False)),
+        ("Extend a lease you hold."),
         _out(("lease", "expires"), lease=LEASE_OUT, expires=STR),
         (LEASE_SUBJECT, LEASE_DURATION),
         "renew_lease",
     ),
     _lease(
         "complete",
-        McpTool(
-            "lease_complete",
-            "Finish a lease you hold with an outcome (the same complete again returns the first reply).",
-            (False, False, True, False),
-        ),
+        McpTool("lease_complete", (False, False, True, False)),
+        ("Finish a lease you hold with an outcome (the same complete again returns the first reply)."),
         LEASE_DONE_OUT,
         (
             LEASE_SUBJECT,
@@ -873,18 +828,16 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     _lease(
         "release",
-        McpTool("lease_release", "Give a held lease back (no attempt counted).", (False, False, True, False)),
+        McpTool("lease_release", (False, False, True, False)),
+        ("Give a held lease back (no attempt counted)."),
         LEASE_DONE_OUT,
         LEASE_RELEASE_PARAMS,
         "release",
     ),
     _lease(
         "reject",
-        McpTool(
-            "lease_reject",
-            "Give a subject back as failed; it dead-letters at the delivery count limit.",
-            (False, False, True, False),
-        ),
+        McpTool("lease_reject", (False, False, True, False)),
+        ("Give a subject back as failed; it dead-letters at the delivery count limit."),
         LEASE_DONE_OUT,
         LEASE_RELEASE_PARAMS,
         "reject",
@@ -1121,7 +1074,7 @@ def mcp_tools() -> list[ToolDef]:
     for op in OPERATIONS:
         if op.mcp is not None:
             grouped.setdefault(op.mcp.name, []).append(op)
-            tools[op.mcp.name] = op.mcp
+            tools[op.mcp.name] = op.mcp if op.mcp.description else replace(op.mcp, description=op.summary)
     return [_tool_def(tools[name], tuple(ops)) for name, ops in grouped.items()]
 
 
