@@ -5,6 +5,7 @@ clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule
 from __future__ import annotations
 
 import time as _time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -68,7 +69,7 @@ class Feeds:
 SERVER_FEEDS = Feeds(pull=True, http=True, mcp=True, sse=True)
 
 
-class ServiceCore:
+class ServiceCore(ABC):
     def __init__(
         self,
         store: Store,
@@ -182,8 +183,9 @@ class ServiceCore:
         ):
             self.sweep()
 
-    def sweep(self, now: float | None = None) -> int:  # pragma: no cover - MonitorService defines it
-        raise NotImplementedError
+    @abstractmethod
+    def sweep(self, now: float | None = None) -> int:
+        """Retire mute subscriptions and expire leases now due (upkeep.sweep, through MonitorService)."""
 
     def sweep_done(self, nearest: float | None) -> None:
         self._next_deadline = nearest
