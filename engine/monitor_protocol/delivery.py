@@ -45,8 +45,9 @@ from .vocab import (
 # ===================================================================================== subscribe
 def _grant_of(
     rec: Monitor, existing: Subscription | None, token: str | None, asked: Any
-) -> tuple[list[str], list[str], str]:
-    """(granted, requested, basis) for this caller, or the refusal (P7: granted, never requested)."""
+) -> tuple[list[str], str]:
+    """(requested, basis) for this caller once every requested capability is granted, or the refusal
+    (P7: granted, never requested)."""
     subscriber_name = existing.subscriber if existing else None
     is_owner = tokens.matches(token, rec.owner_hash)
     # The subscribe token grants the monitor's capabilities wherever it exists (shared or public).
@@ -102,7 +103,7 @@ def _grant_of(
         basis = "subscribe"
     else:
         basis = existing.grant if holds_existing and existing is not None else "default"
-    return grant, requested, basis
+    return requested, basis
 
 
 def _start_of(body: dict[str, Any], rec: Monitor) -> int | None:
@@ -151,7 +152,7 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
     rec = monitor_of(tx, monitor_id)
     subscriber = check_actor(body.get("subscriber"), "subscriber")
     existing = tx.find_subscription(monitor_id, subscriber)
-    _grant, requested, basis = _grant_of(rec, existing, token, body.get("capabilities"))
+    requested, basis = _grant_of(rec, existing, token, body.get("capabilities"))
     flt = filters.validate(body.get("filter"), rec.types or [])
     protocol = body.get("protocol", existing.protocol if existing else "pull")
     check_vocab(protocol, PROTOCOLS, "protocol")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time as _time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import __version__
@@ -78,16 +78,13 @@ class ServiceCore(ABC):
         registration_token: str | None = None,
         retire_after_mute_seconds: int | None = None,
         allowed_sinks: tuple[str, ...] | list[str] = (),
-        streams: bool = True,
         feeds: Feeds | None = None,
     ) -> None:
         self.store = store
         # Push sinks the operator allowed although they are internal addresses (--allow-sink).
         self.allowed_sinks = tuple(allowed_sinks)
-        if feeds is None:
-            feeds = SERVER_FEEDS if streams else replace(SERVER_FEEDS, sse=False)
-        self.feeds = feeds
-        self.streams = feeds.sse
+        # What the door in front offers (discover's feeds); mp serve's by default.
+        self.feeds = SERVER_FEEDS if feeds is None else feeds
         self.clock = clock
         self.registration_token = registration_token
         self.default_retire_after_mute = retire_after_mute_seconds or DEFAULT_RETIRE_AFTER_MUTE_SECONDS
