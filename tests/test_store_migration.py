@@ -380,3 +380,20 @@ def test_engine_level_the_fixture_tokens_still_work(v1_path):
         assert info.value.code == "CURSOR_EXPIRED"
     finally:
         store.close()
+
+
+def test_mp_serve_migrates_the_file_it_is_given_says_so_and_serves_it(v1_path):
+    import httpx
+    from serverutil import running_server, server_log
+
+    owner = V1_JSON["tokens"]["ci_owner"]
+    head = V1_JSON["snapshot"]["monitors"][0]["monitor"]["head"]
+    with running_server(v1_path.parent, "--db", str(v1_path)) as (base, proc):
+        r = httpx.get(f"{base}/mp/v0/monitors/ci", headers={"authorization": f"Bearer {owner}"})
+        log = server_log(proc)
+    # the fixture's readers have since been retired for silence (its clock is months old): the monitor
+    # and the owner's token are what must have come through
+    assert r.status_code == 200 and r.json()["head"] >= head
+    assert "migrated in place from the previous format" in log and "observations" in log
+    with running_server(v1_path.parent, "--db", str(v1_path)) as (_base, again):  # control: once only
+        assert "migrated" not in server_log(again)

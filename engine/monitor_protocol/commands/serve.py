@@ -828,6 +828,10 @@ def run(name: str, args: argparse.Namespace) -> int:
         if cfg.config:
             print(f"config: {cfg.config} (SIGHUP re-reads it and the environment: origins and hosts)")
         print(f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else ""))
+        migrated = getattr(store, "migrated", None)
+        if migrated:  # an operator should hear that the file changed format under them, once
+            held = ", ".join(f"{n} {table}" for table, n in migrated.items())
+            print(f"database: migrated in place from the previous format ({held})")
         print(f"monitors: {monitors}")
         mute = (
             f"{cfg.retire_after_mute}s" if cfg.retire_after_mute is not None else "604800s (per subscription)"
