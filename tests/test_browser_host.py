@@ -47,3 +47,22 @@ async def test_admin_door_is_the_pages_alone():
     assert mine.status == 200 and mine.body["observations"][0]["type"] == "ai.mentu.monitor.configured"
     theirs = await host.call("GET", "/admin/log", query={"monitor": "ci"}, token="guess")
     assert theirs.status == 404  # the public router has no admin routes at all
+
+
+async def test_an_ack_and_pull_that_waits_acks_once_and_rechecks_as_a_plain_pull():
+    """Woken while parked, the door asks again with the plain pull, never the ack again: a seek that moves
+    the cursor back while the poll is parked (its `subscribed{seek}` row wakes the poll) stays moved."""
+    host = EngineHost()
+    _owner, sub, reader = await _feed(host)
+    head = (await host.call("GET", f"/subscriptions/{sub}", token=reader)).body["cursor"]
+    waiting = asyncio.ensure_future(
+        host.call("POST", f"/subscriptions/{sub}/pull", {"ack": head, "wait": 5}, token=reader)
+    )
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # parked, with the ack committed
+    assert (await host.call("GET", f"/subscriptions/{sub}", token=reader)).body["cursor"] == head
+    seek = {"cursor": 1, "reason": "read it all again"}
+    assert (await host.call("POST", f"/subscriptions/{sub}/seek", seek, token=reader)).status == 200
+    reply = await asyncio.wait_for(waiting, 5)
+    assert reply.status == 200 and reply.body["cursor"] == 1  # re-acked, it would be `head` again
+    assert int(reply.body["observations"][0]["sequence"]) == 1

@@ -140,6 +140,8 @@ def _sample(param: inspect.Parameter) -> Any:
     text = str(param.annotation)
     if text.startswith("list"):
         return []
+    if text.startswith("Iterable"):
+        return [{"type": "com.example.x"}]
     if "Mapping" in text:
         return {}
     if text.startswith("int"):
@@ -147,7 +149,11 @@ def _sample(param: inspect.Parameter) -> Any:
     return "x-1"
 
 
-def _built_call(name: str) -> client._Call[Any]:
+# Client methods that perform more than one operation, and the keyword arguments that choose each.
+CHOSEN_BY: dict[tuple[str, str], dict[str, Any]] = {("ack_pull", "pull"): {"ack": 3}}
+
+
+def _built_call(name: str, op: str = "") -> client._Call[Any]:
     build = getattr(client._Routes, name)
     params = list(inspect.signature(build).parameters.values())[1:]
     args = [
@@ -156,7 +162,7 @@ def _built_call(name: str) -> client._Call[Any]:
         if p.default is inspect.Parameter.empty
         and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
-    return build(_FakeClient(), *args)
+    return build(_FakeClient(), *args, **CHOSEN_BY.get((op, name), {}))
 
 
 def test_every_table_operation_has_client_methods_on_its_route() -> None:
@@ -168,7 +174,7 @@ def test_every_table_operation_has_client_methods_on_its_route() -> None:
         assert op.client, f"{op.name} has no client method"
         for name in op.client:
             assert callable(getattr(client.Client, name)) and callable(getattr(client.AsyncClient, name))
-            call = _built_call(name)
+            call = _built_call(name, op.name)
             assert call.method == op.method, (op.name, name)
             assert concrete(op.path).match(call.path), (op.name, name, call.path)
 
@@ -310,6 +316,8 @@ def test_openapi_results_describe_what_the_server_serves(openapi: dict[str, Any]
     pulled = s("pull", 200, "GET", f"/subscriptions/{sid}/pull", token=reader)
     s("ack", 200, "POST", f"/subscriptions/{sid}/ack", {"cursor": pulled["next"]}, reader)
     s("seek", 200, "POST", f"/subscriptions/{sid}/seek", {"cursor": 1, "reason": "again"}, reader)
+    both = s("ack_pull", 200, "POST", f"/subscriptions/{sid}/pull", {"ack": 2, "limit": 1}, reader)
+    assert both["cursor"] == 2 and [o["sequence"] for o in both["observations"]] == [f"{2:020d}"]
     lease = f"/subscriptions/{sid}/leases"
     s("lease_claim", 201, "POST", lease + "/claim", {"subject": "b1"}, reader)
     s("lease_claim", 200, "POST", lease + "/claim", {"subject": "b1"}, reader)
@@ -331,6 +339,9 @@ def test_openapi_results_describe_what_the_server_serves(openapi: dict[str, Any]
     s("admin_snapshot", 200, "GET", "/admin/snapshot", token=admin)
     s("admin_log", 200, "GET", "/admin/log", token=admin, query=[("monitor", "ci")])
     s("admin_compact", 200, "POST", "/admin/compact", {"monitor": "ci", "upto_seq": 2}, admin)
+    batch = [{"type": "com.example.ci.run", "subject": "b9"}, {"type": "com.example.nope"}]
+    done = s("publish", 207, "POST", "/monitors/ci/observations", batch, owner)
+    assert [sorted(r) for r in done["results"]] == [["id", "index", "seq"], ["error", "index", "status"]]
     s("retire_monitor", 200, "POST", "/monitors/ci/retire", {"reason": "done"}, owner)
     json_ops = {op.name for op in OPS if op.result.media == "application/json"}
     assert s.checked == json_ops

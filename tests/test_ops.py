@@ -222,7 +222,7 @@ def test_a_config_file_configures_the_server(tmp_path):
 
 
 def test_log_lines_carry_utc_timestamps(tmp_path):
-    with running_server(tmp_path, "--db", ":memory:") as (base, proc):
+    with running_server(tmp_path, "--db", ":memory:", "--access-log") as (base, proc):
         httpx.get(base + "/mp/v0/discover")
         deadline = time.monotonic() + 10
         while '"GET /mp/v0/discover' not in server_log(proc) and time.monotonic() < deadline:
@@ -234,6 +234,27 @@ def test_log_lines_carry_utc_timestamps(tmp_path):
     assert access, log
     for line in uvicorn_lines:
         assert STAMP.match(line), line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "logged"),
+    [((), {}, False), (("--access-log",), {}, True), ((), {"MP_ACCESS_LOG": "true"}, True)],
+)
+def test_the_access_log_is_off_unless_asked_for(tmp_path, monkeypatch, args, env, logged):
+    """One line per request costs about a quarter of a pull+ack (docs/bench.md): off by default, and
+    the start-up summary says how to turn it on."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with running_server(tmp_path, "--db", ":memory:", *args) as (base, proc):
+        httpx.get(base + "/mp/v0/discover")
+        httpx.get(base + "/healthz")  # a second request: the first one's line is surely written by now
+        deadline = time.monotonic() + (10 if logged else 1)
+        while '"GET /mp/v0/discover' not in server_log(proc) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = server_log(proc)
+    assert ('"GET /mp/v0/discover' in log) is logged, log
+    assert ("access log: on" if logged else "access log: off (--access-log turns it on)") in log
+    assert "Application startup complete" in log  # control: the server's own log lines are still there
 
 
 # -- health, readiness ------------------------------------------------------------------------------------

@@ -256,7 +256,9 @@ class _Forward(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(b"bad gateway")
             return
-        if self.server.hold_acks and self.command == "POST" and self.path.split("?")[0].endswith("/ack"):
+        route = self.path.split("?")[0]
+        acking = route.endswith("/ack") or (route.endswith("/pull") and b'"ack"' in body)  # ack-and-pull too
+        if self.server.hold_acks and self.command == "POST" and acking:
             self.server.ack_seen.set()
             self.server.release.wait()
             return

@@ -38,14 +38,14 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Concatenate, Generic, NotRequired, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote
 
 import httpx
 
-from .vocab import ERROR_STATUS
+from .vocab import ERROR_STATUS, EXT_ACK_PULL, EXT_PUBLISH_BATCH
 
 DEFAULT_BASE = "http://127.0.0.1:8130"
 API_PREFIX = "/mp/v0"
@@ -58,6 +58,8 @@ __all__ = [
     "DEFAULT_BASE",
     "ERROR_CLASSES",
     "AckResult",
+    "BatchItem",
+    "BatchPublished",
     "AsyncClient",
     "CapabilityMissing",
     "Client",
@@ -473,6 +475,61 @@ class Published(Result):
 
 
 @dataclass
+class BatchItem:
+    """One item of a batch publish, in the order sent: its seq and id, or the refusal it got (logged by the
+    server as a rejected row, like a refused single publish)."""
+
+    index: int
+    seq: int | None = None
+    id: str | None = None
+    idempotent: bool | None = None  # with an idempotency_key: True when it repeated an earlier publish
+    error: MonitorProtocolError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class BatchPublished(Result):
+    """`publish_many`: every item's outcome in order. `batched` is True when the server's batch call was
+    used (one commit per request of up to `max_items`), False when the client fell back to one publish per
+    item because the server does not advertise the extension."""
+
+    monitor: str
+    items: list[BatchItem]
+    batched: bool
+
+    @property
+    def published(self) -> int:
+        return sum(1 for item in self.items if item.ok)
+
+    @property
+    def refused(self) -> list[BatchItem]:
+        return [item for item in self.items if not item.ok]
+
+    @property
+    def seqs(self) -> list[int | None]:
+        return [item.seq for item in self.items]
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> BatchPublished:
+        items = []
+        for one in raw.get("results") or []:
+            err = one.get("error")
+            items.append(
+                BatchItem(
+                    int(one.get("index") or 0),
+                    one.get("seq"),
+                    one.get("id"),
+                    one.get("idempotent"),
+                    _error_from_body(int(one.get("status") or 400), err, "") if err is not None else None,
+                )
+            )
+        return cls(raw, str(raw.get("monitor") or ""), items, bool(raw.get("batched")))
+
+
+@dataclass
 class State(Result):
     monitor: str
     head: int
@@ -735,6 +792,21 @@ class _Call(Generic[T]):
     timeout: float | None = None
     retries: int = 0  # further attempts on ConnectionFailed or 503 UNAVAILABLE (only for safe calls)
     backoff: float = DEFAULT_RETRY_BACKOFF
+    # Set for a call that depends on a server extension: the client runs this plan instead of the request
+    # above (which is what the call sends where the extension is advertised). See `_Plan`.
+    plan: Callable[[], _Plan[T]] | None = None
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """A plan's question to its client: this server extension's entry in discover, or None."""
+
+    extension: str
+
+
+# A plan yields the `_Call`s to perform (and `_Ask`s) and receives each reply, or has the refusal thrown
+# in; what it returns is the result. The sync and the async client drive the same plan.
+_Plan = Generator["_Call[Any] | _Ask", Any, T]
 
 
 def _seg(value: str) -> str:
@@ -755,6 +827,76 @@ def filter_params(flt: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         for v in values:
             pairs.append((key, v if isinstance(v, str) else json.dumps(v)))
     return pairs
+
+
+def _ack_pull(
+    c: _Base,
+    subscription: str,
+    ack: int,
+    limit: int | None,
+    wait: int | None,
+    flt: Mapping[str, Any] | None,
+    token: str | None,
+) -> _Call[PullResult]:
+    path = f"/subscriptions/{_seg(subscription)}/pull"
+    body = _drop_none(
+        {
+            "ack": ack,
+            "limit": limit,
+            "wait": _whole_seconds(wait) if wait is not None else None,
+            "filter": dict(flt) if flt else None,
+        }
+    )
+    timeout = c.timeout + (wait + LONG_POLL_MARGIN if wait else 0.0)
+    tok = c._tok(token)
+    call: _Call[PullResult] = _Call("POST", path, tok, PullResult.of, body, timeout=timeout)
+
+    def plan() -> _Plan[PullResult]:
+        if (yield _Ask(EXT_ACK_PULL)) is not None:
+            both: PullResult = yield replace(call, plan=None)
+            return both
+        # Elsewhere: the protocol's two calls, the ack first (its refusal raises before anything is read).
+        yield _Call("POST", f"/subscriptions/{_seg(subscription)}/ack", tok, AckResult.of, {"cursor": ack})
+        params = [(k, str(v)) for k, v in (("limit", limit), ("wait", body.get("wait"))) if v is not None]
+        pulled: PullResult = yield _Call(
+            "GET", path, tok, PullResult.of, None, params + filter_params(flt), timeout
+        )
+        return pulled
+
+    call.plan = plan
+    return call
+
+
+# A refusal of the whole call, not of one item: the batch request raises it too.
+_WHOLE_CALL_REFUSALS = ("UNAUTHORIZED", "NOT_FOUND")
+
+
+def _publish_many_plan(
+    monitor_id: str, path: str, token: str | None, items: list[dict[str, Any]]
+) -> _Plan[BatchPublished]:
+    info = yield _Ask(EXT_PUBLISH_BATCH)
+    results: list[dict[str, Any]] = []
+    if info is not None:
+        size = info.get("max_items") if isinstance(info, dict) else None
+        size = size if isinstance(size, int) and size > 0 else 1
+        for start in range(0, len(items), size):
+            reply = yield _Call("POST", path, token, _raw, items[start : start + size])
+            for one in reply.get("results") or []:
+                results.append({**one, "index": start + int(one.get("index") or 0)})
+    else:
+        for index, item in enumerate(items):
+            try:
+                reply = yield _Call("POST", path, token, _raw, item)
+            except MonitorProtocolError as err:
+                if err.code in _WHOLE_CALL_REFUSALS:
+                    raise
+                results.append({"index": index, "status": err.status, "error": err.body})
+                continue
+            one = {"index": index, "seq": reply.get("seq"), "id": (reply.get("observation") or {}).get("id")}
+            if "idempotent" in reply:
+                one["idempotent"] = reply["idempotent"]
+            results.append(one)
+    return BatchPublished.of({"monitor": monitor_id, "results": results, "batched": info is not None})
 
 
 def _whole_seconds(wait: int) -> int:
@@ -779,9 +921,16 @@ class _Base:
     base: str
     token: str | None
     timeout: float
+    _extensions: dict[str, Any] | None = None  # discover's capabilities.extensions, read once when needed
 
     def _tok(self, token: str | None) -> str | None:
         return token if token is not None else self.token
+
+    def _learn_extensions(self, discovered: Discovery | None) -> dict[str, Any]:
+        caps = discovered.raw.get("capabilities") if discovered is not None else None
+        found = caps.get("extensions") if isinstance(caps, dict) else None
+        self._extensions = dict(found) if isinstance(found, dict) else {}
+        return self._extensions
 
 
 class _Routes:
@@ -966,11 +1115,22 @@ class _Routes:
         limit: int | None = None,
         wait: int | None = None,
         filter: Mapping[str, Any] | None = None,
+        ack: int | None = None,
         token: str | None = None,
     ) -> _Call[PullResult]:
         """GET /subscriptions/{id}/pull -> PullResult. Never commits. `cursor` is a read-only replay, `filter`
         an inline filter that narrows. `wait` is a long poll in whole seconds, an `int` 0..50 (the request
-        timeout grows by it); a float such as 2.5 raises TypeError before anything is sent."""
+        timeout grows by it); a float such as 2.5 raises TypeError before anything is sent.
+
+        `ack=n` acknowledges `n` (a previous pull's `next`, with /ack's rules) and then pulls: one request
+        and one transaction (POST /subscriptions/{id}/pull) where the server advertises the ack-pull
+        extension, else /ack then the GET pull. It cannot be combined with `cursor` (a read-only replay)."""
+        if ack is not None:
+            if cursor is not None:
+                raise ValueError(
+                    "ack commits and cursor is a read-only replay: call ack() then pull(cursor=...)"
+                )
+            return _ack_pull(c, subscription, ack, limit, wait, filter, token)
         params: list[tuple[str, str]] = []
         if cursor is not None:
             params.append(("cursor", str(cursor)))
@@ -989,6 +1149,25 @@ class _Routes:
             params,
             timeout,
         )
+
+    @staticmethod
+    def publish_many(
+        c: _Base, /, monitor_id: str, items: Iterable[Mapping[str, Any]], *, token: str | None = None
+    ) -> _Call[BatchPublished]:
+        """POST /monitors/{id}/observations with a JSON array (owner) -> BatchPublished: every item (the
+        body `publish` sends: type, subject, data, tags, ..., idempotency_key) published in order, or refused
+        and logged on its own; `.items` lists each item's seq or error. Where the server advertises the
+        publish-batch extension, up to `max_items` items travel in one request and one commit (a longer
+        list is split); elsewhere the client publishes them one by one (`batched` False). A refusal of the
+        whole call (a wrong token, an unknown monitor) raises."""
+        body = [dict(item) for item in items]
+        if not body:
+            raise ValueError("publish_many needs at least one observation")
+        path = f"/monitors/{_seg(monitor_id)}/observations"
+        tok = c._tok(token)
+        call: _Call[BatchPublished] = _Call("POST", path, tok, BatchPublished.of, body)
+        call.plan = lambda: _publish_many_plan(monitor_id, path, tok, body)
+        return call
 
     @staticmethod
     def ack(c: _Base, /, subscription: str, cursor: int, *, token: str | None = None) -> _Call[AckResult]:
@@ -1334,6 +1513,8 @@ class Client(_Base):
         return _decode(response, call)
 
     def _perform(self, call: _Call[T]) -> T:
+        if call.plan is not None:
+            return self._drive(call.plan())
         attempt = 0
         while True:
             try:
@@ -1344,6 +1525,30 @@ class Client(_Base):
                     raise
             time.sleep(delay)
             attempt += 1
+
+    def _drive(self, plan: _Plan[T]) -> T:
+        reply: Any = None
+        refusal: MonitorProtocolError | None = None
+        while True:
+            try:
+                step = plan.throw(refusal) if refusal is not None else plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            refusal = None
+            try:
+                reply = self._extension(step.extension) if isinstance(step, _Ask) else self._perform(step)
+            except MonitorProtocolError as err:
+                refusal = err
+
+    def _extension(self, name: str) -> Any:
+        known = self._extensions
+        if known is None:
+            try:
+                found: Discovery = self._perform(_Routes.discover(self))
+                known = self._learn_extensions(found)
+            except MonitorProtocolError:
+                known = self._learn_extensions(None)
+        return known.get(name)
 
     request = _sync(_Routes.request)
     discover = _sync(_Routes.discover)
@@ -1356,6 +1561,7 @@ class Client(_Base):
     retire_monitor = _sync(_Routes.retire_monitor)
     state = _sync(_Routes.state)
     publish = _sync(_Routes.publish)
+    publish_many = _sync(_Routes.publish_many)
     subscribe = _sync(_Routes.subscribe)
     get_subscription = _sync(_Routes.get_subscription)
     pull = _sync(_Routes.pull)
@@ -1418,6 +1624,8 @@ class AsyncClient(_Base):
     async def _perform(self, call: _Call[T]) -> T:
         import anyio  # httpx depends on it; works under asyncio and trio
 
+        if call.plan is not None:
+            return await self._drive(call.plan())
         attempt = 0
         while True:
             try:
@@ -1428,6 +1636,33 @@ class AsyncClient(_Base):
                     raise
             await anyio.sleep(delay)
             attempt += 1
+
+    async def _drive(self, plan: _Plan[T]) -> T:
+        reply: Any = None
+        refusal: MonitorProtocolError | None = None
+        while True:
+            try:
+                step = plan.throw(refusal) if refusal is not None else plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            refusal = None
+            try:
+                if isinstance(step, _Ask):
+                    reply = await self._extension(step.extension)
+                else:
+                    reply = await self._perform(step)
+            except MonitorProtocolError as err:
+                refusal = err
+
+    async def _extension(self, name: str) -> Any:
+        known = self._extensions
+        if known is None:
+            try:
+                found: Discovery = await self._perform(_Routes.discover(self))
+                known = self._learn_extensions(found)
+            except MonitorProtocolError:
+                known = self._learn_extensions(None)
+        return known.get(name)
 
     request = _async(_Routes.request)
     discover = _async(_Routes.discover)
@@ -1440,6 +1675,7 @@ class AsyncClient(_Base):
     retire_monitor = _async(_Routes.retire_monitor)
     state = _async(_Routes.state)
     publish = _async(_Routes.publish)
+    publish_many = _async(_Routes.publish_many)
     subscribe = _async(_Routes.subscribe)
     get_subscription = _async(_Routes.get_subscription)
     pull = _async(_Routes.pull)

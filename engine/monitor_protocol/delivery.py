@@ -313,7 +313,13 @@ def pull(
     inline: Any,
     *,
     system: bool,
+    ack_cursor: Any = None,
 ) -> dict[str, Any]:
+    """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
+    rules, in this same transaction: the pull then reads from the cursor it just committed."""
+    if ack_cursor is not None:
+        acked = as_int(ack_cursor, "ack", minimum=0, text=False)  # a JSON integer, like /ack's cursor
+        ack(core, tx, sub_id, token, {"cursor": acked}, system=system)
     if system:
         found = tx.subscription(sub_id)
         if found is None or not found.active:

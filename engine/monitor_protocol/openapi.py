@@ -114,6 +114,9 @@ def _request_body(op: Operation) -> dict[str, Any] | None:
     required = [p.name for p in fields if p.required]
     if required:
         schema["required"] = required
+    if op.batch_max is not None:  # a batch: an array of such objects
+        batch = {"type": "array", "items": schema, "minItems": 1, "maxItems": op.batch_max}
+        return {"required": True, "content": {"application/json": {"schema": {"anyOf": [schema, batch]}}}}
     return {"required": bool(required), "content": {"application/json": {"schema": schema}}}
 
 
@@ -134,8 +137,10 @@ def _responses(op: Operation) -> dict[str, Any]:
             "description": "a repeat: the first reply, `idempotent: true`, nothing changed",
             "content": content,
         }
-    for status, text in op.result.others:
+    for status, text, schema in op.result.others:
         responses[str(status)] = {"description": text}
+        if schema is not None:
+            responses[str(status)]["content"] = {op.result.media: {"schema": _with_refs(schema)}}
     responses["default"] = {
         "description": "a refusal: {code, error, done, ...extras}, the status from the code "
         "(PROTOCOL.md section 3)",

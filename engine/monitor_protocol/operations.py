@@ -33,6 +33,7 @@ from .vocab import (
     MAX_LIMIT,
     MAX_NAME_CHARS,
     MAX_OUTCOME_CHARS,
+    MAX_PUBLISH_BATCH,
     MAX_REASON_BYTES,
     MAX_RPC_BATCH,
     MAX_WAIT_SECONDS,
@@ -107,7 +108,8 @@ class Result:
     status: int = 200
     repeat_status: int | None = None  # the status when the reply says `idempotent: true` (a repeat)
     media: str = "application/json"
-    others: tuple[tuple[int, str], ...] = ()  # further success statuses, with what they mean
+    # further success statuses, with what they mean and the JSON Schema of their body (None: no body)
+    others: tuple[tuple[int, str, Schema | None], ...] = ()
 
     def status_for(self, body: Any) -> int:
         repeated = self.repeat_status is not None and isinstance(body, dict) and body.get("idempotent")
@@ -149,6 +151,7 @@ class Operation:
     mcp: McpTool | None = None
     client: tuple[str, ...] = ()  # the methods of client.Client / AsyncClient that perform it
     body_schema: Schema | None = None  # a request body that is not an object of `params` (JSON-RPC)
+    batch_max: int | None = None  # REST: the body may also be an array of 1..batch_max such objects
 
     @property
     def path(self) -> str:
@@ -252,6 +255,26 @@ STATE_OUT = _out(
     live=_obj("whether the monitor is live, and why not", ("value",), value=BOOL),
 )
 LEASE_DONE_OUT = _out(("ok", "seq"), ok=BOOL, seq=INT, dead_letter=BOOL, lease=LEASE_OUT)
+BATCH_PUBLISHED_OUT = _out(
+    ("monitor", "published", "refused", "results"),
+    monitor=STR,
+    published=INT,
+    refused=INT,
+    results={
+        "type": "array",
+        "items": {
+            "anyOf": [
+                _out(("index", "seq", "id"), index=INT, seq=INT, id=STR, idempotent=BOOL),
+                _out(
+                    ("index", "status", "error"),
+                    index=INT,
+                    status=INT,
+                    error=_obj("the refusal, as a single publish's error body", ("code", "error")),
+                ),
+            ]
+        },
+    },
+)
 MONITOR_CHANGED_OUT = _out(("monitor", "seq"), monitor=MONITOR_OUT, seq=INT)
 # The loose objects above stand for these project schemas (the OpenAPI document refers to the strict ones).
 NAMED_OUTPUTS: dict[str, Schema] = {
@@ -444,6 +467,21 @@ PULL_PARAMS: tuple[Param, ...] = (
     ),
     Param("filter", "query", FILTER, max_bytes=MAX_FILTER_BYTES),
     *FILTER_QUERY_PARAMS,
+    # ack-and-pull: a GET never commits, so over REST `ack` travels only in the POST form (ACK_PULL_PARAMS);
+    # the MCP tool stays read-only (an agent acks with monitor_ack)
+    query(
+        "ack",
+        _int("acknowledge this cursor first (a previous pull's next), then pull, in one transaction"),
+        doors=frozenset(("jsonrpc",)),
+    ),
+)
+# POST /subscriptions/{id}/pull: the same pull with its parameters in the body, and `ack` among them.
+ACK_PULL_PARAMS: tuple[Param, ...] = (
+    path_subscription(),
+    body("ack", _int("acknowledge this cursor first (a previous pull's next), then pull")),
+    body("limit", _int(f"1..{MAX_LIMIT} (default {DEFAULT_LIMIT})", 1, MAX_LIMIT)),
+    body("wait", _int(f"long poll, whole seconds (0..{MAX_WAIT_SECONDS})", 0, MAX_WAIT_SECONDS)),
+    body("filter", FILTER, max_bytes=MAX_FILTER_BYTES),
 )
 
 LEASE_DURATION = body(
@@ -452,6 +490,21 @@ LEASE_DURATION = body(
 )
 LEASE_SUBJECT = body("subject", SUBJECT, True, limits=NAME_LIMIT)
 NOTE = body("note", _s("string", "note"), max_bytes=MAX_REASON_BYTES)
+
+PULL_RESULT = Result(
+    _out(
+        ("subscription", "monitor", "cursor", "head", "next", "observations"),
+        subscription=STR,
+        monitor=STR,
+        cursor=INT,
+        head=INT,
+        lag=INT,
+        retention_floor=INT,
+        next=INT,
+        redelivered=INT,
+        observations={"type": "array", "items": OBSERVATION_OUT},
+    )
+)
 
 # ---------------------------------------------------------------------------------------------- auth
 
@@ -661,19 +714,30 @@ OPERATIONS: tuple[Operation, ...] = (
         "/monitors/{id}/observations",
         "Append an observation (owner token). An agent acting for the owner sets "
         "actor to itself and on_behalf_of to the owner. Not idempotent unless you give an "
-        "idempotency_key: then a retry returns the first reply and appends nothing.",
+        "idempotency_key: then a retry returns the first reply and appends nothing. A JSON array body "
+        f"(1..{MAX_PUBLISH_BATCH} observations) is a batch: each item is published in order, or refused "
+        "and logged on its own, in one commit (an extension of this server, see discover).",
         OWNER,
         Result(
             _out(("observation", "seq"), observation=OBSERVATION_OUT, seq=INT, idempotent=BOOL),
             status=201,
             repeat_status=200,
+            others=(
+                (
+                    207,
+                    "a batch (JSON array body) was processed: one result per item, in order, each its seq "
+                    "and id or its refusal (logged as a rejected row)",
+                    BATCH_PUBLISHED_OUT,
+                ),
+            ),
         ),
         "publish",
         ("id", "body", "token"),
         (path_monitor(), *PUBLISH_PARAMS),
         jsonrpc="monitors/publish",
         mcp=McpTool("monitor_publish", (False, False, False, False)),
-        client=("publish",),
+        client=("publish", "publish_many"),
+        batch_max=MAX_PUBLISH_BATCH,
     ),
     Operation(
         "subscribe",
@@ -710,28 +774,35 @@ OPERATIONS: tuple[Operation, ...] = (
         "pull",
         "GET",
         "/subscriptions/{id}/pull",
-        "Read observations at the cursor. Read-only: it never commits, so call monitor_ack with "
-        "`next` after handling them. `wait` long-polls up to 50 s.",
+        "Read observations at the cursor. Without `ack` it never commits: call monitor_ack with "
+        "`next` after handling them, or pass that `next` as `ack` to the next pull (ack-and-pull, one "
+        "call). `wait` long-polls up to 50 s.",
         READER,
-        Result(
-            _out(
-                ("subscription", "monitor", "cursor", "head", "next", "observations"),
-                subscription=STR,
-                monitor=STR,
-                cursor=INT,
-                head=INT,
-                lag=INT,
-                retention_floor=INT,
-                next=INT,
-                redelivered=INT,
-                observations={"type": "array", "items": OBSERVATION_OUT},
-            )
-        ),
+        PULL_RESULT,
         "pull",
-        ("id", "token", "kw:cursor", "kw:limit", "kw:filter"),
+        ("id", "token", "kw:cursor", "kw:limit", "kw:filter", "kw:ack"),
         PULL_PARAMS,
         jsonrpc="feeds/pull",
-        mcp=McpTool("monitor_pull", READ),
+        mcp=McpTool(
+            "monitor_pull",
+            READ,
+            "Read observations at the cursor. Read-only: it never commits, so call monitor_ack with "
+            "`next` after handling them. `wait` long-polls up to 50 s.",
+        ),
+        client=("pull",),
+    ),
+    Operation(
+        "ack_pull",
+        "POST",
+        "/subscriptions/{id}/pull",
+        "Ack-and-pull in one call and one transaction: acknowledge `ack` (with /ack's rules), then pull "
+        "from the new cursor. Without `ack` it is the same pull as the GET. An extension of this server "
+        "(discover: capabilities.extensions): a client falls back to /ack then GET /pull elsewhere.",
+        READER,
+        PULL_RESULT,
+        "pull",
+        ("id", "token", "kw:limit", "kw:filter", "kw:ack"),
+        ACK_PULL_PARAMS,
         client=("pull",),
     ),
     _reader_op(
@@ -851,7 +922,7 @@ OPERATIONS: tuple[Operation, ...] = (
         Auth("none", required=False, also=("owner_token", "subscribe_token", "reader_token", "registration")),
         Result(
             {"anyOf": [RPC_REPLY, {"type": "array", "items": RPC_REPLY}]},
-            others=((204, "only notifications were sent: no reply"),),
+            others=((204, "only notifications were sent: no reply", None),),
         ),
         None,
         client=("rpc", "rpc_batch"),

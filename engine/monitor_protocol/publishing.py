@@ -10,7 +10,7 @@ from .errors import ProtocolError
 from .ledger import append, reject
 from .lookups import owner_monitor
 from .records import LastSeen, Monitor, Observation, PublishKey, evolve
-from .service_base import ServiceCore
+from .service_base import LoggedRefusal, ServiceCore
 from .tx import Tx
 from .validation import check_actor, check_name, invalid
 from .vocab import (
@@ -18,6 +18,7 @@ from .vocab import (
     IDEMPOTENCY_WINDOW_SECONDS,
     MAX_FUTURE_SECONDS,
     MAX_NAME_CHARS,
+    MAX_PUBLISH_BATCH,
     PROTOCOL_PREFIX,
     T_CONTRADICTION,
     T_CONTRADICTION_RESOLVED,
@@ -48,6 +49,68 @@ def publish(
     core: ServiceCore, tx: Tx, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
 ) -> dict[str, Any]:
     rec = owner_monitor(tx, monitor_id, token)
+    obs, seq, repeated = _publish_one(tx, rec, body, header_key)
+    out: dict[str, Any] = {"observation": obs.to_wire() if obs is not None else None, "seq": seq}
+    if repeated is not None:
+        out["idempotent"] = repeated
+    return out
+
+
+def publish_many(
+    core: ServiceCore, tx: Tx, monitor_id: str, items: Any, token: str | None, header_key: str | None = None
+) -> dict[str, Any]:
+    """A batch (a JSON array body, docs/serve.md): each item is published in order as if alone, refused and
+    logged on its own (P2), and the whole batch commits once. The reply lists each item's seq or error."""
+    rec = owner_monitor(tx, monitor_id, token)
+    if header_key is not None:
+        raise reject(
+            tx,
+            rec.id,
+            invalid("A batch takes no Idempotency-Key header: give each item its own idempotency_key."),
+            items,
+            rec.owner,
+        )
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_PUBLISH_BATCH:
+        raise reject(
+            tx,
+            rec.id,
+            invalid(
+                f"A batch is a JSON array of 1 to {MAX_PUBLISH_BATCH} observations; split a longer one.",
+                limit=MAX_PUBLISH_BATCH,
+            ),
+            items,
+            rec.owner,
+        )
+    results: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        try:
+            obs, seq, repeated = _publish_one(tx, tx.monitor(rec.id) or rec, item, None)
+        except LoggedRefusal as refusal:  # its rejected row stays staged: it commits with the batch
+            results.append({"index": index, "status": refusal.error.status, "error": refusal.error.body()})
+            continue
+        one: dict[str, Any] = {
+            "index": index,
+            "seq": seq,
+            "id": obs.event.get("id") if obs is not None else None,
+        }
+        if repeated is not None:
+            one["idempotent"] = repeated
+        results.append(one)
+    published = sum(1 for r in results if "seq" in r)
+    return {
+        "monitor": rec.id,
+        "published": published,
+        "refused": len(results) - published,
+        "results": results,
+    }
+
+
+def _publish_one(
+    tx: Tx, rec: Monitor, body: Any, header_key: str | None
+) -> tuple[Observation | None, int, bool | None]:
+    """Publish one observation for an owner already authenticated: (the observation, its seq, whether a
+    key made it a repeat: None without a key). A refusal is logged and raised as LoggedRefusal."""
+    monitor_id = rec.id
     now = tx.now
     try:
         key = idempotency_key(body, header_key)
@@ -57,12 +120,7 @@ def publish(
         seen = tx.publish_key(rec.id, key)
         if seen is not None and now - seen.at < IDEMPOTENCY_WINDOW_SECONDS:
             # The first reply again: same seq, nothing appended (a retry after a lost reply).
-            first = tx.observation(rec.id, seen.seq)
-            return {
-                "observation": first.to_wire() if first is not None else None,
-                "seq": seen.seq,
-                "idempotent": True,
-            }
+            return tx.observation(rec.id, seen.seq), seen.seq, True
     claimed_actor = body.get("actor") if isinstance(body, dict) else None
     actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec.owner
     try:
@@ -118,11 +176,10 @@ def publish(
         ),
         bookkeeping,
     )
-    out: dict[str, Any] = {"observation": obs.to_wire(), "seq": obs.seq}
-    if key is not None:
-        tx.put_publish_key(PublishKey(rec.id, key, obs.seq, now))
-        out["idempotent"] = False
-    return out
+    if key is None:
+        return obs, obs.seq, None
+    tx.put_publish_key(PublishKey(rec.id, key, obs.seq, now))
+    return obs, obs.seq, False
 
 
 def refuse_publish(tx: Tx, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:

@@ -42,6 +42,14 @@ class MonitorService(ServiceCore):
     ) -> dict[str, Any]:
         return self._call(lambda tx: publishing.publish(self, tx, monitor_id, body, token, idempotency_key))
 
+    def publish_many(
+        self, monitor_id: str, items: Any, token: str | None, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """A batch: each item published in order or refused and logged on its own, in one commit."""
+        return self._call(
+            lambda tx: publishing.publish_many(self, tx, monitor_id, items, token, idempotency_key)
+        )
+
     def refuse_publish(self, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
         self._call(lambda tx: publishing.refuse_publish(tx, monitor_id, token, error, raw))
 
@@ -63,9 +71,13 @@ class MonitorService(ServiceCore):
         cursor: Any = None,
         limit: Any = None,
         filter: Any = None,  # noqa: A002 - the protocol's word
+        ack: Any = None,
     ) -> dict[str, Any]:
+        """`ack`: acknowledge this cursor first (with /ack's rules), then pull, in one transaction."""
         return self._call(
-            lambda tx: delivery.pull(self, tx, sub_id, token, cursor, limit, filter, system=False)
+            lambda tx: delivery.pull(
+                self, tx, sub_id, token, cursor, limit, filter, system=False, ack_cursor=ack
+            )
         )
 
     def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:

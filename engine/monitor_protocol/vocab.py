@@ -6,6 +6,10 @@ import re
 
 PROTOCOL_VERSION = "0.1"
 EXTENSION_ID = "ai.mentu/monitors"
+# This server's own extensions (docs/serve.md), advertised in discover's capabilities.extensions: a client
+# uses them where advertised and falls back to the protocol's plain calls elsewhere.
+EXT_ACK_PULL = "monitor-protocol-python/ack-pull"
+EXT_PUBLISH_BATCH = "monitor-protocol-python/publish-batch"
 PROTOCOL_PREFIX = "ai.mentu.monitor."
 
 HORIZONS = ("event", "minute", "hour", "day", "week", "month")
@@ -135,6 +139,7 @@ MAX_REASON_BYTES = 1024  # a seek, configuration, retire or lease reason or note
 MAX_OUTCOME_CHARS = 256
 MAX_EVIDENCE_BYTES = 4096
 MAX_RPC_BATCH = 100
+MAX_PUBLISH_BATCH = 100  # observations in one batch publish (a JSON array body)
 MAX_ACTIVE_SUBSCRIPTIONS = 10_000  # per monitor
 MAX_INTEGER = 2**53  # integers in queries and bodies; larger ones do not survive other JSON clients
 MAX_FUTURE_SECONDS = 300  # a publisher's `time` may run ahead of the server's clock by this much

@@ -737,6 +737,7 @@ class MonitorApp:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(first.long_poll.wait_seconds))
         monitor = first.long_poll.monitor
+        request = first.long_poll.again or request  # an ack-and-pull re-checks as a plain pull
         gone = asyncio.ensure_future(self._wait_disconnect(receive))
         self.metrics.parked_polls += 1
         try:

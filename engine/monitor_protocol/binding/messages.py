@@ -25,6 +25,8 @@ class LongPoll:
 
     monitor: str
     wait_seconds: float
+    # the request that re-checks (the door sets its `wait` to what is left); None: the original request
+    again: Request | None = None
 
 
 @dataclass

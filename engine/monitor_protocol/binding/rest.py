@@ -5,6 +5,7 @@ raises: malformed input of any kind is a 4xx with a code from the closed list an
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid
@@ -17,7 +18,7 @@ from ..filters import LIST_KEYS
 from ..operations import Operation
 from ..service import MonitorService
 from ..validation import as_int
-from ..vocab import FILTER_KEYS, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
+from ..vocab import FILTER_KEYS, MAX_LIMIT, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
 from . import jsonrpc
 from .hints import with_bearer_hint
 from .messages import LongPoll, Request, Response
@@ -177,6 +178,11 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
     for key, value in query:
         if key in ("cursor", "limit", "wait"):
             continue
+        if key == "ack":  # a GET never commits: ack-and-pull is the POST form
+            raise ProtocolError(
+                "INVALID",
+                'A GET pull never commits: send the ack in a POST /pull body, {"ack": <next>}, or POST /ack.',
+            )
         if key == "filter":
             try:
                 extra = wire.loads(value)
@@ -251,6 +257,9 @@ def _publish(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> R
     except ProtocolError as err:  # logged where the monitor is known (section 10), then returned
         r.service.refuse_publish(p["id"], bearer(req), err, req.body.decode("utf-8", "replace"))
         raise
+    if isinstance(parsed, list):  # a batch: each item's seq or error, one commit (207: look at each)
+        batch = r.service.publish_many(p["id"], parsed, bearer(req), idempotency_key=key)
+        return Response(207, batch)
     body = r.service.publish(p["id"], parsed, bearer(req), idempotency_key=key)
     return Response(op.result.status_for(body), body)
 
@@ -266,10 +275,59 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Resp
         limit=_single(req.query, "limit"),
         filter=_inline_filter(req.query),
     )
-    resp = Response(200, body)
+    return _maybe_parked(Response(200, body), wait, req)
+
+
+def _maybe_parked(resp: Response, wait: int, again: Request) -> Response:
+    """An empty pull asked to wait is parked by the door, which re-checks with `again` when an append
+    comes (and with what is left of the wait)."""
+    body = resp.body
     if wait > 0 and not body["observations"] and not body.get("scan_capped"):
-        resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait))
+        resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait), again=again)
     return resp
+
+
+ACK_PULL_KEYS = ("ack", "limit", "wait", "filter")
+
+
+def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    """POST /subscriptions/{id}/pull {ack?, limit?, wait?, filter?}: ack, then pull, in one transaction.
+    The long poll's re-checks are the plain GET pull from the cursor just committed: the ack runs once."""
+    if req.query:
+        raise ProtocolError(
+            "INVALID",
+            f"POST /pull takes its parameters in the JSON body ({', '.join(ACK_PULL_KEYS)}), not the query.",
+        )
+    payload = parse_json_body(req)
+    payload = {} if payload is None else payload
+    if not isinstance(payload, dict):
+        raise ProtocolError("INVALID", 'The body must be a JSON object such as {"ack": 12, "limit": 50}.')
+    unknown = sorted(set(payload) - set(ACK_PULL_KEYS))
+    if unknown:
+        raise ProtocolError(
+            "INVALID",
+            f"Unknown ack-and-pull field(s) {[u[:64] for u in unknown[:10]]}; send {list(ACK_PULL_KEYS)}.",
+            invalid=[u[:64] for u in unknown[:10]],
+        )
+    wait_value = payload.get("wait")
+    wait = (
+        0
+        if wait_value is None
+        else as_int(wait_value, "wait", minimum=0, maximum=MAX_WAIT_SECONDS, text=False)
+    )
+    limit, flt = payload.get("limit"), payload.get("filter")
+    if limit is not None:  # a JSON integer, as every integer in a body
+        limit = as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT, text=False)
+    if flt is not None and not isinstance(flt, dict):
+        raise ProtocolError("INVALID_FILTER", "filter must be a JSON object (the filter grammar).")
+    body = r.service.pull(p["id"], bearer(req), limit=limit, filter=flt, ack=payload.get("ack"))
+    again: list[tuple[str, str]] = []
+    if limit is not None:
+        again.append(("limit", str(limit)))
+    if flt is not None:
+        again.append(("filter", json.dumps(flt, separators=(",", ":"), ensure_ascii=False)))
+    recheck = Request("GET", req.path, again, {k: v for k, v in req.headers.items() if k != "content-length"})
+    return _maybe_parked(Response(200, body), wait, recheck)
 
 
 def _stream(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
@@ -305,6 +363,7 @@ def _admin_log(r: RestRouter, req: Request, p: dict[str, str], op: Operation) ->
 SHAPED: dict[str, Shaped] = {
     "publish": _publish,
     "pull": _pull,
+    "ack_pull": _ack_pull,
     "stream": _stream,
     "rpc": _rpc,
     "admin_compact": _compact,

@@ -140,6 +140,7 @@ class EngineHost:
         assert response.long_poll is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, response.long_poll.wait_seconds)
+        request = response.long_poll.again or request  # an ack-and-pull re-checks as a plain pull
         while response.long_poll is not None:
             await self.waiters.wait(response.long_poll.monitor, mark, deadline - loop.time())
             remaining = max(0.0, deadline - loop.time())

@@ -422,6 +422,9 @@ class Watch:
         # (None once unknown, after a DOWN brought printed rows back).
         self.boundary: int | None = None
         self.backlog_left: int | None = None
+        # The `next` of the last printed batch, not yet acknowledged: the next pull carries it (ack-and-pull,
+        # one request), and --once sends it on its own before exiting.
+        self.pending_ack: int | None = None
 
     # -- failures ---------------------------------------------------------------------------------
 
@@ -449,6 +452,7 @@ class Watch:
         floor = extras.get("retention_floor")
         policy = extras.get("reset_policy") or self.reset_policy or "none"
         self.out.expired(extras.get("requested"), floor, policy, extras.get("relist"))
+        self.pending_ack = None  # the policy decides where reading resumes, not the batch printed before
         if policy == "none" or floor is None:
             _stderr(f"error: {err.code}: {err.message}")
             return 1
@@ -470,6 +474,8 @@ class Watch:
     def _pull(self, **kw: Any) -> Any:
         if kw.get("limit") is None:
             kw["limit"] = self.limit
+        if kw.get("ack", 0) is None:
+            del kw["ack"]
         return self.c.pull(self.sub, **kw)
 
     def _open_catch_up(self) -> None:
@@ -535,7 +541,9 @@ class Watch:
                 if framing and self.backlog_left:
                     limit = min(self.limit or MAX_LIMIT, self.backlog_left)  # the backlog, not past it
                 wait = 0 if (self.once or framing) else self.wait
-                batch = self._pull(wait=wait, cursor=self.position, limit=limit)
+                ack = self.pending_ack if self.position is None else None
+                batch = self._pull(wait=wait, cursor=self.position, limit=limit, ack=ack)
+                self.pending_ack = None
                 self._came_up()
                 if drain_head is None:
                     drain_head = int(batch.head)
@@ -551,7 +559,7 @@ class Watch:
                         self.out.next(batch.next)
                         self.position = batch.next
                     else:
-                        self._ack(batch.next)
+                        self.pending_ack = batch.next  # sent with the next pull
                 elif self.manual and capped and batch.next > (self.position or 0):
                     # A bounded read examined rows none of which is for this feed: read on from there
                     # (read-only; what was examined, nothing of it matching, needs no ack).
@@ -565,6 +573,7 @@ class Watch:
                 ):
                     self._go_live()
                 if self.once and ((not batch.observations and not capped) or int(batch.next) > drain_head):
+                    self._flush_ack()
                     return 0
             except ConnectionFailed as exc:
                 self._went_down(exc.reason)
@@ -579,6 +588,11 @@ class Watch:
                         return _failure_status(err)
                     continue
                 self._came_up()
+                if err.code == "CURSOR_BACKWARDS" and self.pending_ack is not None:
+                    # Someone committed further than this batch (another reader of the same subscription):
+                    # fine; pull on from the committed cursor.
+                    self.pending_ack = None
+                    continue
                 if err.retired or (err.code == "NOT_FOUND" and "retired" in err.extras):
                     self.out.retired(err.extras.get("cursor"))
                     return 0
@@ -590,6 +604,11 @@ class Watch:
                 self.out.error(err.status, err.code)
                 _stderr(f"error: {err.code}: {err.message}")
                 return _failure_status(err)
+
+    def _flush_ack(self) -> None:
+        if self.pending_ack is not None:
+            self._ack(self.pending_ack)
+            self.pending_ack = None
 
     def _ack(self, cursor: int) -> None:
         from ..client import MonitorProtocolError

@@ -1640,7 +1640,13 @@ async def x12(ctx: Context) -> str | None:
     s = await ctx.sub(m, capabilities=["observe", "act"])
     path = f"/monitors/{m.id}/observations"
     for raw in (b"{not json", b"[1,2]", b'"text"', b"\xff\xfe"):
-        expect(await ctx.req("POST", path, raw_body=raw, token=m.token), 400, "INVALID", f"body {raw!r}")
+        r = await ctx.req("POST", path, raw_body=raw, token=m.token)
+        if raw.startswith(b"[") and r.status == 207 and await _has_extension(ctx, EXT_PUBLISH_BATCH):
+            # a batch publish (X47): each item that is not an observation is refused on its own
+            codes = [(x.get("error") or {}).get("code") for x in (r.body.get("results") or [])]
+            need(codes == ["INVALID", "INVALID"], f"body {raw!r} as a batch: {r!r}"[:300])
+            continue
+        expect(r, 400, "INVALID", f"body {raw!r}")
     expect(
         await ctx.req("POST", "/monitors", raw_body=b"{", token=ctx.t.registration_token),
         400,
@@ -2684,3 +2690,112 @@ async def x45(ctx: Context) -> str:
             return f"the needle after {pulls} pulls"
         need(int(page["next"]) <= int(needle["id"]), f"an empty page's next {page['next']} skips the needle")
     raise CheckFailed("5 pulls never reached the observation behind the non-matching rows")
+
+
+# This project's extensions (docs/serve.md "Fewer round trips"): a server that does not advertise one in
+# discover's capabilities.extensions is skipped, never failed. Their names, written here, not imported.
+EXT_ACK_PULL = "monitor-protocol-python/ack-pull"
+EXT_PUBLISH_BATCH = "monitor-protocol-python/publish-batch"
+
+
+async def _has_extension(ctx: Context, name: str) -> dict[str, Any] | None:
+    ext = ((await ctx.discover()).get("capabilities") or {}).get("extensions") or {}
+    found = ext.get(name) if isinstance(ext, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+async def _advertised(ctx: Context, name: str) -> dict[str, Any]:
+    found = await _has_extension(ctx, name)
+    if found is None:
+        raise Skip(f"the server does not advertise the extension {name}")
+    return found
+
+
+@check(
+    "X46",
+    "ack-and-pull (an advertised extension): POST /pull {ack} commits with /ack's rules, then pulls "
+    "from the new cursor; a refused ack pulls nothing; a GET pull never takes an ack",
+    profile=PROJECT,
+)
+async def x46(ctx: Context) -> None:
+    await _advertised(ctx, EXT_ACK_PULL)
+    m = await ctx.create("x46", types=[A])
+    s = await ctx.sub(m, filter={"types": [A]})
+    ids = [(await ctx.pub(m, subject=ctx.uid(f"s{i}")))["id"] for i in range(3)]
+    path = f"/subscriptions/{s.id}/pull"
+    first = await ctx.pulled(s, limit=1)
+    need([o["id"] for o in first["observations"]] == ids[:1], f"first page: {first}"[:300])
+    both = expect(
+        await ctx.req("POST", path, body={"ack": first["next"], "limit": 1}, token=s.token),
+        200,
+        what="ack-and-pull",
+    )
+    need(both.get("cursor") == first["next"], f"the reply's cursor is not the ack: {both}"[:300])
+    need([o["id"] for o in both["observations"]] == ids[1:2], f"ack-and-pull page: {both}"[:300])
+    back = await ctx.req("POST", path, body={"ack": 1, "limit": 1}, token=s.token)
+    expect(back, 409, "CURSOR_BACKWARDS", "ack-and-pull below the committed cursor")
+    info = expect(await ctx.req("GET", f"/subscriptions/{s.id}", token=s.token), 200, what="subscription")
+    need(info.get("cursor") == first["next"], f"a refused ack-and-pull moved the cursor: {info}"[:300])
+    expect(await ctx.pull(s, ack=both["next"]), 400, "INVALID", "a GET pull with ack")
+    expect(await ctx.req("POST", path, body={"ack": "3"}, token=s.token), 400, "INVALID", 'ack "3" (text)')
+    expect(await ctx.req("POST", path, body={"ack": 1}, token=None), 401, "UNAUTHORIZED", "no token")
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "feeds/pull"}
+    params = {"subscription": s.id, "token": s.token, "ack": both["next"], "limit": 1}
+    r = expect(await ctx.req("POST", "/rpc", body={**rpc, "params": params}), 200, what="feeds/pull ack")
+    result = r.get("result") or {}
+    need(result.get("cursor") == both["next"], f"feeds/pull with ack did not commit it: {r}"[:300])
+    need([o["id"] for o in result.get("observations") or []] == ids[2:3], f"feeds/pull page: {r}"[:300])
+
+
+@check(
+    "X47",
+    "batch publish (an advertised extension): an array body publishes each item in order, refuses and "
+    "logs each bad item on its own, and refuses a batch over its advertised size whole",
+    profile=PROJECT,
+)
+async def x47(ctx: Context) -> None:
+    info = await _advertised(ctx, EXT_PUBLISH_BATCH)
+    most = info.get("max_items")
+    need(_posint(most), f"the extension does not say its max_items: {info}")
+    m = await ctx.create("x47", types=[A])
+    path = f"/monitors/{m.id}/observations"
+    subjects = [ctx.uid("b") for _ in range(3)]
+    items: list[Any] = [
+        {"type": A, "subject": subjects[0]},
+        {"type": "com.example.undeclared.x47"},
+        {"type": A, "subject": subjects[1]},
+        "not an object",
+        {"type": A, "subject": subjects[2]},
+    ]
+    r = await ctx.req("POST", path, body=items, token=m.token)
+    need(r.status == 207, f"a batch answered {r.status}, not 207: {r!r}"[:300])
+    results = r.body.get("results") if isinstance(r.body, dict) else None
+    need(isinstance(results, list) and len(results) == len(items), f"one result per item: {r.body}"[:300])
+    assert isinstance(results, list)
+    need([x.get("index") for x in results] == list(range(len(items))), f"results out of order: {results}")
+    ok = [x for x in results if "seq" in x]
+    bad = [x for x in results if "error" in x]
+    need([x["index"] for x in ok] == [0, 2, 4], f"the good items were not published: {results}"[:300])
+    need(
+        [(x.get("status"), (x.get("error") or {}).get("code")) for x in bad]
+        == [(400, "UNKNOWN_VOCABULARY"), (400, "INVALID")],
+        f"the bad items were not refused each on its own: {bad}"[:300],
+    )
+    seqs = [x["seq"] for x in ok]
+    need(seqs == sorted(seqs) and len(set(seqs)) == 3, f"seqs not increasing: {seqs}")
+    s = await ctx.sub(m, **{"from": 0})
+    got = (await ctx.pulled(s, limit=await ctx.page()))["observations"]
+    mine = [o.get("subject") for o in got if o.get("type") == A]
+    need(mine == subjects, f"the log does not hold the items in order: {mine}")
+    rejected = [o for o in got if o.get("type") == T_REJECTED]
+    need(len(rejected) == 2, f"each refused item is logged as a rejected row: {len(rejected)} rows")
+    for x in bad:
+        need(isinstance(x["error"].get("rejected_seq"), int), f"a refusal names its rejected_seq: {x}")
+    head = (await ctx.get_monitor(m))["head"]
+    over = await ctx.req("POST", path, body=[{"type": A}] * (most + 1), token=m.token)
+    expect(over, 400, "INVALID", f"a batch of {most + 1} items")
+    after = (await ctx.get_monitor(m))["head"]
+    need(after == head + 1, f"a refused batch published, or was not logged (head {head} -> {after})")
+    expect(await ctx.req("POST", path, body=[{"type": A}], token=None), 401, "UNAUTHORIZED", "no token")
+    control = await ctx.req("POST", path, body=[{"type": A}] * most, token=m.token)
+    need(control.status == 207, f"control: a batch of {most} items answered {control.status}")
