@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import math
 import queue
@@ -43,6 +42,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .. import wire
 from ..errors import ProtocolError, internal_failure
 from ..waiters import Waiters
 from .messages import Request, Response
@@ -1024,12 +1024,12 @@ def _int(value: Any, default: int) -> int:
 
 
 def _sse(event: str, data: Any) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    return f"event: {event}\ndata: {wire.encode_text(data)}\n\n"
 
 
 def _sse_observation(observation: dict[str, Any]) -> str:
     seq = _int(observation.get("id"), 0) or _int(observation.get("sequence"), 0)
-    data = json.dumps(observation, separators=(",", ":"), ensure_ascii=False)
+    data = wire.encode_text(observation)
     return f"id: {seq}\nevent: observation\ndata: {data}\n\n"
 
 

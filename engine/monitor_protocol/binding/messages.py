@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from .. import wire
 
 
 @dataclass
@@ -39,4 +40,4 @@ class Response:
     def json_bytes(self) -> bytes:
         if self.body is None:
             return b""
-        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False).encode()
+        return wire.encode(self.body)

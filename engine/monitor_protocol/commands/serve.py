@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from .. import wire
 from ..vocab import MAX_LIMIT, MAX_WAIT_SECONDS
 
 HELP = "run the Monitor Protocol HTTP server on a SQLite database"
@@ -762,6 +763,33 @@ def _remove_reload(app: Any) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a late SIGHUP must not cut the shutdown short
 
 
+FAST_JSON_ENV = "MP_JSON"  # "json" forces the standard library's codec (for comparison)
+
+
+def install_fast_json() -> str:
+    """Encode replies and stored rows with orjson when it is installed (`pip install
+    'monitor-protocol[server]'`): the same bytes as the standard library's compact JSON, 10-20 times
+    faster. Requests are still parsed by the engine's strict parser. Returns what the log says."""
+    if os.environ.get(FAST_JSON_ENV, "").strip().lower() == "json":
+        wire.use_codec(wire.STDLIB_CODEC)
+        return f"standard library ({FAST_JSON_ENV}=json)"
+    try:
+        import orjson
+    except ImportError:
+        wire.use_codec(wire.STDLIB_CODEC)
+        return "standard library (pip install 'monitor-protocol[server]' adds orjson, faster)"
+    stdlib = wire.STDLIB_CODEC.encode
+
+    def encode(value: Any) -> bytes:
+        try:
+            return orjson.dumps(value)
+        except TypeError:  # a value orjson does not take (an integer beyond 64 bits): never a checked one
+            return stdlib(value)
+
+    wire.use_codec(wire.Codec("orjson", encode, orjson.loads))
+    return f"orjson {getattr(orjson, '__version__', '')}".strip()
+
+
 def run(name: str, args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -788,6 +816,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     if hasattr(signal, "SIGHUP"):  # until the loop takes SIGHUP over (reload), it must not stop the server
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    codec = install_fast_json()
     db = cfg.db if cfg.db == ":memory:" else os.path.abspath(cfg.db)
     store = None
     app = None
@@ -858,6 +887,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             held = ", ".join(f"{n} {table}" for table, n in migrated.items())
             print(f"database: migrated in place from the previous format ({held})")
         print(f"monitors: {monitors}")
+        print(f"json: {codec}")
         mute = (
             f"{cfg.retire_after_mute}s" if cfg.retire_after_mute is not None else "604800s (per subscription)"
         )

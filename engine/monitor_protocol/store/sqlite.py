@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from .. import __version__
+from .. import __version__, wire
 from ..records import Lease, Monitor, Observation, PublishKey, Subscription
 from . import migrate_v1
 from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term
@@ -111,7 +111,7 @@ COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state
 
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_dumps = wire.encode_text  # the installed codec (the standard library's unless mp serve installs orjson)
 
 
 def _split(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
@@ -121,13 +121,13 @@ def _split(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
 
 def _join(values: tuple[Any, ...], columns: tuple[str, ...]) -> dict[str, Any]:
     """The inverse of _split: the JSON rest with the column values put back."""
-    row = json.loads(values[len(columns)])
+    row = wire.decode_trusted(values[len(columns)])
     row.update(zip(columns, values, strict=False))
     return row
 
 
 def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
-    return Observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]))
+    return Observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(r[7]))
 
 
 # ===================================================================================== LogQuery as SQL

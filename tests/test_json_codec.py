@@ -1,0 +1,147 @@
+"""The JSON codec (wire.Codec): mp serve encodes replies and stored rows with orjson when it is installed,
+and must serve exactly the bytes the standard library's codec would (which the engine uses everywhere
+else: in-process, in the browser)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from monitor_protocol import wire
+from monitor_protocol.commands.serve import install_fast_json
+from monitor_protocol.vocab import MAX_INTEGER
+from serverutil import running_server, server_log
+
+orjson = pytest.importorskip("orjson", reason="orjson is in the test extra (pyproject.toml)")
+
+# What the engine serves and stores: checked JSON (wire.check), so no NaN, no lone surrogate, no integer
+# beyond 2^53, string keys.
+TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-MAX_INTEGER, MAX_INTEGER)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | TEXT
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(TEXT, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@pytest.fixture
+def fast() -> Iterator[wire.Codec]:
+    before = wire.codec()
+    install_fast_json()
+    try:
+        yield wire.codec()
+    finally:
+        wire.use_codec(before)
+
+
+def test_the_engine_uses_the_standard_library_unless_a_door_installs_another() -> None:
+    assert wire.codec() is wire.STDLIB_CODEC
+
+
+def test_mp_serve_installs_orjson_when_it_is_there(fast: wire.Codec) -> None:
+    assert fast.name == "orjson"
+
+
+def test_mp_json_env_forces_the_standard_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MP_JSON", "json")
+    before = wire.codec()
+    try:
+        assert "standard library" in install_fast_json() and wire.codec() is wire.STDLIB_CODEC
+    finally:
+        wire.use_codec(before)
+
+
+def _both(value: Any) -> tuple[bytes, bytes, Any]:
+    wire.check(value)
+    before = wire.codec()
+    install_fast_json()
+    try:
+        fast = wire.encode(value)
+        decoded = wire.decode_trusted(wire.STDLIB_CODEC.encode(value))
+    finally:
+        wire.use_codec(before)
+    return fast, wire.STDLIB_CODEC.encode(value), decoded
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_orjson_writes_the_same_json_values_and_reads_them_back(value: Any) -> None:
+    fast, std, decoded = _both(value)
+    assert wire.STDLIB_CODEC.decode(fast) == wire.STDLIB_CODEC.decode(std) == decoded
+
+
+NO_FLOATS = st.recursive(
+    st.none() | st.booleans() | st.integers(-MAX_INTEGER, MAX_INTEGER) | TEXT,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(TEXT, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(NO_FLOATS)
+def test_without_floats_orjson_writes_the_standard_librarys_bytes(value: Any) -> None:
+    fast, std, _ = _both(value)
+    assert fast == std
+
+
+def test_floats_differ_only_in_how_an_exponent_is_spelled() -> None:
+    fast, std, _ = _both([2.6163379946995694e-06, 1e300, -0.0, 0.1, 1e16])
+    assert std == b"[2.6163379946995694e-06,1e+300,-0.0,0.1,1e+16]"
+    assert fast == b"[2.6163379946995694e-6,1e+300,-0.0,0.1,1e+16]"
+
+
+def test_a_value_orjson_refuses_falls_back_to_the_standard_library(fast: wire.Codec) -> None:
+    big = {"n": 2**70}  # never a checked value (beyond 2^53), but the encoder must not fail on it
+    assert wire.encode(big) == b'{"n":1180591620717411303424}'
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str, str]]:
+    with running_server(tmp_path_factory.mktemp("fast")) as (fast_url, fast_proc):
+        os.environ["MP_JSON"] = "json"
+        try:
+            with running_server(tmp_path_factory.mktemp("std")) as (std_url, std_proc):
+                os.environ.pop("MP_JSON")
+                yield fast_url, server_log(fast_proc), std_url, server_log(std_proc)
+        finally:
+            os.environ.pop("MP_JSON", None)
+
+
+def test_both_servers_say_which_codec_they_use(servers: tuple[str, str, str, str]) -> None:
+    _, fast_log, _, std_log = servers
+    assert "json: orjson" in fast_log
+    assert "json: standard library (MP_JSON=json)" in std_log
+
+
+def test_both_servers_serve_what_the_standard_library_would_write(servers: tuple[str, str, str, str]) -> None:
+    """What the orjson server sends is, byte for byte, the standard library's compact encoding of it (the
+    stored row was written and read by orjson too; floats here have no exponent, see above); the
+    standard-library server is the control."""
+    fast_url, _, std_url, _ = servers
+    data = {"text": 'é \u2028 😀 \\ " /', "n": 2**53, "f": -0.0, "e": 12345.678, "nested": [{"a": None}]}
+    for base in (fast_url, std_url):
+        with httpx.Client(base_url=base + "/mp/v0", timeout=30) as mp:
+            owner = mp.post("/monitors", json={"id": "same", "types": ["com.example.ci.run"]}).json()
+            token = {"authorization": f"Bearer {owner['owner_token']}"}
+            sub = mp.post("/subscriptions", json={"monitor": "same", "subscriber": "agent:r"}, headers=token)
+            reader = {"authorization": f"Bearer {sub.json()['token']}"}
+            body = {"type": "com.example.ci.run", "data": data}
+            published = mp.post("/monitors/same/observations", json=body, headers=token)
+            pulled = mp.get(f"/subscriptions/{sub.json()['subscription']['id']}/pull", headers=reader)
+            for reply in (published, pulled, mp.get("/discover")):
+                assert reply.status_code in (200, 201), reply.text
+                assert reply.content == wire.STDLIB_CODEC.encode(reply.json()), base
+            stored = pulled.json()["observations"][-1]["data"]
+            assert {k: stored[k] for k in data} == data
