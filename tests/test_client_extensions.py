@@ -28,9 +28,11 @@ class PlainServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, plain: bool = True) -> None:
         self.target = target
+        self.plain = plain  # False: forward everything as is (only record)
         self.seen: list[tuple[str, str]] = []
+        self.sizes: list[int] = []  # the length of each POST body that was a JSON array
         super().__init__(("127.0.0.1", 0), _Plain)
 
     @property
@@ -58,13 +60,16 @@ class _Plain(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         route = self.path.split("?")[0]
         self.server.seen.append((self.command, route))
-        if self.command == "POST" and (route.endswith("/pull") or body.lstrip().startswith(b"[")):
+        if body.lstrip().startswith(b"["):
+            self.server.sizes.append(len(json.loads(body)))
+        plain = self.server.plain
+        if plain and self.command == "POST" and (route.endswith("/pull") or body.lstrip().startswith(b"[")):
             self._answer(404, {"code": "NOT_FOUND", "error": "no such route here", "done": []})
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
         r = httpx.request(self.command, self.server.target + self.path, content=body, headers=headers)
         payload = r.json()
-        if route.endswith("/discover"):
+        if plain and route.endswith("/discover"):
             extensions = payload["capabilities"]["extensions"]
             extensions.pop(EXT_ACK_PULL)
             extensions.pop(EXT_PUBLISH_BATCH)
@@ -83,6 +88,17 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def plain(base: str) -> Iterator[PlainServer]:
     proxy = PlainServer(base)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        yield proxy
+    finally:
+        proxy.shutdown()
+
+
+@pytest.fixture
+def recorder(base: str) -> Iterator[PlainServer]:
+    """mp serve as it is, behind a proxy that records each request."""
+    proxy = PlainServer(base, plain=False)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
         yield proxy
@@ -125,23 +141,17 @@ def test_pull_with_ack_acknowledges_then_pulls(base: str, plain: PlainServer, th
         assert ("POST", f"/mp/v0/subscriptions/{sid}/pull") not in plain.seen
 
 
-def test_pull_with_ack_is_one_request_where_advertised(base: str, plain: PlainServer) -> None:
+def test_pull_with_ack_is_one_request_where_advertised(base: str, recorder: PlainServer) -> None:
     with Client(base) as setup:
         owner, sid, reader = feed(setup, "ap-count")
         setup.publish_many("ap-count", items(3), token=owner)
-    calls: list[tuple[str, str]] = []
-
-    def record(request: httpx.Request) -> None:
-        calls.append((request.method, request.url.path))
-
-    with Client(base, token=reader) as c:
-        c._http.event_hooks["request"] = [record]
+    with Client(recorder.url, token=reader) as c:
         first = c.pull(sid, limit=1)
         c.pull(sid, limit=1, ack=first.next)
         c.pull(sid, limit=1, ack=first.next + 1)
     path = f"/mp/v0/subscriptions/{sid}/pull"
     # discover once (then remembered), then one request per ack-and-pull
-    assert calls == [("GET", path), ("GET", "/mp/v0/discover"), ("POST", path), ("POST", path)]
+    assert recorder.seen == [("GET", path), ("GET", "/mp/v0/discover"), ("POST", path), ("POST", path)]
 
 
 def test_pull_with_ack_and_cursor_is_refused_before_sending(base: str) -> None:
@@ -181,20 +191,13 @@ def test_publish_many_lists_each_items_seq_or_error(base: str, plain: PlainServe
         assert plain.seen == []
 
 
-def test_publish_many_splits_a_long_list_at_the_advertised_maximum(base: str) -> None:
+def test_publish_many_splits_a_long_list_at_the_advertised_maximum(base: str, recorder: PlainServer) -> None:
     with Client(base) as setup:
         owner, sid, reader = feed(setup, "pm-long")
     n = 2 * MAX_PUBLISH_BATCH + 5
-    posts: list[int] = []
-
-    def record(request: httpx.Request) -> None:
-        if request.method == "POST":
-            posts.append(len(json.loads(request.content)))
-
-    with Client(base, token=owner) as c:
-        c._http.event_hooks["request"] = [record]
+    with Client(recorder.url, token=owner) as c:
         done = c.publish_many("pm-long", items(n))
-    assert posts == [MAX_PUBLISH_BATCH, MAX_PUBLISH_BATCH, 5]
+    assert recorder.sizes == [MAX_PUBLISH_BATCH, MAX_PUBLISH_BATCH, 5]
     assert [i.index for i in done.items] == list(range(n)) and done.published == n
     with pytest.raises(ValueError, match="at least one"):
         Client(base).publish_many("pm-long", [])

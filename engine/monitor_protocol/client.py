@@ -1,4 +1,7 @@
-"""Python client for the Monitor Protocol REST binding (PROTOCOL.md section 5), sync and async, on httpx.
+"""Python client for the Monitor Protocol REST binding (PROTOCOL.md section 5), sync and async.
+
+`Client` sends over keep-alive connections of the standard library's http.client (keepalive.py: chosen by
+measurement), or httpx where a proxy applies or a transport is given; `AsyncClient` runs on httpx.
 
     from monitor_protocol.client import Client
 
@@ -41,11 +44,21 @@ import uuid
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Concatenate, Generic, NotRequired, ParamSpec, TypedDict, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 
+from . import keepalive
 from .vocab import ERROR_STATUS, EXT_ACK_PULL, EXT_PUBLISH_BATCH
+
+# Replies decode faster with orjson when it is installed (the `server` extra): the same values.
+_loads: Callable[[bytes], Any] = json.loads
+try:
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover - the standard library's decoder
+    pass
 
 DEFAULT_BASE = "http://127.0.0.1:8130"
 API_PREFIX = "/mp/v0"
@@ -339,7 +352,14 @@ _NOT_SENT: tuple[type[Exception], ...] = (
 )
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _json_body(body: Any) -> bytes:
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: sent escaped, so the server refuses it in its own words
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _retry_after(response: httpx.Response | keepalive.Reply) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -1403,9 +1423,9 @@ def _headers(token: str | None) -> dict[str, str]:
     return headers
 
 
-def _decode(response: httpx.Response, call: _Call[T]) -> T:
+def _decode(response: httpx.Response | keepalive.Reply, call: _Call[T]) -> T:
     try:
-        body = response.json() if response.content else None
+        body = _loads(response.content) if response.content else None
     except ValueError:
         body = None
     if response.status_code >= 400:
@@ -1495,9 +1515,25 @@ class Client(_Base):
         self.base = _url(base)
         self.token = token
         self.timeout = timeout
-        self._http = httpx.Client(timeout=timeout, transport=transport)
+        # The HTTP layer, chosen by measurement (keepalive.py): the standard library's keep-alive
+        # connections, or httpx where a proxy applies or the caller brings an httpx transport.
+        self._pool: keepalive.Pool | None = None
+        self._http: httpx.Client | None = None
+        if transport is None and not keepalive.proxied(self.base):
+            self._pool = keepalive.Pool(self.base)
+            self._prefix = urlsplit(self.base).path
+        else:
+            self._http = httpx.Client(timeout=timeout, transport=transport)
+
+    @property
+    def http_layer(self) -> str:
+        """Which HTTP layer this client uses: "http.client" (keep-alive pool) or "httpx"."""
+        return "http.client" if self._pool is not None else "httpx"
 
     def _once(self, call: _Call[T]) -> T:
+        if self._pool is not None:
+            return self._once_pooled(self._pool, call)
+        assert self._http is not None
         url = self.base + call.path
         try:
             response = self._http.request(
@@ -1511,6 +1547,21 @@ class Client(_Base):
         except httpx.HTTPError as exc:
             raise _connection_failed(exc, url) from exc
         return _decode(response, call)
+
+    def _once_pooled(self, pool: keepalive.Pool, call: _Call[T]) -> T:
+        target = self._prefix + call.path
+        if call.params:
+            target += "?" + urlencode(call.params, quote_via=quote)
+        headers = _headers(call.token)
+        body = None
+        if call.body is not None:
+            body = _json_body(call.body)
+            headers["content-type"] = "application/json"
+        try:
+            reply = pool.request(call.method, target, body, headers, call.timeout or self.timeout)
+        except keepalive.SendFailed as exc:
+            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+        return _decode(reply, call)
 
     def _perform(self, call: _Call[T]) -> T:
         if call.plan is not None:
@@ -1581,7 +1632,10 @@ class Client(_Base):
     rpc_batch = _sync(_Routes.rpc_batch)
 
     def close(self) -> None:
-        self._http.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Client:
         return self

@@ -1,0 +1,153 @@
+"""The sync client's HTTP layer: keep-alive HTTP/1.1 connections from the standard library's http.client.
+
+Chosen by measurement (docs/bench.md, "The client"): against the same `mp serve`, one sequential client
+spent ~270 µs of CPU per request on a reused `http.client.HTTPConnection` and ~790 µs on `httpx.Client`,
+which made httpx the slowest part of a durable publish. `monitor_protocol.client.Client` uses this pool for
+`http://` and `https://` URLs that no proxy setting applies to; it keeps httpx for everything else (a proxy
+from the environment, a caller's own `transport=`), and `AsyncClient` stays on httpx.
+
+Failure semantics match the client's contract (`ConnectionFailed.sent`): a failure to connect means the
+request was certainly never sent; any failure once a request has started may have reached the server. A
+pooled connection is checked before reuse (a server that closed it while idle left it readable), so a
+connection closed by the server's keep-alive timeout is replaced instead of failing the next request.
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import socket
+import ssl
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+MAX_IDLE = 8  # idle connections kept per client (a client used from several threads may hold more)
+
+
+class SendFailed(Exception):
+    """The request could not be completed: `sent` says whether it may have reached the server."""
+
+    def __init__(self, reason: str, *, sent: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.sent = sent
+
+
+@dataclass
+class Reply:
+    """What the client reads of a response (the names httpx.Response uses, so both layers decode alike)."""
+
+    status_code: int
+    content: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment's proxy settings (HTTP_PROXY, NO_PROXY, ...) apply to this URL, as httpx
+    would honour them: such a client keeps httpx."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not proxies.get(parts.scheme) and not proxies.get("all"):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
+
+
+class Pool:
+    """Keep-alive connections to one origin (scheme, host, port); thread-safe like httpx.Client."""
+
+    def __init__(self, base: str) -> None:
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base!r}")
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self._context = ssl.create_default_context() if self.https else None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def _new(self, timeout: float) -> http.client.HTTPConnection:
+        if self.https:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self._context)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _take(self) -> http.client.HTTPConnection | None:
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if _usable(conn):
+                    return conn
+                conn.close()
+        return None
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if not self.closed and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def request(
+        self, method: str, target: str, body: bytes | None, headers: dict[str, str], timeout: float
+    ) -> Reply:
+        """One request on a pooled connection (a new one when none is idle)."""
+        if self.closed:
+            raise SendFailed("the client is closed", sent=False)
+        conn = self._take()
+        if conn is None:
+            conn = self._new(timeout)
+            try:
+                conn.connect()
+            except (OSError, ssl.SSLError) as exc:  # refused, unreachable, DNS, connect timeout: never sent
+                conn.close()
+                raise SendFailed(_reason(exc), sent=False) from exc
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        try:
+            conn.request(method, target, body=body, headers=headers)
+            response = conn.getresponse()
+            content = response.read()
+        except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+            conn.close()
+            raise SendFailed(_reason(exc), sent=True) from exc
+        reply = Reply(response.status, content, {k.lower(): v for k, v in response.getheaders()})
+        if response.will_close:
+            conn.close()
+        else:
+            self._give_back(conn)
+        return reply
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+def _usable(conn: http.client.HTTPConnection) -> bool:
+    """An idle keep-alive connection is usable when the server has sent nothing on it: a readable socket
+    means it was closed (EOF) or carries bytes nobody asked for."""
+    sock: Any = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return f"{type(exc).__name__}: the server did not answer in time"
+    detail = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {detail}" if detail != type(exc).__name__ else detail

@@ -1,0 +1,177 @@
+"""The sync client's HTTP layer (keepalive.py): keep-alive connections reused, a connection the server closed
+while idle replaced without failing the request, and the `ConnectionFailed.sent` contract kept (never
+sent / may have been sent). httpx stays where a proxy applies or a transport is given."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from monitor_protocol.client import Client, ConnectionFailed, Invalid
+from serverutil import running_server
+
+TYPE = "com.example.ci.run"
+
+
+class CountingForwarder:
+    """A TCP forwarder in front of the server that counts the connections clients open."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.accepted = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # a short keep-alive, so a test can outwait it
+    with running_server(tmp_path_factory.mktemp("ka"), "--keep-alive", "1") as (url, _proc):
+        yield url
+
+
+@pytest.fixture
+def forwarder(server: str) -> Iterator[CountingForwarder]:
+    fwd = CountingForwarder(int(server.rsplit(":", 1)[1]))
+    try:
+        yield fwd
+    finally:
+        fwd.close()
+
+
+def test_the_client_reuses_one_connection(forwarder: CountingForwarder) -> None:
+    with Client(f"http://127.0.0.1:{forwarder.port}") as c:
+        assert c.http_layer == "http.client"
+        owner = c.create_monitor("reuse", types=[TYPE]).owner_token
+        for i in range(20):
+            c.publish("reuse", TYPE, subject=f"b{i}", token=owner)
+        assert c.get_monitor("reuse", token=owner).head >= 20
+    assert forwarder.accepted == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(forwarder: CountingForwarder) -> None:
+    with Client(f"http://127.0.0.1:{forwarder.port}") as c:
+        owner = c.create_monitor("idle", types=[TYPE]).owner_token
+        c.publish("idle", TYPE, token=owner)
+        time.sleep(2.0)  # the server's keep-alive (1 s) closes the idle connection
+        published = c.publish("idle", TYPE, token=owner)  # no ConnectionFailed: a fresh connection
+        assert published.seq > 0
+    assert forwarder.accepted == 2
+
+
+def test_a_refused_connection_was_never_sent() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once it is closed
+    with Client(f"http://127.0.0.1:{port}") as c, pytest.raises(ConnectionFailed) as failed:
+        c.discover()
+    assert failed.value.sent is False
+
+
+def _silent_server(reply: bytes | None) -> tuple[int, socket.socket]:
+    """A listener that reads a request, then closes without answering (reply None) or sends `reply`."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        conn.recv(65536)
+        if reply is None:
+            conn.close()
+        else:
+            time.sleep(5)  # never answers in time
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], listener
+
+
+@pytest.mark.parametrize("reply", [None, b"late"])
+def test_a_request_that_got_no_reply_may_have_been_sent(reply: bytes | None) -> None:
+    port, listener = _silent_server(reply)
+    try:
+        with Client(f"http://127.0.0.1:{port}", timeout=0.5) as c, pytest.raises(ConnectionFailed) as failed:
+            c.publish("m", TYPE, token="t")
+        assert failed.value.sent is True and failed.value.url.endswith("/mp/v0/monitors/m/observations")
+    finally:
+        listener.close()
+
+
+def test_a_lone_surrogate_reaches_the_server_and_is_refused_in_its_words(server: str) -> None:
+    with Client(server) as c:
+        owner = c.create_monitor("surrogate", types=[TYPE]).owner_token
+        with pytest.raises(Invalid) as refused:
+            c.publish("surrogate", TYPE, subject="bad \ud800", token=owner)
+        assert "surrogate" in refused.value.message
+        assert c.publish("surrogate", TYPE, subject="good", token=owner).seq > 0  # control
+
+
+def test_query_parameters_are_encoded(server: str) -> None:
+    with Client(server) as c:
+        owner = c.create_monitor("query", types=[TYPE]).owner_token
+        sub = c.subscribe("query", "agent:q", token=owner)
+        c.publish("query", TYPE, subject="a b&c=d/é", token=owner)
+        page = c.pull(sub.subscription.id, filter={"subjects": ["a b&c=d/é"]}, token=sub.token)
+        assert [o["subject"] for o in page.observations] == ["a b&c=d/é"]
+
+
+def test_httpx_is_kept_where_a_proxy_applies_or_a_transport_is_given(
+    monkeypatch: pytest.MonkeyPatch, server: str
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with Client("http://mp.example:8130") as proxied:
+        assert proxied.http_layer == "httpx"
+    monkeypatch.setenv("NO_PROXY", "mp.example")
+    with Client("http://mp.example:8130") as bypassed:
+        assert bypassed.http_layer == "http.client"
+    monkeypatch.delenv("HTTP_PROXY")
+    with Client(server, transport=httpx.HTTPTransport()) as given:
+        assert given.http_layer == "httpx"
+        assert given.discover().supported_versions  # and it works
+
+
+def test_a_closed_client_sends_nothing(server: str, tmp_path: Path) -> None:
+    c = Client(server)
+    c.discover()
+    c.close()
+    with pytest.raises(ConnectionFailed) as failed:
+        c.discover()
+    assert failed.value.sent is False
