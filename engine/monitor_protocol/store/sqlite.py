@@ -193,6 +193,13 @@ def log_where(query: LogQuery | None, *, plain: bool = False) -> tuple[str, list
     no index can serve: the condition is then only tested on rows, and the seek is left to another term."""
     if query is None or query.selects_all:
         return None
+    cond, params = _log_where(query, plain)
+    return cond, list(params)
+
+
+@functools.lru_cache(maxsize=1024)
+def _log_where(query: LogQuery, plain: bool) -> tuple[str, tuple[Any, ...]]:
+    """log_where, remembered: a query is a frozen value, and every pull of a subscription asks the same."""
     params: list[Any] = []
     clauses: list[str] = []
     for clause in query.clauses:
@@ -200,7 +207,7 @@ def log_where(query: LogQuery | None, *, plain: bool = False) -> tuple[str, list
             continue  # an empty alternative holds always: this clause lets everything through
         alts = [" AND ".join(f"({_term_sql(t, params, plain)})" for t in alt) for alt in clause]
         clauses.append(" OR ".join(f"({a})" for a in alts) if alts else "0")
-    return " AND ".join(f"({c})" for c in clauses), params
+    return " AND ".join(f"({c})" for c in clauses), tuple(params)
 
 
 def _seekable_terms(query: LogQuery) -> list[Term]:
@@ -223,6 +230,11 @@ def log_index(query: LogQuery | None) -> str | None:
     None: no such term (see SQLiteStore._expand for prefixes), the planner chooses."""
     if query is None:
         return None
+    return _log_index(query)
+
+
+@functools.lru_cache(maxsize=1024)
+def _log_index(query: LogQuery) -> str | None:
     exact = [t for t in _seekable_terms(query) if not t.prefixes and any(_storable(v) for v in t.exact)]
     if not exact:
         return None
