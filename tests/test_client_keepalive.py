@@ -4,6 +4,7 @@ sent / may have been sent). httpx stays where a proxy applies or a transport is 
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from monitor_protocol.client import Client, ConnectionFailed, Invalid
+from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid
 from serverutil import running_server
 
 TYPE = "com.example.ci.run"
@@ -175,3 +176,62 @@ def test_a_closed_client_sends_nothing(server: str, tmp_path: Path) -> None:
     with pytest.raises(ConnectionFailed) as failed:
         c.discover()
     assert failed.value.sent is False
+
+
+# ---------------------------------------------------------------------------------------------- async
+
+
+def test_the_async_client_reuses_connections_and_replaces_a_closed_one(forwarder: CountingForwarder) -> None:
+    async def main() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{forwarder.port}") as c:
+            assert c.http_layer == "asyncio+h11"
+            owner = (await c.create_monitor("areuse", types=[TYPE])).owner_token
+            for i in range(20):
+                await c.publish("areuse", TYPE, subject=f"b{i}", token=owner)
+            assert forwarder.accepted == 1
+            await asyncio.sleep(2.0)  # the server's keep-alive (1 s) closes the idle connection
+            assert (await c.publish("areuse", TYPE, token=owner)).seq > 0
+            assert forwarder.accepted == 2
+            # 16 at once: each in flight on its own connection, all answered
+            done = await asyncio.gather(*(c.publish("areuse", TYPE, token=owner) for _ in range(16)))
+            assert len({d.seq for d in done}) == 16
+            assert forwarder.accepted <= 2 + 16
+
+    asyncio.run(main())
+
+
+def test_the_async_client_keeps_the_sent_contract() -> None:
+    async def main() -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        async with AsyncClient(f"http://127.0.0.1:{port}") as c:
+            with pytest.raises(ConnectionFailed) as refused:
+                await c.discover()
+            assert refused.value.sent is False
+        for reply in (None, b"late"):
+            silent, listener = _silent_server(reply)
+            try:
+                async with AsyncClient(f"http://127.0.0.1:{silent}", timeout=0.5) as c:
+                    with pytest.raises(ConnectionFailed) as lost:
+                        await c.publish("m", TYPE, token="t")
+                    assert lost.value.sent is True
+            finally:
+                listener.close()
+
+    asyncio.run(main())
+
+
+def test_the_async_client_works_across_event_loops(server: str) -> None:
+    c = AsyncClient(server)
+    for _ in range(2):  # a second loop: the first loop's idle connections are not reused
+        assert asyncio.run(c.discover()).supported_versions
+    asyncio.run(c.aclose())
+
+
+def test_the_async_client_keeps_httpx_for_a_given_transport(server: str) -> None:
+    async def main() -> None:
+        async with AsyncClient(server, transport=httpx.AsyncHTTPTransport()) as c:
+            assert c.http_layer == "httpx" and (await c.discover()).supported_versions
+
+    asyncio.run(main())

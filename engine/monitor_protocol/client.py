@@ -1,7 +1,8 @@
 """Python client for the Monitor Protocol REST binding (PROTOCOL.md section 5), sync and async.
 
 `Client` sends over keep-alive connections of the standard library's http.client (keepalive.py: chosen by
-measurement), or httpx where a proxy applies or a transport is given; `AsyncClient` runs on httpx.
+measurement), or httpx where a proxy applies or a transport is given; `AsyncClient` under asyncio on
+keep-alive asyncio streams with h11 (keepalive.AsyncPool), else on httpx.
 
     from monitor_protocol.client import Client
 
@@ -1658,9 +1659,26 @@ class AsyncClient(_Base):
         self.base = _url(base)
         self.token = token
         self.timeout = timeout
-        self._http = httpx.AsyncClient(timeout=timeout, transport=transport)
+        # Under asyncio, keep-alive connections on asyncio streams (keepalive.AsyncPool, h11); httpx under
+        # trio, where a proxy applies, or with a caller's transport (created when first needed).
+        self._transport = transport
+        self._pool: keepalive.AsyncPool | None = None
+        if transport is None and not keepalive.proxied(self.base):
+            self._pool = keepalive.AsyncPool(self.base)
+            self._prefix = urlsplit(self.base).path
+        self._http: httpx.AsyncClient | None = None
+
+    @property
+    def http_layer(self) -> str:
+        """Which HTTP layer this client uses under asyncio: "asyncio+h11" (keep-alive pool) or "httpx"
+        (always httpx under trio)."""
+        return "asyncio+h11" if self._pool is not None else "httpx"
 
     async def _once(self, call: _Call[T]) -> T:
+        if self._pool is not None and keepalive.running_asyncio():
+            return await self._once_pooled(self._pool, call)
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=self.timeout, transport=self._transport)
         url = self.base + call.path
         try:
             response = await self._http.request(
@@ -1674,6 +1692,21 @@ class AsyncClient(_Base):
         except httpx.HTTPError as exc:
             raise _connection_failed(exc, url) from exc
         return _decode(response, call)
+
+    async def _once_pooled(self, pool: keepalive.AsyncPool, call: _Call[T]) -> T:
+        target = self._prefix + call.path
+        if call.params:
+            target += "?" + urlencode(call.params, quote_via=quote)
+        headers = _headers(call.token)
+        body = None
+        if call.body is not None:
+            body = _json_body(call.body)
+            headers["content-type"] = "application/json"
+        try:
+            reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
+        except keepalive.SendFailed as exc:
+            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+        return _decode(reply, call)
 
     async def _perform(self, call: _Call[T]) -> T:
         import anyio  # httpx depends on it; works under asyncio and trio
@@ -1749,7 +1782,10 @@ class AsyncClient(_Base):
     rpc_batch = _async(_Routes.rpc_batch)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
