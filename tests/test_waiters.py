@@ -420,3 +420,34 @@ async def test_the_mcp_embedded_pull_parks_in_the_registry(tmp_path):
     finally:
         await backend.close()
     assert (await asyncio.wait_for(parked_again, HANG_GUARD))["observations"] == []  # drained at close
+
+
+async def test_an_append_nobody_waits_for_costs_the_loop_nothing(
+    registry: tuple[Waiters, FakeService],
+) -> None:
+    """No reader parked on the monitor: the engine thread's append schedules no hop to the loop. The count
+    still moves, so a reader that pulled before the append and parks after it is woken at once."""
+    waiters, service = registry
+    waiters.bind(asyncio.get_running_loop())
+    hops: list[Any] = []
+    loop = asyncio.get_running_loop()
+    original = loop.call_soon_threadsafe
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        hops.append(args)
+        return original(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        mark = waiters.mark("quiet")
+        service.append_from_thread("quiet")
+        assert hops == [] and waiters.mark("quiet") == mark + 1
+        assert await asyncio.wait_for(waiters.wait("quiet", mark, HANG_GUARD), HANG_GUARD) is True
+        # control: with a reader parked, the append hops to the loop and wakes it
+        mark = waiters.mark("quiet")
+        waiting = asyncio.ensure_future(waiters.wait("quiet", mark, HANG_GUARD))
+        await parked(waiters, "quiet")
+        service.append_from_thread("quiet")
+        assert await asyncio.wait_for(waiting, HANG_GUARD) is True and len(hops) == 1
+    finally:
+        loop.call_soon_threadsafe = original  # type: ignore[method-assign]

@@ -122,15 +122,20 @@ class Waiters:
     # -- the listener (engine thread, or the loop itself in the browser) -----------------------------
 
     def _listener(self, monitor_id: str, head: int) -> None:
-        self._heard[monitor_id] = self._heard.get(monitor_id, 0) + 1  # first: see bind
-        self.appended += 1
         loop = self._loop
-        if loop is None:
-            return  # nobody can be parked yet, and the count already tells any later reader
-        if threading.get_ident() == self._loop_thread:
-            self._wake([monitor_id])
-            return
+        if loop is None or threading.get_ident() == self._loop_thread:
+            self._heard[monitor_id] = self._heard.get(monitor_id, 0) + 1  # first: see bind
+            self.appended += 1
+            if loop is not None:
+                self._wake([monitor_id])
+            return  # (no loop: nobody can be parked yet, and the count tells any later reader)
         with self._hop_lock:
+            # Counted and looked at under the lock park() takes to compare and list: either the reader
+            # sees this count (and does not park) or it is listed here (and gets the hop).
+            self._heard[monitor_id] = self._heard.get(monitor_id, 0) + 1
+            self.appended += 1
+            if self.on_append is None and monitor_id not in self._parked:
+                return  # nobody to wake: no hop to the loop for this append
             self._hop_ids[monitor_id] = None
             if self._hop_scheduled:
                 return
@@ -189,16 +194,19 @@ class Waiters:
         loop = asyncio.get_running_loop()
         self.bind(loop)
         parked = Parked(self, monitor_id, callback)
-        # Compared after binding: an append counted later than this hops to the loop and finds us listed.
-        if self._heard.get(monitor_id, 0) != seen_mark:
-            loop.call_soon(parked.fire, True)
-        elif self.draining or timeout <= 0:
-            loop.call_soon(parked.fire, False)
-        else:
-            self._parked.setdefault(monitor_id, {})[parked] = None
-            parked._listed = True
-            self._count += 1
+        # Compared and listed under the listener's lock, after binding: an append counted later than this
+        # sees us listed and hops to the loop.
+        with self._hop_lock:
+            heard = self._heard.get(monitor_id, 0)
+            listed = heard == seen_mark and not self.draining and timeout > 0
+            if listed:
+                self._parked.setdefault(monitor_id, {})[parked] = None
+                parked._listed = True
+                self._count += 1
+        if listed:
             parked._timer = loop.call_later(timeout, parked.fire, False)
+        else:
+            loop.call_soon(parked.fire, heard != seen_mark)
         return parked
 
     def _unlist(self, parked: Parked) -> None:
