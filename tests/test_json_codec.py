@@ -145,3 +145,47 @@ def test_both_servers_serve_what_the_standard_library_would_write(servers: tuple
                 assert reply.content == wire.STDLIB_CODEC.encode(reply.json()), base
             stored = pulled.json()["observations"][-1]["data"]
             assert {k: stored[k] for k in data} == data
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+# wire.loads skips its walk over the parsed value when the raw text cannot hold what the walk refuses
+# (wire._needs_walk): whatever the text, it must refuse exactly what the walk would.
+
+ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=20)  # lone surrogates included
+ANY_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-MAX_INTEGER, MAX_INTEGER) | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=40,
+)
+
+
+def _spellings(value: Any) -> list[bytes]:
+    import json
+
+    out = [json.dumps(value).encode()]  # ASCII with \\u escapes (a lone surrogate as \\udXXX)
+    try:
+        out.append(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+    except UnicodeEncodeError:
+        out.append(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    out.append(json.dumps(value, ensure_ascii=False).encode("utf-16", "surrogatepass"))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(ANY_VALUES, st.integers(0, 40))
+def test_loads_refuses_exactly_what_the_walk_refuses(value: Any, depth: int) -> None:
+    import json
+
+    nested: Any = value
+    for _ in range(depth):
+        nested = [nested]
+    for raw in _spellings(nested):
+        parsed = json.loads(raw)
+        expected = wire.problem(parsed)
+        try:
+            got = wire.loads(raw)
+        except wire.ProtocolError as err:
+            assert expected is not None, (raw, err.message)
+        else:
+            assert expected is None, (raw, expected)
+            assert got == parsed

@@ -93,8 +93,23 @@ def loads(raw: bytes | str) -> Any:
         raise ProtocolError(
             "INVALID", f"The body is not valid JSON ({exc.__class__.__name__}): send a JSON object."
         ) from None
-    check(value)
+    if _needs_walk(raw):
+        check(value)
     return value
+
+
+def _needs_walk(raw: bytes | str) -> bool:
+    """Whether a text json.loads accepted (with the hooks above: no NaN, no overflowing float, no integer
+    beyond 2^53) may still hold what `problem` refuses: a lone surrogate needs a `\\uD800`-`\\uDFFF`
+    escape or the bytes 0xED 0xA0-0xBF, and more than MAX_JSON_DEPTH levels need that many brackets. Most
+    bodies have neither, and skip the walk over the parsed value."""
+    if not isinstance(raw, bytes) or b"\x00" in raw or b"\xed" in raw:
+        # a str may hold a lone surrogate as is; json.loads reads UTF-16 and UTF-32 bytes too (NULs), and
+        # decodes UTF-8 with surrogatepass (0xED leads the bytes of U+D000-U+DFFF): walk those
+        return True
+    if b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw):
+        return True
+    return raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
 
 
 def problem(value: Any) -> str | None:
