@@ -13,6 +13,9 @@ Sections (``--only`` takes these names, repeatable or comma-separated):
               long polls woken by one publish, fsyncs per empty pull / re-check / publish, publish CPU
   playground  bench/playground_bench.py (cold start, publishes into IndexedDB), owned by the playground
 
+``--peers`` runs only the peers section (bench/peers.py): the same workloads on mp serve, Redis, PostgreSQL and
+NATS JetStream, interleaved round by round -> bench/results/peers.json; ``--peers --markdown`` prints it.
+
 Each section writes bench/results/<name>.json; bench/results/latest.json combines the newest result of
 every section with the machine, date, commit, ratios to the limits and the targets met or missed. Every
 figure is the median, min and max of repeated runs (``--runs``, default 5).
@@ -251,7 +254,7 @@ class Bench:
                     {"id": MONITOR, "visibility": "public", "types": [OBS_BODY["type"]]}, None
                 )
                 token = made["owner_token"]
-            head = store.get_monitor(MONITOR)["_head"]
+            head = store.get_monitor(MONITOR).head  # a typed record since the seam rewrite
             todo = max(0, upto - head)
             while todo > 0:
                 with store.batch():
@@ -707,6 +710,24 @@ def markdown(c: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def run_peers(args: argparse.Namespace) -> int:
+    """The peers section (bench/peers.py) on its own: it writes bench/results/peers.json, not latest.json."""
+    import peers
+
+    bench = Bench(args)
+    try:
+        result = peers.run(bench)
+    finally:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+    result.update(name="peers", quick=args.quick)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "peers.json").write_text(json.dumps(result, indent=2) + "\n")
+        bench.log(f"wrote bench/results/peers.json ({result['seconds']} s in all)")
+    print("\n" + peers.markdown(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Monitor Protocol benchmarks (see docs/bench.md)")
     ap.add_argument(
@@ -726,10 +747,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--markdown", action="store_true", help="print bench/results/latest.json as Markdown; run nothing"
     )
+    ap.add_argument(
+        "--peers", action="store_true",
+        help="only the peers section (bench/peers.py: mp serve beside Redis, PostgreSQL, NATS) -> peers.json; "
+        "with --markdown, print bench/results/peers.json",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.peers and args.only:
+        ap.error("--peers runs on its own; it does not combine with --only")
     if args.markdown:
+        if args.peers:
+            import peers
+
+            print(peers.markdown(json.loads((RESULTS / "peers.json").read_text())))
+            return 0
         print(markdown(json.loads((RESULTS / "latest.json").read_text())))
         return 0
+    if args.peers:
+        return run_peers(args)
     only = [n.strip() for o in args.only for n in o.split(",") if n.strip()]
     bad = [n for n in only if n not in SECTIONS]
     if bad:
