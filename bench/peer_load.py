@@ -573,7 +573,6 @@ async def _prepare_nats(conn: dict[str, Any], fill: int) -> dict[str, Any]:
 
 
 def _prepare_mp(conn: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
-    import httpx
     import monitor_protocol
     from monitor_protocol.client import Client
 
@@ -587,8 +586,9 @@ def _prepare_mp(conn: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
         **ctx,
         "version": f"monitor_protocol {getattr(monitor_protocol, '__version__', '?')} (this tree)",
         "tokens": tokens,
-        # The client's transport is this tree's (the commit is in the machine record); httpx for reference.
-        "client": f"monitor_protocol.client {getattr(monitor_protocol, '__version__', '?')} (httpx {httpx.__version__} installed)",
+        # The client's HTTP layers are this tree's (the commit is in the machine record).
+        "client": f"monitor_protocol.client {getattr(monitor_protocol, '__version__', '?')} "
+        f"(Client on {c.http_layer}, AsyncClient on asyncio+h11)",
         "server_extensions": sorted((caps.get("extensions") or {}) if isinstance(caps, dict) else {}),
         "client_has_publish_many": hasattr(Client, "publish_many"),
         "client_pull_has_ack": _mp_pull_has_ack(),
