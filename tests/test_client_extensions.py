@@ -268,3 +268,23 @@ def test_mp_serve_parks_an_ack_and_pull_and_rechecks_it_as_a_plain_pull(base: st
         (reply,) = answer
         assert reply.cursor == 1  # re-acked, it would be `head` again
         assert [o["subject"] for o in reply.observations] == ["k0", "k1"]
+
+
+def test_publish_many_reports_a_chunk_refused_whole_on_each_of_its_items(base: str) -> None:
+    """The second request of a batch is refused whole (a value JSON cannot carry: an integer beyond 2^53):
+    its items carry that error, and the first request's items stay reported as published."""
+    with Client(base) as setup:
+        owner, sid, reader = feed(setup, "pm-chunk")
+    batch = items(MAX_PUBLISH_BATCH + 3)
+    batch[MAX_PUBLISH_BATCH + 1]["data"] = {"x": 2**60}
+    with Client(base, token=owner) as c:
+        done = c.publish_many("pm-chunk", batch)
+    assert done.published == MAX_PUBLISH_BATCH
+    assert [i.index for i in done.refused] == [
+        MAX_PUBLISH_BATCH,
+        MAX_PUBLISH_BATCH + 1,
+        MAX_PUBLISH_BATCH + 2,
+    ]
+    assert {i.error.code for i in done.refused if i.error is not None} == {"INVALID"}
+    with Client(base, token=reader) as r:
+        assert len(r.pull(sid, limit=200).observations) == MAX_PUBLISH_BATCH  # nothing of the refused one

@@ -5,6 +5,7 @@ sent / may have been sent). httpx stays where a proxy applies or a transport is 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -235,3 +236,41 @@ def test_the_async_client_keeps_httpx_for_a_given_transport(server: str) -> None
             assert c.http_layer == "httpx" and (await c.discover()).supported_versions
 
     asyncio.run(main())
+
+
+def test_a_header_that_is_not_http_is_never_sent(server: str) -> None:
+    """A token read from a file with its newline: refused before any byte leaves (sent False), on both
+    layers, instead of a traceback."""
+    with Client(server, "abc\n") as c, pytest.raises(ConnectionFailed) as sync_failed:
+        c.pull("sub-0123456789abcdef")
+    assert sync_failed.value.sent is False
+
+    async def main() -> None:
+        async with AsyncClient(server, "abc\n") as c:
+            with pytest.raises(ConnectionFailed) as async_failed:
+                await c.pull("sub-0123456789abcdef")
+            assert async_failed.value.sent is False
+            assert (await c.discover()).supported_versions  # control: the client still works
+
+    asyncio.run(main())
+    with Client(server) as c:
+        assert c.discover().supported_versions  # control
+
+
+def test_connections_are_reused_above_descriptor_1023(forwarder: CountingForwarder) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit on open files is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the client's sockets go above 1023
+    try:
+        with Client(f"http://127.0.0.1:{forwarder.port}") as c:
+            for _ in range(10):
+                c.discover()
+        assert forwarder.accepted == 1
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -294,3 +294,15 @@ def test_a_batch_on_a_paused_monitor_refuses_every_item_and_logs_each(h: Harness
     assert done.status == 207 and done.body["published"] == 0
     assert [r["error"]["code"] for r in done.body["results"]] == ["UNAVAILABLE", "UNAVAILABLE"]
     assert [r["status"] for r in done.body["results"]] == [409, 409]
+
+
+def test_jsonrpc_feeds_pull_refuses_ack_with_a_replay_cursor(h: Harness) -> None:
+    _, sub, reader, _ = feed(h, 2)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "feeds/pull"}
+    both = h.call(
+        "POST", "/rpc", {**call, "params": {"subscription": sub, "ack": 2, "cursor": 1}}, reader
+    ).body
+    assert both["error"]["data"]["code"] == "INVALID" and "two calls" in both["error"]["data"]["error"]
+    assert h.call("GET", f"/subscriptions/{sub}", token=reader).body["cursor"] == 0  # nothing committed
+    replay = h.call("POST", "/rpc", {**call, "params": {"subscription": sub, "cursor": 1}}, reader).body
+    assert "result" in replay  # control

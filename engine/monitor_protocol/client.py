@@ -901,7 +901,18 @@ def _publish_many_plan(
         size = info.get("max_items") if isinstance(info, dict) else None
         size = size if isinstance(size, int) and size > 0 else 1
         for start in range(0, len(items), size):
-            reply = yield _Call("POST", path, token, _raw, items[start : start + size])
+            chunk = items[start : start + size]
+            try:
+                reply = yield _Call("POST", path, token, _raw, chunk)
+            except MonitorProtocolError as err:
+                if err.code in _WHOLE_CALL_REFUSALS and not results:
+                    raise
+                # The whole chunk was refused (a value JSON cannot carry, over the body limit, a 503):
+                # each of its items carries that refusal; the chunks before it stay reported as published.
+                results.extend(
+                    {"index": start + i, "status": err.status, "error": err.body} for i in range(len(chunk))
+                )
+                continue
             for one in reply.get("results") or []:
                 results.append({**one, "index": start + int(one.get("index") or 0)})
     else:
@@ -1180,7 +1191,10 @@ class _Routes:
         and logged on its own; `.items` lists each item's seq or error. Where the server advertises the
         publish-batch extension, up to `max_items` items travel in one request and one commit (a longer
         list is split); elsewhere the client publishes them one by one (`batched` False). A refusal of the
-        whole call (a wrong token, an unknown monitor) raises."""
+        whole call (a wrong token, an unknown monitor) raises; a request of the batch refused whole (an item
+        JSON cannot carry, a body over the server's limit, a 503) gives each of its items that error, the
+        rest stay reported. A `ConnectionFailed` raises: what was sent before it may be committed, so give
+        items an `idempotency_key` to retry safely."""
         body = [dict(item) for item in items]
         if not body:
             raise ValueError("publish_many needs at least one observation")

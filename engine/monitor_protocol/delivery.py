@@ -318,6 +318,10 @@ def pull(
     """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
     rules, in this same transaction: the pull then reads from the cursor it just committed."""
     if ack_cursor is not None:
+        if cursor is not None:
+            raise invalid(
+                "ack commits and cursor is a read-only replay: send them in two calls (ack, then the replay)."
+            )
         acked = as_int(ack_cursor, "ack", minimum=0, text=False)  # a JSON integer, like /ack's cursor
         ack(core, tx, sub_id, token, {"cursor": acked}, system=system)
     if system:

@@ -113,7 +113,16 @@ class Pool:
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
         try:
-            conn.request(method, target, body=body, headers=headers)
+            conn.putrequest(method, target, skip_accept_encoding=True)
+            for name, value in headers.items():
+                conn.putheader(name, value)
+        except (ValueError, http.client.HTTPException) as exc:  # a header or target that is not HTTP
+            conn.close()
+            raise SendFailed(_reason(exc), sent=False) from exc
+        try:
+            if body is not None:
+                conn.putheader("content-length", str(len(body)))
+            conn.endheaders(body)
             response = conn.getresponse()
             content = response.read()
         except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
@@ -140,11 +149,12 @@ def _usable(conn: http.client.HTTPConnection) -> bool:
     sock: Any = conn.sock
     if sock is None:
         return False
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
+    try:  # poll, not select: select cannot watch a descriptor above 1023
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+        return not poller.poll(0)
     except (OSError, ValueError):
         return False
-    return not readable
 
 
 def _reason(exc: BaseException) -> str:
@@ -256,6 +266,8 @@ class AsyncPool:
             reply, reusable = await asyncio.wait_for(conn.exchange(method, target, body, headers), timeout)
         except BaseException as exc:
             conn.close()
+            if isinstance(exc, conn.h11.LocalProtocolError):  # refused by h11 before a byte was written
+                raise SendFailed(_reason(exc), sent=False) from exc
             if isinstance(exc, OSError | TimeoutError | ssl.SSLError | conn.h11.ProtocolError):
                 raise SendFailed(_reason(exc), sent=True) from exc
             raise  # cancelled: the connection is gone with the request

@@ -114,32 +114,33 @@ class Waiters:
         """The loop parked readers live on; wake-ups hop to it. Call it on that loop's own thread."""
         if self._loop is loop:
             return
-        # Recorded before anyone parks on it: the listener counts first and reads the loop second, so an
-        # append that finds no loop was counted before any reader could compare its mark.
+        # Recorded before anyone parks on it: the listener counts and reads the loop under the lock park()
+        # compares under, so an append that finds no loop was counted before any reader compared its mark.
         self._loop_thread = threading.get_ident()
         self._loop = loop
 
     # -- the listener (engine thread, or the loop itself in the browser) -----------------------------
 
     def _listener(self, monitor_id: str, head: int) -> None:
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._loop_thread:
-            self._heard[monitor_id] = self._heard.get(monitor_id, 0) + 1  # first: see bind
-            self.appended += 1
-            if loop is not None:
-                self._wake([monitor_id])
-            return  # (no loop: nobody can be parked yet, and the count tells any later reader)
         with self._hop_lock:
             # Counted and looked at under the lock park() takes to compare and list: either the reader
             # sees this count (and does not park) or it is listed here (and gets the hop).
             self._heard[monitor_id] = self._heard.get(monitor_id, 0) + 1
             self.appended += 1
-            if self.on_append is None and monitor_id not in self._parked:
-                return  # nobody to wake: no hop to the loop for this append
-            self._hop_ids[monitor_id] = None
-            if self._hop_scheduled:
-                return
-            self._hop_scheduled = True
+            loop = self._loop
+            if loop is None:
+                return  # nobody can be parked yet, and the count tells any later reader
+            on_loop = threading.get_ident() == self._loop_thread
+            if not on_loop:
+                if self.on_append is None and monitor_id not in self._parked:
+                    return  # nobody to wake: no hop to the loop for this append
+                self._hop_ids[monitor_id] = None
+                if self._hop_scheduled:
+                    return
+                self._hop_scheduled = True
+        if on_loop:
+            self._wake([monitor_id])
+            return
         try:
             loop.call_soon_threadsafe(self._drain_hops)
         except RuntimeError:  # the loop is closed: nobody is waiting on it any more

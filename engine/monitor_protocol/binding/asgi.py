@@ -355,8 +355,12 @@ class Metrics:
             "REST publishes answered 2xx (POST /mp/v0/monitors/{id}/observations).",
         )
         lines.append(f"mp_publishes_total {self._routed('/observations', 'POST')}")
-        family("mp_pulls_total", "counter", "REST pulls answered 200 (GET /mp/v0/subscriptions/{id}/pull).")
-        lines.append(f"mp_pulls_total {self._routed('/pull', 'GET')}")
+        family(
+            "mp_pulls_total",
+            "counter",
+            "REST pulls answered 200 (GET and POST /mp/v0/subscriptions/{id}/pull, ack-and-pull included).",
+        )
+        lines.append(f"mp_pulls_total {self._routed('/pull', 'GET') + self._routed('/pull', 'POST')}")
         family("mp_acks_total", "counter", "REST acks answered 200 (POST /mp/v0/subscriptions/{id}/ack).")
         lines.append(f"mp_acks_total {self._routed('/ack', 'POST')}")
         family("mp_long_polls_parked", "gauge", "Long polls waiting for an append right now.")
