@@ -353,6 +353,19 @@ _NOT_SENT: tuple[type[Exception], ...] = (
 )
 
 
+def _pooled_request(prefix: str, call: _Call[Any]) -> tuple[str, bytes | None, dict[str, str]]:
+    """The request target, body and headers a keep-alive pool sends for `call` (both clients)."""
+    target = prefix + call.path
+    if call.params:
+        target += "?" + urlencode(call.params, quote_via=quote)
+    headers = _headers(call.token)
+    body = None
+    if call.body is not None:
+        body = _json_body(call.body)
+        headers["content-type"] = "application/json"
+    return target, body, headers
+
+
 def _json_body(body: Any) -> bytes:
     try:
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
@@ -1564,14 +1577,7 @@ class Client(_Base):
         return _decode(response, call)
 
     def _once_pooled(self, pool: keepalive.Pool, call: _Call[T]) -> T:
-        target = self._prefix + call.path
-        if call.params:
-            target += "?" + urlencode(call.params, quote_via=quote)
-        headers = _headers(call.token)
-        body = None
-        if call.body is not None:
-            body = _json_body(call.body)
-            headers["content-type"] = "application/json"
+        target, body, headers = _pooled_request(self._prefix, call)
         try:
             reply = pool.request(call.method, target, body, headers, call.timeout or self.timeout)
         except keepalive.SendFailed as exc:
@@ -1708,14 +1714,7 @@ class AsyncClient(_Base):
         return _decode(response, call)
 
     async def _once_pooled(self, pool: keepalive.AsyncPool, call: _Call[T]) -> T:
-        target = self._prefix + call.path
-        if call.params:
-            target += "?" + urlencode(call.params, quote_via=quote)
-        headers = _headers(call.token)
-        body = None
-        if call.body is not None:
-            body = _json_body(call.body)
-            headers["content-type"] = "application/json"
+        target, body, headers = _pooled_request(self._prefix, call)
         try:
             reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
         except keepalive.SendFailed as exc:

@@ -60,16 +60,20 @@ def proxied(url: str) -> bool:
     return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
+def _origin(base: str) -> tuple[bool, str, int, str]:
+    """(https, host, port, Host header) of an http(s) base URL; a pool talks to this one origin."""
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {base!r}")
+    https = parts.scheme == "https"
+    return https, parts.hostname, parts.port or (443 if https else 80), parts.netloc.rsplit("@", 1)[-1]
+
+
 class Pool:
     """Keep-alive connections to one origin (scheme, host, port); thread-safe like httpx.Client."""
 
     def __init__(self, base: str) -> None:
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base!r}")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
+        self.https, self.host, self.port, self.host_header = _origin(base)
         self._context = ssl.create_default_context() if self.https else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -224,13 +228,7 @@ class AsyncPool:
     """Keep-alive connections to one origin for coroutines of one asyncio loop."""
 
     def __init__(self, base: str) -> None:
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {base!r}")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
-        self.host_header = parts.netloc.rsplit("@", 1)[-1]
+        self.https, self.host, self.port, self.host_header = _origin(base)
         self._context = ssl.create_default_context() if self.https else None
         self._idle: list[_AsyncConnection] = []
         self.loop: asyncio.AbstractEventLoop | None = None
