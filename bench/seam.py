@@ -5,6 +5,7 @@
              and over HTTP (`mp serve`), the reply's lag, lag_capped and scan_capped, and how long a reader
              that pulls and acks `next` takes to reach the head (in-process, bounded by a deadline)
   longpoll   200 and 1,000 parked long polls (`pull?wait=30`, one subscription each) woken by one publish,
+             then the same against the floors of bench/bare_longpoll.py (no protocol work),
              over HTTP: latency from the publish being sent to each reply, and how many carried it
   fsync      fsync + fdatasync syscalls of the `mp serve` process (strace -f -c -p) per empty pull, per
              non-empty pull, per publish, per long-poll re-check, per filtered pull over non-matching rows
@@ -174,6 +175,46 @@ def serve(db: str, env: dict[str, str], engine: Path, logdir: Path) -> Iterator[
                 raise RuntimeError(f"mp serve at {url} not ready after 120 s")
             time.sleep(0.05)
         yield Server(proc, port, "/mp/v0", None)
+    finally:
+        _stop(proc)
+        err.close()
+
+
+FLOORS = {
+    "uvicorn": "bench/bare_longpoll.py --server uvicorn (mp serve's HTTP stack, no protocol work)",
+    "raw": "bench/bare_longpoll.py --server raw (pre-encoded replies from one loop turn: the client's floor)",
+}
+
+
+@contextlib.contextmanager
+def bare_longpoll(kind: str, logdir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A floor server of bench/bare_longpoll.py; yields (process, base URL)."""
+    port = free_port()
+    err = open(logdir / f"floor-{kind}-{port}.log", "w")  # noqa: SIM115 - closed below
+    cmd = [
+        PY,
+        str(Path(__file__).resolve().parent / "bare_longpoll.py"),
+        "--port",
+        str(port),
+        "--server",
+        kind,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
+    base = f"http://127.0.0.1:{port}/mp/v0"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"floor server {kind} exited with {proc.returncode}")
+            try:
+                if httpx.get(f"{base}/discover", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"floor server {kind} not ready after 30 s")
+            time.sleep(0.05)
+        yield proc, base
     finally:
         _stop(proc)
         err.close()
@@ -509,36 +550,54 @@ class Seam:
             for n in self.readers:
                 spec = {"base": srv.base, "url": srv.url, "server_pid": srv.proc.pid, "owner": owner,
                         "readers": readers[:n], "runs": self.runs}  # fmt: skip
-                spec_path = self.workdir / f"lp-{n}.json"
-                spec_path.write_text(json.dumps(spec))
-                load = loadavg()
-                p = subprocess.run([PY, str(Path(__file__).resolve()), "--lp-client", str(spec_path)],
-                                   capture_output=True, text=True, timeout=60 + 45 * self.runs)  # fmt: skip
-                if p.returncode != 0:
-                    raise RuntimeError(f"long-poll client failed ({p.returncode}): {p.stderr[-2000:]}")
-                res = json.loads(p.stdout.strip().splitlines()[-1])
-                lat = sorted(x for run in res["runs"] for x in run["latencies_ms"])
-                per = res["runs"]
-
-                def med(key: str, runs: list[dict[str, Any]] = per) -> float:
-                    return round(statistics.median(r[key] for r in runs), 3)
-
-                fig = {
-                    "what": f"{n} parked pull?wait=30 woken by one publish, HTTP (raw asyncio client, 1 process)",
-                    "readers": n, "runs": len(per), "unit": "ms",
-                    # per-run percentiles, the median over the runs
-                    "p50": med("p50"), "p90": med("p90"), "p99": med("p99"), "max": med("max"),
-                    "max_all_runs": round(lat[-1], 3) if lat else None,
-                    "carried": [r["carried"] for r in per], "answered": [r["answered"] for r in per],
-                    "publish_reply_ms": med("publish_reply_ms"),
-                    "server_cpu_ms": med("server_cpu_ms"),
-                    "park_wait": res["park_wait"], "client_loop": res["loop"],
-                    "run_p50s": [r["p50"] for r in per], "loadavg": load,
-                }  # fmt: skip
+                fig = self._lp_figure(
+                    spec,
+                    f"{n} parked pull?wait=30 woken by one publish, HTTP (raw asyncio client, 1 process)",
+                )
                 out[str(n)] = fig
                 log(f"  {n} readers: p50 {fig['p50']} ms, p90 {fig['p90']}, p99 {fig['p99']}, max {fig['max']}; "
                     f"carried {fig['carried']} of {n}; server CPU {fig['server_cpu_ms']} ms")  # fmt: skip
+        # The floor, same client, same readers, right after: servers that do no protocol work at all.
+        for kind, what in FLOORS.items():
+            for n in self.readers:
+                with bare_longpoll(kind, self.workdir) as (proc, base):
+                    spec = {"base": base, "url": base.rsplit("/mp/v0", 1)[0], "server_pid": proc.pid,
+                            "owner": "floor", "readers": [[f"sub_{i}", "floor"] for i in range(n)],
+                            "runs": self.runs}  # fmt: skip
+                    fig = self._lp_figure(spec, f"{n} parked pulls, {what}")
+                out[f"floor-{kind}-{n}"] = fig
+                log(f"  floor ({kind}) {n} readers: p50 {fig['p50']} ms, p90 {fig['p90']}, p99 {fig['p99']}, "
+                    f"max {fig['max']}; server CPU {fig['server_cpu_ms']} ms")  # fmt: skip
         return out
+
+    def _lp_figure(self, spec: dict[str, Any], what: str) -> dict[str, Any]:
+        """Run the long-poll client (its own process) on ``spec``; the medians of its per-run percentiles."""
+        n = len(spec["readers"])
+        spec_path = self.workdir / f"lp-{n}-{time.monotonic_ns()}.json"
+        spec_path.write_text(json.dumps(spec))
+        load = loadavg()
+        p = subprocess.run([PY, str(Path(__file__).resolve()), "--lp-client", str(spec_path)],
+                           capture_output=True, text=True, timeout=60 + 45 * self.runs)  # fmt: skip
+        if p.returncode != 0:
+            raise RuntimeError(f"long-poll client failed ({p.returncode}): {p.stderr[-2000:]}")
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+        lat = sorted(x for run in res["runs"] for x in run["latencies_ms"])
+        per = res["runs"]
+
+        def med(key: str) -> float:
+            return round(statistics.median(r[key] for r in per), 3)
+
+        return {
+            "what": what, "readers": n, "runs": len(per), "unit": "ms",
+            # per-run percentiles, the median over the runs
+            "p50": med("p50"), "p90": med("p90"), "p99": med("p99"), "max": med("max"),
+            "max_all_runs": round(lat[-1], 3) if lat else None,
+            "carried": [r["carried"] for r in per], "answered": [r["answered"] for r in per],
+            "publish_reply_ms": med("publish_reply_ms"),
+            "server_cpu_ms": med("server_cpu_ms"),
+            "park_wait": res["park_wait"], "client_loop": res.get("loop"),
+            "run_p50s": [r["p50"] for r in per], "loadavg": load,
+        }  # fmt: skip
 
     # -------------------------------------------------------------------------------------- fsync counts
     def fsync(self) -> dict[str, Any]:
@@ -976,16 +1035,18 @@ def rows(r: dict[str, Any]) -> list[tuple[str, str]]:
     for kind in FILTERS:
         out.append((f"filtered reader (by {kind}) pulls+acks to the head, in-process",
                     _catch_cell(_get(r, "filtered", "catch_up", kind))))  # fmt: skip
-    for n_readers in sorted(
-        (_get(r, "longpoll") or {}).keys()
-        - {"seconds", "loadavg_before", "loadavg_after", "status", "error"},
-        key=int,
-    ):
+    lp_keys = (_get(r, "longpoll") or {}).keys()
+    for n_readers in sorted((k for k in lp_keys if k.isdigit()), key=int):
         f = _get(r, "longpoll", n_readers)
         out.append((f"{n_readers} parked long polls woken by one publish, from the send: p50 / p90 / p99 / max ms",
                     _lp_cell(f)))  # fmt: skip
         out.append((f"  replies carrying the observation ({n_readers})", _carried_cell(f)))
         out.append((f"  server CPU for the wake ({n_readers}), ms", _n(_get(f, "server_cpu_ms"))))
+        for kind in FLOORS:  # the floor of this harness, measured in the same run (bench/bare_longpoll.py)
+            floor = _get(r, "longpoll", f"floor-{kind}-{n_readers}")
+            if floor:
+                out.append((f"  floor, {kind} server, no protocol work ({n_readers}): p50 / p90 / p99 / max ms",
+                            _lp_cell(floor)))  # fmt: skip
     for key, label in (("empty_pull", "fsyncs per empty pull"), ("nonempty_pull", "fsyncs per non-empty pull"),
                        ("publish", "fsyncs per publish"), ("recheck", "fsyncs per long-poll re-check"),
                        ("idle_1s", "fsyncs of an idle server per second")):  # fmt: skip
