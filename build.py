@@ -4,7 +4,8 @@
     python build.py build            build the static site into dist/site (incremental)
     python build.py serve [--port N] build, then serve dist/site on http://127.0.0.1:N (default 8000)
     python build.py test [--no-e2e] [pytest args...]
-                                     venv, Chromium, build, ruff, pytest tests, pytest e2e
+                                     venv, Chromium, build, ruff, pytest tests, pytest e2e (with a throwaway
+                                     PostgreSQL cluster as MP_TEST_POSTGRES unless that is already set)
     python build.py bench [args...]  run bench/run.py with the venv's python
 
 Everything the site loads comes from its own origin: Pyodide and PyScript from pinned npm packages,
@@ -38,6 +39,7 @@ if __name__ == "__main__" and globals().get("__spec__") is not None and __spec__
 
 import argparse
 import base64
+import contextlib
 import functools
 import hashlib
 import http.server
@@ -48,8 +50,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+import urllib.parse
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -58,6 +63,8 @@ SITE = ROOT / "dist" / "site"
 WEB = ROOT / "web"
 VENV = ROOT / ".venv"
 VENV_PY = VENV / "bin" / "python"
+PGCLUSTER = ROOT / "tests" / "pgcluster.py"  # a throwaway PostgreSQL cluster for the tests
+PG_ENV = "MP_TEST_POSTGRES"
 
 PYODIDE_VERSION = "0.29.5"  # Python 3.13.2; BROWSER.md: starts about 0.4 s faster than 314.0.7
 PYSCRIPT_VERSION = "0.7.31"
@@ -477,7 +484,89 @@ def ensure_chromium() -> None:
         fail(f"apt-get installed chromium but {CHROMIUM} is still missing")
 
 
+def _pgcluster():
+    """tests/pgcluster.py as a module (standard library only): find_bin_dir() and ci_is_true()."""
+    sys.path.insert(0, str(PGCLUSTER.parent))
+    try:
+        import pgcluster
+    finally:
+        sys.path.remove(str(PGCLUSTER.parent))
+    return pgcluster
+
+
+def _redacted(url: str) -> str:
+    """A libpq URL or conninfo string with its password, if any, replaced by ***."""
+    if "://" in url:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is not None:
+            host = parts.netloc.rsplit("@", 1)[1]
+            return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+        return re.sub(r"(password=)[^&]*", r"\1***", url)
+    return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
+
+
+def postgres_bin_dir() -> Path | None:
+    """Where `test` finds PostgreSQL's binaries to start a throwaway cluster for the tests, or None: when
+    MP_TEST_POSTGRES is already set (that server is used), or when PostgreSQL is not installed (the tests that
+    need it are skipped, said here in one line). Missing binaries fail the run in CI, before any other work."""
+    given = os.environ.get(PG_ENV, "").strip()
+    if given:
+        log(f"PostgreSQL tests use {PG_ENV} from the environment: {_redacted(given)}")
+        return None
+    pgcluster = _pgcluster()
+    bin_dir = pgcluster.find_bin_dir()
+    if bin_dir is None:
+        where = "no initdb from `pg_config --bindir` or in /usr/lib/postgresql/*/bin"
+        if pgcluster.ci_is_true():
+            fail(f"PostgreSQL is needed in CI: apt-get install postgresql ({where}; CI={os.environ['CI']})")
+        log(f"PostgreSQL tests will be skipped: {PG_ENV} is not set and PostgreSQL is not installed ({where}; "
+            "apt-get install postgresql)")  # fmt: skip
+    return bin_dir
+
+
+@contextlib.contextmanager
+def postgres_for_tests(bin_dir: Path | None) -> Iterator[dict[str, str]]:
+    """The environment of the test steps: with `bin_dir`, a throwaway cluster (tests/pgcluster.py start) is
+    started, exported as MP_TEST_POSTGRES, and stopped and removed on the way out, also on a failure or
+    Ctrl-C."""
+    env = dict(os.environ)
+    if bin_dir is None:
+        yield env
+        return
+    state = Path(tempfile.gettempdir()) / f"mp-pgcluster-{os.getpid()}.json"
+    state.unlink(missing_ok=True)
+    cli = [sys.executable, str(PGCLUSTER)]
+    try:
+        t0 = time.monotonic()
+        proc = subprocess.Popen([*cli, "start", "--state", str(state), "--bin-dir", str(bin_dir)],
+                                stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+        try:
+            proc.communicate()
+        except BaseException:
+            proc.wait()  # a Ctrl-C reached it too: it removes what it had created
+            raise
+        if proc.returncode != 0 or not state.exists():
+            fail(f"could not start a throwaway PostgreSQL cluster ({' '.join(cli)} start exited "
+                 f"{proc.returncode}; its error is above)")  # fmt: skip
+        info = json.loads(state.read_text())
+        log(f"PostgreSQL for the tests: {info['version']}, {PG_ENV}={info['url']} (no password; a throwaway "
+            f"cluster in {info['dir']}, started in {time.monotonic() - t0:.1f}s; if this run is killed, stop "
+            f"it with: python3 {PGCLUSTER.relative_to(ROOT)} stop --state {state})")  # fmt: skip
+        env[PG_ENV] = info["url"]
+        yield env
+    finally:
+        if state.exists():
+            p = subprocess.run([*cli, "stop", "--state", str(state)], cwd=ROOT)
+            if p.returncode != 0:
+                log(
+                    f"WARNING: stopping the throwaway PostgreSQL cluster exited {p.returncode} (state: {state})"
+                )
+            else:
+                log("stopped the throwaway PostgreSQL cluster")
+
+
 def test(no_e2e: bool, extra: list[str]) -> None:
+    pg_bin = postgres_bin_dir()
     ensure_venv()
     if not no_e2e:
         ensure_chromium()
@@ -490,16 +579,17 @@ def test(no_e2e: bool, extra: list[str]) -> None:
     if not no_e2e:
         steps.append(["pytest", "-q", "e2e", *extra])
     collected = 0
-    for step in steps:
-        cmd = [str(VENV_PY), "-m", *step]
-        log("$ " + " ".join(cmd))
-        code = subprocess.run(cmd, cwd=ROOT).returncode
-        if code == 5 and extra and step[0] == "pytest":
-            log(f"no test in {step[2]} matched {' '.join(extra)}")  # pytest's "nothing collected"
-            continue
-        if code != 0:
-            fail(f"{' '.join(step)} failed with exit code {code}")
-        collected += step[0] == "pytest"
+    with postgres_for_tests(pg_bin) as env:
+        for step in steps:
+            cmd = [str(VENV_PY), "-m", *step]
+            log("$ " + " ".join(cmd))
+            code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+            if code == 5 and extra and step[0] == "pytest":
+                log(f"no test in {step[2]} matched {' '.join(extra)}")  # pytest's "nothing collected"
+                continue
+            if code != 0:
+                fail(f"{' '.join(step)} failed with exit code {code}")
+            collected += step[0] == "pytest"
     if collected == 0:
         fail(f"no test matched {' '.join(extra)}")
     log("all checks passed")

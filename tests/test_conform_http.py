@@ -2,24 +2,67 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 
+import httpx
+import pytest
 from serverutil import mp_command, mp_env, running_server, server_log
 
 ADMIN = "conformance-admin-token-0123456789"
 
 
-def test_every_check_passes_over_http(tmp_path):
-    with running_server(tmp_path, "--allow-admin", ADMIN) as (base, proc):
-        done = subprocess.run(
-            mp_command("conform", "--base", base, "--admin-token", ADMIN, "--json"),
-            capture_output=True,
-            text=True,
-            env=mp_env(),
-            timeout=600,
-        )
+def _conform(*bases: str) -> subprocess.CompletedProcess[str]:
+    args = [a for base in bases for a in ("--base", base)]
+    return subprocess.run(
+        mp_command("conform", *args, "--admin-token", ADMIN, "--json"),
+        capture_output=True,
+        text=True,
+        env=mp_env(),
+        timeout=600,
+    )
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_args(request, tmp_path) -> list[str]:
+    if request.param == "postgres":
+        return ["--db", request.getfixturevalue("pg_url")]
+    return ["--db", str(tmp_path / "mp.db")]
+
+
+def test_every_check_passes_over_http(tmp_path, db_args):
+    with running_server(tmp_path, *db_args, "--allow-admin", ADMIN) as (base, proc):
+        done = _conform(base)
         log = server_log(proc)
+    _assert_all_pass(done, log)
+
+
+def test_every_check_passes_against_three_servers_on_one_postgresql(tmp_path, pg_url):
+    """Each request of the suite goes to the next of three servers sharing one database."""
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(running_server(tmp_path, "--db", pg_url, "--allow-admin", ADMIN))
+            for _ in range(3)
+        ]
+        done = _conform(*(base for base, _ in servers))
+        served = [_requests_served(base) for base, _ in servers]
+        logs = [server_log(proc) for _, proc in servers]
+    _assert_all_pass(done, "\n".join(logs))
+    total = sum(served)
+    assert all(n > total / 6 for n in served), served  # each server took its turn (about a third each)
+
+
+def _requests_served(base: str) -> int:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("mp_http_requests_total{") and 'route="/mp/v0/' in line
+    )
+
+
+def _assert_all_pass(done: subprocess.CompletedProcess[str], log: str) -> None:
     assert done.stdout.strip(), f"no report; stderr:\n{done.stderr}"
     report = json.loads(done.stdout)
     by_status: dict[str, list[str]] = {}

@@ -41,9 +41,14 @@ def test_every_check_declares_its_profile():
     assert [c.id for c in checks_in("all")] == [c.id for c in CHECKS]
 
 
-@pytest.mark.parametrize("store_name", ["memory", "sqlite"])
-async def test_every_check_passes_in_process(store_name, tmp_path):
-    store = _stores(tmp_path)[store_name]
+@pytest.mark.parametrize("store_name", ["memory", "sqlite", "postgres"])
+async def test_every_check_passes_in_process(store_name, tmp_path, request):
+    if store_name == "postgres":
+        from monitor_protocol.store.postgres import PostgresStore
+
+        store = PostgresStore(request.getfixturevalue("pg_url"))
+    else:
+        store = _stores(tmp_path)[store_name]
     transport = InProcessTransport.create(store=store)
     report = await run_suite(transport, reference_schema_dir=REFERENCE if HAVE_REFERENCE else None)
     print(f"\n[{store_name}]\n{report.table()}")

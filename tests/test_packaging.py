@@ -106,7 +106,7 @@ def test_pyproject_pins_test_tools_and_keeps_extras_optional():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert extras["server"] == ["orjson>=3.10,<4"]  # the fast JSON codec mp serve uses when installed
-    assert set(extras) == {"server", "mcp", "test"}
+    assert set(extras) == {"server", "mcp", "postgres", "test"}
     pins = {re.split(r"[=;\[ ]", r, maxsplit=1)[0]: r for r in extras["test"] if "==" in r}
     assert "mypy" in pins and "build" in pins and "pytest" in pins
     for requirement in extras["test"]:

@@ -30,8 +30,14 @@ from monitor_protocol.store.indexeddb import decode_records, encode_changes, rec
 from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
 from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked, next_prefix
 
-# A subscription taken by another id: SQLite's unique index raises IntegrityError, the memory store ValueError.
-Refused = (ValueError, sqlite3.IntegrityError)
+# A subscription taken by another id: SQLite's unique index raises IntegrityError, the memory store ValueError,
+# PostgreSQL's unique index psycopg's IntegrityError (when psycopg is installed).
+try:
+    import psycopg as _psycopg
+
+    Refused: tuple[type[BaseException], ...] = (ValueError, sqlite3.IntegrityError, _psycopg.IntegrityError)
+except ImportError:  # the PostgreSQL cases are skipped then
+    Refused = (ValueError, sqlite3.IntegrityError)
 
 
 class JournalReplayStore(MemoryStore):
@@ -56,10 +62,14 @@ class JournalReplayStore(MemoryStore):
         return fresh
 
 
-@pytest.fixture(params=["memory", "sqlite", "journal"])
+@pytest.fixture(params=["memory", "sqlite", "journal", "postgres"])
 def store(request, tmp_path):
     if request.param == "sqlite":
         s = SQLiteStore(str(tmp_path / "contract.db"))
+    elif request.param == "postgres":
+        from monitor_protocol.store.postgres import PostgresStore
+
+        s = PostgresStore(request.getfixturevalue("pg_url"))
     elif request.param == "journal":
         s = JournalReplayStore()
     else:

@@ -201,7 +201,11 @@ class Pusher:
     async def rescan(self) -> None:
         # Read before the targets: a change after this moves the epoch again, and the next append wakes us.
         self._epoch = getattr(self.service, "push_epoch", None)
-        targets = {t["id"]: t for t in await self.call(self.service.push_targets)}
+        here = getattr(self.service, "sweeps_here", None)
+        if here is not None and not here():
+            targets: dict[str, Any] = {}  # a shared store: the leading server pushes (one request in flight)
+        else:
+            targets = {t["id"]: t for t in await self.call(self.service.push_targets)}
         self.targets = targets
         for sub_id in list(self.workers):
             if sub_id not in targets or self.workers[sub_id].done():

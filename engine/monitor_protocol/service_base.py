@@ -50,6 +50,9 @@ SERVER_VERSION = __version__
 # writes nothing, and the stored clock may lag the last pull by at most this, or half the subscription's
 # own mute window if that is shorter. This engine's own sweep always uses the exact time it remembers.
 MUTE_FLUSH_SECONDS = 30.0
+# On a shared store (several servers), mute windows shorter than this are kept exactly (every sign of life
+# written); longer ones may be retired up to MUTE_FLUSH_SECONDS late (never early): docs/scale-out.md.
+SHARED_EXACT_MUTE_SECONDS = 600.0
 
 Listener = Callable[[str, int], None]
 T = TypeVar("T")
@@ -177,7 +180,19 @@ class ServiceCore(ABC):
     def next_deadline(self) -> float | None:
         return self._next_deadline if self._deadline_known else self._now()
 
+    def sweeps_here(self) -> bool:
+        """Whether this engine runs the sweeps: always, unless its store is shared by several servers, where
+        the one holding the store's leader lock does (store/postgres.py)."""
+        leading = getattr(self.store, "leading", None)
+        return True if leading is None else bool(leading())
+
+    def heard_append(self, monitor_id: str, head: int) -> None:
+        """Another server committed an append to a store this engine shares: wake this server's readers."""
+        self._notify({monitor_id: head})
+
     def _maybe_sweep(self) -> None:
+        if not self.sweeps_here():
+            return
         if not self._deadline_known or (
             self._next_deadline is not None and self._now() >= self._next_deadline
         ):
@@ -214,11 +229,27 @@ class ServiceCore(ABC):
             return monitor.last_pull
         return seen
 
+    def _life_window(self, monitor: Monitor, stored: Subscription) -> float:
+        """How long a sign of life may stay unwritten: the shorter of MUTE_FLUSH_SECONDS and half the mute
+        window. On a store several servers share, the others cannot see what this engine remembers, so a
+        short mute window (under SHARED_EXACT_MUTE_SECONDS) gets every sign of life written at once."""
+        mute = self.mute_seconds(monitor, stored)
+        if getattr(self.store, "shared", False) and mute < SHARED_EXACT_MUTE_SECONDS:
+            return 0.0
+        return min(MUTE_FLUSH_SECONDS, mute / 2)
+
+    def mute_grace(self, monitor: Monitor, stored: Subscription) -> float:
+        """How late the mute sweep allows for: on a shared store another server may hold a sign of life it
+        has not written yet (at most the window above), so a retirement waits that long more and is never
+        early. On a store of its own this engine knows every sign of life (`alive`)."""
+        if not getattr(self.store, "shared", False):
+            return 0.0
+        return self._life_window(monitor, stored)
+
     def must_store_life(self, monitor: Monitor, stored: Subscription, now: float) -> bool:
         """Whether a sign of life at `now` must be written now (else it is remembered, see above): `stored`
         is the subscription as the store holds it, not as `alive` sees it."""
-        window = min(MUTE_FLUSH_SECONDS, self.mute_seconds(monitor, stored) / 2)
-        return now - stored.mute_since >= window
+        return now - stored.mute_since >= self._life_window(monitor, stored)
 
     def _remember_life(self, tx: Tx) -> None:
         for sub_id, when in tx.life.items():

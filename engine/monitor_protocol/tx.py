@@ -19,6 +19,9 @@ class Tx:
     def __init__(self, store: Store, now: float) -> None:
         self.store = store
         self.now = now
+        # A store that several servers write (PostgreSQL): a record is read only under its monitor's lock,
+        # so what a rule reads is what the last commit on that monitor left (store/base.py, isolation).
+        self.shared = bool(getattr(store, "shared", False))
         self._monitors: dict[str, Monitor] = {}
         self._subs: dict[str, Subscription] = {}
         self._leases: dict[tuple[str, str], Lease] = {}
@@ -35,13 +38,19 @@ class Tx:
         self.monitor_pulls: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------- monitors
+    def lock(self, monitor_id: str) -> bool:
+        """Hold the monitor's lock for the rest of the call; True when this call had not held it yet."""
+        if monitor_id in self._locked:
+            return False
+        self._locked.add(monitor_id)
+        self.store.lock_monitor(monitor_id)
+        return True
+
     def monitor(self, monitor_id: str) -> Monitor | None:
         staged = self._monitors.get(monitor_id)
         if staged is not None:
             return staged
-        if monitor_id not in self._locked:
-            self._locked.add(monitor_id)
-            self.store.lock_monitor(monitor_id)
+        self.lock(monitor_id)
         return self.store.get_monitor(monitor_id)
 
     def monitors(self) -> list[Monitor]:
@@ -102,12 +111,19 @@ class Tx:
     # ----------------------------------------------------------------------------- subscriptions
     def subscription(self, sub_id: str) -> Subscription | None:
         staged = self._subs.get(sub_id)
-        return staged if staged is not None else self.store.get_subscription(sub_id)
+        if staged is not None:
+            return staged
+        found = self.store.get_subscription(sub_id)
+        if found is not None and self.shared and self.lock(found.monitor):
+            found = self.store.get_subscription(sub_id)  # again, now under its monitor's lock
+        return found
 
     def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None:
         for sub in self._subs.values():
             if sub.monitor == monitor_id and sub.subscriber == subscriber:
                 return sub
+        if self.shared:
+            self.lock(monitor_id)
         found = self.store.find_subscription(monitor_id, subscriber)
         return self._subs.get(found.id, found) if found is not None else None
 
@@ -116,6 +132,8 @@ class Tx:
             if sub.token_hash == token_hash:
                 return sub
         found = self.store.find_subscription_by_token(token_hash)
+        if found is not None and self.shared and self.lock(found.monitor):
+            found = self.store.find_subscription_by_token(token_hash)  # again, under the lock
         if found is None:
             return None
         staged = self._subs.get(found.id)
@@ -142,7 +160,11 @@ class Tx:
     # ----------------------------------------------------------------------------- leases
     def lease(self, monitor_id: str, subject: str) -> Lease | None:
         staged = self._leases.get((monitor_id, subject))
-        return staged if staged is not None else self.store.get_lease(monitor_id, subject)
+        if staged is not None:
+            return staged
+        if self.shared:
+            self.lock(monitor_id)
+        return self.store.get_lease(monitor_id, subject)
 
     def leases(self, monitor_id: str | None = None) -> list[Lease]:
         found = {(x.monitor, x.subject): x for x in self.store.list_leases(monitor_id)}
@@ -158,7 +180,11 @@ class Tx:
     # ----------------------------------------------------------------------------- publish keys
     def publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
         staged = self._keys.get((monitor_id, key))
-        return staged if staged is not None else self.store.get_publish_key(monitor_id, key)
+        if staged is not None:
+            return staged
+        if self.shared:
+            self.lock(monitor_id)
+        return self.store.get_publish_key(monitor_id, key)
 
     def put_publish_key(self, rec: PublishKey) -> None:
         self._keys[(rec.monitor, rec.key)] = rec

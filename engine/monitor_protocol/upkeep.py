@@ -22,20 +22,27 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
     nearest: float | None = None
     # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is also
     # retired for silence in this sweep.
-    for lease in tx.leases():
-        if lease.holder is None:
+    for listed in tx.leases():
+        if listed.holder is None:
+            continue
+        # Read again through the monitor's lock: on a shared store another server may have renewed it.
+        lease = tx.lease(listed.monitor, listed.subject) if tx.shared else listed
+        if lease is None or lease.holder is None:
             continue
         if lease.expires < moment:
             free_lease(core, tx, lease, "expired", "system:sweep")
             changed += 1
         else:
             nearest = lease.expires if nearest is None else min(nearest, lease.expires)
-    for stored in tx.subscriptions():
-        if not stored.active:
+    for listed in tx.subscriptions():
+        if not listed.active:
+            continue
+        rec = monitor_of(tx, listed.monitor)  # its lock first, then the subscription as committed
+        stored = tx.subscription(listed.id) if tx.shared else listed
+        if stored is None or not stored.active:
             continue
         sub = core.alive(stored)
-        rec = monitor_of(tx, sub.monitor)
-        deadline = sub.mute_since + core.mute_seconds(rec, sub)
+        deadline = sub.mute_since + core.mute_seconds(rec, sub) + core.mute_grace(rec, stored)
         if moment > deadline:
             retire_subscription(core, tx, sub, "system:sweep", "mute")
             changed += 1

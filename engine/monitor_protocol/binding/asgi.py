@@ -956,6 +956,9 @@ class MonitorApp:
         assert self.sweep_interval
         while True:
             await asyncio.sleep(self.sweep_interval)
+            here = getattr(self.service, "sweeps_here", None)
+            if here is not None and not here():
+                continue  # a shared store: another server leads the sweeps
             try:
                 await self.call(self.service.sweep)
             except Exception:

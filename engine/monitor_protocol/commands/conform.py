@@ -16,7 +16,10 @@ HELP = "run the conformance suite against a server (or in-process without --base
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--base", help="server base URL, e.g. http://127.0.0.1:8130 (default: in-process engine)"
+        "--base",
+        action="append",
+        help="server base URL, e.g. http://127.0.0.1:8130 (default: in-process engine); repeat it for servers "
+        "that share one store: each request goes to the next one in turn",
     )
     parser.add_argument(
         "--admin-token", help="the server's admin token (enables C17 and the compaction checks)"

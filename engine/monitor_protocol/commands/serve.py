@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -249,8 +250,10 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--db",
         action=s,
         default=DEFAULT_DB,
-        metavar="PATH",
-        help=f"SQLite database file (env MP_DB, default ./{DEFAULT_DB}); ':memory:' for a throwaway server",
+        metavar="PATH|URL",
+        help=f"SQLite database file (env MP_DB, default ./{DEFAULT_DB}); ':memory:' for a throwaway server; "
+        "or postgresql://user@host:port/dbname, which any number of servers may share (docs/scale-out.md; "
+        "the password from the URL, PGPASSWORD or ~/.pgpass)",
     )
     parser.add_argument(
         "--registration-token",
@@ -665,6 +668,25 @@ def _argv_warning(name: str, source: str, env: str) -> str | None:
     )
 
 
+def open_postgres(url: str) -> Any:
+    from ..store.postgres import PostgresStore
+
+    return PostgresStore(url)
+
+
+def _share_store(app: Any) -> None:
+    """On startup, with a shared store: hear the other servers' appends (wake this server's readers; after
+    a reconnection every parked reader re-checks) and take part in electing who sweeps."""
+    loop = asyncio.get_running_loop()
+
+    def recheck_all() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            loop.call_soon_threadsafe(app.waiters.wake_all)
+
+    app.store.listen(app.service.heard_append, recheck_all)
+    app.store.start_leader_election()
+
+
 def write_token_file(db: str, token: str) -> str:
     """Write a minted token where only this user can read it and return the path: `<db>.admin-token`
     (created 0600, replacing an old one), or a fresh temporary file for an in-memory database."""
@@ -800,6 +822,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     from ..binding.rest import RestRouter
     from ..push import delivery_task
     from ..service import MonitorService
+    from ..store.postgres import is_postgres_url, redacted
     from ..store.sqlite import SQLiteStore, StoreLocked
 
     try:
@@ -817,18 +840,20 @@ def run(name: str, args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGHUP"):  # until the loop takes SIGHUP over (reload), it must not stop the server
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     codec = install_fast_json()
-    db = cfg.db if cfg.db == ":memory:" else os.path.abspath(cfg.db)
-    store = None
+    shared = is_postgres_url(cfg.db)
+    db = cfg.db if cfg.db == ":memory:" or shared else os.path.abspath(cfg.db)
+    shown = redacted(db) if shared else db  # a password in the URL is never printed
+    store: Any = None
     app = None
     token_file = None
     try:
         try:
-            store = SQLiteStore(db)
+            store = open_postgres(db) if shared else SQLiteStore(db)
         except StoreLocked as exc:
             print(f"mp serve: {exc}", file=sys.stderr)
             return 1
         except Exception as exc:
-            print(f"mp serve: cannot open the database {db}: {exc}", file=sys.stderr)
+            print(f"mp serve: cannot open the database {shown}: {exc}", file=sys.stderr)
             return 1
         admin_token: str | None = None
         if cfg.allow_admin is not None:
@@ -836,7 +861,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             if not admin_token:
                 admin_token = secrets.token_urlsafe(32)
                 try:
-                    token_file = write_token_file(db, admin_token)
+                    token_file = write_token_file(":memory:" if shared else db, admin_token)
                 except OSError as exc:
                     where = exc.filename or "a file"
                     print(f"mp serve: cannot write the minted admin token to {where}: {exc}", file=sys.stderr)
@@ -871,7 +896,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             store=store,
             max_body=cfg.max_body,
             background_tasks=[delivery_task],
-            on_startup=[_install_reload(reloader)],
+            on_startup=[_install_reload(reloader), *([_share_store] if shared else [])],
             on_shutdown=[_remove_reload],
             metrics_token=cfg.metrics_token,
         )
@@ -881,7 +906,15 @@ def run(name: str, args: argparse.Namespace) -> int:
         print(f"Monitor Protocol server on {url}/mp/v0  (discover: {url}/mp/v0/discover)")
         if cfg.config:
             print(f"config: {cfg.config} (SIGHUP re-reads it and the environment: origins and hosts)")
-        print(f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else ""))
+        if shared:
+            print(
+                f"database: {shown} (PostgreSQL, shared: other servers may use it; "
+                "sweeps and push run on the one holding the leader lock)"
+            )
+        else:
+            print(
+                f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else "")
+            )
         migrated = getattr(store, "migrated", None)
         if migrated:  # an operator should hear that the file changed format under them, once
             held = ", ".join(f"{n} {table}" for table, n in migrated.items())

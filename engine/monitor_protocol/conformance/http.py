@@ -11,15 +11,24 @@ from .transport import API_PREFIX, Query, Reply, query_pairs
 FRESH_CONNECTION_BYTES = 64 * 1024
 
 
+def _origin(base: str) -> str:
+    base = base.rstrip("/")
+    return base[: -len(API_PREFIX)] if base.endswith(API_PREFIX) else base
+
+
 class HttpTransport:
-    """Speaks to `base` (e.g. http://127.0.0.1:8130); `sleep` really waits, `race` really overlaps."""
+    """Speaks to `base` (e.g. http://127.0.0.1:8130); `sleep` really waits, `race` really overlaps.
+
+    Several bases (servers sharing one store, docs/scale-out.md): each request goes to the next server in
+    turn, so every check that takes more than one request crosses servers (a publish on one, the pull that
+    must see it on another; a reader parked on one, woken by a publish on the next)."""
 
     supports_origin = True
     real_http = True  # a real request line and socket (X40 needs one)
 
     def __init__(
         self,
-        base: str,
+        base: str | list[str],
         admin_token: str | None = None,
         registration_token: str | None = None,
         timeout: float = 30.0,
@@ -27,13 +36,26 @@ class HttpTransport:
     ) -> None:
         import httpx
 
-        self.base = base.rstrip("/")
-        if self.base.endswith(API_PREFIX):
-            self.base = self.base[: -len(API_PREFIX)]
-        self.name = f"http {self.base}"
+        bases = [_origin(b) for b in ([base] if isinstance(base, str) else base)]
+        if not bases:
+            raise ValueError("HttpTransport needs at least one base URL")
+        self.bases = bases
+        self.base = bases[0]
+        self.name = "http " + ", ".join(bases)
         self.admin_token = admin_token
         self.registration_token = registration_token
-        self._client = client or httpx.AsyncClient(base_url=self.base, timeout=timeout)
+        self._clients = (
+            [client]
+            if client is not None and len(bases) == 1
+            else [httpx.AsyncClient(base_url=b, timeout=timeout) for b in bases]
+        )
+        self._client = self._clients[0]
+        self._turn = 0
+
+    def _next(self) -> tuple[str, Any]:
+        i = self._turn % len(self._clients)
+        self._turn += 1
+        return self.bases[i], self._clients[i]
 
     async def request(
         self,
@@ -56,15 +78,16 @@ class HttpTransport:
             hdrs.setdefault("Content-Type", "application/json")
         args = (method.upper(), API_PREFIX + path)
         kwargs = {"params": query_pairs(query), "headers": hdrs, "content": content}
+        base, client = self._next()
         if content is not None and len(content) > FRESH_CONNECTION_BYTES:
             # A server may answer a large body early (413) and close; on a kept-alive connection that
             # close can reset the socket before the answer is read. A fresh connection avoids the race.
             import httpx
 
-            async with httpx.AsyncClient(base_url=self.base, timeout=self._client.timeout) as one_shot:
+            async with httpx.AsyncClient(base_url=base, timeout=client.timeout) as one_shot:
                 resp = await one_shot.request(*args, **kwargs)
         else:
-            resp = await self._client.request(*args, **kwargs)
+            resp = await client.request(*args, **kwargs)
         try:
             decoded = resp.json() if resp.content else None
         except ValueError:
@@ -78,7 +101,8 @@ class HttpTransport:
         return list(await asyncio.gather(*(self.request(**kw) for kw in requests)))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     async def __aenter__(self) -> HttpTransport:
         return self

@@ -1,0 +1,66 @@
+"""Shared fixtures of tests/.
+
+PostgreSQL: ``MP_TEST_POSTGRES`` is a libpq URL of a database where the test user may CREATE DATABASE.
+``python3 build.py test`` sets it to a throwaway cluster it starts (tests/pgcluster.py) when PostgreSQL's
+binaries are installed. Unset, the PostgreSQL tests are skipped, except in CI (``CI`` set to a true value),
+where they fail: they are never silently skipped in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import urllib.parse
+from collections.abc import Iterator
+
+import pytest
+from pgcluster import ci_is_true
+
+PG_ENV = "MP_TEST_POSTGRES"
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    """The ``MP_TEST_POSTGRES`` URL: skips the test when it is unset, fails it when it is unset in CI."""
+    url = os.environ.get(PG_ENV, "").strip()
+    if url:
+        return url
+    why = (
+        f"{PG_ENV} is not set (python3 build.py test starts a throwaway PostgreSQL cluster when PostgreSQL "
+        "is installed: apt-get install postgresql)"
+    )
+    if ci_is_true():
+        pytest.fail(f"{why}; CI is set, and PostgreSQL tests are never silently skipped in CI", pytrace=False)
+    pytest.skip(why)
+
+
+def _with_dbname(url: str, dbname: str) -> str:
+    """``url`` with its database replaced by ``dbname`` (a URL stays a URL; key=value conninfo too)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        parts = urllib.parse.urlsplit(url)
+        return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(dbname)))
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh, empty database ``mp_test_<random hex>`` on the ``MP_TEST_POSTGRES`` server: yields its URL
+    and drops it afterwards (``WITH (FORCE)``: connections the test left open are ended)."""
+    try:
+        import psycopg
+        from psycopg import sql
+    except ImportError as exc:
+        why = f"psycopg is not installed ({exc}); pip install -e '.[test]'"
+        if ci_is_true():
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    name = f"mp_test_{secrets.token_hex(8)}"
+    with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield _with_dbname(pg_admin_url, name)
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
