@@ -126,6 +126,27 @@ async def test_shutdown_drains_every_parked_reader_and_refuses_new_ones(registry
     assert await asyncio.wait_for(waiters.wait("a", 0, HANG_GUARD), HANG_GUARD) is False  # at once
 
 
+async def test_recheck_all_wakes_every_parked_reader_and_keeps_the_registry_open(registry):
+    """A shared store's notification connection came back (appends may have gone unheard): every parked
+    reader re-checks (True), a mark taken before it no longer parks, and, unlike shutdown, new readers
+    park again and wait for the next append (no busy loop of immediate answers)."""
+    waiters, service = registry
+    stale = waiters.mark("a")
+    readers = [asyncio.ensure_future(waiters.wait(m, waiters.mark(m), HANG_GUARD)) for m in ("a", "b")]
+    await parked(waiters, "a")
+    await parked(waiters, "b")
+    threading.Thread(target=waiters.recheck_all).start()  # from another thread, as the engine thread calls it
+    assert await asyncio.wait_for(asyncio.gather(*readers), HANG_GUARD) == [True, True]
+    assert waiters.parked == 0 and not waiters.draining
+    assert await asyncio.wait_for(waiters.wait("a", stale, HANG_GUARD), HANG_GUARD) is True  # at once
+    fresh = asyncio.ensure_future(waiters.wait("a", waiters.mark("a"), HANG_GUARD))
+    await parked(waiters, "a")
+    await asyncio.sleep(0.01)
+    assert not fresh.done()  # positive control: parked for real, not answered at once
+    service.append_from_thread("a")
+    assert await asyncio.wait_for(fresh, HANG_GUARD) is True
+
+
 async def test_one_append_calls_every_parked_reader_back_in_one_loop_turn(registry):
     waiters, service = registry
     loop = asyncio.get_running_loop()

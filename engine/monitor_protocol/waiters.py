@@ -25,6 +25,9 @@ from typing import Any
 
 AppendHook = Callable[[str], None]
 WakeCallback = Callable[[bool], None]
+# A mark is the appends heard on a monitor plus the re-check generation times this (no monitor hears 2^40
+# appends in one generation), so a mark taken before recheck_all never equals one taken after it.
+GENERATION = 1 << 40
 
 log = logging.getLogger("monitor_protocol.waiters")
 
@@ -79,6 +82,7 @@ class Waiters:
         # browser); read by the engine thread (mark) and the loop (park). A count, unlike the head, never
         # moves backwards, even when a group commit is rolled back after its listeners ran.
         self._heard: dict[str, int] = {}
+        self._generation = 0
         self.appended = 0  # appends heard in all, every monitor (a metrics counter)
         self._parked: dict[str, dict[Parked, None]] = {}
         self._count = 0
@@ -173,8 +177,31 @@ class Waiters:
     # -- readers (on the loop) --------------------------------------------------------------------------
 
     def mark(self, monitor_id: str) -> int:
-        """The appends heard on ``monitor_id`` so far; read it right after the pull, on the pull's thread."""
-        return self._heard.get(monitor_id, 0)
+        """The appends heard on ``monitor_id`` so far (and the re-check generation, see ``recheck_all``);
+        read it right after the pull, on the pull's thread."""
+        return self._heard.get(monitor_id, 0) + self._generation * GENERATION
+
+    def recheck_all(self) -> None:
+        """Appends may have gone unheard (a shared store's notification connection was down): every parked
+        reader re-checks now, and a reader whose mark predates this re-checks instead of parking. Any
+        thread; call it where the listener is called (the engine thread), so it orders with the pulls."""
+        with self._hop_lock:
+            self._generation += 1
+            loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(self._fire_all)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting on it any more
+
+    def _fire_all(self) -> None:
+        tables, self._parked = self._parked, {}
+        for table in tables.values():
+            for parked in list(table):
+                parked._listed = False
+                self._count -= 1
+                parked.fire(True)
 
     @property
     def parked(self) -> int:
@@ -198,7 +225,7 @@ class Waiters:
         # Compared and listed under the listener's lock, after binding: an append counted later than this
         # sees us listed and hops to the loop.
         with self._hop_lock:
-            heard = self._heard.get(monitor_id, 0)
+            heard = self._heard.get(monitor_id, 0) + self._generation * GENERATION
             listed = heard == seen_mark and not self.draining and timeout > 0
             if listed:
                 self._parked.setdefault(monitor_id, {})[parked] = None
@@ -230,7 +257,7 @@ class Waiters:
     ) -> bool:
         """Park until an append on ``monitor_id`` after ``seen_mark`` (True), or ``timeout`` seconds, ``stop``
         completing, or shutdown (False). Returns True at once when such an append already happened."""
-        if self._heard.get(monitor_id, 0) != seen_mark:
+        if self.mark(monitor_id) != seen_mark:
             return True
         if self.draining or timeout <= 0 or (stop is not None and stop.done()):
             return False

@@ -161,6 +161,12 @@ class EngineThread:
         if jobs:
             self._queue.put(jobs)
 
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the engine thread, from any thread, without waiting and without a reply: in
+        order with the calls around it (a shared store's heard appends, see commands/serve.py)."""
+        if not self._stopped:
+            self._queue.put([(fn, args, None, _ignore)])
+
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the engine thread from any other thread, blocking until it is done."""
         done = threading.Event()
@@ -242,6 +248,11 @@ class EngineThread:
                 loop.call_soon_threadsafe(_deliver_all, replies)
             except RuntimeError:
                 pass  # the loop closed meanwhile
+
+
+def _ignore(ok: bool, value: Any) -> None:
+    if not ok:
+        log.error("an engine job posted without a reply failed: %r", value)
 
 
 def _deliver_all(replies: list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import ipaddress
 import json
@@ -675,15 +674,18 @@ def open_postgres(url: str) -> Any:
 
 
 def _share_store(app: Any) -> None:
-    """On startup, with a shared store: hear the other servers' appends (wake this server's readers; after
-    a reconnection every parked reader re-checks) and take part in electing who sweeps."""
-    loop = asyncio.get_running_loop()
+    """On startup, with a shared store: hear the other servers' appends and wake this server's readers
+    (after a reconnection every parked reader re-checks), and take part in electing who sweeps. What is
+    heard runs on the engine thread, in order with the pulls: a pull that read the log before another
+    server's commit takes its mark before that commit is counted, so it parks and is woken, never missed."""
+
+    def heard(monitor_id: str, head: int) -> None:
+        app.engine.post(app.service.heard_append, monitor_id, head)
 
     def recheck_all() -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            loop.call_soon_threadsafe(app.waiters.wake_all)
+        app.engine.post(app.waiters.recheck_all)
 
-    app.store.listen(app.service.heard_append, recheck_all)
+    app.store.listen(heard, recheck_all)
     app.store.start_leader_election()
 
 
