@@ -57,7 +57,9 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
 
 def compact(core: ServiceCore, tx: Tx, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:
     upto = as_int(upto_seq, "upto_seq", minimum=1, text=False)
-    recs = [monitor_of(tx, monitor_id)] if monitor_id is not None else tx.monitors()
+    # Each monitor through monitor_of, which locks it first: a shared store's listed version may be stale.
+    ids = [monitor_id] if monitor_id is not None else [m.id for m in tx.monitors()]
+    recs = [monitor_of(tx, mid) for mid in ids]
     out = []
     for rec in recs:
         new_floor = min(upto, rec.head) + 1

@@ -63,6 +63,7 @@ LOCK_MONITOR, LOCK_LEADER, LOCK_SCHEMA = 0x4D50, 0x4D51, 0x4D52
 LOCK_TIMEOUT_MS = 10_000  # a call waiting longer for a monitor's lock gets 503, retry
 STATEMENT_TIMEOUT_MS = 30_000
 LEADER_POLL_SECONDS = 1.0
+RECONNECT_SECONDS = 0.5
 MAX_SEQ = 2**63 - 1
 
 T = 'TEXT COLLATE "C"'
@@ -231,6 +232,8 @@ class PostgresStore(Store):
         self.stats = StoreStats()
         self.instance = secrets.token_hex(8)  # this server's name in its own notifications
         self._conn: Any = None
+        self._retry_at = 0.0
+        self._last_failure = ""
         self._depth = 0
         self._wrote = False
         self._appended: dict[str, int] = {}
@@ -274,7 +277,16 @@ class PostgresStore(Store):
                 with contextlib.suppress(Exception):
                     conn.close()
             self._conn = None
-            self._connect()  # raises StorageError while the database is away
+            # While the database is away, one attempt per RECONNECT_SECONDS: the calls in between get their
+            # 503 at once instead of each waiting out a connection timeout on the engine thread.
+            now = time.monotonic()
+            if now < self._retry_at:
+                raise StorageError(f"PostgreSQL at {redacted(self.url)} is unreachable: {self._last_failure}")
+            try:
+                self._connect()
+            except StorageError as exc:
+                self._retry_at, self._last_failure = now + RECONNECT_SECONDS, str(exc)
+                raise
         return self._conn
 
     def _fail(self, exc: BaseException) -> StorageError:

@@ -1,0 +1,116 @@
+"""What only the PostgreSQL store has to show (the store contract and the conformance suite run on it
+elsewhere): its schema version is checked, text PostgreSQL cannot hold (U+0000) still round-trips and still
+filters exactly, a password in the URL is never printed, and a database that is away is a 503 at once."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from monitor_protocol.errors import ProtocolError
+from monitor_protocol.records import Observation
+from monitor_protocol.service import MonitorService
+from monitor_protocol.store.base import Changes, LogQuery, StorageError, Term
+from monitor_protocol.store.postgres import PostgresStore, StoreVersionError, _dec, _enc, redacted
+from serverutil import mp_command, mp_env, start_server, stop_server
+from test_store_contract import monitor
+
+psycopg = pytest.importorskip(
+    "psycopg"
+)  # the test extra installs it; conftest's pg_url fails in CI without it
+
+
+@pytest.fixture
+def pg(pg_url):
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
+
+
+def test_a_schema_newer_than_this_release_is_refused(pg_url):
+    PostgresStore(pg_url).close()  # positive control: a fresh database gets the schema and opens
+    PostgresStore(pg_url).close()  # and opens again as it is
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE mp_meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(StoreVersionError, match="schema version 99.*newer release"):
+        PostgresStore(pg_url)
+    done = subprocess.run(
+        mp_command("serve", "--db", pg_url, "--port", "0"),
+        capture_output=True,
+        text=True,
+        env=mp_env(),
+        timeout=60,
+    )
+    assert done.returncode == 1 and "newer release" in done.stderr and "Traceback" not in done.stderr
+
+
+# Subjects built from the characters the escape code is about, and plain ones.
+ALPHABET = st.sampled_from(["\x00", "\x01", "\x02", "a", "b", "\U0010ffff", "é"])
+SUBJECT = st.text(ALPHABET, min_size=1, max_size=4)
+
+
+@given(st.lists(SUBJECT, min_size=1, max_size=6), SUBJECT, SUBJECT)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_text_postgresql_cannot_hold_round_trips_and_filters_exactly(pg, subjects, exact, prefix):
+    assert _dec(_enc(exact)) == exact and _dec(_enc(prefix)) == prefix
+    mid = f"m{abs(hash((tuple(subjects), exact, prefix))) % 10**12}"
+    rows = [
+        Observation.of(mid, i, {"id": str(i), "source": "x", "type": "com.example.x", "subject": s})
+        for i, s in enumerate(subjects, start=1)
+    ]
+    with pg.transaction():
+        pg.apply(Changes(monitors=[monitor(mid)], observations=rows, subjects=[(mid, s) for s in subjects]))
+    assert [o.subject for o in pg.scan(mid, 1, len(rows))] == subjects  # every character comes back
+    assert all(pg.has_subject(mid, s) for s in subjects)
+    for query in (
+        LogQuery(((((Term("subject", exact=(exact,))),),),)),
+        LogQuery(((((Term("subject", prefixes=(prefix,))),),),)),
+    ):
+        want = [o.seq for o in rows if query.holds(o)]  # the engine's own meaning of the query
+        assert [o.seq for o in pg.scan(mid, 1, len(rows), query)] == want
+        assert pg.count(mid, 1, len(rows), query) == len(want)
+
+
+def test_a_password_in_the_url_is_never_printed(tmp_path, pg_url):
+    secret = "s3cret-never-printed"
+    with_password = pg_url.replace("://mp@", f"://mp:{secret}@", 1)
+    assert secret in with_password, "the test cluster's URL names the user mp"
+    assert secret not in redacted(with_password) and "***" in redacted(with_password)
+    base, proc = start_server(tmp_path, "--db", with_password)  # trust auth: the password is not needed
+    try:
+        r = __import__("httpx").get(base + "/mp/v0/discover", timeout=10)
+        assert r.status_code == 200  # positive control: the server runs on that URL
+    finally:
+        stop_server(proc)
+    with open(proc.log_path) as f:  # type: ignore[attr-defined]
+        log = f.read()
+    assert "database: postgresql://mp:***@" in log and secret not in log
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_database_that_is_away_is_a_503_at_once(pg_url):
+    store = PostgresStore(pg_url)
+    service = MonitorService(store)
+    assert service.create_monitor({"id": "ci", "visibility": "public"}, None)["monitor"]["id"] == "ci"
+    store._conn.close()  # the database went away under the server
+    port = free_port()  # and it now lives where nothing listens
+    store.url = f"postgresql://mp@127.0.0.1:{port}/nothing"
+    for _ in range(3):  # every call: 503 UNAVAILABLE, retry later; never a 500 or a driver error
+        with pytest.raises(ProtocolError) as caught:
+            service.state("ci", None)
+        assert caught.value.code == "UNAVAILABLE" and caught.value.http_status == 503
+        assert caught.value.extras.get("retry_after") == 1
+    with pytest.raises(StorageError):
+        store.get_monitor("ci")
+    store.url = pg_url  # it is back: the next call after the retry window reconnects by itself
+    store._retry_at = 0.0
+    assert service.state("ci", None)["monitor"] == "ci"
+    store.close()
