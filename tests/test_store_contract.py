@@ -778,6 +778,24 @@ def test_sqlite_commit_survives_reopen_and_rollback_does_not(tmp_path):
     again.close()
 
 
+def test_subjects_and_publish_keys_are_listed_per_monitor_in_order(store):
+    put(
+        store,
+        monitors=[monitor("m1"), monitor("m2")],
+        subjects=[("m1", "zeta"), ("m1", "alpha"), ("m2", "other"), ("m1", "a\x00b")],
+        publish_keys=[
+            PublishKey("m1", "k2", 2, 60.0),
+            PublishKey("m1", "k1", 1, 50.0),
+            PublishKey("m2", "k", 3, 1.0),
+        ],
+    )
+    s = view(store)
+    assert s.list_subjects("m1") == ["a\x00b", "alpha", "zeta"]  # Python's order, every character kept
+    assert s.list_subjects("m2") == ["other"] and s.list_subjects("nobody") == []
+    assert s.list_publish_keys("m1") == [PublishKey("m1", "k1", 1, 50.0), PublishKey("m1", "k2", 2, 60.0)]
+    assert s.list_publish_keys("nobody") == []
+
+
 def test_sqlite_one_writer_per_file(tmp_path):
     path = str(tmp_path / "locked.db")
     first = SQLiteStore(path)

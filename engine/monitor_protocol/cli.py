@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "mcp": "mcp_cmd",
     "conform": "conform",
     "openapi": "openapi",
+    "migrate": "migrate",
 }
 
 

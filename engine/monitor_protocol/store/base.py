@@ -167,6 +167,10 @@ class Store(ABC):
     @abstractmethod
     def has_subject(self, monitor_id: str, subject: str) -> bool: ...
 
+    @abstractmethod
+    def list_subjects(self, monitor_id: str) -> list[str]:
+        """Every subject the monitor has published, sorted (mp migrate copies them)."""
+
     # subscriptions
     @abstractmethod
     def get_subscription(self, sub_id: str) -> Subscription | None: ...
@@ -196,3 +200,7 @@ class Store(ABC):
     # publish idempotency keys (PROTOCOL.md section 8)
     @abstractmethod
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None: ...
+
+    @abstractmethod
+    def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
+        """The monitor's remembered idempotency keys, by key (mp migrate copies them)."""

@@ -334,6 +334,9 @@ class MemoryStore(Store):
     def has_subject(self, monitor_id: str, subject: str) -> bool:
         return (monitor_id, subject) in self._subjects
 
+    def list_subjects(self, monitor_id: str) -> list[str]:
+        return sorted(s for m, s in self._subjects if m == monitor_id)
+
     # ============================================================================== subscriptions
     def _index_sub(self, sub: Subscription) -> None:
         self._subs_by_name[(sub.monitor, sub.subscriber)] = sub.id
@@ -380,6 +383,9 @@ class MemoryStore(Store):
     # ============================================================================== publish keys
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
         return self._keys.get((monitor_id, key))
+
+    def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
+        return [k for (m, _key), k in sorted(self._keys.items()) if m == monitor_id]
 
 
 def _row(rec: Record | dict[str, str] | None) -> Any:

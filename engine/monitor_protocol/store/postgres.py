@@ -193,7 +193,8 @@ def log_where(query: LogQuery | None) -> tuple[str, list[Any]]:
 
 def redacted(url: str) -> str:
     """The URL without its password, for logs and the startup banner."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def is_postgres_url(value: str) -> bool:
@@ -543,6 +544,10 @@ class PostgresStore(Store):
         ).fetchone()
         return row is not None
 
+    def list_subjects(self, monitor_id: str) -> list[str]:
+        rows = self._exec("SELECT subject FROM subjects WHERE monitor=%s", (monitor_id,)).fetchall()
+        return sorted(_dec(r[0]) or "" for r in rows)  # Python's order: the decoded text, not the stored
+
     # --- subscriptions ----------------------------------------------------------------------------
     def _subscription(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
         row = self._exec(f"{_GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
@@ -598,6 +603,12 @@ class PostgresStore(Store):
             "SELECT seq, at FROM publish_keys WHERE monitor=%s AND key=%s", (monitor_id, key)
         ).fetchone()
         return PublishKey(monitor_id, key, int(row[0]), float(row[1])) if row else None
+
+    def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
+        rows = self._exec(
+            "SELECT key, seq, at FROM publish_keys WHERE monitor=%s ORDER BY key", (monitor_id,)
+        ).fetchall()
+        return [PublishKey(monitor_id, r[0], int(r[1]), float(r[2])) for r in rows]
 
     # --- between servers: appends heard, and one leader ------------------------------------------
     def leading(self) -> bool:

@@ -919,6 +919,13 @@ class SQLiteStore(Store):
         ).fetchone()
         return row is not None
 
+    @_guarded
+    def list_subjects(self, monitor_id: str) -> list[str]:
+        rows = self._db.execute(
+            "SELECT subject FROM subjects WHERE monitor=? ORDER BY subject", (monitor_id,)
+        )
+        return [r[0] for r in rows]
+
     # --- subscriptions ----------------------------------------------------------------------------
     _GET_SUBSCRIPTION = f"SELECT {', '.join(SUBSCRIPTION_COLUMNS)}, rec FROM subscriptions"
 
@@ -981,3 +988,10 @@ class SQLiteStore(Store):
             "SELECT seq, at FROM publish_keys WHERE monitor=? AND key=?", (monitor_id, key)
         ).fetchone()
         return PublishKey(monitor_id, key, int(row[0]), float(row[1])) if row else None
+
+    @_guarded
+    def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
+        rows = self._db.execute(
+            "SELECT key, seq, at FROM publish_keys WHERE monitor=? ORDER BY key", (monitor_id,)
+        )
+        return [PublishKey(monitor_id, r[0], int(r[1]), float(r[2])) for r in rows]
