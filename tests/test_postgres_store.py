@@ -79,6 +79,8 @@ def test_a_password_in_the_url_is_never_printed(tmp_path, pg_url):
     with_password = pg_url.replace("://mp@", f"://mp:{secret}@", 1)
     assert secret in with_password, "the test cluster's URL names the user mp"
     assert secret not in redacted(with_password) and "***" in redacted(with_password)
+    as_parameter = redacted(f"postgresql://db.internal/mp?user=mp&password={secret}&sslmode=require")
+    assert secret not in as_parameter and as_parameter.endswith("password=***&sslmode=require")
     base, proc = start_server(tmp_path, "--db", with_password)  # trust auth: the password is not needed
     try:
         r = __import__("httpx").get(base + "/mp/v0/discover", timeout=10)
