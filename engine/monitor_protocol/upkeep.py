@@ -7,7 +7,7 @@ from typing import Any
 from . import state, timefmt
 from .ledger import free_lease, lag, retire_subscription
 from .lookups import monitor_of
-from .records import Monitor, evolve
+from .records import Monitor, Subscription, evolve
 from .service_base import ServiceCore
 from .tx import Tx
 from .validation import as_int
@@ -21,11 +21,16 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
     changed = 0
     nearest: float | None = None
     # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is also
-    # retired for silence in this sweep.
+    # retired for silence in this sweep. The listed versions decide what is not due: a renewal only moves an
+    # expiry later, and a sign of life a mute deadline, so on a shared store (listed without a lock, perhaps
+    # stale) only what looks due is locked and read again, and decided on what is committed. A sweep over
+    # many subscriptions with nothing due locks nothing and writes nothing.
     for listed in tx.leases():
         if listed.holder is None:
             continue
-        # Read again through the monitor's lock: on a shared store another server may have renewed it.
+        if listed.expires >= moment:
+            nearest = listed.expires if nearest is None else min(nearest, listed.expires)
+            continue
         lease = tx.lease(listed.monitor, listed.subject) if tx.shared else listed
         if lease is None or lease.holder is None:
             continue
@@ -34,25 +39,34 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
             changed += 1
         else:
             nearest = lease.expires if nearest is None else min(nearest, lease.expires)
+    monitors = {m.id: m for m in tx.monitors()}
     for listed in tx.subscriptions():
-        if not listed.active:
+        if not listed.active or listed.monitor not in monitors:
             continue
-        rec = monitor_of(tx, listed.monitor)  # its lock first, then the subscription as committed
-        stored = tx.subscription(listed.id) if tx.shared else listed
-        if stored is None or not stored.active:
-            continue
-        sub = core.alive(stored)
-        deadline = sub.mute_since + core.mute_seconds(rec, sub) + core.mute_grace(rec, stored)
+        deadline = _mute_deadline(core, monitors[listed.monitor], listed)
         if moment > deadline:
-            retire_subscription(core, tx, sub, "system:sweep", "mute")
-            changed += 1
-        else:
-            nearest = deadline if nearest is None else min(nearest, deadline)
+            rec = monitor_of(tx, listed.monitor)  # its lock first, then the subscription as committed
+            stored = tx.subscription(listed.id) if tx.shared else listed
+            if stored is None or not stored.active:
+                continue
+            deadline = _mute_deadline(core, rec, stored)
+            if moment > deadline:
+                retire_subscription(core, tx, core.alive(stored), "system:sweep", "mute")
+                changed += 1
+                continue
+        nearest = deadline if nearest is None else min(nearest, deadline)
     core.sweep_done(nearest)
     if moment - core.last_idempotency_purge >= IDEMPOTENCY_PURGE_SECONDS:
         core.last_idempotency_purge = moment
         tx.purge_publish_keys(moment - IDEMPOTENCY_WINDOW_SECONDS)
     return changed
+
+
+def _mute_deadline(core: ServiceCore, rec: Monitor, stored: Subscription) -> float:
+    """When a subscription that stays silent is retired (P6): its latest sign of life this engine knows,
+    plus its mute window, plus what a shared store allows for (service_base.mute_grace)."""
+    sub = core.alive(stored)
+    return sub.mute_since + core.mute_seconds(rec, sub) + core.mute_grace(rec, stored)
 
 
 def compact(core: ServiceCore, tx: Tx, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:

@@ -319,8 +319,18 @@ class PostgresStore(Store):
                 raise self._fail(exc) from exc
             raise
         if not self._depth:
-            self._rollback()
+            self._end_read()
         return cur
+
+    def _end_read(self) -> None:
+        """End a transaction that wrote nothing. COMMIT, not ROLLBACK: a read-only commit flushes no WAL,
+        and psycopg keeps its prepared statements (after a rollback it deallocates them all)."""
+        try:
+            self._in_call().commit()
+        except (StorageError, self.psycopg.Error) as exc:
+            if isinstance(exc, self.psycopg.Error):
+                self._fail(exc)
+            self._rollback()
 
     def close(self) -> None:
         self._stop.set()
@@ -379,7 +389,7 @@ class PostgresStore(Store):
         self._depth = 0
         if not self._wrote:
             self.stats.read_only += 1
-            self._rollback()  # nothing written: no commit, no WAL flush
+            self._end_read()
             return
         try:
             self._conn.commit()
@@ -417,6 +427,14 @@ class PostgresStore(Store):
             raise
         self._wrote = self._wrote or wrote
 
+    @staticmethod
+    def _put(cur: Any, sql: str, rows: list[Any]) -> None:
+        # One row is the usual call: execute is a round trip, executemany goes through pipeline mode.
+        if len(rows) == 1:
+            cur.execute(sql, rows[0])
+        elif rows:
+            cur.executemany(sql, rows)
+
     def _write(self, cur: Any, changes: Changes) -> bool:
         """Write the changes; whether any row changed (deletes that find nothing write nothing)."""
         wrote = bool(
@@ -424,9 +442,10 @@ class PostgresStore(Store):
             or changes.leases or changes.publish_keys
         )  # fmt: skip
         if changes.monitors:
-            cur.executemany(_PUT_MONITOR, [_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
+            self._put(cur, _PUT_MONITOR, [_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
         if changes.observations:
-            cur.executemany(
+            self._put(
+                cur,
                 _PUT_OBSERVATION,
                 [
                     (
@@ -449,13 +468,16 @@ class PostgresStore(Store):
             for monitor_id, head in heads.items():  # delivered to the other servers at the commit
                 cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance}\t{head}\t{monitor_id}"))
         if changes.subjects:
-            cur.executemany(
+            self._put(
+                cur,
                 "INSERT INTO subjects (monitor, subject) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                 [(m, _enc(s)) for m, s in changes.subjects],
             )
         if changes.subscriptions:
-            cur.executemany(
-                _PUT_SUBSCRIPTION, [_split(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions]
+            self._put(
+                cur,
+                _PUT_SUBSCRIPTION,
+                [_split(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions],
             )
         if changes.leases:
             rows = []
@@ -463,9 +485,9 @@ class PostgresStore(Store):
                 values = list(_split(x.to_row(), LEASE_COLUMNS))
                 values[1], values[3] = _enc(values[1]), _enc(values[3])
                 rows.append(tuple(values))
-            cur.executemany(_PUT_LEASE, rows)
+            self._put(cur, _PUT_LEASE, rows)
         if changes.publish_keys:
-            cur.executemany(_PUT_PUBLISH_KEY, [(k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys])
+            self._put(cur, _PUT_PUBLISH_KEY, [(k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys])
         for monitor, below in changes.compactions:
             cur.execute("DELETE FROM observations WHERE monitor=%s AND seq<%s", (monitor, below))
             wrote = wrote or cur.rowcount > 0

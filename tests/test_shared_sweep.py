@@ -1,0 +1,105 @@
+"""The sweep on a store several servers share: what is listed without a lock decides only what is not due
+(renewals and signs of life only move deadlines later); what looks due is locked, read again and decided on
+what is committed. So a sweep over many subscriptions with nothing due locks nothing and writes nothing, and
+a lease renewed or a reader heard elsewhere since the listing is not expired or retired."""
+
+from __future__ import annotations
+
+from monitor_protocol.service import MonitorService
+from monitor_protocol.store.memory import MemoryStore
+
+
+class SharedMemoryStore(MemoryStore):
+    """The memory store, declared shared, counting the monitor locks the engine takes. `stale` plays
+    another server's commit landing between a listing and a lock: while set, the listings return these
+    old versions, and point reads (what the engine reads under the lock) the committed ones."""
+
+    shared = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.locks: list[str] = []
+        self.stale: dict[str, list] = {}
+
+    def lock_monitor(self, monitor_id: str) -> None:
+        self.locks.append(monitor_id)
+
+    def list_subscriptions(self, monitor_id=None):
+        return self.stale.get("subscriptions") or super().list_subscriptions(monitor_id)
+
+    def list_leases(self, monitor_id=None):
+        return self.stale.get("leases") or super().list_leases(monitor_id)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(readers: int) -> tuple[SharedMemoryStore, MonitorService, Clock, list[dict], str]:
+    store, clock = SharedMemoryStore(), Clock()
+    service = MonitorService(store, clock=clock)
+    created = service.create_monitor(
+        {"id": "ci", "visibility": "public", "types": ["com.example.x"], "capabilities": ["observe", "act"]},
+        None,
+    )
+    owner = created["owner_token"]
+    subs = [
+        service.subscribe(
+            {
+                "monitor": "ci",
+                "subscriber": f"agent:r{i}",
+                "retire_after_mute_seconds": 60,
+                "capabilities": ["observe", "act"],
+            },
+            owner,
+        )  # fmt: skip
+        for i in range(readers)
+    ]
+    return store, service, clock, subs, owner
+
+
+def test_a_sweep_with_nothing_due_locks_nothing_and_writes_nothing():
+    store, service, clock, _subs, _owner = setup(50)
+    clock.now += 30  # every reader is 30 s into its 60 s window
+    store.locks.clear()
+    writes = len(store.drain_changes())
+    assert service.sweep() == 0
+    assert store.locks == [] and len(store.drain_changes()) == 0, (store.locks, writes)
+    clock.now += 31  # positive control: now every one of them is due, and each is locked and retired
+    assert service.sweep() == 50
+    assert store.locks.count("ci") == 1  # one lock for the monitor, held by the sweep's one transaction
+
+
+def test_a_reader_heard_since_the_listing_is_not_retired():
+    store, service, clock, subs, _owner = setup(1)
+    sub, token = subs[0]["subscription"]["id"], subs[0]["token"]
+    before = store.get_subscription(sub)
+    clock.now += 59
+    service.pull(sub, token)  # a sign of life at 59 s, through "another server"
+    assert store.get_subscription(sub).mute_since > before.mute_since  # written at once (a 60 s window)
+    clock.now += 2  # 61 s after subscribing, 2 s after the pull
+    store.stale["subscriptions"] = [before]  # the sweep lists the version from before the pull
+    assert service.sweep() == 0 and store.get_subscription(sub).active  # decided on the committed one
+    store.stale.clear()
+    clock.now += 60  # positive control: silent for a whole window now, it is retired
+    assert service.sweep() == 1 and not store.get_subscription(sub).active
+
+
+def test_a_lease_renewed_since_the_listing_does_not_expire():
+    store, service, clock, subs, owner = setup(1)
+    sub, token = subs[0]["subscription"]["id"], subs[0]["token"]
+    service.publish("ci", {"type": "com.example.x", "subject": "job-1", "data": {}}, owner)
+    service.lease(sub, token, "claim", {"subject": "job-1", "lease_duration_seconds": 10})
+    before = store.get_lease("ci", "job-1")
+    clock.now += 8
+    service.lease(sub, token, "renew", {"subject": "job-1"})  # through "another server"
+    clock.now += 4  # 12 s after the claim, 4 s after the renewal
+    store.stale["leases"] = [before]
+    assert service.sweep() == 0 and store.get_lease("ci", "job-1").holder is not None
+    store.stale.clear()
+    clock.now += 10  # positive control: 14 s after the renewal, it expires
+    assert service.sweep() == 1 and store.get_lease("ci", "job-1").holder is None
