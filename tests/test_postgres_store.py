@@ -116,3 +116,29 @@ def test_a_database_that_is_away_is_a_503_at_once(pg_url):
     store._retry_at = 0.0
     assert service.state("ci", None)["monitor"] == "ci"
     store.close()
+
+
+def test_a_commit_whose_connection_was_lost_says_the_request_may_have_been_written(pg_url, monkeypatch):
+    store = PostgresStore(pg_url)
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "visibility": "public", "types": ["com.example.x"]}, None)
+    real_commit = store._conn.commit
+
+    def lost(*_args):
+        real_commit()  # the database has it...
+        raise psycopg.OperationalError("server closed the connection unexpectedly")  # ...the reply is lost
+
+    monkeypatch.setattr(store._conn, "commit", lost)
+    with pytest.raises(ProtocolError) as caught:
+        service.publish("ci", {"type": "com.example.x", "subject": "s", "data": {}}, owner["owner_token"])
+    err = caught.value
+    assert err.code == "UNAVAILABLE" and err.extras.get("outcome") == "unknown"
+    assert "may have been written" in err.message and "nothing of this request was written" not in err.message
+    monkeypatch.undo()
+    assert service.state("ci", None)["head"] >= 2  # it was written: the head moved past the created row
+    with pytest.raises(ProtocolError) as before_commit:  # positive control: a failure before the commit
+        store._conn.close()
+        store._retry_at = float("inf")  # no reconnection for this call
+        service.state("ci", None)
+    assert "nothing of this request was written" in before_commit.value.message
+    store.close()

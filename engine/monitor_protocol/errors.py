@@ -46,14 +46,25 @@ class ProtocolError(Exception):
 STORAGE_RETRY_AFTER_SECONDS = 1
 
 
-def storage_unavailable(detail: str) -> ProtocolError:
-    """A storage failure (disk full, I/O error) is not bad input: 503 UNAVAILABLE, retry later."""
+def storage_unavailable(detail: str, *, outcome_unknown: bool = False) -> ProtocolError:
+    """A storage failure (disk full, I/O error, a database that went away) is not bad input: 503
+    UNAVAILABLE, retry later. `outcome_unknown`: the failure came during the commit itself (a connection
+    to the database lost mid-COMMIT), so the request may have been written after all."""
+    if outcome_unknown:
+        said = (
+            "the request may have been written before the connection was lost. Retry in a moment: a publish "
+            "with the same idempotency_key (or Idempotency-Key) is then answered once, and an ack is the same"
+        )
+        extras = {"outcome": "unknown"}
+    else:
+        said, extras = "nothing of this request was written. Retry in a moment", {}
     return ProtocolError(
         "UNAVAILABLE",
-        f"The server's storage failed ({detail}); nothing of this request was written. Retry in a moment.",
+        f"The server's storage failed ({detail}); {said}.",
         http_status=503,
         retry_after=STORAGE_RETRY_AFTER_SECONDS,
         storage=True,
+        **extras,
     )
 
 

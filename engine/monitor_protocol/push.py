@@ -64,6 +64,7 @@ REQUEST_TIMEOUT_SECONDS = 10.0
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 60.0
 RESCAN_SECONDS = 5.0
+STORAGE_RETRY_SECONDS = 1.0  # a store that is away answers 503 with Retry-After: 1 (errors.py)
 # verify: a webhook-timestamp further than this from the receiver's clock is refused (a replay)
 TIMESTAMP_TOLERANCE_SECONDS = 300.0
 
@@ -178,7 +179,12 @@ class Pusher:
         await self.call(self.service.add_listener, self._appended)
         try:
             while True:
-                await self.rescan()
+                try:
+                    await self.rescan()
+                except ProtocolError as err:  # the store is away (503): keep the workers, look again later
+                    log.warning(
+                        "push: re-reading the push subscriptions failed (%s): %s", err.code, err.message
+                    )
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), self.rescan_seconds)
@@ -237,13 +243,16 @@ class Pusher:
                     break
                 if outcome == "stop":
                     return
+                if outcome == "unavailable":  # the store, not the sink: retry as its Retry-After says
+                    await asyncio.sleep(STORAGE_RETRY_SECONDS)
+                    continue
                 attempt += 1
                 await asyncio.sleep(self.backoff(attempt))
 
     async def deliver_once(self, sub_id: str) -> str:
-        """One pull, one POST, one commit. Returns delivered | idle | retry | stop."""
+        """One pull, one POST, one commit. Returns delivered | idle | retry | unavailable | stop."""
         outcome = await self._deliver_once(sub_id)
-        if outcome != "retry":
+        if outcome not in ("retry", "unavailable"):
             self.inflight.pop(sub_id, None)  # answered (or given up): the next batch is a new one
         return outcome
 
@@ -258,6 +267,9 @@ class Pusher:
         try:
             batch = await self.call(lambda: self.service.pull_as_system(sub_id, limit=limit))
         except ProtocolError as err:
+            if err.code == "UNAVAILABLE":
+                log.warning("push %s: the store is unavailable (%s); will retry", sub_id, err.message)
+                return "unavailable"
             log.warning("push %s: pull refused (%s: %s); delivery stopped", sub_id, err.code, err.message)
             return "stop"
         observations = batch.get("observations") or []
@@ -312,6 +324,13 @@ class Pusher:
         try:
             await self.call(self.service.ack_as_system, sub_id, cursor)
         except ProtocolError as err:
+            if (
+                err.code == "UNAVAILABLE"
+            ):  # delivered, not committed: the same batch goes again (at-least-once)
+                log.warning(
+                    "push %s: the store is unavailable for the commit (%s); will retry", sub_id, err.message
+                )
+                return "unavailable"
             if err.code != "CURSOR_BACKWARDS":
                 log.warning("push %s: commit refused (%s: %s)", sub_id, err.code, err.message)
                 return "stop"

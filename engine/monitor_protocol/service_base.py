@@ -140,7 +140,10 @@ class ServiceCore(ABC):
                 if not changes.empty():
                     self.store.apply(changes)
         except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
-            raise storage_unavailable(str(exc) or type(exc).__name__) from None
+            detail = str(exc) or type(exc).__name__
+            raise storage_unavailable(
+                detail, outcome_unknown=getattr(exc, "outcome_unknown", False)
+            ) from None
         self._remember_life(tx)
         if self._push_targets is not None and changes.subscriptions:
             self._track_push_targets(changes.subscriptions)

@@ -972,6 +972,8 @@ class MonitorApp:
                 continue  # a shared store: another server leads the sweeps
             try:
                 await self.call(self.service.sweep)
+            except ProtocolError as err:  # the store is away (503): one line a tick, not a traceback
+                log.warning("sweep: %s: %s", err.code, err.message)
             except Exception:
                 log.exception("sweep failed")
 

@@ -30,7 +30,11 @@ from ..records import Lease, Monitor, Observation, PublishKey, Subscription
 class StorageError(Exception):
     """The storage itself failed (disk full, I/O error, a database that cannot be written). Every store
     raises this, wrapping its driver's error, from any method or from the commit; the transaction is rolled
-    back, and the engine answers 503 UNAVAILABLE (never 400: the request was not at fault)."""
+    back, and the engine answers 503 UNAVAILABLE (never 400: the request was not at fault).
+    `outcome_unknown`: raised by the commit of a store over a network, whose connection was lost while it
+    committed: the transaction may have been written, and the caller is told so."""
+
+    outcome_unknown = False
 
 
 # ===================================================================================== log queries

@@ -395,8 +395,10 @@ class PostgresStore(Store):
             self._conn.commit()
         except self.psycopg.Error as exc:
             # The commit may or may not have reached the database before the connection went: the caller
-            # hears 503 and retries (a publish with its idempotency key is then answered once).
-            raise self._fail(exc) from exc
+            # hears 503 saying so, and retries (a publish with its idempotency key is then answered once).
+            failure = self._fail(exc)
+            failure.outcome_unknown = True
+            raise failure from exc
         self.stats.commits += 1
 
     def _rollback(self) -> None:
