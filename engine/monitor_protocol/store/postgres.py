@@ -10,7 +10,9 @@ Isolation (store/base.py). Every call is its own transaction at READ COMMITTED, 
 `synchronous_commit = on`: a commit reported is durable, and a reply is sent only after it. The engine
 locks a monitor before it reads what it will change (`lock_monitor`: a transaction-scoped advisory lock on
 the monitor's id, which also exists before the monitor row does), so calls that write one monitor are
-serial across every server, and what a call reads after its lock is what the last commit left. A record
+serial across every server, and what a call reads after its lock is what the last commit left. The lock
+travels in one pipeline with the read that follows it, and a call's writes in one more: a publish is three
+round trips and its commit. A record
 that names its monitor only inside (a subscription looked up by id or token) is read, its monitor locked,
 and read again (tx.py). There is no group commit across calls: two servers batching calls on several
 monitors could take those locks in opposite orders; PostgreSQL groups concurrent commits in its WAL
@@ -234,10 +236,10 @@ class PostgresStore(Store):
         self.instance = secrets.token_hex(8)  # this server's name in its own notifications
         self._conn: Any = None
         self._retry_at = 0.0
+        self._queued = []  # statements sent with the next one (lock_monitor)
         self._last_failure = ""
         self._depth = 0
         self._wrote = False
-        self._appended: dict[str, int] = {}
         self._leader = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -308,10 +310,19 @@ class PostgresStore(Store):
 
     def _exec(self, sql: str, params: Any = None) -> Any:
         """Execute; the rows are fetched with the reply (psycopg's client-side cursor). A read outside a
-        call gets its own snapshot, ended at once, so no session is ever left idle in a transaction."""
+        call gets its own snapshot, ended at once, so no session is ever left idle in a transaction.
+        Statements queued by `lock_monitor` go first, in one pipeline with this one: one round trip for the
+        lock and the read after it (which, at READ COMMITTED, takes its snapshot once the lock is held)."""
         conn = self._in_call() if self._depth else self._ready()
         try:
-            cur = conn.execute(sql, params)
+            if self._queued:
+                queued, self._queued = self._queued, []
+                with conn.pipeline():
+                    for before in queued:
+                        conn.execute(*before)
+                    cur = conn.execute(sql, params)
+            else:
+                cur = conn.execute(sql, params)
         except self.psycopg.Error as exc:
             if not self._depth:
                 self._rollback()
@@ -379,11 +390,13 @@ class PostgresStore(Store):
         self._ready()
         self._depth = 1
         self._wrote = False
-        self._appended = {}
+        self._queued: list[tuple[str, Any]] = []
         try:
             yield
+            self._flush_queued()  # a lock taken and nothing read after it still orders this call
         except BaseException:
             self._depth = 0
+            self._queued = []
             self._rollback()
             raise
         self._depth = 0
@@ -411,7 +424,17 @@ class PostgresStore(Store):
             self._fail(exc)
 
     def lock_monitor(self, monitor_id: str) -> None:
-        self._exec("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (LOCK_MONITOR, monitor_id))
+        """Queued, and sent with the call's next statement (its read of what it locked): the lock is held
+        before that statement runs, since the server runs a pipeline's statements in order."""
+        lock = ("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (LOCK_MONITOR, monitor_id))
+        if self._depth:
+            self._queued.append(lock)
+        else:
+            self._exec(*lock)
+
+    def _flush_queued(self) -> None:
+        if self._queued:
+            self._exec("SELECT 1")
 
     # --- the one write of a call ------------------------------------------------------------------
     def apply(self, changes: Changes) -> None:
@@ -422,7 +445,13 @@ class PostgresStore(Store):
         if changes.empty():
             return
         try:
-            wrote = self._write(self._in_call().cursor(), changes)
+            conn = self._in_call()
+            with conn.pipeline():  # every write of the call in one round trip
+                queued, self._queued = self._queued, []
+                for before in queued:
+                    conn.execute(*before)
+                wrote, deletes = self._write(conn, changes)
+            wrote = wrote or any(cur.rowcount > 0 for cur in deletes)
         except self.psycopg.Error as exc:
             if _storage_failure(self.psycopg, exc):
                 raise self._fail(exc) from exc
@@ -430,24 +459,25 @@ class PostgresStore(Store):
         self._wrote = self._wrote or wrote
 
     @staticmethod
-    def _put(cur: Any, sql: str, rows: list[Any]) -> None:
-        # One row is the usual call: execute is a round trip, executemany goes through pipeline mode.
+    def _put(conn: Any, sql: str, rows: list[Any]) -> None:
         if len(rows) == 1:
-            cur.execute(sql, rows[0])
+            conn.execute(sql, rows[0])
         elif rows:
-            cur.executemany(sql, rows)
+            conn.cursor().executemany(sql, rows)
 
-    def _write(self, cur: Any, changes: Changes) -> bool:
-        """Write the changes; whether any row changed (deletes that find nothing write nothing)."""
+    def _write(self, conn: Any, changes: Changes) -> tuple[bool, list[Any]]:
+        """Queue the changes' statements in the open pipeline: whether an upsert or insert writes, and the
+        cursors of the deletes (a delete that finds nothing writes nothing: read their rowcount after the
+        pipeline's sync)."""
         wrote = bool(
             changes.monitors or changes.observations or changes.subjects or changes.subscriptions
             or changes.leases or changes.publish_keys
         )  # fmt: skip
         if changes.monitors:
-            self._put(cur, _PUT_MONITOR, [_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
+            self._put(conn, _PUT_MONITOR, [_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
         if changes.observations:
             self._put(
-                cur,
+                conn,
                 _PUT_OBSERVATION,
                 [
                     (
@@ -468,16 +498,16 @@ class PostgresStore(Store):
             for o in changes.observations:
                 heads[o.monitor] = max(o.seq, heads.get(o.monitor, 0))
             for monitor_id, head in heads.items():  # delivered to the other servers at the commit
-                cur.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance}\t{head}\t{monitor_id}"))
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance}\t{head}\t{monitor_id}"))
         if changes.subjects:
             self._put(
-                cur,
+                conn,
                 "INSERT INTO subjects (monitor, subject) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                 [(m, _enc(s)) for m, s in changes.subjects],
             )
         if changes.subscriptions:
             self._put(
-                cur,
+                conn,
                 _PUT_SUBSCRIPTION,
                 [_split(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions],
             )
@@ -487,16 +517,18 @@ class PostgresStore(Store):
                 values = list(_split(x.to_row(), LEASE_COLUMNS))
                 values[1], values[3] = _enc(values[1]), _enc(values[3])
                 rows.append(tuple(values))
-            self._put(cur, _PUT_LEASE, rows)
+            self._put(conn, _PUT_LEASE, rows)
         if changes.publish_keys:
-            self._put(cur, _PUT_PUBLISH_KEY, [(k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys])
-        for monitor, below in changes.compactions:
-            cur.execute("DELETE FROM observations WHERE monitor=%s AND seq<%s", (monitor, below))
-            wrote = wrote or cur.rowcount > 0
+            self._put(conn, _PUT_PUBLISH_KEY, [(k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys])
+        deletes = [
+            conn.execute("DELETE FROM observations WHERE monitor=%s AND seq<%s", (monitor, below))
+            for monitor, below in changes.compactions
+        ]
         if changes.purge_keys_before is not None:
-            cur.execute("DELETE FROM publish_keys WHERE at<%s", (float(changes.purge_keys_before),))
-            wrote = wrote or cur.rowcount > 0
-        return wrote
+            deletes.append(
+                conn.execute("DELETE FROM publish_keys WHERE at<%s", (float(changes.purge_keys_before),))
+            )
+        return wrote, deletes
 
     # --- monitors ---------------------------------------------------------------------------------
     def get_monitor(self, monitor_id: str) -> Monitor | None:
