@@ -11,8 +11,8 @@ Isolation (store/base.py). Every call is its own transaction at READ COMMITTED, 
 locks a monitor before it reads what it will change (`lock_monitor`: a transaction-scoped advisory lock on
 the monitor's id, which also exists before the monitor row does), so calls that write one monitor are
 serial across every server, and what a call reads after its lock is what the last commit left. The lock
-travels in one pipeline with the read that follows it, and a call's writes in one more: a publish is three
-round trips and its commit. A record
+travels in one pipeline with the read that follows it, and a call's writes in one more (bench/scaleout.py
+counts the statements of a publish and of an ack+pull). A record
 that names its monitor only inside (a subscription looked up by id or token) is read, its monitor locked,
 and read again (tx.py). There is no group commit across calls: two servers batching calls on several
 monitors could take those locks in opposite orders; PostgreSQL groups concurrent commits in its WAL
