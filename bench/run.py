@@ -16,6 +16,11 @@ Sections (``--only`` takes these names, repeatable or comma-separated):
 ``--peers`` runs only the peers section (bench/peers.py): the same workloads on mp serve, Redis, PostgreSQL and
 NATS JetStream, interleaved round by round -> bench/results/peers.json; ``--peers --markdown`` prints it.
 
+``--scale-out`` runs only the scale-out section (bench/scaleout.py): publish and ack+pull against 1, 2 and 3
+``mp serve`` on one PostgreSQL database, beside PostgreSQL's own commit limit and mp serve on SQLite, with the
+CPU per request of the servers and of PostgreSQL -> bench/results/scaleout.json; ``--scale-out --markdown``
+prints it. Its defaults: 3 rounds of 3 s per figure (``--quick``: 1 round of 1 s).
+
 Each section writes bench/results/<name>.json; bench/results/latest.json combines the newest result of
 every section with the machine, date, commit, ratios to the limits and the targets met or missed. Every
 figure is the median, min and max of repeated runs (``--runs``, default 5).
@@ -728,6 +733,27 @@ def run_peers(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_scaleout(args: argparse.Namespace) -> int:
+    """The scale-out section (bench/scaleout.py) on its own: it writes bench/results/scaleout.json, not
+    latest.json. 3 rounds of 3 s per figure by default, 1 round of 1 s with --quick."""
+    import scaleout
+
+    bench = Bench(args)
+    bench.runs = args.runs or (1 if args.quick else 3)
+    bench.duration = args.duration or (1.0 if args.quick else 3.0)
+    try:
+        result = scaleout.run(bench)
+    finally:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+    result.update(name="scaleout", quick=args.quick)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
+        bench.log(f"wrote bench/results/scaleout.json ({result['seconds']} s in all)")
+    print("\n" + scaleout.markdown(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Monitor Protocol benchmarks (see docs/bench.md)")
     ap.add_argument(
@@ -737,10 +763,16 @@ def main(argv: list[str] | None = None) -> int:
         "--only", action="append", default=[], help=f"run only these sections: {', '.join(SECTIONS)}"
     )
     ap.add_argument(
-        "--runs", type=int, default=None, help="repetitions per figure (default 5; 2 with --quick)"
+        "--runs",
+        type=int,
+        default=None,
+        help="repetitions per figure (default 5; 2 with --quick; --scale-out: 3, 1 with --quick)",
     )
     ap.add_argument(
-        "--duration", type=float, default=None, help="seconds per run (default 2; 0.7 with --quick)"
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds per run (default 2; 0.7 with --quick; --scale-out: 3, 1 with --quick)",
     )
     ap.add_argument("--tmpdir", default=None, help="where the benchmark databases go (default: the system's)")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
@@ -752,19 +784,34 @@ def main(argv: list[str] | None = None) -> int:
         help="only the peers section (bench/peers.py: mp serve beside Redis, PostgreSQL, NATS) -> peers.json; "
         "with --markdown, print bench/results/peers.json",
     )  # fmt: skip
+    ap.add_argument(
+        "--scale-out", action="store_true",
+        help="only the scale-out section (bench/scaleout.py: 1, 2, 3 mp serve on one PostgreSQL database, beside "
+        "PostgreSQL's commit limit and mp serve on SQLite) -> scaleout.json; with --markdown, print "
+        "bench/results/scaleout.json",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if args.peers and args.only:
         ap.error("--peers runs on its own; it does not combine with --only")
+    if args.scale_out and (args.only or args.peers):
+        ap.error("--scale-out runs on its own; it does not combine with --only or --peers")
     if args.markdown:
         if args.peers:
             import peers
 
             print(peers.markdown(json.loads((RESULTS / "peers.json").read_text())))
             return 0
+        if args.scale_out:
+            import scaleout
+
+            print(scaleout.markdown(json.loads((RESULTS / "scaleout.json").read_text())))
+            return 0
         print(markdown(json.loads((RESULTS / "latest.json").read_text())))
         return 0
     if args.peers:
         return run_peers(args)
+    if args.scale_out:
+        return run_scaleout(args)
     only = [n.strip() for o in args.only for n in o.split(",") if n.strip()]
     bad = [n for n in only if n not in SECTIONS]
     if bad:
