@@ -142,3 +142,50 @@ def test_a_commit_whose_connection_was_lost_says_the_request_may_have_been_writt
         service.state("ci", None)
     assert "nothing of this request was written" in before_commit.value.message
     store.close()
+
+
+def test_an_id_with_u0000_is_not_found_not_a_storage_failure(pg_url):
+    store = PostgresStore(pg_url)
+    service = MonitorService(store)
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    assert service.state("ci", None)["monitor"] == "ci"  # positive control
+    for call in (
+        lambda: service.state("c\x00i", None),
+        lambda: service.pull("sub-\x00", "mpr_x"),
+        lambda: service.subscribe({"monitor": "c\x00i", "subscriber": "agent:r"}, None),
+    ):
+        with pytest.raises(ProtocolError) as caught:
+            call()
+        assert caught.value.code in ("NOT_FOUND", "UNAUTHORIZED", "INVALID"), caught.value
+    store.close()
+
+
+def test_a_database_that_is_away_tells_clients_nothing_of_where_it_is(pg_url):
+    secret = "pw-not-for-clients"
+    store = PostgresStore(pg_url)
+    service = MonitorService(store)
+    store._conn.close()
+    store.url = f"postgresql://mp:{secret}@db-host-not-for-clients.invalid:{free_port()}/proddb"
+    with pytest.raises(ProtocolError) as caught:
+        service.state("ci", None)
+    said = caught.value.message
+    assert caught.value.code == "UNAVAILABLE" and "unreachable" in said
+    assert secret not in said and "db-host-not-for-clients" not in said and "proddb" not in said
+    store.url = pg_url
+    store.close()
+
+
+def test_a_malformed_url_never_prints_its_password(tmp_path):
+    for url in ("postgresql://mp:my%zzsecret@127.0.0.1:1/x", "postgresql://mp:my secret@127.0.0.1:1/x"):
+        with pytest.raises(StorageError) as caught:
+            PostgresStore(url)
+        assert "secret" not in str(caught.value)
+        done = subprocess.run(
+            mp_command("serve", "--db", url, "--port", "0"),
+            capture_output=True,
+            text=True,
+            env=mp_env(),
+            timeout=60,
+        )
+        assert done.returncode == 1 and "cannot open the database" in done.stderr, done.stderr
+        assert "secret" not in done.stderr + done.stdout and "Traceback" not in done.stderr

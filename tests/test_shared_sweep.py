@@ -103,3 +103,95 @@ def test_a_lease_renewed_since_the_listing_does_not_expire():
     store.stale.clear()
     clock.now += 10  # positive control: 14 s after the renewal, it expires
     assert service.sweep() == 1 and store.get_lease("ci", "job-1").holder is None
+
+
+# -- push on a shared store: one pusher, and no append left behind ----------------------------------------
+class PushService:
+    """What push.Pusher needs of MonitorService: one push subscription, its pulls counted, and whether this
+    server leads (sweeps_here), which a test flips."""
+
+    push_epoch = 0
+
+    def __init__(self) -> None:
+        self.leading = True
+        self.pulls = 0
+
+    def add_listener(self, fn) -> None:
+        pass
+
+    def remove_listener(self, fn) -> None:
+        pass
+
+    def sweeps_here(self) -> bool:
+        return self.leading
+
+    def push_targets(self):
+        return [
+            {
+                "id": "sub-1",
+                "monitor": "ci",
+                "sink": "https://sink.example/hook",
+                "sink_secret": "",
+                "cursor": 1,
+            }
+        ]
+
+    def pull_as_system(self, sub_id, limit=None):
+        self.pulls += 1
+        return {"observations": [], "next": 1}  # nothing new: the worker goes idle
+
+
+def run_pusher(service: PushService, scenario) -> None:
+    import asyncio
+
+    from monitor_protocol.push import Pusher
+
+    async def call(fn, *args):
+        return fn(*args)
+
+    async def main() -> None:
+        pusher = Pusher(call, service, rescan_seconds=0.05)
+        task = asyncio.create_task(pusher.run())
+        try:
+            await scenario(pusher)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_each_rescan_looks_at_idle_push_subscriptions_so_a_lost_notification_only_delays():
+    import asyncio
+
+    service = PushService()
+
+    async def scenario(pusher) -> None:
+        while service.pulls < 1:  # the backlog pull at start
+            await asyncio.sleep(0.01)
+        first = service.pulls
+        await asyncio.sleep(0.3)  # about six rescans, and no append heard at all
+        assert service.pulls >= first + 2, service.pulls
+
+    run_pusher(service, scenario)
+
+
+def test_a_server_that_stops_leading_stops_pushing_before_its_next_rescan():
+    import asyncio
+
+    service = PushService()
+
+    async def scenario(pusher) -> None:
+        while service.pulls < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the worker is idle, waiting for a wake
+        stopped = service.pulls
+        service.leading = False  # the leader lock moved to another server
+        pusher.wakes["sub-1"].set()  # an append arrives for it before this server's next rescan
+        await asyncio.sleep(0.3)
+        assert service.pulls == stopped and not pusher.workers, (service.pulls, pusher.workers)
+        service.leading = True  # positive control: leading again, it pushes again
+        await asyncio.sleep(0.2)
+        assert service.pulls > stopped
+
+    run_pusher(service, scenario)

@@ -30,7 +30,9 @@ def visible(tx: Tx, rec: Monitor, token: str | None) -> bool:
     if rec.visibility == "shared" and tokens.matches(token, rec.subscribe_hash):
         return True
     if token:
-        sub = tx.subscription_by_token(tokens.digest(token))
+        # Without a lock: this only reads who may see `rec` (whose lock is held), and a reader token of
+        # another monitor must not take that monitor's lock too (two locks, in any order, can deadlock).
+        sub = tx.subscription_by_token(tokens.digest(token), lock=False)
         if sub is not None and sub.monitor == rec.id and not sub.revoked:
             return True
     return False

@@ -204,11 +204,14 @@ class Pusher:
             for client in clients:
                 await client.aclose()
 
+    def _here(self) -> bool:
+        here = getattr(self.service, "sweeps_here", None)
+        return True if here is None else bool(here())
+
     async def rescan(self) -> None:
         # Read before the targets: a change after this moves the epoch again, and the next append wakes us.
         self._epoch = getattr(self.service, "push_epoch", None)
-        here = getattr(self.service, "sweeps_here", None)
-        if here is not None and not here():
+        if not self._here():
             targets: dict[str, Any] = {}  # a shared store: the leading server pushes (one request in flight)
         else:
             targets = {t["id"]: t for t in await self.call(self.service.push_targets)}
@@ -219,6 +222,11 @@ class Pusher:
                 self.wakes.pop(sub_id, None)
                 self.inflight.pop(sub_id, None)
                 task.cancel()
+        for sub_id, wake in self.wakes.items():
+            if sub_id in targets:
+                # Every rescan also looks once at each idle subscription: an append whose notification was
+                # lost (another server's, while the LISTEN connection was down) is pushed within a rescan.
+                wake.set()
         for sub_id in targets:
             if sub_id not in self.workers:
                 self.wakes[sub_id] = asyncio.Event()
@@ -234,6 +242,8 @@ class Pusher:
             await wake.wait()
             wake.clear()
             while True:  # drain: one batch at a time, never two in flight
+                if not self._here():
+                    return  # a shared store's leadership moved: the leading server pushes now (rescan)
                 outcome = await self.deliver_once(sub_id)
                 if outcome == "delivered":
                     attempt = 0

@@ -127,12 +127,13 @@ class Tx:
         found = self.store.find_subscription(monitor_id, subscriber)
         return self._subs.get(found.id, found) if found is not None else None
 
-    def subscription_by_token(self, token_hash: str) -> Subscription | None:
+    def subscription_by_token(self, token_hash: str, *, lock: bool = True) -> Subscription | None:
+        """`lock=False`: a read to decide who may see something already locked, never to write."""
         for sub in self._subs.values():
             if sub.token_hash == token_hash:
                 return sub
         found = self.store.find_subscription_by_token(token_hash)
-        if found is not None and self.shared and self.lock(found.monitor):
+        if found is not None and lock and self.shared and self.lock(found.monitor):
             found = self.store.find_subscription_by_token(token_hash)  # again, under the lock
         if found is None:
             return None

@@ -20,18 +20,34 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
     """Retire mute subscriptions and expire leases whose time has passed; return how many changed."""
     changed = 0
     nearest: float | None = None
-    # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is also
-    # retired for silence in this sweep. The listed versions decide what is not due: a renewal only moves an
-    # expiry later, and a sign of life a mute deadline, so on a shared store (listed without a lock, perhaps
-    # stale) only what looks due is locked and read again, and decided on what is committed. A sweep over
-    # many subscriptions with nothing due locks nothing and writes nothing.
+    # The listed versions decide what is not due: a renewal only moves an expiry later, and a sign of life a
+    # mute deadline, so on a shared store (listed without a lock, perhaps stale) only what looks due is
+    # locked and read again, and decided on what is committed. A sweep with nothing due locks nothing and
+    # writes nothing; what it locks, it locks in monitor order (no deadlock with another multi-monitor call).
+    leases_due = []
     for listed in tx.leases():
         if listed.holder is None:
             continue
-        if listed.expires >= moment:
+        if listed.expires < moment:
+            leases_due.append(listed)
+        else:
             nearest = listed.expires if nearest is None else min(nearest, listed.expires)
+    monitors = {m.id: m for m in tx.monitors()}
+    subs_due = []
+    for listed in tx.subscriptions():
+        if not listed.active or listed.monitor not in monitors:
             continue
-        lease = tx.lease(listed.monitor, listed.subject) if tx.shared else listed
+        deadline = _mute_deadline(core, monitors[listed.monitor], listed)
+        if moment > deadline:
+            subs_due.append(listed)
+        else:
+            nearest = deadline if nearest is None else min(nearest, deadline)
+    for monitor_id in sorted({x.monitor for x in leases_due} | {x.monitor for x in subs_due}):
+        tx.lock(monitor_id)
+    # Leases first: a lease whose time ran out is an expiry (an attempt) even when its holder is also
+    # retired for silence in this sweep.
+    for listed in leases_due:
+        lease = tx.lease(listed.monitor, listed.subject)
         if lease is None or lease.holder is None:
             continue
         if lease.expires < moment:
@@ -39,22 +55,17 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
             changed += 1
         else:
             nearest = lease.expires if nearest is None else min(nearest, lease.expires)
-    monitors = {m.id: m for m in tx.monitors()}
-    for listed in tx.subscriptions():
-        if not listed.active or listed.monitor not in monitors:
+    for listed in subs_due:
+        rec = monitor_of(tx, listed.monitor)
+        stored = tx.subscription(listed.id)  # as committed (or as this sweep just changed it)
+        if stored is None or not stored.active:
             continue
-        deadline = _mute_deadline(core, monitors[listed.monitor], listed)
+        deadline = _mute_deadline(core, rec, stored)
         if moment > deadline:
-            rec = monitor_of(tx, listed.monitor)  # its lock first, then the subscription as committed
-            stored = tx.subscription(listed.id) if tx.shared else listed
-            if stored is None or not stored.active:
-                continue
-            deadline = _mute_deadline(core, rec, stored)
-            if moment > deadline:
-                retire_subscription(core, tx, core.alive(stored), "system:sweep", "mute")
-                changed += 1
-                continue
-        nearest = deadline if nearest is None else min(nearest, deadline)
+            retire_subscription(core, tx, core.alive(stored), "system:sweep", "mute")
+            changed += 1
+        else:
+            nearest = deadline if nearest is None else min(nearest, deadline)
     core.sweep_done(nearest)
     if moment - core.last_idempotency_purge >= IDEMPOTENCY_PURGE_SECONDS:
         core.last_idempotency_purge = moment

@@ -34,7 +34,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -132,37 +131,16 @@ def run(name: str, args: argparse.Namespace) -> int:
 
 
 # ===================================================================================== what is shown
-_PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:([^@/]*)@")
-_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
-_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
 def shown_url(url: str) -> str:
-    """The URL as it may be printed: never its password (store/postgres.py `redacted`, and a key=value
-    `password=` too)."""
     from ..store.postgres import redacted
 
-    shown = redacted(url)
-    if "://" in shown:  # a URL may carry it as a query parameter too: ?password=...
-        return _PASSWORD_IN_QUERY.sub(r"\1***", shown)
-    return _PASSWORD_IN_CONNINFO.sub(r"\1***", shown)
+    return redacted(url)
 
 
 def _scrub(text: str, url: str) -> str:
-    """`text` with the URL's password removed wherever it appears (a driver's message may quote it)."""
-    import urllib.parse
+    from ..store.postgres import scrub
 
-    text = text.replace(url, shown_url(url))
-    found = _PASSWORD_IN_URL.match(url)
-    secrets = [found.group(1), urllib.parse.unquote(found.group(1))] if found else []
-    if "://" in url and "?" in url:  # postgresql://host/db?password=...
-        query = urllib.parse.parse_qs(url.partition("?")[2].partition("#")[0])
-        secrets += query.get("password", [])
-    else:
-        secrets += [m.group(2).strip("'") for m in _PASSWORD_IN_CONNINFO.finditer(url)]
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    return scrub(text, url)
 
 
 def _one_line(text: str) -> str:
@@ -212,8 +190,8 @@ class Fingerprint:
 
 
 def fingerprint(store: Any, monitor_id: str) -> Fingerprint:
-    """The Fingerprint of `monitor_id` in `store`, read in one transaction of that store (one snapshot, and
-    on PostgreSQL no round trip to end each read)."""
+    """The Fingerprint of `monitor_id` in `store`, read in one transaction of that store (on PostgreSQL no
+    round trip to end each read; at READ COMMITTED not one snapshot, which a stopped source does not need)."""
     with store.transaction():
         return _fingerprint(store, monitor_id)
 
@@ -571,7 +549,7 @@ def open_target(url: str) -> Any:
     try:
         return PostgresStore(url)
     except Exception as exc:  # StorageError (cannot connect), StoreVersionError, psycopg missing...
-        text = str(exc) or type(exc).__name__
+        text = getattr(exc, "detail", None) or str(exc) or type(exc).__name__  # an operator's detail
         if shown not in text:
             text = f"cannot open the target {shown}: {text}"
         raise MigrateError(text) from None

@@ -855,7 +855,10 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(f"mp serve: {exc}", file=sys.stderr)
             return 1
         except Exception as exc:
-            print(f"mp serve: cannot open the database {shown}: {exc}", file=sys.stderr)
+            print(
+                f"mp serve: cannot open the database {shown}: {getattr(exc, 'detail', None) or exc}",
+                file=sys.stderr,
+            )
             return 1
         admin_token: str | None = None
         if cfg.allow_admin is not None:
@@ -883,7 +886,11 @@ def run(name: str, args: argparse.Namespace) -> int:
             allowed_hosts=hosts,
             max_body=cfg.max_body,
         )
-        monitors = len(store.list_monitors())
+        try:
+            monitors = len(store.list_monitors())
+        except Exception as exc:  # a database that went away between opening it and this first read
+            print(f"mp serve: cannot read the database {shown}: {exc}", file=sys.stderr)
+            return 1
         try:
             sock = _bind(cfg.host, cfg.port)
         except OSError as exc:
@@ -933,6 +940,12 @@ def run(name: str, args: argparse.Namespace) -> int:
             + (f", open_files={open_files}" if open_files else "")
         )
         warnings = []
+        if shared and redacted(db) != db:
+            warnings.append(_argv_warning("database password", sources["db"], "MP_DB"))
+            warnings.append(
+                "warning: the database URL carries a password; prefer PGPASSWORD or ~/.pgpass (libpq reads "
+                "both), so that it is in neither the URL nor the process list"
+            )
         if cfg.registration_token:
             print(f"registration: token required ({_source_note(sources['registration_token'])})")
             warnings.append(

@@ -35,6 +35,9 @@ class StorageError(Exception):
     committed: the transaction may have been written, and the caller is told so."""
 
     outcome_unknown = False
+    detail: str | None = (
+        None  # for the operator (a log line, a CLI's error), when str() is what a client hears
+    )
 
 
 # ===================================================================================== log queries

@@ -66,6 +66,9 @@ LOCK_TIMEOUT_MS = 10_000  # a call waiting longer for a monitor's lock gets 503,
 STATEMENT_TIMEOUT_MS = 30_000
 LEADER_POLL_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
+KEEPALIVE_IDLE_SECONDS, KEEPALIVE_INTERVAL_SECONDS, KEEPALIVE_COUNT = 5, 2, 3
+TCP_USER_TIMEOUT_MS = 15_000  # unacknowledged data for this long: the connection is dead
+LISTEN_PING_SECONDS = 5.0
 MAX_SEQ = 2**63 - 1
 
 T = 'TEXT COLLATE "C"'
@@ -193,10 +196,35 @@ def log_where(query: LogQuery | None) -> tuple[str, list[Any]]:
     return (" AND ".join(f"({c})" for c in clauses) or "TRUE"), params
 
 
+_PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:([^@/]*)@")
+_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
 def redacted(url: str) -> str:
-    """The URL without its password, for logs and the startup banner."""
-    url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+    """The URL (or key=value conninfo) without its password, for logs and the startup banner."""
+    if "://" in url:
+        url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+        return _PASSWORD_IN_QUERY.sub(r"\1***", url)
+    return _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with the URL's password removed wherever it appears: libpq's messages may quote it (a
+    malformed URL is quoted whole, a bad percent-escape or a space inside the password by itself)."""
+    import urllib.parse
+
+    text = text.replace(url, redacted(url))
+    found = _PASSWORD_IN_URL.match(url)
+    secrets = [found.group(1), urllib.parse.unquote(found.group(1))] if found else []
+    if "://" in url and "?" in url:
+        query = urllib.parse.parse_qs(url.partition("?")[2].partition("#")[0])
+        secrets += query.get("password", [])
+    elif "://" not in url:
+        secrets += [m.group(2).strip("'") for m in _PASSWORD_IN_CONNINFO.finditer(url)]
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def is_postgres_url(value: str) -> bool:
@@ -255,9 +283,22 @@ class PostgresStore(Store):
                 autocommit=autocommit,
                 connect_timeout=max(1, int(self.connect_timeout)),
                 application_name="mp serve",
+                # A peer that vanished (host lost, partition) is noticed in seconds, not hours: every
+                # connection here waits on the other side (LISTEN, the leader's session, a commit).
+                keepalives=1,
+                keepalives_idle=KEEPALIVE_IDLE_SECONDS,
+                keepalives_interval=KEEPALIVE_INTERVAL_SECONDS,
+                keepalives_count=KEEPALIVE_COUNT,
+                tcp_user_timeout=TCP_USER_TIMEOUT_MS,
             )
-        except self.psycopg.Error as exc:
-            raise StorageError(f"cannot connect to PostgreSQL at {redacted(self.url)}: {exc}") from exc
+        except Exception as exc:  # psycopg.Error, or a malformed URL libpq could not even parse
+            # What a client hears stays generic. Where the database is and what libpq said is the operator's
+            # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
+            failure = StorageError(f"the database is unreachable ({type(exc).__name__}, see the server log)")
+            failure.detail = f"cannot connect to PostgreSQL at {redacted(self.url)}: " + scrub(
+                f"{type(exc).__name__}: {exc}", self.url
+            )
+            raise failure from None
         return conn
 
     def _connect(self) -> None:
@@ -270,7 +311,10 @@ class PostgresStore(Store):
             conn.autocommit = False
         except self.psycopg.Error as exc:
             conn.close()
-            raise StorageError(f"cannot configure the PostgreSQL session: {exc}") from exc
+            log.warning("cannot configure the PostgreSQL session: %s", scrub(str(exc), self.url))
+            raise StorageError(
+                "the database refused this server's session settings (see the server log)"
+            ) from None
         self._conn = conn
 
     def _ready(self) -> Any:
@@ -284,12 +328,17 @@ class PostgresStore(Store):
             # 503 at once instead of each waiting out a connection timeout on the engine thread.
             now = time.monotonic()
             if now < self._retry_at:
-                raise StorageError(f"PostgreSQL at {redacted(self.url)} is unreachable: {self._last_failure}")
+                raise StorageError(self._last_failure)
             try:
                 self._connect()
             except StorageError as exc:
+                if not self._last_failure:  # once per outage, not once per retry
+                    log.warning("%s; retrying every %.1f s", exc.detail or exc, RECONNECT_SECONDS)
                 self._retry_at, self._last_failure = now + RECONNECT_SECONDS, str(exc)
                 raise
+            if self._last_failure:
+                log.warning("reconnected to PostgreSQL at %s", redacted(self.url))
+                self._last_failure = ""
         return self._conn
 
     def _fail(self, exc: BaseException) -> StorageError:
@@ -299,7 +348,8 @@ class PostgresStore(Store):
             with contextlib.suppress(Exception):
                 conn.close()
             self._conn = None
-        return StorageError(f"PostgreSQL: {type(exc).__name__}: {exc}".strip())
+        log.warning("PostgreSQL: %s", scrub(f"{type(exc).__name__}: {exc}", self.url))
+        return StorageError(f"the database failed: {type(exc).__name__}, see the server log")
 
     def _in_call(self) -> Any:
         """The connection of the open call; never a new one mid-call (its locks and writes were on the old)."""
@@ -314,6 +364,10 @@ class PostgresStore(Store):
         Statements queued by `lock_monitor` go first, in one pipeline with this one: one round trip for the
         lock and the read after it (which, at READ COMMITTED, takes its snapshot once the lock is held)."""
         conn = self._in_call() if self._depth else self._ready()
+        if isinstance(params, tuple) and any(isinstance(v, str) and "\x00" in v for v in params):
+            # A lookup by an id with U+0000 (a request may spell one): PostgreSQL text cannot hold it, so
+            # no stored row has it. Its escaped spelling matches nothing either, and is storable text.
+            params = tuple(_enc(v) if isinstance(v, str) else v for v in params)
         try:
             if self._queued:
                 queued, self._queued = self._queued, []
@@ -360,11 +414,13 @@ class PostgresStore(Store):
         try:
             with self.transaction():
                 self._exec("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_SCHEMA,))
-                self._exec(SCHEMA[0])
-                row = self._exec("SELECT value FROM mp_meta WHERE key='schema_version'").fetchone()
+                present = self._exec("SELECT to_regclass('mp_meta') IS NOT NULL").fetchone()[0]
+                row = None
+                if present:  # read first: a read-only standby with the schema opens (and serves reads)
+                    row = self._exec("SELECT value FROM mp_meta WHERE key='schema_version'").fetchone()
                 version = int(row[0]) if row else None
                 if version is None:
-                    for statement in SCHEMA[1:]:
+                    for statement in SCHEMA:
                         self._exec(statement)
                     self._exec(
                         "INSERT INTO mp_meta (key, value) VALUES ('schema_version', %s), ('created_by', %s)",
@@ -377,7 +433,7 @@ class PostgresStore(Store):
                         f"monitor-protocol {__version__} knows version {SCHEMA_VERSION}: it was written by a "
                         "newer release. Nothing will be served from it; upgrade monitor-protocol."
                     )
-        except StoreVersionError:
+        except BaseException:
             self.close()
             raise
 
@@ -426,7 +482,8 @@ class PostgresStore(Store):
     def lock_monitor(self, monitor_id: str) -> None:
         """Queued, and sent with the call's next statement (its read of what it locked): the lock is held
         before that statement runs, since the server runs a pipeline's statements in order."""
-        lock = ("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (LOCK_MONITOR, monitor_id))
+        # One 64-bit key per monitor (a key space of its own: the two-key locks below never meet it).
+        lock = ("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", (_enc(monitor_id), LOCK_MONITOR))
         if self._depth:
             self._queued.append(lock)
         else:
@@ -683,6 +740,11 @@ class PostgresStore(Store):
                 if conn is None or conn.closed or conn.broken:
                     self._leader = False
                     conn = self._new_connection(autocommit=True)
+                    # The database drops a vanished holder's session (and so the lock) within seconds.
+                    conn.execute(f"SET tcp_keepalives_idle TO {KEEPALIVE_IDLE_SECONDS}")
+                    conn.execute(f"SET tcp_keepalives_interval TO {KEEPALIVE_INTERVAL_SECONDS}")
+                    conn.execute(f"SET tcp_keepalives_count TO {KEEPALIVE_COUNT}")
+                    conn.execute(f"SET tcp_user_timeout TO {TCP_USER_TIMEOUT_MS}")
                 if not self._leader:
                     got = conn.execute("SELECT pg_try_advisory_lock(%s, 0)", (LOCK_LEADER,)).fetchone()[0]
                     if got:
@@ -690,9 +752,9 @@ class PostgresStore(Store):
                     self._leader = bool(got)
                 else:
                     conn.execute("SELECT 1")  # still connected: the session, and so the lock, is alive
-            except (StorageError, self.psycopg.Error) as exc:
+            except Exception as exc:  # whatever it was, this thread goes on: without it nobody may lead here
                 if self._leader:
-                    log.warning("lost the leader lock's connection: %s", exc)
+                    log.warning("lost the leader lock's connection: %s", scrub(str(exc), self.url))
                 self._leader = False
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -722,7 +784,11 @@ class PostgresStore(Store):
                 conn.execute(f"LISTEN {CHANNEL}")
                 delay = 0.1
                 on_reconnect()
+                pinged = time.monotonic()
                 while not self._stop.is_set():
+                    if time.monotonic() - pinged >= LISTEN_PING_SECONDS:
+                        conn.execute("SELECT 1")  # a connection that only listens would never notice it died
+                        pinged = time.monotonic()
                     for note in conn.notifies(timeout=0.5):
                         instance, _, rest = note.payload.partition("\t")
                         head, _, monitor_id = rest.partition("\t")
@@ -731,8 +797,10 @@ class PostgresStore(Store):
                                 on_append(monitor_id, int(head))
                             except Exception:
                                 log.exception("an append listener failed")
-            except (StorageError, self.psycopg.Error) as exc:
-                log.warning("LISTEN %s: %s; reconnecting in %.1f s", CHANNEL, exc, delay)
+            except Exception as exc:  # whatever it was, keep listening: a dead listener would wake nobody
+                log.warning(
+                    "LISTEN %s: %s; reconnecting in %.1f s", CHANNEL, scrub(str(exc), self.url), delay
+                )
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
