@@ -195,3 +195,26 @@ def test_a_server_that_stops_leading_stops_pushing_before_its_next_rescan():
         assert service.pulls > stopped
 
     run_pusher(service, scenario)
+
+
+def test_a_long_mute_window_is_never_retired_early_by_a_server_that_did_not_see_the_pull():
+    """A window of 600 s or more may keep a sign of life in the memory of the server that served the pull
+    (up to 30 s, as on one server). Another server's sweep cannot see it, so it waits that long more."""
+    store, clock = SharedMemoryStore(), Clock()
+    serving, sweeping = MonitorService(store, clock=clock), MonitorService(store, clock=clock)
+    serving.create_monitor({"id": "ci", "visibility": "public"}, None)
+    sub = serving.subscribe(
+        {"monitor": "ci", "subscriber": "agent:r", "retire_after_mute_seconds": 3600}, None
+    )
+    sid = sub["subscription"]["id"]
+    caught_up = serving.pull(sid, sub["token"])  # delivers the monitor's own rows: a write, at `start`
+    serving.ack(sid, sub["token"], {"cursor": caught_up["next"]})
+    start = store.get_subscription(sid).mute_since
+    clock.now = start + 20
+    assert serving.pull(sid, sub["token"])["observations"] == []  # an empty pull 20 s later:
+    # its sign of life is remembered by `serving`, not written (20 s < the 30 s flush window)
+    assert store.get_subscription(sid).mute_since == start  # what `sweeping` can see
+    clock.now = start + 3610  # 3,590 s after the pull: not mute yet, whatever the store says
+    assert sweeping.sweep() == 0 and store.get_subscription(sid).active
+    clock.now = start + 3631  # positive control: past the window and the grace, it is retired
+    assert sweeping.sweep() == 1 and not store.get_subscription(sid).active
