@@ -76,11 +76,12 @@ def _wait_ready(proc: subprocess.Popen[str], url: str, timeout: float = 30.0) ->
     raise RuntimeError(f"server at {url} not ready after {timeout}s")
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM) -> None:
+    """Stop a child: `sig` (SIGTERM; PostgreSQL's fast shutdown is SIGINT), then SIGKILL after 15 s."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)

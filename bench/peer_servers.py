@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import _stop
+
 # The Python clients, pinned here and installed into the venv running the bench (not in pyproject.toml:
 # they are the peers' clients, not the project's dependencies). Import name -> pip requirement.
 CLIENT_PINS: dict[str, str] = {
@@ -127,16 +129,6 @@ class Peer:
     conn: dict[str, Any]  # what a load process needs to connect (passed in its JSON spec)
     version: str
     settings: dict[str, Any] = field(default_factory=dict)
-
-
-def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _wait_port(proc: subprocess.Popen[bytes], port: int, logfile: Path, timeout: float = 30.0) -> None:

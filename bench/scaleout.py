@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from common import BENCH, CLK_TCK, OBS_BODY, PY, ROOT, cpu_seconds, free_port, machine, summary
+from common import BENCH, CLK_TCK, OBS_BODY, PY, ROOT, _stop, cpu_seconds, free_port, machine, summary
 from peer_servers import CLIENT_PINS, ensure_apt, ensure_clients, peer, tree_cpu
 
 if TYPE_CHECKING:
@@ -245,16 +245,6 @@ def _tail(path: Path, n: int = 1500) -> str:
         return path.read_text(errors="replace")[-n:]
     except OSError:
         return ""
-
-
-def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @contextmanager

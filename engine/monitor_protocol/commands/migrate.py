@@ -40,6 +40,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# stdlib only at import (psycopg is imported when a store is opened)
+from ..store.postgres import redacted as shown_url
+from ..store.postgres import scrub as _scrub
+
 HELP = "copy an embedded SQLite database (stopped) into PostgreSQL, then verify the copy"
 
 EXIT_OK = 0
@@ -131,18 +135,6 @@ def run(name: str, args: argparse.Namespace) -> int:
 
 
 # ===================================================================================== what is shown
-def shown_url(url: str) -> str:
-    from ..store.postgres import redacted
-
-    return redacted(url)
-
-
-def _scrub(text: str, url: str) -> str:
-    from ..store.postgres import scrub
-
-    return scrub(text, url)
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

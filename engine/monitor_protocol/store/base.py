@@ -20,9 +20,10 @@ Every storage failure is raised as StorageError (the engine answers 503 UNAVAILA
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..records import Lease, Monitor, Observation, PublishKey, Subscription
 
@@ -84,6 +85,31 @@ class LogQuery:
     @property
     def selects_all(self) -> bool:
         return all(any(not alt for alt in clause) for clause in self.clauses)
+
+
+def chunked_rows(
+    fetch: Callable[[int, int, int], Sequence[Sequence[Any]]], start: int, to_seq: int, *, windowed: bool
+) -> Iterator[Sequence[Any]]:
+    """The rows of a log read, seq ascending, fetched in chunks: `fetch(start, end, limit)` returns at most
+    `limit` rows with start <= seq <= end, seq first. Chunks grow 8, 16, ... 256 rows: a pull of one reads a
+    few rows, a drain reads in bulk, and a reader stopping early never loads the rest. `windowed` (a filtered
+    read) also bounds each chunk to a window of seqs: an index on one column serves seq order for one value,
+    but for several (IN, a prefix range, OR) the database reads every match in range to sort them. The window
+    doubles over stretches with few matches (a million rows that do not match take ~log2(10^6) seeks) and
+    follows the density where matches come thick (twice the span the last full chunk needed)."""
+    chunk, window = 8, 256
+    while start <= to_seq:
+        end = min(to_seq, start + window - 1) if windowed else to_seq
+        rows = fetch(start, end, chunk)
+        yield from rows
+        if len(rows) == chunk:
+            window = max(256, 2 * (rows[-1][0] - start + 1))
+            start = rows[-1][0] + 1
+            chunk = min(chunk * 2, 256)
+        elif not windowed:
+            return
+        else:
+            start, window = end + 1, window * 2
 
 
 # ===================================================================================== changes

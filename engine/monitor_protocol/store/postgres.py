@@ -43,7 +43,7 @@ from typing import Any
 
 from .. import __version__, wire
 from ..records import Lease, Monitor, Observation, PublishKey, Subscription
-from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term
+from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term, chunked_rows
 from .sqlite import (
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
@@ -53,6 +53,7 @@ from .sqlite import (
     _split,
     _storable,
     next_prefix,
+    upsert_sql,
 )
 
 log = logging.getLogger("monitor_protocol.store.postgres")
@@ -107,17 +108,9 @@ SCHEMA = (
 )
 
 
-def _upsert(table: str, columns: tuple[str, ...], key: str) -> str:
-    cols = (*columns, "rec")
-    keys = [k.strip() for k in key.split(",")]
-    updates = ", ".join(f"{c}=EXCLUDED.{c}" for c in cols if c not in keys)
-    marks = ", ".join(["%s"] * len(cols))
-    return f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks}) ON CONFLICT ({key}) DO UPDATE SET {updates}"
-
-
-_PUT_MONITOR = _upsert("monitors", MONITOR_COLUMNS, "id")
-_PUT_SUBSCRIPTION = _upsert("subscriptions", SUBSCRIPTION_COLUMNS, "id")
-_PUT_LEASE = _upsert("leases", LEASE_COLUMNS, "monitor, subject")
+_PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id", "%s")
+_PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_COLUMNS, "id", "%s")
+_PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject", "%s")
 _PUT_OBSERVATION = (
     f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
     f"VALUES ({', '.join(['%s'] * (1 + len(OBSERVATION_COLUMNS)))})"
@@ -604,32 +597,22 @@ class PostgresStore(Store):
     def scan(
         self, monitor_id: str, from_seq: int, to_seq: int, query: LogQuery | None = None
     ) -> Iterator[Observation]:
-        """Chunks of 8 rows growing to 256, each bounded to a window of seqs that doubles over stretches with
-        few matches (as store/sqlite.py does), so a reader that stops early never loads the rest and a
-        filter that matches nothing costs a bounded number of index reads per window."""
+        """In chunks, and for a filtered read in seq windows within the stored seqs (base.chunked_rows)."""
         to_seq = min(to_seq, MAX_SEQ)
         cond, params = log_where(query)
         windowed = cond != "TRUE"
         sql = f"{_SELECT} WHERE monitor=%s AND seq>=%s AND seq<=%s AND ({cond}) ORDER BY seq LIMIT %s"
-        start, chunk, window = from_seq, 8, 256
         if windowed:
             top = self._exec("SELECT max(seq) FROM observations WHERE monitor=%s", (monitor_id,)).fetchone()
             if top is None or top[0] is None:
                 return
             to_seq = min(to_seq, int(top[0]))
-        while start <= to_seq:
-            end = min(to_seq, start + window - 1) if windowed else to_seq
-            rows = self._exec(sql, (monitor_id, start, end, *params, chunk)).fetchall()
-            for r in rows:
-                yield _observation(monitor_id, r)
-            if len(rows) == chunk:
-                window = max(256, 2 * (rows[-1][0] - start + 1))
-                start = rows[-1][0] + 1
-                chunk = min(chunk * 2, 256)
-            elif not windowed:
-                return
-            else:
-                start, window = end + 1, window * 2
+
+        def fetch(start: int, end: int, limit: int) -> list[Any]:
+            return self._exec(sql, (monitor_id, start, end, *params, limit)).fetchall()
+
+        for r in chunked_rows(fetch, from_seq, to_seq, windowed=windowed):
+            yield _observation(monitor_id, r)
 
     def count(
         self,

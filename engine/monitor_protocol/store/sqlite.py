@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from .. import __version__, wire
 from ..records import Lease, Monitor, Observation, PublishKey, Subscription
 from . import migrate_v1
-from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term
+from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term, chunked_rows
 
 SCHEMA_VERSION = 2
 
@@ -83,20 +83,21 @@ LEASE_COLUMNS = ("monitor", "subject", "state", "holder", "renewed", "duration")
 OBSERVATION_COLUMNS = ("seq", *LOG_COLUMNS, "event")
 
 
-def _upsert(table: str, columns: tuple[str, ...], key: str) -> str:
-    # An upsert on the key, never INSERT OR REPLACE: for subscriptions, a (monitor, subscriber) that belongs
-    # to ANOTHER row must violate the unique index (REPLACE would silently delete that other row).
+def upsert_sql(table: str, columns: tuple[str, ...], key: str, mark: str = "?") -> str:
+    """An upsert on the key (SQLite's and PostgreSQL's common syntax; `mark` is the driver's placeholder),
+    never INSERT OR REPLACE: for subscriptions, a (monitor, subscriber) that belongs to ANOTHER row must
+    violate the unique index (REPLACE would silently delete that other row)."""
     cols = (*columns, "rec")
     updates = ", ".join(f"{c}=excluded.{c}" for c in cols if c not in key.split(", "))
-    marks = ", ".join("?" * len(cols))
+    marks = ", ".join([mark] * len(cols))
     return (
         f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks}) ON CONFLICT({key}) DO UPDATE SET {updates}"
     )
 
 
-_PUT_MONITOR = _upsert("monitors", MONITOR_COLUMNS, "id")
-_PUT_SUBSCRIPTION = _upsert("subscriptions", SUBSCRIPTION_COLUMNS, "id")
-_PUT_LEASE = _upsert("leases", LEASE_COLUMNS, "monitor, subject")
+_PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id")
+_PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_COLUMNS, "id")
+_PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject")
 _PUT_OBSERVATION = (
     f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
     f"VALUES ({', '.join('?' * (1 + len(OBSERVATION_COLUMNS)))})"
@@ -846,27 +847,18 @@ class SQLiteStore(Store):
         return found
 
     def _scan_all(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Observation]:
-        # Chunks grow 8, 16, ... 256 rows: a pull of one reads a few rows, a drain reads in bulk, and a
-        # reader stopping early (limit reached) never loads the rest of the log.
         sql = f"{_SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?"
-        start, chunk = from_seq, 8
-        while start <= to_seq:
-            rows = self._db.execute(sql, (monitor_id, start, to_seq, chunk)).fetchall()
-            for r in rows:
-                yield _observation(monitor_id, r)
-            if len(rows) < chunk:
-                return
-            start = rows[-1][0] + 1
-            chunk = min(chunk * 2, 256)
+
+        def fetch(start: int, end: int, limit: int) -> list[Any]:
+            return self._db.execute(sql, (monitor_id, start, end, limit)).fetchall()
+
+        for r in chunked_rows(fetch, from_seq, to_seq, windowed=False):
+            yield _observation(monitor_id, r)
 
     def _scan_where(
         self, monitor_id: str, from_seq: int, to_seq: int, source: str, cond: str, params: list[Any]
     ) -> Iterator[Observation]:
-        """Chunks as in _scan_all, each also bounded to a window of seqs. An index on one column serves
-        seq order for one value, but for several values (IN, a prefix range, OR) SQLite reads every match
-        in range to sort them: the window bounds that work per chunk. It doubles over stretches with few
-        matches (a million rows that do not match take ~log2(10^6) index seeks), and follows the density
-        where matches come thick (twice the span the last full chunk needed), so a long read stays linear."""
+        """A filtered read in seq windows (base.chunked_rows), within the monitor's stored seqs."""
         # Two subqueries, not `min(seq), max(seq)` in one: SQLite answers a lone min() or max() from the
         # primary key's end, but both at once by reading every row of the monitor.
         bounds = self._db.execute(
@@ -876,20 +868,14 @@ class SQLiteStore(Store):
         ).fetchone()
         if bounds[0] is None:
             return
-        start, to_seq = max(from_seq, bounds[0]), min(to_seq, bounds[1])
         sql = f"{_SELECT} {source} WHERE monitor=? AND seq>=? AND seq<=? AND ({cond}) ORDER BY seq LIMIT ?"
-        chunk, window = 8, 256
-        while start <= to_seq:
-            end = min(to_seq, start + window - 1)
-            rows = self._db.execute(sql, (monitor_id, start, end, *params, chunk)).fetchall()
-            for r in rows:
-                yield _observation(monitor_id, r)
-            if len(rows) == chunk:
-                window = max(256, 2 * (rows[-1][0] - start + 1))
-                start = rows[-1][0] + 1
-                chunk = min(chunk * 2, 256)
-            else:
-                start, window = end + 1, window * 2
+
+        def fetch(start: int, end: int, limit: int) -> list[Any]:
+            return self._db.execute(sql, (monitor_id, start, end, *params, limit)).fetchall()
+
+        rows = chunked_rows(fetch, max(from_seq, bounds[0]), min(to_seq, bounds[1]), windowed=True)
+        for r in rows:
+            yield _observation(monitor_id, r)
 
     @_guarded
     def count(
