@@ -11,7 +11,8 @@
 Everything the site loads comes from its own origin: Pyodide and PyScript from pinned npm packages,
 pure-Python wheels from pinned PyPI releases, and a wheel of this repository's engine. Downloads are
 cached in .cache/ keyed by version; the engine wheel is rebuilt when engine/, schemas/ or pyproject.toml
-change.
+change. axe-core, pinned from npm too, is a test tool: the e2e accessibility checks inject it into the page,
+and the site never ships it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ PG_ENV = "MP_TEST_POSTGRES"
 
 PYODIDE_VERSION = "0.29.5"  # Python 3.13.2; BROWSER.md: starts about 0.4 s faster than 314.0.7
 PYSCRIPT_VERSION = "0.7.31"
+AXE_CORE_VERSION = "4.14.1"  # accessibility checks in e2e (axe_script()); a test tool, never in the site
 # Pure-Python wheels the page may load, pinned. jsonschema >= 4.18 wants rpds-py, a compiled extension with
 # no WebAssembly wheel: `pyrsistent-as-rpds-py` implements its API on pyrsistent, and a tiny generated
 # `rpds` wheel (STANDIN_RPDS) re-exports it under the name jsonschema and referencing import.
@@ -144,7 +146,8 @@ def npm_package(name: str, version: str) -> Path:
     if done.exists():
         return dest / "package"
     if shutil.which("npm") is None:
-        fail("npm is needed to fetch the pinned Pyodide and PyScript packages (install Node.js 20 and npm)")
+        fail("npm is needed to fetch the pinned Pyodide, PyScript and axe-core packages (install Node.js 20 "
+             "and npm)")  # fmt: skip
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     run(["npm", "pack", "--silent", f"{name}@{version}", "--pack-destination", str(dest)], cwd=dest)
@@ -154,6 +157,15 @@ def npm_package(name: str, version: str) -> Path:
     tgz.unlink()
     done.write_text(f"{name}@{version}\n")
     return dest / "package"
+
+
+def axe_script() -> Path:
+    """axe.min.js of the pinned axe-core, for the e2e tests to inject into a page (fetched once into .cache/;
+    it is a test tool: build() never copies it into the site)."""
+    script = npm_package("axe-core", AXE_CORE_VERSION) / "axe.min.js"
+    if not script.is_file():
+        fail(f"axe-core {AXE_CORE_VERSION} has no axe.min.js in {script.parent}")
+    return script
 
 
 def pypi_wheel(name: str, version: str) -> Path:
@@ -312,6 +324,15 @@ def quickstart_blocks(doc: Path = ROOT / "README.md") -> list[dict[str, str]]:
     return out
 
 
+def page_with_modules(page: str) -> str:
+    """index.html with PyScript's `files` map filled in: every UI module in web/ (all but main.py, the
+    entry point), so a new module is never forgotten in a hand-kept list."""
+    if "__PY_FILES__" not in page:
+        fail("web/index.html has no __PY_FILES__ placeholder in its PyScript config")
+    mods = sorted(p.name for p in WEB.glob("*.py") if p.name != "main.py")
+    return page.replace("__PY_FILES__", json.dumps({f"./{n}": f"./{n}" for n in mods}))
+
+
 def openapi_json() -> bytes:
     """The REST binding's OpenAPI 3.1 document, generated from the engine's operations table (the engine
     imports only the standard library, so this script's own Python can run it)."""
@@ -361,6 +382,7 @@ def build() -> Path:
     for src in sorted(WEB.rglob("*")):
         if src.is_file() and "__pycache__" not in src.parts:
             files[src.relative_to(WEB).as_posix()] = src
+    files["index.html"] = page_with_modules((WEB / "index.html").read_text()).encode()
     files["quickstart.json"] = json.dumps(quickstart_blocks(), indent=1).encode()
     files["openapi.json"] = openapi_json()
     info = {
@@ -570,6 +592,7 @@ def test(no_e2e: bool, extra: list[str]) -> None:
     ensure_venv()
     if not no_e2e:
         ensure_chromium()
+        axe_script()  # the e2e accessibility checks inject it (e2e/conftest.py axe_violations)
     build()
     steps = [
         ["ruff", "format", "--check", "."],

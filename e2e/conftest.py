@@ -1,8 +1,11 @@
 """Playwright fixtures: the built site served from dist/site on a free port, Debian's Chromium with a fresh
-profile per test, and guards that fail a test on any request to another host or any console error."""
+profile per test (desktop size, or phone size with `phone_browser`/`phone_page`), and guards that fail a test
+on any request to another host or any console error. Helpers for accessibility (`axe_violations`, with the
+pinned axe-core injected from .cache/, never fetched by the page) and layout (`horizontal_overflow`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -22,6 +25,14 @@ os.environ.setdefault("MP_SERVE_QUIET", "1")
 CHROMIUM = build.CHROMIUM
 ARGS = build.CHROMIUM_ARGS
 ARTIFACTS = ROOT / "test-artifacts"
+# Context options of a Browser: the default desktop window, and a phone (about an iPhone 12-15's CSS size).
+DESKTOP = {"viewport": {"width": 1280, "height": 800}}
+PHONE = {
+    "viewport": {"width": 390, "height": 844},
+    "device_scale_factor": 2,
+    "is_mobile": True,
+    "has_touch": True,
+}
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +40,7 @@ def site_url():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `python build.py test` (it installs Debian's chromium)")
     build.build()
+    _axe_source()  # fetched (npm, pinned) before any test runs, not in the middle of one
     server = build.make_server(0, build.SITE)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -78,12 +90,15 @@ class Guard:
 
 
 class Browser:
-    """One Chromium profile (persistent context); `restart()` closes and reopens it on the same profile."""
+    """One Chromium profile (persistent context); `restart()` closes and reopens it on the same profile.
+    `device` holds the context options (DESKTOP by default, or PHONE: size, scale, mobile, touch); a page of
+    another size on the same context comes from `new_page(viewport={"width": ..., "height": ...})`."""
 
-    def __init__(self, driver, site_url: str, profile: Path) -> None:
+    def __init__(self, driver, site_url: str, profile: Path, device: dict | None = None) -> None:
         self.driver = driver
         self.site_url = site_url
         self.profile = profile
+        self.device = dict(device or DESKTOP)
         self.guard = Guard(site_url)
         self.context = None
         self.start()
@@ -97,7 +112,7 @@ class Browser:
                     executable_path=CHROMIUM,
                     args=ARGS,
                     headless=True,
-                    viewport={"width": 1280, "height": 800},
+                    **self.device,
                 )
                 self.context.on("page", self.guard.attach)
                 return
@@ -109,18 +124,20 @@ class Browser:
         self.context.close()
         self.start()
 
-    def new_page(self):
-        return self.context.new_page()
+    def new_page(self, viewport: dict | None = None):
+        page = self.context.new_page()
+        if viewport is not None:
+            page.set_viewport_size(viewport)
+        return page
 
     def close(self) -> None:
         if self.context is not None:
             self.context.close()
 
 
-@pytest.fixture
-def browser(playwright_driver, site_url, request):
+def _browser(driver, site_url: str, request, device: dict | None = None):
     profile = Path(tempfile.mkdtemp(prefix="mp-e2e-"))
-    b = Browser(playwright_driver, site_url, profile)
+    b = Browser(driver, site_url, profile, device)
     yield b
     try:
         b.close()
@@ -128,6 +145,23 @@ def browser(playwright_driver, site_url, request):
         shutil.rmtree(profile, ignore_errors=True)
     if request.node.rep_call.passed if hasattr(request.node, "rep_call") else False:
         b.guard.check()
+
+
+@pytest.fixture
+def browser(playwright_driver, site_url, request):
+    yield from _browser(playwright_driver, site_url, request)
+
+
+@pytest.fixture
+def phone_browser(playwright_driver, site_url, request):
+    """A Browser emulating a phone (PHONE: 390x844 CSS pixels, scale 2, mobile viewport, touch)."""
+    yield from _browser(playwright_driver, site_url, request, PHONE)
+
+
+@pytest.fixture
+def phone_page(phone_browser):
+    """A blank page of `phone_browser` (its `site_url` is `phone_browser.site_url`)."""
+    return phone_browser.new_page()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -142,3 +176,94 @@ def screenshot(page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path))
     return path
+
+
+# ------------------------------------------------------------------------------------- accessibility, layout
+
+
+@functools.cache
+def _axe_source() -> str:
+    return build.axe_script().read_text(encoding="utf-8")
+
+
+def axe_violations(
+    page, impacts: tuple[str, ...] = ("serious", "critical"), max_nodes: int = 5
+) -> list[dict]:
+    """Run the pinned axe-core on the page as it is now and return its violations of those impacts, each as
+    {id, impact, help, helpUrl, count, nodes: [{target, html, why}]} with the first `max_nodes` elements (`why`:
+    axe's first failure message, e.g. the contrast ratio and colours). axe is injected from the local file
+    (no request), once per document."""
+    if not page.evaluate("typeof window.axe === 'object' && typeof window.axe.run === 'function'"):
+        page.add_script_tag(content=_axe_source())
+    found = page.evaluate(
+        """async max => {
+            const r = await axe.run(document, {resultTypes: ["violations"]});
+            const why = n => ([...n.any, ...n.all, ...n.none].find(c => c.message) || {message: ""}).message;
+            return r.violations.map(v => ({
+                id: v.id, impact: v.impact, help: v.help, helpUrl: v.helpUrl, count: v.nodes.length,
+                nodes: v.nodes.slice(0, max).map(n => ({
+                    target: n.target.join(" "), html: n.html.slice(0, 200), why: why(n).slice(0, 240),
+                })),
+            }));
+        }""",
+        max_nodes,
+    )
+    return [v for v in found if v["impact"] in impacts]
+
+
+def format_violations(violations: list[dict]) -> str:
+    """axe violations as readable lines for an assertion message."""
+    if not violations:
+        return "no axe violations"
+    lines = []
+    for v in violations:
+        lines.append(f"[{v['impact']}] {v['id']}: {v['help']} ({v['count']} element(s); {v['helpUrl']})")
+        for n in v["nodes"]:
+            lines.append(f"    {n['target']}  {n['html']}")
+            if n["why"]:
+                lines.append(f"        {n['why']}")
+        if v["count"] > len(v["nodes"]):
+            lines.append(f"    ... and {v['count'] - len(v['nodes'])} more")
+    return "\n".join(lines)
+
+
+def horizontal_overflow(page) -> dict:
+    """Whether the page scrolls sideways at its viewport's width: {viewport, inner_width, client_width,
+    scroll_width, overflows, wide, wide_count}. `wide` lists up to 25 of the `wide_count` visible elements whose
+    box reaches past the viewport's right edge and that no scrolling or clipping ancestor contains, as {el:
+    "tag#id.class", left, right, width, outer}; `outer` ones (whose parent still fits: where the overflow
+    starts) come first, each group in document order. The reference is the viewport size the page was given:
+    a mobile context zooms a too-wide page out, so there inner_width grows with the page."""
+    width = page.viewport_size["width"]
+    info = page.evaluate(
+        """width => {
+            const root = [document.body, document.documentElement];
+            const clips = el => {
+                for (let a = el.parentElement; a && !root.includes(a); a = a.parentElement) {
+                    if (getComputedStyle(a).overflowX !== "visible") return true;
+                }
+                return false;
+            };
+            const name = el => el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
+                [...el.classList].map(c => "." + c).join("");
+            const right = el => el.getBoundingClientRect().right + window.scrollX;
+            const wide = [];
+            for (const el of document.body.querySelectorAll("*")) {
+                const r = el.getBoundingClientRect();
+                if (r.width === 0 || r.height === 0 || r.right + window.scrollX <= width + 0.5) continue;
+                if (getComputedStyle(el).visibility === "hidden" || clips(el)) continue;
+                const p = el.parentElement;
+                wide.push({el: name(el), left: Math.round(r.left + window.scrollX),
+                           right: Math.round(r.right + window.scrollX), width: Math.round(r.width),
+                           outer: root.includes(p) || right(p) <= width + 0.5});
+            }
+            const se = document.scrollingElement;
+            return {inner_width: window.innerWidth, client_width: se.clientWidth, scroll_width: se.scrollWidth,
+                    wide: [...wide.filter(w => w.outer), ...wide.filter(w => !w.outer)].slice(0, 25),
+                    wide_count: wide.length};
+        }""",
+        width,
+    )
+    info["viewport"] = width
+    info["overflows"] = info["scroll_width"] > width
+    return info

@@ -5,6 +5,7 @@ the subset is refused by name. (The browser run of the same blocks is in test_pl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import re
 import sys
@@ -49,7 +50,9 @@ class Console:
 
     def run(self, text: str) -> list[tuple[str, str, dict]]:
         start = len(self.lines)
-        asyncio.run(self.shell.run(text))
+        # A thread of its own: Playwright's sync API keeps a loop running in this one once any e2e test ran.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, self.shell.run(text)).result()
         return self.lines[start:]
 
 

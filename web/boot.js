@@ -112,6 +112,49 @@ MP.acquireLock = (wait) =>
       .catch(() => resolve(false));
   });
 
+// ---------------------------------------------------------------- one view across tabs
+// A follower tab holds no engine: it asks the owner tab for the picture it draws (every monitor, one
+// monitor's subscriptions, leases, state and log) over a BroadcastChannel, and the owner tells every tab
+// when the engine changed, whichever door changed it. Same origin only, like IndexedDB itself.
+const view = "BroadcastChannel" in window ? new BroadcastChannel("monitor-protocol-playground-view") : null;
+const asked = new Map();
+let askSeq = 0;
+MP.viewProvider = null; // set by Python in the owner tab: async (requestJson) -> replyJson
+MP.onChanged = null; // set by Python: called when another tab says the engine changed
+if (view) {
+  view.onmessage = (event) => {
+    const msg = event.data || {};
+    if (msg.type === "ask" && MP.isOwner && MP.viewProvider) {
+      Promise.resolve(MP.viewProvider(msg.req))
+        .then((reply) => view.postMessage({ type: "answer", id: msg.id, reply: String(reply) }))
+        .catch((err) => console.warn("view request failed:", err));
+    } else if (msg.type === "answer" && asked.has(msg.id)) {
+      asked.get(msg.id)(msg.reply);
+      asked.delete(msg.id);
+    } else if (msg.type === "changed" && MP.onChanged) {
+      MP.onChanged();
+    }
+  };
+}
+// Resolves with the owner's JSON reply, or null when no owner answered within `ms`.
+MP.askView = (reqJson, ms = 3000) =>
+  new Promise((resolve) => {
+    if (!view) return resolve(null);
+    const id = `${Date.now()}-${++askSeq}`;
+    const timer = setTimeout(() => {
+      asked.delete(id);
+      resolve(null);
+    }, ms);
+    asked.set(id, (reply) => {
+      clearTimeout(timer);
+      resolve(reply);
+    });
+    view.postMessage({ type: "ask", id, req: reqJson });
+  });
+MP.broadcastChanged = () => {
+  if (view) view.postMessage({ type: "changed" });
+};
+
 // ---------------------------------------------------------------- IndexedDB helper
 const DB_NAME = "monitor-protocol-playground";
 const STORES = ["records", "ui"];
@@ -172,14 +215,6 @@ MP.idb = {
   // Resolves when every transaction started so far has committed (rejects if one failed).
   committed() {
     return tail;
-  },
-  // A follower tab's timeline: one monitor's committed observations from seq `from`, read-only, in order.
-  // Keys are JSON ["observations","<monitor>/<seq, 20 digits>"], so one key range covers the monitor.
-  async readLog(monitor, from, limit) {
-    const key = (seq) => asciiJson(["observations", `${monitor}/${String(seq).padStart(20, "0")}`]);
-    const range = IDBKeyRange.bound(key(Math.max(1, from)), key("99999999999999999999"));
-    const tx = db.transaction("records", "readonly");
-    return JSON.stringify(await req(tx.objectStore("records").getAll(range, limit)));
   },
   async getUi() {
     const tx = db.transaction("ui", "readonly");

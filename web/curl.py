@@ -504,6 +504,7 @@ class Shell:
                 "data": data,
                 "method": call.method,
                 "url": call.url,
+                "body": call.body,
                 "remember": remember,
                 "shown": shown,
             },

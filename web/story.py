@@ -1,105 +1,322 @@
-"""The tutorial's eleven steps (PLAYGROUND.md): a sentence or two each, the principle it shows in plain
-words (always on screen), the action its Do-it button runs, and what the person should take away once it
-has run."""
+"""The Story: PLAYGROUND.md's lesson, one step at a time, on its own monitor (`builds`, so the README's
+quickstart can still create `ci`). Each step has a sentence or two, the principle it shows, one action (Do
+it), and what to take away. Panels appear when the story reaches them; the crash is a step of its own, so
+the reader is seen crashed, holding nothing, before the same builds come back redelivered."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import actions as a
+import model as m
+import panels
+import ui
+from door import ENGINE
+from ui import action, el, esc, show
+
+READER = "reader-a"
+PROBE_412 = {"type": m.CI_TYPE, "subject": "build-412", "actor": "probe:ci", "data": {"status": "failed"}}
+PROBE_413 = {"type": m.CI_TYPE, "subject": "build-413", "actor": "probe:ci", "data": {"status": "passed"}}
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    text: str
+    principle: str
+    action: str
+    lesson: str
+    reveal: tuple[str, ...] = ()  # panels shown from this step on: "readers", "leases", "state"
+
 
 STEPS = [
-    {
-        "title": "Define what is watched",
-        "text": "Create the CI monitor: it watches builds, with horizon minute, and readers may observe, react "
-        "and act. The owner token is shown once, because only its hash is kept.",
-        "principle": "A monitor says up front what it watches and how often (its horizon), and even creating it "
-        "is written in its log: configuration is an observation.",
-        "action": "define-ci",
-        "lesson": "A monitor is a definition plus an append-only log; creating it is itself the log's first row.",
-    },
-    {
-        "title": "A probe reports a failed build",
-        "text": "A CI probe publishes build-412: failed. Watch it get appended with its seq, tier measured and "
-        "origin probe.",
-        "principle": "Every observation says who saw it and how much to believe it: a probe's measurement is "
-        "'measured', never a person's certainty.",
-        "action": "probe",
-        "lesson": "Every observation says who saw it (actor, origin) and how much to believe it (tier).",
-    },
-    {
-        "title": "Subscribe a reader",
-        "text": "reader-a subscribes. It gets its own cursor at the start of the log: the next seq it will be "
-        "given.",
-        "principle": "Registering is not reading, and the log does not wait for readers: it kept the build before "
-        "anyone subscribed. Until this reader came, the state said so with the gap no_subscribers.",
-        "action": "subscribe",
-        "lesson": "The monitor kept what it saw even though nobody was reading yet.",
-    },
-    {
-        "title": "Pull",
-        "text": "reader-a pulls. It now holds a batch (outlined in the log), but its cursor has not moved: "
-        "reading is not consuming.",
-        "principle": "Reading is not consuming: a pull hands out observations but never moves the reader's place. "
-        "Only an acknowledgement does.",
-        "action": "pull",
-        "lesson": "Pull never commits. Only ack moves the cursor.",
-    },
-    {
-        "title": "Crash before acknowledging",
-        "text": "reader-a crashes while holding the batch, restarts, and pulls again: the same observations come "
-        "back, marked redelivered.",
-        "principle": "Nothing is lost when a reader dies: whatever it had not acknowledged comes back, marked "
-        "redelivered (at-least-once). So the work must be safe to do twice.",
-        "action": "crash-restart-pull",
-        "lesson": "At-least-once: nothing is lost, so processing must be idempotent by (source, seq).",
-    },
-    {
-        "title": "Process and acknowledge",
-        "text": "reader-a processes the batch and acks it. The cursor moves past it; the next pull is empty and "
-        "lag is 0.",
-        "principle": "Acknowledging commits the reader's place, after the work is done, and the place only ever "
-        "moves forward.",
-        "action": "process-ack-pull",
-        "lesson": "Ack commits the reader's place; it never moves backwards.",
-    },
-    {
-        "title": "An agent claims a person's certainty",
-        "text": "agent:claude publishes 'passed' with tier src, the tier only a person can assert. It is "
-        "refused with TIER_NOT_ASSERTABLE, and the refusal itself is appended to the log.",
-        "principle": "A machine cannot give itself a person's certainty, and a refusal is itself evidence: the "
-        "refused payload is kept in the log.",
-        "action": "agent-src",
-        "lesson": "A machine cannot give itself a person's certainty, and a refusal is still evidence.",
-    },
-    {
-        "title": "The agent acts on behalf of the owner",
-        "text": "The same agent publishes on behalf of human:you, the monitor's owner: accepted, and the record "
+    Step(
+        "Define what is watched",
+        "Create the monitor of CI builds. It says up front what it watches and how often, and who may read it.",
+        "Even creating a monitor is written in its log: configuration is an observation.",
+        "define",
+        "A monitor is a definition plus an append-only log. The owner token is shown once: the engine keeps "
+        "only its hash.",
+    ),
+    Step(
+        "A probe reports two builds",
+        "The CI probe publishes build-412 (failed) and build-413 (passed). Each gets the next seq, with tier "
+        "measured and origin probe.",
+        "Every observation says who saw it and how much to believe it: a probe measures, it is not a "
+        "person's certainty.",
+        "probe",
+        "Every observation says who saw it (actor, origin) and how much to believe it (tier).",
+    ),
+    Step(
+        "Subscribe a reader",
+        "reader-a subscribes to the builds. Its marker appears under the log, at its cursor: the start of "
+        "the log, because nothing was acknowledged yet.",
+        "The log does not wait for readers: it kept the builds before anyone subscribed.",
+        "subscribe",
+        "A reader's cursor is its own place in the log; the monitor kept everything until it came.",
+        ("readers",),
+    ),
+    Step(
+        "Pull",
+        "reader-a pulls. The builds it was given are outlined: it holds them. Look at its marker: the "
+        "cursor has not moved.",
+        "Reading is not consuming: a pull hands observations out but never moves the reader's place.",
+        "pull",
+        "Pull never commits. Only an acknowledgement moves the cursor.",
+    ),
+    Step(
+        "Crash",
+        "reader-a crashes before acknowledging. Its lane greys out; what it was holding is gone from its "
+        "memory, but the batch stays outlined on the log: delivered, not acknowledged.",
+        "A crash loses what a reader held in memory, never what the monitor kept.",
+        "crash",
+        "The cursor lives in the engine, not in the reader: the crash did not move it.",
+    ),
+    Step(
+        "Restart and pull again",
+        "reader-a restarts with an empty memory and pulls: the same builds come back, flashing, marked "
+        "redelivered.",
+        "Nothing is lost when a reader dies: what it had not acknowledged comes back (at-least-once). So the "
+        "work must be safe to do twice.",
+        "restart-pull",
+        "At-least-once: nothing is lost, so processing must be idempotent by (source, seq).",
+    ),
+    Step(
+        "Process and acknowledge",
+        "reader-a does the work and acknowledges. Watch its marker move past the builds; the next pull is "
+        "empty and its lag is 0.",
+        "Acknowledging commits the reader's place, after the work is done, and the place only moves forward.",
+        "process-ack",
+        "Ack commits the reader's place; it never moves backwards.",
+    ),
+    Step(
+        "An agent claims a person's certainty",
+        "agent:claude publishes 'passed' with tier src, the tier only a person can assert. It is refused "
+        "with TIER_NOT_ASSERTABLE, and the refusal is appended to the log (the ⚠ card).",
+        "A machine cannot give itself a person's certainty, and a refusal is itself evidence.",
+        "agent-src",
+        "A machine cannot give itself a person's certainty, and a refusal is still evidence.",
+    ),
+    Step(
+        "The agent acts on behalf of the owner",
+        "The same agent publishes on behalf of human:you, the monitor's owner: accepted, and the card "
         "keeps both names.",
-        "principle": "Delegation is explicit: an agent may speak for the owner only by naming them, and the "
-        "record keeps both names.",
-        "action": "agent-owner",
-        "lesson": "Delegation is explicit: actor and on_behalf_of are both kept in the provenance.",
-    },
-    {
-        "title": "Two workers, one job",
-        "text": "worker-a claims the lease on build-412; worker-b tries too and gets LEASE_HELD naming the "
-        "holder. Watch the countdown: when it expires, worker-b can claim it.",
-        "principle": "A lease lets two workers share work without doing the same job twice: one holder at a time, "
-        "and it expires by itself if the holder goes quiet.",
-        "action": "lease-contend",
-        "lesson": "A lease shares work without doing the same job twice, and it expires by itself.",
-    },
-    {
-        "title": "Read the state",
-        "text": "The state panel is computed from the log. Confidence stays null because inputs are missing, "
-        "and the gaps say what is not known.",
-        "principle": "The state is computed from the log and says what it does not know: an unknown value is "
-        "null, never a confident 0, and each missing input is named.",
-        "action": "state",
-        "lesson": "The state says what it does not know instead of showing a confident zero.",
-    },
-    {
-        "title": "Reload, then pause",
-        "text": "Reload the page: everything is still there (IndexedDB). Then pause the monitor: a write is "
+        "Delegation is explicit: an agent may speak for a person only by naming them.",
+        "agent-owner",
+        "Delegation is explicit: actor and on_behalf_of are both kept.",
+    ),
+    Step(
+        "Two workers, one job",
+        "worker-a claims the lease on build-412; worker-b tries too and is refused with LEASE_HELD, naming "
+        "the holder. Watch the countdown: when it runs out, worker-b can claim it.",
+        "A lease shares work without doing the same job twice, and it expires by itself if the holder goes "
+        "quiet.",
+        "lease",
+        "One holder at a time, and a lease expires by itself.",
+        ("leases",),
+    ),
+    Step(
+        "Read the state",
+        "The state is computed from the log. Its confidence stays null, because inputs are missing, and "
+        "the gaps name what is not known. Hover or focus any field to see what it means.",
+        "The state says what it does not know instead of showing a confident zero.",
+        "state",
+        "An unknown value is null, never a confident 0, and each missing input is named.",
+        ("state",),
+    ),
+    Step(
+        "Reload, then pause",
+        "Reload the page: everything is still there (IndexedDB). Then pause the monitor: the next write is "
         "refused with UNAVAILABLE, and both the pause and the refusal are in the log.",
-        "principle": "Nothing disappears silently: it survives a reload, a pause is itself recorded, and even a "
-        "write refused while paused is kept.",
-        "action": "pause-and-publish",
-        "lesson": "Configuration is an observation too. Nothing disappears silently.",
-    },
+        "Nothing disappears silently: it survives a reload, a pause is recorded, a refused write is kept.",
+        "pause",
+        "Configuration is an observation too. Nothing disappears silently.",
+    ),
+    Step(
+        "What next",
+        "You have seen the whole cycle. Try it yourself: the Playground has every control and a race "
+        "between a reader that trusts notifications and one that keeps a cursor; the curl tab runs the "
+        "README's quickstart against this page; docs/playground.md and PROTOCOL.md say the rest.",
+        "Durable, shareable, accountable: a monitor keeps what it saw, each reader reads at its own pace, "
+        "and every observation says how far to trust it.",
+        "next",
+        "",
+    ),
 ]
+
+
+def revealed(i: int) -> set[str]:
+    """The panels the Story has reached by step i (the Playground tab shows them all)."""
+    return {p for k, st in enumerate(STEPS) if k <= i for p in st.reveal}
+
+
+def story_reader() -> m.Reader | None:
+    return m.S.reader_named(READER, m.STORY_MONITOR)
+
+
+async def ensure_monitor() -> None:
+    if m.S.monitor != m.STORY_MONITOR:
+        a.select(m.STORY_MONITOR)
+        await ui.refresh()
+
+
+async def ensure_reader(pairs: list) -> m.Reader | None:
+    rd = story_reader()
+    if rd is None:
+        r = await a.add_reader(READER, a.BUILD_FILTER, answer="story-answer")
+        pairs.append(("subscribe reader-a", r))
+        rd = story_reader()
+    return rd
+
+
+async def do(step: Step) -> tuple[list, str]:
+    """Run one step's action; returns the calls' answers and a sentence about what happened."""
+    pairs: list = []
+    say = ""
+    if step.action == "define":
+        if m.STORY_MONITOR in m.S.owners and m.PIC.exists(m.STORY_MONITOR):
+            a.select(m.STORY_MONITOR)
+            await ui.refresh()
+            return [], "The builds monitor already exists (you created it before): it is on screen."
+        r = await a.define({"id": m.STORY_MONITOR, **a.CI_MONITOR}, answer="define-answer")
+        pairs.append(("create the builds monitor", r))
+        say = "Created. Here is its owner token, the only time it is shown:" if r.ok else ""
+        return pairs, say
+    if step.action == "next":
+        return [], ""
+    if m.STORY_MONITOR not in m.S.owners:
+        return [], "Do step 1 first: the Story needs its monitor."
+    await ensure_monitor()
+    if step.action == "probe":
+        pairs.append(("publish build-412", await a.publish(PROBE_412, "publish-answer")))
+        pairs.append(("publish build-413", await a.publish(PROBE_413, "publish-answer")))
+        say = "Two builds appended: look at their cards, seq, tier and origin."
+    elif step.action == "subscribe":
+        r = await a.add_reader(READER, a.BUILD_FILTER, answer="readers-answer")
+        pairs.append(("subscribe reader-a", r))
+        say = "reader-a's marker is at cursor 0: it will be given everything from the start." if r.ok else ""
+    elif step.action == "pull":
+        rd = await ensure_reader(pairs)
+        if rd.crashed:
+            await a.restart(rd)
+        pairs.append(("reader-a pulls", await a.pull(rd, answer="readers-answer")))
+        say = f"reader-a holds {len(rd.held)} build(s). Its cursor did not move."
+    elif step.action == "crash":
+        rd = await ensure_reader(pairs)
+        if not rd.held and not rd.crashed:
+            pairs.append(("reader-a pulls", await a.pull(rd, answer="readers-answer")))
+        held = list(rd.held)
+        pairs.append(("reader-a crashes", await a.crash(rd, answer="readers-answer")))
+        say = f"Crashed while holding {len(held)}: nothing was acknowledged, so the engine still owes them."
+    elif step.action == "restart-pull":
+        rd = await ensure_reader(pairs)
+        if rd.crashed:
+            pairs.append(("reader-a restarts", await a.restart(rd, answer="readers-answer")))
+        pairs.append(("reader-a pulls again", await a.pull(rd, answer="readers-answer")))
+        say = f"The same {len(rd.redelivered)} came back, marked redelivered." if rd.redelivered else ""
+    elif step.action == "process-ack":
+        rd = await ensure_reader(pairs)
+        if rd.crashed:
+            await a.restart(rd)
+        if not rd.held:
+            pairs.append(("reader-a pulls", await a.pull(rd, answer="readers-answer")))
+        pairs.append(("reader-a processes", a.process(rd, answer="readers-answer")))
+        pairs.append(("reader-a acks", await a.ack(rd, answer="readers-answer")))
+        pairs.append(("reader-a pulls again", await a.pull(rd, answer="readers-answer")))
+        say = "Acknowledged: the marker moved past the builds, and the next pull is empty."
+    elif step.action in ("agent-src", "agent-owner"):
+        what, body = a.PRESETS[step.action]
+        a.fill_publish_form(body)
+        r = await a.publish(body, "publish-answer")
+        pairs.append((f"publish ({what.split(':')[0]})", r))
+        say = (
+            "Refused, and the ⚠ card is the refusal, kept."
+            if not r.ok
+            else "Accepted: the card says agent:claude for human:you."
+        )
+    elif step.action == "lease":
+        el("lease-subject").value = "build-412"
+        pairs.append(("worker-a claims build-412", await a.lease("worker-a", "claim", "build-412", 8)))
+        pairs.append(("worker-b claims build-412", await a.lease("worker-b", "claim", "build-412", 8)))
+        await ui.refresh()
+        say = "worker-a holds it; worker-b was told who does. Watch the countdown."
+    elif step.action == "state":
+        r = await ENGINE.call("GET", f"/monitors/{m.STORY_MONITOR}/state", token=m.S.owner_token())
+        pairs.append(("read the state", r))
+        await ui.refresh()
+        panel = el("panel-state")
+        panel.classList.remove("pulse")
+        _ = panel.offsetWidth  # restart the CSS animation
+        panel.classList.add("pulse")
+        say = "confidence.value is null: the inputs it needs are not all present, and the gaps say which."
+    elif step.action == "pause":
+        el("life-reason").value = "maintenance window"
+        pairs.append(("pause the monitor", await a.configure("pause", "maintenance window")))
+        pairs.append(("a probe publishes", await a.publish(PROBE_412, "publish-answer")))
+        say = "The write was refused, and both the pause and the refusal are cards in the log. Resume it from the Playground."
+    return pairs, say
+
+
+@action("story-do", answer="story-answer")
+async def story_do(_el) -> None:
+    i = m.S.step
+    pairs, say = await do(STEPS[i])
+    if pairs:
+        show("story-answer", pairs, say)
+    elif say:
+        ui.note("story-answer", say)
+    if not say.startswith("Do step 1"):
+        m.S.story_done = sorted(set(m.S.story_done) | {i})
+    await a.save()
+    render()
+
+
+async def move(delta: int) -> None:
+    m.S.step = max(0, min(len(STEPS) - 1, m.S.step + delta))
+    box = el("story-answer")
+    box.innerHTML = ""
+    box.className = "answer"
+    if m.S.step > 1:  # the token is shown at the step that minted it and the next, then never again
+        m.S.shown_token = None
+    await a.save()
+    render()
+    panels.render_token_box()
+
+
+@action("story-next", exclusive=False)
+async def story_next(_el) -> None:
+    await move(1)
+
+
+@action("story-back", exclusive=False)
+async def story_back(_el) -> None:
+    await move(-1)
+
+
+STATE = {"shown": -1}  # the step last drawn
+
+
+def render() -> None:
+    i = m.S.step
+    step = STEPS[i]
+    if STATE["shown"] != i:  # the introduction is open on the first step, folded (one click away) later
+        el("intro-box").open = i == 0
+        STATE["shown"] = i
+    el("story-count").textContent = f"Step {i + 1} of {len(STEPS)}"
+    el("story-title").textContent = step.title
+    el("story-text").textContent = step.text
+    el("story-principle").innerHTML = f"<b>The principle:</b> {esc(step.principle)}"
+    done = set(m.S.story_done)
+    el("story-dots").innerHTML = "".join(
+        f"<span class='{'done' if k in done else ''}{' cur' if k == i else ''}'></span>"
+        for k in range(len(STEPS))
+    )
+    el("story-lesson").textContent = f"✓ Done. {step.lesson}" if i in done and step.lesson else ""
+    el("story-next").disabled = i >= len(STEPS) - 1
+    el("story-back").disabled = i == 0
+    el("story-do").hidden = step.action == "next"
+    el("story-links").hidden = step.action != "next"
+    live = el("live")
+    shown = revealed(i)
+    for panel in ("readers", "leases", "state"):
+        live.classList.toggle(f"show-{panel}", panel in shown)

@@ -124,3 +124,8 @@ class MonitorService(ServiceCore):
 
     def snapshot(self) -> dict[str, Any]:
         return self._call(lambda tx: upkeep.snapshot(self, tx))
+
+    def overview(self, monitor_id: str | None = None, from_seq: Any = 1, limit: Any = None) -> dict[str, Any]:
+        """Every monitor, and one monitor's state, subscriptions, leases and a page of its log (read-only;
+        the operator's door, never routed to a reader)."""
+        return self._call(lambda tx: upkeep.overview(self, tx, monitor_id, from_seq, limit))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import state, timefmt
+from . import filters, state, timefmt
 from .ledger import free_lease, lag, retire_subscription
 from .lookups import monitor_of
-from .records import Monitor, Subscription, evolve
+from .records import Lease, Monitor, Subscription, evolve
 from .service_base import ServiceCore
+from .states import LeaseState
 from .tx import Tx
 from .validation import as_int
 from .vocab import DEFAULT_LIMIT, IDEMPOTENCY_WINDOW_SECONDS, MAX_LIMIT
@@ -134,3 +135,76 @@ def snapshot(core: ServiceCore, tx: Tx) -> dict[str, Any]:
         "taken_at": timefmt.iso(tx.now),
         "monitors": [_monitor_snapshot(core, tx, rec) for rec in tx.monitors()],
     }
+
+
+# ===================================================================================== the overview
+# At most this many delivered-but-unacknowledged seqs are listed per subscription (the newest ones).
+OVERVIEW_UNACKED_MAX = 200
+
+
+def _unacked(tx: Tx, rec: Monitor, sub: Subscription) -> list[int]:
+    """The seqs this subscription was given and has not acknowledged: from its cursor up to its delivered
+    high-water mark, through its own filter (what a pull now would hand back marked redelivered)."""
+    start = max(sub.cursor, 1, rec.floor)
+    upto = min(sub.hwm, rec.head)
+    if upto < start:
+        return []
+    start = max(start, upto - 4 * OVERVIEW_UNACKED_MAX)  # a bounded walk: only the newest ones are drawn
+    flt = sub.filter
+    query = filters.prefilter(flt)
+    seqs = [o.seq for o in tx.scan(rec.id, start, upto, query) if filters.matches(flt, o.event)]
+    return seqs[-OVERVIEW_UNACKED_MAX:]
+
+
+def _lease_view(lease: Lease, now: float) -> dict[str, Any]:
+    held = lease.state is LeaseState.HELD
+    return {
+        "lease": lease.to_wire(),
+        "state": lease.state.value,
+        "expires_in_s": round(lease.expires - now, 3) if held else None,
+        "expired": held and now > lease.expires,
+    }
+
+
+def overview(
+    core: ServiceCore, tx: Tx, monitor_id: str | None, from_seq: Any = 1, limit: Any = None
+) -> dict[str, Any]:
+    """The operator's picture of the engine, read-only (nothing appended, no cursor moved): every
+    monitor, and for `monitor_id` its state, its subscriptions with their lag and unacknowledged seqs,
+    its leases with their time left, and a page of its log from `from_seq`. The playground draws every
+    panel from this one reply, whichever door made what it shows."""
+    out: dict[str, Any] = {
+        "taken_at": timefmt.iso(tx.now),
+        "monitors": [
+            {
+                "id": m.id,
+                "name": m.name,
+                "head": m.head,
+                "active": m.active,
+                "visibility": m.visibility,
+                "owner": m.owner,
+            }
+            for m in tx.monitors()
+        ],
+        "monitor": None,
+    }
+    if monitor_id is None:
+        return out
+    rec = monitor_of(tx, monitor_id)
+    subs = [core.alive(s) for s in tx.subscriptions(rec.id)]
+    active = sum(1 for s in subs if s.active)
+    out["monitor"] = {
+        "monitor": rec.to_wire(),
+        "state": state.compute(rec, tx.now, active, core.last_pull_of(rec)),
+        "subscriptions": [
+            {
+                "subscription": s.to_wire(lag(tx, rec, s)),
+                "delivered_upto": s.hwm,
+                "unacked": _unacked(tx, rec, s),
+            }
+            for s in subs
+        ],
+        "leases": [_lease_view(x, tx.now) for x in tx.leases(rec.id)],
+        "log": read_log(core, tx, rec.id, from_seq, limit),
+    }
+    return out

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..binding.messages import Request, Response
 from ..binding.rest import RestRouter
+from ..errors import ProtocolError
 from ..service import Feeds, MonitorService
 from ..store.memory import MemoryStore
 from ..waiters import Waiters
@@ -159,6 +160,18 @@ class EngineHost:
         appended, so the timeline never shows up in the state's counters or gaps."""
         query = {"monitor": monitor_id, "from": from_seq, "limit": limit}
         return await self.call("GET", "/admin/log", query=query, admin=True)
+
+    async def overview(self, monitor_id: str | None, from_seq: int = 1, limit: int = 200) -> Reply:
+        """The page's whole picture in one read (MonitorService.overview): every monitor, and one monitor's
+        state, subscriptions, leases and a page of its log. The page's own door, like read_log: no router,
+        no token, nothing a forwarded request can reach."""
+        try:
+            body = self.service.overview(monitor_id, from_seq, limit)
+        except ProtocolError as exc:
+            await self._durable()
+            return Reply(exc.status, exc.body())
+        await self._durable()  # a read may run the lazy sweep, whose changes are kept like any other
+        return Reply(200, body)
 
     async def handle_shim(self, text: str) -> str:
         """Answer one forwarded request from the service worker (JSON in, JSON out). The write is started

@@ -1,0 +1,448 @@
+"""What the buttons do. Every engine call goes through the REST router (door.ENGINE.call), so what the page
+shows is the real protocol answer; each action's answer lands in its own panel's answer line."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import js
+import model as m
+import ui
+from door import ENGINE
+from monitor_protocol.browser.host import Reply
+from ui import action, el, note, show, show_one
+
+CI_MONITOR = {
+    "name": "CI builds",
+    "description": "Build results reported by the CI probe",
+    "horizon": "minute",
+    "capabilities": ["observe", "react", "act"],
+    "visibility": "private",
+    "types": [m.CI_TYPE],
+    "owner": m.OWNER,
+}
+BUILD_FILTER = {"types": [m.CI_TYPE]}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "probe": (
+        "a probe reports a failed build: accepted as measured",
+        {"type": m.CI_TYPE, "subject": "build-412", "actor": "probe:ci", "data": {"status": "failed"}},
+    ),
+    "agent-src": (
+        "an agent claims a person's certainty (tier src): refused, and the refusal is kept",
+        {
+            "type": m.CI_TYPE,
+            "subject": "build-412",
+            "actor": "agent:claude",
+            "tier": "src",
+            "data": {"status": "passed"},
+        },
+    ),
+    "agent-owner": (
+        "an agent acts on behalf of the owner: accepted, both names kept",
+        {
+            "type": m.CI_TYPE,
+            "subject": "build-412",
+            "actor": "agent:claude",
+            "on_behalf_of": m.OWNER,
+            "origin": "human",
+            "tier": "src",
+            "data": {"status": "passed", "note": "re-run green, confirmed by you"},
+        },
+    ),
+    "agent-stranger": (
+        "an agent names a stranger it does not act for: refused",
+        {
+            "type": m.CI_TYPE,
+            "subject": "build-412",
+            "actor": "agent:claude",
+            "on_behalf_of": "human:mallory",
+            "data": {"status": "passed"},
+        },
+    ),
+}
+FORM_KEYS = ("type", "subject", "actor", "on_behalf_of", "tier", "origin")
+
+
+async def save() -> None:
+    if ENGINE.ui_idb:
+        await js.MP.idb.putUi(m.S.to_json())
+
+
+def code(r: Reply) -> str:
+    return str((r.body or {}).get("code", "")) if isinstance(r.body, dict) else ""
+
+
+# ---------------------------------------------------------------------------------------- monitors
+async def define(body: dict[str, Any], answer: str = "define-answer") -> Reply:
+    r = await ENGINE.call("POST", "/monitors", body)
+    if r.status == 201:
+        mid = r.body["monitor"]["id"]
+        m.S.owners[mid] = r.body["owner_token"]
+        m.S.shown_token = r.body["owner_token"]
+        select(mid)
+        await save()
+        show_one(answer, "POST /monitors", r, f"Monitor {mid} created. Its owner token is shown once, below.")
+    elif code(r) == "DUPLICATE" and body.get("id") in m.S.owners:
+        select(body["id"])
+        show_one(answer, "POST /monitors", r, f"{body['id']} already exists, and this page holds its owner token: "
+                 "it is on screen now.")  # fmt: skip
+    else:
+        show_one(answer, "POST /monitors", r)
+    await ui.refresh()
+    return r
+
+
+def select(monitor_id: str | None) -> None:
+    if monitor_id != m.S.monitor:
+        m.S.monitor = monitor_id
+        m.PIC.log = []
+        m.PIC.log_of = None
+
+
+def free_id(base: str) -> str:
+    """`base`, or the first of base-2, base-3... that no monitor of this engine has taken."""
+    if not m.PIC.exists(base):
+        return base
+    n = 2
+    while m.PIC.exists(f"{base}-{n}"):
+        n += 1
+    return f"{base}-{n}"
+
+
+@action("define-ci", answer="define-answer")
+async def define_ci(_el) -> Reply:
+    """The CI example: `ci` when free, or on screen if this page made it; otherwise the next free id."""
+    if m.PIC.exists("ci") and "ci" in m.S.owners:
+        select("ci")
+        await ui.refresh()
+        note("define-answer", "ci already exists and this page holds its owner token: it is on screen.")
+        return Reply(200, {})
+    return await define({"id": free_id("ci"), **CI_MONITOR})
+
+
+@action("define-form", answer="define-answer")
+async def define_form(_el) -> Reply:
+    form = el("define-form")
+    caps = [c.value for c in form.querySelectorAll("input[name=cap]") if c.checked]
+    types = [t.strip() for t in form.elements.namedItem("types").value.split(",") if t.strip()]
+    body: dict[str, Any] = {"capabilities": caps, "types": types}
+    for key in ("id", "name", "horizon", "owner", "visibility"):
+        v = form.elements.namedItem(key).value.strip()
+        if v:
+            body[key] = v
+    return await define(body)
+
+
+@action("pick", exclusive=False)
+async def pick(_el) -> None:
+    value = el("monitor-pick").value
+    select(value or None)
+    m.S.shown_token = None
+    await save()
+    await ui.refresh()
+
+
+async def configure(act: str, reason: str | None = None, answer: str = "define-answer") -> Reply:
+    reason = reason or el("life-reason").value or act
+    r = await ENGINE.call(
+        "POST", f"/monitors/{m.S.monitor}/{act}", {"reason": reason}, token=m.S.owner_token()
+    )
+    says = {
+        "pause": "Paused: writes are refused (and each refusal is kept in the log) until you resume.",
+        "resume": "Live again: writes are accepted.",
+        "retire": "Retired for good: its leases are released, and writes are refused from now on.",
+    }
+    show_one(answer, f"POST {act}", r, says[act] if r.ok else "")
+    await ui.refresh()
+    return r
+
+
+for _act in ("pause", "resume", "retire"):
+    action(_act, answer="define-answer")(lambda _el, a=_act: configure(a))
+
+
+# ---------------------------------------------------------------------------------------- publishing
+async def publish(body: dict[str, Any], answer: str = "publish-answer") -> Reply:
+    r = await ENGINE.call("POST", f"/monitors/{m.S.monitor}/observations", body, token=m.S.owner_token())
+    if r.status == 201:
+        obs = r.body["observation"]
+        say = f"Appended as seq {r.body['seq']}: tier {obs.get('tier')}, origin {obs.get('origin')}."
+    elif isinstance(r.body, dict) and r.body.get("rejected_seq"):
+        say = f"Refused ({code(r)}), and the refusal itself is in the log as seq {r.body['rejected_seq']}."
+    else:
+        say = f"Refused: {code(r)}."
+    show_one(answer, "POST observations", r, say)
+    await ui.refresh()
+    return r
+
+
+def fill_publish_form(body: dict[str, Any]) -> None:
+    form = el("publish-form")
+    for key in FORM_KEYS:
+        form.elements.namedItem(key).value = body.get(key, "")
+    form.elements.namedItem("data").value = json.dumps(body.get("data", {}))
+
+
+def read_publish_form() -> dict[str, Any]:
+    form = el("publish-form")
+    body: dict[str, Any] = {}
+    for key in FORM_KEYS:
+        v = form.elements.namedItem(key).value.strip()
+        if v:
+            body[key] = v
+    raw = form.elements.namedItem("data").value.strip()
+    if raw:
+        try:
+            body["data"] = json.loads(raw)
+        except ValueError:
+            body["data"] = raw  # the router answers with the real refusal
+    return body
+
+
+@action("preset", exclusive=False)
+async def preset(target) -> None:
+    name = target.getAttribute("data-preset")
+    what, body = PRESETS[name]
+    fill_publish_form(body)
+    note("publish-answer", f"Preset filled in: {what}. Nothing is sent until you press Publish.")
+
+
+@action("publish", answer="publish-answer")
+async def publish_form(_el) -> Reply:
+    return await publish(read_publish_form())
+
+
+# ---------------------------------------------------------------------------------------- readers
+async def add_reader(
+    name: str | None = None, flt: dict | None = None, answer: str = "readers-answer"
+) -> Reply:
+    mine = [r for r in m.S.readers.values() if r.monitor == m.S.monitor]
+    if name is None:
+        taken = {r.name for r in mine}
+        name = next(f"reader-{c}" for c in "abcdefghijklmnopqrstuvwxyz" if f"reader-{c}" not in taken)
+    existing = m.S.reader_named(name, m.S.monitor)
+    if existing is not None:
+        r = Reply(200, {"note": f"{name} is already subscribed", "subscription": existing.sub_id})
+        show_one(answer, f"subscribe {name}", r, f"{name} is already subscribed.")
+        return r
+    body: dict[str, Any] = {"monitor": m.S.monitor, "subscriber": f"agent:{name}", "from": "earliest"}
+    if flt:
+        body["filter"] = flt
+    r = await ENGINE.call("POST", "/subscriptions", body, token=m.S.owner_token())
+    if r.status == 201:
+        sub = r.body["subscription"]
+        m.S.readers[sub["id"]] = m.Reader(sub["id"], name, r.body["token"], m.S.monitor)
+        await save()
+        say = f"{name} subscribed: its cursor is {sub['cursor']}, the start of the log."
+        show_one(answer, f"subscribe {name}", r, say)
+    else:
+        show_one(answer, f"subscribe {name}", r)
+    await ui.refresh()
+    return r
+
+
+@action("add-reader", answer="readers-answer")
+async def add_reader_btn(_el) -> Reply:
+    return await add_reader()
+
+
+def reader_for(target) -> m.Reader:
+    return m.S.readers[target.getAttribute("data-sub")]
+
+
+async def pull(rd: m.Reader, limit: int = 20, answer: str = "readers-answer") -> Reply:
+    r = await ENGINE.call("GET", f"/subscriptions/{rd.sub_id}/pull", token=rd.token, query={"limit": limit})
+    if r.status == 200:
+        obs = r.body["observations"]
+        rd.held = [int(o["id"]) for o in obs]
+        rd.redelivered = [int(o["id"]) for o in obs if o.get("redelivered")]
+        rd.next = r.body["next"]
+        m.flash(rd.redelivered)
+        await save()
+        if not obs:
+            say = f"Nothing new for {rd.name}: lag 0."
+        elif rd.redelivered:
+            say = (f"{rd.name} got {len(obs)} again, marked redelivered: it never acknowledged them. Its cursor is "
+                   f"still {r.body['cursor']}.")  # fmt: skip
+        else:
+            say = f"{rd.name} holds {len(obs)}; its cursor has not moved ({r.body['cursor']}): reading is not consuming."
+        show_one(answer, f"{rd.name} pulls", r, say)
+    else:
+        show_one(answer, f"{rd.name} pulls", r)
+    await ui.refresh()
+    return r
+
+
+def process(rd: m.Reader, answer: str = "readers-answer") -> Reply:
+    for s in rd.held:
+        rd.processed[str(s)] = rd.processed.get(str(s), 0) + 1
+    twice = [s for s in rd.held if rd.processed[str(s)] > 1]
+    r = Reply(200, {"processed": rd.held, "twice": twice})
+    say = f"{rd.name} did the work for {len(rd.held)} observation(s)"
+    say += f"; {len(twice)} for the second time (so the work must be safe to repeat)." if twice else "."
+    show_one(answer, f"{rd.name} processes", r, say)
+    return r
+
+
+async def ack(rd: m.Reader, answer: str = "readers-answer") -> Reply:
+    r = await ENGINE.call("POST", f"/subscriptions/{rd.sub_id}/ack", {"cursor": rd.next}, token=rd.token)
+    if r.status == 200:
+        rd.held, rd.redelivered, rd.next = [], [], None
+        await save()
+        show_one(
+            answer, f"{rd.name} acks", r, f"The cursor moved to {r.body['cursor']}: those will not come back."
+        )
+    else:
+        show_one(answer, f"{rd.name} acks", r)
+    await ui.refresh()
+    return r
+
+
+async def crash(rd: m.Reader, answer: str = "readers-answer") -> Reply:
+    lost = list(rd.held)
+    rd.crashed = True
+    rd.held, rd.redelivered, rd.next = [], [], None
+    await save()
+    r = Reply(200, {"crashed": rd.name, "was_holding": lost})
+    show_one(answer, f"{rd.name} crashes", r, "Its memory is gone, its batch with it. Its cursor is in the "
+             "engine, where it was: nothing was acknowledged.")  # fmt: skip
+    await ui.refresh()
+    return r
+
+
+async def restart(rd: m.Reader, answer: str = "readers-answer") -> Reply:
+    rd.crashed = False
+    await save()
+    r = Reply(200, {"restarted": rd.name})
+    show_one(answer, f"{rd.name} restarts", r, "Running again, with an empty memory: the next pull starts from "
+             "its cursor.")  # fmt: skip
+    await ui.refresh()
+    return r
+
+
+@action("r-pull", answer="readers-answer")
+async def r_pull(target) -> Reply:
+    return await pull(reader_for(target))
+
+
+@action("r-process", answer="readers-answer")
+async def r_process(target) -> Reply:
+    r = process(reader_for(target))
+    await save()
+    await ui.refresh()
+    return r
+
+
+@action("r-ack", answer="readers-answer")
+async def r_ack(target) -> Reply:
+    return await ack(reader_for(target))
+
+
+@action("r-crash", answer="readers-answer")
+async def r_crash(target) -> Reply:
+    return await crash(reader_for(target))
+
+
+@action("r-restart", answer="readers-answer")
+async def r_restart(target) -> Reply:
+    return await restart(reader_for(target))
+
+
+# ---------------------------------------------------------------------------------------- leases
+async def ensure_workers() -> Reply | None:
+    for name in ("worker-a", "worker-b"):
+        w = m.S.workers.get(name)
+        if w is not None and w.monitor == m.S.monitor:
+            continue
+        body = {
+            "monitor": m.S.monitor,
+            "subscriber": f"agent:{name}",
+            "capabilities": ["observe", "act"],
+            "from": "head",
+        }
+        r = await ENGINE.call("POST", "/subscriptions", body, token=m.S.owner_token())
+        if r.status != 201:
+            return r
+        m.S.workers[name] = m.Worker(r.body["subscription"]["id"], r.body["token"], m.S.monitor)
+    await save()
+    return None
+
+
+async def lease(worker: str, act: str, subject: str, seconds: int = 8) -> Reply:
+    failed = await ensure_workers()
+    if failed is not None:
+        return failed
+    w = m.S.workers[worker]
+    body: dict[str, Any] = {"subject": subject}
+    if act == "claim":
+        body["lease_duration_seconds"] = seconds
+    elif act == "complete":
+        body["outcome"] = "done"
+    elif act == "reject":
+        body["reason"] = "the build cannot be fixed here"
+    r = await ENGINE.call("POST", f"/subscriptions/{w.sub_id}/leases/{act}", body, token=w.token)
+    w.last = f"{act}: {r.status} {'OK' if r.ok else code(r)}"
+    await save()
+    return r
+
+
+def lease_seconds() -> int:
+    try:
+        return max(1, int(el("lease-seconds").value))
+    except ValueError:
+        return 8
+
+
+LEASE_SAY = {
+    "claim": "{w} holds {s} now, for {n} s unless renewed.",
+    "complete": "{w} finished {s}: the lease is free and the outcome is in the log.",
+    "release": "{w} gave {s} up: another worker may claim it.",
+    "reject": "{w} could not do {s}: the attempt is counted; at the limit the job is dead-lettered.",
+}
+
+
+async def lease_button(target) -> Reply:
+    worker = target.getAttribute("data-worker")
+    act = target.getAttribute("data-act")[2:]
+    subject = el("lease-subject").value.strip() or "build-412"
+    r = await lease(worker, act, subject, lease_seconds())
+    if r.ok:
+        say = LEASE_SAY[act].format(w=worker, s=subject, n=lease_seconds())
+    elif code(r) == "LEASE_HELD":
+        say = f"Refused: {subject} is held by {(r.body or {}).get('holder')}. Wait for it to expire or be released."
+    else:
+        say = ""
+    show_one("lease-answer", f"{worker} {act} {subject}", r, say)
+    await ui.refresh()
+    return r
+
+
+for _act in ("claim", "complete", "release", "reject"):
+    action(f"w-{_act}", answer="lease-answer")(lease_button)
+
+
+@action("lease-deadletter", answer="lease-answer")
+async def dead_letter(_el) -> Reply:
+    """Reject the same subject until the delivery count limit dead-letters it, then show a claim refused."""
+    subject = el("lease-subject").value.strip() or "build-412"
+    pairs = []
+    for _ in range(6):
+        c = await lease("worker-a", "claim", subject, lease_seconds())
+        if not c.ok:
+            pairs.append((f"worker-a claims {subject}", c))
+            break
+        r = await lease("worker-a", "reject", subject)
+        pairs.append((f"worker-a rejects {subject}", r))
+        if not r.ok or r.body.get("dead_letter"):
+            break
+    final = await lease("worker-b", "claim", subject, lease_seconds())
+    pairs.append((f"worker-b claims {subject}", final))
+    rejections = sum(1 for t, r in pairs if "rejects" in t and r.ok)
+    if code(final) == "DEAD_LETTERED":
+        say = f"After {rejections} rejection(s) {subject} is dead-lettered: nobody gets it again."
+    else:
+        say = f"{subject} is not dead-lettered: {code(final) or 'the claim was accepted'}."
+    show("lease-answer", pairs[-2:], say)
+    await ui.refresh()
+    return final

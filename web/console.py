@@ -1,0 +1,262 @@
+"""The curl tab: a terminal over curl.Shell (the shell subset), the README's quickstart ready to click.
+
+Every token an answer carries (an owner token, a reader token) goes into the page's keyring, so what the
+console made is also yours in the other tabs (one engine, one view). When a quickstart block collides with
+what is already there (the monitor exists, the subscriber is taken) and the page holds the token it needs,
+the console says so and offers to go on with it in one click."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import actions as a
+import curl
+import js
+import model as m
+import ui
+from pyodide.ffi import create_proxy, to_js
+from ui import action, el, esc
+
+CURL: dict[str, Any] = {"history": [], "pos": 0, "shell": None, "examples": []}
+EXTRAS = [
+    (
+        "An agent asserts src (a person's certainty): refused, and the refusal is kept in the log",
+        'curl -sS -X POST "$MP/monitors/ci/observations" -H "Authorization: Bearer $OWNER" \\\n'
+        "  -H 'Content-Type: application/json' \\\n"
+        '  -d \'{"type": "com.example.ci.run", "subject": "build-412", "actor": "agent:claude", "tier": "src"}\'',
+    ),
+    (
+        "A wrong reader token: 401, however the subscription is named",
+        'curl -sS "$MP/subscriptions/$SUB_ID/pull" -H "Authorization: Bearer wrong"',
+    ),
+    (
+        "The whole log through the reader, replayed from seq 1 (read-only)",
+        'curl -sS "$MP/subscriptions/$SUB_ID/pull?cursor=1" -H "Authorization: Bearer $READER" | field \'["observations"]\'',
+    ),
+]
+
+
+def term_print(html_text: str) -> None:
+    el("term-out").insertAdjacentHTML("beforeend", html_text)
+    term = el("term")
+    term.scrollTop = term.scrollHeight
+
+
+def remember(body: Any) -> list[str]:
+    """A single, unpiped curl's answer: keep its tokens under the quickstart's own variable names."""
+    if not isinstance(body, dict):
+        return []
+    env = CURL["shell"].env
+    saved = []
+    if body.get("owner_token"):
+        env["OWNER"] = body["owner_token"]
+        saved.append("OWNER")
+    sub = body.get("subscription")
+    if isinstance(sub, dict) and sub.get("id") and body.get("token"):
+        env["SUB_ID"] = sub["id"]
+        env["READER"] = body["token"]
+        saved += ["SUB_ID", "READER"]
+    if isinstance(body.get("next"), int) and "observations" in body:
+        env["NEXT"] = str(body["next"])
+        saved.append("NEXT")
+    return saved
+
+
+def keep_tokens(data: Any) -> bool:
+    """Any answer's tokens, piped or not, into the page's keyring: the UI can then act with them."""
+    if not isinstance(data, dict):
+        return False
+    mon = data.get("monitor")
+    if data.get("owner_token") and isinstance(mon, dict) and mon.get("id"):
+        m.S.owners[mon["id"]] = data["owner_token"]
+        return True
+    sub = data.get("subscription")
+    if isinstance(sub, dict) and sub.get("id") and data.get("token"):
+        rd = m.S.readers.get(sub["id"])
+        if rd is None:
+            m.S.readers[sub["id"]] = m.Reader(
+                sub["id"], sub["subscriber"], data["token"], sub["monitor"], made_by="curl"
+            )
+        else:
+            rd.token = data["token"]
+        return True
+    return False
+
+
+def request_json(extra: dict[str, Any]) -> dict[str, Any]:
+    try:
+        body = json.loads(extra.get("body") or "null")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def way_on(extra: dict[str, Any]) -> str:
+    """When a quickstart block collides with what is there, the way on (one click), or what to do."""
+    status, data = extra["status"], extra["data"]
+    path = extra["url"].split("/mp/v0", 1)[-1].split("?", 1)[0]
+    sent = request_json(extra)
+    code = data.get("code") if isinstance(data, dict) else None
+    if extra["method"] == "POST" and path == "/monitors" and code == "DUPLICATE":
+        mid = str(sent.get("id", ""))
+        if mid in m.S.owners:
+            return (
+                f"<div class='note offer'># The monitor {esc(mid)} already exists in this page's engine, and this "
+                f"page holds its owner token. <button data-act='curl-adopt-owner' data-monitor='{esc(mid)}'>"
+                f"Go on with the existing {esc(mid)}: set $OWNER</button> then run the next block.</div>"
+            )
+        return (
+            f"<div class='note offer'># {esc(mid)} already exists, made by another door, and this page does not "
+            "hold its owner token: change the id in the command, or Reset (top right) to start over.</div>"
+        )
+    if extra["method"] == "POST" and path == "/subscriptions" and status == 401:
+        who = (str(sent.get("monitor", "")), str(sent.get("subscriber", "")))
+        for rd in m.S.readers.values():
+            if rd.monitor == who[0] and who[1] in (rd.name, f"agent:{rd.name}"):
+                return (
+                    f"<div class='note offer'># {esc(who[1])} is already subscribed to {esc(who[0])}, and this "
+                    f"page holds its reader token. <button data-act='curl-adopt-reader' data-sub='{esc(rd.sub_id)}'>"
+                    "Go on with it: set $SUB_ID and $READER</button> then run the next block.</div>"
+                )
+        return (
+            f"<div class='note offer'># {esc(who[1])} is already subscribed and this page does not hold its token: "
+            "use another subscriber name, or Reset (top right).</div>"
+        )
+    return ""
+
+
+def term_emit(kind: str, text: str, extra: dict[str, Any]) -> None:
+    if kind == "cmd":
+        term_print(f"<div class='cmd'>$ {esc(text)}</div>")
+    elif kind == "out":
+        term_print(f"<div class='out'>{esc(text)}</div>")
+    elif kind == "note":
+        term_print(f"<div class='note'># {esc(text.lstrip('# '))}</div>")
+    elif kind == "error":
+        term_print(f"<div class='st-err' data-error='1'>✗ {esc(text)}</div>")
+    elif kind == "http":
+        status, data = extra["status"], extra["data"]
+        ok = 200 <= status < 300
+        code = f" {data.get('code')}" if isinstance(data, dict) and data.get("code") and not ok else ""
+        where = "" if extra["shown"] else " · output piped or captured"
+        pretty = json.dumps(data, indent=2, ensure_ascii=False) if data is not None else text
+        saved = remember(data) if extra["remember"] else []
+        kept = keep_tokens(data)
+        note = f"<div class='note'># saved ${', $'.join(saved)}</div>" if saved else ""
+        if kept and not saved:
+            note = "<div class='note'># its token is kept in this page: the Playground can act with it</div>"
+        term_print(
+            f"<div class='{'st-ok' if ok else 'st-err'}' data-status='{status}'>{'✓' if ok else '✗'} HTTP "
+            f"{status}{esc(code)} <span class='note'>{esc(extra['method'])} "
+            f"{esc(extra['url'].split('/mp/v0', 1)[-1])}{where}</span></div>"
+            f"<div class='{'json' if extra['shown'] else 'json piped'}'>{esc(pretty)}</div>{note}"
+            + ("" if ok else way_on(extra))
+        )
+
+
+async def page_fetch(call) -> tuple[int, str]:
+    opts = {"method": call.method, "headers": call.headers}
+    if call.body is not None:
+        opts["body"] = call.body
+    resp = await js.fetch(call.url, to_js(opts, dict_converter=js.Object.fromEntries))
+    return int(resp.status), str(await resp.text())
+
+
+async def run(command: str) -> None:
+    if not command.strip():
+        return
+    CURL["history"].append(command.strip())
+    CURL["pos"] = len(CURL["history"])
+    await CURL["shell"].run(command)
+    await a.save()
+    ui.refresh_soon()
+
+
+def take_prompt() -> str:
+    box = el("curl-input")
+    cmd = box.value
+    box.value = ""
+    box.rows = 1
+    return cmd
+
+
+@action("curl-run", exclusive=False)
+async def curl_run(_el) -> None:
+    await run(take_prompt())
+
+
+@action("curl-example", exclusive=False)
+async def curl_example(target) -> None:
+    box = el("curl-input")
+    box.value = CURL["examples"][int(target.getAttribute("data-i"))][1]
+    box.rows = min(12, box.value.count("\n") + 1)
+    box.focus()
+
+
+@action("curl-adopt-owner", exclusive=False)
+async def adopt_owner(target) -> None:
+    mid = target.getAttribute("data-monitor")
+    CURL["shell"].env["OWNER"] = m.S.owners[mid]
+    target.disabled = True
+    term_print(
+        f"<div class='note'># $OWNER is {esc(mid)}'s owner token now: go on with the next block.</div>"
+    )
+
+
+@action("curl-adopt-reader", exclusive=False)
+async def adopt_reader(target) -> None:
+    rd = m.S.readers[target.getAttribute("data-sub")]
+    CURL["shell"].env["SUB_ID"] = rd.sub_id
+    CURL["shell"].env["READER"] = rd.token
+    target.disabled = True
+    term_print(
+        f"<div class='note'># $SUB_ID and $READER are {esc(rd.name)}'s now: go on with the next block.</div>"
+    )
+
+
+async def setup() -> None:
+    CURL["shell"] = curl.Shell(
+        str(js.location.origin), page_fetch, term_emit, {"MP": "http://127.0.0.1:8130/mp/v0"}
+    )
+    try:
+        resp = await js.fetch("./quickstart.json")
+        quick = [(b["why"], b["code"]) for b in json.loads(str(await resp.text()))]
+    except Exception as exc:  # shown, never hidden: the extras still work
+        quick = []
+        js.console.warn(f"quickstart.json: {exc!r}")
+    CURL["examples"] = quick + EXTRAS
+    items = []
+    for i, (why, cmd) in enumerate(CURL["examples"]):
+        if i == len(quick):
+            items.append("<li class='sub'><h4>More</h4></li>")
+        group = "quickstart" if i < len(quick) else "extra"
+        items.append(
+            f"<li data-group='{group}'><div class='why'>{esc(why)}</div>"
+            f"<button data-act='curl-example' data-i='{i}'>{esc(cmd)}</button></li>"
+        )
+    el("curl-examples").innerHTML = "".join(items)
+    term_print(
+        "<div class='note'># This page's engine answers /mp/v0 through the service worker; "
+        "http://127.0.0.1:8130 and http://localhost:8130 mean this page. Paste the README's quickstart "
+        "(or click a block), Enter runs it; Shift+Enter adds a line.</div>"
+    )
+    el("curl-input").addEventListener("keydown", create_proxy(on_key))
+
+
+def on_key(evt) -> None:
+    box = el("curl-input")
+    if evt.key == "Enter" and not evt.shiftKey and not curl.incomplete(box.value):
+        evt.preventDefault()
+        ui.run_task(run(take_prompt()))
+    elif evt.key == "Enter":
+        box.rows = min(12, box.value.count("\n") + 2)  # a continuation: the newline goes in
+    elif evt.key == "ArrowUp" and "\n" not in box.value:
+        if CURL["history"]:
+            evt.preventDefault()
+            CURL["pos"] = max(0, CURL["pos"] - 1)
+            box.value = CURL["history"][CURL["pos"]]
+    elif evt.key == "ArrowDown" and "\n" not in box.value and CURL["history"]:
+        evt.preventDefault()
+        CURL["pos"] = min(len(CURL["history"]), CURL["pos"] + 1)
+        box.value = CURL["history"][CURL["pos"]] if CURL["pos"] < len(CURL["history"]) else ""

@@ -1,0 +1,109 @@
+"""The page's way into the engine. The tab that holds the Web Lock owns the engine (EngineHost over the
+IndexedDB-backed store) and answers the service worker; any other tab is a follower: its calls go through
+the service worker to the owner, and its picture is asked of the owner over a BroadcastChannel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlencode
+
+import js
+from monitor_protocol.browser.host import EngineHost, Reply
+from monitor_protocol.store.indexeddb import IndexedDBStore
+from monitor_protocol.store.memory import MemoryStore
+from pyodide.ffi import create_proxy, to_js
+
+MP = js.MP
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.mode: str | None = None  # "owner" | "follower"
+        self.host: EngineHost | None = None
+        self.storage = "memory"
+        self.storage_reason: str | None = None
+        self.ui_idb = False
+        self.on_change: Callable[[], None] = lambda: None  # the page redraws; set by app.main
+
+    async def open_ui_storage(self) -> None:
+        try:
+            await MP.idb.open()
+            self.ui_idb = True
+        except Exception as exc:  # IndexedDB refused: memory only, said plainly in the status chip
+            self.ui_idb = False
+            self.storage_reason = str(exc)
+
+    async def start_owner(self) -> int:
+        memory = MemoryStore()
+        idb = IndexedDBStore(memory, MP.idb)
+        restored = 0
+        if self.ui_idb:
+            idb.durable = True
+            restored = await idb.restore()
+        self.storage = "indexeddb" if idb.durable else "memory"
+        self.host = EngineHost(memory, persist=idb.flush, start_persist=idb.start_flush)
+        self.mode = "owner"
+
+        async def shim(text: str) -> str:
+            reply = await self.host.handle_shim(text)
+            self.changed()  # a curl in this tab, a fetch from another tab: the picture follows
+            return reply
+
+        MP.handler = create_proxy(lambda text: asyncio.ensure_future(shim(str(text))))
+        MP.viewProvider = create_proxy(lambda text: asyncio.ensure_future(self._answer_view(str(text))))
+        MP.announceOwner()
+        return restored
+
+    def changed(self) -> None:
+        """The engine changed: redraw this tab, and tell the other tabs to redraw theirs."""
+        self.on_change()
+        if self.mode == "owner":
+            MP.broadcastChanged()
+
+    async def _answer_view(self, text: str) -> str:
+        req = json.loads(text)
+        reply = await self.host.overview(req.get("monitor"), int(req.get("from") or 1))
+        return json.dumps({"status": reply.status, "body": reply.body})
+
+    async def overview(self, monitor: str | None, from_seq: int) -> Reply:
+        """Every monitor, and one monitor's state, subscriptions, leases and log from `from_seq`."""
+        if self.mode == "owner":
+            return await self.host.overview(monitor, from_seq)
+        text = await MP.askView(json.dumps({"monitor": monitor, "from": from_seq}))
+        if text is None:
+            return Reply(503, {"code": "UNAVAILABLE", "error": "the tab that owns the engine did not answer"})
+        msg = json.loads(str(text))
+        return Reply(int(msg["status"]), msg["body"])
+
+    async def call(
+        self, method: str, path: str, body: Any = None, token: str | None = None, query: dict | None = None
+    ) -> Reply:
+        if self.mode == "owner":
+            reply = await self.host.call(method, path, body=body, token=token, query=query)
+        else:
+            reply = await self._fetch(method, path, body, token, query)
+        self.changed()  # even a pull changes the picture: what the reader was given, its last pull
+        return reply
+
+    async def _fetch(self, method: str, path: str, body: Any, token: str | None, query: dict | None) -> Reply:
+        url = "./mp/v0" + path + ("?" + urlencode(query) if query else "")
+        headers = {}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        opts: dict[str, Any] = {"method": method, "headers": headers}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            opts["body"] = json.dumps(body)
+        resp = await js.fetch(url, to_js(opts, dict_converter=js.Object.fromEntries))
+        text = await resp.text()
+        try:
+            data = json.loads(text) if text else None
+        except ValueError:
+            data = {"code": "UNAVAILABLE", "error": text}
+        return Reply(int(resp.status), data)
+
+
+ENGINE = Engine()

@@ -1,0 +1,275 @@
+"""The panels beside the track, each drawn from the engine's picture: the monitor picker, the readers (every
+subscription of the monitor, whichever door made it), the two lease workers, the state, the owner token."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import model as m
+import words
+from ui import button, el, esc, put, reasons, set_enabled
+from words import tip
+
+
+def age(ts: Any) -> str:
+    if not ts:
+        return "never"
+    try:
+        from datetime import datetime
+
+        t = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return str(ts)
+    return f"{max(0, int(time.time() - t))} s ago"
+
+
+# ---------------------------------------------------------------------------------------- the picker
+def render_picker() -> None:
+    pick = el("monitor-pick")
+    mons = m.PIC.monitors
+    if not mons:
+        put(pick, "<option value=''>no monitor yet</option>")
+        pick.disabled = True
+        el("monitor-pick-note").textContent = ""
+        return
+    pick.disabled = False
+    opts = []
+    for mon in mons:
+        mine = "" if mon["id"] in m.S.owners else " (read-only here)"
+        sel = " selected" if mon["id"] == m.S.monitor else ""
+        paused = "" if mon["active"] else " · paused or retired"
+        opts.append(
+            f"<option value='{esc(mon['id'])}'{sel}>{esc(mon['id'])} · {mon['head']} rows{paused}{mine}</option>"
+        )
+    if m.S.monitor is None:
+        opts.insert(0, "<option value='' selected>pick a monitor</option>")
+    put(pick, "".join(opts))
+    note = el("monitor-pick-note")
+    if m.S.monitor and m.S.monitor not in m.S.owners:
+        note.textContent = (
+            "This page does not hold this monitor's owner token (another door made it): you can watch it, "
+            "not publish to it."
+        )
+    else:
+        note.textContent = f"{len(mons)} monitor{'s' if len(mons) != 1 else ''} in this engine"
+
+
+# ---------------------------------------------------------------------------------------- readers
+def render_readers() -> None:
+    box = el("readers")
+    views = [v for v in m.PIC.subscriptions() if v["subscription"]["id"] not in worker_ids()]
+    if not views:
+        put(box, "<p class='muted small'>No reader yet: + reader subscribes one.</p>")
+        return
+    words.scope("readers")
+    put(box, "".join(reader_card(v) for v in views))
+
+
+def worker_ids() -> set[str]:
+    return {w.sub_id for w in m.S.workers.values() if w.monitor == m.S.monitor}
+
+
+def reader_card(view: dict[str, Any]) -> str:
+    sub = view["subscription"]
+    sid = sub["id"]
+    rd = m.S.readers.get(sid)
+    retired = not sub.get("active", True)
+    name = rd.name if rd else sub["subscriber"]
+    unacked = view["unacked"]
+    lines = [
+        f"<div><span class='name'>{esc(name)}</span> <span class='meta'>"
+        + (f"{esc(sub['subscriber'])} · " if sub["subscriber"] != name else "")
+        + ("made in the curl tab · " if rd and rd.made_by == "curl" else "")
+        + ("driven by the race · " if rd and rd.made_by == "race" else "")
+        + f"{esc(sid)}</span>"
+        + (" <b class='crashed-word'>✖ crashed</b>" if rd and rd.crashed else "")
+        + (" <b>retired</b>" if retired else "")
+        + "</div>",
+        f"<div class='meta'>{tip('cursor')} <b class='cursor'>{esc(sub['cursor'])}</b> · {tip('lag')} "
+        f"<b class='lag'>{esc(sub.get('lag'))}</b> · last pull {esc(age(sub.get('last_pull')))}"
+        + (
+            f" · filter {esc(','.join(sub['filter'].get('types', [])) or sub['filter'])}"
+            if sub.get("filter")
+            else ""
+        )
+        + "</div>",
+    ]
+    if rd and rd.held and not rd.crashed:
+        chips = "".join(
+            f"<span class='chip-s{' redelivered' if s in rd.redelivered else ''}'>#{s}"
+            f"{' ↻' if s in rd.redelivered else ''}</span>"
+            for s in rd.held
+        )
+        lines.append(f"<div class='chips'>{tip('holds', 'held')}: {chips}</div>")
+    elif unacked:
+        chips = "".join(f"<span class='chip-s'>#{s}</span>" for s in unacked[-20:])
+        lines.append(f"<div class='chips'>{tip('delivered, not acked', 'unacked')}: {chips}</div>")
+    if rd:
+        twice = sum(1 for c in rd.processed.values() if c > 1)
+        lines.append(f"<div class='meta'>processed {len(rd.processed)} ({twice} twice)</div>")
+    if rd is None:
+        lines.append(
+            "<p class='why-not small'>Made by another door (curl in another tab, a script): this page does "
+            "not hold its token, so it can only watch it.</p>"
+        )
+    elif rd.made_by == "race":
+        lines.append(
+            "<p class='why-not small'>The race drives this reader: start or stop it in its panel.</p>"
+        )
+    elif not retired:
+        lines.append(reader_buttons(rd))
+    cls = "card reader" + (" crashed" if rd and rd.crashed else "") + (" foreign" if rd is None else "")
+    return f"<div class='{cls}' data-reader='{esc(name)}' data-sub='{esc(sid)}'>{''.join(lines)}</div>"
+
+
+def reader_buttons(rd: m.Reader) -> str:
+    crashed = "it crashed: restart it first" if rd.crashed else ""
+    nothing = "nothing held: pull first" if not rd.held else ""
+    why = {
+        "Pull": crashed,
+        "Process": crashed or nothing,
+        "Ack": crashed or nothing,
+        "Crash": "already crashed" if rd.crashed else "",
+        "Restart": "" if rd.crashed else "it is running",
+    }
+    acts = {
+        "Pull": "r-pull",
+        "Process": "r-process",
+        "Ack": "r-ack",
+        "Crash": "r-crash",
+        "Restart": "r-restart",
+    }
+    btns = "".join(button(acts[k], k, why[k], reader=rd.name, sub=rd.sub_id) for k in acts)
+    shown = [(k, v) for k, v in why.items() if v and k in ("Process", "Ack", "Pull")]
+    return f"<div class='btns'>{btns}</div>{reasons(shown[:1])}"
+
+
+# ---------------------------------------------------------------------------------------- leases
+def lease_subject() -> str:
+    return el("lease-subject").value.strip() or "build-412"
+
+
+def render_workers() -> None:
+    box = el("workers")
+    subject = lease_subject()
+    lv = next((x for x in m.PIC.leases() if x["lease"]["subject"] == subject), None)
+    holder = (lv or {}).get("lease", {}).get("holder") if lv and lv["state"] == "held" else None
+    left = None
+    if lv and lv.get("expires_in_s") is not None:
+        left = max(0, int(round(lv["expires_in_s"] - (time.time() - m.PIC.read_at))))
+    own = bool(m.S.owner_token())
+    out = []
+    for name in ("worker-a", "worker-b"):
+        w = m.S.workers.get(name)
+        is_holder = bool(w and holder == "sub:" + w.sub_id)
+        if w is None:
+            status = "not subscribed yet (its first claim subscribes it)"
+        elif is_holder:
+            status = "holds the lease"
+        elif holder:
+            status = "waiting: another holder"
+        else:
+            status = "free to claim"
+        countdown = (
+            f" · expires in <span class='countdown'>{left}s</span>" if is_holder and left is not None else ""
+        )
+        why = "" if own else "this page does not hold the owner token of this monitor"
+        held_why = why or ("" if is_holder else "it does not hold the lease")
+        btns = (
+            button("w-claim", "Claim", why, worker=name)
+            + button("w-complete", "Complete", held_why, worker=name)
+            + button("w-release", "Release", held_why, worker=name)
+            + button("w-reject", "Reject", held_why, worker=name)
+        )
+        out.append(
+            f"<div class='card worker{' holder' if is_holder else ''}' data-worker='{name}'>"
+            f"<div><span class='name'>{'★ ' if is_holder else ''}{name}</span> <span class='meta'>{esc(status)}"
+            f"{countdown}</span></div><div class='meta small'>{esc(w.last if w else '')}</div>"
+            f"<div class='btns'>{btns}</div></div>"
+        )
+    if lv and lv["state"] == "dead_lettered":
+        out.append(
+            f"<p class='small warn-word'>⚠ {esc(subject)} is dead-lettered: claims get DEAD_LETTERED.</p>"
+        )
+    put(box, "".join(out))
+
+
+# ---------------------------------------------------------------------------------------- state
+def render_state() -> None:
+    box = el("state")
+    st = m.PIC.state()
+    if not st:
+        put(box, f"<p class='muted small'>{esc(m.PIC.error or 'No monitor on screen yet.')}</p>")
+        return
+    live = st["live"]
+    lv = (
+        f"<span class='live-yes'>● {tip('live')}</span>"
+        if live.get("value")
+        else f"<span class='live-no'>■ not {tip('live')} ({esc(live.get('reason'))})</span>"
+    )
+    counters = "".join(f"<dt>{tip(k)}</dt><dd>{esc(v)}</dd>" for k, v in (st.get("counters") or {}).items())
+    ages = "".join(
+        f"<dt>{tip(k[:-2] if k.endswith('_s') else k)}</dt>"
+        f"<dd>{'<span class=unknown>null: unknown</span>' if v is None else esc(v) + ' s'}</dd>"
+        for k, v in (st.get("ages") or {}).items()
+    )
+    conf = st.get("confidence") or {}
+    inputs = conf.get("inputs") or {}
+    present = "".join(f"<span class='present'>✓ {esc(x)}</span> " for x in inputs.get("present", []))
+    missing = "".join(f"<span class='missing'>? {esc(x)}</span> " for x in inputs.get("missing", []))
+    gaps = "".join(f"<span class='gap'>⚠ {tip(g)}</span> " for g in conf.get("gaps", []))
+    value = (
+        "null: not known while inputs are missing" if conf.get("value") is None else esc(conf.get("value"))
+    )
+    last = st.get("last") or {}
+    words.scope("state")
+    put(
+        box,
+        f"<div>{lv} · {tip('head')} <b>{esc(st.get('head'))}</b> · {tip('as_of_seq')} {esc(st.get('as_of_seq'))}</div>"
+        f"<div class='small muted'>last: {esc(last.get('type', '—'))} #{esc(last.get('seq', '—'))}</div>"
+        f"<h4>counters</h4><dl>{counters}</dl><h4>ages</h4><dl>{ages}</dl>"
+        f"<h4>{tip('confidence')}</h4><div class='conf-value'><code>{value}</code></div>"
+        f"<div class='chips'>{tip('present')}: {present or '<span class=muted>none</span>'}</div>"
+        f"<div class='chips'>{tip('missing')}: {missing or '<span class=muted>none</span>'}</div>"
+        f"<h4>{tip('gaps')}</h4><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
+    )
+
+
+# ---------------------------------------------------------------------------------------- token and forms
+def render_token_box() -> None:
+    for box_id in ("token-box", "story-token"):
+        box = el(box_id)
+        token = m.S.shown_token
+        if not token or box is None:
+            if box is not None:
+                box.setAttribute("hidden", "")
+            continue
+        box.removeAttribute("hidden")
+        words.scope(box_id)
+        put(
+            box,
+            f"<b>{tip('Owner token', 'owner token')} (shown once):</b> <code class='owner-token'>{esc(token)}</code><br>"
+            "<span class='muted'>The engine keeps only its hash, so it can never show it again. Whoever holds it "
+            "acts as the owner: this page keeps it to publish for you.</span>",
+        )
+
+
+def render_availability() -> None:
+    """Static buttons: disabled, with the reason beside them, when they cannot act."""
+    no_mon = "" if m.S.monitor else "create or pick a monitor first"
+    not_owner = no_mon or ("" if m.S.owner_token() else "this page does not hold this monitor's owner token")
+    set_enabled("btn-publish", not_owner)  # allowed while paused, on purpose: the refusal is kept
+    set_enabled("btn-add-reader", not_owner)
+    for act in ("pause", "resume", "retire"):
+        set_enabled(f"btn-{act}", not_owner)
+    set_enabled("btn-deadletter", not_owner)
+
+
+def render_all_panels() -> None:
+    render_picker()
+    render_readers()
+    render_workers()
+    render_state()
+    render_token_box()
+    render_availability()

@@ -1,0 +1,198 @@
+"""The glue every panel uses: the action registry (data-act name -> coroutine), answers shown in the panel
+where the action was, buttons disabled with their reason, and the redraw request."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import js
+from monitor_protocol.browser.host import Reply
+
+doc = js.document
+
+
+@dataclass(frozen=True)
+class Action:
+    run: Callable[[Any], Awaitable[Any]]
+    answer: str | None  # the panel's answer line ("<panel>-answer"), cleared when the action starts
+    exclusive: bool  # waits for the engine lock (BUSY): anything that calls the engine
+
+
+ACTIONS: dict[str, Action] = {}
+
+
+def action(name: str, answer: str | None = None, exclusive: bool = True):
+    """Register `fn(el)` as the handler of buttons with data-act=`name`."""
+
+    def register(fn: Callable[[Any], Awaitable[Any]]):
+        ACTIONS[name] = Action(fn, answer, exclusive)
+        return fn
+
+    return register
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def el(el_id: str):
+    """The element, or None (the DOM's null arrives as a falsy JsNull, which `is None` would miss)."""
+    found = doc.getElementById(el_id)
+    return found if found else None
+
+
+# ---------------------------------------------------------------------------------------- redrawing a panel
+_DRAWN: dict[str, str] = {}  # element id -> the markup last put there
+_KEYS = ("data-act", "data-sub", "data-worker", "data-reader", "data-tab", "aria-describedby")
+
+
+def put(box, markup: str) -> None:
+    """Replace a panel's markup only when it changed (the timer redraws every second), and keep the
+    keyboard focus on the same control when it was inside: a redraw never throws a keyboard user out."""
+    if not box or _DRAWN.get(box.id) == markup:
+        return
+    active = doc.activeElement
+    key = None
+    if active and box.contains(active) and active is not box:
+        key = (active.id, [(k, active.getAttribute(k)) for k in _KEYS if active.getAttribute(k)])
+    box.innerHTML = markup
+    _DRAWN[box.id] = markup
+    if key is None:
+        return
+    the_id, attrs = key
+    again = doc.getElementById(the_id) if the_id else None
+    if not again and attrs:
+        again = box.querySelector("".join(f"[{k}='{esc(v)}']" for k, v in attrs))
+    if again:
+        again.focus()
+
+
+# ---------------------------------------------------------------------------------------- answers
+def _label(reply: Reply) -> str:
+    if reply.ok:
+        return f"{reply.status} OK"
+    code = (reply.body or {}).get("code", "") if isinstance(reply.body, dict) else ""
+    return f"{reply.status} {code}".strip()
+
+
+def _body(reply: Reply) -> str:
+    return json.dumps(reply.body, indent=2, ensure_ascii=False) if reply.body is not None else ""
+
+
+def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:
+    """One or more calls' answers in a panel's answer line: each call's status, the last one's JSON, and a
+    sentence saying what it means (`say`), stamped with the time so an old answer never passes for new."""
+    box = el(answer_id)
+    if box is None or not pairs:
+        return
+    last = pairs[-1][1]
+    box.className = "answer " + ("ok" if last.ok else "err")
+    steps = "".join(f"<div class='status'>{esc(t)} → {esc(_label(r))}</div>" for t, r in pairs[:-1])
+    stamp = time.strftime("%H:%M:%S")
+    sentence = f"<p class='say'>{esc(say)}</p>" if say else ""
+    box.innerHTML = (
+        f"{steps}<div class='status'>{esc(pairs[-1][0])} → {esc(_label(last))} <small>{stamp}</small></div>"
+        f"{sentence}<pre class='json'>{esc(_body(last))}</pre>"
+    )
+    box.setAttribute("data-status", str(last.status))
+    codes = [str((r.body or {}).get("code", "")) for _, r in pairs if not r.ok and isinstance(r.body, dict)]
+    box.setAttribute("data-code", " ".join(codes))
+
+
+def show_one(answer_id: str, title: str, reply: Reply, say: str = "") -> None:
+    show(answer_id, [(title, reply)], say)
+
+
+def note(answer_id: str, text: str, ok: bool = True) -> None:
+    """A sentence in a panel's answer line (a preset filled in, a refusal made before any call)."""
+    box = el(answer_id)
+    if box is None:
+        return
+    box.className = "answer " + ("ok" if ok else "err") + " note"
+    box.innerHTML = f"<p class='say'>{esc(text)} <small>{time.strftime('%H:%M:%S')}</small></p>"
+    box.removeAttribute("data-status")
+    box.removeAttribute("data-code")
+
+
+def pending(answer_id: str | None) -> None:
+    """An action started: its panel's old answer goes, so nothing stale lingers beside the new one."""
+    box = el(answer_id) if answer_id else None
+    if box is not None:
+        box.className = "answer pending"
+        box.innerHTML = "<p class='say'>…</p>"
+        box.removeAttribute("data-status")
+        box.removeAttribute("data-code")
+
+
+# ---------------------------------------------------------------------------------------- buttons
+def button(act: str, label: str, why_not: str = "", cls: str = "", **data: str) -> str:
+    """A button that is disabled, with its reason shown beside it, when `why_not` says why it cannot act."""
+    attrs = "".join(f" data-{k.replace('_', '-')}='{esc(v)}'" for k, v in data.items())
+    klass = f" class='{cls}'" if cls else ""
+    if why_not:
+        return (
+            f"<button data-act='{esc(act)}'{attrs}{klass} disabled data-why='{esc(why_not)}' "
+            f"title='{esc(why_not)}'>{esc(label)}</button>"
+        )
+    return f"<button data-act='{esc(act)}'{attrs}{klass}>{esc(label)}</button>"
+
+
+def reasons(pairs: list[tuple[str, str]]) -> str:
+    """The visible list of why buttons are disabled (a title alone is invisible on a phone)."""
+    items = [f"{esc(label)}: {esc(why)}" for label, why in pairs if why]
+    if not items:
+        return ""
+    return "<p class='why-not small'>" + " · ".join(items) + "</p>"
+
+
+def set_enabled(el_id: str, why_not: str = "") -> None:
+    """A static button's state (the Publish button, + reader...): disabled with its reason, or enabled."""
+    b = el(el_id)
+    if b is None:
+        return
+    b.disabled = bool(why_not)
+    if why_not:
+        b.setAttribute("data-why", why_not)
+        b.setAttribute("title", why_not)
+    else:
+        b.removeAttribute("data-why")
+        b.removeAttribute("title")
+    hint = el(el_id + "-why")
+    if hint is not None:
+        hint.textContent = why_not
+
+
+# ---------------------------------------------------------------------------------------- redraw
+REDRAW: dict[str, Callable[[], Any]] = {}  # set by app.main: "now" (await a refresh), "soon" (debounced)
+
+
+async def refresh() -> None:
+    await REDRAW["now"]()
+
+
+def refresh_soon() -> None:
+    REDRAW["soon"]()
+
+
+def run_task(coro) -> asyncio.Future:
+    """Run an action; a failure is shown where the person is looking, and counted (tests wait on the
+    counters instead of sleeping)."""
+
+    async def guarded():
+        try:
+            await coro
+            js.MP.actionsDone = (js.MP.actionsDone or 0) + 1
+        except Exception as exc:  # shown, never swallowed
+            js.MP.actionsFailed = (js.MP.actionsFailed or 0) + 1
+            js.console.error(f"playground action failed: {exc!r}")
+            box = el("page-error")
+            box.textContent = f"The page failed: {exc!r}. Reload to go on; what was saved is kept."
+            box.removeAttribute("hidden")
+
+    return asyncio.ensure_future(guarded())
