@@ -108,3 +108,24 @@ def test_the_host_answers_the_overview_and_a_refusal_as_a_reply():
     ok, missing = asyncio.run(go())
     assert ok.status == 200 and ok.body["monitor"]["monitor"]["id"] == "ci"
     assert missing.status == 404 and missing.body["code"] == "NOT_FOUND"
+
+
+def test_a_long_unacknowledged_range_is_listed_newest_first_and_says_there_is_more():
+    svc = MonitorService(MemoryStore())
+    made = svc.create_monitor({"id": "wide", "types": [CI, "com.example.other"]}, None)
+    owner = made["owner_token"]
+    sub = svc.subscribe({"monitor": "wide", "subscriber": "agent:r", "filter": {"types": [CI]}}, owner)
+    sid, token = sub["subscription"]["id"], sub["token"]
+    for i in range(1200):  # one build in 50 rows: a selective filter over a long range
+        kind = CI if i % 50 == 0 else "com.example.other"
+        svc.publish("wide", {"type": kind, "subject": f"s{i}", "actor": "probe:ci"}, owner)
+    pulled = svc.pull(sid, token, limit=200)
+    assert len(pulled["observations"]) == 24
+    view = svc.overview("wide")["monitor"]["subscriptions"][0]
+    assert view["unacked"] == sorted(view["unacked"]) and view["unacked"][-1] == int(
+        pulled["observations"][-1]["id"]
+    )
+    assert view["unacked_more"] is True and len(view["unacked"]) < 24  # bounded, and it says so
+    svc.ack(sid, token, {"cursor": pulled["next"]})
+    view = svc.overview("wide")["monitor"]["subscriptions"][0]
+    assert view["unacked"] == [] and view["unacked_more"] is False  # control

@@ -65,7 +65,11 @@ FORM_KEYS = ("type", "subject", "actor", "on_behalf_of", "tier", "origin")
 
 
 async def save() -> None:
+    """Save the session, merged with what another tab saved meanwhile (both may hold new tokens)."""
     if ENGINE.ui_idb:
+        saved = await js.MP.idb.getUi()
+        if saved:
+            m.S.merged_with(m.Session.from_json(str(saved)))
         await js.MP.idb.putUi(m.S.to_json())
 
 
@@ -74,15 +78,18 @@ def code(r: Reply) -> str:
 
 
 # ---------------------------------------------------------------------------------------- monitors
-async def define(body: dict[str, Any], answer: str = "define-answer") -> Reply:
+async def define(body: dict[str, Any], answer: str = "define-answer", show_token: bool = True) -> Reply:
     r = await ENGINE.call("POST", "/monitors", body)
     if r.status == 201:
         mid = r.body["monitor"]["id"]
         m.S.owners[mid] = r.body["owner_token"]
-        m.S.shown_token = r.body["owner_token"]
+        m.S.shown_token = r.body["owner_token"] if show_token else None
         select(mid)
         await save()
-        show_one(answer, "POST /monitors", r, f"Monitor {mid} created. Its owner token is shown once, below.")
+        say = f"Monitor {mid} created." + (
+            " Its owner token is shown once, in the box." if show_token else ""
+        )
+        show_one(answer, "POST /monitors", r, say)
     elif code(r) == "DUPLICATE" and body.get("id") in m.S.owners:
         select(body["id"])
         show_one(answer, "POST /monitors", r, f"{body['id']} already exists, and this page holds its owner token: "
@@ -222,19 +229,25 @@ async def add_reader(
         taken = {r.name for r in mine}
         name = next(f"reader-{c}" for c in "abcdefghijklmnopqrstuvwxyz" if f"reader-{c}" not in taken)
     existing = m.S.reader_named(name, m.S.monitor)
-    if existing is not None:
+    view = m.PIC.subscription(existing.sub_id) if existing is not None else None
+    if view is not None and view["subscription"].get("active", True):
         r = Reply(200, {"note": f"{name} is already subscribed", "subscription": existing.sub_id})
         show_one(answer, f"subscribe {name}", r, f"{name} is already subscribed.")
         return r
-    body: dict[str, Any] = {"monitor": m.S.monitor, "subscriber": f"agent:{name}", "from": "earliest"}
+    # New, or retired (or gone) in the engine: subscribing again, with the owner token, brings it back.
+    body: dict[str, Any] = {"monitor": m.S.monitor, "subscriber": f"agent:{name}"}
+    if existing is None:
+        body["from"] = "earliest"  # a returning one keeps its cursor (an explicit earlier `from` is refused)
     if flt:
         body["filter"] = flt
     r = await ENGINE.call("POST", "/subscriptions", body, token=m.S.owner_token())
     if r.status == 201:
         sub = r.body["subscription"]
+        if existing is not None and existing.sub_id != sub["id"]:
+            m.S.readers.pop(existing.sub_id, None)
         m.S.readers[sub["id"]] = m.Reader(sub["id"], name, r.body["token"], m.S.monitor)
         await save()
-        say = f"{name} subscribed: its cursor is {sub['cursor']}, the start of the log."
+        say = f"{name} subscribed: its cursor is {sub['cursor']}."
         show_one(answer, f"subscribe {name}", r, say)
     else:
         show_one(answer, f"subscribe {name}", r)
@@ -352,8 +365,7 @@ async def r_restart(target) -> Reply:
 # ---------------------------------------------------------------------------------------- leases
 async def ensure_workers() -> Reply | None:
     for name in ("worker-a", "worker-b"):
-        w = m.S.workers.get(name)
-        if w is not None and w.monitor == m.S.monitor:
+        if m.S.worker(name) is not None:
             continue
         body = {
             "monitor": m.S.monitor,
@@ -364,7 +376,7 @@ async def ensure_workers() -> Reply | None:
         r = await ENGINE.call("POST", "/subscriptions", body, token=m.S.owner_token())
         if r.status != 201:
             return r
-        m.S.workers[name] = m.Worker(r.body["subscription"]["id"], r.body["token"], m.S.monitor)
+        m.S.set_worker(name, m.Worker(r.body["subscription"]["id"], r.body["token"], m.S.monitor))
     await save()
     return None
 
@@ -373,7 +385,7 @@ async def lease(worker: str, act: str, subject: str, seconds: int = 8) -> Reply:
     failed = await ensure_workers()
     if failed is not None:
         return failed
-    w = m.S.workers[worker]
+    w = m.S.worker(worker)
     body: dict[str, Any] = {"subject": subject}
     if act == "claim":
         body["lease_duration_seconds"] = seconds

@@ -31,14 +31,24 @@ VIEW = {"tab": "story"}
 
 
 # ---------------------------------------------------------------------------------------- the picture
+REFRESHING = asyncio.Lock()  # one read of the picture at a time: two would append the same rows twice
+
+
 async def refresh() -> None:
     """Read the engine's picture (every monitor; the one on screen with its log, readers, leases and
     state) and redraw everything from it."""
+    async with REFRESHING:
+        await _read_picture()
+    reconcile()
+    render_all()
+
+
+async def _read_picture() -> None:
     if m.S.monitor is None:
         choose_default()
     mon = m.S.monitor
     if m.PIC.log_of != mon:
-        m.PIC.log, m.PIC.log_of = [], mon
+        m.PIC.log, m.PIC.log_of, m.PIC.log_skipped = [], mon, 0
     while True:
         nxt = int(m.PIC.log[-1]["id"]) + 1 if m.PIC.log else 1
         r = await ENGINE.overview(mon, nxt)
@@ -64,9 +74,31 @@ async def refresh() -> None:
             m.PIC.log = []
             continue
         m.PIC.log.extend(rows)
+        if len(m.PIC.log) > LOG_KEPT:  # the track draws the last 80; the rest is only counted
+            m.PIC.log_skipped += len(m.PIC.log) - LOG_KEPT
+            del m.PIC.log[: len(m.PIC.log) - LOG_KEPT]
         if len(rows) < 200:
             break
-    render_all()
+
+
+LOG_KEPT = 400
+
+
+def reconcile() -> None:
+    """What a reader of this page holds, checked against its subscription in the engine: a batch another
+    door acknowledged is not held any more, and a retired subscription holds nothing."""
+    for view in m.PIC.subscriptions():
+        sub = view["subscription"]
+        rd = m.S.readers.get(sub["id"])
+        if rd is None or not rd.held:
+            continue
+        if not sub.get("active", True):
+            rd.held, rd.redelivered, rd.next = [], [], None
+        elif any(seq < int(sub["cursor"]) for seq in rd.held):
+            rd.held = [seq for seq in rd.held if seq >= int(sub["cursor"])]
+            rd.redelivered = [seq for seq in rd.redelivered if seq in rd.held]
+            if not rd.held:
+                rd.next = None
 
 
 def choose_default() -> bool:
@@ -118,6 +150,7 @@ def set_chip() -> None:
     else:
         chip.className = "chip warn"
         label.textContent = "ready · memory only: not saved"
+        chip.title = ENGINE.storage_reason or "IndexedDB is not available in this browser"
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -148,7 +181,9 @@ def on_click(evt) -> None:
     if not act.exclusive:
         ui.run_task(act.run(target))
         return
-    # Disabled now, synchronously: a double click cannot start the action twice.
+    # Disabled now, synchronously: a double click cannot start the action twice. Disabling drops the
+    # keyboard focus, so where it was is noted and given back once the page is redrawn.
+    focused = ui.focus_key(target) if target.isSameNode(doc.activeElement) else None
     target.disabled = True
     target.setAttribute("aria-busy", "true")
     ui.pending(act.answer)
@@ -161,6 +196,8 @@ def on_click(evt) -> None:
             target.removeAttribute("aria-busy")
             target.disabled = bool(target.getAttribute("data-why"))
             await refresh()
+            if focused is not None and not doc.activeElement.closest("button, input, select, textarea"):
+                ui.refocus(focused)
 
     ui.run_task(locked())
 
@@ -191,15 +228,19 @@ async def reset(_el) -> None:
 
 # ---------------------------------------------------------------------------------------- timers and tabs
 async def ticker() -> None:
+    """Every second: the owner's sweep (lease expiry, mute), and the clocks on screen. The picture is read
+    again when something changed (every door says so) and every few seconds anyway."""
+    quiet = 0
     while True:
         await asyncio.sleep(1)
         try:
-            if ENGINE.mode == "owner":
-                await ENGINE.host.sweep()
-            if not BUSY.locked():
-                await refresh()
-            else:
-                panels.render_workers()
+            swept = await ENGINE.host.sweep() if ENGINE.mode == "owner" else 0
+            quiet += 1
+            if swept or quiet >= 5:
+                quiet = 0
+                if not BUSY.locked():
+                    await refresh()
+            panels.render_clocks()
         except Exception as exc:  # a failed redraw is logged; the next tick tries again
             js.console.error(f"playground timer: {exc!r}")
 

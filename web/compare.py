@@ -59,7 +59,9 @@ RNG = [random.Random()]
 
 
 async def setup() -> bool:
-    if RACE.monitor and RACE.monitor in m.S.owners and m.PIC.exists(RACE.monitor):
+    """The race's monitor and cursor reader: the ones made before (kept in the session), or new ones."""
+    if m.S.race_monitor in m.S.owners and m.PIC.exists(m.S.race_monitor) and m.S.race_sub in m.S.readers:
+        RACE.monitor, RACE.sub_id = m.S.race_monitor, m.S.race_sub
         return True
     body = {
         "id": a.free_id("race"),
@@ -67,11 +69,10 @@ async def setup() -> bool:
         "name": "The race",
         "description": "Notifications vs a cursor",
     }
-    r = await a.define(body, answer="race-answer")
+    r = await a.define(body, answer="race-answer", show_token=False)
     if not r.ok:
         return False
     RACE.monitor = r.body["monitor"]["id"]
-    m.S.shown_token = None
     sub = await ENGINE.call(
         "POST",
         "/subscriptions",
@@ -90,6 +91,7 @@ async def setup() -> bool:
     m.S.readers[RACE.sub_id] = m.Reader(
         RACE.sub_id, "cursor-reader", sub.body["token"], RACE.monitor, made_by="race"
     )
+    m.S.race_monitor, m.S.race_sub = RACE.monitor, RACE.sub_id
     await a.save()
     return True
 

@@ -150,7 +150,12 @@ def term_emit(kind: str, text: str, extra: dict[str, Any]) -> None:
             f"<div class='{'st-ok' if ok else 'st-err'}' data-status='{status}'>{'✓' if ok else '✗'} HTTP "
             f"{status}{esc(code)} <span class='note'>{esc(extra['method'])} "
             f"{esc(extra['url'].split('/mp/v0', 1)[-1])}{where}</span></div>"
-            f"<div class='{'json' if extra['shown'] else 'json piped'}'>{esc(pretty)}</div>{note}"
+            + (
+                f"<div class='json'>{esc(pretty)}</div>"
+                if extra["shown"]
+                else f"<div class='json piped' role='region' tabindex='0' aria-label='captured answer'>{esc(pretty)}</div>"
+            )
+            + note
             + ("" if ok else way_on(extra))
         )
 

@@ -73,7 +73,7 @@ class Engine:
         if self.mode == "owner":
             return await self.host.overview(monitor, from_seq)
         text = await MP.askView(json.dumps({"monitor": monitor, "from": from_seq}))
-        if text is None:
+        if not text:  # no owner answered: JS null arrives as a falsy JsNull, not None
             return Reply(503, {"code": "UNAVAILABLE", "error": "the tab that owns the engine did not answer"})
         msg = json.loads(str(text))
         return Reply(int(msg["status"]), msg["body"])

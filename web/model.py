@@ -47,13 +47,29 @@ class Session:
     monitor: str | None = None  # the monitor on screen
     owners: dict[str, str] = field(default_factory=dict)  # monitor id -> owner token (the page's keyring)
     readers: dict[str, Reader] = field(default_factory=dict)  # subscription id -> reader
-    workers: dict[str, Worker] = field(default_factory=dict)  # "worker-a" / "worker-b" -> its subscription
+    workers: dict[str, Worker] = field(default_factory=dict)  # "<monitor>:worker-a" -> its subscription
     step: int = 0
     story_done: list[int] = field(default_factory=list)
+    race_monitor: str | None = None  # the race scene's monitor and its cursor reader (kept across reloads)
+    race_sub: str | None = None
     shown_token: str | None = None  # the owner token just minted: shown once, never saved
 
     def owner_token(self, monitor: str | None = None) -> str | None:
         return self.owners.get(monitor or self.monitor or "")
+
+    def worker(self, name: str, monitor: str | None = None) -> Worker | None:
+        return self.workers.get(f"{monitor or self.monitor}:{name}")
+
+    def set_worker(self, name: str, w: Worker) -> None:
+        self.workers[f"{w.monitor}:{name}"] = w
+
+    def merged_with(self, saved: Session) -> Session:
+        """This tab's session over what another tab saved meanwhile: every token either holds is kept (a
+        token is shown once; losing one loses the monitor or reader it opens), this tab's entries win."""
+        self.owners = {**saved.owners, **self.owners}
+        self.readers = {**saved.readers, **self.readers}
+        self.workers = {**saved.workers, **self.workers}
+        return self
 
     def reader_named(self, name: str, monitor: str) -> Reader | None:
         return next((r for r in self.readers.values() if r.name == name and r.monitor == monitor), None)
@@ -76,14 +92,19 @@ class Session:
             return cls()
         if data.get("version") != SESSION_VERSION:
             return cls._from_v1(data)
-        return cls(
-            monitor=data.get("monitor"),
-            owners=dict(data.get("owners") or {}),
-            readers={k: Reader(**v) for k, v in (data.get("readers") or {}).items()},
-            workers={k: Worker(**v) for k, v in (data.get("workers") or {}).items()},
-            step=int(data.get("step") or 0),
-            story_done=list(data.get("story_done") or []),
-        )
+        try:
+            return cls(
+                monitor=data.get("monitor"),
+                owners={str(k): str(v) for k, v in (data.get("owners") or {}).items()},
+                readers={k: _record(Reader, v) for k, v in (data.get("readers") or {}).items()},
+                workers={k: _record(Worker, v) for k, v in (data.get("workers") or {}).items()},
+                step=int(data.get("step") or 0),
+                story_done=[int(i) for i in data.get("story_done") or []],
+                race_monitor=data.get("race_monitor"),
+                race_sub=data.get("race_sub"),
+            )
+        except (TypeError, ValueError, AttributeError):  # a damaged or foreign session: start fresh
+            return cls()
 
     @classmethod
     def _from_v1(cls, data: dict[str, Any]) -> Session:
@@ -98,8 +119,14 @@ class Session:
                     s.readers[rd["id"]] = Reader(rd["id"], name, rd["token"], monitor)
             for name, w in (data.get("workers") or {}).items():
                 if w.get("id") and w.get("token"):
-                    s.workers[name] = Worker(w["id"], w["token"], monitor)
+                    s.set_worker(name, Worker(w["id"], w["token"], monitor))
         return s
+
+
+def _record(kind: type, value: Any) -> Any:
+    """A saved record, keeping only the fields this page knows (a newer page may have saved more)."""
+    known = {f for f in kind.__dataclass_fields__}
+    return kind(**{k: v for k, v in dict(value).items() if k in known})
 
 
 @dataclass
@@ -110,6 +137,7 @@ class Picture:
     monitor: dict[str, Any] | None = None  # {monitor, state, subscriptions, leases}
     log: list[dict[str, Any]] = field(default_factory=list)
     log_of: str | None = None  # whose log `log` is
+    log_skipped: int = 0  # rows read before `log` and no longer kept (the track draws only the newest)
     read_at: float = 0.0  # time.time() when it was read (countdowns run from it)
     error: str | None = None  # why the picture could not be read (a follower whose owner is gone)
 

@@ -4,24 +4,34 @@ subscription of the monitor, whichever door made it), the two lease workers, the
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 import model as m
 import words
-from ui import button, el, esc, put, reasons, set_enabled
+from ui import button, doc, el, esc, put, reasons, set_enabled
 from words import tip
 
 
-def age(ts: Any) -> str:
+def at(ts: Any) -> str:
+    """A moment as the local time of day: stable text, so a panel is not rebuilt every second for it."""
     if not ts:
         return "never"
     try:
-        from datetime import datetime
-
         t = datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return str(ts)
-    return f"{max(0, int(time.time() - t))} s ago"
+    return "at " + time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def render_clocks() -> None:
+    """The numbers that change every second (a lease's countdown, the state's ages) are written in place:
+    the panels around them are only rebuilt when what they show changed."""
+    now = time.time()
+    for node in doc.querySelectorAll("[data-until]"):
+        node.textContent = f"{max(0, int(round(float(node.getAttribute('data-until')) - now)))}s"
+    for node in doc.querySelectorAll("[data-since]"):
+        node.textContent = f"{max(0, int(now - float(node.getAttribute('data-since'))))} s"
 
 
 # ---------------------------------------------------------------------------------------- the picker
@@ -87,7 +97,7 @@ def reader_card(view: dict[str, Any]) -> str:
         + (" <b>retired</b>" if retired else "")
         + "</div>",
         f"<div class='meta'>{tip('cursor')} <b class='cursor'>{esc(sub['cursor'])}</b> · {tip('lag')} "
-        f"<b class='lag'>{esc(sub.get('lag'))}</b> · last pull {esc(age(sub.get('last_pull')))}"
+        f"<b class='lag'>{esc(sub.get('lag'))}</b> · last pull {esc(at(sub.get('last_pull')))}"
         + (
             f" · filter {esc(','.join(sub['filter'].get('types', [])) or sub['filter'])}"
             if sub.get("filter")
@@ -104,6 +114,8 @@ def reader_card(view: dict[str, Any]) -> str:
         lines.append(f"<div class='chips'>{tip('holds', 'held')}: {chips}</div>")
     elif unacked:
         chips = "".join(f"<span class='chip-s'>#{s}</span>" for s in unacked[-20:])
+        if len(unacked) > 20 or view.get("unacked_more"):
+            chips = "<span class='muted'>older ones… </span>" + chips
         lines.append(f"<div class='chips'>{tip('delivered, not acked', 'unacked')}: {chips}</div>")
     if rd:
         twice = sum(1 for c in rd.processed.values() if c > 1)
@@ -155,13 +167,13 @@ def render_workers() -> None:
     subject = lease_subject()
     lv = next((x for x in m.PIC.leases() if x["lease"]["subject"] == subject), None)
     holder = (lv or {}).get("lease", {}).get("holder") if lv and lv["state"] == "held" else None
-    left = None
+    until = None
     if lv and lv.get("expires_in_s") is not None:
-        left = max(0, int(round(lv["expires_in_s"] - (time.time() - m.PIC.read_at))))
+        until = round(m.PIC.read_at + lv["expires_in_s"])
     own = bool(m.S.owner_token())
     out = []
     for name in ("worker-a", "worker-b"):
-        w = m.S.workers.get(name)
+        w = m.S.worker(name)
         is_holder = bool(w and holder == "sub:" + w.sub_id)
         if w is None:
             status = "not subscribed yet (its first claim subscribes it)"
@@ -172,7 +184,9 @@ def render_workers() -> None:
         else:
             status = "free to claim"
         countdown = (
-            f" · expires in <span class='countdown'>{left}s</span>" if is_holder and left is not None else ""
+            f" · expires in <span class='countdown' data-until='{until}'></span>"
+            if is_holder and until is not None
+            else ""
         )
         why = "" if own else "this page does not hold the owner token of this monitor"
         held_why = why or ("" if is_holder else "it does not hold the lease")
@@ -211,7 +225,7 @@ def render_state() -> None:
     counters = "".join(f"<dt>{tip(k)}</dt><dd>{esc(v)}</dd>" for k, v in (st.get("counters") or {}).items())
     ages = "".join(
         f"<dt>{tip(k[:-2] if k.endswith('_s') else k)}</dt>"
-        f"<dd>{'<span class=unknown>null: unknown</span>' if v is None else esc(v) + ' s'}</dd>"
+        f"<dd>{'<span class=unknown>null: unknown</span>' if v is None else since(v)}</dd>"
         for k, v in (st.get("ages") or {}).items()
     )
     conf = st.get("confidence") or {}
@@ -234,6 +248,11 @@ def render_state() -> None:
         f"<div class='chips'>{tip('missing')}: {missing or '<span class=muted>none</span>'}</div>"
         f"<h4>{tip('gaps')}</h4><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
     )
+
+
+def since(seconds: Any) -> str:
+    """An age from the engine, kept ticking in place (render_clocks) from when it was read."""
+    return f"<span data-since='{int(m.PIC.read_at - float(seconds))}'>{esc(seconds)} s</span>"
 
 
 # ---------------------------------------------------------------------------------------- token and forms
@@ -273,3 +292,4 @@ def render_all_panels() -> None:
     render_state()
     render_token_box()
     render_availability()
+    render_clocks()

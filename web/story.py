@@ -161,8 +161,10 @@ async def ensure_monitor() -> None:
 
 
 async def ensure_reader(pairs: list) -> m.Reader | None:
+    """reader-a, subscribed and active in the engine (subscribed again if another door retired it)."""
     rd = story_reader()
-    if rd is None:
+    view = m.PIC.subscription(rd.sub_id) if rd is not None else None
+    if view is None or not view["subscription"].get("active", True):
         r = await a.add_reader(READER, a.BUILD_FILTER, answer="story-answer")
         pairs.append(("subscribe reader-a", r))
         rd = story_reader()
@@ -228,7 +230,7 @@ async def do(step: Step) -> tuple[list, str]:
         what, body = a.PRESETS[step.action]
         a.fill_publish_form(body)
         r = await a.publish(body, "publish-answer")
-        pairs.append((f"publish ({what.split(':')[0]})", r))
+        pairs.append((AGENT_CALLS[step.action], r))
         say = (
             "Refused, and the ⚠ card is the refusal, kept."
             if not r.ok
@@ -257,15 +259,26 @@ async def do(step: Step) -> tuple[list, str]:
     return pairs, say
 
 
+# The calls a step makes that are refused on purpose: the refusal is the lesson.
+AGENT_CALLS = {
+    "agent-src": "agent:claude publishes with tier src",
+    "agent-owner": "agent:claude publishes for human:you",
+}
+REFUSED_ON_PURPOSE = {AGENT_CALLS["agent-src"], "worker-b claims build-412", "a probe publishes"}
+
+
 @action("story-do", answer="story-answer")
 async def story_do(_el) -> None:
     i = m.S.step
     pairs, say = await do(STEPS[i])
+    failed = [t for t, r in pairs if not r.ok and t not in REFUSED_ON_PURPOSE]
+    if failed:
+        say = f"That did not go as the step says ({', '.join(failed)}): the answer says why. Try Do it again."
     if pairs:
         show("story-answer", pairs, say)
     elif say:
-        ui.note("story-answer", say)
-    if not say.startswith("Do step 1"):
+        ui.note("story-answer", say, ok=not say.startswith("Do step 1"))
+    if not failed and not say.startswith("Do step 1"):
         m.S.story_done = sorted(set(m.S.story_done) | {i})
     await a.save()
     render()

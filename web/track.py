@@ -97,7 +97,7 @@ def reader_of(sub_id: str) -> m.Reader | None:
 def lane_label(view: dict[str, Any]) -> str:
     sub = view["subscription"]
     rd = reader_of(sub["id"])
-    worker = next((n for n, w in m.S.workers.items() if w.sub_id == sub["id"]), None)
+    worker = next((k.split(":", 1)[1] for k, w in m.S.workers.items() if w.sub_id == sub["id"]), None)
     name = rd.name if rd else (worker or sub["subscriber"])
     return name
 
@@ -134,8 +134,8 @@ def render() -> None:
         if rd is None or rd.crashed or not rd.held:
             unacked.update(view["unacked"])
     parts = []
-    if len(log) > len(cards):
-        parts.append(f"<li class='more muted small'>{len(log) - len(cards)} earlier</li>")
+    if len(log) > len(cards) or m.PIC.log_skipped:
+        parts.append(f"<li class='more muted small'>{len(log) - len(cards) + m.PIC.log_skipped} earlier</li>")
     for o in cards:
         parts.append(card(o, held, unacked, redelivered))
     put(box, "".join(parts) or "<li class='empty muted'>The log is empty.</li>")
@@ -143,7 +143,10 @@ def render() -> None:
     render_lanes(geo)
     mon = m.PIC.monitor["monitor"]
     head.textContent = f"{mon['id']} · head {mon['head']}"
-    if at_end:
+    flashing = [left for seq, left, _w in geo.lefts if m.flashing(seq)]
+    if flashing:  # a redelivery just arrived: bring its first card into view, wherever the track was
+        scroller.scrollLeft = max(0, flashing[0] - 24)
+    elif at_end:
         scroller.scrollLeft = scroller.scrollWidth
 
 

@@ -58,18 +58,30 @@ def put(box, markup: str) -> None:
     if not box or _DRAWN.get(box.id) == markup:
         return
     active = doc.activeElement
-    key = None
-    if active and box.contains(active) and active is not box:
-        key = (active.id, [(k, active.getAttribute(k)) for k in _KEYS if active.getAttribute(k)])
+    key = focus_key(active) if active and box.contains(active) and not active.isSameNode(box) else None
     box.innerHTML = markup
     _DRAWN[box.id] = markup
+    refocus(key, box)
+
+
+def focus_key(node) -> tuple[str, list[tuple[str, str]]] | None:
+    """What identifies a control across redraws: its id, or its data-act and the record it acts on."""
+    if not node:
+        return None
+    attrs = [(k, str(node.getAttribute(k))) for k in _KEYS if node.getAttribute(k)]
+    return (str(node.id or ""), attrs) if node.id or attrs else None
+
+
+def refocus(key, within=None) -> None:
+    """Put the keyboard focus back on the control `key` names, if it is still there and usable."""
     if key is None:
         return
     the_id, attrs = key
     again = doc.getElementById(the_id) if the_id else None
     if not again and attrs:
-        again = box.querySelector("".join(f"[{k}='{esc(v)}']" for k, v in attrs))
-    if again:
+        selector = "".join(f'[{k}="{js.CSS.escape(v)}"]' for k, v in attrs)
+        again = (within or doc).querySelector(selector)
+    if again and not again.disabled:
         again.focus()
 
 
@@ -81,8 +93,21 @@ def _label(reply: Reply) -> str:
     return f"{reply.status} {code}".strip()
 
 
+SECRETS = ("owner_token", "token", "subscribe_token")  # shown once, in the token box only (or kept unseen)
+
+
+def redacted(body: Any) -> Any:
+    """An answer as shown in a panel: every token replaced by a note (the page keeps them)."""
+    if isinstance(body, dict):
+        return {k: ("(kept by this page, not shown)" if k in SECRETS and isinstance(v, str) else redacted(v))
+                for k, v in body.items()}  # fmt: skip
+    if isinstance(body, list):
+        return [redacted(v) for v in body]
+    return body
+
+
 def _body(reply: Reply) -> str:
-    return json.dumps(reply.body, indent=2, ensure_ascii=False) if reply.body is not None else ""
+    return json.dumps(redacted(reply.body), indent=2, ensure_ascii=False) if reply.body is not None else ""
 
 
 def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:

@@ -142,18 +142,29 @@ def snapshot(core: ServiceCore, tx: Tx) -> dict[str, Any]:
 OVERVIEW_UNACKED_MAX = 200
 
 
-def _unacked(tx: Tx, rec: Monitor, sub: Subscription) -> list[int]:
+def _unacked(tx: Tx, rec: Monitor, sub: Subscription) -> tuple[list[int], bool]:
     """The seqs this subscription was given and has not acknowledged: from its cursor up to its delivered
-    high-water mark, through its own filter (what a pull now would hand back marked redelivered)."""
+    high-water mark, through its own filter (what a pull now would hand back marked redelivered). The walk
+    is bounded: it looks at the newest rows of that range only, and says so when older ones were left."""
     start = max(sub.cursor, 1, rec.floor)
     upto = min(sub.hwm, rec.head)
     if upto < start:
-        return []
-    start = max(start, upto - 4 * OVERVIEW_UNACKED_MAX)  # a bounded walk: only the newest ones are drawn
+        return [], False
+    walk_from = max(start, upto - 4 * OVERVIEW_UNACKED_MAX)
     flt = sub.filter
     query = filters.prefilter(flt)
-    seqs = [o.seq for o in tx.scan(rec.id, start, upto, query) if filters.matches(flt, o.event)]
-    return seqs[-OVERVIEW_UNACKED_MAX:]
+    seqs = [o.seq for o in tx.scan(rec.id, walk_from, upto, query) if filters.matches(flt, o.event)]
+    return seqs[-OVERVIEW_UNACKED_MAX:], walk_from > start or len(seqs) > OVERVIEW_UNACKED_MAX
+
+
+def _subscription_view(tx: Tx, rec: Monitor, sub: Subscription) -> dict[str, Any]:
+    unacked, more = _unacked(tx, rec, sub) if sub.active else ([], False)
+    return {
+        "subscription": sub.to_wire(lag(tx, rec, sub) if sub.active else 0),  # a retired one is not owed
+        "delivered_upto": sub.hwm,
+        "unacked": unacked,
+        "unacked_more": more,  # older unacknowledged seqs exist beyond the list
+    }
 
 
 def _lease_view(lease: Lease, now: float) -> dict[str, Any]:
@@ -196,14 +207,7 @@ def overview(
     out["monitor"] = {
         "monitor": rec.to_wire(),
         "state": state.compute(rec, tx.now, active, core.last_pull_of(rec)),
-        "subscriptions": [
-            {
-                "subscription": s.to_wire(lag(tx, rec, s)),
-                "delivered_upto": s.hwm,
-                "unacked": _unacked(tx, rec, s),
-            }
-            for s in subs
-        ],
+        "subscriptions": [_subscription_view(tx, rec, s) for s in subs],
         "leases": [_lease_view(x, tx.now) for x in tx.leases(rec.id)],
         "log": read_log(core, tx, rec.id, from_seq, limit),
     }
