@@ -227,7 +227,7 @@ async def do(step: Step) -> tuple[list, str]:
         pairs.append(("reader-a pulls again", await a.pull(rd, answer="readers-answer")))
         say = "Acknowledged: the marker moved past the builds, and the next pull is empty."
     elif step.action in ("agent-src", "agent-owner"):
-        what, body = a.PRESETS[step.action]
+        _what, body = a.PRESETS[step.action]
         a.fill_publish_form(body)
         r = await a.publish(body, "publish-answer")
         pairs.append((AGENT_CALLS[step.action], r))
