@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("MP_SERVE_QUIET", "1")
+from common import cpu_model  # noqa: E402
+
 import build  # noqa: E402
 
 CHROMIUM = build.CHROMIUM
@@ -238,14 +240,7 @@ def cpu_busy(seconds: float = 1.0) -> dict | None:
 
 
 def machine_facts() -> dict:
-    model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     mem = None
     try:
         kb = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))

@@ -334,32 +334,22 @@ async def restart(rd: m.Reader, answer: str = "readers-answer") -> Reply:
     return r
 
 
-@action("r-pull", answer="readers-answer")
-async def r_pull(target) -> Reply:
-    return await pull(reader_for(target))
-
-
-@action("r-process", answer="readers-answer")
-async def r_process(target) -> Reply:
-    r = process(reader_for(target))
+async def process_and_save(rd: m.Reader) -> Reply:
+    r = process(rd)
     await save()
     await ui.refresh()
     return r
 
 
-@action("r-ack", answer="readers-answer")
-async def r_ack(target) -> Reply:
-    return await ack(reader_for(target))
-
-
-@action("r-crash", answer="readers-answer")
-async def r_crash(target) -> Reply:
-    return await crash(reader_for(target))
-
-
-@action("r-restart", answer="readers-answer")
-async def r_restart(target) -> Reply:
-    return await restart(reader_for(target))
+READER_ACTS = {
+    "r-pull": pull,
+    "r-process": process_and_save,
+    "r-ack": ack,
+    "r-crash": crash,
+    "r-restart": restart,
+}
+for _act, _run in READER_ACTS.items():
+    action(_act, answer="readers-answer")(lambda target, run=_run: run(reader_for(target)))
 
 
 # ---------------------------------------------------------------------------------------- leases

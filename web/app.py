@@ -38,6 +38,7 @@ async def refresh() -> None:
     """Read the engine's picture (every monitor; the one on screen with its log, readers, leases and
     state) and redraw everything from it."""
     async with REFRESHING:
+        SOON["read_at"] = time.monotonic()
         await _read_picture()
     reconcile()
     render_all()
@@ -119,7 +120,7 @@ def render_all() -> None:
     set_chip()
 
 
-SOON = {"pending": False}
+SOON = {"pending": False, "read_at": 0.0}  # a redraw asked for; when the last picture read began
 
 
 def refresh_soon() -> None:
@@ -127,11 +128,13 @@ def refresh_soon() -> None:
     if SOON["pending"]:
         return
     SOON["pending"] = True
+    asked = time.monotonic()
 
     async def later():
         await asyncio.sleep(0.15)
         SOON["pending"] = False
-        if BUSY.locked():  # the running action redraws when it is done
+        # The running action redraws when it is done, and a read begun since the change already shows it.
+        if BUSY.locked() or SOON["read_at"] > asked:
             return
         await refresh()
 
