@@ -345,12 +345,30 @@ def quickstart_blocks(doc: Path = ROOT / "README.md") -> list[dict[str, str]]:
     return out
 
 
-def page_with_modules(page: str) -> str:
-    """index.html with PyScript's `files` map filled in: every UI module in web/ (all but main.py, the
-    entry point), so a new module is never forgotten in a hand-kept list."""
+ENTRY_SCRIPT = re.compile(r'<script type="py" src="\./(\w+\.py)"')  # a page's PyScript entry point
+
+
+def page_entry_scripts() -> set[str]:
+    """The entry script of every page in web/ (main.py for the playground...): run by PyScript, never
+    listed among a page's importable modules."""
+    found = {"main.py"}
+    for html in WEB.glob("*.html"):
+        found |= set(ENTRY_SCRIPT.findall(html.read_text()))
+    return found
+
+
+def page_with_modules(page: str, modules: list[str] | None = None) -> str:
+    """A page with PyScript's `files` map filled in: the given web/ modules (file names), by default every
+    UI module in web/ but main.py (the playground's entry point), so a new module is never forgotten in a
+    hand-kept list; each with its precompiled .pyc beside it."""
     if "__PY_FILES__" not in page:
-        fail("web/index.html has no __PY_FILES__ placeholder in its PyScript config")
-    mods = sorted(p.name for p in WEB.glob("*.py") if p.name != "main.py")
+        fail("a page given to page_with_modules has no __PY_FILES__ placeholder in its PyScript config")
+    if modules is None:
+        modules = [p.name for p in WEB.glob("*.py") if p.name not in page_entry_scripts()]
+    missing = [n for n in modules if not (WEB / n).is_file()]
+    if missing:
+        fail(f"page_with_modules: no such module in web/: {', '.join(missing)}")
+    mods = sorted(modules)
     fmap = {f"./{n}": f"./{n}" for n in mods}
     tag = "cpython-" + "".join(PYODIDE_PYTHON.split(".")[:2])  # the precompiled .pyc beside each module
     fmap |= {f"./__pycache__/{n[:-3]}.{tag}.pyc": f"./__pycache__/{n[:-3]}.{tag}.pyc" for n in mods}

@@ -1,7 +1,15 @@
 // Plain-JS plumbing that must exist before Python starts: loading stages, the service worker and its
 // message listener (answers "not ready" until the Python engine registers), the Web Lock that makes one
 // tab the single writer, and a small IndexedDB helper the Python store awaits.
+// The engine's namespace: "" for the main playground; a page that needs an engine of its own (a docs page,
+// an embed) names one before this script runs (<html data-mp-ns="docs-readme"> or window.MP_NS). The
+// IndexedDB database, the Web Lock and the view channel carry it, so two namespaces never mix and two tabs
+// of one namespace share one engine.
+const NS = String(window.MP_NS || document.documentElement.dataset.mpNs || "");
+if (!/^[a-z0-9-]{0,64}$/.test(NS)) throw new Error(`bad engine namespace ${JSON.stringify(NS)}: [a-z0-9-], at most 64`);
+const nsName = (base) => (NS ? `${base}--${NS}` : base);
 const MP = (window.MP = {
+  ns: NS,
   handler: null, // set by Python: async (requestJson) -> responseJson
   isOwner: false,
   t0: performance.now(),
@@ -55,15 +63,17 @@ MP.serve = async (reqText) => {
   return { status: reply.status, headers: reply.headers, body };
 };
 function notReady(port, why) {
-  port.postMessage({ notReady: true, status: 503, body: JSON.stringify({ code: "UNAVAILABLE", error: why, done: [] }) });
+  port.postMessage({ notReady: true, ns: NS, status: 503, body: JSON.stringify({ code: "UNAVAILABLE", error: why, done: [] }) });
 }
 if ("serviceWorker" in navigator) {
   navigator.serviceWorker.addEventListener("message", (event) => {
     const msg = event.data || {};
     if (msg.type !== "mp-request" || !event.ports[0]) return;
     const port = event.ports[0];
+    // `ns` null: this page made the request; otherwise only the owner of that namespace answers.
+    if (msg.ns !== null && msg.ns !== undefined && msg.ns !== NS) return port.postMessage({ notOwner: true, ns: NS });
     if (!MP.handler) return notReady(port, "The playground engine is still starting; try again in a moment.");
-    if (!MP.isOwner) return port.postMessage({ notOwner: true });
+    if (!MP.isOwner) return port.postMessage({ notOwner: true, ns: NS });
     MP.serve(msg.req)
       .then((reply) => port.postMessage(reply))
       .catch((err) =>
@@ -92,7 +102,7 @@ if ("serviceWorker" in navigator) {
 }
 MP.announceOwner = () => {
   const c = navigator.serviceWorker && navigator.serviceWorker.controller;
-  if (c) c.postMessage({ type: "mp-owner" });
+  if (c) c.postMessage({ type: "mp-owner", ns: NS });
 };
 
 // ---------------------------------------------------------------- one writer: the Web Lock
@@ -100,7 +110,7 @@ MP.acquireLock = (wait) =>
   new Promise((resolve) => {
     if (!navigator.locks) return resolve(true); // no Web Locks: behave as the only tab
     navigator.locks
-      .request("monitor-protocol-playground-engine", wait ? {} : { ifAvailable: true }, (lock) => {
+      .request(nsName("monitor-protocol-playground-engine"), wait ? {} : { ifAvailable: true }, (lock) => {
         if (!lock) {
           resolve(false);
           return null;
@@ -116,7 +126,7 @@ MP.acquireLock = (wait) =>
 // A follower tab holds no engine: it asks the owner tab for the picture it draws (every monitor, one
 // monitor's subscriptions, leases, state and log) over a BroadcastChannel, and the owner tells every tab
 // when the engine changed, whichever door changed it. Same origin only, like IndexedDB itself.
-const view = "BroadcastChannel" in window ? new BroadcastChannel("monitor-protocol-playground-view") : null;
+const view = "BroadcastChannel" in window ? new BroadcastChannel(nsName("monitor-protocol-playground-view")) : null;
 const asked = new Map();
 let askSeq = 0;
 MP.viewProvider = null; // set by Python in the owner tab: async (requestJson) -> replyJson
@@ -156,7 +166,7 @@ MP.broadcastChanged = () => {
 };
 
 // ---------------------------------------------------------------- IndexedDB helper
-const DB_NAME = "monitor-protocol-playground";
+const DB_NAME = nsName("monitor-protocol-playground");
 const STORES = ["records", "ui"];
 let db = null;
 let tail = Promise.resolve(true); // every write started so far

@@ -1,23 +1,27 @@
-// Service-worker shim: every /mp/v0/* fetch of this origin is answered by the playground tab that owns
-// the engine, over a per-request MessageChannel. No engine tab: 503 with a JSON error saying what to do.
+// Service-worker shim: every /mp/v0/* fetch of this origin is answered by the tab that owns the engine of
+// the requesting page's namespace (web/boot.js: "" for the playground, "docs-readme", "embed-..."), over a
+// per-request MessageChannel. A window is asked first (it answers if it owns its namespace, else says
+// which namespace it is in); a dedicated worker's namespace is the `mp-ns` parameter of its script URL.
+// No engine tab: 503 with a JSON error saying what to do.
 const SCOPE_PATH = new URL(self.registration.scope).pathname; // e.g. "/"
 const API = SCOPE_PATH + "mp/v0";
-let ownerId = null; // the tab that said it owns the engine (a hint: any tab may answer "not owner")
+const owners = new Map(); // namespace -> the tab that said it owns its engine (a hint: any tab may answer "not owner")
 
 self.addEventListener("install", () => self.skipWaiting());
 self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
 
 self.addEventListener("message", (event) => {
   const msg = event.data || {};
-  if (msg.type === "mp-owner" && event.source) ownerId = event.source.id;
-  if (msg.type === "mp-owner-gone" && event.source && event.source.id === ownerId) ownerId = null;
+  const ns = String(msg.ns || "");
+  if (msg.type === "mp-owner" && event.source) owners.set(ns, event.source.id);
+  if (msg.type === "mp-owner-gone" && event.source && owners.get(ns) === event.source.id) owners.delete(ns);
 });
 
 self.addEventListener("fetch", (event) => {
   const url = new URL(event.request.url);
   if (url.origin !== self.location.origin) return;
   if (url.pathname !== API && !url.pathname.startsWith(API + "/")) return;
-  event.respondWith(forward(event.request, url));
+  event.respondWith(forward(event.request, url, event.clientId));
 });
 
 function json(status, body) {
@@ -39,47 +43,54 @@ function ask(client, message, timeoutMs) {
   });
 }
 
-async function forward(request, url) {
+async function forward(request, url, clientId) {
   const headers = {};
   // The shim is same-origin: the Origin header is not forwarded into the router.
   for (const [name, value] of request.headers) if (name !== "origin") headers[name] = value;
   const body = ["GET", "HEAD"].includes(request.method) ? "" : await request.text();
   const query = [...url.searchParams.entries()];
   const wait = Number(url.searchParams.get("wait") || 0);
-  const message = {
-    type: "mp-request",
-    req: JSON.stringify({
-      method: request.method,
-      path: url.pathname.slice(SCOPE_PATH.length - 1),
-      query,
-      headers,
-      body,
-    }),
-  };
+  const req = JSON.stringify({
+    method: request.method,
+    path: url.pathname.slice(SCOPE_PATH.length - 1),
+    query,
+    headers,
+    body,
+  });
+  const timeout = 5000 + Math.min(wait, 50) * 1000;
+  const asker = clientId ? await self.clients.get(clientId) : null;
+  let ns = asker && asker.type === "worker" ? new URL(asker.url).searchParams.get("mp-ns") || "" : null;
   const windows = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
-  windows.sort((a, b) => (b.id === ownerId) - (a.id === ownerId));
   let reason = "no playground tab is open";
-  for (const client of windows) {
-    const reply = await ask(client, message, 5000 + Math.min(wait, 50) * 1000);
-    if (reply.notOwner || reply.noAnswer) {
-      if (reply.noAnswer) reason = "the playground tab did not answer";
-      continue;
-    }
-    if (reply.notReady) {
-      reason = "the playground is still starting";
-      continue;
-    }
-    if (reply.status) {
-      ownerId = client.id;
-      return new Response(reply.body || null, {
-        status: reply.status,
-        headers: { "Content-Type": "application/json", "Cache-Control": "no-store", ...(reply.headers || {}) },
-      });
-    }
+  const answer = (reply, client) => {
+    if (reply.noAnswer) reason = "the playground tab did not answer";
+    else if (reply.notReady) reason = "the playground is still starting";
+    if (!reply.status || reply.notReady) return null;
+    if (ns !== null) owners.set(ns, client.id);
+    return new Response(reply.body || null, {
+      status: reply.status,
+      headers: { "Content-Type": "application/json", "Cache-Control": "no-store", ...(reply.headers || {}) },
+    });
+  };
+  const self_ = ns === null ? windows.find((c) => c.id === clientId) : undefined;
+  if (self_) {
+    // The asking page first: it answers when it owns its namespace, and otherwise says which one it is in.
+    const reply = await ask(self_, { type: "mp-request", ns: null, req }, timeout);
+    if (reply.ns !== undefined) ns = String(reply.ns);
+    const done = answer(reply, self_);
+    if (done) return done;
   }
+  ns = ns || "";
+  const others = windows.filter((c) => c !== self_);
+  others.sort((a, b) => (b.id === owners.get(ns)) - (a.id === owners.get(ns)));
+  for (const client of others) {
+    const done = answer(await ask(client, { type: "mp-request", ns, req }, timeout), client);
+    if (done) return done;
+  }
+  const page = ns ? `a page of the "${ns}" engine` : `the playground (${self.registration.scope})`;
   return json(503, {
     code: "UNAVAILABLE",
-    error: `Open the playground (${self.registration.scope}) in a tab to start the engine: ${reason}.`,
+    error: `Open ${page} in a tab to start the engine: ${reason}.`,
     done: [],
   });
 }
