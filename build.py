@@ -87,6 +87,11 @@ WHEELS = {
     "attrs": ("25.3.0", [], ["attr", "attrs"]),
     "pyrsistent": ("0.20.0", [], ["_pyrsistent_version", "pyrsistent"]),
     "pyrsistent-as-rpds-py": ("2.1.0", ["pyrsistent"], ["pyrsistent_as_rpds"]),
+    # `pyodide.loadPackage("micropip")` offline, then `micropip.install(<this site's engine wheel URL>)` as
+    # a reader's own Pyodide app does (web/runner.js). The versions Pyodide 0.29.5's lock names; micropip
+    # vendors packaging but its vendored `packaging.licenses` imports the top-level one, hence the depend.
+    "micropip": ("0.11.1", ["packaging"], ["micropip"]),
+    "packaging": ("26.2", [], ["packaging"]),
 }
 STANDIN_RPDS = ("rpds-py", "0.0.1", ["pyrsistent-as-rpds-py"], ["rpds"])
 ENGINE_PACKAGE = "monitor-protocol"

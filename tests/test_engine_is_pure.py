@@ -44,5 +44,6 @@ def test_the_core_imports_only_the_standard_library():
 
 
 def test_the_probe_sees_a_package_import():
-    # positive control: the HTTP client door does pull in httpx, and the probe notices
-    assert "httpx" in imported_outside_stdlib("monitor_protocol.client")
+    # positive control: HTTP push does pull in httpx at import (the client imports it only when its httpx
+    # layer is used), and the probe notices
+    assert "httpx" in imported_outside_stdlib("monitor_protocol.push")

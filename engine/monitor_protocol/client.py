@@ -2,7 +2,9 @@
 
 `Client` sends over keep-alive connections of the standard library's http.client (keepalive.py: chosen by
 measurement), or httpx where a proxy applies or a transport is given; `AsyncClient` under asyncio on
-keep-alive asyncio streams with h11 (keepalive.AsyncPool), else on httpx.
+keep-alive asyncio streams with h11 (keepalive.AsyncPool), else on httpx. httpx is imported only where it is
+used. On Pyodide (sys.platform "emscripten") the browser sends instead (webhttp.py): `Client` with a
+synchronous XMLHttpRequest (in a Web Worker), `AsyncClient` with fetch.
 
     from monitor_protocol.client import Client
 
@@ -40,17 +42,24 @@ import functools
 import inspect
 import json
 import random
+import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Concatenate, Generic, NotRequired, ParamSpec, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, NotRequired, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
-
-from . import keepalive
+from . import webhttp
 from .vocab import ERROR_STATUS, EXT_ACK_PULL, EXT_PUBLISH_BATCH
+
+if TYPE_CHECKING:
+    import httpx  # imported where a client uses it: `import monitor_protocol.client` stays light
+
+# In a browser (Pyodide) the browser sends (webhttp); keepalive needs sockets and `ssl`, which it lacks.
+IN_BROWSER = sys.platform == "emscripten"
+if sys.platform != "emscripten":
+    from . import keepalive
 
 # Replies decode faster with orjson when it is installed (the `server` extra): the same values.
 _loads: Callable[[bytes], Any] = json.loads
@@ -342,15 +351,18 @@ def _rebuild_connection_failed(reason: str, url: str, sent: bool) -> ConnectionF
     return ConnectionFailed(reason, url, sent=sent)
 
 
-# httpx errors raised before any byte of the request could have reached the server.
-_NOT_SENT: tuple[type[Exception], ...] = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.UnsupportedProtocol,
-    httpx.LocalProtocolError,
-    httpx.ProxyError,
-)
+def _not_sent() -> tuple[type[Exception], ...]:
+    """httpx errors raised before any byte of the request could have reached the server."""
+    import httpx
+
+    return (
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        httpx.PoolTimeout,
+        httpx.UnsupportedProtocol,
+        httpx.LocalProtocolError,
+        httpx.ProxyError,
+    )
 
 
 def _pooled_request(prefix: str, call: _Call[Any]) -> tuple[str, bytes | None, dict[str, str]]:
@@ -366,6 +378,12 @@ def _pooled_request(prefix: str, call: _Call[Any]) -> tuple[str, bytes | None, d
     return target, body, headers
 
 
+def _web_request(base: str, call: _Call[Any]) -> tuple[str, bytes | None, dict[str, str]]:
+    """The absolute URL, body and headers the browser layer (webhttp) sends for `call`."""
+    target, body, headers = _pooled_request("", call)
+    return base + target, body, headers
+
+
 def _json_body(body: Any) -> bytes:
     try:
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
@@ -373,7 +391,7 @@ def _json_body(body: Any) -> bytes:
         return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _retry_after(response: httpx.Response | keepalive.Reply) -> float | None:
+def _retry_after(response: httpx.Response | keepalive.Reply | webhttp.Reply) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -1451,7 +1469,7 @@ def _headers(token: str | None) -> dict[str, str]:
     return headers
 
 
-def _decode(response: httpx.Response | keepalive.Reply, call: _Call[T]) -> T:
+def _decode(response: httpx.Response | keepalive.Reply | webhttp.Reply, call: _Call[T]) -> T:
     try:
         body = _loads(response.content) if response.content else None
     except ValueError:
@@ -1472,7 +1490,7 @@ def _network_reason(exc: httpx.HTTPError) -> str:
 
 
 def _connection_failed(exc: httpx.HTTPError, url: str) -> ConnectionFailed:
-    return ConnectionFailed(_network_reason(exc), url, sent=not isinstance(exc, _NOT_SENT))
+    return ConnectionFailed(_network_reason(exc), url, sent=not isinstance(exc, _not_sent()))
 
 
 def _retry_delay(call: _Call[Any], attempt: int, exc: Exception) -> float | None:
@@ -1544,23 +1562,36 @@ class Client(_Base):
         self.token = token
         self.timeout = timeout
         # The HTTP layer, chosen by measurement (keepalive.py): the standard library's keep-alive
-        # connections, or httpx where a proxy applies or the caller brings an httpx transport.
+        # connections, or httpx where a proxy applies or the caller brings an httpx transport. In a browser,
+        # a synchronous XMLHttpRequest (webhttp.Client: use it in a Web Worker).
         self._pool: keepalive.Pool | None = None
+        self._web: webhttp.Client | None = None
         self._http: httpx.Client | None = None
-        if transport is None and not keepalive.proxied(self.base):
+        if transport is None and IN_BROWSER:
+            self._web = webhttp.Client()
+        elif transport is None and not keepalive.proxied(self.base):
             self._pool = keepalive.Pool(self.base)
             self._prefix = urlsplit(self.base).path
         else:
+            import httpx
+
             self._http = httpx.Client(timeout=timeout, transport=transport)
 
     @property
     def http_layer(self) -> str:
-        """Which HTTP layer this client uses: "http.client" (keep-alive pool) or "httpx"."""
+        """Which HTTP layer this client uses: "http.client" (keep-alive pool), "httpx", or in a browser
+        "xhr" (a synchronous XMLHttpRequest)."""
+        if self._web is not None:
+            return self._web.http_layer
         return "http.client" if self._pool is not None else "httpx"
 
     def _once(self, call: _Call[T]) -> T:
+        if self._web is not None:
+            return self._once_web(self._web, call)
         if self._pool is not None:
             return self._once_pooled(self._pool, call)
+        import httpx
+
         assert self._http is not None
         url = self.base + call.path
         try:
@@ -1581,6 +1612,14 @@ class Client(_Base):
         try:
             reply = pool.request(call.method, target, body, headers, call.timeout or self.timeout)
         except keepalive.SendFailed as exc:
+            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+        return _decode(reply, call)
+
+    def _once_web(self, web: webhttp.Client, call: _Call[T]) -> T:
+        url, body, headers = _web_request(self.base, call)
+        try:
+            reply = web.request(call.method, url, body, headers, call.timeout or self.timeout)
+        except webhttp.SendFailed as exc:
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 
@@ -1655,6 +1694,8 @@ class Client(_Base):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+        if self._web is not None:
+            self._web.close()
         if self._http is not None:
             self._http.close()
 
@@ -1680,10 +1721,14 @@ class AsyncClient(_Base):
         self.token = token
         self.timeout = timeout
         # Under asyncio, keep-alive connections on asyncio streams (keepalive.AsyncPool, h11); httpx under
-        # trio, where a proxy applies, or with a caller's transport (created when first needed).
+        # trio, where a proxy applies, or with a caller's transport (created when first needed). In a
+        # browser, the browser's fetch (webhttp.AsyncClient).
         self._transport = transport
         self._pool: keepalive.AsyncPool | None = None
-        if transport is None and not keepalive.proxied(self.base):
+        self._web: webhttp.AsyncClient | None = None
+        if transport is None and IN_BROWSER:
+            self._web = webhttp.AsyncClient()
+        elif transport is None and not keepalive.proxied(self.base):
             self._pool = keepalive.AsyncPool(self.base)
             self._prefix = urlsplit(self.base).path
         self._http: httpx.AsyncClient | None = None
@@ -1691,12 +1736,18 @@ class AsyncClient(_Base):
     @property
     def http_layer(self) -> str:
         """Which HTTP layer this client uses under asyncio: "asyncio+h11" (keep-alive pool) or "httpx"
-        (always httpx under trio)."""
+        (always httpx under trio), or in a browser "fetch"."""
+        if self._web is not None:
+            return self._web.http_layer
         return "asyncio+h11" if self._pool is not None else "httpx"
 
     async def _once(self, call: _Call[T]) -> T:
+        if self._web is not None:
+            return await self._once_web(self._web, call)
         if self._pool is not None and keepalive.running_asyncio():
             return await self._once_pooled(self._pool, call)
+        import httpx
+
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self.timeout, transport=self._transport)
         url = self.base + call.path
@@ -1721,9 +1772,25 @@ class AsyncClient(_Base):
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 
-    async def _perform(self, call: _Call[T]) -> T:
+    async def _once_web(self, web: webhttp.AsyncClient, call: _Call[T]) -> T:
+        url, body, headers = _web_request(self.base, call)
+        try:
+            reply = await web.request(call.method, url, body, headers, call.timeout or self.timeout)
+        except webhttp.SendFailed as exc:
+            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+        return _decode(reply, call)
+
+    async def _sleep(self, delay: float) -> None:
+        if self._web is not None:  # Pyodide's event loop is asyncio's, and anyio is not installed there
+            import asyncio
+
+            await asyncio.sleep(delay)
+            return
         import anyio  # httpx depends on it; works under asyncio and trio
 
+        await anyio.sleep(delay)
+
+    async def _perform(self, call: _Call[T]) -> T:
         if call.plan is not None:
             return await self._drive(call.plan())
         attempt = 0
@@ -1734,7 +1801,7 @@ class AsyncClient(_Base):
                 delay = _retry_delay(call, attempt, exc)
                 if delay is None:
                     raise
-            await anyio.sleep(delay)
+            await self._sleep(delay)
             attempt += 1
 
     async def _drive(self, plan: _Plan[T]) -> T:
@@ -1797,6 +1864,8 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.aclose()
+        if self._web is not None:
+            await self._web.aclose()
         if self._http is not None:
             await self._http.aclose()
 

@@ -40,9 +40,21 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-# stdlib only at import (psycopg is imported when a store is opened)
-from ..store.postgres import redacted as shown_url
-from ..store.postgres import scrub as _scrub
+# stdlib only at import (psycopg is imported when a store is opened), and not even the stores: they import
+# sqlite3, which Pyodide lacks, and `mp` builds every subcommand's parser (the CLI runs in a browser worker).
+
+
+def shown_url(url: str) -> str:
+    from ..store.postgres import redacted
+
+    return redacted(url)
+
+
+def _scrub(text: str, url: str) -> str:
+    from ..store.postgres import scrub
+
+    return scrub(text, url)
+
 
 HELP = "copy an embedded SQLite database (stopped) into PostgreSQL, then verify the copy"
 
