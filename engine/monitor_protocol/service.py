@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import delivery, leases, monitors, publishing, upkeep
+from . import delivery, importing, leases, monitors, publishing, upkeep
 from .errors import ProtocolError
 from .service_base import SERVER_NAME, SERVER_VERSION, Feeds, LoggedRefusal, ServiceCore
 
@@ -129,3 +129,13 @@ class MonitorService(ServiceCore):
         """Every monitor, and one monitor's state, subscriptions, leases and a page of its log (read-only;
         the operator's door, never routed to a reader)."""
         return self._call(lambda tx: upkeep.overview(self, tx, monitor_id, from_seq, limit))
+
+    # ---------------------------------------------------------------------------- share and restore
+    def export_log(self, monitor_id: str) -> list[dict[str, Any]]:
+        """Every retained row of a monitor as served, in seq order (importing.to_jsonl makes the file)."""
+        return self._call(lambda tx: importing.export_events(self, tx, monitor_id))
+
+    def import_log(self, monitor_id: Any, source: Any, token: str | None = None) -> dict[str, Any]:
+        """A JSON Lines log (text, bytes or a list of lines/events) as the NEW monitor `monitor_id`, in one
+        transaction, or nothing at all: INVALID with `refused: [{line, reason}]` (importing.py's rules)."""
+        return self._call(lambda tx: importing.import_log(self, tx, monitor_id, source, token))

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import importing
 from ..binding.messages import Request, Response
 from ..binding.rest import RestRouter
 from ..errors import ProtocolError
@@ -172,6 +173,39 @@ class EngineHost:
             return Reply(exc.status, exc.body())
         await self._durable()  # a read may run the lazy sweep, whose changes are kept like any other
         return Reply(200, body)
+
+    # ---------------------------------------------------------------------------- share and restore
+    async def export_log(self, monitor_id: str) -> Reply:
+        """The page's download (importing.py): `{name, text, lines}`, the JSON Lines file of every retained
+        row of the monitor and its file name `<monitor>-<UTC time>.jsonl`. The page's own door, like read_log."""
+        try:
+            rows = self.service.export_log(monitor_id)
+        except ProtocolError as exc:
+            await self._durable()
+            return Reply(exc.status, exc.body())
+        await self._durable()
+        name = importing.export_name(monitor_id, self.service.clock())
+        return Reply(200, {"name": name, "text": importing.to_jsonl(rows), "lines": len(rows)})
+
+    def check_log(self, text: str) -> Reply:
+        """The import's rules applied without writing anything (the page's preview): 200 with the summary,
+        or the whole-file refusal (TOO_LARGE, not UTF-8)."""
+        try:
+            checked = importing.check_log(text)
+        except ProtocolError as exc:
+            return Reply(exc.status, exc.body())
+        return Reply(200, {"ok": checked.ok, **checked.summary()})
+
+    async def import_log(self, monitor_id: str, text: str) -> Reply:
+        """Import a JSON Lines log as a NEW monitor (MonitorService.import_log): 201 with the new owner token
+        shown once, or the refusal (INVALID with every refused line, DUPLICATE, TOO_LARGE), nothing written."""
+        try:
+            body = self.service.import_log(monitor_id, text)
+        except ProtocolError as exc:
+            await self._durable()
+            return Reply(exc.status, exc.body())
+        await self._durable()
+        return Reply(201, body)
 
     async def handle_shim(self, text: str) -> str:
         """Answer one forwarded request from the service worker (JSON in, JSON out). The write is started
