@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, NotRequired, ParamSpec, TypedDict, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
-from . import webhttp
+from . import httpreply, webhttp
 from .vocab import ERROR_STATUS, EXT_ACK_PULL, EXT_PUBLISH_BATCH
 
 if TYPE_CHECKING:
@@ -391,7 +391,7 @@ def _json_body(body: Any) -> bytes:
         return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _retry_after(response: httpx.Response | keepalive.Reply | webhttp.Reply) -> float | None:
+def _retry_after(response: httpx.Response | httpreply.Reply) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -1469,7 +1469,7 @@ def _headers(token: str | None) -> dict[str, str]:
     return headers
 
 
-def _decode(response: httpx.Response | keepalive.Reply | webhttp.Reply, call: _Call[T]) -> T:
+def _decode(response: httpx.Response | httpreply.Reply, call: _Call[T]) -> T:
     try:
         body = _loads(response.content) if response.content else None
     except ValueError:
@@ -1611,7 +1611,7 @@ class Client(_Base):
         target, body, headers = _pooled_request(self._prefix, call)
         try:
             reply = pool.request(call.method, target, body, headers, call.timeout or self.timeout)
-        except keepalive.SendFailed as exc:
+        except httpreply.SendFailed as exc:
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 
@@ -1619,7 +1619,7 @@ class Client(_Base):
         url, body, headers = _web_request(self.base, call)
         try:
             reply = web.request(call.method, url, body, headers, call.timeout or self.timeout)
-        except webhttp.SendFailed as exc:
+        except httpreply.SendFailed as exc:
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 
@@ -1768,7 +1768,7 @@ class AsyncClient(_Base):
         target, body, headers = _pooled_request(self._prefix, call)
         try:
             reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
-        except keepalive.SendFailed as exc:
+        except httpreply.SendFailed as exc:
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 
@@ -1776,7 +1776,7 @@ class AsyncClient(_Base):
         url, body, headers = _web_request(self.base, call)
         try:
             reply = await web.request(call.method, url, body, headers, call.timeout or self.timeout)
-        except webhttp.SendFailed as exc:
+        except httpreply.SendFailed as exc:
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 

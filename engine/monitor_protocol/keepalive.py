@@ -21,33 +21,12 @@ import socket
 import ssl
 import threading
 import urllib.request
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from .httpreply import Reply, SendFailed
+
 MAX_IDLE = 8  # idle connections kept per client (a client used from several threads may hold more)
-
-
-class SendFailed(Exception):
-    """The request could not be completed: `sent` says whether it may have reached the server."""
-
-    def __init__(self, reason: str, *, sent: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.sent = sent
-
-
-@dataclass
-class Reply:
-    """What the client reads of a response (the names httpx.Response uses, so both layers decode alike)."""
-
-    status_code: int
-    content: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
 
 
 def proxied(url: str) -> bool:

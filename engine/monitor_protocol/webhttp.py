@@ -24,8 +24,9 @@ This module imports `js` and `pyodide` only inside the functions that send, so i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
+
+from .httpreply import Reply, SendFailed
 
 __all__ = ["AsyncClient", "Client", "Reply", "SendFailed", "parse_headers", "timeout_ms", "x_user_defined"]
 
@@ -34,28 +35,6 @@ MAIN_THREAD_OWN_ENGINE = (
     "worker hands the request to this page, which is blocked waiting for the reply. Use AsyncClient "
     "(await its methods) here, or run this code in a Web Worker (the site's runner.js)"
 )
-
-
-class SendFailed(Exception):
-    """The request could not be completed: `sent` says whether it may have reached the server."""
-
-    def __init__(self, reason: str, *, sent: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.sent = sent
-
-
-@dataclass
-class Reply:
-    """What the client reads of a response (the names httpx.Response and keepalive.Reply use)."""
-
-    status_code: int
-    content: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
 
 
 def parse_headers(raw: str) -> dict[str, str]:
