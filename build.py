@@ -350,26 +350,47 @@ def quickstart_blocks(doc: Path = ROOT / "README.md") -> list[dict[str, str]]:
     return out
 
 
-ENTRY_SCRIPT = re.compile(r'<script type="py" src="\./(\w+\.py)"')  # a page's PyScript entry point
+# A page's PyScript entry: a script file (src="./main.py", "../docs_page.py") or code inline in the tag.
+ENTRY_SCRIPT = re.compile(r'<script type="py"([^>]*)>(.*?)</script>', re.S)
+ENTRY_SRC = re.compile(r'\bsrc="(?:\.\.?/)?(\w+\.py)"')
 
 
-def page_entry_scripts() -> set[str]:
-    """The entry script of every page in web/ (main.py for the playground...): run by PyScript, never
-    listed among a page's importable modules."""
-    found = {"main.py"}
-    for html in WEB.glob("*.html"):
-        found |= set(ENTRY_SCRIPT.findall(html.read_text()))
-    return found
+def web_imports(code: str, seen: set[str] | None = None) -> set[str]:
+    """The web/ modules (file names) that `code` imports, directly or through each other, wherever the import
+    statement is (top level or inside a function)."""
+    import ast
+
+    seen = set() if seen is None else seen
+    for node in ast.walk(ast.parse(code)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        for name in names:
+            file = name.split(".")[0] + ".py"
+            if file not in seen and (WEB / file).is_file():
+                seen.add(file)
+                web_imports((WEB / file).read_text(), seen)
+    return seen
+
+
+def page_modules(page: str) -> list[str]:
+    """Every web/ module a page's entry script imports (the entry file itself is loaded by its src)."""
+    m = ENTRY_SCRIPT.search(page)
+    if m is None:
+        fail('a page given to page_with_modules has no <script type="py"> entry')
+    src = ENTRY_SRC.search(m.group(1))
+    code = (WEB / src.group(1)).read_text() if src else m.group(2)
+    return sorted(web_imports(code) - ({src.group(1)} if src else set()))
 
 
 def page_with_modules(page: str, modules: list[str] | None = None) -> str:
     """A page with PyScript's `files` map filled in: the given web/ modules (file names), by default every
-    UI module in web/ but main.py (the playground's entry point), so a new module is never forgotten in a
-    hand-kept list; each with its precompiled .pyc beside it."""
+    web/ module its entry script imports (found by reading the imports, so a new module is never forgotten
+    and another page's are never fetched); each with its precompiled .pyc beside it."""
     if "__PY_FILES__" not in page:
         fail("a page given to page_with_modules has no __PY_FILES__ placeholder in its PyScript config")
     if modules is None:
-        modules = [p.name for p in WEB.glob("*.py") if p.name not in page_entry_scripts()]
+        modules = page_modules(page)
     missing = [n for n in modules if not (WEB / n).is_file()]
     if missing:
         fail(f"page_with_modules: no such module in web/: {', '.join(missing)}")
@@ -444,6 +465,13 @@ def build() -> Path:
         "wheels": {n: v[0] for n, v in WHEELS.items()},
     }
     files["build-info.json"] = json.dumps(info, indent=1, sort_keys=True).encode()
+    from tools.mdpages import DocsError, site_pages  # the docs as live pages, docs/*.html (tools/mdpages.py)
+
+    try:
+        files |= site_pages(info["engine_wheel"], page_with_modules)
+    except DocsError as exc:
+        fail(str(exc))
+    files.pop("docs.html", None)  # web/docs.html is their template, not a page
     changed = sync_tree(files, SITE)
     log(f"site ready in {SITE.relative_to(ROOT)} ({len(files)} files, {changed} changed, "
         f"{time.monotonic() - t0:.1f}s)")  # fmt: skip

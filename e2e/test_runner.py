@@ -40,11 +40,14 @@ HARNESS = """
 
 
 def readme_python_block() -> str:
-    """The ```python block of the README's `## ` section that has one (read, never copied here)."""
+    """The README's ```python block that uses the client (read, never copied here)."""
     text = (ROOT / "README.md").read_text()
-    sections = re.split(r"\n(?=## )", text)
-    blocks = [m.group(1) for s in sections for m in re.finditer(r"```python\n(.*?)```", s, re.S)]
-    assert len(blocks) == 1, f"expected one ```python block in README.md, found {len(blocks)}"
+    blocks = [
+        m.group(1)
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
+        if "from monitor_protocol.client import" in m.group(1)
+    ]
+    assert len(blocks) == 1, f"expected one client example (```python) in README.md, found {len(blocks)}"
     return blocks[0]
 
 

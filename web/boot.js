@@ -85,7 +85,7 @@ if ("serviceWorker" in navigator) {
   });
   navigator.serviceWorker.startMessages();
   MP.swReady = (async () => {
-    const scope = new URL("./", location.href).pathname;
+    const scope = new URL("./", import.meta.url).pathname; // the site's root (boot.js is there), for pages in folders too
     await navigator.serviceWorker.register(scope + "sw.js", { scope });
     if (!navigator.serviceWorker.controller) {
       await new Promise((resolve) =>

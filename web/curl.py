@@ -7,7 +7,10 @@ Supported (anything else is refused with "not supported in this console: ..."):
 - quoting: '...' (literal), "..." (with `\\"`, `\\\\`, `\\$` and expansions inside);
 - pipelines of `curl`, `echo [-n]` and `field '<subscript path>'`, and a final `> /dev/null`;
 - `field() { ...; }` is accepted and ignored: `field` is built in. It reads JSON from its input and prints
-  the value at a path of `["key"]` and `[int]` steps (no eval), as Python's print() would.
+  the value at a path of `["key"]` and `[int]` steps (no eval), as Python's print() would;
+- `export NAME=word` / `export NAME`, and `mp ...` (the real CLI) when the page gives the shell a `cli`
+  callback (the docs pages run it in a Pyodide worker): it gets the exported variables as its environment,
+  its stdout is its output (captured by `$(...)` like any command's) and its exit status is the statement's.
 
 curl takes `-X`, `-H`, `-d`/`--data*`, `--json`, `-s`, `-S`, `-f`, `--fail-with-body` (and friends); the
 README's server (`http://127.0.0.1:8130`, `http://localhost:8130`) is rewritten to the page's origin, and
@@ -323,6 +326,71 @@ class Lexer:
         return ("var", m.group(0), None)
 
 
+def check_command(name: str | None, with_cli: bool) -> None:
+    """Refuse, by name, a command this shell does not run (before anything is sent)."""
+    if name is None or name in ("curl", "echo", "field") or (with_cli and name in ("mp", "export")):
+        return
+    if name in ("python3", "python", "jq"):
+        raise Unsupported(f"{name} (field is built in: … | field '[\"key\"]')")
+    if name == "mp":
+        raise Unsupported(
+            "the command 'mp' here (the docs pages run it; this console runs curl, echo and field)"
+        )
+    more = ", field, export and mp" if with_cli else " and field"
+    raise Unsupported(f"the command {name!r} (only curl, echo{more} run here)")
+
+
+def why_not_runnable(text: str, with_cli: bool = True) -> str | None:
+    """Why this script cannot run in this shell, found without running it (None: it can): unsupported
+    syntax, a command other than curl, echo, field, export and mp, or an mp command that never ends."""
+    try:
+        return _why_not(split(text), with_cli)
+    except CurlError as exc:
+        return str(exc)
+
+
+def _why_not(stmts: list[tuple[str, list]], with_cli: bool) -> str | None:
+    for _src, tokens in stmts:
+        if tokens[0] == "func":
+            if tokens[1] != "field":
+                return f"not supported in this console: defining shell functions ({tokens[1]})"
+            continue
+        words: list = []
+        for tok in tokens:
+            if tok == ">":
+                break
+            words.append(tok)
+        stages: list[list[Word]] = [[]]
+        for tok in words:
+            if tok == "|":
+                stages.append([])
+            else:
+                stages[-1].append(tok)
+        if ">" in tokens:
+            target = tokens[tokens.index(">") + 1 :]
+            if [Shell._literal(t) if isinstance(t, Word) else None for t in target] != ["/dev/null"]:
+                return "not supported in this console: redirects other than > /dev/null"
+        for stage in stages:
+            for w in stage:  # what $(...) runs inside a word is checked too
+                for part in w.parts:
+                    if part[0] == "cmd" and (why := _why_not(part[1], with_cli)):
+                        return why
+            lead = [w for w in stage if Shell._assignment(w) is None]  # NAME=... words: no command
+            if not lead:
+                continue
+            name = Shell._literal(lead[0])
+            try:
+                check_command(name, with_cli)
+            except Unsupported as exc:
+                return str(exc)
+            sub = Shell._literal(lead[1]) if name == "mp" and len(lead) > 1 else None
+            if sub in ENDLESS_MP and not (
+                sub == "watch" and any(Shell._literal(w) == "--once" for w in lead)
+            ):
+                return ENDLESS_MP[sub]
+    return None
+
+
 def incomplete(text: str) -> bool:
     """True while a typed script still needs lines: a trailing \\, an open quote, $( or { ... }."""
     if text.rstrip(" \t").endswith("\\") or text.rstrip().endswith("|"):
@@ -343,6 +411,17 @@ def split(text: str) -> list[tuple[str, list]]:
 
 # ------------------------------------------------------------------------------------------- running
 Fetch = Callable[[CurlCall], Awaitable[tuple[int, str]]]
+# (argv after `mp`, the exported environment, stdin or None) -> (exit status, stdout, stderr)
+Cli = Callable[[list[str], dict[str, str], str | None], Awaitable[tuple[int, str, str]]]
+LOCAL_URL = re.compile(r"^(?:https?://)?(?:localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0):8130(?=/|$)")
+# mp commands that never end by themselves or serve: no page can run them as a block (they would hang).
+ENDLESS_MP = {
+    "serve": "mp serve listens on a port, which a page cannot",
+    "mcp": "mp mcp is a stdio server for an MCP client",
+    "watch": "mp watch follows the feed until it is stopped (mp watch --once drains and exits)",
+    "migrate": "mp migrate copies a SQLite file into PostgreSQL, neither of which is in the page",
+    "conform": "mp conform runs the conformance suite (the playground's Conformance tab runs it in the page)",
+}
 Emit = Callable[[str, str, dict], None]  # (kind, text, extra): kinds cmd, out, http, note, error
 
 
@@ -351,11 +430,15 @@ class Shell:
     `emit(kind, text, extra)` shows a line: `cmd` (the statement), `http` (a curl's status and pretty
     JSON, extra: status, data), `out` (what the statement printed), `note`, `error`."""
 
-    def __init__(self, origin: str, fetch: Fetch, emit: Emit, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, origin: str, fetch: Fetch, emit: Emit, env: dict[str, str] | None = None, cli: Cli | None = None
+    ) -> None:
         self.origin = origin
         self.fetch = fetch
         self.emit = emit
         self.env: dict[str, str] = env if env is not None else {}
+        self.exported: set[str] = set()  # the names `export` marked: the environment `mp` is given
+        self.cli = cli
         self.last_status = 0
 
     async def run(self, text: str) -> int:
@@ -385,6 +468,13 @@ class Shell:
                 raise Unsupported(f"defining shell functions ({tokens[1]}); only field is built in")
             self.emit("note", "field: built in", {})
             return "", 0
+        if (
+            self.cli is not None
+            and tokens
+            and isinstance(tokens[0], Word)
+            and self._literal(tokens[0]) == "export"
+        ):
+            return await self.export(tokens[1:])
         assigns: list[tuple[str, Word]] = []
         rest = list(tokens)
         while rest and isinstance(rest[0], Word) and self._assignment(rest[0]) is not None:
@@ -399,7 +489,44 @@ class Shell:
             return "", status
         return await self.pipeline(rest, top)
 
-    def _assignment(self, word: Word) -> tuple[str, Word] | None:
+    async def export(self, words: list) -> tuple[str, int]:
+        """`export NAME=word` and `export NAME`: set (when given) and mark for the environment of `mp`."""
+        if not words or not all(isinstance(w, Word) for w in words):
+            raise CurlError("export takes NAME=value or NAME, e.g. export MP_OWNER_TOKEN=$OWNER")
+        status = 0
+        for w in words:
+            assign = self._assignment(w)
+            if assign is not None:
+                value, status = await self.expand(assign[1])
+                self.env[assign[0]] = value
+                self.exported.add(assign[0])
+            elif (name := self._literal(w)) is not None and NAME.fullmatch(name):
+                self.exported.add(name)
+            else:
+                raise CurlError("export takes NAME=value or NAME, e.g. export MP_OWNER_TOKEN=$OWNER")
+        return "", status
+
+    async def mp(self, args: list[str], stdin: str | None) -> tuple[str, int]:
+        """The real CLI, through the page's callback: the README's server address means this page."""
+        if args and args[0] in ENDLESS_MP and not (args[0] == "watch" and "--once" in args):
+            raise Unsupported(ENDLESS_MP[args[0]])
+        argv = [LOCAL_URL.sub(self.origin, a) for a in args]
+        env = {name: self.env.get(name, "") for name in sorted(self.exported)}
+        try:
+            code, out, err = await self.cli(argv, env, stdin)
+        except Exception as exc:  # the runner could not start or answer: said, never a hang
+            raise CurlError(f"mp: {exc}") from None
+        self.emit("exit", err, {"argv": argv, "exit": code})
+        if code != 0:
+            self.emit(
+                "error", (err.strip() + "\n" if err.strip() else "") + f"mp exited with status {code}", {}
+            )
+        elif err.strip():
+            self.emit("note", err.strip(), {})
+        return out, code
+
+    @staticmethod
+    def _assignment(word: Word) -> tuple[str, Word] | None:
         if not word.parts or word.parts[0][0] != "lit":
             return None
         lit = ""
@@ -461,17 +588,14 @@ class Shell:
                 if len(args) != 2:
                     raise CurlError("field takes one path, e.g. field '[\"owner_token\"]'")
                 data, status = self.field(data or "", args[1])
+            elif name == "mp":
+                data, status = await self.mp(args[1:], data if n else None)
             else:
                 self._check_command(name)
         return ("" if discard else data or ""), status
 
-    @staticmethod
-    def _check_command(name: str | None) -> None:
-        if name is None or name in ("curl", "echo", "field"):
-            return
-        if name in ("python3", "python", "jq"):
-            raise Unsupported(f"{name} (field is built in: … | field '[\"key\"]')")
-        raise Unsupported(f"the command {name!r} (only curl, echo and field run here)")
+    def _check_command(self, name: str | None) -> None:
+        check_command(name, self.cli is not None)
 
     def field(self, text: str, path: str) -> tuple[str, int]:
         try:

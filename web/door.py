@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -35,6 +35,24 @@ class Engine:
         except Exception as exc:  # IndexedDB refused: memory only, said plainly in the status chip
             self.ui_idb = False
             self.storage_reason = str(exc)
+
+    async def open(self, follower: Callable[[], None], took_over: Callable[[], Awaitable[None]]) -> None:
+        """This namespace's engine, as every page opens it: the storage, then the owner when the Web Lock is
+        free, else a follower (`follower()` says so on the page) that becomes the owner as soon as the owner
+        tab or frame goes (then `took_over()` lets the page catch up)."""
+        await self.open_ui_storage()
+        if await MP.acquireLock(False):
+            await self.start_owner()
+            return
+        self.mode = "follower"
+        follower()
+
+        async def own_when_free() -> None:
+            await MP.acquireLock(True)
+            await self.start_owner()
+            await took_over()
+
+        asyncio.ensure_future(own_when_free())
 
     async def start_owner(self) -> int:
         memory = MemoryStore()
