@@ -455,6 +455,9 @@ def build() -> Path:
         if src.is_file() and "__pycache__" not in src.parts:
             files[src.relative_to(WEB).as_posix()] = src
     files["index.html"] = page_with_modules((WEB / "index.html").read_text()).encode()
+    # One scene for an iframe (docs/embedding.md), with only the modules it imports; embedding.html (the
+    # demo host page showing every scene) is copied from web/ as it is.
+    files["embed.html"] = page_with_modules((WEB / "embed.html").read_text()).encode()
     files["quickstart.json"] = json.dumps(quickstart_blocks(), indent=1).encode()
     files["openapi.json"] = openapi_json()
     info = {

@@ -18,6 +18,8 @@ CARD_W = 156  # a user observation's card, px
 PROTO_W = 96  # a protocol row's card: quieter and narrower
 GAP = 8
 WINDOW = 80  # cards drawn; older ones are summarised at the left end
+# What the track says with no monitor on screen (an embed, which makes its own, says so instead).
+EMPTY = "No monitor on screen yet: create one (Story step 1, or the Playground), or pick one above."
 
 
 def seq_of(o: dict[str, Any]) -> int:
@@ -106,11 +108,7 @@ def render() -> None:
     box = el("log")
     head = el("log-head")
     if not m.S.monitor or m.PIC.monitor is None:
-        put(
-            box,
-            "<li class='empty muted'>No monitor on screen yet: create one (Story step 1, or the "
-            "Playground), or pick one above.</li>",
-        )
+        put(box, f"<li class='empty muted'>{esc(EMPTY)}</li>")
         head.textContent = ""
         el("lanes").innerHTML = ""
         el("track-inner").style.width = "100%"
