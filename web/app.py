@@ -7,7 +7,6 @@ console and conformance_ui), switches tabs, and starts the engine as the owner t
 from __future__ import annotations
 
 import asyncio
-import time
 
 import actions
 import compare
@@ -15,7 +14,10 @@ import conformance_ui  # noqa: F401 - registers its action
 import console
 import js
 import model as m
+import page
 import panels
+import remote  # the Server panel: this page as a console for a running mp serve
+import share  # export, import, and share links (records the Playground's steps)
 import story
 import track
 import ui
@@ -26,63 +28,16 @@ from ui import ACTIONS, el
 
 MP = js.MP
 doc = js.document
-BUSY = asyncio.Lock()  # one engine action at a time: no double effects, no interleaved answers
 VIEW = {"tab": "story"}
 
 
 # ---------------------------------------------------------------------------------------- the picture
-REFRESHING = asyncio.Lock()  # one read of the picture at a time: two would append the same rows twice
-
-
 async def refresh() -> None:
     """Read the engine's picture (every monitor; the one on screen with its log, readers, leases and
     state) and redraw everything from it."""
-    async with REFRESHING:
-        SOON["read_at"] = time.monotonic()
-        await _read_picture()
+    await page.reading(lambda: page.read_picture(lambda: actions.select(None), choose_default))
     reconcile()
     render_all()
-
-
-async def _read_picture() -> None:
-    if m.S.monitor is None:
-        choose_default()
-    mon = m.S.monitor
-    if m.PIC.log_of != mon:
-        m.PIC.log, m.PIC.log_of, m.PIC.log_skipped = [], mon, 0
-    while True:
-        nxt = int(m.PIC.log[-1]["id"]) + 1 if m.PIC.log else 1
-        r = await ENGINE.overview(mon, nxt)
-        if r.status == 404 and mon is not None:  # gone (reset elsewhere): show the engine as it is
-            actions.select(None)
-            mon = None
-            continue
-        if not r.ok:
-            m.PIC.error = f"{(r.body or {}).get('code')}: {(r.body or {}).get('error')}"
-            break
-        m.PIC.error = None
-        m.PIC.monitors = r.body["monitors"]
-        m.PIC.monitor = r.body["monitor"]
-        m.PIC.read_at = time.time()
-        if mon is None:
-            if choose_default():
-                mon = m.S.monitor
-                m.PIC.log_of = mon
-                continue
-            break
-        rows = r.body["monitor"]["log"]["observations"]
-        if rows and int(rows[0]["id"]) != nxt and m.PIC.log:  # compacted under us: read it again
-            m.PIC.log = []
-            continue
-        m.PIC.log.extend(rows)
-        if len(m.PIC.log) > LOG_KEPT:  # the track draws the last 80; the rest is only counted
-            m.PIC.log_skipped += len(m.PIC.log) - LOG_KEPT
-            del m.PIC.log[: len(m.PIC.log) - LOG_KEPT]
-        if len(rows) < 200:
-            break
-
-
-LOG_KEPT = 400
 
 
 def reconcile() -> None:
@@ -117,33 +72,15 @@ def render_all() -> None:
     panels.render_all_panels()
     story.render()
     compare.render()
+    share.render()
     set_chip()
-
-
-SOON = {"pending": False, "read_at": 0.0}  # a redraw asked for; when the last picture read began
-
-
-def refresh_soon() -> None:
-    """A redraw shortly (debounced): the engine changed, through whichever door."""
-    if SOON["pending"]:
-        return
-    SOON["pending"] = True
-    asked = time.monotonic()
-
-    async def later():
-        await asyncio.sleep(0.15)
-        SOON["pending"] = False
-        # The running action redraws when it is done, and a read begun since the change already shows it.
-        if BUSY.locked() or SOON["read_at"] > asked:
-            return
-        await refresh()
-
-    asyncio.ensure_future(later())
 
 
 def set_chip() -> None:
     chip = el("status-chip")
     label = chip.querySelector(".label")
+    if remote.chip(chip, label):  # connected to a server: "remote: <host>"
+        return
     if ENGINE.mode == "follower":
         chip.className = "chip warn"
         label.textContent = "ready · another tab owns the engine"
@@ -172,8 +109,8 @@ def switch_tab(tab: str) -> None:
 
 
 def on_click(evt) -> None:
-    target = evt.target.closest("[data-act],[data-tab]") if evt.target.closest else None
-    if not target or target.disabled:  # null comes back as a falsy JsNull
+    target = page.clicked(evt, ",[data-tab]")
+    if target is None:
         return
     if target.getAttribute("data-tab"):
         switch_tab(target.getAttribute("data-tab"))
@@ -181,28 +118,9 @@ def on_click(evt) -> None:
     act = ACTIONS.get(target.getAttribute("data-act"))
     if act is None:
         return
-    if not act.exclusive:
-        ui.run_task(act.run(target))
-        return
-    # Disabled now, synchronously: a double click cannot start the action twice. Disabling drops the
-    # keyboard focus, so where it was is noted and given back once the page is redrawn.
-    focused = ui.focus_key(target) if target.isSameNode(doc.activeElement) else None
-    target.disabled = True
-    target.setAttribute("aria-busy", "true")
-    ui.pending(act.answer)
-
-    async def locked():
-        try:
-            async with BUSY:
-                await act.run(target)
-        finally:
-            target.removeAttribute("aria-busy")
-            target.disabled = bool(target.getAttribute("data-why"))
-            await refresh()
-            if focused is not None and not doc.activeElement.closest("button, input, select, textarea"):
-                ui.refocus(focused)
-
-    ui.run_task(locked())
+    # a share link's step, if it is one (recorded once the action says how it went)
+    captured = share.capture(target.getAttribute("data-act"), target) if act.exclusive else None
+    page.run_action(act, target, done=lambda result: share.record(captured, result))
 
 
 def on_tab_key(evt) -> None:
@@ -218,73 +136,35 @@ def on_tab_key(evt) -> None:
 
 @ui.action("reset", exclusive=False)
 async def reset(_el) -> None:
-    if ENGINE.mode != "owner":
-        js.alert("Reset from the tab that owns the engine.")
-        return
-    if not js.confirm("Reset the playground? This deletes the saved log and every token from this browser."):
-        return
-    compare.RACE.on = False
-    if ENGINE.ui_idb:
-        await MP.idb.clear()
-    js.location.reload()
+    question = "Reset the playground? This deletes the saved log and every token from this browser."
+    await page.reset("tab", question, stop=lambda: setattr(compare.RACE, "on", False))
 
 
 # ---------------------------------------------------------------------------------------- timers and tabs
-async def ticker() -> None:
-    """Every second: the owner's sweep (lease expiry, mute), and the clocks on screen. The picture is read
-    again when something changed (every door says so) and every few seconds anyway."""
-    quiet = 0
-    while True:
-        await asyncio.sleep(1)
-        try:
-            swept = await ENGINE.host.sweep() if ENGINE.mode == "owner" else 0
-            quiet += 1
-            if swept or quiet >= 5:
-                quiet = 0
-                if not BUSY.locked():
-                    await refresh()
-            panels.render_clocks()
-        except Exception as exc:  # a failed redraw is logged; the next tick tries again
-            js.console.error(f"playground timer: {exc!r}")
+def following() -> None:
+    banner = el("other-tab")
+    banner.textContent = (
+        "The playground is open in another tab: that tab's engine owns the log. This tab shows the same "
+        "engine and forwards its actions to it, and takes over when the other tab closes."
+    )
+    banner.removeAttribute("hidden")
+    el("reset-btn").disabled = True
 
 
-async def take_over_when_free() -> None:
-    await MP.acquireLock(True)
-    await ENGINE.start_owner()
+async def took_over() -> None:
     el("other-tab").setAttribute("hidden", "")
     el("reset-btn").disabled = False
-    await load_session()
+    await page.load_session()
     await refresh()
-
-
-async def load_session() -> None:
-    saved = await MP.idb.getUi() if ENGINE.ui_idb else None
-    fresh = m.Session.from_json(str(saved) if saved else None)
-    m.S.__dict__.update(fresh.__dict__)
 
 
 async def main() -> None:
     MP.mark("imports")
     await MP.swReady
     MP.stage("storage", "Opening IndexedDB and taking the writer lock…")
-    await ENGINE.open_ui_storage()
-    ENGINE.on_change = refresh_soon
-    ui.REDRAW["now"] = refresh
-    ui.REDRAW["soon"] = refresh_soon
-    MP.onChanged = create_proxy(refresh_soon)
-    if await MP.acquireLock(False):
-        await ENGINE.start_owner()
-    else:
-        ENGINE.mode = "follower"
-        banner = el("other-tab")
-        banner.textContent = (
-            "The playground is open in another tab: that tab's engine owns the log. This tab shows the same "
-            "engine and forwards its actions to it, and takes over when the other tab closes."
-        )
-        banner.removeAttribute("hidden")
-        el("reset-btn").disabled = True
-        asyncio.ensure_future(take_over_when_free())
-    await load_session()
+    page.wire(refresh)
+    await ENGINE.open(following, took_over)
+    await page.load_session()
     el("story-intro").innerHTML = words.INTRO
     el("legend-terms").innerHTML = (
         " ".join(
@@ -294,14 +174,15 @@ async def main() -> None:
     )
     await refresh()
     await console.setup()
+    remote.setup()
     doc.addEventListener("click", create_proxy(on_click))
     el("monitor-pick").addEventListener("change", create_proxy(lambda e: ui.run_task(actions.pick(None))))
     el("lease-subject").addEventListener("input", create_proxy(lambda e: panels.render_workers()))
     el("tabs").addEventListener("keydown", create_proxy(on_tab_key))
-    switch_tab("story")
+    switch_tab("playground" if share.setup() else "story")  # a #scenario= link opens where Replay is
     for b in doc.querySelectorAll(".tab-btn"):
         b.disabled = False
     el("reset-btn").disabled = ENGINE.mode != "owner"
     el("app").removeAttribute("inert")
-    asyncio.ensure_future(ticker())
+    asyncio.ensure_future(page.ticker("playground"))
     MP.stage("ready", "Ready")

@@ -27,6 +27,9 @@ class Engine:
         self.storage_reason: str | None = None
         self.ui_idb = False
         self.on_change: Callable[[], None] = lambda: None  # the page redraws; set by app.main
+        # A running `mp serve` the page is a console for (web/remote.py): while set, `call` and `overview`
+        # go to it; the page's own engine keeps running underneath (service worker, other tabs, sweep).
+        self.remote: Any = None
 
     async def open_ui_storage(self) -> None:
         try:
@@ -88,6 +91,8 @@ class Engine:
 
     async def overview(self, monitor: str | None, from_seq: int) -> Reply:
         """Every monitor, and one monitor's state, subscriptions, leases and log from `from_seq`."""
+        if self.remote is not None:
+            return await self.remote.overview(monitor, from_seq)
         if self.mode == "owner":
             return await self.host.overview(monitor, from_seq)
         text = await MP.askView(json.dumps({"monitor": monitor, "from": from_seq}))
@@ -99,6 +104,10 @@ class Engine:
     async def call(
         self, method: str, path: str, body: Any = None, token: str | None = None, query: dict | None = None
     ) -> Reply:
+        if self.remote is not None:  # the server's change: this tab redraws; other tabs show their engine
+            reply = await self.remote.call(method, path, body, token, query)
+            self.on_change()
+            return reply
         if self.mode == "owner":
             reply = await self.host.call(method, path, body=body, token=token, query=query)
         else:
