@@ -292,6 +292,29 @@ def test_remember_keeps_tokens_in_local_storage(console):
     assert srv.admin not in kept and made["owner"] not in kept
 
 
+def test_tokens_given_for_one_server_are_never_sent_to_another(console):
+    browser, serve, _allowed = console
+    a, b = serve(), serve()
+    made = seed(a)
+    page = open_playground(browser)
+    open_server_panel(page)
+    add_key(page, "owner", "deploys", made["owner"])  # typed before the first Connect: A's, once connected
+    connect(page, a.base, a.admin)
+    assert chip(page) == f"remote: 127.0.0.1:{a.port}" and "deploys" in page.inner_text("#server-keys")
+    act(page, "#btn-server-disconnect")
+    seen: list[str] = []
+    page.on("request", lambda r: seen.append(f"{r.url} {r.headers.get('authorization') or ''}"))
+    connect(page, b.base, a.admin)  # the form still holds A's admin token
+    to_b = [x for x in seen if x.startswith(b.base)]
+    assert to_b, "the page talked to B"  # positive control: requests to B were seen
+    assert not any(made["owner"] in x or a.admin in x for x in to_b), to_b
+    assert "not sent to" in page.inner_text("#server-answer")
+    assert "deploys" not in page.inner_text("#server-keys")  # B's keyring starts empty
+    act(page, "#btn-server-disconnect")
+    connect(page, a.base, a.admin)  # back to A: its own tokens again
+    assert "deploys" in page.inner_text("#server-keys") and picker(page) == ["deploys"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -208,6 +208,8 @@ def test_tampered_links_are_refused_and_run_nothing(browser):
         _fragment({"v": 1, "steps": [["ci"], ["pull", "../../x y"]]}): "one reader name",
         _fragment({"v": 2, "steps": [["ci"]]}): "not a playground scenario",
         _fragment({"v": 1, "steps": [["sub", "reader-a"]]}): "must begin by creating its monitor",
+        # nested past Python's own parser (under the length cap): refused, and the page still starts
+        base64.urlsafe_b64encode(b'{"v":1,"steps":' + b"[" * 2800).decode().rstrip("="): "not JSON",
         "A" * 5000: "at most 4096",
     }
     for fragment, why in cases.items():

@@ -397,6 +397,18 @@ def test_a_bad_last_line_imports_nothing(original):
     assert [m.id for m in h.store.list_monitors()] == ["ci"]
 
 
+def test_a_line_nested_past_the_parser_is_refused_not_a_crash(original):
+    h, text = original
+    deep = "[" * 5000 + "]" * 5000  # past JSON's 32 levels, and past Python's own recursion limit
+    err = refusal(h, "ci-copy", text + deep + "\n")
+    assert [x["line"] for x in err.extras["refused"]] == [len(lines_of(text)) + 1]
+    assert "deep" in err.extras["refused"][0]["reason"] or "nest" in err.extras["refused"][0]["reason"]
+    assert [m.id for m in h.store.list_monitors()] == ["ci"]
+    # the page's own check first (EngineHost.check_log): the refused line listed, not an exception
+    pre = EngineHost(MemoryStore()).check_log(text + deep)
+    assert not pre.body["ok"] and pre.body["refused"][-1]["line"] == len(lines_of(text)) + 1
+
+
 def test_every_refused_line_is_listed_not_only_the_first(original):
     h, text = original
     lines = lines_of(text)

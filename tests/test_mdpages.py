@@ -114,7 +114,8 @@ def test_runnable_blocks_get_a_run_button_and_their_expectations():
         "<!-- expect: 201, 409 DUPLICATE -->\n<!-- shows: owner token -->\n```sh\n"
         'X=$(curl -sS -X POST "$MP/monitors" -d "{}")\ncurl -s "$MP/discover" | field \'["a"]\'\n```\n\n'
         "```sh\ncurl -sS --fail-with-body $MP/discover\n```\n\n"
-        "```python\nfrom monitor_protocol.client import Client\n```\n\n```json\n{}\n```\n\n```\nmp serve\n```\n"
+        "<!-- shows: hi -->\n```python\nfrom monitor_protocol.client import Client\nprint('hi')\n```\n\n"
+        "```json\n{}\n```\n\n```\nmp serve\n```\n"
     )
     kinds = [(b.kind, b.lang) for b in r.blocks]
     assert kinds == [("sh", "sh"), ("sh", "sh"), ("python", "python"), ("show", "json"), ("show", "")]
@@ -123,6 +124,15 @@ def test_runnable_blocks_get_a_run_button_and_their_expectations():
     assert out.count('class="run"') == 3
     assert 'data-fail="1"' in out.split('id="block-2"')[1].split("</figure>")[0]
     assert 'data-fail="1"' not in out.split('id="block-1"')[1].split("</figure>")[0]
+
+
+def test_a_runnable_python_block_must_say_what_it_prints():
+    with pytest.raises(mdpages.DocsError, match="must say what it prints"):
+        render("```python\nfrom monitor_protocol.client import Client\n```\n")
+    assert (
+        render("<!-- shows: x -->\n```python\nimport monitor_protocol.client\n```\n").blocks[0].kind
+        == "python"
+    )
 
 
 def test_python_blocks_without_the_client_and_misplaced_notes_fail():

@@ -93,6 +93,11 @@ def classify(lang: str, code: str, notes: dict[str, list[str]], where: str) -> t
         if norun:
             return "show", norun
         if CLIENT_IMPORT.search(code):
+            if not notes.get("shows"):  # a Python run is judged on what it prints: say what that is
+                raise DocsError(
+                    f"{where}: a python block that runs must say what it prints, right before it: "
+                    "<!-- shows: a line of its output -->"
+                )
             return "python", ""
         raise DocsError(
             f"{where}: this python block does not use monitor_protocol.client, so the page cannot run it; say "

@@ -154,7 +154,12 @@ def following() -> None:
 async def took_over() -> None:
     el("other-tab").setAttribute("hidden", "")
     el("reset-btn").disabled = False
-    await page.load_session()
+    conn = remote.STATE["conn"]
+    if conn is None:
+        await page.load_session()
+    elif conn.ui_idb:  # connected: the server's session stays on screen; the page's own, as the tab that
+        saved = await MP.idb.getUi()  # owned the engine saved it, is what Disconnect gives back
+        conn.page_session = dict(m.Session.from_json(str(saved) if saved else None).__dict__)
     await refresh()
 
 

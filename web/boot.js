@@ -92,6 +92,10 @@ if ("serviceWorker" in navigator) {
         navigator.serviceWorker.addEventListener("controllerchange", resolve, { once: true }),
       );
     }
+    // Tell the worker (and any worker that replaces it) which engine this page's requests belong to.
+    const hello = () => navigator.serviceWorker.controller?.postMessage({ type: "mp-hello", ns: NS });
+    hello();
+    navigator.serviceWorker.addEventListener("controllerchange", hello);
     return true;
   })().catch((err) => {
     console.warn("service worker unavailable:", err);

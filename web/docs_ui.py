@@ -95,9 +95,13 @@ class Runner:
             f"the Python worker failed: {getattr(evt, 'message', '') or 'it did not load (web/runner.js)'}"
         )
         self.show_stage("failed", self.failed)
+        self.drop(self.failed)
+
+    def drop(self, why: str) -> None:
+        """No worker any more: every run still waiting fails with `why`; the next run starts a new one."""
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(RuntimeError(self.failed))
+                fut.set_exception(RuntimeError(why))
         self.pending.clear()
         self.worker = None
 
@@ -105,13 +109,21 @@ class Runner:
         self.start()
         self.seq += 1
         fut = asyncio.get_event_loop().create_future()
-        self.pending[self.seq] = fut
-        self.worker.postMessage(js_obj({"id": self.seq, "kind": kind, **payload}))
+        ident = self.seq
+        self.pending[ident] = fut
+        self.worker.postMessage(js_obj({"id": ident, "kind": kind, **payload}))
         try:
             return await asyncio.wait_for(fut, RUNNER_TIMEOUT)
         except TimeoutError:
-            self.pending.pop(self.seq, None)
-            raise RuntimeError(f"the Python worker did not answer within {RUNNER_TIMEOUT:.0f} s") from None
+            # The worker runs one request at a time: left running, the stuck code would hold every later
+            # block. Stopped, the next block starts a fresh worker.
+            why = (f"the Python worker did not answer within {RUNNER_TIMEOUT:.0f} s: it was stopped, and the "
+                   "next block starts a new one")  # fmt: skip
+            self.pending.pop(ident, None)
+            self.worker.terminate()
+            self.show_stage("stopped", why)
+            self.drop(why)
+            raise RuntimeError(why) from None
 
 
 RUNNER = Runner()

@@ -55,10 +55,23 @@ class Unreachable(Exception):
 
 @dataclass
 class Keyring:
-    """The tokens the console was given: owner tokens by monitor, reader tokens by subscription."""
+    """The tokens the console was given for ONE server (`base`, bound at its first Connect): owner tokens
+    by monitor, reader tokens by subscription, and the admin token. A token is only ever sent to the
+    server it was given for; another server gets a keyring of its own."""
 
     owners: dict[str, str] = field(default_factory=dict)
     readers: dict[str, str] = field(default_factory=dict)
+    base: str | None = None
+    admin: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"admin": self.admin, "owners": self.owners, "readers": self.readers}
+
+    @classmethod
+    def of(cls, base: str, raw: dict[str, Any]) -> Keyring:
+        return cls({str(k): str(v) for k, v in raw.get("owners", {}).items()},
+                   {str(k): str(v) for k, v in raw.get("readers", {}).items()},
+                   base, str(raw["admin"]) if raw.get("admin") else None)  # fmt: skip
 
 
 class RemoteDoor:
@@ -451,7 +464,31 @@ class Connection:
     ui_idb: bool = False
 
 
-STATE: dict[str, Any] = {"conn": None, "keys": Keyring()}
+# "keys": the keyring in use (the connected server's, or the one being filled before a first Connect);
+# "rings": every server's keyring by base, so switching servers never hands one server another's tokens.
+STATE: dict[str, Any] = {"conn": None, "keys": Keyring(), "rings": {}}
+
+
+def keyring_for(base: str, admin: str | None) -> tuple[Keyring, str | None]:
+    """The keyring to connect to `base` with (bound to it now if it was never bound), and a sentence when a
+    token in the form was kept back because it was given for another server."""
+    current: Keyring = STATE["keys"]
+    rings: dict[str, Keyring] = STATE["rings"]
+    if current.base in (None, base):
+        current.base = base
+        ring = current
+    else:
+        rings[current.base] = current
+        ring = rings.get(base) or Keyring(base=base)
+    said = None
+    others = [b for b, r in rings.items() if b != base and admin and r.admin == admin]
+    if others:
+        admin, said = None, (f"The admin token in the form was given for {others[0]}: it is not sent to {base}. "
+                             "Type this server's own admin token to use one.")  # fmt: skip
+    ring.admin = admin
+    rings[base] = ring
+    STATE["keys"] = ring
+    return ring, said
 
 
 def connected() -> RemoteDoor | None:
@@ -559,8 +596,11 @@ def remember_if_ticked() -> None:
     if STATE["conn"] is not None:
         keep_keys()
     keys: Keyring = STATE["keys"]
-    data = {"base": el("server-base").value, "admin": el("server-admin").value,
-            "owners": keys.owners, "readers": keys.readers}  # fmt: skip
+    rings = dict(STATE["rings"])
+    if keys.base is not None:
+        rings[keys.base] = keys
+    data = {"base": el("server-base").value, "rings": {b: r.to_json() for b, r in rings.items()},
+            "unbound": None if keys.base is not None else keys.to_json()}  # fmt: skip
     text = json.dumps(data)
     if str(js.localStorage.getItem(REMEMBER_KEY) or "") != text:
         js.localStorage.setItem(REMEMBER_KEY, text)
@@ -572,14 +612,18 @@ def restore() -> None:
         return
     try:
         data = json.loads(str(raw))
-        keys = Keyring({str(k): str(v) for k, v in data.get("owners", {}).items()},
-                       {str(k): str(v) for k, v in data.get("readers", {}).items()})  # fmt: skip
-    except (ValueError, AttributeError, TypeError):
+        rings = {str(b): Keyring.of(str(b), r) for b, r in (data.get("rings") or {}).items()}
+        unbound = Keyring.of("", data["unbound"]) if data.get("unbound") else None
+    except (ValueError, AttributeError, TypeError, KeyError):
         js.localStorage.removeItem(REMEMBER_KEY)
         return
-    STATE["keys"] = keys
-    el("server-base").value = str(data.get("base") or DEFAULT_BASE)
-    el("server-admin").value = str(data.get("admin") or "")
+    base = str(data.get("base") or DEFAULT_BASE)
+    STATE["rings"] = rings
+    if unbound is not None:
+        unbound.base = None
+    STATE["keys"] = rings.get(normalise_base(base) or "") or unbound or Keyring()
+    el("server-base").value = base
+    el("server-admin").value = STATE["keys"].admin or ""
     el("server-remember").checked = True
     said = el("server-remembered")
     said.textContent = f"Restored from this browser's localStorage (key {REMEMBER_KEY}): press Connect."
@@ -715,7 +759,15 @@ async def connect_btn(_el) -> None:
             ok=False,
         )
         return
-    ok, say, reply = await connect(base, admin, STATE["keys"])
+    unbound = STATE["keys"].base is None
+    keys, kept_back = keyring_for(base, admin)
+    if kept_back:
+        el("server-admin").value = ""
+    ok, say, reply = await connect(base, keys.admin, keys)
+    say = f"{say} {kept_back}" if kept_back else say
+    if not ok and unbound:  # tokens typed for a first Connect that failed: not bound to a mistyped address
+        keys.base = None
+        STATE["rings"].pop(base, None)
     if reply is not None:
         show_one("server-answer", f"connect {base}", reply, say)
     else:

@@ -7,7 +7,7 @@
   listed (line number, reason) and nothing is imported. Else it becomes a NEW monitor (default id
   `<id>-import`), its owner token shown once, and it is put on screen.
 - Share link: the Playground's buttons are recorded, per monitor, as a small scenario (the steps and the
-  form values they sent; never a token, never the log's data). "Copy share link" puts
+  form values they sent, a publish's data included; never a token, never the log itself). "Copy share link" puts
   `<page>#scenario=<base64url of compact JSON>` on the clipboard. Opening such a link says what it will do
   and offers Replay, which runs the same steps against this page's engine under a fresh monitor id.
   A fragment that is not base64url, not JSON, names an unknown step or is too long is refused, plainly,
@@ -70,7 +70,7 @@ def decode(fragment: str) -> list[list[Any]]:
     try:
         raw = base64.urlsafe_b64decode(fragment + "=" * (-len(fragment) % 4))
         doc_ = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+    except (binascii.Error, UnicodeDecodeError, ValueError, RecursionError):  # nested past the parser too
         raise BadScenario(
             "The scenario decodes to something that is not JSON: the link was cut or changed."
         ) from None
@@ -379,7 +379,7 @@ async def copy_link(_el) -> None:
         copied = "shown below (the clipboard was not available)"
     steps = RECORDED[m.S.monitor]
     note("share-answer", f"Share link {copied}: {describe(steps)}. {len(link)} characters; it holds the "
-         "steps, never a token or the log itself.")  # fmt: skip
+         "steps (with what each publish sends), never a token or the log itself.")  # fmt: skip
 
 
 def opened_fragment() -> str | None:
@@ -499,7 +499,7 @@ def schema_refusals(text: str, validator) -> dict[int, str]:
             continue
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # the engine's check names these lines
             continue
         if not isinstance(value, dict):
             continue

@@ -6,6 +6,10 @@
 const SCOPE_PATH = new URL(self.registration.scope).pathname; // e.g. "/"
 const API = SCOPE_PATH + "mp/v0";
 const owners = new Map(); // namespace -> the tab that said it owns its engine (a hint: any tab may answer "not owner")
+// client id -> the namespace its page said at start (boot.js "mp-hello"): a page busy past the timeout is
+// still known, so its request never falls to another namespace's engine. A page that never said hello has
+// no engine of its own (a JSON view, a host page): its requests are the playground's.
+const clientNs = new Map();
 
 self.addEventListener("install", () => self.skipWaiting());
 self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
@@ -13,6 +17,7 @@ self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim(
 self.addEventListener("message", (event) => {
   const msg = event.data || {};
   const ns = String(msg.ns || "");
+  if (msg.type === "mp-hello" && event.source) clientNs.set(event.source.id, ns);
   if (msg.type === "mp-owner" && event.source) owners.set(ns, event.source.id);
   if (msg.type === "mp-owner-gone" && event.source && owners.get(ns) === event.source.id) owners.delete(ns);
 });
@@ -62,9 +67,12 @@ async function forward(request, url, clientId) {
   let ns = asker && asker.type === "worker" ? new URL(asker.url).searchParams.get("mp-ns") || "" : null;
   const windows = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
   let reason = "no playground tab is open";
+  let silent = false; // a tab did not answer in time: it may still apply the request
   const answer = (reply, client) => {
-    if (reply.noAnswer) reason = "the playground tab did not answer";
-    else if (reply.notReady) reason = "the playground is still starting";
+    if (reply.noAnswer) {
+      reason = "the playground tab did not answer";
+      silent = true;
+    } else if (reply.notReady) reason = "the playground is still starting";
     if (!reply.status || reply.notReady) return null;
     if (ns !== null) owners.set(ns, client.id);
     return new Response(reply.body || null, {
@@ -80,12 +88,24 @@ async function forward(request, url, clientId) {
     const done = answer(reply, self_);
     if (done) return done;
   }
-  ns = ns || "";
+  // Silent (busy past the timeout): the namespace it said at start, never another engine's guess.
+  if (ns === null && asker && clientNs.has(asker.id)) ns = clientNs.get(asker.id);
+  ns = ns || ""; // no engine page (or no client at all): the playground's
   const others = windows.filter((c) => c !== self_);
   others.sort((a, b) => (b.id === owners.get(ns)) - (a.id === owners.get(ns)));
   for (const client of others) {
     const done = answer(await ask(client, { type: "mp-request", ns, req }, timeout), client);
     if (done) return done;
+  }
+  if (silent && !["GET", "HEAD"].includes(request.method)) {
+    return json(503, {
+      code: "UNAVAILABLE",
+      error:
+        "The engine's tab did not answer in time and may still apply this request: read the state to see, " +
+        "or send it again with the same idempotency key.",
+      outcome: "unknown",
+      done: [],
+    });
   }
   const page = ns ? `a page of the "${ns}" engine` : `the playground (${self.registration.scope})`;
   return json(503, {
