@@ -366,7 +366,8 @@ def _not_sent() -> tuple[type[Exception], ...]:
 
 
 def _pooled_request(prefix: str, call: _Call[Any]) -> tuple[str, bytes | None, dict[str, str]]:
-    """The request target, body and headers a keep-alive pool sends for `call` (both clients)."""
+    """The request target, body and headers the client's own layers send for `call` (both clients): a
+    keep-alive pool takes the base's path as `prefix`, the browser (webhttp) the whole base URL."""
     target = prefix + call.path
     if call.params:
         target += "?" + urlencode(call.params, quote_via=quote)
@@ -376,12 +377,6 @@ def _pooled_request(prefix: str, call: _Call[Any]) -> tuple[str, bytes | None, d
         body = _json_body(call.body)
         headers["content-type"] = "application/json"
     return target, body, headers
-
-
-def _web_request(base: str, call: _Call[Any]) -> tuple[str, bytes | None, dict[str, str]]:
-    """The absolute URL, body and headers the browser layer (webhttp) sends for `call`."""
-    target, body, headers = _pooled_request("", call)
-    return base + target, body, headers
 
 
 def _json_body(body: Any) -> bytes:
@@ -1564,14 +1559,13 @@ class Client(_Base):
         # The HTTP layer, chosen by measurement (keepalive.py): the standard library's keep-alive
         # connections, or httpx where a proxy applies or the caller brings an httpx transport. In a browser,
         # a synchronous XMLHttpRequest (webhttp.Client: use it in a Web Worker).
-        self._pool: keepalive.Pool | None = None
-        self._web: webhttp.Client | None = None
+        # The client's own layers take the same request (`_pooled_request` with `_prefix`).
+        self._pool: keepalive.Pool | webhttp.Client | None = None
         self._http: httpx.Client | None = None
         if transport is None and IN_BROWSER:
-            self._web = webhttp.Client()
+            self._pool, self._prefix = webhttp.Client(), self.base  # the browser takes absolute URLs
         elif transport is None and not keepalive.proxied(self.base):
-            self._pool = keepalive.Pool(self.base)
-            self._prefix = urlsplit(self.base).path
+            self._pool, self._prefix = keepalive.Pool(self.base), urlsplit(self.base).path
         else:
             import httpx
 
@@ -1581,13 +1575,11 @@ class Client(_Base):
     def http_layer(self) -> str:
         """Which HTTP layer this client uses: "http.client" (keep-alive pool), "httpx", or in a browser
         "xhr" (a synchronous XMLHttpRequest)."""
-        if self._web is not None:
-            return self._web.http_layer
+        if isinstance(self._pool, webhttp.Client):
+            return self._pool.http_layer
         return "http.client" if self._pool is not None else "httpx"
 
     def _once(self, call: _Call[T]) -> T:
-        if self._web is not None:
-            return self._once_web(self._web, call)
         if self._pool is not None:
             return self._once_pooled(self._pool, call)
         import httpx
@@ -1607,18 +1599,10 @@ class Client(_Base):
             raise _connection_failed(exc, url) from exc
         return _decode(response, call)
 
-    def _once_pooled(self, pool: keepalive.Pool, call: _Call[T]) -> T:
+    def _once_pooled(self, pool: keepalive.Pool | webhttp.Client, call: _Call[T]) -> T:
         target, body, headers = _pooled_request(self._prefix, call)
         try:
             reply = pool.request(call.method, target, body, headers, call.timeout or self.timeout)
-        except httpreply.SendFailed as exc:
-            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
-        return _decode(reply, call)
-
-    def _once_web(self, web: webhttp.Client, call: _Call[T]) -> T:
-        url, body, headers = _web_request(self.base, call)
-        try:
-            reply = web.request(call.method, url, body, headers, call.timeout or self.timeout)
         except httpreply.SendFailed as exc:
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
@@ -1694,8 +1678,6 @@ class Client(_Base):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
-        if self._web is not None:
-            self._web.close()
         if self._http is not None:
             self._http.close()
 
@@ -1724,27 +1706,25 @@ class AsyncClient(_Base):
         # trio, where a proxy applies, or with a caller's transport (created when first needed). In a
         # browser, the browser's fetch (webhttp.AsyncClient).
         self._transport = transport
-        self._pool: keepalive.AsyncPool | None = None
-        self._web: webhttp.AsyncClient | None = None
+        self._pool: keepalive.AsyncPool | webhttp.AsyncClient | None = None
         if transport is None and IN_BROWSER:
-            self._web = webhttp.AsyncClient()
+            self._pool, self._prefix = webhttp.AsyncClient(), self.base  # the browser takes absolute URLs
         elif transport is None and not keepalive.proxied(self.base):
-            self._pool = keepalive.AsyncPool(self.base)
-            self._prefix = urlsplit(self.base).path
+            self._pool, self._prefix = keepalive.AsyncPool(self.base), urlsplit(self.base).path
         self._http: httpx.AsyncClient | None = None
 
     @property
     def http_layer(self) -> str:
         """Which HTTP layer this client uses under asyncio: "asyncio+h11" (keep-alive pool) or "httpx"
         (always httpx under trio), or in a browser "fetch"."""
-        if self._web is not None:
-            return self._web.http_layer
+        if isinstance(self._pool, webhttp.AsyncClient):
+            return self._pool.http_layer
         return "asyncio+h11" if self._pool is not None else "httpx"
 
     async def _once(self, call: _Call[T]) -> T:
-        if self._web is not None:
-            return await self._once_web(self._web, call)
-        if self._pool is not None and keepalive.running_asyncio():
+        if isinstance(self._pool, webhttp.AsyncClient) or (
+            self._pool is not None and keepalive.running_asyncio()
+        ):
             return await self._once_pooled(self._pool, call)
         import httpx
 
@@ -1764,7 +1744,7 @@ class AsyncClient(_Base):
             raise _connection_failed(exc, url) from exc
         return _decode(response, call)
 
-    async def _once_pooled(self, pool: keepalive.AsyncPool, call: _Call[T]) -> T:
+    async def _once_pooled(self, pool: keepalive.AsyncPool | webhttp.AsyncClient, call: _Call[T]) -> T:
         target, body, headers = _pooled_request(self._prefix, call)
         try:
             reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
@@ -1772,16 +1752,10 @@ class AsyncClient(_Base):
             raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
         return _decode(reply, call)
 
-    async def _once_web(self, web: webhttp.AsyncClient, call: _Call[T]) -> T:
-        url, body, headers = _web_request(self.base, call)
-        try:
-            reply = await web.request(call.method, url, body, headers, call.timeout or self.timeout)
-        except httpreply.SendFailed as exc:
-            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
-        return _decode(reply, call)
-
     async def _sleep(self, delay: float) -> None:
-        if self._web is not None:  # Pyodide's event loop is asyncio's, and anyio is not installed there
+        if isinstance(
+            self._pool, webhttp.AsyncClient
+        ):  # Pyodide's event loop is asyncio's, and anyio is not installed there
             import asyncio
 
             await asyncio.sleep(delay)
@@ -1864,8 +1838,6 @@ class AsyncClient(_Base):
     async def aclose(self) -> None:
         if self._pool is not None:
             await self._pool.aclose()
-        if self._web is not None:
-            await self._web.aclose()
         if self._http is not None:
             await self._http.aclose()
 

@@ -62,8 +62,8 @@ from typing import Any
 from . import events, provenance, schemas, timefmt, tokens, wire
 from .errors import ProtocolError
 from .lookups import monitor_of
-from .monitors import validate_definition
-from .publishing import MAX_TRACKED_ACTORS, PUBLISHABLE_PROTOCOL_TYPES
+from .monitors import registration_attested, validate_definition
+from .publishing import PUBLISHABLE_PROTOCOL_TYPES, counted, with_actor
 from .records import DEFINITION_FIELDS, Counters, LastSeen, Monitor, Observation
 from .service_base import ServiceCore
 from .states import MonitorStatus, monitor_next
@@ -448,15 +448,7 @@ def import_log(
     core: ServiceCore, tx: Tx, monitor_id: Any, source: str | bytes | list[Any], token: str | None
 ) -> dict[str, Any]:
     """Write a checked log as the new monitor `monitor_id` (one transaction), or refuse all of it."""
-    attested = False
-    if core.registration_token is not None:
-        if not token or not tokens.matches(token, tokens.digest(core.registration_token)):
-            raise ProtocolError(
-                "UNAUTHORIZED",
-                "This server requires its registration token to create (or import) a monitor.",
-                needs="registration_token",
-            )
-        attested = True
+    attested = registration_attested(core, token, "create (or import) a monitor")
     if not isinstance(monitor_id, str) or not MONITOR_ID_PATTERN.match(monitor_id):
         raise invalid(
             "The new monitor id is required: 2-64 letters, digits, '_', '.' or '-' (e.g. \"ci-import\").",
@@ -486,7 +478,7 @@ def _write(tx: Tx, monitor_id: str, checked: Checked, attested: bool) -> dict[st
     new_source = events.source_of(monitor_id)
     counters = Counters()
     last: LastSeen | None = None
-    actors: list[str] = []
+    actors: tuple[str, ...] = ()
     for _, event in checked.rows:
         row = dict(event)
         row["source"] = new_source
@@ -507,15 +499,9 @@ def _write(tx: Tx, monitor_id: str, checked: Checked, attested: bool) -> dict[st
                 counters = counters.bump(rejected=1)
             elif kind == T_LEASE and data["payload"].get("action") == "complete":
                 counters = counters.bump(acted=1)
-        else:
-            counters = counters.bump(observations=1)
-            if kind.endswith(".contradiction"):
-                counters = counters.bump(contradictions=1)
-            elif kind.endswith(".contradiction_resolved"):
-                counters = counters.bump(contradictions_resolved=1)
-            actor = row["data"]["provenance"]["actor"]
-            if actor not in actors and len(actors) < MAX_TRACKED_ACTORS:
-                actors.append(actor)
+        else:  # a published row counts as its publish did
+            counters = counted(counters, kind)
+            actors = with_actor(actors, row["data"]["provenance"]["actor"])
             last = LastSeen(seq, timefmt.parse(row["time"]) or tx.now, kind)
         obs = Observation.of(monitor_id, seq, row)
         tx.append(obs)
@@ -538,7 +524,7 @@ def _write(tx: Tx, monitor_id: str, checked: Checked, attested: bool) -> dict[st
         head=int(checked.rows[-1][1]["id"]),
         counters=counters,
         last=last,
-        actors=tuple(actors),
+        actors=actors,
         **definition,
     )
     tx.put_monitor(rec)

@@ -137,17 +137,23 @@ def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, 
     return rec
 
 
+def registration_attested(core: ServiceCore, token: str | None, what: str = "create a monitor") -> bool:
+    """Whether `token` is the server's registration token (a monitor made with it is attested); when the
+    server requires one, a missing or wrong token is refused, naming what it was needed for."""
+    if core.registration_token is None:
+        return False
+    if not token or not tokens.matches(token, tokens.digest(core.registration_token)):
+        raise ProtocolError(
+            "UNAUTHORIZED",
+            f"This server requires its registration token to {what}.",
+            needs="registration_token",
+        )
+    return True
+
+
 def create_monitor(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
     body = require_object(body, "monitor")
-    attested = False
-    if core.registration_token is not None:
-        if not token or not tokens.matches(token, tokens.digest(core.registration_token)):
-            raise ProtocolError(
-                "UNAUTHORIZED",
-                "This server requires its registration token to create a monitor.",
-                needs="registration_token",
-            )
-        attested = True
+    attested = registration_attested(core, token)
     monitor_id = body.get("id")
     if not isinstance(monitor_id, str) or not MONITOR_ID_PATTERN.match(monitor_id):
         raise invalid(

@@ -9,7 +9,7 @@ from . import events, provenance, state, timefmt, wire
 from .errors import ProtocolError
 from .ledger import append, reject
 from .lookups import owner_monitor
-from .records import LastSeen, Monitor, Observation, PublishKey, evolve
+from .records import Counters, LastSeen, Monitor, Observation, PublishKey, evolve
 from .service_base import LoggedRefusal, ServiceCore
 from .tx import Tx
 from .validation import check_actor, check_name, invalid
@@ -43,6 +43,21 @@ def check_idempotency_key(value: Any) -> str:
             limit=IDEMPOTENCY_KEY_MAX_CHARS,
         )
     return value
+
+
+def counted(counters: Counters, obs_type: str) -> Counters:
+    """What one accepted publish of `obs_type` adds to a monitor's counters (an import recounts with it)."""
+    counters = counters.bump(observations=1)
+    if obs_type.endswith(".contradiction"):
+        return counters.bump(contradictions=1)
+    if obs_type.endswith(".contradiction_resolved"):
+        return counters.bump(contradictions_resolved=1)
+    return counters
+
+
+def with_actor(actors: tuple[str, ...], actor: str) -> tuple[str, ...]:
+    """The monitor's tracked actors once `actor` has published (the first MAX_TRACKED_ACTORS are kept)."""
+    return actors if actor in actors or len(actors) >= MAX_TRACKED_ACTORS else (*actors, actor)
 
 
 def publish(
@@ -145,19 +160,11 @@ def _publish_one(
     prov = event_kwargs.pop("prov")
 
     def bookkeeping(m: Monitor, obs: Observation) -> dict[str, Any]:
-        counters = m.counters.bump(observations=1)
-        if obs.type.endswith(".contradiction"):
-            counters = counters.bump(contradictions=1)
-        elif obs.type.endswith(".contradiction_resolved"):
-            counters = counters.bump(contradictions_resolved=1)
-        actors = m.actors
-        if prov.actor not in actors and len(actors) < MAX_TRACKED_ACTORS:
-            actors = (*actors, prov.actor)
         # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
         return {
-            "counters": counters,
+            "counters": counted(m.counters, obs.type),
             "last": LastSeen(obs.seq, now, obs.type),
-            "actors": actors,
+            "actors": with_actor(m.actors, prov.actor),
             "source_contact": now,
         }
 
