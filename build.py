@@ -407,7 +407,7 @@ def openapi_json() -> bytes:
     engine = str(ROOT / "engine")
     sys.path.insert(0, engine)
     try:
-        from monitor_protocol.openapi import dumps
+        from monitor_protocol.api.openapi import dumps
     finally:
         sys.path.remove(engine)
     return (dumps() + "\n").encode()

@@ -164,7 +164,7 @@ def main() -> None:
         return
     import uvicorn
 
-    # mp serve's settings (commands/serve.py): httptools, uvloop when installed, no access log by default
+    # mp serve's settings (cli/serve.py): httptools, uvloop when installed, no access log by default
     config = uvicorn.Config(
         app, lifespan="on", log_level="warning", access_log=False, http="httptools", loop="auto"
     )

@@ -95,7 +95,7 @@ def mp_serve(db: str, *, admin: bool = False, log_level: str = "warning") -> Ite
     cmd = [
         PY,
         "-m",
-        "monitor_protocol.cli",
+        "monitor_protocol",
         "serve",
         "--db",
         db,

@@ -248,7 +248,7 @@ class Bench:
     def fill(self, path: str, upto: int, token: str | None = None) -> tuple[str, float]:
         """Fill the monitor in-process to ``upto`` observations: MonitorService + SQLiteStore, group commit
         of 2,000 publishes and synchronous=OFF, for the fill only. Returns (owner token, seconds)."""
-        from monitor_protocol.service import MonitorService
+        from monitor_protocol.core.service import MonitorService
         from monitor_protocol.store.sqlite import SQLiteStore
 
         store = SQLiteStore(path, synchronous="OFF")

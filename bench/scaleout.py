@@ -256,7 +256,7 @@ def servers(kind: str, db: str | None, k: int, logdir: Path) -> Iterator[list[Pr
         for i in range(k):
             port = free_port()
             if kind == "mp":
-                cmd = [PY, "-m", "monitor_protocol.cli", "serve", "--db", str(db), "--port", str(port),
+                cmd = [PY, "-m", "monitor_protocol", "serve", "--db", str(db), "--port", str(port),
                        "--log-level", "warning"]  # fmt: skip
             else:
                 cmd = [PY, str(BENCH / "bare_app.py"), "--port", str(port), "--log-level", "warning"]

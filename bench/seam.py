@@ -301,7 +301,7 @@ def cached_log(engine: Path, info: dict[str, Any], n: int) -> tuple[Path, dict[s
     for sfx in ("", "-wal", "-shm", ".lock"):
         Path(str(tmp) + sfx).unlink(missing_ok=True)
     log(f"filtered: filling {n:,} observations in-process (group commit, synchronous=OFF for the fill only)")
-    from monitor_protocol.service import MonitorService
+    from monitor_protocol.core.service import MonitorService
     from monitor_protocol.store.sqlite import SQLiteStore
 
     t0 = time.perf_counter()
@@ -431,7 +431,7 @@ class Seam:
             "observations": self.n, "fill_seconds": meta["fill_seconds"], "cached": meta["cached"],
             "db_bytes": meta["db_bytes"], "filters": FILTERS, "inproc": {}, "http": {}, "catch_up": {},
         }  # fmt: skip
-        from monitor_protocol.service import MonitorService
+        from monitor_protocol.core.service import MonitorService
         from monitor_protocol.store.sqlite import SQLiteStore
 
         store = SQLiteStore(str(work))  # mp serve's durability

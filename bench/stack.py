@@ -18,7 +18,7 @@ A  client HTTP layers: one sequential keep-alive client in one process (a child 
    `mp serve` (publish; pull(limit 1)+ack) and against bench/bare_app.py (the transport limit); the client's
    CPU per request (time.process_time over the run / requests) and the server's (/proc, all threads).
 B  servers: the real mp ASGI app under uvicorn as `mp serve` runs it, uvicorn with the access log written,
-   and granian (ASGI, 1 worker, uvloop, HTTP/1) serving the same app (built as commands/serve.py builds
+   and granian (ASGI, 1 worker, uvloop, HTTP/1) serving the same app (built as cli/serve.py builds
    it); bench/bare_app.py under uvicorn and granian. 1 client (A's fastest layer, and httpx) and 16 raw
    asyncio clients (bench/loadgen.py). Then functional checks of what `mp serve` promises at the HTTP
    level, on uvicorn and on granian.
@@ -770,7 +770,7 @@ def serve(kind: str, db: str | None, tmp: Path, extra: list[str] | None = None) 
     stdout: Any = subprocess.DEVNULL
     if kind in ("uvicorn-mp", "uvicorn-mp-access"):
         access = kind == "uvicorn-mp-access"
-        cmd = [PY, "-m", "monitor_protocol.cli", "serve", "--db", str(db), "--port", str(port)]
+        cmd = [PY, "-m", "monitor_protocol", "serve", "--db", str(db), "--port", str(port)]
         # the access lines are logged at info; newer trees also need --access-log (off by default)
         cmd += ["--log-level", "info" if access else "warning", *extra]
         if access:
@@ -799,7 +799,7 @@ def serve(kind: str, db: str | None, tmp: Path, extra: list[str] | None = None) 
 
 
 def _has_access_log_flag() -> bool:
-    from monitor_protocol.commands import serve as serve_cmd
+    from monitor_protocol.cli import serve as serve_cmd
 
     return "access_log" in getattr(serve_cmd, "SETTINGS", {})
 
@@ -815,13 +815,13 @@ def engine_tree() -> dict[str, Any]:
     status = subprocess.run(
         ["git", "status", "--porcelain", "--", "engine"], cwd=ROOT, capture_output=True, text=True
     ).stdout
-    from monitor_protocol.commands import serve as serve_cmd
+    from monitor_protocol.cli import serve as serve_cmd
 
     return {
         "engine_py_sha256": h.hexdigest()[:16],
         "engine_changed_files": len(status.splitlines()),
         "client_sync_transport": "keepalive (http.client)"
-        if (ROOT / "engine/monitor_protocol/keepalive.py").exists()
+        if (ROOT / "engine/monitor_protocol/client/keepalive.py").exists()
         else "httpx",
         "server_json_codec": "install_fast_json (orjson if installed)"
         if hasattr(serve_cmd, "install_fast_json")
@@ -858,7 +858,7 @@ def machine_check(tmp: Path) -> dict[str, Any]:
 def fill(db: str, n: int) -> str:
     """A fresh database with the bench monitor and ``n`` observations (in-process, group commit of 2,000,
     synchronous=OFF for the fill only, then checkpointed). Returns the owner token."""
-    from monitor_protocol.service import MonitorService
+    from monitor_protocol.core.service import MonitorService
     from monitor_protocol.store.sqlite import SQLiteStore
 
     store = SQLiteStore(db, synchronous="OFF")
@@ -1314,9 +1314,9 @@ def _time_op(fn: Callable[[], Any], seconds: float, runs: int) -> dict[str, Any]
 
 
 def _engine(store: Any) -> tuple[Any, Any]:
-    from monitor_protocol.binding.rest import RestRouter
-    from monitor_protocol.commands.serve import allowed_hosts_for
-    from monitor_protocol.service import MonitorService
+    from monitor_protocol.api.rest import RestRouter
+    from monitor_protocol.cli.serve import allowed_hosts_for
+    from monitor_protocol.core.service import MonitorService
 
     service = MonitorService(store, clock=time.time)
     router = RestRouter(service, allowed_hosts=allowed_hosts_for("127.0.0.1", []), max_body=1 << 20)
@@ -1326,7 +1326,7 @@ def _engine(store: Any) -> tuple[Any, Any]:
 def _call(
     router: Any, method: str, path: str, token: str | None = None, body: Any = None, query: Any = None
 ) -> Any:
-    from monitor_protocol.binding.messages import Request
+    from monitor_protocol.api.messages import Request
 
     headers = {"host": "127.0.0.1:8130", "accept": "application/json"}
     if token:
@@ -1377,7 +1377,7 @@ def realistic_replies() -> dict[str, Any]:
 
 
 def section_c(ctx: Ctx) -> dict[str, Any]:
-    from monitor_protocol import wire
+    from monitor_protocol.core import wire
 
     out: dict[str, Any] = {"encode": [], "decode": [], "semantics": []}
     codecs_enc: dict[str, Callable[[Any], bytes]] = {
@@ -1457,7 +1457,7 @@ def _outcome(fn: Callable[[], Any]) -> str:
 
 
 def semantics(orjson: Any, msgspec: Any, replies: dict[str, Any]) -> list[dict[str, Any]]:
-    from monitor_protocol import wire
+    from monitor_protocol.core import wire
 
     strict_str = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
@@ -1559,8 +1559,8 @@ def _engine_loop(
 
 
 def section_d(ctx: Ctx) -> dict[str, Any]:
-    from monitor_protocol import wire
-    from monitor_protocol.commands import serve as serve_cmd
+    from monitor_protocol.cli import serve as serve_cmd
+    from monitor_protocol.core import wire
 
     out: dict[str, Any] = {"figures": []}
     install = getattr(serve_cmd, "install_fast_json", None)
@@ -1709,7 +1709,7 @@ def _short(file: str) -> str:
 
 
 PLUMBING = ("threading.py", "runpy.py", "asyncio/runners.py", "asyncio/base_events.py", "uvicorn/server.py")
-PLUMBING += ("uvicorn/main.py", "uvicorn/_compat.py", "mp/cli.py", "mp/commands/serve.py", "mp/__main__.py")
+PLUMBING += ("uvicorn/main.py", "uvicorn/_compat.py", "mp/cli.py", "mp/cli/serve.py", "mp/__main__.py")
 PLUMBING += ("<string>", "<frozen runpy>")
 
 
@@ -1796,14 +1796,14 @@ def _frame(f: str) -> str:
 
 # ======================================================================================= granian launcher
 def granian_mp_app() -> Any:
-    """The MonitorApp as `mp serve` builds it (commands/serve.py run(): the JSON codec it installs, the
+    """The MonitorApp as `mp serve` builds it (cli/serve.py run(): the JSON codec it installs, the
     store, service, router and app with their defaults), minus the SIGHUP reloader."""
-    from monitor_protocol.binding.asgi import create_app
-    from monitor_protocol.binding.rest import RestRouter
-    from monitor_protocol.commands import serve as serve_cmd
-    from monitor_protocol.commands.serve import allowed_hosts_for
-    from monitor_protocol.push import delivery_task
-    from monitor_protocol.service import MonitorService
+    from monitor_protocol.api.rest import RestRouter
+    from monitor_protocol.cli import serve as serve_cmd
+    from monitor_protocol.cli.serve import allowed_hosts_for
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.doors.http.app import create_app
+    from monitor_protocol.doors.push import delivery_task
     from monitor_protocol.store.sqlite import SQLiteStore
 
     install = getattr(serve_cmd, "install_fast_json", None)  # newer trees: orjson for replies and rows

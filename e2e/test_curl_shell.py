@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "web"))
 import curl  # noqa: E402
-from monitor_protocol.browser.host import EngineHost  # noqa: E402
+from monitor_protocol.doors.browser import EngineHost  # noqa: E402
 
 ORIGIN = "http://127.0.0.1:5555"
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from conftest import Browser, axe_violations, format_violations, horizontal_overflow
-from monitor_protocol import schemas
+from monitor_protocol.core import schemas
 
 BOOT_MS = 120_000
 ACT_MS = 60_000

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monitor_protocol.binding.messages import Request
-from monitor_protocol.binding.rest import RestRouter
-from monitor_protocol.service import MonitorService
+from monitor_protocol.api.messages import Request
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
 from monitor_protocol.store.sqlite import SQLiteStore
 

@@ -29,7 +29,7 @@ _counter = itertools.count(1)
 
 def mp_command(*args: str) -> list[str]:
     """The `mp` console script run with this interpreter (works without an installed entry point)."""
-    return [sys.executable, "-m", "monitor_protocol.cli", *args]
+    return [sys.executable, "-m", "monitor_protocol", *args]
 
 
 def mp_env() -> dict[str, str]:

@@ -10,11 +10,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from monitor_protocol.binding.asgi import EngineThread, create_app, error_response
-from monitor_protocol.binding.messages import Request
-from monitor_protocol.binding.rest import RestRouter
-from monitor_protocol.errors import ProtocolError, internal_failure, storage_unavailable
-from monitor_protocol.service import MonitorService
+from monitor_protocol.api.messages import Request
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core.errors import ProtocolError, internal_failure, storage_unavailable
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.http.app import EngineThread, create_app, error_response
 from monitor_protocol.store.memory import MemoryStore
 
 HANG_GUARD = 30  # only stops a broken door from hanging the suite; no assertion depends on it

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from monitor_protocol.browser.host import EngineHost
+from monitor_protocol.doors.browser import EngineHost
 
 
 async def _feed(host: EngineHost) -> tuple[str, str, str]:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from monitor_protocol import __version__
+from monitor_protocol.cli import client_cmds
 from monitor_protocol.client import Client
-from monitor_protocol.commands import client_cmds
 from serverutil import mp_command, mp_env, running_server
 
 TYPE = "com.example.ci.run"

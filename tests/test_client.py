@@ -30,7 +30,7 @@ from monitor_protocol.client import (
     Unavailable,
     UnknownVocabulary,
 )
-from monitor_protocol.vocab import ERROR_STATUS
+from monitor_protocol.core.vocab import ERROR_STATUS
 from serverutil import mp_command, mp_env, running_server
 
 ADMIN = "admin-token-for-tests-0123456789"

@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 from monitor_protocol.client import AsyncClient, Client, CursorBackwards, Unauthorized
-from monitor_protocol.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
+from monitor_protocol.core.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
 from serverutil import running_server
 
 TYPE = "com.example.ci.run"

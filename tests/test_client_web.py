@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from monitor_protocol import webhttp
+from monitor_protocol.client import webhttp
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
@@ -103,7 +103,7 @@ def test_on_emscripten_the_client_picks_the_browser_layer_and_never_imports_keep
         "seen = {'sync': c.Client('http://127.0.0.1:9').http_layer,\n"
         "        'async': c.AsyncClient('http://127.0.0.1:9').http_layer,\n"
         "        'transport': c.Client(transport=httpx.HTTPTransport()).http_layer,\n"
-        "        'keepalive': 'monitor_protocol.keepalive' in sys.modules}\n"
+        "        'keepalive': 'monitor_protocol.client.keepalive' in sys.modules}\n"
         "print(json.dumps(seen))\n"
     )
     assert found == {"sync": "xhr", "async": "fetch", "transport": "httpx", "keepalive": False}

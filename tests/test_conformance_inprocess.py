@@ -125,7 +125,7 @@ def test_the_suite_imports_with_the_standard_library_only():
     code = (
         "import sys\n"
         "import monitor_protocol.conformance, monitor_protocol.conformance.checks\n"
-        "import monitor_protocol.conformance.inprocess, monitor_protocol.schemas\n"
+        "import monitor_protocol.conformance.inprocess, monitor_protocol.core.schemas\n"
         "bad = [m for m in ('jsonschema', 'httpx', 'referencing') if m in sys.modules]\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )
@@ -146,8 +146,8 @@ def test_mp_conform_json_and_bad_ids(capsys):
 
 
 def test_mp_conform_exits_1_when_a_check_fails(monkeypatch, capsys):
-    from monitor_protocol import monitors
     from monitor_protocol.cli import main
+    from monitor_protocol.core.rules import monitors
 
     def leaky_visibility(tx, rec, token):
         return True

@@ -7,16 +7,16 @@ import subprocess
 import sys
 
 CORE = [
-    "monitor_protocol.service",
+    "monitor_protocol.core.service",
     "monitor_protocol.store.memory",
     "monitor_protocol.store.sqlite",
     "monitor_protocol.store.indexeddb",
-    "monitor_protocol.binding.rest",
-    "monitor_protocol.binding.jsonrpc",
-    "monitor_protocol.browser.host",
+    "monitor_protocol.api.rest",
+    "monitor_protocol.api.jsonrpc",
+    "monitor_protocol.doors.browser",
     "monitor_protocol.conformance",
     "monitor_protocol.conformance.inprocess",
-    "monitor_protocol.schemas",
+    "monitor_protocol.core.schemas",
 ]
 
 PROBE = """
@@ -46,4 +46,4 @@ def test_the_core_imports_only_the_standard_library():
 def test_the_probe_sees_a_package_import():
     # positive control: HTTP push does pull in httpx at import (the client imports it only when its httpx
     # layer is used), and the probe notices
-    assert "httpx" in imported_outside_stdlib("monitor_protocol.push")
+    assert "httpx" in imported_outside_stdlib("monitor_protocol.doors.push")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
-from monitor_protocol.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
+from monitor_protocol.core.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
 
 TYPE = "com.example.ci.run"
 REJECTED = "ai.mentu.monitor.rejected"
@@ -157,7 +157,7 @@ def subjects_of(body: dict[str, Any]) -> list[str]:
 def test_an_ack_and_pull_asked_to_wait_is_parked_with_a_plain_pull_as_its_recheck(h: Harness) -> None:
     """The door re-checks a parked pull when an append comes: for ack-and-pull that re-check is the GET
     pull (no ack, no body), so the ack runs exactly once however many times the poll is woken."""
-    from monitor_protocol.binding.messages import Request
+    from monitor_protocol.api.messages import Request
 
     _, sub, reader, seqs = feed(h, 1)
     path = f"/mp/v0/subscriptions/{sub}/pull"

@@ -44,9 +44,9 @@ from fuzzkit import (
     strict_loads,
 )
 from hypothesis import HealthCheck, Phase, given, settings
-from monitor_protocol.binding.messages import Request, Response
-from monitor_protocol.binding.rest import RestRouter
-from monitor_protocol.service import MonitorService
+from monitor_protocol.api.messages import Request, Response
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
 from serverutil import running_server, server_log
 

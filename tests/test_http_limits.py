@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from monitor_protocol.commands import serve
+from monitor_protocol.cli import serve
 from serverutil import running_server, server_log, start_server, stop_server
 
 HEADER_LIMIT = 2.0

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from monitor_protocol.vocab import ERROR_STATUS, JSONRPC_CODE
+from monitor_protocol.core.vocab import ERROR_STATUS, JSONRPC_CODE
 from serverutil import bearer, mp_command, mp_env, running_server, server_log, start_server, stop_server
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"

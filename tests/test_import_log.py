@@ -14,9 +14,10 @@ import pytest
 from enginekit import STORE_KINDS, Harness, make_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from monitor_protocol import importing, schemas
-from monitor_protocol.browser.host import EngineHost
-from monitor_protocol.errors import ProtocolError
+from monitor_protocol.core import schemas
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.rules import importing
+from monitor_protocol.doors.browser import EngineHost
 from monitor_protocol.store.memory import MemoryStore
 
 TYPES = ["com.example.ci.run", "com.example.ci.other"]

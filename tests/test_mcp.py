@@ -22,7 +22,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from monitor_protocol import __version__
-from monitor_protocol.vocab import EXTENSION_ID, PROTOCOL_VERSION
+from monitor_protocol.core.vocab import EXTENSION_ID, PROTOCOL_VERSION
 from serverutil import bearer, mp_command, mp_env, start_server, stop_server
 
 HANG_GUARD_SECONDS = 60  # only stops a broken server from hanging the suite; no assertion depends on it
@@ -53,7 +53,7 @@ def server_params(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "monitor_protocol.cli", "mcp", *args], env=env, cwd=cwd
+        command=sys.executable, args=["-m", "monitor_protocol", "mcp", *args], env=env, cwd=cwd
     )
 
 
@@ -513,7 +513,7 @@ async def test_mcp_resource_updates_are_coalesced(tmp_path: Path) -> None:
 
 
 async def test_coalescer_sends_once_per_window_and_always_the_last_change() -> None:
-    from monitor_protocol.mcp_server import Coalescer
+    from monitor_protocol.doors.mcp import Coalescer
 
     loop = asyncio.get_running_loop()
     sent: list[tuple[float, str]] = []

@@ -1,4 +1,4 @@
-"""`mp migrate --from FILE.db --to postgresql://...` (engine/monitor_protocol/commands/migrate.py).
+"""`mp migrate --from FILE.db --to postgresql://...` (engine/monitor_protocol/cli/migrate.py).
 
 An embedded deployment is built by running the real engine on a SQLiteStore (public, private and compacted
 monitors; observations of several types and subjects, some with idempotency keys; readers with filters,
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 from enginekit import Clock
-from monitor_protocol.commands import migrate
-from monitor_protocol.errors import ProtocolError
-from monitor_protocol.service import MonitorService
+from monitor_protocol.cli import migrate
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.sqlite import SQLiteStore
 from serverutil import bearer, mp_command, mp_env, running_server
 

@@ -16,28 +16,28 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from monitor_protocol import delivery as delivery_mod
-from monitor_protocol import events as events_mod
-from monitor_protocol import filters as filters_mod
-from monitor_protocol import leases as leases_mod
-from monitor_protocol import ledger as ledger_mod
-from monitor_protocol import lookups as lookups_mod
-from monitor_protocol import monitors as monitors_mod
-from monitor_protocol import netguard as netguard_mod
-from monitor_protocol import provenance as provenance_mod
-from monitor_protocol import publishing as publishing_mod
-from monitor_protocol import states as states_mod
-from monitor_protocol import timefmt as timefmt_mod
-from monitor_protocol import tokens as tokens_mod
-from monitor_protocol import upkeep as upkeep_mod
-from monitor_protocol import validation as validation_mod
-from monitor_protocol import wire as wire_mod
-from monitor_protocol.binding import jsonrpc as jsonrpc_mod
+from monitor_protocol.api import jsonrpc as jsonrpc_mod
 from monitor_protocol.conformance import run_suite
 from monitor_protocol.conformance.inprocess import InProcessTransport
-from monitor_protocol.errors import ProtocolError
-from monitor_protocol.service import LoggedRefusal, MonitorService
-from monitor_protocol.states import LeaseState, MonitorStatus
+from monitor_protocol.core import filters as filters_mod
+from monitor_protocol.core import lifecycles as states_mod
+from monitor_protocol.core import netguard as netguard_mod
+from monitor_protocol.core import timefmt as timefmt_mod
+from monitor_protocol.core import tokens as tokens_mod
+from monitor_protocol.core import validation as validation_mod
+from monitor_protocol.core import wire as wire_mod
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus
+from monitor_protocol.core.rules import delivery as delivery_mod
+from monitor_protocol.core.rules import events as events_mod
+from monitor_protocol.core.rules import leases as leases_mod
+from monitor_protocol.core.rules import ledger as ledger_mod
+from monitor_protocol.core.rules import lookups as lookups_mod
+from monitor_protocol.core.rules import monitors as monitors_mod
+from monitor_protocol.core.rules import provenance as provenance_mod
+from monitor_protocol.core.rules import publishing as publishing_mod
+from monitor_protocol.core.rules import upkeep as upkeep_mod
+from monitor_protocol.core.service import LoggedRefusal, MonitorService
 
 Wrapper = Callable[..., Any]
 

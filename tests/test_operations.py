@@ -1,4 +1,4 @@
-"""The operations table (monitor_protocol.operations) is the single source of every door: the REST router's
+"""The operations table (monitor_protocol.api.operations) is the single source of every door: the REST router's
 routes, the JSON-RPC methods, the MCP tools and the client's routes all come from it or are checked against
 it, both ways. The OpenAPI document generated from it is valid, lists every route and describes what the
 server really serves; and a refusal for a missing credential tells each caller how to send it over its own
@@ -17,12 +17,12 @@ import mcp_types as types
 import pytest
 from enginekit import Harness
 from jsonschema import Draft202012Validator
-from monitor_protocol import client, operations
-from monitor_protocol.binding import jsonrpc, rest
-from monitor_protocol.binding.hints import bearer_hint, with_bearer_hint
-from monitor_protocol.errors import ProtocolError
-from monitor_protocol.mcp_server import EmbeddedBackend, MonitorMCP, tool_hint, tool_specs
-from monitor_protocol.openapi import document
+from monitor_protocol import client
+from monitor_protocol.api import jsonrpc, operations, rest
+from monitor_protocol.api.hints import bearer_hint, with_bearer_hint
+from monitor_protocol.api.openapi import document
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.doors.mcp import EmbeddedBackend, MonitorMCP, tool_hint, tool_specs
 from monitor_protocol.store.memory import MemoryStore
 from openapi_spec_validator import validate
 from referencing import Registry, Resource
@@ -193,7 +193,7 @@ def test_no_client_route_is_missing_from_the_table() -> None:
 
 def test_the_table_and_its_documents_import_only_the_standard_library() -> None:
     # the playground imports the engine under Pyodide
-    assert imported_outside_stdlib("monitor_protocol.operations", "monitor_protocol.openapi") == []
+    assert imported_outside_stdlib("monitor_protocol.api.operations", "monitor_protocol.api.openapi") == []
 
 
 def test_engine_args_refuses_an_unknown_call_item() -> None:

@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 import pytest
-from monitor_protocol.binding.asgi import create_app
-from monitor_protocol.binding.rest import RestRouter
-from monitor_protocol.commands import serve
-from monitor_protocol.service import MonitorService
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.cli import serve
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.http.app import create_app
 from monitor_protocol.store.memory import MemoryStore
 from serverutil import bearer, mp_command, mp_env, running_server, server_log
 

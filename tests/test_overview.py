@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 from enginekit import Clock
-from monitor_protocol.browser.host import EngineHost
-from monitor_protocol.errors import ProtocolError
-from monitor_protocol.service import MonitorService
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.browser import EngineHost
 from monitor_protocol.store.memory import MemoryStore
 
 CI = "com.example.ci.run"

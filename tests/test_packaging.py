@@ -77,7 +77,7 @@ def test_the_wheel_and_sdist_carry_the_license_schemas_and_ranges(dists):
         meta = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert "monitor_protocol/schemas/observation.json" in names
-    assert "monitor_protocol/commands/serve.py" in names
+    assert "monitor_protocol/cli/serve.py" in names
     requires = [
         line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Requires-Dist:")
     ]

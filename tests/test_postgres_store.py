@@ -10,10 +10,10 @@ import subprocess
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from monitor_protocol.errors import ProtocolError
-from monitor_protocol.records import Observation
-from monitor_protocol.service import MonitorService
-from monitor_protocol.store.base import Changes, LogQuery, StorageError, Term
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.records import Observation
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.store_contract import Changes, LogQuery, StorageError, Term
 from monitor_protocol.store.postgres import PostgresStore, StoreVersionError, _dec, _enc, redacted
 from serverutil import mp_command, mp_env, start_server, stop_server
 from test_store_contract import monitor

@@ -7,7 +7,7 @@ import pytest
 from enginekit import Harness
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from monitor_protocol import delivery
+from monitor_protocol.core.rules import delivery
 from monitor_protocol.store.memory import MemoryStore
 
 OTHER = "com.example.ci.other"  # a type the subscription's filter does not let through

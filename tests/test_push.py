@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
-from monitor_protocol import netguard
-from monitor_protocol.push import Pusher, backoff, sign, verify
-from monitor_protocol.service import MonitorService
+from monitor_protocol.core import netguard
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.push import Pusher, backoff, sign, verify
 from monitor_protocol.store.sqlite import SQLiteStore
 
 TYPE = "com.example.ci.run"
@@ -231,10 +231,10 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
     import socket
 
     import uvicorn
-    from monitor_protocol.binding.asgi import create_app
-    from monitor_protocol.binding.rest import RestRouter
+    from monitor_protocol.api.rest import RestRouter
     from monitor_protocol.client import Client
-    from monitor_protocol.push import delivery_task
+    from monitor_protocol.doors.http.app import create_app
+    from monitor_protocol.doors.push import delivery_task
 
     store = SQLiteStore(str(tmp_path / "door.db"))
     service = MonitorService(store, clock=time.time, allowed_sinks=LOOPBACK_SINKS)
@@ -684,8 +684,8 @@ async def test_push_goes_on_past_a_bounded_scan_that_found_nothing_for_it() -> N
     """A filtered push subscription behind more non-matching rows than one pull examines (SCAN_BUDGET):
     the pusher commits past them and delivers what follows, instead of idling on an empty page forever."""
     from enginekit import Harness
+    from monitor_protocol.core.vocab import SCAN_BUDGET
     from monitor_protocol.store.memory import MemoryStore
-    from monitor_protocol.vocab import SCAN_BUDGET
 
     h = Harness(MemoryStore())
     owner = h.monitor("ci", types=["com.a.x", "com.b.y"])

@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-from monitor_protocol.push import verify
+from monitor_protocol.doors.push import verify
 from serverutil import mp_command, mp_env, running_server, server_log
 
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import httpx
 import pytest
-from monitor_protocol.errors import storage_unavailable
-from monitor_protocol.push import Pusher
+from monitor_protocol.core.errors import storage_unavailable
+from monitor_protocol.doors.push import Pusher
 from pgcluster import Cluster, ci_is_true, find_bin_dir
 from serverutil import bearer, server_log, start_server, stop_server
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
-from monitor_protocol.schemas import SCHEMA_BASE, SCHEMA_NAMES, errors_of, load_schemas, schema_dir, validator
+from monitor_protocol.core.schemas import (
+    SCHEMA_BASE,
+    SCHEMA_NAMES,
+    errors_of,
+    load_schemas,
+    schema_dir,
+    validator,
+)
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
 

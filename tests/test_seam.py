@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
-from monitor_protocol import states
-from monitor_protocol.browser.host import EngineHost
-from monitor_protocol.records import Monitor, evolve
-from monitor_protocol.service_base import MUTE_FLUSH_SECONDS
-from monitor_protocol.states import LeaseState, MonitorStatus, SubscriptionState
+from monitor_protocol.core import lifecycles as states
+from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus, SubscriptionState
+from monitor_protocol.core.records import Monitor, evolve
+from monitor_protocol.core.runtime import MUTE_FLUSH_SECONDS
+from monitor_protocol.doors.browser import EngineHost
 
 A = "com.example.ci.run"
 
@@ -60,7 +60,7 @@ def test_the_mute_clock_of_a_reader_that_only_pulls_is_exact_here_and_stored_wit
 
 
 def test_served_last_pull_is_the_latest_pull_even_when_not_yet_stored(h):
-    from monitor_protocol import timefmt
+    from monitor_protocol.core import timefmt
 
     tok = h.monitor("ci")
     sid, rtok = h.subscribe("ci", tok)
@@ -139,7 +139,7 @@ def test_an_unauthorized_refusal_names_the_credential_and_the_rest_door_says_how
 
 
 def test_push_epoch_moves_only_when_the_push_targets_change():
-    from monitor_protocol.service import MonitorService
+    from monitor_protocol.core.service import MonitorService
     from monitor_protocol.store.memory import MemoryStore
 
     svc = MonitorService(MemoryStore(), allowed_sinks=("127.0.0.0/8",))

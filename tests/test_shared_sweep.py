@@ -5,7 +5,7 @@ a lease renewed or a reader heard elsewhere since the listing is not expired or 
 
 from __future__ import annotations
 
-from monitor_protocol.service import MonitorService
+from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
 
 
@@ -144,7 +144,7 @@ class PushService:
 def run_pusher(service: PushService, scenario) -> None:
     import asyncio
 
-    from monitor_protocol.push import Pusher
+    from monitor_protocol.doors.push import Pusher
 
     async def call(fn, *args):
         return fn(*args)

@@ -17,9 +17,9 @@ import sys
 import textwrap
 
 import pytest
-from monitor_protocol.records import Monitor, Observation, Subscription
-from monitor_protocol.states import SubscriptionState
-from monitor_protocol.store.base import Changes, LogQuery, StorageError, Term
+from monitor_protocol.core.lifecycles import SubscriptionState
+from monitor_protocol.core.records import Monitor, Observation, Subscription
+from monitor_protocol.core.store_contract import Changes, LogQuery, StorageError, Term
 from monitor_protocol.store.sqlite import (
     COUNT_ACTIVE_SQL,
     NOTE_SUFFIX,

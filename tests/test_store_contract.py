@@ -1,4 +1,4 @@
-"""The store contract (store/base.py), one module for every store: memory, SQLite, and memory restored from
+"""The store contract (core/store_contract.py), one module for every store: memory, SQLite, and memory restored from
 its own change journal exactly as the browser's IndexedDB door encodes, persists and loads it back. Typed
 records in and out, one `apply(Changes)` per call, all or nothing; LogQuery reads checked against
 `query.holds` on every row (hypothesis), read-only calls that commit nothing, and SQLite's own duties
@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from monitor_protocol.records import (
+from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus, SubscriptionState
+from monitor_protocol.core.records import (
     AckMemo,
     Completion,
     Counters,
@@ -24,8 +25,7 @@ from monitor_protocol.records import (
     PublishKey,
     Subscription,
 )
-from monitor_protocol.states import LeaseState, MonitorStatus, SubscriptionState
-from monitor_protocol.store.base import LOG_COLUMNS, Changes, LogQuery, Term
+from monitor_protocol.core.store_contract import LOG_COLUMNS, Changes, LogQuery, Term
 from monitor_protocol.store.indexeddb import decode_records, encode_changes, record_key
 from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
 from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked, next_prefix

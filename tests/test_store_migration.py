@@ -19,16 +19,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from monitor_protocol.records import (
+from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus, SubscriptionState
+from monitor_protocol.core.records import (
     Observation,
     PublishKey,
     lease_from_v1,
     monitor_from_v1,
     subscription_from_v1,
 )
-from monitor_protocol.states import LeaseState, MonitorStatus, SubscriptionState
+from monitor_protocol.core.store_contract import Changes
 from monitor_protocol.store import migrate_v1
-from monitor_protocol.store.base import Changes
 from monitor_protocol.store.indexeddb import decode_records, record_key
 from monitor_protocol.store.memory import MemoryStore, observation_key, pair_key
 from monitor_protocol.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreCorrupt, StoreVersionError
@@ -322,7 +322,7 @@ def test_a_v1_row_is_rewritten_in_place_when_it_changes(v1_path):
 # These drive MonitorService over the migrated fixture. Expected values are what the version 1 engine
 # answered on this fixture at the fixture's clock.
 def _service(v1_path):
-    from monitor_protocol.service import MonitorService
+    from monitor_protocol.core.service import MonitorService
 
     store = SQLiteStore(str(v1_path))
     return store, MonitorService(store, clock=lambda: V1_JSON["clock"])
@@ -343,7 +343,7 @@ def test_engine_level_the_snapshot_matches_after_migration(v1_path):
 
 
 def test_engine_level_the_fixture_tokens_still_work(v1_path):
-    from monitor_protocol.errors import ProtocolError
+    from monitor_protocol.core.errors import ProtocolError
 
     store, svc = _service(v1_path)
     tokens = V1_JSON["tokens"]

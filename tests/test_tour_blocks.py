@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from monitor_protocol.browser.host import EngineHost
+from monitor_protocol.doors.browser import EngineHost
 from serverutil import running_server
 
 ROOT = Path(__file__).resolve().parent.parent

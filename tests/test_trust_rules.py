@@ -8,13 +8,14 @@ import re
 
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
-from monitor_protocol import delivery, timefmt, tokens
-from monitor_protocol.binding.messages import Request
-from monitor_protocol.errors import ProtocolError
-from monitor_protocol.service import MonitorService
-from monitor_protocol.store.base import StorageError
+from monitor_protocol.api.messages import Request
+from monitor_protocol.core import timefmt, tokens
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.rules import delivery
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.store_contract import StorageError
+from monitor_protocol.core.vocab import SCAN_BUDGET
 from monitor_protocol.store.memory import MemoryStore
-from monitor_protocol.vocab import SCAN_BUDGET
 
 A = "com.example.ci.run"
 B = "com.example.ci.deploy"

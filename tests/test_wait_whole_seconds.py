@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from monitor_protocol.cli import build_parser
-from monitor_protocol.mcp_server import RemoteBackend, _pull
+from monitor_protocol.doors.mcp import RemoteBackend, _pull
 from serverutil import running_server
 
 
@@ -29,7 +29,7 @@ async def test_mcp_pull_refuses_a_fractional_wait_before_sending_it():
     backend = Recorder()
     await _pull(backend, {"subscription": "sub-1", "wait": 3, "token": "t"})
     assert backend.waits == [3]
-    from monitor_protocol.errors import ProtocolError
+    from monitor_protocol.core.errors import ProtocolError
 
     with pytest.raises(ProtocolError) as err:
         await _pull(backend, {"subscription": "sub-1", "wait": 2.5, "token": "t"})

@@ -1,4 +1,4 @@
-"""The one waiter registry (monitor_protocol.waiters) and the doors on it: no wake-up is ever lost (an append
+"""The one waiter registry (monitor_protocol.doors.parking) and the doors on it: no wake-up is ever lost (an append
 between a reader's pull and its parking still wakes it), timeouts and shutdown drain it, and over the ASGI
 app no engine call runs on the event loop while one append wakes every parked long poll in a single engine
 batch. No assertion depends on timing; HANG_GUARD only stops a broken registry from hanging the suite."""
@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from monitor_protocol.binding.asgi import create_app
-from monitor_protocol.binding.rest import RestRouter
-from monitor_protocol.browser.host import EngineHost
-from monitor_protocol.mcp_server import EmbeddedBackend
-from monitor_protocol.service import MonitorService
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.browser import EngineHost
+from monitor_protocol.doors.http.app import create_app
+from monitor_protocol.doors.mcp import EmbeddedBackend
+from monitor_protocol.doors.parking import Waiters
 from monitor_protocol.store.memory import MemoryStore
-from monitor_protocol.waiters import Waiters
 from test_asgi import HANG_GUARD, RUN, Conn, call, publish, setup_feed
 
 # -- the registry alone ----------------------------------------------------------------------------------
@@ -400,7 +400,7 @@ async def test_the_browser_host_sees_an_append_made_while_its_write_was_awaited(
     sub_id, reader = sub.body["subscription"]["id"], sub.body["token"]
     first = await host.call("GET", f"/subscriptions/{sub_id}/pull", token=reader)
     await host.call("POST", f"/subscriptions/{sub_id}/ack", {"cursor": first.body["next"]}, token=reader)
-    from monitor_protocol.binding.messages import Request
+    from monitor_protocol.api.messages import Request
 
     appended["publish"] = Request(
         "POST",

@@ -451,7 +451,7 @@ def test_watch_goes_on_past_more_non_matching_rows_than_one_pull_examines(
 ) -> None:
     """A filtered feed behind more noise than a bounded pull examines (SCAN_BUDGET): the watch still prints
     the observation that follows, though it never acks an empty page."""
-    from monitor_protocol.vocab import SCAN_BUDGET
+    from monitor_protocol.core.vocab import SCAN_BUDGET
 
     base, proc = start_server(tmp_path)
     try:
@@ -478,7 +478,7 @@ def test_watch_goes_on_past_more_non_matching_rows_than_one_pull_examines(
 def test_manual_ack_watch_reads_on_past_a_bounded_empty_page(tmp_path: Path, watchers: list[Watcher]) -> None:
     """--manual-ack reads ahead by read-only replays: behind more non-matching rows than a bounded pull
     examines, it still prints what follows, and commits nothing itself."""
-    from monitor_protocol.vocab import SCAN_BUDGET
+    from monitor_protocol.core.vocab import SCAN_BUDGET
 
     base, proc = start_server(tmp_path)
     try:

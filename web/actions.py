@@ -10,7 +10,7 @@ import js
 import model as m
 import ui
 from door import ENGINE
-from monitor_protocol.browser.host import Reply
+from monitor_protocol.doors.browser import Reply
 from ui import action, el, note, show, show_one
 
 CI_MONITOR = {

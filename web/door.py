@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import js
-from monitor_protocol.browser.host import EngineHost, Reply
+from monitor_protocol.doors.browser import EngineHost, Reply
 from monitor_protocol.store.indexeddb import IndexedDBStore
 from monitor_protocol.store.memory import MemoryStore
 from pyodide.ffi import create_proxy, to_js

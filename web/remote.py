@@ -30,7 +30,7 @@ import js
 import model as m
 import ui
 from door import ENGINE
-from monitor_protocol.browser.host import Reply
+from monitor_protocol.doors.browser import Reply
 from pyodide.ffi import to_js
 from ui import action, el, esc, note, show_one
 

@@ -13,7 +13,7 @@ import actions as a
 import compare
 import model as m
 import ui
-from monitor_protocol.browser.host import Reply
+from monitor_protocol.doors.browser import Reply
 
 Pairs = list[tuple[str, Reply]]
 READER = "reader-a"

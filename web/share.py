@@ -27,7 +27,7 @@ import js
 import model as m
 import ui
 from door import ENGINE
-from monitor_protocol.browser.host import Reply
+from monitor_protocol.doors.browser import Reply
 from pyodide.ffi import to_js
 from ui import action, el, esc, note
 
@@ -481,7 +481,7 @@ async def _validator():
 
         await pyodide_js.loadPackage(to_js(["jsonschema"]))
         try:
-            from monitor_protocol import schemas
+            from monitor_protocol.core import schemas
         except ImportError:
             return None
         try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import js
-from monitor_protocol.browser.host import Reply
+from monitor_protocol.doors.browser import Reply
 
 doc = js.document
 

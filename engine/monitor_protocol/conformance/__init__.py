@@ -8,7 +8,7 @@ Standard library only at import time, so it runs in-process, over HTTP (`http.Ht
 imports httpx itself) and inside the browser under Pyodide.
 """
 
-from .runner import ALL, PROFILE_CHOICES, Report, Result, checks_in, run_suite
-from .transport import Reply, Transport
+from monitor_protocol.conformance.runner import ALL, PROFILE_CHOICES, Report, Result, checks_in, run_suite
+from monitor_protocol.conformance.transport import Reply, Transport
 
 __all__ = ["ALL", "PROFILE_CHOICES", "Reply", "Report", "Result", "Transport", "checks_in", "run_suite"]

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .transport import Reply
+from monitor_protocol.conformance.transport import Reply
 
 P = "ai.mentu.monitor."
 T_CONFIGURED = P + "configured"
@@ -1190,7 +1190,7 @@ async def c28(ctx: Context) -> None:
 async def c29(ctx: Context) -> str:
     await _tour(ctx)
     try:
-        from ..schemas import schema_dir, validators
+        from monitor_protocol.core.schemas import schema_dir, validators
     except ImportError as exc:  # pragma: no cover - the engine always ships the module
         raise CheckFailed(f"cannot load the schema helpers: {exc}") from exc
     try:

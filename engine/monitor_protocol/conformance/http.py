@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from .transport import API_PREFIX, Query, Reply, query_pairs
+from monitor_protocol.conformance.transport import API_PREFIX, Query, Reply, query_pairs
 
 FRESH_CONNECTION_BYTES = 64 * 1024
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .transport import API_PREFIX, Query, Reply, query_pairs
+from monitor_protocol.conformance.transport import API_PREFIX, Query, Reply, query_pairs
 
 
 class Clock:
@@ -55,11 +55,11 @@ class InProcessTransport:
         service_factory: Callable[[Any, Clock], Any] | None = None,
         clock: Clock | None = None,
     ) -> InProcessTransport:
-        from ..binding.rest import RestRouter
-        from ..service import MonitorService
+        from monitor_protocol.api.rest import RestRouter
+        from monitor_protocol.core.service import MonitorService
 
         if store is None:
-            from ..store.memory import MemoryStore
+            from monitor_protocol.store.memory import MemoryStore
 
             store = MemoryStore()
         clock = clock or Clock()
@@ -84,7 +84,7 @@ class InProcessTransport:
         headers: dict[str, str] | None = None,
         raw_body: bytes | None = None,
     ) -> Reply:
-        from ..binding.messages import Request
+        from monitor_protocol.api.messages import Request
 
         hdrs = {k.lower(): v for k, v in (headers or {}).items()}
         if token is not None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import CHECKS, PROFILES, CheckFailed, Context, Skip
+from monitor_protocol.conformance.checks import CHECKS, PROFILES, CheckFailed, Context, Skip
 
 ALL = "all"
 PROFILE_CHOICES = (ALL, *PROFILES)

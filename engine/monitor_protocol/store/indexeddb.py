@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .memory import TABLES, MemoryStore
+from monitor_protocol.store.memory import TABLES, MemoryStore
 
 Change = tuple[str, str, Any]
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..records import Lease, Monitor, Observation, PublishKey, Subscription
-from . import migrate_v1
-from .base import Changes, LogQuery, Store, StoreStats
+from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+from monitor_protocol.core.store_contract import Changes, LogQuery, Store, StoreStats
+from monitor_protocol.store import migrate_v1
 
 TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases", "idempotency")
 

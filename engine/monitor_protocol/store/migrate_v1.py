@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..records import (
+from monitor_protocol.core.records import (
     Lease,
     Monitor,
     Observation,
@@ -27,7 +27,7 @@ from ..records import (
     monitor_from_v1,
     subscription_from_v1,
 )
-from .base import Changes
+from monitor_protocol.core.store_contract import Changes
 
 V1_VERSION = 0  # what `PRAGMA user_version` reads in a version 1 file (it never set one)
 

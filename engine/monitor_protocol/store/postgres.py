@@ -6,7 +6,7 @@ every text column that a filter compares in the "C" collation (code point order,
 compare) and a format version in `mp_meta`; it is created on first start, and a server refuses a schema
 newer than it knows.
 
-Isolation (store/base.py). Every call is its own transaction at READ COMMITTED, with
+Isolation (core/store_contract.py). Every call is its own transaction at READ COMMITTED, with
 `synchronous_commit = on`: a commit reported is durable, and a reply is sent only after it. The engine
 locks a monitor before it reads what it will change (`lock_monitor`: a transaction-scoped advisory lock on
 the monitor's id, which also exists before the monitor row does), so calls that write one monitor are
@@ -41,10 +41,20 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import __version__, wire
-from ..records import Lease, Monitor, Observation, PublishKey, Subscription
-from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term, chunked_rows
-from .sqlite import (
+from monitor_protocol import __version__
+from monitor_protocol.core import wire
+from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+from monitor_protocol.core.store_contract import (
+    LOG_COLUMNS,
+    Changes,
+    LogQuery,
+    StorageError,
+    Store,
+    StoreStats,
+    Term,
+    chunked_rows,
+)
+from monitor_protocol.store.sqlite import (
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
     OBSERVATION_COLUMNS,

@@ -32,10 +32,20 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from .. import __version__, wire
-from ..records import Lease, Monitor, Observation, PublishKey, Subscription
-from . import migrate_v1
-from .base import LOG_COLUMNS, Changes, LogQuery, StorageError, Store, StoreStats, Term, chunked_rows
+from monitor_protocol import __version__
+from monitor_protocol.core import wire
+from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+from monitor_protocol.core.store_contract import (
+    LOG_COLUMNS,
+    Changes,
+    LogQuery,
+    StorageError,
+    Store,
+    StoreStats,
+    Term,
+    chunked_rows,
+)
+from monitor_protocol.store import migrate_v1
 
 SCHEMA_VERSION = 2
 

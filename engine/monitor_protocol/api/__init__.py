@@ -1,0 +1,1 @@
+"""The protocol's API without a transport: the operations table (every operation declared once), the REST router (Request -> Response), JSON-RPC and the OpenAPI document generated from the table. Standard library only."""

@@ -1,0 +1,374 @@
+"""The transport-free REST binding (PROTOCOL.md section 5): Request -> Response, onto MonitorService.
+
+Every door (the ASGI server, the browser's service-worker shim, the tests) shares this one router. It never
+raises: malformed input of any kind is a 4xx with a code from the closed list and a sentence."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from monitor_protocol.api import jsonrpc, operations
+from monitor_protocol.api.hints import with_bearer_hint
+from monitor_protocol.api.messages import LongPoll, Request, Response
+from monitor_protocol.api.operations import Operation
+from monitor_protocol.core import tokens, wire
+from monitor_protocol.core.errors import ProtocolError, internal_failure
+from monitor_protocol.core.filters import LIST_KEYS
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.validation import as_int
+from monitor_protocol.core.vocab import FILTER_KEYS, MAX_LIMIT, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
+
+log = logging.getLogger("monitor_protocol.rest")
+
+PREFIX = "/mp/v0"
+DEFAULT_MAX_BODY = 1 << 20
+CORS_METHODS = "GET, POST, OPTIONS"
+CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+
+Handler = Callable[["RestRouter", Request, dict[str, str]], Response]
+_ROUTES: list[tuple[str, re.Pattern[str], Handler]] = []
+
+
+def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
+    regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$")
+
+    def register(fn: Handler) -> Handler:
+        _ROUTES.append((method, regex, fn))
+        return fn
+
+    return register
+
+
+def error_response(err: ProtocolError) -> Response:
+    return Response(err.status, wire.scrub(with_bearer_hint(err).body()), dict(err.headers))
+
+
+def bearer(req: Request) -> str | None:
+    value = req.header("authorization")
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def parse_json_body(req: Request) -> Any:
+    if not req.body or not req.body.strip():
+        return None
+    return wire.loads(req.body)  # RFC 8259 only: no NaN, no lone surrogates, bounded depth
+
+
+def _host_name(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class RestRouter:
+    def __init__(
+        self,
+        service: MonitorService,
+        *,
+        admin_token: str | None = None,
+        allowed_origins: tuple[str, ...] | list[str] | set[str] = (),
+        allowed_hosts: set[str] | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        self.service = service
+        self.admin_token = admin_token
+        self.allowed_origins = {o.rstrip("/") for o in allowed_origins}
+        self.allowed_hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
+        self.max_body = max_body
+
+    # ------------------------------------------------------------------------------------------ entry
+    def handle(self, req: Request) -> Response:
+        try:
+            resp = self._handle(req)
+        except ProtocolError as err:
+            resp = error_response(err)
+        except Exception:  # a bug is not bad input: 503 naming a logged incident, never a 500 or a 400
+            incident = uuid.uuid4().hex[:12]
+            log.exception("incident %s: unexpected error handling %s %s", incident, req.method, req.path)
+            resp = error_response(internal_failure(incident))
+        origin = req.header("origin")
+        if origin and origin.rstrip("/") in self.allowed_origins:
+            resp.headers.update(self._cors(origin))
+        return resp
+
+    def _cors(self, origin: str) -> dict[str, str]:
+        return {
+            "access-control-allow-origin": origin,
+            "access-control-allow-methods": CORS_METHODS,
+            "access-control-allow-headers": CORS_HEADERS,
+            "access-control-max-age": "600",
+            "vary": "Origin",
+        }
+
+    def check_request(self, req: Request) -> None:
+        """Section 10 checks that come before routing: Origin, Host, body size."""
+        origin = req.header("origin")
+        if origin is not None and origin.rstrip("/") not in self.allowed_origins:
+            raise ProtocolError(
+                "ORIGIN_REFUSED",
+                f"Requests from origin {origin} are not allowed here; the operator can allow it with --allow-origin.",
+                origin=origin,
+            )
+        if self.allowed_hosts is not None:
+            host = req.header("host")
+            if host is None or _host_name(host) not in self.allowed_hosts:
+                raise ProtocolError(
+                    "ORIGIN_REFUSED",
+                    f"Host {host!r} does not name this machine (DNS rebinding guard); use localhost or 127.0.0.1, "
+                    "or have the operator add it with --allow-host.",
+                    host=host,
+                )
+        if len(req.body) > self.max_body:
+            raise ProtocolError(
+                "TOO_LARGE", f"The body exceeds {self.max_body} bytes; send less.", max_body=self.max_body
+            )
+
+    def _handle(self, req: Request) -> Response:
+        self.check_request(req)
+        method = req.method.upper()
+        if method == "OPTIONS":
+            return Response(204, None)
+        if not (req.path == PREFIX or req.path.startswith(PREFIX + "/")):
+            raise ProtocolError(
+                "NOT_FOUND",
+                f"No route {req.path}: the Monitor Protocol lives under /mp/v0 (start with GET /mp/v0/discover).",
+            )
+        path = req.path[len(PREFIX) :].rstrip("/") or "/"
+        allowed: list[str] = []
+        for m, regex, fn in _ROUTES:
+            match = regex.match(path)
+            if match:
+                if m == method:
+                    return fn(self, req, match.groupdict())
+                allowed.append(m)
+        if allowed:
+            raise ProtocolError(
+                "NOT_FOUND",
+                f"{method} is not a method of {req.path}; use {' or '.join(sorted(set(allowed)))}.",
+            )
+        raise ProtocolError(
+            "NOT_FOUND",
+            f"No route {method} {req.path} in /mp/v0; see PROTOCOL.md section 5 (start with GET /mp/v0/discover).",
+        )
+
+    def require_admin(self, req: Request) -> None:
+        if self.admin_token is None:
+            raise ProtocolError(
+                "NOT_FOUND",
+                "No route: /mp/v0/admin/* exists only when the server is started with --allow-admin.",
+            )
+        token = bearer(req)
+        if not token or not tokens.matches(token, tokens.digest(self.admin_token)):
+            raise ProtocolError(
+                "UNAUTHORIZED", "Admin routes need the admin token: Authorization: Bearer <admin token>."
+            )
+
+
+def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
+    flt: dict[str, Any] = {}
+    for key, value in query:
+        if key in ("cursor", "limit", "wait"):
+            continue
+        if key == "ack":  # a GET never commits: ack-and-pull is the POST form
+            raise ProtocolError(
+                "INVALID",
+                'A GET pull never commits: send the ack in a POST /pull body, {"ack": <next>}, or POST /ack.',
+            )
+        if key == "filter":
+            try:
+                extra = wire.loads(value)
+            except ProtocolError:
+                raise ProtocolError(
+                    "INVALID_FILTER", "The filter query parameter must be a JSON object."
+                ) from None
+            if not isinstance(extra, dict):
+                raise ProtocolError("INVALID_FILTER", "The filter query parameter must be a JSON object.")
+            for k, v in extra.items():  # merged with the other filter keys, whatever their order
+                if isinstance(flt.get(k), list) and isinstance(v, list):
+                    flt[k].extend(v)
+                else:
+                    flt[k] = v
+        elif key in LIST_KEYS or TAG_KEY_PATTERN.match(key):
+            values = [v for v in value.split(",") if v] if key in LIST_KEYS else [value]
+            existing = flt.get(key)  # from a filter= parameter, of any shape: the filter grammar judges it
+            if isinstance(existing, list):
+                existing.extend(values)
+            else:
+                flt[key] = ([] if existing is None else [existing]) + values
+        elif key in FILTER_KEYS:
+            flt[key] = value
+        else:
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"Unknown pull parameter {key[:64]!r}: use cursor, limit, wait or a filter key.",
+                invalid=key[:64],
+                known_keys=["cursor", "limit", "wait", *FILTER_KEYS, "#<tag>"],
+            )
+    return flt or None
+
+
+def _single(query: list[tuple[str, str]], name: str) -> str | None:
+    values = [v for k, v in query if k == name]
+    if len(values) > 1:
+        raise ProtocolError("INVALID", f"Send {name} once.")
+    return values[0] if values else None
+
+
+# ---------------------------------------------------------------------------------------------- routes
+# The route list, methods and credentials come from the operations table (operations.py). Most routes are
+# served by `_served`; a route whose arguments need shaping (headers, query strings, long poll) has its own
+# handler in SHAPED, keyed by operation name.
+
+
+def _served(ops: tuple[Operation, ...]) -> Handler:
+    """The handler of one table route: the admin check where the table says so, the body parsed for every
+    POST (an unparsable body is refused even where the engine would not read it), then the service call."""
+
+    def handle(r: RestRouter, req: Request, p: dict[str, str]) -> Response:
+        op = operations.pick(ops, p.get("action"))
+        shaped = SHAPED.get(op.name)
+        if shaped is not None:
+            return shaped(r, req, p, op)
+        if op.auth.credential == "admin":
+            r.require_admin(req)
+        payload = parse_json_body(req) if op.method == "POST" else None
+        result = operations.invoke(r.service, op, p, payload, bearer(req))
+        return Response(op.result.status_for(result), result)
+
+    return handle
+
+
+Shaped = Callable[["RestRouter", Request, dict[str, str], Operation], Response]
+
+
+def _publish(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    key = req.header("idempotency-key")
+    try:
+        parsed = parse_json_body(req)
+    except ProtocolError as err:  # logged where the monitor is known (section 10), then returned
+        r.service.refuse_publish(p["id"], bearer(req), err, req.body.decode("utf-8", "replace"))
+        raise
+    if isinstance(parsed, list):  # a batch: each item's seq or error, one commit (207: look at each)
+        batch = r.service.publish_many(p["id"], parsed, bearer(req), idempotency_key=key)
+        return Response(207, batch)
+    body = r.service.publish(p["id"], parsed, bearer(req), idempotency_key=key)
+    return Response(op.result.status_for(body), body)
+
+
+def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    wait_raw = _single(req.query, "wait")
+    wait = as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
+    cursor = _single(req.query, "cursor")
+    body = r.service.pull(
+        p["id"],
+        bearer(req),
+        cursor=cursor,
+        limit=_single(req.query, "limit"),
+        filter=_inline_filter(req.query),
+    )
+    return _maybe_parked(Response(200, body), wait, req)
+
+
+def _maybe_parked(resp: Response, wait: int, again: Request) -> Response:
+    """An empty pull asked to wait is parked by the door, which re-checks with `again` when an append
+    comes (and with what is left of the wait)."""
+    body = resp.body
+    if wait > 0 and not body["observations"] and not body.get("scan_capped"):
+        resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait), again=again)
+    return resp
+
+
+ACK_PULL_KEYS = ("ack", "limit", "wait", "filter")
+
+
+def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    """POST /subscriptions/{id}/pull {ack?, limit?, wait?, filter?}: ack, then pull, in one transaction.
+    The long poll's re-checks are the plain GET pull from the cursor just committed: the ack runs once."""
+    if req.query:
+        raise ProtocolError(
+            "INVALID",
+            f"POST /pull takes its parameters in the JSON body ({', '.join(ACK_PULL_KEYS)}), not the query.",
+        )
+    payload = parse_json_body(req)
+    payload = {} if payload is None else payload
+    if not isinstance(payload, dict):
+        raise ProtocolError("INVALID", 'The body must be a JSON object such as {"ack": 12, "limit": 50}.')
+    unknown = sorted(set(payload) - set(ACK_PULL_KEYS))
+    if unknown:
+        raise ProtocolError(
+            "INVALID",
+            f"Unknown ack-and-pull field(s) {[u[:64] for u in unknown[:10]]}; send {list(ACK_PULL_KEYS)}.",
+            invalid=[u[:64] for u in unknown[:10]],
+        )
+    wait_value = payload.get("wait")
+    wait = (
+        0
+        if wait_value is None
+        else as_int(wait_value, "wait", minimum=0, maximum=MAX_WAIT_SECONDS, text=False)
+    )
+    limit, flt = payload.get("limit"), payload.get("filter")
+    if limit is not None:  # a JSON integer, as every integer in a body
+        limit = as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT, text=False)
+    if flt is not None and not isinstance(flt, dict):
+        raise ProtocolError("INVALID_FILTER", "filter must be a JSON object (the filter grammar).")
+    body = r.service.pull(p["id"], bearer(req), limit=limit, filter=flt, ack=payload.get("ack"))
+    again: list[tuple[str, str]] = []
+    if limit is not None:
+        again.append(("limit", str(limit)))
+    if flt is not None:
+        again.append(("filter", json.dumps(flt, separators=(",", ":"), ensure_ascii=False)))
+    recheck = Request("GET", req.path, again, {k: v for k, v in req.headers.items() if k != "content-length"})
+    return _maybe_parked(Response(200, body), wait, recheck)
+
+
+def _stream(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    # Only a streaming door (mp serve) can hold an SSE response open; this binding says so plainly.
+    raise ProtocolError(
+        "NOT_FOUND",
+        "This door does not stream; use GET /mp/v0/subscriptions/{id}/pull?wait=N (long poll) instead.",
+    )
+
+
+def _rpc(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    return jsonrpc.handle(r.service, req.body, bearer(req))
+
+
+def _compact(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    r.require_admin(req)
+    body = parse_json_body(req) or {}
+    if not isinstance(body, dict) or "upto_seq" not in body:
+        raise ProtocolError("INVALID", 'compact needs {"upto_seq": <seq>, "monitor"?: "<id>"}.')
+    return Response(200, operations.invoke(r.service, op, p, body, None, body))
+
+
+def _admin_log(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:
+    r.require_admin(req)
+    monitor = _single(req.query, "monitor")
+    if monitor is None:
+        raise ProtocolError("INVALID", "admin/log needs ?monitor=<id> (and optionally from=<seq>&limit=<n>).")
+    frm = _single(req.query, "from")
+    named = {"monitor": monitor, "from": 1 if frm is None else frm, "limit": _single(req.query, "limit")}
+    return Response(200, operations.invoke(r.service, op, p, None, None, named))
+
+
+SHAPED: dict[str, Shaped] = {
+    "publish": _publish,
+    "pull": _pull,
+    "ack_pull": _ack_pull,
+    "stream": _stream,
+    "rpc": _rpc,
+    "admin_compact": _compact,
+    "admin_log": _admin_log,
+}
+
+for _method, _template, _ops in operations.routes():
+    route(_method, _template)(_served(_ops))

@@ -1,1 +1,0 @@
-"""Doors' shared binding: transport-free request/response messages, the REST router and JSON-RPC."""

@@ -1,0 +1,74 @@
+"""`mp conform`: run the conformance suite against a server (--base) or, without one, a fresh in-process
+memory engine. `--profile published` runs only PROTOCOL.md section 11's checklist, fair to any
+implementation; `--profile all` (the default) adds this project's own checks. Exit status 1 when any check
+fails, 2 on a bad argument."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+HELP = "run the conformance suite against a server (or in-process without --base)"
+
+
+def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--base",
+        action="append",
+        help="server base URL, e.g. http://127.0.0.1:8130 (default: in-process engine); repeat it for servers "
+        "that share one store: each request goes to the next one in turn",
+    )
+    parser.add_argument(
+        "--admin-token", help="the server's admin token (enables C17 and the compaction checks)"
+    )
+    parser.add_argument("--registration-token", help="the server's registration token, when it requires one")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    parser.add_argument("--only", help="comma-separated check ids, e.g. C05,C12")
+    parser.add_argument(
+        "--profile",
+        choices=("all", "published", "project"),
+        default="all",
+        help="published: only the section 11 checklist, fair to any implementation; project: only this"
+        " project's own choices and limits; all (default): both",
+    )
+    parser.add_argument(
+        "--reference-schemas", metavar="DIR", help="also validate every object against these schemas"
+    )
+
+
+async def _run(args: argparse.Namespace) -> Any:
+    from monitor_protocol.conformance.runner import run_suite
+
+    if args.base:
+        from monitor_protocol.conformance.http import HttpTransport
+
+        async with HttpTransport(
+            args.base, admin_token=args.admin_token, registration_token=args.registration_token
+        ) as transport:
+            return await run_suite(
+                transport, only=args.only, reference_schema_dir=args.reference_schemas, profile=args.profile
+            )
+    from monitor_protocol.conformance.inprocess import InProcessTransport
+
+    transport = InProcessTransport.create(
+        admin_token=args.admin_token or "admin-test-token", registration_token=args.registration_token
+    )
+    return await run_suite(
+        transport, only=args.only, reference_schema_dir=args.reference_schemas, profile=args.profile
+    )
+
+
+def run(name: str, args: argparse.Namespace) -> int:
+    try:
+        report = asyncio.run(_run(args))
+    except ValueError as exc:  # an unknown --only id, or one outside the --profile
+        print(f"mp conform: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.table())
+    return 0 if report.ok else 1

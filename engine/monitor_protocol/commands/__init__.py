@@ -1,1 +1,0 @@
-"""Subcommands of `mp`."""

@@ -1,0 +1,574 @@
+"""Typed records: what the engine keeps about monitors, observations, subscriptions, leases and publish
+keys. Frozen (a rule computes a new record with `dataclasses.replace`, the transaction stages it), with
+slots, each fact stored once (times as float seconds, formatted only at the edge by `to_wire()`).
+
+Two other shapes live here, and only here:
+- `to_row()` / `from_row()`: a record as plain JSON values, for stores that keep JSON (IndexedDB, the JSON
+  columns of SQLite). Private fields are ordinary fields: nothing is hidden by a naming convention.
+- `*_from_v1()`: the dict records of the store format before this module (commit 00e022d), read once by a
+  store that migrates a database (or a browser's IndexedDB) written by that version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+from monitor_protocol.core import timefmt
+from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus, SubscriptionState
+
+Json = Any
+R = TypeVar("R")
+_EVOLVERS: dict[type, Any] = {}
+
+
+def _evolver(cls: type) -> Any:
+    """A copier written once per record class: one line per field, no loop, no `__init__` (the values
+    come from a record that was already valid)."""
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    body = "\n".join(f"    put(new, {n!r}, pop({n!r}, rec.{n}))" for n in names)
+    src = (
+        "def evolve(rec, changes):\n    new = make(cls)\n    pop = changes.pop\n"
+        f"{body}\n    if changes:\n        raise TypeError(f'{cls.__name__} has no field(s) {{sorted(changes)}}')\n"
+        "    return new\n"
+    )
+    scope: dict[str, Any] = {"make": object.__new__, "put": object.__setattr__, "cls": cls}
+    exec(src, scope)  # noqa: S102 - generated from the dataclass's own field names
+    return scope["evolve"]
+
+
+def evolve(rec: R, **changes: Any) -> R:
+    """`dataclasses.replace` for these records, without re-running `__init__`: a copy with `changes` set.
+    A rule makes several new versions per call, and replace() costs ~20 us on a Monitor."""
+    fn = _EVOLVERS.get(type(rec))
+    if fn is None:
+        fn = _EVOLVERS[type(rec)] = _evolver(type(rec))
+    return fn(rec, changes)  # type: ignore[no-any-return]
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else timefmt.iso(ts)
+
+
+def _ts(value: Any) -> float | None:
+    """A v1 time (an RFC 3339 string or a float) as float seconds."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    ts = timefmt.parse(value)
+    if ts is None:
+        raise ValueError(f"not an RFC 3339 time: {value!r}")
+    return ts
+
+
+# ===================================================================================== monitors
+@dataclass(frozen=True, slots=True)
+class Counters:
+    observations: int = 0
+    delivered: int = 0
+    acted: int = 0
+    rejected: int = 0
+    contradictions: int = 0
+    contradictions_resolved: int = 0
+
+    def bump(self, **by: int) -> Counters:
+        return evolve(self, **{name: getattr(self, name) + n for name, n in by.items()})
+
+    def to_row(self) -> dict[str, int]:
+        return {
+            "observations": self.observations,
+            "delivered": self.delivered,
+            "acted": self.acted,
+            "rejected": self.rejected,
+            "contradictions": self.contradictions,
+            "contradictions_resolved": self.contradictions_resolved,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Counters:
+        return cls(**{k: int(row.get(k, 0)) for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class LastSeen:
+    """The newest accepted observation, by the server's clock (freshness is the server's, never a claim)."""
+
+    seq: int
+    ts: float
+    type: str
+
+
+# The definition: what an owner sets (create, update) and what a reader sees of a monitor.
+DEFINITION_FIELDS = (
+    "name",
+    "description",
+    "source",
+    "filter",
+    "horizon",
+    "capabilities",
+    "cadence",
+    "ttl_seconds",
+    "retire_after_mute_seconds",
+    "budget",
+    "visibility",
+    "rules",
+    "types",
+    "default_grant",
+    "limits",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Monitor:
+    id: str
+    owner: str
+    owner_hash: str
+    created: float
+    updated: float
+    # the definition (DEFINITION_FIELDS)
+    name: str
+    description: str | None = None
+    source: dict[str, Any] = field(default_factory=lambda: {"kind": "log"})
+    filter: Json = field(default_factory=dict)
+    horizon: str = "event"
+    capabilities: list[str] = field(default_factory=lambda: ["observe"])
+    cadence: dict[str, Any] = field(default_factory=dict)
+    ttl_seconds: int | None = None
+    retire_after_mute_seconds: int | None = None
+    budget: dict[str, Any] | None = None
+    visibility: str = "private"
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    types: list[str] = field(default_factory=list)
+    default_grant: list[str] = field(default_factory=lambda: ["observe"])
+    limits: dict[str, Any] = field(default_factory=dict)
+    # what the server keeps about it
+    version: int = 1
+    attested: bool = False
+    status: MonitorStatus = MonitorStatus.ACTIVE
+    subscribe_hash: str | None = None
+    head: int = 0
+    floor: int = 1
+    counters: Counters = field(default_factory=Counters)
+    last: LastSeen | None = None
+    actors: tuple[str, ...] = ()
+    source_contact: float | None = None
+    last_pull: float | None = None
+    budget_day: str | None = None  # the UTC day observations_per_day counts, and how many it has used
+    budget_used: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.status is MonitorStatus.ACTIVE
+
+    def definition(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in DEFINITION_FIELDS}
+
+    def to_wire(self) -> dict[str, Any]:
+        """The monitor as served (section 4)."""
+        out: dict[str, Any] = {"id": self.id, **self.definition()}
+        out.update(
+            {
+                "version": self.version,
+                "owner": self.owner,
+                "attested": self.attested,
+                "created": timefmt.iso(self.created),
+                "updated": timefmt.iso(self.updated),
+                "active": self.active,
+                "head": self.head,
+            }
+        )
+        return out
+
+    def to_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"id": self.id, **self.definition()}
+        row.update(
+            {
+                "owner": self.owner,
+                "owner_hash": self.owner_hash,
+                "created": self.created,
+                "updated": self.updated,
+                "version": self.version,
+                "attested": self.attested,
+                "status": self.status.value,
+                "subscribe_hash": self.subscribe_hash,
+                "head": self.head,
+                "floor": self.floor,
+                "counters": self.counters.to_row(),
+                "last": None
+                if self.last is None
+                else {"seq": self.last.seq, "ts": self.last.ts, "type": self.last.type},
+                "actors": list(self.actors),
+                "source_contact": self.source_contact,
+                "last_pull": self.last_pull,
+                "budget_day": self.budget_day,
+                "budget_used": self.budget_used,
+            }
+        )
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Monitor:
+        last = row.get("last")
+        return cls(
+            **{k: row[k] for k in DEFINITION_FIELDS if k in row},
+            id=row["id"],
+            owner=row["owner"],
+            owner_hash=row["owner_hash"],
+            created=float(row["created"]),
+            updated=float(row["updated"]),
+            version=int(row.get("version", 1)),
+            attested=bool(row.get("attested", False)),
+            status=MonitorStatus(row.get("status", "active")),
+            subscribe_hash=row.get("subscribe_hash"),
+            head=int(row.get("head", 0)),
+            floor=int(row.get("floor", 1)),
+            counters=Counters.from_row(row.get("counters") or {}),
+            last=None if not last else LastSeen(int(last["seq"]), float(last["ts"]), str(last["type"])),
+            actors=tuple(row.get("actors") or ()),
+            source_contact=row.get("source_contact"),
+            last_pull=row.get("last_pull"),
+            budget_day=row.get("budget_day"),
+            budget_used=int(row.get("budget_used", 0)),
+        )
+
+
+# ===================================================================================== version 1 records
+# A v1 record is the same facts under other names (private ones prefixed "_") and times as RFC 3339 text:
+# each converter renames the keys into a row, fixes the few values that changed shape, and uses from_row.
+_V1_MONITOR = {
+    **{k: k for k in (*DEFINITION_FIELDS, "id", "owner", "version", "attested")},
+    "_owner_hash": "owner_hash",
+    "_status": "status",
+    "_subscribe_hash": "subscribe_hash",
+    "_head": "head",
+    "_floor": "floor",
+    "_counters": "counters",
+    "_last": "last",
+    "_actors": "actors",
+    "_source_contact": "source_contact",
+    "_last_pull": "last_pull",
+}
+_V1_SUBSCRIPTION = {
+    **{
+        k: k
+        for k in (
+            "id", "monitor", "subscriber", "token_hash", "filter", "capabilities", "cursor",
+            "reset_policy", "protocol", "sink", "retire_after_mute_seconds",
+        )
+    },
+    "_hwm": "hwm",
+    "_relist": "relist",
+    "_sink_secret": "sink_secret",
+    "_revoked": "revoked",
+    "_scan_mark": "scan_mark",
+}  # fmt: skip
+_V1_LEASE = {
+    **{k: k for k in ("monitor", "subject", "holder", "attempts", "delivery_count_limit")},
+    "lease_duration_seconds": "duration",
+    "lease_transitions": "transitions",
+    "_last_holder": "last_holder",
+    "_completed": "completed",
+}
+
+
+def _v1_row(rec: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {new: rec[old] for old, new in names.items() if old in rec}
+
+
+def monitor_from_v1(rec: dict[str, Any]) -> Monitor:
+    budget = rec.get("_budget") or {}
+    row = _v1_row(rec, _V1_MONITOR)
+    row.update(
+        created=_ts(rec["created"]) or 0.0,
+        updated=_ts(rec.get("updated", rec["created"])) or 0.0,
+        budget_day=budget.get("day"),
+        budget_used=budget.get("count", 0),
+    )
+    return Monitor.from_row(row)
+
+
+# ===================================================================================== observations
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One row of a monitor's log: the CloudEvent as served (built once, at append), and the columns a
+    store indexes for filters and lag (copies of the event's own attributes)."""
+
+    monitor: str
+    seq: int
+    type: str
+    subject: str | None
+    actor: str
+    origin: str
+    tier: str
+    horizon: str
+    event: dict[str, Any]
+
+    @classmethod
+    def of(cls, monitor: str, seq: int, event: dict[str, Any]) -> Observation:
+        return cls(
+            monitor=monitor,
+            seq=seq,
+            type=event["type"],
+            subject=event.get("subject"),
+            actor=event.get("actor") or "",
+            origin=event.get("origin") or "",
+            tier=event.get("tier") or "",
+            horizon=event.get("horizon") or "",
+            event=event,
+        )
+
+    def to_wire(self, *, redelivered: bool = False) -> dict[str, Any]:
+        if redelivered:
+            return {**self.event, "redelivered": True}
+        return dict(self.event)
+
+
+# ===================================================================================== subscriptions
+@dataclass(frozen=True, slots=True)
+class AckMemo:
+    """The reply to the last ack, returned again for an identical ack (C20)."""
+
+    cursor: int
+    reply: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    id: str
+    monitor: str
+    subscriber: str
+    token_hash: str
+    created: float
+    mute_since: float  # the mute clock (P6): the last sign of life, as stored (see ServiceCore's lazy flush)
+    filter: Json = field(default_factory=dict)
+    capabilities: list[str] = field(default_factory=lambda: ["observe"])
+    cursor: int = 0
+    reset_policy: str = "none"
+    protocol: str = "pull"
+    sink: str | None = None
+    retire_after_mute_seconds: int | None = None
+    last_pull: float | None = None
+    state: SubscriptionState = SubscriptionState.ACTIVE
+    hwm: int = 0  # the delivered high-water mark: rows at or below it come back marked redelivered
+    last_ack: AckMemo | None = None
+    relist: bool = False
+    sink_secret: str | None = None
+    grant: str = "default"  # what the grant rests on: "owner", "subscribe" or "default" (section 8)
+    revoked: bool = False
+    scan_mark: tuple[int, int] | None = None  # [from, to]: rows a bounded pull examined in vain
+
+    @property
+    def active(self) -> bool:
+        return self.state is SubscriptionState.ACTIVE
+
+    def to_wire(self, lag: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "monitor": self.monitor,
+            "subscriber": self.subscriber,
+            "filter": self.filter,
+            "capabilities": list(self.capabilities),
+            "cursor": self.cursor,
+            "reset_policy": self.reset_policy,
+            "protocol": self.protocol,
+            "sink": self.sink,
+            "retire_after_mute_seconds": self.retire_after_mute_seconds,
+            "created": timefmt.iso(self.created),
+            "last_pull": _iso(self.last_pull),
+            "active": self.active,
+        }
+        if lag is not None:
+            out["lag"] = lag
+        return out
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "monitor": self.monitor,
+            "subscriber": self.subscriber,
+            "token_hash": self.token_hash,
+            "created": self.created,
+            "mute_since": self.mute_since,
+            "filter": self.filter,
+            "capabilities": list(self.capabilities),
+            "cursor": self.cursor,
+            "reset_policy": self.reset_policy,
+            "protocol": self.protocol,
+            "sink": self.sink,
+            "retire_after_mute_seconds": self.retire_after_mute_seconds,
+            "last_pull": self.last_pull,
+            "state": self.state.value,
+            "hwm": self.hwm,
+            "last_ack": None
+            if self.last_ack is None
+            else {"cursor": self.last_ack.cursor, "reply": self.last_ack.reply},
+            "relist": self.relist,
+            "sink_secret": self.sink_secret,
+            "grant": self.grant,
+            "revoked": self.revoked,
+            "scan_mark": None if self.scan_mark is None else list(self.scan_mark),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Subscription:
+        ack = row.get("last_ack")
+        mark = row.get("scan_mark")
+        return cls(
+            id=row["id"],
+            monitor=row["monitor"],
+            subscriber=row["subscriber"],
+            token_hash=row["token_hash"],
+            created=float(row["created"]),
+            mute_since=float(row["mute_since"]),
+            filter=row.get("filter", {}),
+            capabilities=list(row.get("capabilities") or []),
+            cursor=int(row.get("cursor", 0)),
+            reset_policy=row.get("reset_policy", "none"),
+            protocol=row.get("protocol", "pull"),
+            sink=row.get("sink"),
+            retire_after_mute_seconds=row.get("retire_after_mute_seconds"),
+            last_pull=row.get("last_pull"),
+            state=SubscriptionState(row.get("state", "active")),
+            hwm=int(row.get("hwm", 0)),
+            last_ack=None if not ack else AckMemo(int(ack["cursor"]), dict(ack["reply"])),
+            relist=bool(row.get("relist", False)),
+            sink_secret=row.get("sink_secret"),
+            grant=row.get("grant", "default"),
+            revoked=bool(row.get("revoked", False)),
+            scan_mark=None if not mark else (int(mark[0]), int(mark[1])),
+        )
+
+
+def subscription_from_v1(rec: dict[str, Any]) -> Subscription:
+    ack = rec.get("_last_ack")
+    created = _ts(rec["created"]) or 0.0
+    row = _v1_row(rec, _V1_SUBSCRIPTION)
+    row.update(
+        created=created,
+        mute_since=rec.get("_mute_since", created),
+        last_pull=_ts(rec.get("last_pull")),
+        state="active" if rec.get("active", True) else "retired",
+        last_ack=None if not ack else {"cursor": ack["cursor"], "reply": ack["body"]},
+        grant=rec.get("_grant") or "default",
+    )
+    return Subscription.from_row(row)
+
+
+# ===================================================================================== leases
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """Who completed the lease last and with which row, so a repeated complete is idempotent."""
+
+    by: str
+    seq: int
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    monitor: str
+    subject: str
+    duration: int
+    acquired: float
+    renewed: float
+    state: LeaseState = LeaseState.FREE
+    holder: str | None = None
+    transitions: int = 0
+    attempts: int = 0
+    delivery_count_limit: int = 5
+    last_holder: str | None = None
+    completed: Completion | None = None
+
+    @property
+    def dead_letter(self) -> bool:
+        return self.state is LeaseState.DEAD_LETTERED
+
+    @property
+    def expires(self) -> float:
+        return self.renewed + self.duration
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "holder": self.holder,
+            "lease_duration_seconds": self.duration,
+            "acquire_time": timefmt.iso(self.acquired),
+            "renew_time": timefmt.iso(self.renewed),
+            "lease_transitions": self.transitions,
+            "attempts": self.attempts,
+            "delivery_count_limit": self.delivery_count_limit,
+            "dead_letter": self.dead_letter,
+        }
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "monitor": self.monitor,
+            "subject": self.subject,
+            "duration": self.duration,
+            "acquired": self.acquired,
+            "renewed": self.renewed,
+            "state": self.state.value,
+            "holder": self.holder,
+            "transitions": self.transitions,
+            "attempts": self.attempts,
+            "delivery_count_limit": self.delivery_count_limit,
+            "last_holder": self.last_holder,
+            "completed": None
+            if self.completed is None
+            else {"by": self.completed.by, "seq": self.completed.seq, "outcome": self.completed.outcome},
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Lease:
+        done = row.get("completed")
+        return cls(
+            monitor=row["monitor"],
+            subject=row["subject"],
+            duration=int(row["duration"]),
+            acquired=float(row["acquired"]),
+            renewed=float(row["renewed"]),
+            state=LeaseState(row.get("state", "free")),
+            holder=row.get("holder"),
+            transitions=int(row.get("transitions", 0)),
+            attempts=int(row.get("attempts", 0)),
+            delivery_count_limit=int(row.get("delivery_count_limit", 5)),
+            last_holder=row.get("last_holder"),
+            completed=None if not done else Completion(done["by"], int(done["seq"]), done["outcome"]),
+        )
+
+
+def lease_from_v1(rec: dict[str, Any]) -> Lease:
+    holder = rec.get("holder")
+    if rec.get("dead_letter"):
+        state = LeaseState.DEAD_LETTERED
+    elif holder is not None:
+        state = LeaseState.HELD
+    else:
+        state = LeaseState.FREE
+    row = _v1_row(rec, _V1_LEASE)
+    renewed = rec.get("_renew_ts")
+    row.update(
+        acquired=_ts(rec["acquire_time"]) or 0.0,
+        renewed=float(renewed) if renewed is not None else _ts(rec["renew_time"]) or 0.0,
+        state=state.value,
+    )
+    return Lease.from_row(row)
+
+
+# ===================================================================================== publish keys
+@dataclass(frozen=True, slots=True)
+class PublishKey:
+    """An idempotency key (section 8): the seq its first publish got, at server time `at`."""
+
+    monitor: str
+    key: str
+    seq: int
+    at: float
+
+    def to_row(self) -> dict[str, Any]:
+        return {"monitor": self.monitor, "key": self.key, "seq": self.seq, "at": self.at}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> PublishKey:
+        return cls(row["monitor"], row["key"], int(row["seq"]), float(row["at"]))

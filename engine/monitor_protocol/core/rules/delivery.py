@@ -1,0 +1,550 @@
+"""Subscriptions and delivery: subscribe with granted capabilities (P7), pull that never commits (P4),
+lag under the reader's own filter (P5), ack, seek, renew, retire, retention and the bookmark.
+
+A pull writes only when it changes something stored: the delivered high-water mark advances (new rows
+handed out), a relist bookmark is appended, a bounded scan leaves its mark, or the lazily stored mute
+clock is due (runtime.MUTE_FLUSH_SECONDS). An empty pull and a long-poll re-check write nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor_protocol.core import filters, netguard, tokens
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.lifecycles import SubscriptionState
+from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscription, evolve
+from monitor_protocol.core.rules.ledger import (
+    append_protocol,
+    lag,
+    lag_count,
+    past_known_misses,
+    retire_subscription,
+)
+from monitor_protocol.core.rules.lookups import monitor_of, subscription_of
+from monitor_protocol.core.runtime import ServiceCore
+from monitor_protocol.core.tx import Tx
+from monitor_protocol.core.validation import (
+    as_int,
+    check_actor,
+    check_name,
+    check_reason,
+    check_vocab,
+    check_vocab_list,
+    invalid,
+    require_object,
+)
+from monitor_protocol.core.vocab import (
+    CAPABILITIES,
+    DEFAULT_LIMIT,
+    LAG_COUNT_CAP,
+    MAX_ACTIVE_SUBSCRIPTIONS,
+    MAX_LIMIT,
+    PROTOCOLS,
+    RESET_POLICIES,
+    SCAN_BUDGET,
+    SUBSCRIPTION_ID_HEX,
+    T_BOOKMARK,
+    T_SUBSCRIBED,
+)
+
+
+# ===================================================================================== subscribe
+def _grant_of(
+    rec: Monitor, existing: Subscription | None, token: str | None, asked: Any
+) -> tuple[list[str], str]:
+    """(requested, basis) for this caller once every requested capability is granted, or the refusal
+    (P7: granted, never requested)."""
+    subscriber_name = existing.subscriber if existing else None
+    is_owner = tokens.matches(token, rec.owner_hash)
+    # The subscribe token grants the monitor's capabilities wherever it exists (shared or public).
+    is_sub_token = rec.visibility != "private" and tokens.matches(token, rec.subscribe_hash)
+    holds_existing = existing is not None and tokens.matches(token, existing.token_hash)
+    if rec.visibility == "private" and not (is_owner or holds_existing):
+        # before anything else: a refusal must not tell a stranger what a private monitor holds
+        raise ProtocolError("NOT_FOUND", f"No monitor {rec.id!r} here.", monitor=rec.id)
+    requested = None if asked is None else check_vocab_list(asked, CAPABILITIES, "capabilities")
+    if existing is not None and not (holds_existing or is_owner):
+        raise ProtocolError(
+            "UNAUTHORIZED",
+            f"{subscriber_name} already subscribes to {rec.id}; a name is not a credential. Re-subscribe "
+            "with that subscription's current token or the owner's token.",
+            needs="reader_token",
+        )
+    # On a private monitor only a grant made with the owner's token survives: a revoked reader's old
+    # token opens nothing.
+    if rec.visibility == "private" and existing is not None and not is_owner and existing.grant != "owner":
+        raise ProtocolError("NOT_FOUND", f"No monitor {rec.id!r} here.", monitor=rec.id)
+    if is_owner or is_sub_token:
+        grant = list(rec.capabilities)
+    else:
+        grant = list(rec.default_grant)
+        if existing is not None:
+            grant += [c for c in existing.capabilities if c not in grant]
+    if requested is None:
+        requested = list(existing.capabilities) if existing else ["observe"]
+    excess = [c for c in requested if c not in grant]
+    if excess:
+        raise ProtocolError(
+            "CAPABILITY_MISSING",
+            f"Capabilities are granted, not requested: {excess} are not granted to this caller "
+            f"(granted: {grant}). Ask the owner for the owner or subscribe token.",
+            granted=grant,
+            monitor_capabilities=list(rec.capabilities),
+            requested=requested,
+        )
+    if rec.visibility == "shared" and not (
+        is_owner
+        or is_sub_token
+        or (holds_existing and existing is not None and existing.grant in ("owner", "subscribe"))
+    ):
+        raise ProtocolError(
+            "UNAUTHORIZED",
+            f"Monitor {rec.id} is shared: subscribing needs its subscribe token (or the owner's).",
+            needs="subscribe_token",
+        )
+    # What this subscription's grant rests on, so a narrowed definition can revoke it (section 8).
+    if is_owner:
+        basis = "owner"
+    elif is_sub_token:
+        basis = "subscribe"
+    else:
+        basis = existing.grant if holds_existing and existing is not None else "default"
+    return requested, basis
+
+
+def _start_of(body: dict[str, Any], rec: Monitor) -> int | None:
+    if "from" not in body or body["from"] is None:
+        return None
+    frm = body["from"]
+    if frm == "head":
+        return rec.head + 1
+    if frm == "earliest":
+        return rec.floor if rec.floor > 1 else 0
+    if isinstance(frm, int) and not isinstance(frm, bool) and frm >= 0:
+        return min(frm, rec.head + 1)
+    raise invalid('from must be "head", "earliest" or a non-negative integer seq.', invalid=frm)
+
+
+def _sink_of(
+    core: ServiceCore, body: dict[str, Any], existing: Subscription | None, protocol: str, basis: str
+) -> Any:
+    sink = body.get("sink", existing.sink if existing else None)
+    if protocol == "http":
+        if basis == "default":
+            raise ProtocolError(
+                "UNAUTHORIZED",
+                "An HTTP push subscription needs the monitor's owner or subscribe token: the server "
+                "will POST to the sink on the monitor's behalf.",
+                needs="subscribe_token",
+            )
+        if not isinstance(sink, str) or not sink.startswith(("http://", "https://")):
+            raise invalid('protocol "http" needs a sink URL such as "https://example.com/hook".')
+        check_name(sink, "sink", '"https://example.com/hook"')
+        refusal = netguard.sink_refusal(sink, core.allowed_sinks)
+        if refusal is not None:
+            raise invalid(refusal, sink=sink)
+    elif sink is not None:
+        if not isinstance(sink, str):
+            raise invalid("sink must be a URL string or null.")
+        check_name(sink, "sink", '"https://example.com/hook"')
+    return sink
+
+
+def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
+    body = require_object(body, "subscribe")
+    monitor_id = body.get("monitor")
+    if not isinstance(monitor_id, str):
+        raise invalid('subscribe needs {"monitor": "<id>", "subscriber": "agent:you"}.')
+    rec = monitor_of(tx, monitor_id)
+    subscriber = check_actor(body.get("subscriber"), "subscriber")
+    existing = tx.find_subscription(monitor_id, subscriber)
+    requested, basis = _grant_of(rec, existing, token, body.get("capabilities"))
+    flt = filters.validate(body.get("filter"), rec.types or [])
+    protocol = body.get("protocol", existing.protocol if existing else "pull")
+    check_vocab(protocol, PROTOCOLS, "protocol")
+    reset_policy = body.get("reset_policy", existing.reset_policy if existing else "none")
+    check_vocab(reset_policy, RESET_POLICIES, "reset_policy")
+    sink = _sink_of(core, body, existing, protocol, basis)
+    mute = body.get("retire_after_mute_seconds", existing.retire_after_mute_seconds if existing else None)
+    if mute is not None:
+        mute = as_int(mute, "retire_after_mute_seconds", minimum=1, text=False)
+    start = _start_of(body, rec)
+    now = tx.now
+    if (existing is None or not existing.active) and tx.count_active_subscriptions(
+        monitor_id
+    ) >= MAX_ACTIVE_SUBSCRIPTIONS:
+        raise ProtocolError(
+            "OVER_BUDGET",
+            f"Monitor {monitor_id} has {MAX_ACTIVE_SUBSCRIPTIONS} active subscriptions, the most it "
+            "serves; retire one first.",
+            limit=MAX_ACTIVE_SUBSCRIPTIONS,
+        )
+    token_out = tokens.mint("mpr")
+    if existing is None:
+        sub = Subscription(
+            id=_new_subscription_id(tx),
+            monitor=monitor_id,
+            subscriber=subscriber,
+            token_hash=tokens.digest(token_out),
+            created=now,
+            mute_since=now,
+            filter=flt,
+            capabilities=requested,
+            cursor=start if start is not None else 0,
+            reset_policy=reset_policy,
+            protocol=protocol,
+            sink=sink,
+            retire_after_mute_seconds=mute,
+            grant=basis,
+        )
+        renewed = False
+    else:
+        sub = core.alive(existing)
+        if start is not None and max(start, 1) < max(sub.cursor, 1):
+            raise ProtocolError(
+                "CURSOR_BACKWARDS",
+                f"from={body['from']!r} is below this subscription's committed cursor {sub.cursor}; "
+                "use seek (with a reason) to move backwards.",
+                cursor=sub.cursor,
+                requested=start,
+                head=rec.head,
+            )
+        new_filter = flt if "filter" in body else sub.filter
+        sub = evolve(
+            sub,
+            cursor=start if start is not None else sub.cursor,
+            # what was found not to match, was found for the old filter
+            scan_mark=None if new_filter != sub.filter else sub.scan_mark,
+            filter=new_filter,
+            capabilities=requested,
+            reset_policy=reset_policy,
+            protocol=protocol,
+            sink=sink,
+            retire_after_mute_seconds=mute,
+            state=SubscriptionState.ACTIVE,
+            token_hash=tokens.digest(token_out),
+            mute_since=now,
+            grant=basis,
+            revoked=False,
+        )
+        renewed = True
+    if protocol == "http":
+        secret = body.get("sink_secret")
+        if secret is not None:
+            sub = evolve(sub, sink_secret=tokens.check_sink_secret(secret))
+        elif not sub.sink_secret:
+            sub = evolve(sub, sink_secret=tokens.mint_sink_secret())
+    tx.put_subscription(sub)
+    core.schedule(now + core.mute_seconds(rec, sub))
+    seq = append_protocol(
+        tx,
+        monitor_id,
+        T_SUBSCRIBED,
+        subscriber,
+        {
+            "subscription": sub.id,
+            "subscriber": subscriber,
+            "filter": sub.filter,
+            "capabilities": list(sub.capabilities),
+            "cursor": sub.cursor,
+            "renewed": renewed,
+        },
+    ).seq
+    rec = monitor_of(tx, monitor_id)
+    out: dict[str, Any] = {
+        "subscription": sub.to_wire(lag(tx, rec, sub)),
+        "token": token_out,
+        "seq": seq,
+        "notice": "Keep the token: it is shown once and stored only as a hash. Pull reads, ack commits.",
+    }
+    if protocol == "http":
+        out["sink_secret"] = sub.sink_secret
+    return out
+
+
+def _new_subscription_id(tx: Tx) -> str:
+    """sub- and 16 hex digits; a new id never replaces an existing subscription (section 4)."""
+    while True:
+        candidate = tokens.new_id("sub", SUBSCRIPTION_ID_HEX)
+        if tx.subscription(candidate) is None:
+            return candidate
+
+
+def touch(core: ServiceCore, tx: Tx, sub_id: str, token: str | None) -> dict[str, Any]:
+    """A reader following by SSE is consuming (P6) although the stream never commits: reset its mute
+    clock without delivering anything."""
+    sub = subscription_of(tx, sub_id, token)
+    tx.put_subscription(evolve(core.alive(sub), mute_since=tx.now))
+    core.schedule(tx.now + core.mute_seconds(monitor_of(tx, sub.monitor), sub))
+    return {"subscription": sub.id, "active": sub.active}
+
+
+def subscription_info(core: ServiceCore, tx: Tx, sub_id: str, token: str | None) -> dict[str, Any]:
+    sub = core.alive(subscription_of(tx, sub_id, token, allow_retired=True))
+    return sub.to_wire(lag(tx, monitor_of(tx, sub.monitor), sub))
+
+
+# ===================================================================================== pull
+def _pull_limit(limit: Any, *flts: Any) -> int:
+    lim = DEFAULT_LIMIT if limit is None else as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT)
+    for f in flts:
+        f_lim = filters.limit_of(f)
+        if f_lim:
+            lim = min(lim, f_lim)
+    return lim
+
+
+def _inline_filter(rec: Monitor, sub: Subscription, inline: Any) -> Any:
+    inline_flt = filters.validate(inline, rec.types or []) if inline is not None else {}
+    if inline_flt:
+        clash = filters.disjoint(sub.filter, inline_flt)
+        if clash is not None:
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"The inline filter cannot match anything this subscription's filter lets through "
+                f"({clash}); an inline filter only narrows the subscription's own.",
+                subscription_filter=sub.filter,
+                inline_filter=inline_flt,
+            )
+    return inline_flt
+
+
+def pull(
+    core: ServiceCore,
+    tx: Tx,
+    sub_id: str,
+    token: str | None,
+    cursor: Any,
+    limit: Any,
+    inline: Any,
+    *,
+    system: bool,
+    ack_cursor: Any = None,
+) -> dict[str, Any]:
+    """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
+    rules, in this same transaction: the pull then reads from the cursor it just committed."""
+    if ack_cursor is not None:
+        if cursor is not None:
+            raise invalid(
+                "ack commits and cursor is a read-only replay: send them in two calls (ack, then the replay)."
+            )
+        acked = as_int(ack_cursor, "ack", minimum=0, text=False)  # a JSON integer, like /ack's cursor
+        ack(core, tx, sub_id, token, {"cursor": acked}, system=system)
+    if system:
+        found = tx.subscription(sub_id)
+        if found is None or not found.active:
+            raise ProtocolError("NOT_FOUND", f"No active subscription {sub_id!r}.", subscription=sub_id)
+        sub = found
+    else:
+        sub = subscription_of(tx, sub_id, token)
+    if "observe" not in sub.capabilities:  # P7: observe reads, for the server's own push too
+        raise ProtocolError(
+            "CAPABILITY_MISSING",
+            "Pulling needs the observe capability, which this subscription does not hold (now).",
+            granted=list(sub.capabilities),
+            required="observe",
+        )
+    stored = sub  # what the store holds: the lazy mute clock is measured against it
+    sub = core.alive(sub)
+    rec = monitor_of(tx, sub.monitor)
+    replay = cursor is not None
+    inline_flt = _inline_filter(rec, sub, inline)
+    lim = _pull_limit(limit, sub.filter, inline_flt)
+    start = as_int(cursor, "cursor", minimum=0) if replay else sub.cursor
+    head, floor = rec.head, rec.floor
+    now = tx.now
+    stored_changed = False
+    if max(start, 1) < floor:  # something below the floor was really compacted
+        if replay or sub.reset_policy == "none":
+            raise ProtocolError(
+                "CURSOR_EXPIRED",
+                f"Cursor {start} is below the retention floor {floor}: those observations were compacted. "
+                "Relist (read the monitor's state), then seek to retention_floor.",
+                retention_floor=floor,
+                relist=f"monitors/state?id={rec.id}",
+                requested=start,
+                reset_policy=sub.reset_policy,
+            )
+        start = floor if sub.reset_policy == "earliest" else head + 1
+        sub = evolve(sub, cursor=start, relist=sub.reset_policy == "earliest")
+        stored_changed = True
+    query = filters.prefilter(sub.filter, inline_flt)
+    batch: list[Observation] = []
+    first = past_known_misses(sub, max(start, 1))
+    last_examined, capped = first - 1, False
+    if first <= head:
+        for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
+            last_examined = obs.seq
+            if query.complete or (
+                filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
+            ):
+                batch.append(obs)
+                if len(batch) >= lim:
+                    break
+            elif examined >= SCAN_BUDGET and last_examined < head:
+                capped = True  # bounded read: the rest waits for the next pull, from `next`
+                break
+    if capped and not batch and not replay and not inline_flt:
+        # Remember what was examined in vain, so the next pull goes on from there even if this reader
+        # never acks an empty page (push, watch, SSE): bounded work per request, never a stall. Only
+        # an empty page: rows delivered but not acked must come back on the next pull (P4).
+        mark = sub.scan_mark
+        begins = mark[0] if mark and first == mark[1] + 1 else max(start, 1)
+        sub = evolve(sub, scan_mark=(begins, last_examined))
+        stored_changed = True
+    if not replay and not capped and sub.relist and (not batch or batch[-1].seq == head) and len(batch) < lim:
+        # A replay after a relist ends with a bookmark that says where the replay stopped.
+        bookmark = append_protocol(
+            tx,
+            rec.id,
+            T_BOOKMARK,
+            "system:relist",
+            {"subscription": sub.id, "from": start, "to": head, "reason": "replay after relist"},
+        )
+        batch.append(bookmark)
+        sub = evolve(sub, relist=False)
+        stored_changed = True
+        rec = monitor_of(tx, rec.id)
+        head = rec.head
+    hwm = sub.hwm
+    wire = [obs.to_wire(redelivered=obs.seq <= hwm) for obs in batch]
+    redelivered = sum(1 for obs in batch if obs.seq <= hwm)
+    if capped:
+        next_cursor = last_examined + 1  # every row below it was examined and did not match
+    else:
+        next_cursor = batch[-1].seq + 1 if batch else head + 1
+    if not replay:
+        new_hwm = max(hwm, batch[-1].seq) if batch else hwm
+        fresh = len(batch) - redelivered
+        if new_hwm != hwm or fresh or stored_changed or core.must_store_life(rec, stored, now):
+            sub = tx.put_subscription(evolve(sub, hwm=new_hwm, last_pull=now, mute_since=now))
+            tx.put_monitor(evolve(rec, counters=rec.counters.bump(delivered=fresh), last_pull=now))
+        else:
+            tx.life[sub.id] = now  # remembered, not written: see runtime.MUTE_FLUSH_SECONDS
+            tx.monitor_pulls[rec.id] = now
+            sub = evolve(sub, last_pull=now, mute_since=now)
+        core.schedule(now + core.mute_seconds(rec, sub))
+    if capped and not replay and not inline_flt:
+        # This pull just examined every row from the cursor to `next` under the subscription's own filter:
+        # the lag is what it found plus the rows not yet examined (an upper bound, flagged), with no
+        # second scan of another budget's worth of rows.
+        lag_n, lag_capped = min(len(batch) + head - last_examined, LAG_COUNT_CAP), True
+    else:
+        lag_n, lag_capped = lag_count(tx, rec, sub)
+    out: dict[str, Any] = {
+        "subscription": sub.id,
+        "monitor": rec.id,
+        "cursor": sub.cursor,
+        "head": head,
+        "lag": lag_n,
+        "retention_floor": floor,
+        "next": next_cursor,
+        "redelivered": redelivered,
+        "observations": wire,
+    }
+    if lag_capped:
+        out["lag_capped"] = True
+    if capped:
+        out["scan_capped"] = True  # more rows remain past `next`: pull again (after acking `next`)
+    return out
+
+
+# ===================================================================================== ack, seek, renew, retire
+def ack(
+    core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any, *, system: bool
+) -> dict[str, Any]:
+    if system:
+        found = tx.subscription(sub_id)
+        if found is None:
+            raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r}.", subscription=sub_id)
+        sub = found
+    else:
+        sub = subscription_of(tx, sub_id, token)
+    body = require_object(body, "ack")
+    if "cursor" not in body:
+        raise invalid('ack needs {"cursor": <next>} where next is the pull reply\'s "next".')
+    requested = as_int(body["cursor"], "cursor", minimum=0, text=False)  # a JSON integer (C27)
+    rec = monitor_of(tx, sub.monitor)
+    head = rec.head
+    target = min(requested, head + 1)
+    current = sub.cursor
+    if max(target, 1) < max(current, 1):
+        raise ProtocolError(
+            "CURSOR_BACKWARDS",
+            f"ack {requested} is below the committed cursor {current}; acks never move backwards "
+            "(seek, with a reason, is the only way back).",
+            cursor=current,
+            requested=requested,
+            head=head,
+        )
+    if max(target, 1) == max(current, 1) and sub.last_ack is not None and sub.last_ack.cursor == current:
+        return dict(sub.last_ack.reply)  # an identical ack returns the prior result (C20)
+    sub = evolve(sub, cursor=target)
+    reply = {"subscription": sub.id, "cursor": target, "head": head, "lag": lag(tx, rec, sub)}
+    tx.put_subscription(evolve(sub, last_ack=AckMemo(target, reply)))
+    return dict(reply)
+
+
+def seek(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+    sub = subscription_of(tx, sub_id, token)
+    body = require_object(body, "seek")
+    reason = check_reason(body.get("reason"), "reason")
+    if reason is None or not reason.strip():
+        raise invalid('seek needs a reason: {"cursor": <seq>, "reason": "why you are moving"}.')
+    if "cursor" not in body:
+        raise invalid('seek needs {"cursor": <seq>, "reason": "..."}.')
+    rec = monitor_of(tx, sub.monitor)
+    target = min(as_int(body["cursor"], "cursor", minimum=0, text=False), rec.head + 1)
+    before = sub.cursor
+    relist = sub.relist
+    if rec.floor > 1 and target >= rec.floor:
+        relist = relist or target == rec.floor
+    tx.put_subscription(evolve(sub, cursor=target, last_ack=None, relist=relist))
+    append_protocol(
+        tx,
+        rec.id,
+        T_SUBSCRIBED,
+        sub.subscriber,
+        {
+            "subscription": sub.id,
+            "subscriber": sub.subscriber,
+            "seek": {"from": before, "to": target},
+            "reason": reason,
+        },
+    )
+    return {"subscription": sub.id, "cursor": target}
+
+
+def renew(core: ServiceCore, tx: Tx, sub_id: str, token: str | None) -> dict[str, Any]:
+    sub = subscription_of(tx, sub_id, token)
+    new_token = tokens.mint("mpr")
+    tx.put_subscription(evolve(sub, token_hash=tokens.digest(new_token)))
+    return {"subscription": sub.id, "token": new_token, "cursor": sub.cursor}
+
+
+def retire(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+    sub = subscription_of(tx, sub_id, token)
+    b = require_object(body, "retire")
+    reason = check_reason(b.get("reason", "by request"), "reason") or "by request"
+    seq = retire_subscription(core, tx, sub, sub.subscriber, "by request", note=reason)
+    return {"ok": True, "subscription": sub.id, "seq": seq, "cursor_kept": sub.cursor}
+
+
+def retire_as_system(core: ServiceCore, tx: Tx, sub_id: str, reason: str) -> dict[str, Any]:
+    """The push delivery retires a subscription whose sink answered 410 Gone."""
+    sub = tx.subscription(sub_id)
+    if sub is None:
+        raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r}.", subscription=sub_id)
+    if not sub.active:
+        return {"ok": True, "subscription": sub_id, "seq": None, "cursor_kept": sub.cursor}
+    seq = retire_subscription(core, tx, sub, "system:push", "by request", note=reason)
+    return {"ok": True, "subscription": sub_id, "seq": seq, "cursor_kept": sub.cursor}
+
+
+def push_targets(tx: Tx) -> list[dict[str, Any]]:
+    """Every active HTTP-push subscription, for the server's delivery task."""
+    return [
+        {"id": s.id, "monitor": s.monitor, "sink": s.sink, "sink_secret": s.sink_secret, "cursor": s.cursor}
+        for s in tx.subscriptions()
+        if s.active and s.protocol == "http" and s.sink
+    ]

@@ -1,0 +1,74 @@
+"""Finding a record for a caller: by id, checked against the credential it needs. A refusal names the
+credential in `needs` and leaves the transport out of the sentence: each door says how to send it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor_protocol.core import tokens
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.records import Monitor, Subscription
+from monitor_protocol.core.tx import Tx
+from monitor_protocol.core.validation import check_name, invalid
+
+
+def monitor_of(tx: Tx, monitor_id: Any) -> Monitor:
+    if not isinstance(monitor_id, str):
+        raise invalid("The monitor id must be a string.")
+    check_name(monitor_id, "monitor", '"ci"')
+    rec = tx.monitor(monitor_id)
+    if rec is None:
+        raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
+    return rec
+
+
+def visible(tx: Tx, rec: Monitor, token: str | None) -> bool:
+    if rec.visibility == "public":
+        return True
+    if tokens.matches(token, rec.owner_hash):
+        return True
+    if rec.visibility == "shared" and tokens.matches(token, rec.subscribe_hash):
+        return True
+    if token:
+        # Without a lock: this only reads who may see `rec` (whose lock is held), and a reader token of
+        # another monitor must not take that monitor's lock too (two locks, in any order, can deadlock).
+        sub = tx.subscription_by_token(tokens.digest(token), lock=False)
+        if sub is not None and sub.monitor == rec.id and not sub.revoked:
+            return True
+    return False
+
+
+def visible_monitor(tx: Tx, monitor_id: Any, token: str | None) -> Monitor:
+    rec = monitor_of(tx, monitor_id)
+    if not visible(tx, rec, token):
+        raise ProtocolError("NOT_FOUND", f"No monitor {monitor_id!r} here.", monitor=monitor_id)
+    return rec
+
+
+def owner_monitor(tx: Tx, monitor_id: Any, token: str | None) -> Monitor:
+    rec = monitor_of(tx, monitor_id)
+    if not tokens.matches(token, rec.owner_hash):
+        raise ProtocolError("UNAUTHORIZED", "This needs the monitor's owner token.", needs="owner_token")
+    return rec
+
+
+def subscription_of(tx: Tx, sub_id: Any, token: str | None, *, allow_retired: bool = False) -> Subscription:
+    if not isinstance(sub_id, str):
+        raise invalid("The subscription id must be a string.")
+    check_name(sub_id, "subscription", '"sub-0123456789abcdef"')
+    sub = tx.subscription(sub_id)
+    if sub is None:
+        raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r} here.", subscription=sub_id)
+    if not tokens.matches(token, sub.token_hash):
+        raise ProtocolError(
+            "UNAUTHORIZED", "This needs the subscription's reader token.", needs="reader_token"
+        )
+    if not sub.active and not allow_retired:
+        raise ProtocolError(
+            "NOT_FOUND",
+            f"Subscription {sub_id} is retired; subscribe again with the same subscriber to reactivate it.",
+            retired=True,
+            cursor=sub.cursor,
+            subscription=sub_id,
+        )
+    return sub

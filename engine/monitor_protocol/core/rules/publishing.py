@@ -1,0 +1,353 @@
+"""Publishing: vocabulary, provenance ceilings (P1), time, budget, references, idempotency keys; every
+refusal logged (P2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor_protocol.core import timefmt, wire
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.records import Counters, LastSeen, Monitor, Observation, PublishKey, evolve
+from monitor_protocol.core.rules import events, provenance, state
+from monitor_protocol.core.rules.ledger import append, reject
+from monitor_protocol.core.rules.lookups import owner_monitor
+from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
+from monitor_protocol.core.tx import Tx
+from monitor_protocol.core.validation import check_actor, check_name, invalid
+from monitor_protocol.core.vocab import (
+    IDEMPOTENCY_KEY_MAX_CHARS,
+    IDEMPOTENCY_WINDOW_SECONDS,
+    MAX_FUTURE_SECONDS,
+    MAX_NAME_CHARS,
+    MAX_PUBLISH_BATCH,
+    PROTOCOL_PREFIX,
+    T_CONTRADICTION,
+    T_CONTRADICTION_RESOLVED,
+    TYPE_PATTERN,
+)
+
+MAX_REFERENCES = 64
+MAX_TRACKED_ACTORS = 16
+PUBLISHABLE_PROTOCOL_TYPES = (T_CONTRADICTION, T_CONTRADICTION_RESOLVED)
+
+
+def check_idempotency_key(value: Any) -> str:
+    """1-128 printable ASCII characters (PROTOCOL.md section 8)."""
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= IDEMPOTENCY_KEY_MAX_CHARS
+        or not all(" " <= ch <= "~" for ch in value)
+    ):
+        raise invalid(
+            f"idempotency_key must be 1-{IDEMPOTENCY_KEY_MAX_CHARS} printable ASCII characters "
+            "(e.g. a UUID), sent in the body or as the Idempotency-Key header.",
+            limit=IDEMPOTENCY_KEY_MAX_CHARS,
+        )
+    return value
+
+
+def counted(counters: Counters, obs_type: str) -> Counters:
+    """What one accepted publish of `obs_type` adds to a monitor's counters (an import recounts with it)."""
+    counters = counters.bump(observations=1)
+    if obs_type.endswith(".contradiction"):
+        return counters.bump(contradictions=1)
+    if obs_type.endswith(".contradiction_resolved"):
+        return counters.bump(contradictions_resolved=1)
+    return counters
+
+
+def with_actor(actors: tuple[str, ...], actor: str) -> tuple[str, ...]:
+    """The monitor's tracked actors once `actor` has published (the first MAX_TRACKED_ACTORS are kept)."""
+    return actors if actor in actors or len(actors) >= MAX_TRACKED_ACTORS else (*actors, actor)
+
+
+def publish(
+    core: ServiceCore, tx: Tx, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
+) -> dict[str, Any]:
+    rec = owner_monitor(tx, monitor_id, token)
+    obs, seq, repeated = _publish_one(tx, rec, body, header_key)
+    out: dict[str, Any] = {"observation": obs.to_wire() if obs is not None else None, "seq": seq}
+    if repeated is not None:
+        out["idempotent"] = repeated
+    return out
+
+
+def publish_many(
+    core: ServiceCore, tx: Tx, monitor_id: str, items: Any, token: str | None, header_key: str | None = None
+) -> dict[str, Any]:
+    """A batch (a JSON array body, docs/serve.md): each item is published in order as if alone, refused and
+    logged on its own (P2), and the whole batch commits once. The reply lists each item's seq or error."""
+    rec = owner_monitor(tx, monitor_id, token)
+    if header_key is not None:
+        raise reject(
+            tx,
+            rec.id,
+            invalid("A batch takes no Idempotency-Key header: give each item its own idempotency_key."),
+            items,
+            rec.owner,
+        )
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_PUBLISH_BATCH:
+        raise reject(
+            tx,
+            rec.id,
+            invalid(
+                f"A batch is a JSON array of 1 to {MAX_PUBLISH_BATCH} observations; split a longer one.",
+                limit=MAX_PUBLISH_BATCH,
+            ),
+            items,
+            rec.owner,
+        )
+    results: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        try:
+            obs, seq, repeated = _publish_one(tx, tx.monitor(rec.id) or rec, item, None)
+        except LoggedRefusal as refusal:  # its rejected row stays staged: it commits with the batch
+            results.append({"index": index, "status": refusal.error.status, "error": refusal.error.body()})
+            continue
+        one: dict[str, Any] = {
+            "index": index,
+            "seq": seq,
+            "id": obs.event.get("id") if obs is not None else None,
+        }
+        if repeated is not None:
+            one["idempotent"] = repeated
+        results.append(one)
+    published = sum(1 for r in results if "seq" in r)
+    return {
+        "monitor": rec.id,
+        "published": published,
+        "refused": len(results) - published,
+        "results": results,
+    }
+
+
+def _publish_one(
+    tx: Tx, rec: Monitor, body: Any, header_key: str | None
+) -> tuple[Observation | None, int, bool | None]:
+    """Publish one observation for an owner already authenticated: (the observation, its seq, whether a
+    key made it a repeat: None without a key). A refusal is logged and raised as LoggedRefusal."""
+    monitor_id = rec.id
+    now = tx.now
+    try:
+        key = idempotency_key(body, header_key)
+    except ProtocolError as err:
+        raise reject(tx, rec.id, err, body, rec.owner) from None
+    if key is not None:
+        seen = tx.publish_key(rec.id, key)
+        if seen is not None and now - seen.at < IDEMPOTENCY_WINDOW_SECONDS:
+            # The first reply again: same seq, nothing appended (a retry after a lost reply).
+            return tx.observation(rec.id, seen.seq), seen.seq, True
+    claimed_actor = body.get("actor") if isinstance(body, dict) else None
+    actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec.owner
+    try:
+        if not rec.active:
+            raise ProtocolError(
+                "UNAVAILABLE",
+                f"Monitor {monitor_id} is {rec.status.value}; it accepts no observations until resumed.",
+                live=state.live_of(rec),
+            )
+        if not isinstance(body, dict):
+            raise invalid(
+                'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
+            )
+        wire.check(body)
+        event_kwargs = validate_publish(tx, rec, body)
+        rec = tx.put_monitor(spend_budget(rec, now))
+    except ProtocolError as err:
+        current = tx.monitor(rec.id)
+        assert current is not None
+        tx.put_monitor(evolve(current, source_contact=now))  # the source was heard from, even refused
+        raise reject(tx, rec.id, err, body, actor_for_log) from None
+    prov = event_kwargs.pop("prov")
+
+    def bookkeeping(m: Monitor, obs: Observation) -> dict[str, Any]:
+        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
+        return {
+            "counters": counted(m.counters, obs.type),
+            "last": LastSeen(obs.seq, now, obs.type),
+            "actors": with_actor(m.actors, prov.actor),
+            "source_contact": now,
+        }
+
+    obs = append(
+        tx,
+        rec.id,
+        lambda m, s: events.build(
+            monitor=m,
+            seq=s,
+            actor=prov.actor,
+            origin=prov.origin,
+            tier=prov.tier,
+            verification=prov.verification,
+            on_behalf_of=prov.on_behalf_of,
+            **event_kwargs,
+        ),
+        bookkeeping,
+    )
+    if key is None:
+        return obs, obs.seq, None
+    tx.put_publish_key(PublishKey(rec.id, key, obs.seq, now))
+    return obs, obs.seq, False
+
+
+def refuse_publish(tx: Tx, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
+    """A publish whose body could not even be parsed (not JSON, NaN, too deep) is still evidence (P2):
+    for the owner, the refusal and a bounded excerpt of the text are logged before the error returns."""
+    rec = owner_monitor(tx, monitor_id, token)
+    raise reject(tx, rec.id, error, raw, rec.owner)
+
+
+def idempotency_key(body: Any, header_key: str | None) -> str | None:
+    body_key = body.get("idempotency_key") if isinstance(body, dict) else None
+    if header_key is not None:
+        header_key = check_idempotency_key(header_key)
+    if body_key is not None:
+        body_key = check_idempotency_key(body_key)
+        if header_key is not None and header_key != body_key:
+            raise invalid("The Idempotency-Key header and idempotency_key in the body differ; send one.")
+    return body_key if body_key is not None else header_key
+
+
+def spend_budget(rec: Monitor, now: float) -> Monitor:
+    """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it)."""
+    cap = (rec.limits or {}).get("observations_per_day")
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return rec
+    day = timefmt.iso(now)[:10]
+    count = rec.budget_used if rec.budget_day == day else 0
+    if count >= cap:
+        raise ProtocolError(
+            "OVER_BUDGET",
+            f"Monitor {rec.id} accepts {cap} observations per UTC day and has used them; try after "
+            f"{day}T24:00Z or raise limits.observations_per_day.",
+            limit=cap,
+            window="day",
+            day=day,
+        )
+    return evolve(rec, budget_day=day, budget_used=count + 1)
+
+
+def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, Any]:
+    known_fields = {
+        "type", "subject", "data", "tags", "actor", "origin", "tier", "verification", "on_behalf_of",
+        "time", "source_ref", "rule", "wasDerivedFrom", "supersedes", "idempotency_key",
+    }  # fmt: skip
+    unknown = sorted(set(body) - known_fields)
+    if unknown:
+        raise invalid(
+            f"Unknown observation field(s) {[u[:64] for u in unknown[:10]]}; known: {sorted(known_fields)}.",
+            invalid=[u[:64] for u in unknown[:10]],
+        )
+    type_ = body.get("type")
+    declared = rec.types or []
+    if isinstance(type_, str) and len(type_) > MAX_NAME_CHARS:
+        check_name(type_, "type", "com.example.ci.run")  # a limit (section 10): 400 INVALID
+    if not isinstance(type_, str) or len(type_) > MAX_NAME_CHARS or not TYPE_PATTERN.match(type_):
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"type is required and must be reverse-DNS of at most {MAX_NAME_CHARS} characters, "
+            "e.g. com.example.ci.run.",
+            field="type",
+            invalid=type_[:MAX_NAME_CHARS] if isinstance(type_, str) else None,
+            known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
+        )
+    if type_.startswith(PROTOCOL_PREFIX) and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"Type {type_} is written only by the protocol itself; publish your own reverse-DNS type.",
+            field="type",
+            invalid=type_,
+            known=declared or list(PUBLISHABLE_PROTOCOL_TYPES),
+        )
+    if declared and type_ not in declared and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"Type {type_} is not declared by monitor {rec.id}; use one of {declared}.",
+            field="type",
+            invalid=type_,
+            known=declared,
+        )
+    actor = check_actor(body.get("actor", rec.owner), "actor")
+    prov = provenance.resolve(rec.owner, actor, body)
+    subject = body.get("subject")
+    if subject is not None:
+        check_name(subject, "subject", '"build-412"')
+    data = body.get("data", {})
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise invalid("data must be a JSON object (your fields stay at its top level).")
+    reserved = sorted({"tags", "provenance"} & set(data))
+    if reserved:
+        raise invalid(f"data may not carry {reserved}: send tags in the request's tags field.")
+    tags = body.get("tags", {})
+    if tags is None:
+        tags = {}
+    if not isinstance(tags, dict):
+        raise invalid('tags must be an object such as {"env": "prod"}.')
+    now = tx.now
+    t = now
+    if "time" in body and body["time"] is not None:
+        t = timefmt.parse(body["time"]) if isinstance(body["time"], str) else None
+        if t is None:
+            raise invalid("time must be RFC 3339, e.g. 2026-09-22T17:10:11.188Z.")
+        if t > now + MAX_FUTURE_SECONDS:
+            raise invalid(
+                f"time {body['time']} is more than {MAX_FUTURE_SECONDS} s ahead of the server's clock "
+                f"({timefmt.iso(now)}); send when the event happened, by a clock that is set.",
+                server_time=timefmt.iso(now),
+                limit=MAX_FUTURE_SECONDS,
+            )
+    for name in ("source_ref", "rule"):
+        if body.get(name) is not None:
+            check_name(body[name], name, '"build-412"')
+    derived = body.get("wasDerivedFrom") or []
+    if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
+        raise invalid(
+            f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
+        )
+    derived = [_reference(rec, item, "wasDerivedFrom", must_exist=False) for item in derived]
+    supersedes = body.get("supersedes")
+    if supersedes is not None:
+        supersedes = _reference(rec, supersedes, "supersedes", must_exist=True)
+    return {
+        "prov": prov,
+        "type_": type_,
+        "subject": subject,
+        "time": t,
+        "data": data,
+        "tags": tags,
+        "source_ref": body.get("source_ref"),
+        "rule": body.get("rule"),
+        "was_derived_from": derived,
+        "supersedes": supersedes,
+    }
+
+
+def _reference(rec: Monitor, value: Any, name: str, *, must_exist: bool) -> dict[str, str]:
+    """A {source, id} reference; a bare seq (int or decimal string) names this monitor's log."""
+    own = events.source_of(rec.id)
+    if isinstance(value, bool):
+        raise invalid(f'{name} must be a seq or {{"source", "id"}}.')
+    if isinstance(value, int) or (isinstance(value, str) and value.isascii() and value.isdigit()):
+        value = {"source": own, "id": str(int(value))}
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("source"), str)
+        or not isinstance(value.get("id"), str | int)
+        or isinstance(value.get("id"), bool)
+    ):
+        raise invalid(f'{name} must be a seq or an object {{"source": "monitor:<id>", "id": "<seq>"}}.')
+    ref = {
+        "source": check_name(value["source"], f"{name}.source", '"monitor:ci"'),
+        "id": check_name(str(value["id"]), f"{name}.id", '"4"'),
+    }
+    if must_exist and ref["source"] == own:
+        seq = int(ref["id"]) if ref["id"].isascii() and ref["id"].isdigit() and len(ref["id"]) < 17 else -1
+        if not 1 <= seq <= rec.head:
+            raise ProtocolError(
+                "NOT_FOUND",
+                f"{name} names observation {ref['id']} of {own}, which does not exist.",
+                field=name,
+            )
+    return ref

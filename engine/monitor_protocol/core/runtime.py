@@ -1,0 +1,328 @@
+"""The core every rule builds on: configuration, the clock, one transaction per call (a Tx staged by the
+rule, applied once), listeners told after the commit, the sweep deadline, and the lazily stored mute
+clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule."""
+
+from __future__ import annotations
+
+import time as _time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from monitor_protocol import __version__
+from monitor_protocol.core.errors import ProtocolError, storage_unavailable
+from monitor_protocol.core.records import Monitor, Subscription, evolve
+from monitor_protocol.core.store_contract import StorageError, Store
+from monitor_protocol.core.tx import Tx
+from monitor_protocol.core.vocab import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_LIMIT,
+    DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
+    DELIVERY_COUNT_LIMIT,
+    EXT_ACK_PULL,
+    EXT_PUBLISH_BATCH,
+    EXTENSION_ID,
+    IDEMPOTENCY_KEY_MAX_CHARS,
+    IDEMPOTENCY_WINDOW_SECONDS,
+    LAG_COUNT_CAP,
+    MAX_ACTIVE_SUBSCRIPTIONS,
+    MAX_FILTER_BYTES,
+    MAX_FILTER_TEXT_CHARS,
+    MAX_FUTURE_SECONDS,
+    MAX_INTEGER,
+    MAX_JSON_DEPTH,
+    MAX_LEASE_SECONDS,
+    MAX_LIMIT,
+    MAX_NAME_CHARS,
+    MAX_PUBLISH_BATCH,
+    MAX_REASON_BYTES,
+    MAX_RPC_BATCH,
+    MAX_WAIT_SECONDS,
+    PROTOCOL_VERSION,
+    SCAN_BUDGET,
+)
+
+SERVER_NAME = "monitor-protocol-python"
+SERVER_VERSION = __version__
+
+# The mute clock (P6) of a reader that only pulls is stored lazily: a pull that delivers nothing new
+# writes nothing, and the stored clock may lag the last pull by at most this, or half the subscription's
+# own mute window if that is shorter. This engine's own sweep always uses the exact time it remembers.
+MUTE_FLUSH_SECONDS = 30.0
+# On a shared store (several servers), mute windows shorter than this are kept exactly (every sign of life
+# written); longer ones may be retired up to MUTE_FLUSH_SECONDS late (never early): docs/scale-out.md.
+SHARED_EXACT_MUTE_SECONDS = 600.0
+
+Listener = Callable[[str, int], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Feeds:
+    """What the door in front of the engine offers (discover's capabilities.feeds): the engine itself
+    only pulls; SSE, HTTP push and MCP are the doors'."""
+
+    pull: bool = True
+    http: bool = False
+    mcp: bool = False
+    sse: bool = False
+
+    def to_wire(self) -> dict[str, bool]:
+        return {"pull": self.pull, "http": self.http, "mcp": self.mcp, "sse": self.sse}
+
+
+SERVER_FEEDS = Feeds(pull=True, http=True, mcp=True, sse=True)
+
+
+class ServiceCore(ABC):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], float] = _time.time,
+        registration_token: str | None = None,
+        retire_after_mute_seconds: int | None = None,
+        allowed_sinks: tuple[str, ...] | list[str] = (),
+        feeds: Feeds | None = None,
+    ) -> None:
+        self.store = store
+        # Push sinks the operator allowed although they are internal addresses (--allow-sink).
+        self.allowed_sinks = tuple(allowed_sinks)
+        # What the door in front offers (discover's feeds); mp serve's by default.
+        self.feeds = SERVER_FEEDS if feeds is None else feeds
+        self.clock = clock
+        self.registration_token = registration_token
+        self.default_retire_after_mute = retire_after_mute_seconds or DEFAULT_RETIRE_AFTER_MUTE_SECONDS
+        self._listeners: list[Listener] = []
+        self._next_deadline: float | None = None  # recomputed by sweep(); None = nothing is due
+        self._deadline_known = False
+        self.last_idempotency_purge = float("-inf")
+        # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
+        self._life: dict[str, float] = {}
+        self._monitor_pulls: dict[str, float] = {}
+        # HTTP push targets as the last push_targets() saw them, kept current by every commit:
+        # push_epoch moves only when that set changes, so the push door re-reads it only then.
+        self.push_epoch = 0
+        self._push_targets: dict[str, tuple[Any, ...]] | None = None
+
+    # ================================================================================ infrastructure
+    def add_listener(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def _notify(self, appended: dict[str, int]) -> None:
+        for monitor_id, head in appended.items():
+            for fn in list(self._listeners):
+                try:
+                    fn(monitor_id, head)
+                except Exception:  # a broken listener must never undo a committed append
+                    pass
+
+    def _call(self, fn: Callable[[Tx], T], *, lazy_sweep: bool = True) -> T:
+        """One engine call = one store transaction: the rule stages its changes in a Tx, the applier writes
+        them once, and listeners hear about appends after the commit."""
+        if lazy_sweep:
+            self._maybe_sweep()
+        deferred: ProtocolError | None = None
+        try:
+            with self.store.transaction():
+                tx = Tx(self.store, self._now())
+                try:
+                    result = fn(tx)
+                except LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
+                    deferred = refusal.error
+                    result = None  # type: ignore[assignment]
+                changes = tx.changes()
+                if not changes.empty():
+                    self.store.apply(changes)
+        except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
+            detail = str(exc) or type(exc).__name__
+            raise storage_unavailable(
+                detail, outcome_unknown=getattr(exc, "outcome_unknown", False)
+            ) from None
+        self._remember_life(tx)
+        if self._push_targets is not None and changes.subscriptions:
+            self._track_push_targets(changes.subscriptions)
+        self._notify(tx.appended)
+        if deferred is not None:
+            raise deferred
+        return result
+
+    def _now(self) -> float:
+        return float(self.clock())
+
+    def _track_push_targets(self, subs: list[Subscription]) -> None:
+        known = self._push_targets
+        assert known is not None
+        for sub in subs:
+            now = (
+                (sub.monitor, sub.sink, sub.sink_secret)
+                if sub.active and sub.protocol == "http" and sub.sink
+                else None
+            )
+            if known.get(sub.id) != now:
+                if now is None:
+                    known.pop(sub.id, None)
+                else:
+                    known[sub.id] = now
+                self.push_epoch += 1
+
+    def push_targets_seen(self, targets: list[dict[str, Any]]) -> None:
+        """What push_targets() returned: from now on push_epoch moves when that set changes."""
+        self._push_targets = {t["id"]: (t["monitor"], t["sink"], t["sink_secret"]) for t in targets}
+
+    # ================================================================================ the sweep deadline
+    def schedule(self, deadline: float) -> None:
+        if self._deadline_known and (self._next_deadline is None or deadline < self._next_deadline):
+            self._next_deadline = deadline
+
+    def next_deadline(self) -> float | None:
+        return self._next_deadline if self._deadline_known else self._now()
+
+    def sweeps_here(self) -> bool:
+        """Whether this engine runs the sweeps: always, unless its store is shared by several servers, where
+        the one holding the store's leader lock does (store/postgres.py)."""
+        leading = getattr(self.store, "leading", None)
+        return True if leading is None else bool(leading())
+
+    def heard_append(self, monitor_id: str, head: int) -> None:
+        """Another server committed an append to a store this engine shares: wake this server's readers."""
+        self._notify({monitor_id: head})
+
+    def _maybe_sweep(self) -> None:
+        if not self.sweeps_here():
+            return
+        if not self._deadline_known or (
+            self._next_deadline is not None and self._now() >= self._next_deadline
+        ):
+            self.sweep()
+
+    @abstractmethod
+    def sweep(self, now: float | None = None) -> int:
+        """Retire mute subscriptions and expire leases now due (upkeep.sweep, through MonitorService)."""
+
+    def sweep_done(self, nearest: float | None) -> None:
+        self._next_deadline = nearest
+        self._deadline_known = True
+
+    # ================================================================================ the mute clock
+    def mute_seconds(self, monitor: Monitor, sub: Subscription) -> int:
+        return int(
+            sub.retire_after_mute_seconds
+            or monitor.retire_after_mute_seconds
+            or self.default_retire_after_mute
+        )
+
+    def alive(self, sub: Subscription) -> Subscription:
+        """The subscription with the latest sign of life this engine knows, stored or not yet."""
+        seen = self._life.get(sub.id)
+        if seen is None or seen <= sub.mute_since:
+            return sub
+        # Pending signs of life come from pulls only (touch and subscribe store theirs at once).
+        last = seen if sub.last_pull is None else max(seen, sub.last_pull)
+        return evolve(sub, mute_since=seen, last_pull=last)
+
+    def last_pull_of(self, monitor: Monitor) -> float | None:
+        seen = self._monitor_pulls.get(monitor.id)
+        if seen is None or (monitor.last_pull is not None and monitor.last_pull >= seen):
+            return monitor.last_pull
+        return seen
+
+    def _life_window(self, monitor: Monitor, stored: Subscription) -> float:
+        """How long a sign of life may stay unwritten: the shorter of MUTE_FLUSH_SECONDS and half the mute
+        window. On a store several servers share, the others cannot see what this engine remembers, so a
+        short mute window (under SHARED_EXACT_MUTE_SECONDS) gets every sign of life written at once."""
+        mute = self.mute_seconds(monitor, stored)
+        if getattr(self.store, "shared", False) and mute < SHARED_EXACT_MUTE_SECONDS:
+            return 0.0
+        return min(MUTE_FLUSH_SECONDS, mute / 2)
+
+    def mute_grace(self, monitor: Monitor, stored: Subscription) -> float:
+        """How late the mute sweep allows for: on a shared store another server may hold a sign of life it
+        has not written yet (at most the window above), so a retirement waits that long more and is never
+        early. On a store of its own this engine knows every sign of life (`alive`)."""
+        if not getattr(self.store, "shared", False):
+            return 0.0
+        return self._life_window(monitor, stored)
+
+    def must_store_life(self, monitor: Monitor, stored: Subscription, now: float) -> bool:
+        """Whether a sign of life at `now` must be written now (else it is remembered, see above): `stored`
+        is the subscription as the store holds it, not as `alive` sees it."""
+        return now - stored.mute_since >= self._life_window(monitor, stored)
+
+    def _remember_life(self, tx: Tx) -> None:
+        for sub_id, when in tx.life.items():
+            if when > self._life.get(sub_id, float("-inf")):
+                self._life[sub_id] = when
+        for monitor_id, when in tx.monitor_pulls.items():
+            if when > self._monitor_pulls.get(monitor_id, float("-inf")):
+                self._monitor_pulls[monitor_id] = when
+
+    # ================================================================================ discovery
+    def discover(self) -> dict[str, Any]:
+        return {
+            "supportedVersions": [PROTOCOL_VERSION],
+            "protocol": "monitor-protocol",
+            "capabilities": {
+                "monitors": True,
+                "feeds": self.feeds.to_wire(),
+                "leases": {"delivery_count_limit": DELIVERY_COUNT_LIMIT},
+                "extensions": {
+                    EXTENSION_ID: {"version": PROTOCOL_VERSION},
+                    EXT_ACK_PULL: {
+                        "version": "1",
+                        "rest": "POST /subscriptions/{id}/pull",
+                        "jsonrpc": "feeds/pull",
+                    },
+                    EXT_PUBLISH_BATCH: {
+                        "version": "1",
+                        "rest": "POST /monitors/{id}/observations",
+                        "max_items": MAX_PUBLISH_BATCH,
+                    },
+                },
+            },
+            "limits": {
+                "max_limit": MAX_LIMIT,
+                "default_limit": DEFAULT_LIMIT,
+                "max_wait_seconds": MAX_WAIT_SECONDS,
+                "lease_duration_seconds": {
+                    "default": DEFAULT_LEASE_SECONDS,
+                    "min": 1,
+                    "max": MAX_LEASE_SECONDS,
+                },
+                "delivery_count_limit": DELIVERY_COUNT_LIMIT,
+                "retire_after_mute_seconds": self.default_retire_after_mute,
+                "lag_count_cap": LAG_COUNT_CAP,
+                "registration_required": self.registration_token is not None,
+                "max_name_chars": MAX_NAME_CHARS,
+                "max_json_depth": MAX_JSON_DEPTH,
+                "max_filter_bytes": MAX_FILTER_BYTES,
+                "max_filter_text_chars": MAX_FILTER_TEXT_CHARS,
+                "max_reason_bytes": MAX_REASON_BYTES,
+                "max_rpc_batch": MAX_RPC_BATCH,
+                "max_publish_batch": MAX_PUBLISH_BATCH,
+                "max_active_subscriptions": MAX_ACTIVE_SUBSCRIPTIONS,
+                "max_future_seconds": MAX_FUTURE_SECONDS,
+                "max_integer": MAX_INTEGER,
+                "scan_budget": SCAN_BUDGET,
+                "idempotency_key_max_chars": IDEMPOTENCY_KEY_MAX_CHARS,
+                "idempotency_window_seconds": IDEMPOTENCY_WINDOW_SECONDS,
+                "mute_clock_lag_seconds": MUTE_FLUSH_SECONDS,
+            },
+            "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION, "implementation": "python"},
+            "ttlMs": 60000,
+            "cacheScope": "public",
+        }
+
+
+class LoggedRefusal(Exception):
+    """Carries a refusal out of a rule whose staged changes must still commit (its rejected row is
+    evidence, P2)."""
+
+    def __init__(self, error: ProtocolError) -> None:
+        super().__init__(error.message)
+        self.error = error

@@ -1,0 +1,83 @@
+"""The JSON Schemas of every served object, and validators built on them.
+
+The schemas ship inside the wheel as `monitor_protocol/schemas/` (pyproject force-includes the top-level
+`schemas/` there); an editable install reads the repository's `schemas/` instead. jsonschema is imported
+lazily, inside the functions that need it: the engine itself imports with the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SCHEMA_NAMES = ("monitor", "observation", "state", "subscription", "lease", "error", "filter")
+SCHEMA_BASE = "https://monitor-protocol.dev/schemas/0.1/"
+
+
+def schema_dir() -> Path:
+    """The directory holding the project's schemas: the installed package's, else the repository's."""
+    package = Path(__file__).resolve().parents[1]  # monitor_protocol/
+    installed = package / "schemas"
+    if (installed / "monitor.json").is_file():
+        return installed
+    repo = package.parents[1] / "schemas"
+    if (repo / "monitor.json").is_file():
+        return repo
+    raise FileNotFoundError(f"no schemas found in {installed} or {repo}")
+
+
+def load_schemas(directory: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Every `<name>.json` in `directory` (default: the project's schemas), keyed by name."""
+    d = Path(directory) if directory is not None else schema_dir()
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(d.glob("*.json")):
+        out[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+    if not out:
+        raise FileNotFoundError(f"no *.json schemas in {d}")
+    return out
+
+
+def registry(directory: str | Path | None = None):
+    """A referencing.Registry holding every schema of `directory` under its own `$id`."""
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    resources = []
+    for schema in load_schemas(directory).values():
+        resource = Resource.from_contents(schema, default_specification=DRAFT202012)
+        resources.append((schema.get("$id", ""), resource))
+    return Registry().with_resources(resources)
+
+
+def validator(name: str, schema_dir: str | Path | None = None):
+    """A Draft202012Validator for schema `name` of `schema_dir` (default: the project's), with every
+    sibling schema reachable by `$ref` through its `$id`; formats are checked where jsonschema can."""
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    schemas = load_schemas(schema_dir)
+    if name not in schemas:
+        raise KeyError(f"no schema {name!r} in {schema_dir or 'the project schemas'}; have {sorted(schemas)}")
+    return Draft202012Validator(schemas[name], registry=registry(schema_dir), format_checker=FormatChecker())
+
+
+def validators(schema_dir: str | Path | None = None) -> dict[str, Any]:
+    """One validator per schema of `schema_dir`, sharing one registry."""
+    from jsonschema import Draft202012Validator, FormatChecker
+
+    schemas = load_schemas(schema_dir)
+    reg = registry(schema_dir)
+    checker = FormatChecker()
+    return {
+        name: Draft202012Validator(schema, registry=reg, format_checker=checker)
+        for name, schema in schemas.items()
+    }
+
+
+def errors_of(name: str, instance: Any, schema_dir: str | Path | None = None) -> list[str]:
+    """Readable validation errors of `instance` against schema `name` (empty when valid)."""
+    v = validator(name, schema_dir)
+    return [
+        f"{'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+        for e in sorted(v.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
+    ]

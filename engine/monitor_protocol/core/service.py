@@ -1,0 +1,141 @@
+"""MonitorService: every rule of the Monitor Protocol v0 (PROTOCOL.md sections 1-8) over a Store.
+
+No I/O of its own, standard library only, an injectable clock: it runs unchanged in CPython, in Pyodide and
+under tests. Each public method is one engine call: one store transaction in which the rule (a function
+of monitors, publishing, delivery, leases or upkeep) stages its changes in a Tx and the applier writes
+them once. It returns the REST success body of section 5, or raises ProtocolError. A refusal that must be
+logged (P2) commits its rejected observation, then raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.rules import delivery, importing, leases, monitors, publishing, upkeep
+from monitor_protocol.core.runtime import SERVER_NAME, SERVER_VERSION, Feeds, LoggedRefusal, ServiceCore
+
+__all__ = ["SERVER_NAME", "SERVER_VERSION", "Feeds", "LoggedRefusal", "MonitorService", "ServiceCore"]
+
+
+class MonitorService(ServiceCore):
+    """The protocol's operations, each delegating to its rule module."""
+
+    # ---------------------------------------------------------------------------- monitors
+    def create_monitor(self, body: Any, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.create_monitor(self, tx, body, token))
+
+    def list_monitors(self, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.list_monitors(self, tx, token))
+
+    def get_monitor(self, monitor_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.get_monitor(self, tx, monitor_id, token))
+
+    def state(self, monitor_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.monitor_state(self, tx, monitor_id, token))
+
+    def configure(self, monitor_id: str, action: str, body: Any, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.configure(self, tx, monitor_id, action, body, token))
+
+    # ---------------------------------------------------------------------------- publishing
+    def publish(
+        self, monitor_id: str, body: Any, token: str | None, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        return self._call(lambda tx: publishing.publish(self, tx, monitor_id, body, token, idempotency_key))
+
+    def publish_many(
+        self, monitor_id: str, items: Any, token: str | None, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """A batch: each item published in order or refused and logged on its own, in one commit."""
+        return self._call(
+            lambda tx: publishing.publish_many(self, tx, monitor_id, items, token, idempotency_key)
+        )
+
+    def refuse_publish(self, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
+        self._call(lambda tx: publishing.refuse_publish(tx, monitor_id, token, error, raw))
+
+    # ---------------------------------------------------------------------------- delivery
+    def subscribe(self, body: Any, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.subscribe(self, tx, body, token))
+
+    def touch(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.touch(self, tx, sub_id, token))
+
+    def subscription_info(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.subscription_info(self, tx, sub_id, token))
+
+    def pull(
+        self,
+        sub_id: str,
+        token: str | None,
+        *,
+        cursor: Any = None,
+        limit: Any = None,
+        filter: Any = None,  # noqa: A002 - the protocol's word
+        ack: Any = None,
+    ) -> dict[str, Any]:
+        """`ack`: acknowledge this cursor first (with /ack's rules), then pull, in one transaction."""
+        return self._call(
+            lambda tx: delivery.pull(
+                self, tx, sub_id, token, cursor, limit, filter, system=False, ack_cursor=ack
+            )
+        )
+
+    def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:
+        """The server's own push delivery reads as the subscription, without its token."""
+        return self._call(lambda tx: delivery.pull(self, tx, sub_id, None, None, limit, None, system=True))
+
+    def ack(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.ack(self, tx, sub_id, token, body, system=False))
+
+    def ack_as_system(self, sub_id: str, cursor: int) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.ack(self, tx, sub_id, None, {"cursor": cursor}, system=True))
+
+    def seek(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.seek(self, tx, sub_id, token, body))
+
+    def renew(self, sub_id: str, token: str | None) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.renew(self, tx, sub_id, token))
+
+    def retire_subscription(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.retire(self, tx, sub_id, token, body))
+
+    def retire_as_system(self, sub_id: str, reason: str) -> dict[str, Any]:
+        return self._call(lambda tx: delivery.retire_as_system(self, tx, sub_id, reason))
+
+    def push_targets(self) -> list[dict[str, Any]]:
+        """Every active HTTP-push subscription; `push_epoch` then moves only when that set changes."""
+        targets = self._call(delivery.push_targets)
+        self.push_targets_seen(targets)
+        return targets
+
+    # ---------------------------------------------------------------------------- leases
+    def lease(self, sub_id: str, token: str | None, action: str, body: Any) -> dict[str, Any]:
+        return self._call(lambda tx: leases.lease(self, tx, sub_id, token, action, body))
+
+    # ---------------------------------------------------------------------------- upkeep and admin
+    def sweep(self, now: float | None = None) -> int:
+        return self._call(lambda tx: upkeep.sweep(self, tx, tx.now if now is None else now), lazy_sweep=False)
+
+    def compact(self, monitor_id: str | None, upto_seq: Any) -> dict[str, Any]:
+        return self._call(lambda tx: upkeep.compact(self, tx, monitor_id, upto_seq))
+
+    def read_log(self, monitor_id: str, from_seq: Any = 1, limit: Any = None) -> dict[str, Any]:
+        return self._call(lambda tx: upkeep.read_log(self, tx, monitor_id, from_seq, limit))
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._call(lambda tx: upkeep.snapshot(self, tx))
+
+    def overview(self, monitor_id: str | None = None, from_seq: Any = 1, limit: Any = None) -> dict[str, Any]:
+        """Every monitor, and one monitor's state, subscriptions, leases and a page of its log (read-only;
+        the operator's door, never routed to a reader)."""
+        return self._call(lambda tx: upkeep.overview(self, tx, monitor_id, from_seq, limit))
+
+    # ---------------------------------------------------------------------------- share and restore
+    def export_log(self, monitor_id: str) -> list[dict[str, Any]]:
+        """Every retained row of a monitor as served, in seq order (importing.to_jsonl makes the file)."""
+        return self._call(lambda tx: importing.export_events(self, tx, monitor_id))
+
+    def import_log(self, monitor_id: Any, source: Any, token: str | None = None) -> dict[str, Any]:
+        """A JSON Lines log (text, bytes or a list of lines/events) as the NEW monitor `monitor_id`, in one
+        transaction, or nothing at all: INVALID with `refused: [{line, reason}]` (importing.py's rules)."""
+        return self._call(lambda tx: importing.import_log(self, tx, monitor_id, source, token))

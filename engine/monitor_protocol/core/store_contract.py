@@ -1,0 +1,239 @@
+"""The store contract: typed records in, typed records out, and one explicit write per engine call.
+
+An engine call (one `ServiceCore._call`) runs inside `store.transaction()`. Its rule reads records
+through the store's read methods, stages what changes in a `Tx` (engine/monitor_protocol/core/tx.py) and
+never writes directly; at the end the applier hands the whole `Changes` to `store.apply()` once, still
+inside that transaction, and the transaction commits. A call that changes nothing applies nothing, and a
+store must then write nothing durable (no fsync): an empty pull or a long-poll re-check costs no commit.
+
+Isolation the engine needs (what a store shared by several servers must honour):
+- every write of one call concerns the monitor it names (and that monitor's subscriptions, leases,
+  keys and log), or, for a sweep, each monitor it touches;
+- a call's reads of those records and its apply must be serializable with every other call that writes
+  the same monitor: a shared store takes a row lock on the monitor (`lock_monitor`, called by the engine
+  before a call reads the records it will change) for the rest of the transaction; the single-writer
+  stores (memory, SQLite with BEGIN IMMEDIATE) are serial already and may ignore it;
+- `apply` is all or nothing together with the commit; a commit reported is durable.
+Every storage failure is raised as StorageError (the engine answers 503 UNAVAILABLE, retry).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+
+
+class StorageError(Exception):
+    """The storage itself failed (disk full, I/O error, a database that cannot be written). Every store
+    raises this, wrapping its driver's error, from any method or from the commit; the transaction is rolled
+    back, and the engine answers 503 UNAVAILABLE (never 400: the request was not at fault).
+    `outcome_unknown`: raised by the commit of a store over a network, whose connection was lost while it
+    committed: the transaction may have been written, and the caller is told so."""
+
+    outcome_unknown = False
+    detail: str | None = (
+        None  # for the operator (a log line, a CLI's error), when str() is what a client hears
+    )
+
+
+# ===================================================================================== log queries
+# The indexed columns of the log, and the filter keys they answer (filters.prefilter builds queries).
+LOG_COLUMNS = ("type", "subject", "actor", "origin", "tier", "horizon")
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """The column's value is one of `exact`, or starts with one of `prefixes` (a NULL column never
+    matches)."""
+
+    column: str
+    exact: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+
+    def holds(self, value: str | None) -> bool:
+        if value is None:
+            return False
+        return value in self.exact or any(value.startswith(p) for p in self.prefixes)
+
+
+# An alternative holds when all its terms hold; a clause holds when one of its alternatives holds (an
+# empty alternative holds always: that clause lets everything through).
+Alternative = tuple[Term, ...]
+Clause = tuple[Alternative, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LogQuery:
+    """What a store can test on its indexed columns for a filtered read: every clause must hold. It is a
+    necessary condition of the filter; `complete` says it is also sufficient, so a store's count is the
+    exact lag and rows need no further check."""
+
+    clauses: tuple[Clause, ...] = ()
+    complete: bool = True
+
+    def holds(self, obs: Observation) -> bool:
+        return all(
+            any(all(t.holds(getattr(obs, t.column)) for t in alt) for alt in clause)
+            for clause in self.clauses
+        )
+
+    @property
+    def selects_all(self) -> bool:
+        return all(any(not alt for alt in clause) for clause in self.clauses)
+
+
+def chunked_rows(
+    fetch: Callable[[int, int, int], Sequence[Sequence[Any]]], start: int, to_seq: int, *, windowed: bool
+) -> Iterator[Sequence[Any]]:
+    """The rows of a log read, seq ascending, fetched in chunks: `fetch(start, end, limit)` returns at most
+    `limit` rows with start <= seq <= end, seq first. Chunks grow 8, 16, ... 256 rows: a pull of one reads a
+    few rows, a drain reads in bulk, and a reader stopping early never loads the rest. `windowed` (a filtered
+    read) also bounds each chunk to a window of seqs: an index on one column serves seq order for one value,
+    but for several (IN, a prefix range, OR) the database reads every match in range to sort them. The window
+    doubles over stretches with few matches (a million rows that do not match take ~log2(10^6) seeks) and
+    follows the density where matches come thick (twice the span the last full chunk needed)."""
+    chunk, window = 8, 256
+    while start <= to_seq:
+        end = min(to_seq, start + window - 1) if windowed else to_seq
+        rows = fetch(start, end, chunk)
+        yield from rows
+        if len(rows) == chunk:
+            window = max(256, 2 * (rows[-1][0] - start + 1))
+            start = rows[-1][0] + 1
+            chunk = min(chunk * 2, 256)
+        elif not windowed:
+            return
+        else:
+            start, window = end + 1, window * 2
+
+
+# ===================================================================================== changes
+@dataclass(slots=True)
+class Changes:
+    """Everything one engine call writes, applied by `Store.apply` in one transaction. Each record is the
+    whole new version (an upsert by its key); `compactions` delete the log below a seq."""
+
+    monitors: list[Monitor] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
+    subjects: list[tuple[str, str]] = field(default_factory=list)
+    subscriptions: list[Subscription] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
+    publish_keys: list[PublishKey] = field(default_factory=list)
+    compactions: list[tuple[str, int]] = field(default_factory=list)  # (monitor, delete seq < this)
+    purge_keys_before: float | None = None  # forget publish keys recorded before this server time
+
+    def empty(self) -> bool:
+        return not (
+            self.monitors
+            or self.observations
+            or self.subjects
+            or self.subscriptions
+            or self.leases
+            or self.publish_keys
+            or self.compactions
+            or self.purge_keys_before is not None
+        )
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """What a store counts for benchmarks and /metrics: durable commits (with writes) and read-only
+    transactions (which must cost no fsync)."""
+
+    commits: int = 0
+    read_only: int = 0
+
+
+class Store(ABC):
+    stats: StoreStats
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[None]:
+        """One engine call: its reads and its one apply, committed together or not at all."""
+
+    @abstractmethod
+    def apply(self, changes: Changes) -> None:
+        """Write every change of one call, inside the open transaction."""
+
+    def lock_monitor(self, monitor_id: str) -> None:  # noqa: B027 - serial stores need no lock
+        """Hold the monitor's row lock until the transaction ends (a shared store's isolation)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a memory store has nothing to release
+        """Release the store's resources; the default has none."""
+
+    # monitors
+    @abstractmethod
+    def get_monitor(self, monitor_id: str) -> Monitor | None: ...
+
+    @abstractmethod
+    def list_monitors(self) -> list[Monitor]:
+        """Every monitor, by id."""
+
+    # the log
+    @abstractmethod
+    def get_observation(self, monitor_id: str, seq: int) -> Observation | None: ...
+
+    @abstractmethod
+    def scan(
+        self, monitor_id: str, from_seq: int, to_seq: int, query: LogQuery | None = None
+    ) -> Iterator[Observation]:
+        """Observations with from_seq <= seq <= to_seq for which `query` holds, ascending; lazily (a
+        reader that stops early never loads the rest)."""
+
+    @abstractmethod
+    def count(
+        self,
+        monitor_id: str,
+        from_seq: int,
+        to_seq: int,
+        query: LogQuery | None = None,
+        cap: int | None = None,
+    ) -> int:
+        """How many of those rows there are, counting at most `cap` (then it returns `cap`)."""
+
+    # subjects a monitor has published (leases may only name these)
+    @abstractmethod
+    def has_subject(self, monitor_id: str, subject: str) -> bool: ...
+
+    @abstractmethod
+    def list_subjects(self, monitor_id: str) -> list[str]:
+        """Every subject the monitor has published, sorted (mp migrate copies them)."""
+
+    # subscriptions
+    @abstractmethod
+    def get_subscription(self, sub_id: str) -> Subscription | None: ...
+
+    @abstractmethod
+    def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None: ...
+
+    @abstractmethod
+    def find_subscription_by_token(self, token_hash: str) -> Subscription | None: ...
+
+    @abstractmethod
+    def list_subscriptions(self, monitor_id: str | None = None) -> list[Subscription]:
+        """By id; of one monitor, or every one."""
+
+    @abstractmethod
+    def count_active_subscriptions(self, monitor_id: str) -> int:
+        """How many subscriptions of this monitor are active (the 10,000 cap, PROTOCOL.md section 10)."""
+
+    # leases
+    @abstractmethod
+    def get_lease(self, monitor_id: str, subject: str) -> Lease | None: ...
+
+    @abstractmethod
+    def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
+        """By (monitor, subject)."""
+
+    # publish idempotency keys (PROTOCOL.md section 8)
+    @abstractmethod
+    def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None: ...
+
+    @abstractmethod
+    def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
+        """The monitor's remembered idempotency keys, by key (mp migrate copies them)."""

@@ -1,0 +1,128 @@
+"""Request validation shared by the rules: integers, objects, names, actors, reasons and closed
+vocabularies (P11, PROTOCOL.md sections 3 and 10)."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+from monitor_protocol.core import wire
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.vocab import MAX_INTEGER, MAX_NAME_CHARS, MAX_REASON_BYTES
+
+
+def invalid(message: str, **extras: Any) -> ProtocolError:
+    return ProtocolError("INVALID", message, **extras)
+
+
+def is_digits(text: str) -> bool:
+    """ASCII decimal digits and nothing else: no sign, no space, no "²" or "٣" (str.isdigit says yes)."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
+def as_int(
+    value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None, text: bool = True
+) -> int:
+    """The one integer rule (section 10): a JSON integer, or (`text`, for a query) ASCII decimal digits,
+    within 0..2^53 in magnitude. A boolean, a float (even 5.0) or any other spelling is 400 INVALID."""
+    if isinstance(value, bool):
+        raise invalid(f"{name} must be an integer, not a boolean.")
+    if isinstance(value, str) and not text:
+        raise invalid(f"{name} must be a JSON integer, not the string {value[:40]!r}.")
+    if isinstance(value, str):
+        if len(value) > 17 or not is_digits(value):
+            raise invalid(f"{name} must be an integer in ASCII decimal digits, not {value[:40]!r}.")
+        value = int(value)
+    if not isinstance(value, int):
+        raise invalid(f"{name} must be an integer, not {type(value).__name__}.")
+    if abs(value) > MAX_INTEGER:
+        raise invalid(f"{name} must be within 0..2^53 (got a {len(str(abs(value)))}-digit number).")
+    if minimum is not None and value < minimum:
+        raise invalid(f"{name} must be at least {minimum} (got {value}).")
+    if maximum is not None and value > maximum:
+        raise invalid(f"{name} must be at most {maximum} (got {value}).")
+    return value
+
+
+def require_object(body: Any, what: str) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise invalid(f"The {what} body must be a JSON object.")
+    return wire.check(body)
+
+
+def _bad_char(value: str) -> str | None:
+    for ch in value:
+        if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Cs"):
+            return f"U+{ord(ch):04X}"
+    return None
+
+
+def check_name(value: Any, name: str, example: str) -> str:
+    """An id, subject or type: a non-empty string of at most 256 characters."""
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{name} must be a non-empty string such as {example}.")
+    if len(value) > MAX_NAME_CHARS:
+        raise invalid(
+            f"{name} is {len(value)} characters long; at most {MAX_NAME_CHARS} are allowed.",
+            limit=MAX_NAME_CHARS,
+        )
+    return value
+
+
+def check_actor(value: Any, name: str) -> str:
+    """Any non-empty name of at most 256 characters without whitespace or control characters (section 3);
+    a lower-case prefix such as human: says what it is, any other form is treated as an agent."""
+    check_name(value, name, "human:you, agent:claude or reader-7")
+    bad = _bad_char(value)
+    if bad is not None:
+        raise invalid(
+            f"{name} may not contain whitespace or control characters (found {bad}); send a name such as "
+            "agent:claude or reader-7."
+        )
+    return value
+
+
+def check_reason(value: Any, name: str) -> str | None:
+    """A reason or note: a string of at most 1 KiB (UTF-8), or null."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"{name} must be a string.")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_REASON_BYTES:
+        raise invalid(
+            f"{name} is {size} bytes; at most {MAX_REASON_BYTES} bytes are allowed.", limit=MAX_REASON_BYTES
+        )
+    return wire.check(value)
+
+
+def check_json_size(value: Any, name: str, limit: int) -> Any:
+    """A structured field whose serialized JSON is at most `limit` bytes."""
+    wire.check(value)
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    if size > limit:
+        raise invalid(f"{name} is {size} bytes as JSON; at most {limit} are allowed.", limit=limit)
+    return value
+
+
+def check_vocab(value: Any, known: tuple[str, ...], name: str) -> str:
+    if value not in known:
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"Unknown {name} {str(value)[:80]!r}; use one of {', '.join(known)}.",
+            field=name,
+            invalid=value if isinstance(value, str) and len(value) <= 256 else str(value)[:80],
+            known=list(known),
+        )
+    return value
+
+
+def check_vocab_list(value: Any, known: tuple[str, ...], name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise invalid(f"{name} must be an array of strings from {list(known)}.")
+    for v in value:
+        check_vocab(v, known, name)
+    return list(dict.fromkeys(value))

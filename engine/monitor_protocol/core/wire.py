@@ -1,0 +1,185 @@
+"""The wire is RFC 8259 JSON (PROTOCOL.md section 10): parse strictly, and check any value a door hands the
+engine. No NaN or Infinity, no number that overflows a double, no integer beyond 2^53, no lone surrogate, at
+most 32 levels of nesting. One place for these rules; every door and the engine use it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.vocab import MAX_INTEGER, MAX_JSON_DEPTH, MAX_RAW_BYTES
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+# ---------------------------------------------------------------------------------------------- the codec
+# Values the engine has already checked (replies, stored rows) are encoded and decoded by one codec: the
+# standard library's, unless a door installs a faster one with the same output (mp serve installs orjson
+# when it is there: byte for byte the same compact JSON, 10-20 times faster). Requests are always parsed by
+# `loads` below, whose rules (no integer beyond 2^53, ...) a faster parser does not all share.
+@dataclass(frozen=True)
+class Codec:
+    name: str
+    encode: Callable[[Any], bytes]  # compact UTF-8 JSON of a checked value
+    decode: Callable[[bytes | str], Any]  # JSON this engine wrote (a stored row), trusted
+
+
+STDLIB_CODEC = Codec("json", lambda value: _dumps(value).encode(), json.loads)
+_codec = STDLIB_CODEC
+
+
+def use_codec(codec: Codec) -> None:
+    """Install `codec` for every encode and trusted decode from now on (a door does, once, at start)."""
+    global _codec
+    _codec = codec
+
+
+def codec() -> Codec:
+    return _codec
+
+
+def encode(value: Any) -> bytes:
+    """The compact UTF-8 JSON of a value the engine serves or stores (already checked)."""
+    return _codec.encode(value)
+
+
+def encode_text(value: Any) -> str:
+    return _codec.encode(value).decode()
+
+
+def decode_trusted(data: bytes | str) -> Any:
+    """A JSON text this engine wrote itself (a stored row): no checks, the fastest decoder installed."""
+    return _codec.decode(data)
+
+
+def _refuse(message: str) -> ProtocolError:
+    return ProtocolError("INVALID", message, limit="json")
+
+
+def _constant(name: str) -> Any:
+    raise _refuse(f"{name} is not JSON (RFC 8259): send a number, a string or null instead.")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _refuse(f"The number {text[:40]} overflows a double: send it as a string.")
+    return value
+
+
+def _int(text: str) -> int:
+    if len(text) > 17 or abs(int(text)) > MAX_INTEGER:
+        raise _refuse(
+            f"The integer {text[:40]}{'...' if len(text) > 40 else ''} is beyond 2^53, which other JSON "
+            "clients cannot represent: send it as a string."
+        )
+    return int(text)
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse one JSON text strictly, then check it; every refusal is 400 INVALID with a sentence."""
+    try:
+        value = json.loads(raw, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    except ProtocolError:
+        raise
+    except RecursionError:
+        raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(
+            "INVALID", f"The body is not valid JSON ({exc.__class__.__name__}): send a JSON object."
+        ) from None
+    if _needs_walk(raw):
+        check(value)
+    return value
+
+
+def _needs_walk(raw: bytes | str) -> bool:
+    """Whether a text json.loads accepted (with the hooks above: no NaN, no overflowing float, no integer
+    beyond 2^53) may still hold what `problem` refuses: a lone surrogate needs a `\\uD800`-`\\uDFFF`
+    escape or the bytes 0xED 0xA0-0xBF, and more than MAX_JSON_DEPTH levels need that many brackets. Most
+    bodies have neither, and skip the walk over the parsed value."""
+    if not isinstance(raw, bytes) or b"\x00" in raw or b"\xed" in raw:
+        # a str may hold a lone surrogate as is; json.loads reads UTF-16 and UTF-32 bytes too (NULs), and
+        # decodes UTF-8 with surrogatepass (0xED leads the bytes of U+D000-U+DFFF): walk those
+        return True
+    if b"\\u" in raw and (b"\\ud" in raw or b"\\uD" in raw):
+        return True
+    return raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+
+
+def problem(value: Any) -> str | None:
+    """What keeps `value` off the wire, or None. Iterative: a hostile depth cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii():
+                try:
+                    node.encode("utf-8")
+                except UnicodeEncodeError:
+                    return "A string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text: send UTF-8 text."
+        elif isinstance(node, bool) or node is None:
+            continue
+        elif isinstance(node, int):
+            if abs(node) > MAX_INTEGER:
+                return "An integer is beyond 2^53, which other JSON clients cannot represent: send it as a string."
+        elif isinstance(node, float):
+            if math.isnan(node) or math.isinf(node):
+                return "NaN and Infinity are not JSON (RFC 8259): send a number, a string or null."
+        elif isinstance(node, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                return f"The value nests deeper than {MAX_JSON_DEPTH} levels; flatten it."
+            if isinstance(node, dict):
+                for key, item in node.items():
+                    if not isinstance(key, str):
+                        return "Object keys must be strings."
+                    stack.append((key, depth))
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in node)
+        else:
+            return f"A {type(node).__name__} is not a JSON value."
+    return None
+
+
+def check(value: Any) -> Any:
+    """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise."""
+    reason = problem(value)
+    if reason is not None:
+        raise _refuse(reason)
+    return value
+
+
+def bounded_raw(value: Any) -> dict[str, Any]:
+    """The raw refused payload for a rejected row (P2), bounded so a protocol row stays a few KiB: whole
+    when small and well formed, otherwise an excerpt of its JSON with its size and digest."""
+    reason = problem(value)
+    if reason is not None:
+        return {"raw": None, "raw_unrepresentable": reason}
+    text = _dumps(value)
+    size = len(text.encode("utf-8"))
+    if size <= MAX_RAW_BYTES:
+        return {"raw": value}
+    return {
+        "raw": text.encode("utf-8")[: MAX_RAW_BYTES // 2].decode("utf-8", "ignore"),
+        "raw_truncated": True,
+        "raw_bytes": size,
+        "raw_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+    }
+
+
+def scrub(value: Any) -> Any:
+    """An error body echoes what the caller sent (a path, an id, an Origin); a lone surrogate there, which only
+    an in-process door can deliver, becomes U+FFFD so the reply is still UTF-8 JSON."""
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
