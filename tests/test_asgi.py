@@ -14,7 +14,9 @@ from monitor_protocol.api.messages import Request
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.errors import ProtocolError, internal_failure, storage_unavailable
 from monitor_protocol.core.service import MonitorService
-from monitor_protocol.doors.http.app import EngineThread, create_app, error_response
+from monitor_protocol.api.messages import error_response
+from monitor_protocol.doors.engine_thread import EngineThread
+from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 
 HANG_GUARD = 30  # only stops a broken door from hanging the suite; no assertion depends on it
@@ -109,7 +111,7 @@ async def served():
     store = MemoryStore()
     service = MonitorService(store)
     router = RestRouter(service)
-    app = create_app(service, router, sweep_interval=None, heartbeat_seconds=0.01)
+    app = MonitorApp(service, router, sweep_interval=None, heartbeat_seconds=0.01)
     await app.startup()
     try:
         yield app
@@ -306,7 +308,7 @@ def test_a_failed_group_commit_reports_no_success():
 
 async def test_body_cap_refuses_before_reading_the_rest():
     service = MonitorService(MemoryStore())
-    app = create_app(service, RestRouter(service), sweep_interval=None, max_body=10)
+    app = MonitorApp(service, RestRouter(service), sweep_interval=None, max_body=10)
     conn = Conn("POST", "/mp/v0/monitors", chunks=[b"12345", b"67890", b"x", b"never-read"])
     await asyncio.wait_for(app(conn.scope, conn.receive, conn.send), HANG_GUARD)
     assert conn.status == 413 and conn.json()["code"] == "TOO_LARGE" and conn.json()["max_body"] == 10
@@ -422,7 +424,7 @@ async def test_lifespan_runs_hooks_tasks_sweeps_and_closes_the_store():
         task_ran.set()
         await asyncio.Event().wait()  # runs until shutdown cancels it
 
-    app = create_app(
+    app = MonitorApp(
         service,
         RestRouter(service),
         sweep_interval=0.001,
@@ -453,7 +455,7 @@ class BrokenRouter:
 
 async def test_an_unexpected_exception_is_a_protocol_error_not_a_500():
     service = MonitorService(MemoryStore())
-    app = create_app(service, BrokenRouter(), sweep_interval=None)
+    app = MonitorApp(service, BrokenRouter(), sweep_interval=None)
     conn = await call(app, "GET", "/mp/v0/discover")
     # A bug is not bad input (PROTOCOL.md section 10): 503 UNAVAILABLE with Retry-After, never 400 or 500.
     assert conn.status == 503
@@ -471,7 +473,7 @@ class StorageFailingRouter:
 
 async def test_a_refusal_escaping_the_router_carries_its_headers():
     service = MonitorService(MemoryStore())
-    app = create_app(service, StorageFailingRouter(), sweep_interval=None)
+    app = MonitorApp(service, StorageFailingRouter(), sweep_interval=None)
     conn = await call(app, "POST", "/mp/v0/monitors", {"id": "x"})
     assert conn.status == 503 and conn.headers["retry-after"] == "1"
     assert conn.json()["code"] == "UNAVAILABLE" and conn.json()["storage"] is True
@@ -514,7 +516,7 @@ async def test_an_append_between_the_read_and_the_parking_still_wakes(served):
     pull = Request(
         "GET", f"/mp/v0/subscriptions/{sub}/pull", [("cursor", "99")], {"authorization": f"Bearer {reader}"}
     )
-    _reply, mark = await served._handle_marked(pull)
+    _reply, mark = await served.handle_marked(pull)
     # positive control: nothing happened since the read, so a wait would park (here: times out at once)
     assert await served.waiters.wait("ci", mark, 0) is False
     await publish(served, owner, "slipped-in")  # lands after the read, before the waiter parks
@@ -525,7 +527,7 @@ async def test_an_append_between_the_read_and_the_parking_still_wakes(served):
 async def test_body_cap_refusal_keeps_the_origin_policy_and_cors():
     service = MonitorService(MemoryStore())
     router = RestRouter(service, allowed_origins=("http://good.example",))
-    app = create_app(service, router, sweep_interval=None, max_body=4)
+    app = MonitorApp(service, router, sweep_interval=None, max_body=4)
     foreign = Conn("POST", "/mp/v0/monitors", headers={"origin": "http://evil.example"}, chunks=[b"123456"])
     await asyncio.wait_for(app(foreign.scope, foreign.receive, foreign.send), HANG_GUARD)
     assert foreign.status == 403 and foreign.json()["code"] == "ORIGIN_REFUSED"

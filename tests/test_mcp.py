@@ -513,7 +513,7 @@ async def test_mcp_resource_updates_are_coalesced(tmp_path: Path) -> None:
 
 
 async def test_coalescer_sends_once_per_window_and_always_the_last_change() -> None:
-    from monitor_protocol.doors.mcp import Coalescer
+    from monitor_protocol.doors.mcp.server import Coalescer
 
     loop = asyncio.get_running_loop()
     sent: list[tuple[float, str]] = []

@@ -19,10 +19,12 @@ from enginekit import Harness
 from jsonschema import Draft202012Validator
 from monitor_protocol import client
 from monitor_protocol.api import jsonrpc, operations, rest
-from monitor_protocol.api.hints import bearer_hint, with_bearer_hint
+from monitor_protocol.api.messages import bearer_hint, with_bearer_hint
 from monitor_protocol.api.openapi import document
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.doors.mcp import EmbeddedBackend, MonitorMCP, tool_hint, tool_specs
+from monitor_protocol.doors.mcp.backends import EmbeddedBackend
+from monitor_protocol.doors.mcp.server import MonitorMCP
+from monitor_protocol.doors.mcp.tools import tool_hint, tool_specs
 from monitor_protocol.store.memory import MemoryStore
 from openapi_spec_validator import validate
 from referencing import Registry, Resource
@@ -358,8 +360,6 @@ def test_the_http_hint_names_the_credential_once() -> None:
     assert hinted.message == NEUTRAL + " Send Authorization: Bearer <owner token>."
     assert hinted.body()["error"] == hinted.message and hinted.body()["needs"] == "owner_token"
     assert err.message == NEUTRAL  # the engine's own error stays neutral
-    legacy = "This needs the monitor's owner token: send Authorization: Bearer <owner_token>."
-    assert bearer_hint(legacy, "owner_token") == legacy  # an older sentence already says it: not doubled
     assert bearer_hint(NEUTRAL, None) == NEUTRAL  # no credential named: nothing to add
     other = ProtocolError("NOT_FOUND", "No monitor 'x' here.", needs="owner_token")
     assert with_bearer_hint(other) is other

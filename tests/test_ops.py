@@ -25,7 +25,7 @@ import pytest
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.cli import serve
 from monitor_protocol.core.service import MonitorService
-from monitor_protocol.doors.http.app import create_app
+from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 from serverutil import bearer, mp_command, mp_env, running_server, server_log
 
@@ -320,7 +320,7 @@ def make_app(store: Any, **options: Any) -> Any:
     router = RestRouter(
         service, admin_token=options.pop("admin_token", None), allowed_hosts={"127.0.0.1", "localhost"}
     )
-    return create_app(service, router, store=store, sweep_interval=None, **options)
+    return MonitorApp(service, router, store=store, sweep_interval=None, **options)
 
 
 async def test_readyz_is_503_when_the_store_fails_a_read_and_while_stopping():

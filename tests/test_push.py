@@ -227,18 +227,18 @@ async def test_push_410_retires_the_subscription(engine: Engine) -> None:
 
 
 def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path) -> None:
-    """`create_app(..., background_tasks=[delivery_task])` under uvicorn, driven over HTTP by the client."""
+    """`MonitorApp(..., background_tasks=[delivery_task])` under uvicorn, driven over HTTP by the client."""
     import socket
 
     import uvicorn
     from monitor_protocol.api.rest import RestRouter
     from monitor_protocol.client import Client
-    from monitor_protocol.doors.http.app import create_app
+    from monitor_protocol.doors.http.app import MonitorApp
     from monitor_protocol.doors.push import delivery_task
 
     store = SQLiteStore(str(tmp_path / "door.db"))
     service = MonitorService(store, clock=time.time, allowed_sinks=LOOPBACK_SINKS)
-    app = create_app(service, RestRouter(service), store=store, background_tasks=[delivery_task])
+    app = MonitorApp(service, RestRouter(service), store=store, background_tasks=[delivery_task])
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from monitor_protocol.cli import build_parser
-from monitor_protocol.doors.mcp import RemoteBackend, _pull
+from monitor_protocol.doors.mcp.backends import RemoteBackend
+from monitor_protocol.doors.mcp.tools import _pull
 from serverutil import running_server
 
 

@@ -15,8 +15,8 @@ import pytest
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.browser import EngineHost
-from monitor_protocol.doors.http.app import create_app
-from monitor_protocol.doors.mcp import EmbeddedBackend
+from monitor_protocol.doors.http.app import MonitorApp
+from monitor_protocol.doors.mcp.backends import EmbeddedBackend
 from monitor_protocol.doors.parking import Waiters
 from monitor_protocol.store.memory import MemoryStore
 from test_asgi import HANG_GUARD, RUN, Conn, call, publish, setup_feed
@@ -264,7 +264,7 @@ async def recorded():
         return pull(sub_id, *args, **kwargs)
 
     service.pull = recording_pull
-    app = create_app(service, RestRouter(service), store=recorder, sweep_interval=None)
+    app = MonitorApp(service, RestRouter(service), store=recorder, sweep_interval=None)
     await app.startup()
     try:
         yield app, recorder, threads
@@ -422,16 +422,16 @@ async def test_the_mcp_embedded_pull_parks_in_the_registry(tmp_path):
     changed: list[str] = []
     await backend.start(changed.append)
     try:
-        created = await backend.create_monitor({"id": "ci", "types": [RUN], "visibility": "public"}, None)
+        created = await backend.call("create_monitor", {"id": "ci", "types": [RUN], "visibility": "public"}, None)
         owner = created["owner_token"]
-        sub = await backend.subscribe({"monitor": "ci", "subscriber": "agent:m"}, None)
+        sub = await backend.call("subscribe", {"monitor": "ci", "subscriber": "agent:m"}, None)
         sub_id, token = sub["subscription"]["id"], sub["token"]
         first = await backend.pull(sub_id, token)
-        await backend.ack(sub_id, token, {"cursor": first["next"]})
+        await backend.call("ack", sub_id, token, {"cursor": first["next"]})
         waiting = asyncio.ensure_future(backend.pull(sub_id, token, wait=50))
         while not backend.waiters.parked_on("ci"):
             await asyncio.sleep(0.001)
-        await backend.publish("ci", {"type": RUN, "subject": "m1"}, owner)
+        await backend.call("publish", "ci", {"type": RUN, "subject": "m1"}, owner)
         reply = await asyncio.wait_for(waiting, HANG_GUARD)
         assert [o["subject"] for o in reply["observations"]] == ["m1"]
         assert "ci" in changed  # resource notifications ride on the same registry

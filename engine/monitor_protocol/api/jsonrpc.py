@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.api import operations
-from monitor_protocol.api.hints import with_bearer_hint
-from monitor_protocol.api.messages import Response
+from monitor_protocol.api.messages import Response, with_bearer_hint
 from monitor_protocol.api.operations import Operation, Param
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure

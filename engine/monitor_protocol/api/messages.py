@@ -1,4 +1,5 @@
-"""Transport-free HTTP messages shared by every door (ASGI server, browser shim, tests)."""
+"""Transport-free HTTP messages shared by every door (the HTTP server, the browser shim, tests), and the one
+way a refusal becomes an HTTP reply."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor_protocol.core import wire
+from monitor_protocol.core.errors import ProtocolError
+
+# extras["needs"] -> how the credential is named in the sentence
+CREDENTIAL_LABELS: dict[str, str] = {
+    "owner_token": "owner token",
+    "subscribe_token": "subscribe token",
+    "reader_token": "reader token",
+    "registration_token": "registration token",
+    "admin_token": "admin token",
+}
 
 
 @dataclass
@@ -41,3 +52,33 @@ class Response:
         if self.body is None:
             return b""
         return wire.encode(self.body)
+
+
+def bearer_hint(message: str, needs: object) -> str:
+    """`message` with the HTTP way to send the credential `needs`; unchanged when `needs` names none."""
+    label = CREDENTIAL_LABELS.get(needs) if isinstance(needs, str) else None
+    if label is None:
+        return message
+    return f"{message.rstrip()} Send Authorization: Bearer <{label}>."
+
+
+def with_bearer_hint(err: ProtocolError) -> ProtocolError:
+    """The same refusal, its sentence carrying the HTTP hint for a missing or wrong credential (a new error:
+    the engine's sentence stays neutral, each door says how to send the credential its own way)."""
+    if err.code != "UNAUTHORIZED":
+        return err
+    message = bearer_hint(err.message, err.extras.get("needs"))
+    if message == err.message:
+        return err
+    # Not rebuilt through the constructor (whose signature is the engine's business): every attribute the
+    # engine set is kept, only the sentence changes.
+    hinted = type(err).__new__(type(err), message)
+    hinted.__dict__.update(vars(err))
+    hinted.message = message
+    return hinted
+
+
+def error_response(err: ProtocolError, headers: dict[str, str] | None = None) -> Response:
+    """A refusal as an HTTP reply: its status, its body (the bearer hint added, text made safe to encode)
+    and the transport headers it asks for (Retry-After on a 503), plus `headers`."""
+    return Response(err.status, wire.scrub(with_bearer_hint(err).body()), {**err.headers, **(headers or {})})

@@ -13,25 +13,28 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.api import jsonrpc, operations
-from monitor_protocol.api.hints import with_bearer_hint
-from monitor_protocol.api.messages import LongPoll, Request, Response
+from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
 from monitor_protocol.api.operations import Operation
 from monitor_protocol.core import tokens, wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.filters import LIST_KEYS
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.validation import as_int
-from monitor_protocol.core.vocab import FILTER_KEYS, MAX_LIMIT, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
+from monitor_protocol.core.vocab import DEFAULT_MAX_BODY, FILTER_KEYS, MAX_LIMIT, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
 
 log = logging.getLogger("monitor_protocol.rest")
 
 PREFIX = "/mp/v0"
-DEFAULT_MAX_BODY = 1 << 20
 CORS_METHODS = "GET, POST, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 
 Handler = Callable[["RestRouter", Request, dict[str, str]], Response]
 _ROUTES: list[tuple[str, re.Pattern[str], Handler]] = []
+
+
+def route_table() -> list[tuple[str, re.Pattern[str], Handler]]:
+    """Every route as (method, regex on the path below /mp/v0, handler), in matching order."""
+    return list(_ROUTES)
 
 
 def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
@@ -42,10 +45,6 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
         return fn
 
     return register
-
-
-def error_response(err: ProtocolError) -> Response:
-    return Response(err.status, wire.scrub(with_bearer_hint(err).body()), dict(err.headers))
 
 
 def bearer(req: Request) -> str | None:

@@ -20,7 +20,6 @@ HELP = "run the MCP server (extension ai.mentu/monitors) over stdio, embedded or
 
 APP_DIR = "monitor-protocol"
 DB_NAME = "monitor-protocol.db"
-DEFAULT_DB = DB_NAME  # the file name of the default database (kept for callers of the old constant)
 # A variable left after expansion is an unset one (Windows also spells them %NAME%).
 UNEXPANDED = re.compile(r"\$\{?(\w+)\}?|%(\w+)%" if os.name == "nt" else r"\$\{?(\w+)\}?")
 
@@ -108,7 +107,8 @@ def choose_base(args: argparse.Namespace, environ: Mapping[str, str] | None = No
 
 def run(name: str, args: argparse.Namespace) -> int:
     try:
-        from monitor_protocol.doors.mcp import DatabaseUnavailable, build
+        from monitor_protocol.doors.mcp.backends import DatabaseUnavailable
+        from monitor_protocol.doors.mcp.server import build
     except ImportError as exc:
         print(f"mp mcp needs the MCP SDK: pip install 'monitor-protocol[mcp]' ({exc})", file=sys.stderr)
         return 1

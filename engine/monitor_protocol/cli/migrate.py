@@ -578,8 +578,6 @@ def migrate(
     target = None
     try:
         target = open_target(target_url)
-        if source.migrated:
-            out(f"source: migrated in place from the previous format first ({source.migrated})")
         if not verify_only:
             refuse_unless_empty(source, target, shown)
         report = Report()

@@ -17,14 +17,13 @@ import time
 from typing import Any
 
 from monitor_protocol.core import wire
-from monitor_protocol.core.vocab import MAX_LIMIT, MAX_WAIT_SECONDS
+from monitor_protocol.core.vocab import DEFAULT_MAX_BODY, MAX_LIMIT, MAX_WAIT_SECONDS
 
 HELP = "run the Monitor Protocol HTTP server on a SQLite database"
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8130
 DEFAULT_DB = "monitor-protocol.db"
-DEFAULT_MAX_BODY = 1 << 20
 # PROTOCOL.md section 10, time limits: headers within 10 s and a body within 30 s of the request's start;
 # an idle keep-alive connection stays open at least 60 s (uvicorn's own default is 5 s).
 DEFAULT_HEADER_TIMEOUT = 10.0
@@ -822,7 +821,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 1
     from monitor_protocol.api.rest import RestRouter
     from monitor_protocol.core.service import MonitorService
-    from monitor_protocol.doors.http.app import create_app
+    from monitor_protocol.doors.http.app import MonitorApp
     from monitor_protocol.doors.push import delivery_task
     from monitor_protocol.store.postgres import is_postgres_url, redacted
     from monitor_protocol.store.sqlite import SQLiteStore, StoreLocked
@@ -899,7 +898,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         port = sock.getsockname()[1]
         reloader = Reloader(args, cfg, router, None)
         # HTTP push (protocol: http subscriptions) runs beside the server; idle while there are none.
-        app = create_app(
+        app = MonitorApp(
             service,
             router,
             store=store,
@@ -924,10 +923,6 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(
                 f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else "")
             )
-        migrated = getattr(store, "migrated", None)
-        if migrated:  # an operator should hear that the file changed format under them, once
-            held = ", ".join(f"{n} {table}" for table, n in migrated.items())
-            print(f"database: migrated in place from the previous format ({held})")
         print(f"monitors: {monitors}")
         print(f"json: {codec}")
         mute = (

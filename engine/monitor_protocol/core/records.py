@@ -2,11 +2,9 @@
 keys. Frozen (a rule computes a new record with `dataclasses.replace`, the transaction stages it), with
 slots, each fact stored once (times as float seconds, formatted only at the edge by `to_wire()`).
 
-Two other shapes live here, and only here:
-- `to_row()` / `from_row()`: a record as plain JSON values, for stores that keep JSON (IndexedDB, the JSON
-  columns of SQLite). Private fields are ordinary fields: nothing is hidden by a naming convention.
-- `*_from_v1()`: the dict records of the store format before this module (commit 00e022d), read once by a
-  store that migrates a database (or a browser's IndexedDB) written by that version.
+One other shape lives here, and only here: `to_row()` / `from_row()`, a record as plain JSON values, for
+stores that keep JSON (IndexedDB, the JSON columns of SQLite). Private fields are ordinary fields: nothing
+is hidden by a naming convention.
 """
 
 from __future__ import annotations
@@ -49,17 +47,6 @@ def evolve(rec: R, **changes: Any) -> R:
 def _iso(ts: float | None) -> str | None:
     return None if ts is None else timefmt.iso(ts)
 
-
-def _ts(value: Any) -> float | None:
-    """A v1 time (an RFC 3339 string or a float) as float seconds."""
-    if value is None:
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    ts = timefmt.parse(value)
-    if ts is None:
-        raise ValueError(f"not an RFC 3339 time: {value!r}")
-    return ts
 
 
 # ===================================================================================== monitors
@@ -233,61 +220,6 @@ class Monitor:
         )
 
 
-# ===================================================================================== version 1 records
-# A v1 record is the same facts under other names (private ones prefixed "_") and times as RFC 3339 text:
-# each converter renames the keys into a row, fixes the few values that changed shape, and uses from_row.
-_V1_MONITOR = {
-    **{k: k for k in (*DEFINITION_FIELDS, "id", "owner", "version", "attested")},
-    "_owner_hash": "owner_hash",
-    "_status": "status",
-    "_subscribe_hash": "subscribe_hash",
-    "_head": "head",
-    "_floor": "floor",
-    "_counters": "counters",
-    "_last": "last",
-    "_actors": "actors",
-    "_source_contact": "source_contact",
-    "_last_pull": "last_pull",
-}
-_V1_SUBSCRIPTION = {
-    **{
-        k: k
-        for k in (
-            "id", "monitor", "subscriber", "token_hash", "filter", "capabilities", "cursor",
-            "reset_policy", "protocol", "sink", "retire_after_mute_seconds",
-        )
-    },
-    "_hwm": "hwm",
-    "_relist": "relist",
-    "_sink_secret": "sink_secret",
-    "_revoked": "revoked",
-    "_scan_mark": "scan_mark",
-}  # fmt: skip
-_V1_LEASE = {
-    **{k: k for k in ("monitor", "subject", "holder", "attempts", "delivery_count_limit")},
-    "lease_duration_seconds": "duration",
-    "lease_transitions": "transitions",
-    "_last_holder": "last_holder",
-    "_completed": "completed",
-}
-
-
-def _v1_row(rec: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    return {new: rec[old] for old, new in names.items() if old in rec}
-
-
-def monitor_from_v1(rec: dict[str, Any]) -> Monitor:
-    budget = rec.get("_budget") or {}
-    row = _v1_row(rec, _V1_MONITOR)
-    row.update(
-        created=_ts(rec["created"]) or 0.0,
-        updated=_ts(rec.get("updated", rec["created"])) or 0.0,
-        budget_day=budget.get("day"),
-        budget_used=budget.get("count", 0),
-    )
-    return Monitor.from_row(row)
-
-
 # ===================================================================================== observations
 @dataclass(frozen=True, slots=True)
 class Observation:
@@ -440,21 +372,6 @@ class Subscription:
         )
 
 
-def subscription_from_v1(rec: dict[str, Any]) -> Subscription:
-    ack = rec.get("_last_ack")
-    created = _ts(rec["created"]) or 0.0
-    row = _v1_row(rec, _V1_SUBSCRIPTION)
-    row.update(
-        created=created,
-        mute_since=rec.get("_mute_since", created),
-        last_pull=_ts(rec.get("last_pull")),
-        state="active" if rec.get("active", True) else "retired",
-        last_ack=None if not ack else {"cursor": ack["cursor"], "reply": ack["body"]},
-        grant=rec.get("_grant") or "default",
-    )
-    return Subscription.from_row(row)
-
-
 # ===================================================================================== leases
 @dataclass(frozen=True, slots=True)
 class Completion:
@@ -536,24 +453,6 @@ class Lease:
             last_holder=row.get("last_holder"),
             completed=None if not done else Completion(done["by"], int(done["seq"]), done["outcome"]),
         )
-
-
-def lease_from_v1(rec: dict[str, Any]) -> Lease:
-    holder = rec.get("holder")
-    if rec.get("dead_letter"):
-        state = LeaseState.DEAD_LETTERED
-    elif holder is not None:
-        state = LeaseState.HELD
-    else:
-        state = LeaseState.FREE
-    row = _v1_row(rec, _V1_LEASE)
-    renewed = rec.get("_renew_ts")
-    row.update(
-        acquired=_ts(rec["acquire_time"]) or 0.0,
-        renewed=float(renewed) if renewed is not None else _ts(rec["renew_time"]) or 0.0,
-        state=state.value,
-    )
-    return Lease.from_row(row)
 
 
 # ===================================================================================== publish keys

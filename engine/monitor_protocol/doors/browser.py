@@ -23,6 +23,7 @@ from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.rules import importing
 from monitor_protocol.core.service import Feeds, MonitorService
+from monitor_protocol.doors import parking
 from monitor_protocol.doors.parking import Waiters
 from monitor_protocol.store.memory import MemoryStore
 
@@ -138,23 +139,26 @@ class EngineHost:
     async def _long_poll(
         self, router: RestRouter, request: Request, response: Response, mark: int, caller_waits: bool
     ) -> Response:
-        """Hold an empty pull until its monitor gets an append (then ask again) or its wait runs out."""
+        """Hold an empty pull (parking.hold) until its monitor gets an append (then ask again) or its wait
+        runs out; here the engine runs on the loop itself, so a re-check is the router's answer at once."""
         assert response.long_poll is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, response.long_poll.wait_seconds)
-        request = response.long_poll.again or request  # an ack-and-pull re-checks as a plain pull
-        while response.long_poll is not None:
-            await self.waiters.wait(response.long_poll.monitor, mark, deadline - loop.time())
-            remaining = max(0.0, deadline - loop.time())
+        again = response.long_poll.again or request  # an ack-and-pull re-checks as a plain pull
+
+        async def recheck(remaining: float) -> parking.Outcome:
             # wait is a whole number of seconds on the wire: ask again with what is left, rounded up.
-            request.query = [(k, v) for k, v in request.query if k != "wait"] + [
-                ("wait", str(math.ceil(remaining)))
+            again.query = [(k, v) for k, v in again.query if k != "wait"] + [
+                ("wait", str(math.ceil(max(0.0, remaining))))
             ]
-            response, mark = self._handle_marked(router, request)
+            answer, mark = self._handle_marked(router, again)
             await self._durable(caller_waits)
-            if remaining <= 0:
-                break
-        return response
+            waiting = answer.long_poll.monitor if answer.long_poll is not None else None
+            return answer, waiting, mark
+
+        held: Response = await parking.hold(self.waiters, response.long_poll.monitor, mark, deadline, recheck)
+        held.long_poll = None
+        return held
 
     async def read_log(self, monitor_id: str, from_seq: int = 1, limit: int = 200) -> Reply:
         """The monitor's log without a subscription (GET /mp/v0/admin/log): no cursor, no commit, nothing

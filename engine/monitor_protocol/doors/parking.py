@@ -9,7 +9,11 @@ late hop to the loop can only delay one, never drop it, because the count is che
 
 ``park(monitor_id, mark, timeout, callback)`` is the primitive under ``wait``: the callback runs on the loop
 inside the wake-up itself, so a door can submit the re-checks of every reader one append woke from that
-one loop turn (the ASGI door sends them to the engine thread as one batch, one group commit).
+one loop turn (the HTTP door sends them to the engine thread as one batch, one group commit).
+
+``hold(...)`` is the one park/wake machine every door's long poll runs on (HTTP, the browser host, MCP):
+park, and on each wake-up re-check with the door's own ``recheck``, until the answer has something or the
+reader's time is up.
 
 Only the standard library (asyncio, threading): it runs under CPython and Pyodide's webloop alike. The
 engine may call the listener on another thread (``mp serve``, MCP) or on the loop itself (the browser).
@@ -20,11 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 AppendHook = Callable[[str], None]
 WakeCallback = Callable[[bool], None]
+# What a re-check gives back: the reply, the monitor the reader still waits on (None: the reply is the
+# answer), and the registry's mark for that monitor read right after the re-check ran.
+Outcome = tuple[Any, str | None, int]
+Recheck = Callable[[float], Awaitable[Outcome]]
 # A mark is the appends heard on a monitor plus the re-check generation times this (no monitor hears 2^40
 # appends in one generation), so a mark taken before recheck_all never equals one taken after it.
 GENERATION = 1 << 40
@@ -290,3 +298,67 @@ class Waiters:
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
+
+
+async def hold(
+    waiters: Waiters,
+    monitor_id: str,
+    mark: int,
+    deadline: float,
+    recheck: Recheck,
+    *,
+    gone: asyncio.Future[Any] | None = None,
+) -> Any:
+    """Hold a reader until its monitor gets an append that gives it something, or until ``deadline`` (loop
+    time): park past ``mark``; each wake-up calls ``recheck(remaining)`` (the seconds left, 0 when the time
+    is up or the door is draining) inside the wake-up itself, so the re-checks of every reader one append
+    woke start in one loop turn and can share one engine batch. Parks again while the outcome still waits
+    on a monitor and time remains. Returns the last reply, or None when ``gone`` completes first (the reader
+    left). ``recheck`` may raise: the exception comes out of ``hold``."""
+    loop = asyncio.get_running_loop()
+    while True:
+        answer: asyncio.Future[tuple[Outcome, float] | None] = loop.create_future()
+
+        def woken(_woken: bool, answer: asyncio.Future[tuple[Outcome, float] | None] = answer) -> None:
+            remaining = 0.0 if waiters.draining else deadline - loop.time()
+            try:
+                step = asyncio.ensure_future(recheck(remaining))
+            except BaseException as exc:  # handed to the waiting reader
+                if not answer.done():
+                    answer.set_exception(exc)
+                return
+
+            def finished(step: asyncio.Future[Outcome]) -> None:
+                if answer.done():
+                    return
+                if step.cancelled():
+                    answer.set_exception(asyncio.CancelledError())
+                elif step.exception() is not None:
+                    answer.set_exception(step.exception())  # type: ignore[arg-type]
+                else:
+                    answer.set_result((step.result(), remaining))
+
+            step.add_done_callback(finished)
+
+        parked = waiters.park(monitor_id, mark, deadline - loop.time(), woken)
+
+        def left(
+            _gone: asyncio.Future[Any], answer: asyncio.Future[Any] = answer, parked: Parked = parked
+        ) -> None:
+            parked.cancel()
+            _settle(answer, None)
+
+        if gone is not None:
+            gone.add_done_callback(left)
+        try:
+            got = await answer
+        finally:
+            if gone is not None:
+                gone.remove_done_callback(left)
+            parked.cancel()
+        if got is None:
+            return None  # the reader left while waiting
+        (reply, waiting_on, mark), remaining = got
+        if waiting_on is None or remaining <= 0:
+            return reply
+        monitor_id = waiting_on

@@ -414,5 +414,5 @@ def _same_host(a: str, b: str) -> bool:
 
 
 async def delivery_task(app: Any) -> None:
-    """The `background_tasks` entry for `binding.asgi.create_app`: push delivery for the app's service."""
-    await Pusher(app.call, app.service).run()
+    """The `background_tasks` entry for `MonitorApp`: push delivery for the app's service."""
+    await Pusher(app.engine.call, app.service).run()

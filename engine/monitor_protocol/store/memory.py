@@ -10,7 +10,7 @@ The change journal's rows are `(table, key, row or None for deleted)`, keyed as 
 them (so a browser's stored records are overwritten in place, and boot.js `readLog` still finds the log):
 monitors by id, observations by `<monitor>/<seq, 20 digits>` with the event as the row, subjects and
 leases by JSON `[monitor, subject]`, subscriptions by id, publish keys (table "idempotency") by JSON
-`[monitor, key]`. `load()` reads rows of this version and of version 1 (see migrate_v1)."""
+`[monitor, key]`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from typing import Any
 
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
 from monitor_protocol.core.store_contract import Changes, LogQuery, Store, StoreStats
-from monitor_protocol.store import migrate_v1
 
 TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases", "idempotency")
 
@@ -258,8 +257,7 @@ class MemoryStore(Store):
         return [(table, key, _row(rec)) for table, key, rec in out]
 
     def load(self, records: list[Change]) -> None:
-        """Restore rows read back from a persistent medium: drain_changes' rows, of this version or of
-        version 1 (a browser that stored a playground before typed records)."""
+        """Restore rows read back from a persistent medium (drain_changes' rows)."""
         for table, key, row in records:
             if row is not None:
                 self._load_one(table, key, row)
@@ -273,8 +271,7 @@ class MemoryStore(Store):
             monitor, subject = json.loads(key)
             self._subjects.add((monitor, subject))
         elif table in _FROM_ROW:
-            v1 = migrate_v1.is_v1_row(table, row)
-            rec = migrate_v1.journal_from_v1(table, key, row) if v1 else _FROM_ROW[table](row)
+            rec = _FROM_ROW[table](row)
             if isinstance(rec, Monitor):
                 self._monitors[rec.id] = rec
             elif isinstance(rec, Subscription):

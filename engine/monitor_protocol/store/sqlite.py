@@ -11,9 +11,7 @@ reads to name it; the note is removed on close().
 The schema (format version 2, in `PRAGMA user_version`) is columnar: what a read selects or a filter tests
 is a column, indexed where a read needs it, and the rest of a record is one JSON column (`rec`), so each
 fact is stored once. The log keeps the event as served (`event`) beside copies of its filterable attributes,
-and `scan`/`count` push a LogQuery into SQL. A file of version 1 (user_version 0, the dict records of
-commit 00e022d) is migrated in place at open, in one transaction (store/migrate_v1.py); a file of a newer
-version is refused.
+and `scan`/`count` push a LogQuery into SQL. A file of another version is refused at open.
 
 A transaction that writes nothing (no apply, an empty Changes, or one that changed no row) is rolled back,
 not committed: it costs no fsync. `stats` counts durable commits with writes and those read-only calls."""
@@ -45,7 +43,6 @@ from monitor_protocol.core.store_contract import (
     Term,
     chunked_rows,
 )
-from monitor_protocol.store import migrate_v1
 
 SCHEMA_VERSION = 2
 
@@ -381,7 +378,6 @@ class SQLiteStore(Store):
         self._batch = False
         self._batch_broken = False
         self._batch_wrote = False
-        self.migrated: dict[str, int] | None = None  # what a version 1 file held, when open migrated it
         # Monitors and subscriptions read by id, kept between calls: this process is the file's only
         # writer (the flock), so what it committed is what is there. Records are immutable. Whatever an
         # apply put here before its commit is forgotten wholesale if that work is rolled back.
@@ -513,36 +509,26 @@ class SQLiteStore(Store):
 
     # --- the format version -----------------------------------------------------------------------
     def _open_schema(self, real: str) -> None:
-        """A file of this version opens as it is; an empty one gets the schema; a version 1 file is
-        migrated, all in one transaction (a crash or a failure mid-way leaves the file as it was)."""
+        """A file of this version opens as it is; an empty one gets the schema, in one transaction."""
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
         if version == SCHEMA_VERSION:
             return
-        if version != migrate_v1.V1_VERSION:
+        if version != 0:
             raise StoreVersionError(
                 f"The database {real} is in format version {version}, and this monitor-protocol "
-                f"{__version__} reads version {SCHEMA_VERSION} (and migrates version 1): "
+                f"{__version__} reads version {SCHEMA_VERSION}: "
                 + ("it was written by a newer release. " if version > SCHEMA_VERSION else "")
                 + "Nothing will be served from it; upgrade monitor-protocol, or start with another --db."
             )
         self._begin()
         try:
-            if migrate_v1.is_v1_database(self._db):
-                self.migrated = migrate_v1.migrate_sqlite(self._db, self._create_schema, self._write)
-            elif self._has_table("monitors"):
+            if self._has_table("monitors"):
                 raise StoreVersionError(
                     f"The database {real} has a `monitors` table this store did not write; nothing will be "
                     "served from it. Start with another --db."
                 )
-            else:
-                self._create_schema()
+            self._create_schema()
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except migrate_v1.MigrationError as exc:
-            self._rollback()
-            raise StoreVersionError(
-                f"The database {real} is in format version 1 and could not be migrated to version "
-                f"{SCHEMA_VERSION} ({exc}); it was left as it was. Nothing will be served from it."
-            ) from exc
         except BaseException:
             self._rollback()
             raise

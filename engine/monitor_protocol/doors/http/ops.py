@@ -1,0 +1,276 @@
+"""The HTTP door's operations routes, outside /mp/v0: GET /healthz (the process answers: 200), GET /readyz
+(the store answers a trivial read on the engine thread within READY_TIMEOUT_SECONDS: 200, else 503) and
+GET /metrics (Prometheus text; see ``Metrics``). The health routes skip the Origin and Host checks (they
+reveal nothing, and probes name the server by address); /metrics keeps them, and answers only a loopback
+client or a bearer of the metrics (or admin) token, and only that token once one is set."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import math
+import re
+import time
+from typing import Any
+
+from monitor_protocol.api.messages import Request, Response, error_response
+from monitor_protocol.api.rest import PREFIX, bearer, route_table
+from monitor_protocol.core.errors import ProtocolError
+
+log = logging.getLogger("monitor_protocol.http")
+
+OPS_PATHS = ("/healthz", "/readyz", "/metrics")
+READY_TIMEOUT_SECONDS = 2.0
+METRICS_TIMEOUT_SECONDS = 5.0
+METRICS_TOP_SUBSCRIPTIONS = 20  # backlog gauges for at most this many active subscriptions (largest first)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "OPTIONS", "PUT", "PATCH", "DELETE"})
+NO_STORE = {"cache-control": "no-store"}
+
+
+def _route_templates() -> list[tuple[re.Pattern[str], str]]:
+    """The router's routes as (regex on the path below /mp/v0, label such as /mp/v0/monitors/{id})."""
+    out = []
+    for _method, regex, _fn in route_table():
+        label = re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", regex.pattern.strip("^$"))
+        out.append((regex, PREFIX + label))
+    return out
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _is_loopback(address: str | None) -> bool:
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class Metrics:
+    """The HTTP door's counters, rendered in the Prometheus text format (version 0.0.4).
+
+    Every label set is bounded: routes are the router's templates (ids replaced by ``{id}``; anything else is
+    ``other``), methods the HTTP ones, and per-subscription backlog only for the METRICS_TOP_SUBSCRIPTIONS
+    active subscriptions with the largest backlog. Counters are bumped on the event loop; commit times on
+    the engine thread.
+    """
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.requests: dict[tuple[str, str, int], int] = {}
+        self.commit_buckets = [0] * (len(COMMIT_BUCKETS) + 1)
+        self.commit_sum = 0.0
+        self.commit_count = 0
+        self.parked_polls = 0
+        self.open_streams = 0
+        self._routes = _route_templates()
+
+    def route(self, path: str) -> str:
+        if path in OPS_PATHS:
+            return path
+        if not (path == PREFIX or path.startswith(PREFIX + "/")):
+            return "other"
+        below = path[len(PREFIX) :].rstrip("/") or "/"
+        for regex, label in self._routes:
+            if regex.match(below):
+                return label
+        return "other"
+
+    def count_request(self, method: str, path: str, status: int) -> None:
+        key = (self.route(path), method if method in KNOWN_METHODS else "OTHER", int(status))
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def observe_commit(self, seconds: float) -> None:
+        for i, bound in enumerate(COMMIT_BUCKETS):
+            if seconds <= bound:
+                self.commit_buckets[i] += 1
+                break
+        else:
+            self.commit_buckets[-1] += 1
+        self.commit_sum += seconds
+        self.commit_count += 1
+
+    def _routed(self, suffix: str, method: str) -> int:
+        return sum(
+            n
+            for (route, m, status), n in list(self.requests.items())
+            if route.endswith(suffix) and m == method and 200 <= status < 300
+        )
+
+    def render(self, appended: int, store: dict[str, Any] | None) -> str:
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+
+        family(
+            "mp_http_requests_total",
+            "counter",
+            "HTTP requests answered, by route template, method and status.",
+        )
+        for (route, method, status), n in sorted(self.requests.items()):
+            lines.append(
+                f'mp_http_requests_total{{route="{_label(route)}",method="{method}",status="{status}"}} {n}'
+            )
+        family(
+            "mp_observations_appended_total", "counter", "Observations appended and committed (every door)."
+        )
+        lines.append(f"mp_observations_appended_total {appended}")
+        family(
+            "mp_publishes_total",
+            "counter",
+            "REST publishes answered 2xx (POST /mp/v0/monitors/{id}/observations).",
+        )
+        lines.append(f"mp_publishes_total {self._routed('/observations', 'POST')}")
+        family(
+            "mp_pulls_total",
+            "counter",
+            "REST pulls answered 200 (GET and POST /mp/v0/subscriptions/{id}/pull, ack-and-pull included).",
+        )
+        lines.append(f"mp_pulls_total {self._routed('/pull', 'GET') + self._routed('/pull', 'POST')}")
+        family("mp_acks_total", "counter", "REST acks answered 200 (POST /mp/v0/subscriptions/{id}/ack).")
+        lines.append(f"mp_acks_total {self._routed('/ack', 'POST')}")
+        family("mp_long_polls_parked", "gauge", "Long polls waiting for an append right now.")
+        lines.append(f"mp_long_polls_parked {self.parked_polls}")
+        family("mp_sse_streams_open", "gauge", "Server-Sent Event streams open right now.")
+        lines.append(f"mp_sse_streams_open {self.open_streams}")
+        family(
+            "mp_engine_commit_seconds",
+            "histogram",
+            "Time to run one engine batch (the calls of one event-loop turn) and commit it to the store.",
+        )
+        running = 0
+        for bound, n in zip((*COMMIT_BUCKETS, math.inf), self.commit_buckets, strict=True):
+            running += n
+            le = "+Inf" if bound == math.inf else f"{bound:g}"
+            lines.append(f'mp_engine_commit_seconds_bucket{{le="{le}"}} {running}')
+        lines.append(f"mp_engine_commit_seconds_sum {self.commit_sum:.6f}")
+        lines.append(f"mp_engine_commit_seconds_count {self.commit_count}")
+        family("mp_store_up", "gauge", "1 when the store answered the scrape's reads, else 0.")
+        lines.append(f"mp_store_up {1 if store is not None else 0}")
+        if store is not None:
+            family("mp_monitors", "gauge", "Monitors in the store.")
+            lines.append(f"mp_monitors {store['monitors']}")
+            family("mp_subscriptions_active", "gauge", "Active subscriptions in the store.")
+            lines.append(f"mp_subscriptions_active {store['active']}")
+            family(
+                "mp_subscription_backlog",
+                "gauge",
+                f"Observations past an active subscription's committed cursor (before its filter), for the "
+                f"{METRICS_TOP_SUBSCRIPTIONS} largest.",
+            )
+            for backlog, monitor, sub in store["top"]:
+                lines.append(
+                    f'mp_subscription_backlog{{monitor="{_label(monitor)}",subscription="{_label(sub)}"}} {backlog}'
+                )
+            family("mp_subscription_backlog_total", "gauge", "Backlog summed over every active subscription.")
+            lines.append(f"mp_subscription_backlog_total {store['total']}")
+        family("process_start_time_seconds", "gauge", "When the server started, in seconds since the epoch.")
+        lines.append(f"process_start_time_seconds {self.started:.3f}")
+        return "\n".join(lines) + "\n"
+
+
+def store_summary(store: Any) -> dict[str, Any]:
+    """Monitors, active subscriptions and their backlog (head past the committed cursor); engine thread."""
+    monitors = {m.id: m for m in store.list_monitors()}
+    rows = []
+    active = 0
+    for sub in store.list_subscriptions():
+        if not sub.active:
+            continue
+        active += 1
+        rec = monitors.get(sub.monitor)
+        if rec is None:
+            continue
+        start = max(sub.cursor, 1, rec.floor)
+        rows.append((max(0, rec.head - start + 1), sub.monitor, sub.id))
+    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+    return {
+        "monitors": len(monitors),
+        "active": active,
+        "top": rows[:METRICS_TOP_SUBSCRIPTIONS],
+        "total": sum(r[0] for r in rows),
+    }
+
+
+async def ready(app: Any) -> Response:
+    """GET /readyz: 200 when the store answers a trivial read on the engine thread in time, else 503."""
+    headers = dict(NO_STORE)
+    if app.draining or app.closed:
+        return Response(503, {"status": "stopping"}, {**headers, "retry-after": "1"})
+    probe = getattr(app.store, "get_monitor", None)
+    try:
+        if probe is not None:
+            await asyncio.wait_for(app.engine.call(probe, ""), READY_TIMEOUT_SECONDS)
+    except TimeoutError:
+        return Response(
+            503,
+            {
+                "status": "unavailable",
+                "error": f"the store did not answer within {READY_TIMEOUT_SECONDS:g} s",
+            },
+            {**headers, "retry-after": "1"},
+        )
+    except Exception as exc:
+        log.warning("readiness probe: the store failed: %s", exc)
+        return Response(
+            503,
+            {"status": "unavailable", "error": "the store failed a trivial read (see the server log)"},
+            {**headers, "retry-after": "1"},
+        )
+    return Response(200, {"status": "ready"}, headers)
+
+
+def metrics_refusal(app: Any, request: Request, client_host: str | None) -> Response | None:
+    """None when this request may read /metrics: the Origin and Host checks of the protocol routes
+    hold (no DNS rebinding, no browser page reads it), then a metrics token, once one is set, is
+    required of everyone; without one a loopback client may read, or a bearer of the admin token."""
+    try:
+        app.router.check_request(request)
+    except ProtocolError as err:
+        return error_response(err)
+    token = bearer(request) or ""
+    expected = [t for t in (app.metrics_token, getattr(app.router, "admin_token", None)) if t]
+    if any(hmac.compare_digest(token.encode(), t.encode()) for t in expected):
+        return None
+    if not app.metrics_token and _is_loopback(client_host):
+        return None
+    sentence = (
+        "GET /metrics needs the metrics token: Authorization: Bearer <token> (mp serve --metrics-token)."
+        if app.metrics_token
+        else "GET /metrics answers loopback clients only; start the server with --metrics-token "
+        "(env MP_METRICS_TOKEN) to scrape it from elsewhere."
+    )
+    return error_response(ProtocolError("UNAUTHORIZED", sentence))
+
+
+async def metrics_text(app: Any) -> bytes:
+    """The Prometheus text of GET /metrics (the store's part read on the engine thread, bounded in time)."""
+    summary = None
+    if app.store is not None and hasattr(app.store, "list_subscriptions") and not app.closed:
+        try:
+            summary = await asyncio.wait_for(
+                app.engine.call(store_summary, app.store), METRICS_TIMEOUT_SECONDS
+            )
+        except Exception as exc:  # the scrape still answers, with mp_store_up 0
+            log.warning("metrics: the store summary failed: %s", exc)
+    return app.metrics.render(app.waiters.appended, summary).encode()
+
+
+async def answer(app: Any, request: Request, client_host: str | None) -> Response | bytes:
+    """One operations route: a JSON Response, or the bytes of the metrics text (200, text/plain)."""
+    if request.path == "/healthz":
+        return Response(200, {"status": "ok"}, dict(NO_STORE))
+    if request.path == "/readyz":
+        return await ready(app)
+    refusal = metrics_refusal(app, request, client_host)
+    if refusal is not None:
+        return refusal
+    return await metrics_text(app)

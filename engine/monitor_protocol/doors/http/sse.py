@@ -1,0 +1,142 @@
+"""Server-Sent Events at GET /mp/v0/subscriptions/{id}/stream (PROTOCOL.md section 9): read-only replays of the
+pull route (the `cursor` query parameter) with the reader's own headers, so the stream never commits; it
+waits in the doors' one registry (doors/parking.py) between pages, with a heartbeat that is also the
+reader's sign of life (P6)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from monitor_protocol.api.messages import Request, Response
+from monitor_protocol.api.rest import bearer
+from monitor_protocol.core import wire
+from monitor_protocol.doors.http.asgi import Receive, Send, send_json, wait_disconnect
+
+SSE_RETRY_MS = 3000
+SSE_HEARTBEAT_SECONDS = 5.0
+SSE_PAGE = 200
+PROBE_CURSOR = (1 << 53) - 1  # a replay cursor past any head (and within the wire's 0..2^53 integers)
+
+
+async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send: Send) -> None:
+    """Section 9: replay the subscription through the read-only pull route and follow it live."""
+    # A read-only replay far past any head checks the policy (Origin/Host) and the reader's token,
+    # changes nothing, and reports the monitor and the committed cursor.
+    probe = await app.handle(_replay(request, sub_id, PROBE_CURSOR, limit=1))
+    if probe.status != 200:
+        await send_json(send, probe)
+        return
+    start = _last_event_id(request)
+    cursor = max(1, start if start is not None else _int(probe.body.get("cursor"), 1))
+    monitor = str(probe.body.get("monitor", ""))
+    first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
+    if first.status != 200:
+        await send_json(send, first)
+        return
+    await app.engine.call(app.service.touch, sub_id, bearer(request))
+    gone = asyncio.ensure_future(wait_disconnect(receive))
+    app.metrics.open_streams += 1
+    try:
+        await _follow(app, request, sub_id, monitor, cursor, first, mark, gone, send)
+    finally:
+        app.metrics.open_streams -= 1
+        gone.cancel()
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:
+            pass
+
+
+async def _follow(
+    app: Any,
+    request: Request,
+    sub_id: str,
+    monitor: str,
+    cursor: int,
+    page: Response,
+    mark: int,
+    gone: asyncio.Future[None],
+    send: Send,
+) -> None:
+    """Send the stream's head, then each page, parking in the registry whenever it is caught up."""
+    headers = [
+        (k.lower().encode("latin-1"), str(v).encode("latin-1"))
+        for k, v in page.headers.items()
+        if k.lower() not in ("content-type", "content-length")
+    ]
+    headers += [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await _chunk(send, f"retry: {SSE_RETRY_MS}\n\n")
+    loop = asyncio.get_running_loop()
+    next_beat = loop.time() + app.heartbeat_seconds
+    while not gone.done() and not app.draining:
+        if page.status != 200:
+            await _chunk(send, _sse("error", page.body))
+            return
+        observations = page.body.get("observations") or []
+        if observations:
+            await _chunk(send, "".join(_sse_observation(o) for o in observations))
+        cursor = max(cursor, _int(page.body.get("next"), cursor))
+        if cursor > _int(page.body.get("head"), 0):
+            # Caught up: sleep until an append to this monitor or the next heartbeat.
+            await app.waiters.wait(monitor, mark, next_beat - loop.time(), stop=gone)
+            if gone.done() or app.draining:
+                return
+        if loop.time() >= next_beat:
+            await _chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
+            # A reader following by stream is consuming (P6), though the stream never commits.
+            await app.engine.call(app.service.touch, sub_id, bearer(request))
+            next_beat = loop.time() + app.heartbeat_seconds
+        page, mark = await app.handle_marked(_replay(request, sub_id, cursor))
+
+
+def _replay(request: Request, sub_id: str, cursor: int, limit: int = SSE_PAGE) -> Request:
+    query = [(k, v) for k, v in request.query if k not in ("cursor", "limit", "wait")]
+    query += [("cursor", str(cursor)), ("limit", str(limit))]
+    return Request("GET", f"/mp/v0/subscriptions/{sub_id}/pull", query, request.headers)
+
+
+async def _chunk(send: Send, text: str) -> None:
+    await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+
+
+def _last_event_id(request: Request) -> int | None:
+    value = (request.header("last-event-id") or "").strip()
+    if not value:
+        return None
+    try:
+        return int(value) + 1
+    except ValueError:
+        return None
+
+
+def _int(value: Any, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def _sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {wire.encode_text(data)}\n\n"
+
+
+def _sse_observation(observation: dict[str, Any]) -> str:
+    seq = _int(observation.get("id"), 0) or _int(observation.get("sequence"), 0)
+    data = wire.encode_text(observation)
+    return f"id: {seq}\nevent: observation\ndata: {data}\n\n"
+
+
+def _now_iso() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
