@@ -12,9 +12,9 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from monitor_protocol.cli.serve import install_fast_json
 from monitor_protocol.core import wire
 from monitor_protocol.core.vocab import MAX_INTEGER
+from monitor_protocol.doors.http.server import install_fast_json
 from serverutil import running_server, server_log
 
 orjson = pytest.importorskip("orjson", reason="orjson is in the test extra (pyproject.toml)")

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from monitor_protocol.api.rest import RestRouter
-from monitor_protocol.cli import serve
+from monitor_protocol.cli import serve, serve_config
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
@@ -39,9 +39,9 @@ RUN = "com.example.ci.run"
 
 @pytest.fixture(autouse=True)
 def _no_inherited_settings(monkeypatch):
-    for env, _kind in serve.SETTINGS.values():
+    for env, _kind in serve_config.SETTINGS.values():
         monkeypatch.delenv(env, raising=False)
-    monkeypatch.delenv(serve.CONFIG_ENV, raising=False)
+    monkeypatch.delenv(serve_config.CONFIG_ENV, raising=False)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -90,7 +90,7 @@ def test_precedence_flag_then_environment_then_file_then_default(tmp_path):
         "MP_ALLOW_ORIGIN": "http://a.example, http://b.example",
         "MP_CONFIG": str(config),
     }
-    cfg, sources = serve.resolve_settings(parse("--port", "9003"), env)
+    cfg, sources = serve_config.resolve_settings(parse("--port", "9003"), env)
     assert cfg.port == 9003 and sources["port"] == "--port"  # the flag wins
     assert (
         cfg.allow_origin == ["http://a.example", "http://b.example"]
@@ -100,14 +100,14 @@ def test_precedence_flag_then_environment_then_file_then_default(tmp_path):
     assert cfg.allow_admin == "from-file" and cfg.log_level == "debug"
     assert cfg.header_timeout == 10.0 and sources["header_timeout"] == "default"
     # A repeated flag replaces the environment's list (it does not extend the default or the env).
-    cfg, _ = serve.resolve_settings(
+    cfg, _ = serve_config.resolve_settings(
         parse("--allow-origin", "http://c.example", "--allow-origin", "http://d"), env
     )
     assert cfg.allow_origin == ["http://c.example", "http://d"]
     # --allow-admin without a value still means "mint one", and beats MP_ADMIN_TOKEN.
-    cfg, sources = serve.resolve_settings(parse("--allow-admin"), {"MP_ADMIN_TOKEN": "env-token"})
+    cfg, sources = serve_config.resolve_settings(parse("--allow-admin"), {"MP_ADMIN_TOKEN": "env-token"})
     assert cfg.allow_admin == "" and sources["allow_admin"] == "--allow-admin"
-    cfg, sources = serve.resolve_settings(parse(), {"MP_ADMIN_TOKEN": "env-token"})
+    cfg, sources = serve_config.resolve_settings(parse(), {"MP_ADMIN_TOKEN": "env-token"})
     assert cfg.allow_admin == "env-token" and sources["allow_admin"] == "MP_ADMIN_TOKEN"
 
 
@@ -115,8 +115,8 @@ def test_every_flag_has_an_environment_variable_and_a_file_key():
     parser = argparse.ArgumentParser()
     serve.add_arguments("serve", parser)
     dests = {a.dest for a in parser._actions if a.dest not in ("help", "config")}
-    assert dests == set(serve.SETTINGS)
-    for name, (env, _kind) in serve.SETTINGS.items():
+    assert dests == set(serve_config.SETTINGS)
+    for name, (env, _kind) in serve_config.SETTINGS.items():
         assert env.startswith("MP_")
         flag = next(a for a in parser._actions if a.dest == name)
         assert env in flag.help, f"--{name}'s help should name {env}"
@@ -135,8 +135,8 @@ def test_every_flag_has_an_environment_variable_and_a_file_key():
 def test_a_bad_config_file_is_refused_with_a_sentence(tmp_path, text, needle):
     config = tmp_path / "bad.toml"
     config.write_text(text)
-    with pytest.raises(serve.ConfigError, match=re.escape(needle)):
-        serve.resolve_settings(parse("--config", str(config)), {})
+    with pytest.raises(serve_config.ConfigError, match=re.escape(needle)):
+        serve_config.resolve_settings(parse("--config", str(config)), {})
 
 
 def test_bad_settings_stop_the_server_with_exit_status_2(tmp_path):
@@ -167,7 +167,7 @@ def test_tokens_from_the_environment_work_and_never_reach_the_log(tmp_path, monk
         assert mp.get("/discover", headers={"Origin": "http://c.example"}).status_code == 403
         log = server_log(proc)
     assert ADMIN not in log and REGISTRATION not in log
-    assert f"admin: enabled, token from MP_ADMIN_TOKEN ({serve.fingerprint(ADMIN)})" in log
+    assert f"admin: enabled, token from MP_ADMIN_TOKEN ({serve_config.fingerprint(ADMIN)})" in log
     assert "registration: token required (from MP_REGISTRATION_TOKEN)" in log
     assert "warning" not in log.lower()
 
@@ -190,7 +190,7 @@ def test_a_minted_admin_token_goes_to_a_private_file_not_the_log(tmp_path):
         assert len(token) >= 32
         assert httpx.get(base + "/mp/v0/admin/snapshot", headers=bearer(token)).status_code == 200
         log = server_log(proc)
-        assert token not in log and str(token_file) in log and serve.fingerprint(token) in log
+        assert token not in log and str(token_file) in log and serve_config.fingerprint(token) in log
     assert not token_file.exists()  # the token dies with the server
     # An in-memory server has no database folder: the token goes to a fresh private temporary file.
     with running_server(tmp_path, "--allow-admin", "--db", ":memory:") as (base, proc):

@@ -422,7 +422,9 @@ async def test_the_mcp_embedded_pull_parks_in_the_registry(tmp_path):
     changed: list[str] = []
     await backend.start(changed.append)
     try:
-        created = await backend.call("create_monitor", {"id": "ci", "types": [RUN], "visibility": "public"}, None)
+        created = await backend.call(
+            "create_monitor", {"id": "ci", "types": [RUN], "visibility": "public"}, None
+        )
         owner = created["owner_token"]
         sub = await backend.call("subscribe", {"monitor": "ci", "subscriber": "agent:m"}, None)
         sub_id, token = sub["subscription"]["id"], sub["token"]

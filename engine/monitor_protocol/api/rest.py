@@ -20,7 +20,13 @@ from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.filters import LIST_KEYS
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.validation import as_int
-from monitor_protocol.core.vocab import DEFAULT_MAX_BODY, FILTER_KEYS, MAX_LIMIT, MAX_WAIT_SECONDS, TAG_KEY_PATTERN
+from monitor_protocol.core.vocab import (
+    DEFAULT_MAX_BODY,
+    FILTER_KEYS,
+    MAX_LIMIT,
+    MAX_WAIT_SECONDS,
+    TAG_KEY_PATTERN,
+)
 
 log = logging.getLogger("monitor_protocol.rest")
 

@@ -4,20 +4,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import ipaddress
-import json
-import logging
 import os
 import secrets
 import signal
-import socket
 import sys
 import time
 from typing import Any
 
-from monitor_protocol.core import wire
+from monitor_protocol.cli.serve_config import (
+    CONFIG_ENV,
+    LOG_LEVELS,
+    AppendGiven,
+    ConfigError,
+    Reloader,
+    StoreGiven,
+    TrueGiven,
+    allowed_hosts_for,
+    fingerprint,
+    resolve_settings,
+    validate,
+)
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY, MAX_LIMIT, MAX_WAIT_SECONDS
+from monitor_protocol.doors.http.server import (
+    bind,
+    draining_server_class,
+    hardened_protocol_class,
+    install_fast_json,
+    log_config,
+    log_engine_errors,
+    raise_open_file_limit,
+)
 
 HELP = "run the Monitor Protocol HTTP server on a SQLite database"
 
@@ -37,193 +53,8 @@ class _Stop(Exception):
     """Raised by our own SIGINT/SIGTERM handlers outside uvicorn's own (before start, after shutdown)."""
 
 
-class ConfigError(Exception):
-    """A setting from the environment or the config file that cannot be used (exit status 2)."""
-
-
-# -- configuration ---------------------------------------------------------------------------------------
-#
-# Every setting comes from, in this order: its flag, its environment variable, the --config file (TOML, the
-# flag's name as key, `-` or `_`), the default. Tokens can so stay off argv (which `ps` shows to every user).
-
-LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink")
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-# setting -> (environment variable, kind)
-SETTINGS: dict[str, tuple[str, str]] = {
-    "host": ("MP_HOST", "str"),
-    "port": ("MP_PORT", "int"),
-    "db": ("MP_DB", "str"),
-    "registration_token": ("MP_REGISTRATION_TOKEN", "str"),
-    "allow_admin": ("MP_ADMIN_TOKEN", "admin"),
-    "metrics_token": ("MP_METRICS_TOKEN", "str"),
-    "allow_origin": ("MP_ALLOW_ORIGIN", "list"),
-    "allow_host": ("MP_ALLOW_HOST", "list"),
-    "allow_sink": ("MP_ALLOW_SINK", "list"),
-    "max_body": ("MP_MAX_BODY", "int"),
-    "header_timeout": ("MP_HEADER_TIMEOUT", "float"),
-    "body_timeout": ("MP_BODY_TIMEOUT", "float"),
-    "keep_alive": ("MP_KEEP_ALIVE", "float"),
-    "retire_after_mute": ("MP_RETIRE_AFTER_MUTE", "int"),
-    "log_level": ("MP_LOG_LEVEL", "level"),
-    "access_log": ("MP_ACCESS_LOG", "bool"),
-}
-CONFIG_ENV = "MP_CONFIG"
-CONFIG_ALIASES = {"admin_token": "allow_admin"}  # the file may say admin_token, like MP_ADMIN_TOKEN
-RESTART_ONLY = (
-    "host",
-    "port",
-    "db",
-    "registration_token",
-    "allow_admin",
-    "allow_sink",
-    "max_body",
-    "header_timeout",
-    "body_timeout",
-    "keep_alive",
-    "retire_after_mute",
-    "log_level",
-    "access_log",
-)
-
-
-def _mark_given(namespace: argparse.Namespace, dest: str) -> None:
-    given = set(getattr(namespace, "_given", ()) or ())
-    given.add(dest)
-    namespace._given = given
-
-
-class _StoreGiven(argparse.Action):
-    """argparse's store, remembering that the flag was on the command line (flags win over env and file)."""
-
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
-        setattr(namespace, self.dest, values)
-        _mark_given(namespace, self.dest)
-
-
-class _TrueGiven(argparse.Action):
-    """A flag that switches a setting on, remembering that it was given (flags win over env and file)."""
-
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
-        setattr(namespace, self.dest, True)
-        _mark_given(namespace, self.dest)
-
-
-class _AppendGiven(argparse.Action):
-    """argparse's append (a fresh list, never the default's), remembering that the flag was given."""
-
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
-        given = self.dest in (getattr(namespace, "_given", ()) or ())
-        items = list(getattr(namespace, self.dest) or []) if given else []
-        items.append(values)
-        setattr(namespace, self.dest, items)
-        _mark_given(namespace, self.dest)
-
-
-def _convert(name: str, kind: str, value: Any, where: str) -> Any:
-    """One setting's value from a string (environment) or a TOML value (config file)."""
-    text = isinstance(value, str)
-    try:
-        if kind == "str":
-            if not text:
-                raise ValueError("expected a string")
-            return value
-        if kind == "admin":  # a token, or true to mint one, or false for off
-            if isinstance(value, bool):
-                return "" if value else None
-            if not text or not value:
-                raise ValueError("expected a token (a non-empty string), or true to mint one")
-            return value
-        if kind == "list":
-            items = value.split(",") if text else value
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise ValueError("expected a list of strings (or one comma-separated string)")
-            return [i.strip() for i in items if i.strip()]
-        if kind == "int":
-            if isinstance(value, bool) or not (text or isinstance(value, int)):
-                raise ValueError("expected an integer")
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool) or not (text or isinstance(value, int | float)):
-                raise ValueError("expected a number")
-            return float(value)
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            word = value.strip().lower() if text else None
-            if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError("expected true or false (1/0, yes/no, on/off)")
-            return word in ("1", "true", "yes", "on")
-        if kind == "level":
-            level = str(value).lower() if text else None
-            if level not in LOG_LEVELS:
-                raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
-            return level
-    except ValueError as exc:
-        # Never echo what might be a token (a mistyped one is still a secret): name its type only.
-        secret = "token" in name.lower() or "admin" in name.lower() or "token" in where.lower()
-        shown = f"a value of type {type(value).__name__}" if secret else repr(value)
-        raise ConfigError(f"{where}: {exc} (got {shown})") from None
-    raise AssertionError(kind)
-
-
-def read_config_file(path: str) -> dict[str, Any]:
-    """The TOML config file as settings (keys are the flags' names; `[serve]` may hold them too)."""
-    import tomllib
-
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the config file {path} is not valid TOML: {exc}") from None
-    if isinstance(data.get("serve"), dict):
-        data = {**{k: v for k, v in data.items() if k != "serve"}, **data["serve"]}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")
-        name = CONFIG_ALIASES.get(name, name)
-        if name not in SETTINGS:
-            known = ", ".join(sorted(SETTINGS))
-            raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
-        out[name] = _convert(name, SETTINGS[name][1], value, f"{path}: {key}")
-    return out
-
-
-def resolve_settings(
-    args: argparse.Namespace, environ: Any = None
-) -> tuple[argparse.Namespace, dict[str, str]]:
-    """The settings in force and where each came from ("--flag", "MP_X", "config FILE" or "default")."""
-    environ = os.environ if environ is None else environ
-    given = set(getattr(args, "_given", ()) or ())
-    config_path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
-    from_file = read_config_file(config_path) if config_path else {}
-    settings = argparse.Namespace(**vars(args))
-    settings.config = config_path
-    sources: dict[str, str] = {}
-    for name, (env, kind) in SETTINGS.items():
-        if name in given:
-            sources[name] = "--" + name.replace("_", "-")
-        elif environ.get(env, "") != "":
-            setattr(settings, name, _convert(name, kind, environ[env], env))
-            sources[name] = env
-        elif name in from_file:
-            setattr(settings, name, from_file[name])
-            sources[name] = f"config {config_path}"
-        else:
-            sources[name] = "default"
-        if name in LIST_SETTINGS:
-            setattr(settings, name, list(getattr(settings, name, None) or []))
-    return settings, sources
-
-
-def fingerprint(token: str) -> str:
-    """A short, stable name for a token in logs (never the token): the first 8 hex digits of its SHA-256."""
-    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:8]
-
-
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
-    s, a = _StoreGiven, _AppendGiven
+    s, a = StoreGiven, AppendGiven
     parser.add_argument(
         "--config",
         default=None,
@@ -333,7 +164,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--access-log",
-        action=_TrueGiven,
+        action=TrueGiven,
         nargs=0,
         default=False,
         help="log one line per request (off by default: at a few thousand requests a second the access "
@@ -366,285 +197,9 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     )
 
 
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:
-    """The Host names accepted: local names on a loopback bind (DNS rebinding), else only what was allowed."""
-    hosts = {h.strip().lower() for h in extra if h.strip()}
-    if is_loopback(host):
-        return hosts | set(LOOPBACK_NAMES) | {host.strip("[]").lower()}
-    if hosts:
-        if host not in ("0.0.0.0", "::", ""):
-            hosts.add(host.strip("[]").lower())
-        return hosts
-    return None
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose proto says TCP,
-    # and without it every reply sent in two writes waits out a delayed ACK (~40 ms).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]"), port))
-        sock.listen(2048)
-        sock.set_inheritable(True)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def _url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return f"http://{shown}:{port}"
-
-
-def _draining_server_class() -> type:
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        """uvicorn waits for open connections before the lifespan shutdown; tell the app first, so
-        long polls answer and SSE streams end at once instead of running into the graceful timeout."""
-
-        def __init__(self, config: Any, app: Any) -> None:
-            super().__init__(config)
-            self.mp_app = app
-
-        async def shutdown(self, sockets: Any = None) -> None:
-            self.mp_app.begin_shutdown()
-            await super().shutdown(sockets=sockets)
-
-    return DrainingServer
-
-
-def _utc_time(record: logging.LogRecord) -> str:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-    return f"{stamp}.{int(record.msecs):03d}Z"
-
-
-class UTCFormatter(logging.Formatter):
-    """Log lines stamped in UTC, RFC 3339 with milliseconds (2026-12-01T09:30:00.123Z)."""
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        return _utc_time(record)
-
-
-LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
-
-
-def log_config(level: str) -> dict[str, Any]:
-    """uvicorn's logging (dictConfig) with a UTC timestamp on every line, the access log included."""
-    from uvicorn.logging import AccessFormatter, DefaultFormatter
-
-    class Default(DefaultFormatter):
-        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-            return _utc_time(record)
-
-    class Access(AccessFormatter):
-        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-            return _utc_time(record)
-
-    upper = level.upper()
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {
-            "default": {"()": Default, "fmt": "%(asctime)s %(levelprefix)s %(message)s", "use_colors": None},
-            "access": {
-                "()": Access,
-                "fmt": '%(asctime)s %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
-                "use_colors": None,
-            },
-            "engine": {"()": UTCFormatter, "fmt": LOG_FORMAT},
-        },
-        "handlers": {
-            "default": {
-                "formatter": "default",
-                "class": "logging.StreamHandler",
-                "stream": "ext://sys.stderr",
-            },
-            "access": {"formatter": "access", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"},
-            "engine": {"formatter": "engine", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
-        },
-        "loggers": {
-            "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
-            "uvicorn.error": {"level": upper},
-            "uvicorn.access": {"handlers": ["access"], "level": upper, "propagate": False},
-            # The engine's and the doors' own loggers print beside uvicorn's, so a crash is never silent.
-            "monitor_protocol": {"handlers": ["engine"], "level": upper, "propagate": False},
-        },
-    }
-
-
-def _log_engine_errors(level: str) -> None:
-    """The engine's loggers on stderr with timestamps, before uvicorn configures logging (and after it
-    when an embedding program configured logging its own way)."""
-    logger = logging.getLogger("monitor_protocol")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(UTCFormatter(LOG_FORMAT))
-        logger.addHandler(handler)
-    logger.setLevel(level.upper())
-    logger.propagate = False
-
-
-def raise_open_file_limit() -> int | None:
-    """Raise RLIMIT_NOFILE's soft limit to the hard limit (every connection is a file descriptor)."""
-    try:
-        import resource
-    except ImportError:  # not on this platform
-        return None
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    candidates = [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 1 << 16, 10240]
-    for target in candidates:
-        if target <= soft and soft != resource.RLIM_INFINITY:
-            return soft
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return target
-        except (ValueError, OSError):
-            continue  # e.g. macOS refuses more than kern.maxfilesperproc: try a smaller one
-    return soft
-
-
-INVALID_METHOD = (
-    "The HTTP method is not one this server knows; send GET, POST or OPTIONS to a route under /mp/v0 "
-    "(GET /mp/v0/discover lists what the server offers)."
-)
-INVALID_TARGET = (
-    "The request target is not a valid path; send a request to a route under /mp/v0 "
-    "(GET /mp/v0/discover lists what the server offers)."
-)
-INVALID_REQUEST = (
-    "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
-    "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
-)
-
-
-def hardened_protocol_class(header_timeout: float, body_timeout: float) -> type:
-    """uvicorn's httptools protocol with the section 10 time limits and protocol-shaped parse errors.
-
-    A request begins when its connection is made (the first request) or when its first byte arrives (every
-    later one); its headers must be complete within ``header_timeout`` and its body within ``body_timeout``
-    of that moment, else the connection is closed. Between requests only uvicorn's keep-alive timer runs.
-    A request httptools cannot parse (an unknown method, a malformed request line or header) is answered with
-    the protocol's error body, 400 INVALID as JSON, instead of uvicorn's plain-text 400.
-    """
-    import httptools
-    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-
-    request_log = logging.getLogger("monitor_protocol.http")
-
-    class HardenedHttpToolsProtocol(HttpToolsProtocol):
-        HEADER_TIMEOUT = header_timeout
-        BODY_TIMEOUT = body_timeout
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._mp_timer: asyncio.TimerHandle | None = None
-            self._mp_started = 0.0
-            self._mp_stage: str | None = None  # "headers", "body", or None between requests
-
-        # -- the request clock ------------------------------------------------------------------------
-
-        def _mp_arm(self, stage: str, delay: float) -> None:
-            self._mp_cancel()
-            self._mp_stage = stage
-            self._mp_timer = self.loop.call_later(max(0.0, delay), self._mp_expired)
-
-        def _mp_cancel(self) -> None:
-            if self._mp_timer is not None:
-                self._mp_timer.cancel()
-                self._mp_timer = None
-
-        def _mp_begin(self) -> None:
-            self._mp_started = self.loop.time()
-            self._mp_arm("headers", self.HEADER_TIMEOUT)
-
-        def _mp_expired(self) -> None:
-            self._mp_timer = None
-            transport = self.transport
-            if transport is None or transport.is_closing() or self._mp_stage is None:
-                return
-            if self.flow is not None and self.flow.read_paused:
-                # The server stopped reading (a pipelined request waits, or the app is behind): the
-                # client is not the slow one. Look again shortly.
-                self._mp_timer = self.loop.call_later(PAUSED_RECHECK_SECONDS, self._mp_expired)
-                return
-            if self._mp_stage == "headers":
-                reason = f"its request headers did not arrive within {self.HEADER_TIMEOUT:g} s"
-            else:
-                reason = (
-                    f"its request body did not arrive within {self.BODY_TIMEOUT:g} s of the request's start"
-                )
-            client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-            request_log.info("closing the connection from %s: %s", client, reason)
-            self._mp_stage = None
-            transport.close()
-
-        # -- uvicorn's hooks ---------------------------------------------------------------------------
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._mp_begin()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._mp_cancel()
-            self._mp_stage = None
-            super().connection_lost(exc)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._mp_stage is None:  # a later request on this connection: its clock starts now
-                self._mp_begin()
-
-        def on_headers_complete(self) -> None:
-            self._mp_arm("body", self._mp_started + self.BODY_TIMEOUT - self.loop.time())
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._mp_cancel()
-            self._mp_stage = None
-            super().on_message_complete()
-
-        def send_400_response(self, msg: str) -> None:
-            # Called from uvicorn's `except httptools.HttpParserError` block: the parser's error is current.
-            exc = sys.exc_info()[1]
-            if isinstance(exc, httptools.HttpParserInvalidMethodError):
-                sentence = INVALID_METHOD
-            elif isinstance(exc, httptools.HttpParserInvalidURLError):
-                sentence = INVALID_TARGET
-            else:
-                detail = str(exc or msg).encode("ascii", "replace").decode("ascii").strip() or msg
-                sentence = INVALID_REQUEST.format(detail=detail.rstrip("."))
-            body = json.dumps({"code": "INVALID", "error": sentence, "done": []}).encode()
-            content = [STATUS_LINE[400]]
-            for name, value in self.server_state.default_headers:
-                content.extend([name, b": ", value, b"\r\n"])
-            content.extend(
-                [
-                    b"content-type: application/json\r\n",
-                    b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
-                    b"connection: close\r\n",
-                    b"\r\n",
-                    body,
-                ]
-            )
-            self._mp_cancel()
-            self._mp_stage = None
-            self.transport.write(b"".join(content))
-            self.transport.close()
-
-    return HardenedHttpToolsProtocol
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
@@ -707,68 +262,6 @@ def write_token_file(db: str, token: str) -> str:
     return path
 
 
-def validate(cfg: argparse.Namespace) -> str | None:
-    """The first problem with the settings (an operator's sentence), or None."""
-    from monitor_protocol.core import netguard
-
-    if not (0 <= cfg.port <= 65535):
-        return "--port must be between 0 and 65535"
-    if cfg.max_body < 1:
-        return "--max-body must be a positive number of bytes"
-    if cfg.retire_after_mute is not None and cfg.retire_after_mute < 1:
-        return "--retire-after-mute must be a positive number of seconds"
-    for flag in ("header_timeout", "body_timeout", "keep_alive"):
-        value = getattr(cfg, flag)
-        if not (value > 0 and value < 1e7):
-            return f"--{flag.replace('_', '-')} must be a positive number of seconds"
-    if cfg.body_timeout < cfg.header_timeout:
-        return "--body-timeout must be at least --header-timeout"
-    for entry in cfg.allow_sink:
-        problem = netguard.check_allow_entry(entry)
-        if problem is not None:
-            return problem
-    return None
-
-
-class Reloader:
-    """SIGHUP: re-read the environment and the --config file and apply what can change while serving
-    (allowed origins and hosts, the metrics token) without dropping a connection; the rest is reported
-    as needing a restart. A file that does not parse changes nothing."""
-
-    def __init__(self, flags: argparse.Namespace, cfg: argparse.Namespace, router: Any, app: Any) -> None:
-        self.flags, self.cfg, self.router, self.app = flags, cfg, router, app
-        self.log = logging.getLogger("monitor_protocol.serve")
-        self.count = 0
-
-    def __call__(self) -> None:
-        try:
-            fresh, _sources = resolve_settings(self.flags)
-        except ConfigError as exc:
-            self.log.error("SIGHUP: configuration not reloaded, the running one stays in force: %s", exc)
-            return
-        self.count += 1
-        origins = {o.rstrip("/") for o in fresh.allow_origin}
-        hosts = allowed_hosts_for(self.cfg.host, fresh.allow_host)
-        # Whole new sets, swapped in one assignment each: the engine thread sees the old or the new one.
-        self.router.allowed_origins = origins
-        self.router.allowed_hosts = {h.lower() for h in hosts} if hosts is not None else None
-        self.app.metrics_token = fresh.metrics_token
-        pending = [
-            name for name in RESTART_ONLY if getattr(fresh, name, None) != getattr(self.cfg, name, None)
-        ]
-        self.cfg.allow_origin, self.cfg.allow_host = fresh.allow_origin, fresh.allow_host
-        self.cfg.metrics_token = fresh.metrics_token
-        self.log.info(
-            "SIGHUP: configuration reloaded; origins allowed: %s; hosts allowed: %s",
-            ", ".join(sorted(origins)) or "none",
-            ", ".join(sorted(hosts)) if hosts is not None else "any",
-        )
-        if pending:
-            self.log.warning(
-                "SIGHUP: changed settings that need a restart were not applied: %s", ", ".join(pending)
-            )
-
-
 def _install_reload(reloader: Reloader) -> Any:
     async def install(app: Any) -> None:
         if hasattr(signal, "SIGHUP"):
@@ -784,33 +277,6 @@ def _remove_reload(app: Any) -> None:
         except (RuntimeError, ValueError):
             pass
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a late SIGHUP must not cut the shutdown short
-
-
-FAST_JSON_ENV = "MP_JSON"  # "json" forces the standard library's codec (for comparison)
-
-
-def install_fast_json() -> str:
-    """Encode replies and stored rows with orjson when it is installed (`pip install
-    'monitor-protocol[server]'`): the same bytes as the standard library's compact JSON, 10-20 times
-    faster. Requests are still parsed by the engine's strict parser. Returns what the log says."""
-    if os.environ.get(FAST_JSON_ENV, "").strip().lower() == "json":
-        wire.use_codec(wire.STDLIB_CODEC)
-        return f"standard library ({FAST_JSON_ENV}=json)"
-    try:
-        import orjson
-    except ImportError:
-        wire.use_codec(wire.STDLIB_CODEC)
-        return "standard library (pip install 'monitor-protocol[server]' adds orjson, faster)"
-    stdlib = wire.STDLIB_CODEC.encode
-
-    def encode(value: Any) -> bytes:
-        try:
-            return orjson.dumps(value)
-        except TypeError:  # a value orjson does not take (an integer beyond 64 bits): never a checked one
-            return stdlib(value)
-
-    wire.use_codec(wire.Codec("orjson", encode, orjson.loads))
-    return f"orjson {getattr(orjson, '__version__', '')}".strip()
 
 
 def run(name: str, args: argparse.Namespace) -> int:
@@ -891,7 +357,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(f"mp serve: cannot read the database {shown}: {exc}", file=sys.stderr)
             return 1
         try:
-            sock = _bind(cfg.host, cfg.port)
+            sock = bind(cfg.host, cfg.port)
         except OSError as exc:
             print(f"mp serve: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
@@ -991,8 +457,8 @@ def run(name: str, args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=5,
             timeout_keep_alive=cfg.keep_alive,
         )
-        server = _draining_server_class()(config, app)
-        _log_engine_errors(cfg.log_level)
+        server = draining_server_class()(config, app)
+        log_engine_errors(cfg.log_level)
         try:
             server.run(sockets=[sock])
         except _Stop:

@@ -48,7 +48,6 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else timefmt.iso(ts)
 
 
-
 # ===================================================================================== monitors
 @dataclass(frozen=True, slots=True)
 class Counters:

@@ -322,7 +322,7 @@ class RemoteBackend:
             observations = reply.get("observations") or []
             if observations:
                 try:
-                    await self.ack(watch["id"], watch["token"], {"cursor": reply["next"]})
+                    await self._service("ack", {"id": watch["id"]}, {"cursor": reply["next"]}, watch["token"])
                 except ToolFailure as failure:
                     log.info("watch of %s: ack failed: %s", monitor_id, failure)
                 if not all(self._own(o) for o in observations):

@@ -1,0 +1,282 @@
+"""`mp serve`'s settings: every one comes from, in this order, its flag, its environment variable, the --config
+file (TOML, the flag's name as key, `-` or `_`), the default; tokens can so stay off argv (which `ps` shows to
+every user). What is checked before the server starts (`validate`), and what SIGHUP reloads (`Reloader`)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import ipaddress
+import logging
+import os
+from typing import Any
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+class ConfigError(Exception):
+    """A setting from the environment or the config file that cannot be used (exit status 2)."""
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+#
+# Every setting comes from, in this order: its flag, its environment variable, the --config file (TOML, the
+# flag's name as key, `-` or `_`), the default. Tokens can so stay off argv (which `ps` shows to every user).
+
+LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# setting -> (environment variable, kind)
+SETTINGS: dict[str, tuple[str, str]] = {
+    "host": ("MP_HOST", "str"),
+    "port": ("MP_PORT", "int"),
+    "db": ("MP_DB", "str"),
+    "registration_token": ("MP_REGISTRATION_TOKEN", "str"),
+    "allow_admin": ("MP_ADMIN_TOKEN", "admin"),
+    "metrics_token": ("MP_METRICS_TOKEN", "str"),
+    "allow_origin": ("MP_ALLOW_ORIGIN", "list"),
+    "allow_host": ("MP_ALLOW_HOST", "list"),
+    "allow_sink": ("MP_ALLOW_SINK", "list"),
+    "max_body": ("MP_MAX_BODY", "int"),
+    "header_timeout": ("MP_HEADER_TIMEOUT", "float"),
+    "body_timeout": ("MP_BODY_TIMEOUT", "float"),
+    "keep_alive": ("MP_KEEP_ALIVE", "float"),
+    "retire_after_mute": ("MP_RETIRE_AFTER_MUTE", "int"),
+    "log_level": ("MP_LOG_LEVEL", "level"),
+    "access_log": ("MP_ACCESS_LOG", "bool"),
+}
+CONFIG_ENV = "MP_CONFIG"
+CONFIG_ALIASES = {"admin_token": "allow_admin"}  # the file may say admin_token, like MP_ADMIN_TOKEN
+RESTART_ONLY = (
+    "host",
+    "port",
+    "db",
+    "registration_token",
+    "allow_admin",
+    "allow_sink",
+    "max_body",
+    "header_timeout",
+    "body_timeout",
+    "keep_alive",
+    "retire_after_mute",
+    "log_level",
+    "access_log",
+)
+
+
+def _mark_given(namespace: argparse.Namespace, dest: str) -> None:
+    given = set(getattr(namespace, "_given", ()) or ())
+    given.add(dest)
+    namespace._given = given
+
+
+class StoreGiven(argparse.Action):
+    """argparse's store, remembering that the flag was on the command line (flags win over env and file)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
+        setattr(namespace, self.dest, values)
+        _mark_given(namespace, self.dest)
+
+
+class TrueGiven(argparse.Action):
+    """A flag that switches a setting on, remembering that it was given (flags win over env and file)."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
+        setattr(namespace, self.dest, True)
+        _mark_given(namespace, self.dest)
+
+
+class AppendGiven(argparse.Action):
+    """argparse's append (a fresh list, never the default's), remembering that the flag was given."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None):
+        given = self.dest in (getattr(namespace, "_given", ()) or ())
+        items = list(getattr(namespace, self.dest) or []) if given else []
+        items.append(values)
+        setattr(namespace, self.dest, items)
+        _mark_given(namespace, self.dest)
+
+
+def _convert(name: str, kind: str, value: Any, where: str) -> Any:
+    """One setting's value from a string (environment) or a TOML value (config file)."""
+    text = isinstance(value, str)
+    try:
+        if kind == "str":
+            if not text:
+                raise ValueError("expected a string")
+            return value
+        if kind == "admin":  # a token, or true to mint one, or false for off
+            if isinstance(value, bool):
+                return "" if value else None
+            if not text or not value:
+                raise ValueError("expected a token (a non-empty string), or true to mint one")
+            return value
+        if kind == "list":
+            items = value.split(",") if text else value
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise ValueError("expected a list of strings (or one comma-separated string)")
+            return [i.strip() for i in items if i.strip()]
+        if kind == "int":
+            if isinstance(value, bool) or not (text or isinstance(value, int)):
+                raise ValueError("expected an integer")
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool) or not (text or isinstance(value, int | float)):
+                raise ValueError("expected a number")
+            return float(value)
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            word = value.strip().lower() if text else None
+            if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError("expected true or false (1/0, yes/no, on/off)")
+            return word in ("1", "true", "yes", "on")
+        if kind == "level":
+            level = str(value).lower() if text else None
+            if level not in LOG_LEVELS:
+                raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+            return level
+    except ValueError as exc:
+        # Never echo what might be a token (a mistyped one is still a secret): name its type only.
+        secret = "token" in name.lower() or "admin" in name.lower() or "token" in where.lower()
+        shown = f"a value of type {type(value).__name__}" if secret else repr(value)
+        raise ConfigError(f"{where}: {exc} (got {shown})") from None
+    raise AssertionError(kind)
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The TOML config file as settings (keys are the flags' names; `[serve]` may hold them too)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"the config file {path} is not valid TOML: {exc}") from None
+    if isinstance(data.get("serve"), dict):
+        data = {**{k: v for k, v in data.items() if k != "serve"}, **data["serve"]}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        name = CONFIG_ALIASES.get(name, name)
+        if name not in SETTINGS:
+            known = ", ".join(sorted(SETTINGS))
+            raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
+        out[name] = _convert(name, SETTINGS[name][1], value, f"{path}: {key}")
+    return out
+
+
+def resolve_settings(
+    args: argparse.Namespace, environ: Any = None
+) -> tuple[argparse.Namespace, dict[str, str]]:
+    """The settings in force and where each came from ("--flag", "MP_X", "config FILE" or "default")."""
+    environ = os.environ if environ is None else environ
+    given = set(getattr(args, "_given", ()) or ())
+    config_path = getattr(args, "config", None) or environ.get(CONFIG_ENV) or None
+    from_file = read_config_file(config_path) if config_path else {}
+    settings = argparse.Namespace(**vars(args))
+    settings.config = config_path
+    sources: dict[str, str] = {}
+    for name, (env, kind) in SETTINGS.items():
+        if name in given:
+            sources[name] = "--" + name.replace("_", "-")
+        elif environ.get(env, "") != "":
+            setattr(settings, name, _convert(name, kind, environ[env], env))
+            sources[name] = env
+        elif name in from_file:
+            setattr(settings, name, from_file[name])
+            sources[name] = f"config {config_path}"
+        else:
+            sources[name] = "default"
+        if name in LIST_SETTINGS:
+            setattr(settings, name, list(getattr(settings, name, None) or []))
+    return settings, sources
+
+
+def fingerprint(token: str) -> str:
+    """A short, stable name for a token in logs (never the token): the first 8 hex digits of its SHA-256."""
+    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:8]
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:
+    """The Host names accepted: local names on a loopback bind (DNS rebinding), else only what was allowed."""
+    hosts = {h.strip().lower() for h in extra if h.strip()}
+    if is_loopback(host):
+        return hosts | set(LOOPBACK_NAMES) | {host.strip("[]").lower()}
+    if hosts:
+        if host not in ("0.0.0.0", "::", ""):
+            hosts.add(host.strip("[]").lower())
+        return hosts
+    return None
+
+
+def validate(cfg: argparse.Namespace) -> str | None:
+    """The first problem with the settings (an operator's sentence), or None."""
+    from monitor_protocol.core import netguard
+
+    if not (0 <= cfg.port <= 65535):
+        return "--port must be between 0 and 65535"
+    if cfg.max_body < 1:
+        return "--max-body must be a positive number of bytes"
+    if cfg.retire_after_mute is not None and cfg.retire_after_mute < 1:
+        return "--retire-after-mute must be a positive number of seconds"
+    for flag in ("header_timeout", "body_timeout", "keep_alive"):
+        value = getattr(cfg, flag)
+        if not (value > 0 and value < 1e7):
+            return f"--{flag.replace('_', '-')} must be a positive number of seconds"
+    if cfg.body_timeout < cfg.header_timeout:
+        return "--body-timeout must be at least --header-timeout"
+    for entry in cfg.allow_sink:
+        problem = netguard.check_allow_entry(entry)
+        if problem is not None:
+            return problem
+    return None
+
+
+class Reloader:
+    """SIGHUP: re-read the environment and the --config file and apply what can change while serving
+    (allowed origins and hosts, the metrics token) without dropping a connection; the rest is reported
+    as needing a restart. A file that does not parse changes nothing."""
+
+    def __init__(self, flags: argparse.Namespace, cfg: argparse.Namespace, router: Any, app: Any) -> None:
+        self.flags, self.cfg, self.router, self.app = flags, cfg, router, app
+        self.log = logging.getLogger("monitor_protocol.serve")
+        self.count = 0
+
+    def __call__(self) -> None:
+        try:
+            fresh, _sources = resolve_settings(self.flags)
+        except ConfigError as exc:
+            self.log.error("SIGHUP: configuration not reloaded, the running one stays in force: %s", exc)
+            return
+        self.count += 1
+        origins = {o.rstrip("/") for o in fresh.allow_origin}
+        hosts = allowed_hosts_for(self.cfg.host, fresh.allow_host)
+        # Whole new sets, swapped in one assignment each: the engine thread sees the old or the new one.
+        self.router.allowed_origins = origins
+        self.router.allowed_hosts = {h.lower() for h in hosts} if hosts is not None else None
+        self.app.metrics_token = fresh.metrics_token
+        pending = [
+            name for name in RESTART_ONLY if getattr(fresh, name, None) != getattr(self.cfg, name, None)
+        ]
+        self.cfg.allow_origin, self.cfg.allow_host = fresh.allow_origin, fresh.allow_host
+        self.cfg.metrics_token = fresh.metrics_token
+        self.log.info(
+            "SIGHUP: configuration reloaded; origins allowed: %s; hosts allowed: %s",
+            ", ".join(sorted(origins)) or "none",
+            ", ".join(sorted(hosts)) if hosts is not None else "any",
+        )
+        if pending:
+            self.log.warning(
+                "SIGHUP: changed settings that need a restart were not applied: %s", ", ".join(pending)
+            )
