@@ -26,7 +26,12 @@ import docs_check  # noqa: E402
 import build  # noqa: E402
 from tools import mdpages  # noqa: E402
 
-PAGES = {"README.md": "readme.html", "docs/serve.md": "serve.html", "docs/doors.md": "doors.html"}
+PAGES = {
+    "README.md": "readme.html",
+    "docs/serve.md": "serve.html",
+    "docs/doors.md": "doors.html",
+    "docs/protocol.md": "protocol.html",
+}
 
 
 def render(text: str, source: str = "docs/x.md") -> mdpages.Renderer:
@@ -78,6 +83,36 @@ def test_headings_get_github_anchors_and_links_between_docs_point_at_pages():
     # A repository file the site does not ship is named, not linked (no broken link).
     assert 'title="in the repository: docs/scale-out.md">scale</span>' in out
     assert '<a href="https://example.com/x" rel="noopener">' in out
+
+
+def test_mentions_of_rendered_docs_become_links_except_in_headings_and_link_labels():
+    """issue 25: a `docs/*.md` named in running text on the docs site is a link to its page, not plain text."""
+    r = render(
+        "## See docs/serve.md and `docs/protocol.md`\n\n"
+        "Read docs/serve.md, `docs/protocol.md`, README.md and docs/doors.md. Not a page: docs/security.md, "
+        "`docs/bench.md`, serve.md, mydocs/serve.md and docs/serve.mdx. "
+        "[docs/serve.md](serve.md#flags) and **docs/doors.md** and `see docs/serve.md`.\n\n"
+        "| where |\n|---|\n| docs/protocol.md |\n",
+        "docs/x.md",
+    )
+    out = r.out  # type: ignore[attr-defined]
+    heading, body = out.split("\n", 1)
+    assert "<a href=" not in heading.split('<a class="anchor"')[0]  # no link inside a heading
+    assert r.headings[0][1] == "see-docsservemd-and-docsprotocolmd"
+    assert (
+        'Read <a href="serve.html">docs/serve.md</a>, <a href="protocol.html"><code>docs/protocol.md</code></a>'
+        in body
+    )
+    assert '<a href="readme.html">README.md</a> and <a href="doors.html">docs/doors.md</a>.' in body
+    # Positive control beside each refusal: what names no rendered page stays text.
+    assert "Not a page: docs/security.md, <code>docs/bench.md</code>, serve.md, mydocs/serve.md and" in body
+    assert "docs/serve.mdx" in body and 'href="serve.htmlx' not in body
+    # A link's own label is not linked again (no link in a link); bold text is; a code span that is more
+    # than a path is not.
+    assert '<a href="serve.html#flags">docs/serve.md</a>' in body
+    assert '<strong><a href="doors.html">docs/doors.md</a></strong>' in body
+    assert "<code>see docs/serve.md</code>" in body
+    assert '<td><a href="protocol.html">docs/protocol.md</a></td>' in body
 
 
 def test_nested_lists_quotes_and_paragraphs():

@@ -6,9 +6,12 @@ index page, and returns them as build.py's `files` entries.
 
 The Markdown is the subset these docs use: ATX headings (with GitHub-style ids for anchors), paragraphs,
 nested lists, tables, block quotes, fenced code blocks with a language, inline code, bold, italic, links
-and images (a link to another rendered doc points at its page; any other relative link names the file in
-the repository, since the site does not ship it). All text is HTML-escaped; the only HTML let through is a
-lone `<img src alt width>` line, rebuilt from its attributes.
+and images (a link to another rendered doc points at its page, its #anchor kept; any other relative link
+names the file in the repository, since the site does not ship it). A mention of a rendered doc by its
+repository path in plain text or in a code span (`docs/serve.md`, README.md) becomes a link to its page too,
+except inside headings and link labels. Heading ids are GitHub's, so a link written for GitHub
+(`protocol.md#8-delivery`) lands on the same heading here. All text is HTML-escaped; the only HTML let
+through is a lone `<img src alt width>` line, rebuilt from its attributes.
 
 Every fenced block is classified by `classify()`, the one rule: an `sh` block runs through the curl
 console's shell (web/curl.py `Shell`, with `mp` forwarded to the real CLI in a Pyodide worker), a `python`
@@ -44,6 +47,8 @@ CLIENT_IMPORT = re.compile(
     r"^\s*(?:from\s+monitor_protocol\.client\s+import|import\s+monitor_protocol\.client)", re.M
 )
 IMAGE_EXT = {".png", ".svg", ".jpg", ".jpeg", ".gif", ".webp"}
+# A repository path of a Markdown file named in running text ("see docs/serve.md"): linked when it is a page.
+MENTION = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w.-]+\.md)(?![\w/-])")
 
 
 class DocsError(ValueError):
@@ -160,21 +165,45 @@ class Renderer:
             return self.pages[target] + (f"#{frag}" if frag else ""), target
         return None, target
 
-    def inline(self, text: str) -> str:
+    def mentioned(self, path: str) -> str | None:
+        """The page of a rendered doc named by its repository path (`docs/serve.md`), else None."""
+        page = self.pages.get(path)
+        return page if page is not None and path.endswith(".md") else None
+
+    def text(self, raw: str, autolink: bool) -> str:
+        """Plain text, escaped; with `autolink`, each repository path of a rendered doc becomes its link."""
+        if not autolink:
+            return html.escape(raw, quote=False)
+        out = []
+        pos = 0
+        for m in MENTION.finditer(raw):
+            page = self.mentioned(m.group(1))
+            if page is None:
+                continue
+            out.append(html.escape(raw[pos : m.start()], quote=False))
+            out.append(f'<a href="{html.escape(page)}">{html.escape(m.group(1), quote=False)}</a>')
+            pos = m.end()
+        out.append(html.escape(raw[pos:], quote=False))
+        return "".join(out)
+
+    def inline(self, text: str, autolink: bool = True) -> str:
+        """Inline Markdown to HTML. `autolink` is off inside headings and link labels (no link in a link)."""
         out = []
         pos = 0
         for m in INLINE.finditer(text):
-            out.append(html.escape(text[pos : m.start()], quote=False))
+            out.append(self.text(text[pos : m.start()], autolink))
             pos = m.end()
             if m.group("code") is not None:
                 c = m.group("ctext")
                 if c.startswith(" ") and c.endswith(" ") and c.strip():
                     c = c[1:-1]
-                out.append(f"<code>{html.escape(c, quote=False)}</code>")
+                code = f"<code>{html.escape(c, quote=False)}</code>"
+                page = self.mentioned(c) if autolink else None
+                out.append(f'<a href="{html.escape(page)}">{code}</a>' if page else code)
             elif m.group("img") is not None:
                 out.append(self.image(m.group("isrc"), m.group("ialt"), None))
             elif m.group("link") is not None:
-                label = self.inline(m.group("ltext"))
+                label = self.inline(m.group("ltext"), autolink=False)
                 href, target = self.resolve(m.group("lhref"))
                 if href is None:
                     out.append(
@@ -187,14 +216,14 @@ class Renderer:
                 u = html.escape(m.group("aurl"))
                 out.append(f'<a href="{u}" rel="noopener">{u}</a>')
             elif m.group("bold") is not None:
-                out.append(f"<strong>{self.inline(m.group('btext'))}</strong>")
+                out.append(f"<strong>{self.inline(m.group('btext'), autolink)}</strong>")
             elif m.group("em") is not None:
-                out.append(f"<em>{self.inline(m.group('etext'))}</em>")
+                out.append(f"<em>{self.inline(m.group('etext'), autolink)}</em>")
             elif m.group("em2") is not None:
-                out.append(f"<em>{self.inline(m.group('e2text'))}</em>")
+                out.append(f"<em>{self.inline(m.group('e2text'), autolink)}</em>")
             else:
                 out.append(html.escape(m.group("echar"), quote=False))
-        out.append(html.escape(text[pos:], quote=False))
+        out.append(self.text(text[pos:], autolink))
         return "".join(out)
 
     def image(self, src: str, alt: str, width: str | None) -> str:
@@ -256,7 +285,7 @@ class Renderer:
                 )
             h = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
             if h:
-                level, inner = len(h.group(1)), self.inline(h.group(2))
+                level, inner = len(h.group(1)), self.inline(h.group(2), autolink=False)
                 hid = self.slug(inner)
                 if level == 1 and not self.title:
                     self.title = html.unescape(re.sub(r"<[^>]+>", "", inner))
