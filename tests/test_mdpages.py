@@ -187,7 +187,7 @@ def test_a_doc_the_build_refuses_fails_build_py(tmp_path, monkeypatch):
     (root / "web").mkdir()
     (root / "web" / "docs.html").write_text((ROOT / "web" / "docs.html").read_text())
     (root / "docs").mkdir()
-    for src in ("docs/serve.md", "docs/doors.md"):
+    for src in ("docs/serve.md", "docs/doors.md", "docs/protocol.md"):
         (root / src).write_text("# ok\n")
     (root / "README.md").write_text("# Readme\n\n```sh\nls -la\n```\n")
     with pytest.raises(mdpages.DocsError, match=r"README\.md:3: .*the command 'ls'"):
@@ -195,7 +195,11 @@ def test_a_doc_the_build_refuses_fails_build_py(tmp_path, monkeypatch):
     (root / "README.md").write_text("# Readme\n\n<!-- norun: lists your files -->\n```sh\nls -la\n```\n")
     files = mdpages.site_pages("w.whl", build.page_with_modules, root=root)
     assert {"docs/readme.html", "docs/serve.html", "docs/doors.html", "docs/index.html"} <= set(files)
+    assert "docs/protocol.html" in files  # required: the build fails without the contract
     assert "docs/tour.html" not in files  # optional, and absent here
+    (root / "docs" / "protocol.md").unlink()
+    with pytest.raises(FileNotFoundError, match="protocol.md"):
+        mdpages.site_pages("w.whl", build.page_with_modules, root=root)
 
 
 # ------------------------------------------------------------------------------------------- the real docs
@@ -206,11 +210,20 @@ def site() -> dict:
 
 def test_every_page_of_the_real_docs_renders_with_its_engine_namespace(site):
     names = [n for n, s, optional in mdpages.PAGES if not optional or (ROOT / s).is_file()]
-    for name in names:
+    static = set()
+    for name, source in [(n, s) for n, s, o in mdpages.PAGES if n in names]:
         page = site[f"docs/{name}.html"].decode()
         assert f'data-mp-ns="docs-{name}"' in page and "__" not in re.sub(r"__pycache__", "", page)
-        assert '"../docs_ui.py": "./docs_ui.py"' in page  # PyScript fetches one folder up
-        assert 'src="../docs_page.py"' in page and 'href="../index.html">Playground</a>' in page
+        assert (
+            'href="../index.html">Playground</a>' in page and f"Rendered from <code>{source}</code>" in page
+        )
+        if any(b.kind != "show" for b in doc_blocks(source)):
+            assert '"../docs_ui.py": "./docs_ui.py"' in page  # PyScript fetches one folder up
+            assert 'src="../docs_page.py"' in page and 'id="reset-btn"' in page
+        else:  # nothing to run: plain HTML, no engine to boot
+            assert "pyscript" not in page and "docs_page.py" not in page and 'id="reset-btn"' not in page
+            static.add(name)
+    assert static == {"protocol"}  # the contract is a reference; every other page runs its examples
     index = site["docs/index.html"].decode()
     assert "pyscript" not in index and all(f'href="./{n}.html"' in index for n in names)
     readme = site["docs/readme.html"].decode()
@@ -232,13 +245,16 @@ def test_links_between_the_real_docs_reach_existing_anchors(site):
     for key, data in site.items():
         if not key.endswith(".html"):
             continue
-        for href in re.findall(r'<a href="([^"#:]+\.html)#([^"]+)"', data.decode()):
+        text = data.decode()
+        for href in re.findall(r'<a href="([^"#:]+\.html)#([^"]+)"', text):
             page, anchor = href
             assert anchor in ids[page], f"{key} links to {page}#{anchor}, which has no such heading"
             seen += 1
-    assert (
-        seen >= 3
-    )  # README -> serve.html#fewer-round-trips-..., serve -> readme.html#quickstart-with-curl, ...
+        for anchor in re.findall(r'<a href="#([^"]+)"', text):  # within the page (the TOC, "section 8")
+            assert anchor in ids[key.split("/")[-1]] | {"doc"}, f"{key} links to #{anchor}, not on the page"
+    assert seen >= 10  # README -> protocol.html#11-conformance, serve -> protocol.html#10-http-hardening, ...
+    readme = site["docs/readme.html"].decode()
+    assert '<a href="protocol.html#11-conformance">docs/protocol.md section 11</a>' in readme
 
 
 def doc_blocks(source: str) -> list[mdpages.Block]:

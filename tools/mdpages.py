@@ -1,8 +1,9 @@
 """The project's docs as pages of the site, every code block runnable in the page or saying why.
 
 Standard library only (build.py imports it). `site_pages()` renders README.md, docs/tour.md (when it
-exists), docs/serve.md and docs/doors.md into `docs/<name>.html` with web/docs.html as the template, plus an
-index page, and returns them as build.py's `files` entries.
+exists), docs/protocol.md, docs/serve.md and docs/doors.md into `docs/<name>.html` with web/docs.html as the
+template, plus an index page, and returns them as build.py's `files` entries. A page with nothing to run
+(docs/protocol.md) is served without the page's engine, like the index: nothing to boot, nothing to wait for.
 
 The Markdown is the subset these docs use: ATX headings (with GitHub-style ids for anchors), paragraphs,
 nested lists, tables, block quotes, fenced code blocks with a language, inline code, bold, italic, links
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
     ("readme", "README.md", False),
     ("tour", "docs/tour.md", True),
+    ("protocol", "docs/protocol.md", False),
     ("serve", "docs/serve.md", False),
     ("doors", "docs/doors.md", False),
 ]
@@ -539,6 +541,11 @@ def micropip_box(wheel: str) -> str:
     )
 
 
+def has_runs(p: Page) -> bool:
+    """Whether the page has a block to run, and so an engine of its own (else it is served as plain HTML)."""
+    return any(b.kind != "show" for b in p.blocks)
+
+
 def nav_html(pages: list[Page], current: str) -> str:
     links = ['<a href="./index.html"' + (' aria-current="page"' if current == "index" else "") + ">Docs</a>"]
     for p in pages:
@@ -549,7 +556,13 @@ def nav_html(pages: list[Page], current: str) -> str:
 
 
 def short_title(p: Page) -> str:
-    return {"readme": "README", "tour": "Tour", "serve": "mp serve", "doors": "Doors"}.get(p.name, p.title)
+    return {
+        "readme": "README",
+        "tour": "Tour",
+        "protocol": "Protocol",
+        "serve": "mp serve",
+        "doors": "Doors",
+    }.get(p.name, p.title)
 
 
 def fill(template: str, **values: str) -> str:
@@ -563,16 +576,21 @@ def index_html(pages: list[Page]) -> str:
     for p in pages:
         runs = sum(b.kind != "show" for b in p.blocks)
         told = sum(bool(b.reason) for b in p.blocks)
+        about = (
+            f"{runs} runnable block{'s' * (runs != 1)}, "
+            f"{told} {'that says why it does' if told == 1 else 'that say why they do'} not run"
+            if runs or told
+            else "a reference: nothing to run"
+        )
         items.append(
             f'<li><a href="./{p.name}.html">{html.escape(p.title)}</a> <span class="muted small">'
-            f"({html.escape(p.source)}: {runs} runnable block{'s' * (runs != 1)}, "
-            f"{told} {'that says why it does' if told == 1 else 'that say why they do'} not run)</span><br>"
+            f"({html.escape(p.source)}: {about})</span><br>"
             f"<span class='small'>{html.escape(p.summary)}</span></li>"
         )
     return (
         "<h1 id='docs'>The docs, live</h1>"
-        "<p>The project's docs, rendered from the repository's Markdown. Each page has an engine of its own in "
-        "this browser (its own IndexedDB, never the playground's): every <code>sh</code> block has a Run "
+        "<p>The project's docs, rendered from the repository's Markdown. Each page with examples has an engine of "
+        "its own in this browser (its own IndexedDB, never the playground's): every <code>sh</code> block has a Run "
         "button that runs it through the curl console's shell (<code>mp</code> commands run the real CLI in "
         "Pyodide), every Python block that uses the client runs in Pyodide with the real "
         "<code>monitor_protocol.client</code>, and a block that cannot run in a page says why.</p>"
@@ -598,6 +616,7 @@ def site_pages(
     # The template sits as if at the site root (./x); the pages live in docs/, one folder down: PyScript's
     # `files` map fetches its keys relative to the page, while its values are paths in Python's file system.
     with_engine = re.sub(r'"\./([^"]*)":', r'"../\1":', with_engine)
+    without_engine = re.sub(r"<!--engine-->.*?<!--/engine-->", "", template_text, flags=re.S)
     for p in pages:
         toc = "".join(
             f'<li class="l{lvl}"><a href="#{hid}">{re.sub(r"<a class=.*", "", inner)}</a></li>'
@@ -605,7 +624,7 @@ def site_pages(
             if lvl == 2
         )
         files[f"docs/{p.name}.html"] = fill(
-            with_engine,
+            with_engine if has_runs(p) else without_engine,
             TITLE=html.escape(p.title),
             NS=f"docs-{p.name}",
             NAV=nav_html(pages, p.name),
@@ -616,9 +635,8 @@ def site_pages(
         ).encode()
         for rel, src in p.assets.items():
             files[f"docs/{rel}"] = src
-    index = re.sub(r"<!--engine-->.*?<!--/engine-->", "", template_text, flags=re.S)
     files["docs/index.html"] = fill(
-        index,
+        without_engine,
         TITLE="The docs, live",
         NS="docs-index",
         NAV=nav_html(pages, "index"),
