@@ -4,7 +4,9 @@ an `<!-- expect: -->` note, the text of a `<!-- shows: -->` note), every block t
 reason and no Run button, the Python block runs with the real client in Pyodide, the runs really changed the
 page's own engine (its IndexedDB), and none of it reached the playground's engine. Also: the page's shell
 variables survive a reload, Reset empties the page's engine, a second tab of a page runs blocks on the
-first tab's engine, the keyboard reaches Run, and a phone-width page does not scroll sideways.
+first tab's engine, the keyboard reaches Run, and a phone-width page does not scroll sideways. The protocol
+page (docs/protocol.md, nothing to run) loads as plain HTML without an engine, and the README's links into
+it land on the heading they name.
 Results are waited for on the page's own counter (MP.actionsDone), never by sleeping."""
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def blocks_of(source: str) -> list[mdpages.Block]:
     r = mdpages.Renderer(source, {s: f"{n}.html" for n, s in PAGES})
     r.render((ROOT / source).read_text())
     return r.blocks
+
+
+# The pages with an engine of their own: those with something to run (the others are plain HTML).
+LIVE = [(n, s) for n, s in PAGES if any(b.kind != "show" for b in blocks_of(s))]
 
 
 def open_doc(browser, name: str, page=None):
@@ -70,7 +76,7 @@ def fetch_status(page, path: str) -> int:
     return page.evaluate("async p => (await fetch(p)).status", path)
 
 
-@pytest.mark.parametrize(("name", "source"), PAGES, ids=[n for n, _ in PAGES])
+@pytest.mark.parametrize(("name", "source"), LIVE, ids=[n for n, _ in LIVE])
 def test_every_block_of_the_page_runs_as_it_says(browser, name, source):
     browser.guard.expect_http_refusals = True  # the tour shows refusals on purpose (each one expected)
     expected = blocks_of(source)
@@ -198,3 +204,33 @@ def test_readable_on_a_phone_and_accessible(phone_browser):
         violations = axe_violations(page)
         assert violations == [], format_violations(violations)
         screenshot(page, f"docs-{name}-phone")
+
+
+def test_the_protocol_page_loads_without_an_engine_and_links_land_on_their_headings(browser, phone_browser):
+    assert ("protocol", "docs/protocol.md") in PAGES and ("protocol", "docs/protocol.md") not in LIVE
+    page = browser.new_page()
+    open_doc(browser, "readme", page)
+    page.click("main a[href='protocol.html#11-conformance']")
+    page.wait_for_url("**/docs/protocol.html#11-conformance")
+    heading = page.locator("h2[id='11-conformance']")
+    assert heading.is_visible() and heading.inner_text().startswith("11. Conformance")
+    top = heading.evaluate("e => e.getBoundingClientRect().top")
+    assert 0 <= top < 200, top  # scrolled to the heading (below the sticky bar), not left at the top
+    assert page.evaluate("typeof window.MP") == "undefined"  # a reference page boots nothing
+    assert page.locator("main figure.block button").count() == 0
+    toc = page.locator(".toc a").all_inner_texts()
+    assert [t.split(".")[0] for t in toc] == [str(n) for n in range(1, 13)], toc
+    # Its links to the other pages' sections are there (tests/test_protocol_doc.py follows every one).
+    assert (
+        page.locator("main a[href='serve.html#fewer-round-trips-ack-and-pull-and-batch-publish']").count()
+        == 1
+    )
+    # Readable on a phone: no sideways scroll, tables scroll in their own box, no accessibility violation.
+    phone = phone_browser.new_page(viewport={"width": 360, "height": 780})
+    phone.goto(f"{phone_browser.site_url}/docs/protocol.html")
+    phone.wait_for_selector("h2[id='12-sources-that-watch-extension']", state="attached")
+    info = horizontal_overflow(phone)
+    assert not info["overflows"], info
+    violations = axe_violations(phone)
+    assert violations == [], format_violations(violations)
+    screenshot(phone, "docs-protocol-phone")

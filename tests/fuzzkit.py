@@ -1,6 +1,6 @@
 """Kit for tests/test_fuzz.py: strict response checkers, a raw JSON writer, request strategies and a world.
 
-The checkers encode PROTOCOL.md sections 3 and 10 from the outside (the closed error list is copied from
+The checkers encode docs/protocol.md sections 3 and 10 from the outside (the closed error list is copied from
 the contract, not imported from the engine): no 5xx (a 503 is legal only as a storage failure), every error
 body is `{code, error, done}` with a code from the closed list and the status the contract gives it, every
 JSON-RPC error carries `data.code` from the list, and every body is RFC 8259 JSON (no bare NaN or
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from monitor_protocol.conformance import checks as conformance_checks
 
 # --------------------------------------------------------------------------------- the contract (sec. 3)
-# The suite's own copy of section 3, written from PROTOCOL.md rather than imported from the engine.
+# The suite's own copy of section 3, written from docs/protocol.md rather than imported from the engine.
 CLOSED_CODES: dict[str, int] = dict(conformance_checks.ERROR_STATUS)
 RPC_CODE: dict[str, int] = dict(conformance_checks.JSONRPC_CODE)
 STANDARD_RPC_CODES = {-32600, -32601, -32602, -32700}

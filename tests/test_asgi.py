@@ -456,7 +456,7 @@ async def test_an_unexpected_exception_is_a_protocol_error_not_a_500():
     service = MonitorService(MemoryStore())
     app = MonitorApp(service, BrokenRouter(), sweep_interval=None)
     conn = await call(app, "GET", "/mp/v0/discover")
-    # A bug is not bad input (PROTOCOL.md section 10): 503 UNAVAILABLE with Retry-After, never 400 or 500.
+    # A bug is not bad input (docs/protocol.md section 10): 503 UNAVAILABLE with Retry-After, never 400 or 500.
     assert conn.status == 503
     assert conn.headers["retry-after"] == "1"
     assert conn.headers["content-type"] == "application/json"

@@ -39,7 +39,7 @@ TYPE = "com.example.ci.run"
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    # The push test subscribes a loopback sink, which the operator must allow (PROTOCOL.md section 9).
+    # The push test subscribes a loopback sink, which the operator must allow (docs/protocol.md section 9).
     with running_server(
         tmp_path_factory.mktemp("client"), "--allow-admin", ADMIN, "--allow-sink", "127.0.0.1"
     ) as (url, _proc):
@@ -342,7 +342,7 @@ def test_publish_retried_with_an_idempotency_key_appends_once(base: str) -> None
 
 
 def test_one_exception_class_per_error_code() -> None:
-    assert set(ERROR_STATUS) <= set(ERROR_CLASSES)  # every code of PROTOCOL.md section 3
+    assert set(ERROR_STATUS) <= set(ERROR_CLASSES)  # every code of docs/protocol.md section 3
     classes = [ERROR_CLASSES[code] for code in ERROR_STATUS]
     assert len(set(classes)) == len(classes)
     for code, cls in ERROR_CLASSES.items():

@@ -1,4 +1,4 @@
-"""Durability (PROTOCOL.md section 8): `kill -9` in the middle of a stream of publishes and acks loses nothing
+"""Durability (docs/protocol.md section 8): `kill -9` in the middle of a stream of publishes and acks loses nothing
 a client was told had succeeded, redelivers nothing that was acknowledged, and a producer that retries the
 publish whose reply the crash swallowed, with its idempotency key, appends it exactly once."""
 

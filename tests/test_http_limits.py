@@ -1,4 +1,4 @@
-"""PROTOCOL.md section 10 against a real `mp serve`: the time limits (headers, body, keep-alive), slow-loris
+"""docs/protocol.md section 10 against a real `mp serve`: the time limits (headers, body, keep-alive), slow-loris
 connections, and requests the HTTP parser refuses (answered with the protocol's JSON error body).
 
 Every connection here goes to the server under test on loopback. The limits are shortened with

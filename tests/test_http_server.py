@@ -1,4 +1,4 @@
-"""`mp serve` as a real process, exercised over HTTP with httpx (PROTOCOL.md sections 5, 8, 9, 10)."""
+"""`mp serve` as a real process, exercised over HTTP with httpx (docs/protocol.md sections 5, 8, 9, 10)."""
 
 from __future__ import annotations
 

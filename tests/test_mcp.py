@@ -1,4 +1,4 @@
-"""`mp mcp` over stdio, driven by the official MCP SDK client (PROTOCOL.md section 9).
+"""`mp mcp` over stdio, driven by the official MCP SDK client (docs/protocol.md section 9).
 
 The server runs as a real subprocess on a temporary SQLite database (embedded mode), and against a real
 `mp serve` (`--base` / `MP_BASE`). The SDK client negotiates the 2026-07-28 era by default (resource updates

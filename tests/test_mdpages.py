@@ -26,7 +26,12 @@ import docs_check  # noqa: E402
 import build  # noqa: E402
 from tools import mdpages  # noqa: E402
 
-PAGES = {"README.md": "readme.html", "docs/serve.md": "serve.html", "docs/doors.md": "doors.html"}
+PAGES = {
+    "README.md": "readme.html",
+    "docs/serve.md": "serve.html",
+    "docs/doors.md": "doors.html",
+    "docs/protocol.md": "protocol.html",
+}
 
 
 def render(text: str, source: str = "docs/x.md") -> mdpages.Renderer:
@@ -78,6 +83,36 @@ def test_headings_get_github_anchors_and_links_between_docs_point_at_pages():
     # A repository file the site does not ship is named, not linked (no broken link).
     assert 'title="in the repository: docs/scale-out.md">scale</span>' in out
     assert '<a href="https://example.com/x" rel="noopener">' in out
+
+
+def test_mentions_of_rendered_docs_become_links_except_in_headings_and_link_labels():
+    """issue 25: a `docs/*.md` named in running text on the docs site is a link to its page, not plain text."""
+    r = render(
+        "## See docs/serve.md and `docs/protocol.md`\n\n"
+        "Read docs/serve.md, `docs/protocol.md`, README.md and docs/doors.md. Not a page: docs/security.md, "
+        "`docs/bench.md`, serve.md, mydocs/serve.md and docs/serve.mdx. "
+        "[docs/serve.md](serve.md#flags) and **docs/doors.md** and `see docs/serve.md`.\n\n"
+        "| where |\n|---|\n| docs/protocol.md |\n",
+        "docs/x.md",
+    )
+    out = r.out  # type: ignore[attr-defined]
+    heading, body = out.split("\n", 1)
+    assert "<a href=" not in heading.split('<a class="anchor"')[0]  # no link inside a heading
+    assert r.headings[0][1] == "see-docsservemd-and-docsprotocolmd"
+    assert (
+        'Read <a href="serve.html">docs/serve.md</a>, <a href="protocol.html"><code>docs/protocol.md</code></a>'
+        in body
+    )
+    assert '<a href="readme.html">README.md</a> and <a href="doors.html">docs/doors.md</a>.' in body
+    # Positive control beside each refusal: what names no rendered page stays text.
+    assert "Not a page: docs/security.md, <code>docs/bench.md</code>, serve.md, mydocs/serve.md and" in body
+    assert "docs/serve.mdx" in body and 'href="serve.htmlx' not in body
+    # A link's own label is not linked again (no link in a link); bold text is; a code span that is more
+    # than a path is not.
+    assert '<a href="serve.html#flags">docs/serve.md</a>' in body
+    assert '<strong><a href="doors.html">docs/doors.md</a></strong>' in body
+    assert "<code>see docs/serve.md</code>" in body
+    assert '<td><a href="protocol.html">docs/protocol.md</a></td>' in body
 
 
 def test_nested_lists_quotes_and_paragraphs():
@@ -152,7 +187,7 @@ def test_a_doc_the_build_refuses_fails_build_py(tmp_path, monkeypatch):
     (root / "web").mkdir()
     (root / "web" / "docs.html").write_text((ROOT / "web" / "docs.html").read_text())
     (root / "docs").mkdir()
-    for src in ("docs/serve.md", "docs/doors.md"):
+    for src in ("docs/serve.md", "docs/doors.md", "docs/protocol.md"):
         (root / src).write_text("# ok\n")
     (root / "README.md").write_text("# Readme\n\n```sh\nls -la\n```\n")
     with pytest.raises(mdpages.DocsError, match=r"README\.md:3: .*the command 'ls'"):
@@ -160,7 +195,11 @@ def test_a_doc_the_build_refuses_fails_build_py(tmp_path, monkeypatch):
     (root / "README.md").write_text("# Readme\n\n<!-- norun: lists your files -->\n```sh\nls -la\n```\n")
     files = mdpages.site_pages("w.whl", build.page_with_modules, root=root)
     assert {"docs/readme.html", "docs/serve.html", "docs/doors.html", "docs/index.html"} <= set(files)
+    assert "docs/protocol.html" in files  # required: the build fails without the contract
     assert "docs/tour.html" not in files  # optional, and absent here
+    (root / "docs" / "protocol.md").unlink()
+    with pytest.raises(FileNotFoundError, match="protocol.md"):
+        mdpages.site_pages("w.whl", build.page_with_modules, root=root)
 
 
 # ------------------------------------------------------------------------------------------- the real docs
@@ -171,11 +210,20 @@ def site() -> dict:
 
 def test_every_page_of_the_real_docs_renders_with_its_engine_namespace(site):
     names = [n for n, s, optional in mdpages.PAGES if not optional or (ROOT / s).is_file()]
-    for name in names:
+    static = set()
+    for name, source in [(n, s) for n, s, o in mdpages.PAGES if n in names]:
         page = site[f"docs/{name}.html"].decode()
         assert f'data-mp-ns="docs-{name}"' in page and "__" not in re.sub(r"__pycache__", "", page)
-        assert '"../docs_ui.py": "./docs_ui.py"' in page  # PyScript fetches one folder up
-        assert 'src="../docs_page.py"' in page and 'href="../index.html">Playground</a>' in page
+        assert (
+            'href="../index.html">Playground</a>' in page and f"Rendered from <code>{source}</code>" in page
+        )
+        if any(b.kind != "show" for b in doc_blocks(source)):
+            assert '"../docs_ui.py": "./docs_ui.py"' in page  # PyScript fetches one folder up
+            assert 'src="../docs_page.py"' in page and 'id="reset-btn"' in page
+        else:  # nothing to run: plain HTML, no engine to boot
+            assert "pyscript" not in page and "docs_page.py" not in page and 'id="reset-btn"' not in page
+            static.add(name)
+    assert static == {"protocol"}  # the contract is a reference; every other page runs its examples
     index = site["docs/index.html"].decode()
     assert "pyscript" not in index and all(f'href="./{n}.html"' in index for n in names)
     readme = site["docs/readme.html"].decode()
@@ -197,13 +245,16 @@ def test_links_between_the_real_docs_reach_existing_anchors(site):
     for key, data in site.items():
         if not key.endswith(".html"):
             continue
-        for href in re.findall(r'<a href="([^"#:]+\.html)#([^"]+)"', data.decode()):
+        text = data.decode()
+        for href in re.findall(r'<a href="([^"#:]+\.html)#([^"]+)"', text):
             page, anchor = href
             assert anchor in ids[page], f"{key} links to {page}#{anchor}, which has no such heading"
             seen += 1
-    assert (
-        seen >= 3
-    )  # README -> serve.html#fewer-round-trips-..., serve -> readme.html#quickstart-with-curl, ...
+        for anchor in re.findall(r'<a href="#([^"]+)"', text):  # within the page (the TOC, "section 8")
+            assert anchor in ids[key.split("/")[-1]] | {"doc"}, f"{key} links to #{anchor}, not on the page"
+    assert seen >= 10  # README -> protocol.html#11-conformance, serve -> protocol.html#10-http-hardening, ...
+    readme = site["docs/readme.html"].decode()
+    assert '<a href="protocol.html#11-conformance">docs/protocol.md section 11</a>' in readme
 
 
 def doc_blocks(source: str) -> list[mdpages.Block]:

@@ -33,7 +33,7 @@ from serverutil import mp_command, mp_env
 from test_engine_is_pure import imported_outside_stdlib
 
 OPS = operations.OPERATIONS
-# PROTOCOL.md section 5: the JSON-RPC methods; section 9: the MCP tools.
+# docs/protocol.md section 5: the JSON-RPC methods; section 9: the MCP tools.
 SECTION_5_METHODS = {
     *(
         f"monitors/{m}"

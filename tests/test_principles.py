@@ -1,4 +1,4 @@
-"""One named test per principle of PROTOCOL.md section 2 (P1-P14), each refusal beside its positive control,
+"""One named test per principle of docs/protocol.md section 2 (P1-P14), each refusal beside its positive control,
 on every store."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HTTP push (`protocol: "http"`, PROTOCOL.md section 9): Standard Webhooks signatures, commit on 2xx only,
+"""HTTP push (`protocol: "http"`, docs/protocol.md section 9): Standard Webhooks signatures, commit on 2xx only,
 retry with backoff, retire on 410. The receiver is a real local HTTP server (http.server in a thread).
 
 Waits are hang guards only: each test waits for the deliveries it expects, never for an amount of time.
@@ -28,7 +28,7 @@ from monitor_protocol.store.sqlite import SQLiteStore
 
 TYPE = "com.example.ci.run"
 GUARD_SECONDS = 30.0
-# The receivers run on loopback, which push refuses unless the operator allows it (PROTOCOL.md section 9).
+# The receivers run on loopback, which push refuses unless the operator allows it (docs/protocol.md section 9).
 LOOPBACK_SINKS = ("127.0.0.1",)
 
 
@@ -276,7 +276,7 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
         sock.close()
 
 
-# -- the sink guard at delivery (PROTOCOL.md section 9) ------------------------------------------------------
+# -- the sink guard at delivery (docs/protocol.md section 9) ------------------------------------------------------
 
 
 def _is_loopback(host: Any) -> bool:
@@ -720,7 +720,7 @@ async def test_push_goes_on_past_a_bounded_scan_that_found_nothing_for_it() -> N
 
 
 def test_verify_refuses_a_replayed_timestamp_and_accepts_within_tolerance() -> None:
-    """PROTOCOL.md section 9: verification refuses a webhook-timestamp more than 5 minutes away from the
+    """docs/protocol.md section 9: verification refuses a webhook-timestamp more than 5 minutes away from the
     receiver's clock, so a captured delivery cannot be replayed later."""
     secret = "whsec_" + "QUJD" * 8
     body = b'{"observations":[]}'
@@ -759,7 +759,7 @@ def test_verify_refuses_a_replayed_timestamp_and_accepts_within_tolerance() -> N
 
 async def test_push_retries_a_failed_batch_unchanged_while_new_observations_wait(engine: Engine) -> None:
     """A failed batch is retried unchanged (same seqs, same webhook-id) until it is answered; what was
-    appended meanwhile waits for the next batch (PROTOCOL.md section 9)."""
+    appended meanwhile waits for the next batch (docs/protocol.md section 9)."""
     attempts: list[tuple[str, list[int]]] = []
     first_failure_seen = threading.Event()
     more_published = threading.Event()

@@ -40,7 +40,7 @@ class Sink:
 def test_mp_serve_pushes_signed_batches_and_commits_them(tmp_path):
     sink = Sink()
     try:
-        # The sink is on loopback: push refuses it unless the operator allows it (PROTOCOL.md section 9).
+        # The sink is on loopback: push refuses it unless the operator allows it (docs/protocol.md section 9).
         with running_server(tmp_path, "--db", str(tmp_path / "push.db"), "--allow-sink", "127.0.0.1") as (
             base,
             _proc,

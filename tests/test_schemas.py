@@ -1,5 +1,5 @@
 """The project's JSON Schemas: valid 2020-12 schemas, wired by $id, and they accept and refuse what the
-protocol says (PROTOCOL.md sections 3-4)."""
+protocol says (docs/protocol.md sections 3-4)."""
 
 from __future__ import annotations
 

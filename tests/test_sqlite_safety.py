@@ -1,4 +1,4 @@
-"""The SQLite store under storage failure, second writers and damaged files (PROTOCOL.md section 10):
+"""The SQLite store under storage failure, second writers and damaged files (docs/protocol.md section 10):
 StorageError with a rollback (a real SQLITE_FULL through `PRAGMA max_page_count`), one writer per database
 FILE however the path is spelled, StoreCorrupt for a file that fails quick_check or is not a database, and
 a read cache that never serves a record whose write was rolled back. Every write is one engine call: a

@@ -1,4 +1,4 @@
-"""The trust and hardening rules of PROTOCOL.md sections 3, 6, 7, 8 and 10, one named test per rule, each
+"""The trust and hardening rules of docs/protocol.md sections 3, 6, 7, 8 and 10, one named test per rule, each
 refusal beside its positive control, on every store. The attacks are the ones found against the server."""
 
 from __future__ import annotations

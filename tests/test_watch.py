@@ -1,4 +1,4 @@
-"""`mp watch` (PROTOCOL.md section 9) against real `mp serve` processes: lines, acks, restarts, kills.
+"""`mp watch` (docs/protocol.md section 9) against real `mp serve` processes: lines, acks, restarts, kills.
 
 Every wait below is a hang guard (a broken implementation fails instead of hanging the suite); no assertion
 depends on timing: each test waits for the lines it expects, in order.

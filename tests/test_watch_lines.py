@@ -1,4 +1,4 @@
-"""`mp watch` lines hold up under hostile values (PROTOCOL.md section 9), against real `mp serve` processes.
+"""`mp watch` lines hold up under hostile values (docs/protocol.md section 9), against real `mp serve` processes.
 
 Every line is one physical line under any line splitter (Python's `str.splitlines()`, a Node-style split on
 LF only and on the JavaScript line terminators, Node's readline, bash `while IFS= read -r line`), printable

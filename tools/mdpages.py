@@ -1,14 +1,18 @@
 """The project's docs as pages of the site, every code block runnable in the page or saying why.
 
 Standard library only (build.py imports it). `site_pages()` renders README.md, docs/tour.md (when it
-exists), docs/serve.md and docs/doors.md into `docs/<name>.html` with web/docs.html as the template, plus an
-index page, and returns them as build.py's `files` entries.
+exists), docs/protocol.md, docs/serve.md and docs/doors.md into `docs/<name>.html` with web/docs.html as the
+template, plus an index page, and returns them as build.py's `files` entries. A page with nothing to run
+(docs/protocol.md) is served without the page's engine, like the index: nothing to boot, nothing to wait for.
 
 The Markdown is the subset these docs use: ATX headings (with GitHub-style ids for anchors), paragraphs,
 nested lists, tables, block quotes, fenced code blocks with a language, inline code, bold, italic, links
-and images (a link to another rendered doc points at its page; any other relative link names the file in
-the repository, since the site does not ship it). All text is HTML-escaped; the only HTML let through is a
-lone `<img src alt width>` line, rebuilt from its attributes.
+and images (a link to another rendered doc points at its page, its #anchor kept; any other relative link
+names the file in the repository, since the site does not ship it). A mention of a rendered doc by its
+repository path in plain text or in a code span (`docs/serve.md`, README.md) becomes a link to its page too,
+except inside headings and link labels. Heading ids are GitHub's, so a link written for GitHub
+(`protocol.md#8-delivery`) lands on the same heading here. All text is HTML-escaped; the only HTML let
+through is a lone `<img src alt width>` line, rebuilt from its attributes.
 
 Every fenced block is classified by `classify()`, the one rule: an `sh` block runs through the curl
 console's shell (web/curl.py `Shell`, with `mp` forwarded to the real CLI in a Pyodide worker), a `python`
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [
     ("readme", "README.md", False),
     ("tour", "docs/tour.md", True),
+    ("protocol", "docs/protocol.md", False),
     ("serve", "docs/serve.md", False),
     ("doors", "docs/doors.md", False),
 ]
@@ -44,6 +49,8 @@ CLIENT_IMPORT = re.compile(
     r"^\s*(?:from\s+monitor_protocol\.client\s+import|import\s+monitor_protocol\.client)", re.M
 )
 IMAGE_EXT = {".png", ".svg", ".jpg", ".jpeg", ".gif", ".webp"}
+# A repository path of a Markdown file named in running text ("see docs/serve.md"): linked when it is a page.
+MENTION = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w.-]+\.md)(?![\w/-])")
 
 
 class DocsError(ValueError):
@@ -160,21 +167,45 @@ class Renderer:
             return self.pages[target] + (f"#{frag}" if frag else ""), target
         return None, target
 
-    def inline(self, text: str) -> str:
+    def mentioned(self, path: str) -> str | None:
+        """The page of a rendered doc named by its repository path (`docs/serve.md`), else None."""
+        page = self.pages.get(path)
+        return page if page is not None and path.endswith(".md") else None
+
+    def text(self, raw: str, autolink: bool) -> str:
+        """Plain text, escaped; with `autolink`, each repository path of a rendered doc becomes its link."""
+        if not autolink:
+            return html.escape(raw, quote=False)
+        out = []
+        pos = 0
+        for m in MENTION.finditer(raw):
+            page = self.mentioned(m.group(1))
+            if page is None:
+                continue
+            out.append(html.escape(raw[pos : m.start()], quote=False))
+            out.append(f'<a href="{html.escape(page)}">{html.escape(m.group(1), quote=False)}</a>')
+            pos = m.end()
+        out.append(html.escape(raw[pos:], quote=False))
+        return "".join(out)
+
+    def inline(self, text: str, autolink: bool = True) -> str:
+        """Inline Markdown to HTML. `autolink` is off inside headings and link labels (no link in a link)."""
         out = []
         pos = 0
         for m in INLINE.finditer(text):
-            out.append(html.escape(text[pos : m.start()], quote=False))
+            out.append(self.text(text[pos : m.start()], autolink))
             pos = m.end()
             if m.group("code") is not None:
                 c = m.group("ctext")
                 if c.startswith(" ") and c.endswith(" ") and c.strip():
                     c = c[1:-1]
-                out.append(f"<code>{html.escape(c, quote=False)}</code>")
+                code = f"<code>{html.escape(c, quote=False)}</code>"
+                page = self.mentioned(c) if autolink else None
+                out.append(f'<a href="{html.escape(page)}">{code}</a>' if page else code)
             elif m.group("img") is not None:
                 out.append(self.image(m.group("isrc"), m.group("ialt"), None))
             elif m.group("link") is not None:
-                label = self.inline(m.group("ltext"))
+                label = self.inline(m.group("ltext"), autolink=False)
                 href, target = self.resolve(m.group("lhref"))
                 if href is None:
                     out.append(
@@ -187,14 +218,14 @@ class Renderer:
                 u = html.escape(m.group("aurl"))
                 out.append(f'<a href="{u}" rel="noopener">{u}</a>')
             elif m.group("bold") is not None:
-                out.append(f"<strong>{self.inline(m.group('btext'))}</strong>")
+                out.append(f"<strong>{self.inline(m.group('btext'), autolink)}</strong>")
             elif m.group("em") is not None:
-                out.append(f"<em>{self.inline(m.group('etext'))}</em>")
+                out.append(f"<em>{self.inline(m.group('etext'), autolink)}</em>")
             elif m.group("em2") is not None:
-                out.append(f"<em>{self.inline(m.group('e2text'))}</em>")
+                out.append(f"<em>{self.inline(m.group('e2text'), autolink)}</em>")
             else:
                 out.append(html.escape(m.group("echar"), quote=False))
-        out.append(html.escape(text[pos:], quote=False))
+        out.append(self.text(text[pos:], autolink))
         return "".join(out)
 
     def image(self, src: str, alt: str, width: str | None) -> str:
@@ -256,7 +287,7 @@ class Renderer:
                 )
             h = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
             if h:
-                level, inner = len(h.group(1)), self.inline(h.group(2))
+                level, inner = len(h.group(1)), self.inline(h.group(2), autolink=False)
                 hid = self.slug(inner)
                 if level == 1 and not self.title:
                     self.title = html.unescape(re.sub(r"<[^>]+>", "", inner))
@@ -510,6 +541,11 @@ def micropip_box(wheel: str) -> str:
     )
 
 
+def has_runs(p: Page) -> bool:
+    """Whether the page has a block to run, and so an engine of its own (else it is served as plain HTML)."""
+    return any(b.kind != "show" for b in p.blocks)
+
+
 def nav_html(pages: list[Page], current: str) -> str:
     links = ['<a href="./index.html"' + (' aria-current="page"' if current == "index" else "") + ">Docs</a>"]
     for p in pages:
@@ -520,7 +556,13 @@ def nav_html(pages: list[Page], current: str) -> str:
 
 
 def short_title(p: Page) -> str:
-    return {"readme": "README", "tour": "Tour", "serve": "mp serve", "doors": "Doors"}.get(p.name, p.title)
+    return {
+        "readme": "README",
+        "tour": "Tour",
+        "protocol": "Protocol",
+        "serve": "mp serve",
+        "doors": "Doors",
+    }.get(p.name, p.title)
 
 
 def fill(template: str, **values: str) -> str:
@@ -534,16 +576,21 @@ def index_html(pages: list[Page]) -> str:
     for p in pages:
         runs = sum(b.kind != "show" for b in p.blocks)
         told = sum(bool(b.reason) for b in p.blocks)
+        about = (
+            f"{runs} runnable block{'s' * (runs != 1)}, "
+            f"{told} {'that says why it does' if told == 1 else 'that say why they do'} not run"
+            if runs or told
+            else "a reference: nothing to run"
+        )
         items.append(
             f'<li><a href="./{p.name}.html">{html.escape(p.title)}</a> <span class="muted small">'
-            f"({html.escape(p.source)}: {runs} runnable block{'s' * (runs != 1)}, "
-            f"{told} {'that says why it does' if told == 1 else 'that say why they do'} not run)</span><br>"
+            f"({html.escape(p.source)}: {about})</span><br>"
             f"<span class='small'>{html.escape(p.summary)}</span></li>"
         )
     return (
         "<h1 id='docs'>The docs, live</h1>"
-        "<p>The project's docs, rendered from the repository's Markdown. Each page has an engine of its own in "
-        "this browser (its own IndexedDB, never the playground's): every <code>sh</code> block has a Run "
+        "<p>The project's docs, rendered from the repository's Markdown. Each page with examples has an engine of "
+        "its own in this browser (its own IndexedDB, never the playground's): every <code>sh</code> block has a Run "
         "button that runs it through the curl console's shell (<code>mp</code> commands run the real CLI in "
         "Pyodide), every Python block that uses the client runs in Pyodide with the real "
         "<code>monitor_protocol.client</code>, and a block that cannot run in a page says why.</p>"
@@ -569,6 +616,7 @@ def site_pages(
     # The template sits as if at the site root (./x); the pages live in docs/, one folder down: PyScript's
     # `files` map fetches its keys relative to the page, while its values are paths in Python's file system.
     with_engine = re.sub(r'"\./([^"]*)":', r'"../\1":', with_engine)
+    without_engine = re.sub(r"<!--engine-->.*?<!--/engine-->", "", template_text, flags=re.S)
     for p in pages:
         toc = "".join(
             f'<li class="l{lvl}"><a href="#{hid}">{re.sub(r"<a class=.*", "", inner)}</a></li>'
@@ -576,7 +624,7 @@ def site_pages(
             if lvl == 2
         )
         files[f"docs/{p.name}.html"] = fill(
-            with_engine,
+            with_engine if has_runs(p) else without_engine,
             TITLE=html.escape(p.title),
             NS=f"docs-{p.name}",
             NAV=nav_html(pages, p.name),
@@ -587,9 +635,8 @@ def site_pages(
         ).encode()
         for rel, src in p.assets.items():
             files[f"docs/{rel}"] = src
-    index = re.sub(r"<!--engine-->.*?<!--/engine-->", "", template_text, flags=re.S)
     files["docs/index.html"] = fill(
-        index,
+        without_engine,
         TITLE="The docs, live",
         NS="docs-index",
         NAV=nav_html(pages, "index"),

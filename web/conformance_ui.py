@@ -1,4 +1,4 @@
-"""The Conformance tab: the project's conformance suite (PROTOCOL.md section 11 and the project profile),
+"""The Conformance tab: the project's conformance suite (docs/protocol.md section 11 and the project profile),
 run in this page against a fresh in-page engine, never the person's log."""
 
 from __future__ import annotations

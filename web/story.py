@@ -136,7 +136,8 @@ STEPS = [
         "What next",
         "You have seen the whole cycle. Try it yourself: the Playground has every control and a race "
         "between a reader that trusts notifications and one that keeps a cursor; the curl tab runs the "
-        "README's quickstart against this page; docs/playground.md and PROTOCOL.md say the rest.",
+        "README's quickstart against this page; the Docs (docs/protocol.md, the whole contract, among them) and "
+        "docs/playground.md say the rest.",
         "Durable, shareable, accountable: a monitor keeps what it saw, each reader reads at its own pace, "
         "and every observation says how far to trust it.",
         "next",

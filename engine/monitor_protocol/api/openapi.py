@@ -137,7 +137,7 @@ def _responses(op: Operation) -> dict[str, Any]:
             responses[str(status)]["content"] = {op.result.media: {"schema": _with_refs(schema)}}
     responses["default"] = {
         "description": "a refusal: {code, error, done, ...extras}, the status from the code "
-        "(PROTOCOL.md section 3)",
+        "(docs/protocol.md section 3)",
         "content": {"application/json": {"schema": {"$ref": COMPONENTS + "error"}}},
     }
     return responses

@@ -1,4 +1,4 @@
-"""Every operation of the protocol's API, declared once (PROTOCOL.md sections 5 and 9).
+"""Every operation of the protocol's API, declared once (docs/protocol.md sections 5 and 9).
 
 Each `Operation` says, in one record: its HTTP method and route (below /mp/v0), its JSON-RPC method and MCP
 tool (if any), its parameters (where they travel, their JSON Schema and the limits of vocab.py), the
@@ -290,7 +290,7 @@ RPC_REPLY = _out(
     id={"type": ["string", "integer", "null"]},
     result={"description": "the REST success body of the method"},
     error=_obj(
-        "code -32000..-32018 (PROTOCOL.md section 3), message, data: the REST error body",
+        "code -32000..-32018 (docs/protocol.md section 3), message, data: the REST error body",
         ("code", "message"),
         code=INT,
         message=STR,

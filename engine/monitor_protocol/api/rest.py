@@ -1,4 +1,4 @@
-"""The transport-free REST binding (PROTOCOL.md section 5): Request -> Response, onto MonitorService.
+"""The transport-free REST binding (docs/protocol.md section 5): Request -> Response, onto MonitorService.
 
 Every door (the ASGI server, the browser's service-worker shim, the tests) shares this one router. It never
 raises: malformed input of any kind is a 4xx with a code from the closed list and a sentence."""
@@ -162,7 +162,7 @@ class RestRouter:
             )
         raise ProtocolError(
             "NOT_FOUND",
-            f"No route {method} {req.path} in /mp/v0; see PROTOCOL.md section 5 (start with GET /mp/v0/discover).",
+            f"No route {method} {req.path} in /mp/v0; see docs/protocol.md section 5 (start with GET /mp/v0/discover).",
         )
 
     def require_admin(self, req: Request) -> None:

@@ -230,7 +230,7 @@ def report_error(exc: Exception, as_json: bool = False) -> int:
 
 
 def obs_line(obs: dict[str, Any]) -> str:
-    """The watch's OBS line, one place for both (PROTOCOL.md section 9): printable ASCII, one physical line
+    """The watch's OBS line, one place for both (docs/protocol.md section 9): printable ASCII, one physical line
     under any splitter, at most 4 KiB, data cut as valid JSON."""
     from monitor_protocol.cli.watch import obs_text  # the watch imports this module at its top
 

@@ -1,5 +1,5 @@
 """`mp conform`: run the conformance suite against a server (--base) or, without one, a fresh in-process
-memory engine. `--profile published` runs only PROTOCOL.md section 11's checklist, fair to any
+memory engine. `--profile published` runs only docs/protocol.md section 11's checklist, fair to any
 implementation; `--profile all` (the default) adds this project's own checks. Exit status 1 when any check
 fails, 2 on a bad argument."""
 

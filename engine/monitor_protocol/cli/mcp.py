@@ -1,4 +1,4 @@
-"""`mp mcp`: the MCP server over stdio (tools, resources and notifications of PROTOCOL.md section 9).
+"""`mp mcp`: the MCP server over stdio (tools, resources and notifications of docs/protocol.md section 9).
 
 Where it works, in order: `--db PATH` (embedded), `--base URL`, env `MP_BASE` (as for every other door),
 env `MP_MCP_BASE` (deprecated alias), else the embedded default database in the user's data directory

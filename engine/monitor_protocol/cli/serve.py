@@ -1,4 +1,4 @@
-"""`mp serve`: the protocol over HTTP, durable on SQLite (PROTOCOL.md sections 5, 8, 9, 10)."""
+"""`mp serve`: the protocol over HTTP, durable on SQLite (docs/protocol.md sections 5, 8, 9, 10)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ HELP = "run the Monitor Protocol HTTP server on a SQLite database"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8130
 DEFAULT_DB = "monitor-protocol.db"
-# PROTOCOL.md section 10, time limits: headers within 10 s and a body within 30 s of the request's start;
+# docs/protocol.md section 10, time limits: headers within 10 s and a body within 30 s of the request's start;
 # an idle keep-alive connection stays open at least 60 s (uvicorn's own default is 5 s).
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0

@@ -1,4 +1,4 @@
-"""`mp watch SUBSCRIPTION_ID`: follow a subscription, one line per observation (PROTOCOL.md section 9).
+"""`mp watch SUBSCRIPTION_ID`: follow a subscription, one line per observation (docs/protocol.md section 9).
 
 Written for an agent's Monitor tool, which turns every line on stdout into an event:
 

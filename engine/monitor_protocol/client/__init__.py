@@ -1,4 +1,4 @@
-"""Python client for the Monitor Protocol REST binding (PROTOCOL.md section 5), sync and async.
+"""Python client for the Monitor Protocol REST binding (docs/protocol.md section 5), sync and async.
 
 `Client` sends over keep-alive connections of the standard library's http.client (keepalive.py: chosen by
 measurement), or httpx where a proxy applies or a transport is given; `AsyncClient` under asyncio on
@@ -12,7 +12,7 @@ synchronous XMLHttpRequest (in a Web Worker), `AsyncClient` with fetch.
         created = mp.create_monitor("ci", types=["com.example.ci.run"])
         mp.publish("ci", "com.example.ci.run", subject="build-1", token=created.owner_token)
 
-Every route returns a small typed dataclass with the fields PROTOCOL.md names and the whole JSON reply in
+Every route returns a small typed dataclass with the fields docs/protocol.md names and the whole JSON reply in
 `.raw` (the admin routes return TypedDicts); the package ships a `py.typed` marker, so mypy and pyright check
 calls and results.
 
@@ -283,7 +283,7 @@ class UnexpectedResponse(MonitorProtocolError):
     """Not a protocol reply (client-side code UNEXPECTED_RESPONSE): e.g. a proxy's HTML 502, or no JSON."""
 
 
-# Every error code of PROTOCOL.md section 3 -> the exception the client raises for it.
+# Every error code of docs/protocol.md section 3 -> the exception the client raises for it.
 ERROR_CLASSES: dict[str, type[MonitorProtocolError]] = {
     "INVALID_FILTER": InvalidFilter,
     "UNKNOWN_VOCABULARY": UnknownVocabulary,
@@ -992,7 +992,7 @@ class _Base:
 
 
 class _Routes:
-    """Every route of PROTOCOL.md section 5, once. Each builds a `_Call[T]` from a client `c` (for its token
+    """Every route of docs/protocol.md section 5, once. Each builds a `_Call[T]` from a client `c` (for its token
     and timeout); `token=` on a call overrides the client's token. `Client` and `AsyncClient` expose each
     under the same name (see `_sync` / `_async`)."""
 

@@ -1,4 +1,4 @@
-"""ProtocolError: one refusal, with a code from the closed list, a sentence and the extras PROTOCOL.md names."""
+"""ProtocolError: one refusal, with a code from the closed list, a sentence and the extras docs/protocol.md names."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class ProtocolError(Exception):
         self.code = code
         self.message = message
         self.extras = extras
-        # Only an internal failure overrides the table (UNAVAILABLE as 503, PROTOCOL.md section 10).
+        # Only an internal failure overrides the table (UNAVAILABLE as 503, docs/protocol.md section 10).
         self.http_status = http_status
 
     @property

@@ -300,7 +300,7 @@ def _one_disjoint(a: dict[str, Any], b: dict[str, Any]) -> str | None:
 
 def disjoint(subscription: Filter, inline: Filter) -> str | None:
     """Why the intersection of two filters is empty by construction (disjoint types, subjects or actors
-    lists, PROTOCOL.md section 8), or None when it may match something."""
+    lists, docs/protocol.md section 8), or None when it may match something."""
     left = subscription if isinstance(subscription, list) else [subscription]
     right = inline if isinstance(inline, list) else [inline]
     left = [f for f in left if f] or [{}]

@@ -1,4 +1,4 @@
-"""Which HTTP push sinks the server may call (PROTOCOL.md section 9). Standard library only.
+"""Which HTTP push sinks the server may call (docs/protocol.md section 9). Standard library only.
 
 A sink is an ``https://`` or ``http://`` URL whose host is not a loopback, private, link-local, multicast,
 unspecified, shared (carrier-grade NAT) or otherwise reserved address, resolved at every delivery, unless the

@@ -1,4 +1,4 @@
-"""MonitorService: every rule of the Monitor Protocol v0 (PROTOCOL.md sections 1-8) over a Store.
+"""MonitorService: every rule of the Monitor Protocol v0 (docs/protocol.md sections 1-8) over a Store.
 
 No I/O of its own, standard library only, an injectable clock: it runs unchanged in CPython, in Pyodide and
 under tests. Each public method is one engine call: one store transaction in which the rule (a function

@@ -220,7 +220,7 @@ class Store(ABC):
 
     @abstractmethod
     def count_active_subscriptions(self, monitor_id: str) -> int:
-        """How many subscriptions of this monitor are active (the 10,000 cap, PROTOCOL.md section 10)."""
+        """How many subscriptions of this monitor are active (the 10,000 cap, docs/protocol.md section 10)."""
 
     # leases
     @abstractmethod
@@ -230,7 +230,7 @@ class Store(ABC):
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         """By (monitor, subject)."""
 
-    # publish idempotency keys (PROTOCOL.md section 8)
+    # publish idempotency keys (docs/protocol.md section 8)
     @abstractmethod
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None: ...
 

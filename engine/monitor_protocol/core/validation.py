@@ -1,5 +1,5 @@
 """Request validation shared by the rules: integers, objects, names, actors, reasons and closed
-vocabularies (P11, PROTOCOL.md sections 3 and 10)."""
+vocabularies (P11, docs/protocol.md sections 3 and 10)."""
 
 from __future__ import annotations
 

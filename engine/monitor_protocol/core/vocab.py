@@ -1,4 +1,4 @@
-"""Closed vocabularies, error codes and their statuses (PROTOCOL.md section 3). Data only, no logic."""
+"""Closed vocabularies, error codes and their statuses (docs/protocol.md section 3). Data only, no logic."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ DEFAULT_LIMIT = 50
 MAX_WAIT_SECONDS = 50
 LAG_COUNT_CAP = 100_000
 
-# Input limits (PROTOCOL.md section 10): every bound on what a request may carry, in one place.
+# Input limits (docs/protocol.md section 10): every bound on what a request may carry, in one place.
 MAX_NAME_CHARS = 256  # ids, subjects, actors, types
 MAX_JSON_DEPTH = 32
 MAX_FILTER_BYTES = 4096  # a filter, serialized

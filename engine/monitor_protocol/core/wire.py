@@ -1,4 +1,4 @@
-"""The wire is RFC 8259 JSON (PROTOCOL.md section 10): parse strictly, and check any value a door hands the
+"""The wire is RFC 8259 JSON (docs/protocol.md section 10): parse strictly, and check any value a door hands the
 engine. No NaN or Infinity, no number that overflows a double, no integer beyond 2^53, no lone surrogate, at
 most 32 levels of nesting. One place for these rules; every door and the engine use it."""
 

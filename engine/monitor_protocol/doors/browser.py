@@ -51,7 +51,7 @@ class Reply:
 
 def parse_shim_request(text: str) -> tuple[str, str, list[tuple[str, str]], dict[str, str], bytes]:
     """The shim's `{method, path, query: [[k, v]...], headers: {..}, body: text}` as call() arguments.
-    The Origin header is dropped: the shim is same-origin (PROTOCOL.md section 10)."""
+    The Origin header is dropped: the shim is same-origin (docs/protocol.md section 10)."""
     msg = json.loads(text)
     headers = {
         str(k).lower(): str(v) for k, v in (msg.get("headers") or {}).items() if str(k).lower() != "origin"
@@ -226,7 +226,7 @@ class EngineHost:
         return reply.to_shim_json()
 
     async def sweep(self) -> int:
-        """Lease expiry and the mute sweep (PROTOCOL.md P6); durable like any other call."""
+        """Lease expiry and the mute sweep (docs/protocol.md P6); durable like any other call."""
         n = self.service.sweep()
         await self._durable()
         return n

@@ -1,4 +1,4 @@
-"""HTTP push delivery (`protocol: "http"`, PROTOCOL.md section 9) for `mp serve`.
+"""HTTP push delivery (`protocol: "http"`, docs/protocol.md section 9) for `mp serve`.
 
 For every active subscription with protocol http, a worker pulls a batch as the subscription
 (`service.pull_as_system`), POSTs the pull reply as JSON to the subscription's `sink` with Standard Webhooks
@@ -13,7 +13,7 @@ Nothing is committed that the sink did not acknowledge with a 2xx, and a worker 
 request in flight for its subscription. Workers sleep until an append wakes them (`service.add_listener`);
 the set of push subscriptions is re-read on every wake and every few seconds.
 
-Sink guard (PROTOCOL.md section 9): before every POST the sink's host is resolved again (in a thread) and
+Sink guard (docs/protocol.md section 9): before every POST the sink's host is resolved again (in a thread) and
 `netguard.sink_refusal` judges the URL and every address it resolves to against the operator's allow-list
 (`service.allowed_sinks`, from `mp serve --allow-sink`). A refused sink gets no request at all: the refusal is
 logged and retried with the same backoff as a failed delivery, and the cursor does not move.
@@ -23,7 +23,7 @@ certificate check (httpx's `sni_hostname` request extension) still name the sink
 gets its own client, so a TLS connection verified for one name is never reused for another name that happens
 to share its address.
 
-A failed batch is retried unchanged (PROTOCOL.md section 9): the worker remembers the in-flight batch of each
+A failed batch is retried unchanged (docs/protocol.md section 9): the worker remembers the in-flight batch of each
 subscription (its first seq and its number of observations) and pulls the retry with that limit, so the same
 first N rows come back from the immutable log (same seqs, same `webhook-id`); observations appended meanwhile
 wait for the next batch. Only when the log itself says otherwise (the cursor moved past the batch, or its rows
@@ -144,7 +144,7 @@ class Pusher:
         self.wakes: dict[str, asyncio.Event] = {}
         self.targets: dict[str, dict[str, Any]] = {}
         # The batch each subscription failed to deliver, as (first seq, number of observations): it is
-        # retried unchanged until the sink answers it (PROTOCOL.md section 9).
+        # retried unchanged until the sink answers it (docs/protocol.md section 9).
         self.inflight: dict[str, tuple[str, int]] = {}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None

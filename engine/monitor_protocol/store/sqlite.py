@@ -1,5 +1,5 @@
 """The SQLite store (the embedded default): WAL, synchronous=FULL so that every commit the engine reports is
-on disk before the reply, one writer per database file (an exclusive flock on the file itself, PROTOCOL.md
+on disk before the reply, one writer per database file (an exclusive flock on the file itself, docs/protocol.md
 section 10), a `quick_check` at open, and every storage failure raised as `StorageError` after a rollback.
 
 One writer: the lock is `flock(LOCK_EX | LOCK_NB)` on the database file itself (its realpath, opened O_RDWR),

@@ -1,5 +1,5 @@
 """P1: who saw it, for whom, and how much it can carry. Defaults never reach the top; ceilings are checked
-in the order PROTOCOL.md section 6 gives, and the first failure wins."""
+in the order docs/protocol.md section 6 gives, and the first failure wins."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ PUBLISHABLE_PROTOCOL_TYPES = (T_CONTRADICTION, T_CONTRADICTION_RESOLVED)
 
 
 def check_idempotency_key(value: Any) -> str:
-    """1-128 printable ASCII characters (PROTOCOL.md section 8)."""
+    """1-128 printable ASCII characters (docs/protocol.md section 8)."""
     if (
         not isinstance(value, str)
         or not 1 <= len(value) <= IDEMPOTENCY_KEY_MAX_CHARS

@@ -1,4 +1,4 @@
-"""The HTTP door: a raw ASGI app around the transport-free RestRouter (PROTOCOL.md sections 5, 8, 9, 10).
+"""The HTTP door: a raw ASGI app around the transport-free RestRouter (docs/protocol.md sections 5, 8, 9, 10).
 
 What this module adds to the router, and nothing else:
 
@@ -65,7 +65,7 @@ def _failure(request: Request, exc: BaseException) -> tuple[Response, int]:
         return error_response(exc), -1
     incident = uuid.uuid4().hex[:12]
     log.error("router raised on %s %s (incident %s)", request.method, request.path, incident, exc_info=exc)
-    # A bug is not bad input (PROTOCOL.md section 10): 503 UNAVAILABLE with Retry-After, naming the incident.
+    # A bug is not bad input (docs/protocol.md section 10): 503 UNAVAILABLE with Retry-After, naming the incident.
     return error_response(internal_failure(incident)), -1
 
 

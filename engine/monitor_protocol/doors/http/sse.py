@@ -1,4 +1,4 @@
-"""Server-Sent Events at GET /mp/v0/subscriptions/{id}/stream (PROTOCOL.md section 9): read-only replays of the
+"""Server-Sent Events at GET /mp/v0/subscriptions/{id}/stream (docs/protocol.md section 9): read-only replays of the
 pull route (the `cursor` query parameter) with the reader's own headers, so the stream never commits; it
 waits in the doors' one registry (doors/parking.py) between pages, with a heartbeat that is also the
 reader's sign of life (P6)."""

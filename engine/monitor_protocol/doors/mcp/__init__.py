@@ -1,4 +1,4 @@
-"""The MCP door (PROTOCOL.md section 9, extension `ai.mentu/monitors`), on the official MCP Python SDK.
+"""The MCP door (docs/protocol.md section 9, extension `ai.mentu/monitors`), on the official MCP Python SDK.
 
 Two backends behind the same tools and resources:
 
