@@ -21,6 +21,7 @@ from monitor_protocol import client
 from monitor_protocol.api import jsonrpc, operations, rest
 from monitor_protocol.api.messages import bearer_hint, with_bearer_hint
 from monitor_protocol.api.openapi import document
+from monitor_protocol.client import routes as client_routes
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.doors.mcp.backends import EmbeddedBackend
 from monitor_protocol.doors.mcp.server import MonitorMCP
@@ -131,7 +132,7 @@ def test_configure_is_one_tool_over_four_operations() -> None:
     assert tool.op_for({"action": "explode"}) is None
 
 
-class _FakeClient(client._Base):
+class _FakeClient(client_routes.ClientBase):
     base = "http://example.invalid/mp/v0"
     token = None
     timeout = 10.0
@@ -155,8 +156,8 @@ def _sample(param: inspect.Parameter) -> Any:
 CHOSEN_BY: dict[tuple[str, str], dict[str, Any]] = {("ack_pull", "pull"): {"ack": 3}}
 
 
-def _built_call(name: str, op: str = "") -> client._Call[Any]:
-    build = getattr(client._Routes, name)
+def _built_call(name: str, op: str = "") -> client_routes.Call[Any]:
+    build = getattr(client_routes.Routes, name)
     params = list(inspect.signature(build).parameters.values())[1:]
     args = [
         _sample(p)
@@ -185,7 +186,7 @@ def test_no_client_route_is_missing_from_the_table() -> None:
     claimed = {name for op in OPS for name in op.client}
     routes = {
         name
-        for name, _ in inspect.getmembers(client._Routes, inspect.isfunction)
+        for name, _ in inspect.getmembers(client_routes.Routes, inspect.isfunction)
         if not name.startswith("_") and name != "request"  # request: any route, raw
     }
     assert routes == claimed

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 import pytest
 from monitor_protocol.cli import client_cmds
-from monitor_protocol.cli.watch import LINE_MAX_BYTES, obs_jsonl, obs_text
+from monitor_protocol.cli.lines import LINE_MAX_BYTES, obs_jsonl, obs_text
 from monitor_protocol.client import Client, MonitorProtocolError
 from serverutil import mp_command, mp_env, start_server, stop_server
 from test_watch import TYPE, Watcher, committed, setup_feed, wait_committed, watchers  # noqa: F401

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from monitor_protocol.cli.lines import obs_text
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # anything else: a reply that is not the protocol's (e.g. a proxy's error page)
 EXIT_USAGE = 2  # bad arguments (argparse's own status); nothing was sent
@@ -232,8 +234,6 @@ def report_error(exc: Exception, as_json: bool = False) -> int:
 def obs_line(obs: dict[str, Any]) -> str:
     """The watch's OBS line, one place for both (docs/protocol.md section 9): printable ASCII, one physical line
     under any splitter, at most 4 KiB, data cut as valid JSON."""
-    from monitor_protocol.cli.watch import obs_text  # the watch imports this module at its top
-
     return obs_text(obs)
 
 

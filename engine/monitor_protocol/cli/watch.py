@@ -52,7 +52,6 @@ exits non-zero (6, unreachable). `--once` with `--catch-up` is a usage error: a 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -62,6 +61,17 @@ from urllib.parse import urlsplit
 
 from monitor_protocol.cli import client_cmds
 from monitor_protocol.cli.client_cmds import DEFAULT_BASE, EXIT_PIPE, READER, resolve_token
+from monitor_protocol.cli.lines import (
+    CUT,
+    LINE_MAX_BYTES,
+    ascii_json,
+    encode_word,
+    free_text,
+    obs_jsonl,
+    obs_text,
+    percent,
+    seq_of,
+)
 
 HELP = "follow a subscription: one OBS line per observation, for an agent's Monitor tool"
 
@@ -69,13 +79,6 @@ MAX_BACKOFF_SECONDS = 10.0
 FIRST_BACKOFF_SECONDS = 0.25
 MAX_WAIT_SECONDS = 50
 MAX_LIMIT = 200
-
-LINE_MAX_BYTES = 4096  # every line, its LF included
-DATA_MAX_CHARS = 400
-CUT = "..."
-WORD_MAX_CHARS = {"type": 300, "subject": 1200, "actor": 700}
-OTHER_WORD_MAX_CHARS = 64
-FREE_TEXT_MAX_CHARS = 1000  # DOWN reasons, UP URLs
 
 
 # ---------------------------------------------------------------------------------------------- arguments
@@ -163,140 +166,13 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(_token_env=READER, _usage=parser.error)
 
 
-# ---------------------------------------------------------------------------------------------- encoding
-
-
-def _ascii_json(value: Any) -> str:
-    """Compact JSON, ASCII only: json escapes controls and non-ASCII; DEL is escaped too."""
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":")).replace("\x7f", "\\u007f")
-
-
-def _pct(ch: str) -> str:
-    code = ord(ch)
-    if 0x21 <= code <= 0x7E and ch not in "%=":
-        return ch
-    return "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-
-
-def encode_word(value: Any, max_chars: int = OTHER_WORD_MAX_CHARS) -> tuple[str, bool]:
-    """A value as one percent-encoded word (see the module's docstring) and whether it was cut."""
-    if value is None:
-        return "-", False
-    text = value if isinstance(value, str) else str(value)
-    if text == "-":
-        return "%2D", False
-    pieces: list[str] = []
-    size = 0
-    for ch in text:
-        piece = _pct(ch)
-        if size + len(piece) > max_chars:
-            # Cut: drop pieces until the marker fits too.
-            while pieces and size + len(CUT) > max_chars:
-                size -= len(pieces.pop())
-            return "".join(pieces) + CUT, True
-        pieces.append(piece)
-        size += len(piece)
-    return "".join(pieces), False
-
-
-def encode_json_string(value: str, max_chars: int) -> tuple[str, bool]:
-    """`value` as an ASCII JSON string of at most `max_chars` characters (quotes included); a longer one
-    keeps its first characters and ends with `...`. Returns (JSON text, whether it was cut)."""
-    whole_limit = max_chars - 2
-    pieces: list[str] = []
-    size = 0
-    for ch in value:
-        piece = _ascii_json(ch)[1:-1]
-        if size + len(piece) > whole_limit:
-            while pieces and size + len(CUT) > whole_limit:
-                size -= len(pieces.pop())
-            return '"' + "".join(pieces) + CUT + '"', True
-        pieces.append(piece)
-        size += len(piece)
-    return '"' + "".join(pieces) + '"', False
-
-
-def encode_data(data: Any) -> tuple[str, bool]:
-    """`data` as ASCII JSON of at most 400 characters: the object itself, or a JSON string holding the
-    first characters of its JSON followed by `...` (an observation's data is always an object)."""
-    text = _ascii_json(data)
-    if len(text) <= DATA_MAX_CHARS:
-        return text, False
-    return encode_json_string(text, DATA_MAX_CHARS)
-
-
-def _free_text(value: Any) -> str:
-    """A free sentence (DOWN reason, UP URL): spaces kept, anything else outside 0x20..0x7E percent-encoded."""
-    out = "".join(ch if 0x20 <= ord(ch) <= 0x7E else _pct(ch) for ch in str(value))
-    return out if len(out) <= FREE_TEXT_MAX_CHARS else out[: FREE_TEXT_MAX_CHARS - len(CUT)] + CUT
-
-
-def _seq(obs: dict[str, Any]) -> int:
-    try:
-        return int(obs.get("id") or obs.get("sequence") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def obs_text(obs: dict[str, Any]) -> str:
-    """The OBS line (text format)."""
-    parts = ["OBS"]
-    seq = obs.get("id") or obs.get("sequence")
-    try:
-        seq = int(seq)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        pass
-    for key, value in (
-        ("seq", seq),
-        ("type", obs.get("type")),
-        ("subject", obs.get("subject")),
-        ("tier", obs.get("tier")),
-        ("origin", obs.get("origin")),
-        ("actor", obs.get("actor")),
-    ):
-        word, _cut = encode_word(value, WORD_MAX_CHARS.get(key, OTHER_WORD_MAX_CHARS))
-        parts.append(f"{key}={word}")
-    parts.append("redelivered=" + ("true" if obs.get("redelivered") else "false"))
-    parts.append("data=" + encode_data(obs.get("data"))[0])
-    return " ".join(parts)
-
-
-def obs_jsonl(obs: dict[str, Any]) -> str:
-    """The OBS event as one JSON object (jsonl format), assembled from bounded ASCII pieces."""
-    cut: list[str] = []
-    fields = ['"kind":"OBS"']
-    seq = obs.get("id") or obs.get("sequence")
-    try:
-        fields.append(f'"seq":{int(seq)}')  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        text, was_cut = encode_json_string(str(seq), OTHER_WORD_MAX_CHARS)
-        fields.append(f'"seq":{text}')
-    for key in ("type", "subject", "tier", "origin", "actor"):
-        value = obs.get(key)
-        if value is None:
-            fields.append(f'"{key}":null')
-            continue
-        text, was_cut = encode_json_string(str(value), WORD_MAX_CHARS.get(key, OTHER_WORD_MAX_CHARS))
-        fields.append(f'"{key}":{text}')
-        if was_cut:
-            cut.append(key)
-    fields.append('"redelivered":' + ("true" if obs.get("redelivered") else "false"))
-    data, was_cut = encode_data(obs.get("data"))
-    fields.append(f'"data":{data}')
-    if was_cut:
-        cut.append("data")
-    if cut:
-        fields.append('"cut":' + _ascii_json(cut))
-    return "{" + ",".join(fields) + "}"
-
-
 # ---------------------------------------------------------------------------------------------- output
 
 
 def _guard(text: str) -> str:
     """Last line of defence: printable ASCII only, and within the line bound."""
     if not all(0x20 <= ord(ch) <= 0x7E for ch in text):
-        text = "".join(ch if 0x20 <= ord(ch) <= 0x7E else _pct(ch) for ch in text)
+        text = "".join(ch if 0x20 <= ord(ch) <= 0x7E else percent(ch) for ch in text)
     if len(text) > LINE_MAX_BYTES - 1:
         text = text[: LINE_MAX_BYTES - 1 - len(CUT)] + CUT
     return text
@@ -322,7 +198,7 @@ class _Out:
 
     def event(self, kind: str, text: str, fields: dict[str, Any]) -> None:
         if self.fmt == "jsonl":
-            self.line(_ascii_json({"kind": kind, **fields}))
+            self.line(ascii_json({"kind": kind, **fields}))
         else:
             self.line(text)
 
@@ -345,11 +221,11 @@ class _Out:
         self.event("LIVE", "LIVE", {})
 
     def down(self, reason: str) -> None:
-        reason = _free_text(reason)
+        reason = free_text(reason)
         self.event("DOWN", f"DOWN {reason}", {"reason": reason})
 
     def up(self, base: str) -> None:
-        base = _free_text(base)
+        base = free_text(base)
         self.event("UP", f"UP {base}", {"base": base})
 
     def expired(self, requested: Any, floor: Any, policy: Any, relist: Any) -> None:
@@ -378,7 +254,7 @@ class _Out:
 def _json_scalar(value: Any) -> Any:
     if value is None or isinstance(value, bool | int):
         return value
-    return _free_text(value)[:300]
+    return free_text(value)[:300]
 
 
 def _failure_status(exc: BaseException) -> int:
@@ -511,7 +387,7 @@ class Watch:
         count, at = 0, start
         while at <= head:
             page = self._pull(cursor=at, wait=0, limit=MAX_LIMIT)
-            count += sum(1 for o in page.observations if _seq(o) <= head)
+            count += sum(1 for o in page.observations if seq_of(o) <= head)
             if (not page.observations and not page.raw.get("scan_capped")) or page.next <= at:
                 break
             at = page.next
@@ -548,7 +424,7 @@ class Watch:
                 if drain_head is None:
                     drain_head = int(batch.head)
                 for obs in batch.observations:
-                    if self.boundary is not None and _seq(obs) > self.boundary:
+                    if self.boundary is not None and seq_of(obs) > self.boundary:
                         self._go_live()  # arrived after the start: the frame closes before it
                     self.out.obs(obs)
                     if self.boundary is not None and self.backlog_left is not None:

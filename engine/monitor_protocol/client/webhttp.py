@@ -13,7 +13,7 @@ emscripten (an explicit httpx `transport=` still uses httpx):
   sentence saying so, instead of hanging. Cross-origin servers work from a main thread too (without a
   timeout there: browsers forbid one on a synchronous request of a window).
 
-Both return a `Reply` with the names `client._decode` reads (status_code, content, headers) and raise
+Both return a `Reply` with the names `clients.decode` reads (status_code, content, headers) and raise
 `SendFailed` with `sent=False` only when the request certainly never left (a bad URL or header refused by
 the browser before sending); a network error or timeout after that is `sent=True` (the outcome is unknown).
 

@@ -391,7 +391,7 @@ class RemoteBackend:
         wait: float = 0.0,
         filter: dict[str, Any] | None = None,
     ) -> Any:
-        from monitor_protocol.client import LONG_POLL_MARGIN, filter_params
+        from monitor_protocol.client.routes import LONG_POLL_MARGIN, filter_params
 
         params: list[tuple[str, str]] = []
         if cursor is not None:
