@@ -200,7 +200,16 @@ def test_the_table_and_its_documents_import_only_the_standard_library() -> None:
 
 
 def test_engine_args_refuses_an_unknown_call_item() -> None:
-    op = operations.Operation("x", "GET", "/x", "x", operations.PUBLIC, operations.Result({}), "x", ("nope",))
+    op = operations.Operation(
+        name="x",
+        method="GET",
+        route="/x",
+        summary="x",
+        auth=operations.PUBLIC,
+        result=operations.Result({}),
+        service="x",
+        call=("nope",),
+    )
     with pytest.raises(ValueError, match="unknown call item"):
         operations.engine_args(op, {}, None, None)
 
