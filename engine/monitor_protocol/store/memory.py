@@ -320,12 +320,7 @@ class MemoryStore(Store):
         if (query is None or query.selects_all) and log.dense():
             n = len(log.span(from_seq, to_seq))
             return n if cap is None else min(n, cap)
-        n = 0
-        for _ in self.scan(monitor_id, from_seq, to_seq, query):
-            n += 1
-            if n == cap:
-                break
-        return n
+        return super().count(monitor_id, from_seq, to_seq, query, cap)
 
     # ============================================================================== subjects
     def has_subject(self, monitor_id: str, subject: str) -> bool:

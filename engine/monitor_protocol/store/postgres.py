@@ -62,6 +62,7 @@ from monitor_protocol.store.sqlite import (
     _join,
     _split,
     _storable,
+    capped_count_sql,
     next_prefix,
     upsert_sql,
 )
@@ -635,10 +636,7 @@ class PostgresStore(Store):
         if cap is not None and cap <= 0:
             return 0
         cond, params = log_where(query)
-        sql = (
-            "SELECT count(*) FROM (SELECT 1 FROM observations "
-            f"WHERE monitor=%s AND seq>=%s AND seq<=%s AND ({cond}) LIMIT %s) AS capped"
-        )
+        sql = capped_count_sql("observations", cond, "%s")
         row = self._exec(sql, (monitor_id, from_seq, min(to_seq, MAX_SEQ), *params, cap)).fetchone()
         return int(row[0])
 

@@ -139,6 +139,15 @@ def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
 
 
 # ===================================================================================== LogQuery as SQL
+def capped_count_sql(source: str, cond: str, mark: str) -> str:
+    """How many log rows hold `cond` in a seq range, with the driver's placeholder `mark`; the LIMIT inside
+    bounds the work: a capped count stops at the cap (SQLite's -1 and PostgreSQL's NULL: no limit)."""
+    return (
+        f"SELECT count(*) FROM (SELECT 1 FROM {source} WHERE monitor={mark} AND seq>={mark} AND seq<={mark} "
+        f"AND ({cond}) LIMIT {mark}) AS capped"
+    )
+
+
 def _source(query: LogQuery | None) -> str:
     index = log_index(query)
     return "observations" if index is None else f"observations INDEXED BY {index}"
@@ -885,11 +894,7 @@ class SQLiteStore(Store):
         if cap is not None and cap <= 0:
             return 0
         cond, params = log_where(query) or ("1", [])
-        # The LIMIT inside bounds the work: a capped count stops at `cap` rows (-1: no limit).
-        sql = (
-            f"SELECT count(*) FROM (SELECT 1 FROM {_source(query)} "
-            f"WHERE monitor=? AND seq>=? AND seq<=? AND ({cond}) LIMIT ?)"
-        )
+        sql = capped_count_sql(_source(query), cond, "?")
         args = (monitor_id, from_seq, min(to_seq, MAX_SEQ), *params, -1 if cap is None else cap)
         return int(self._db.execute(sql, args).fetchone()[0])
 
