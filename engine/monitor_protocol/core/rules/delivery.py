@@ -7,6 +7,7 @@ clock is due (runtime.MUTE_FLUSH_SECONDS). An empty pull and a long-poll re-chec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from monitor_protocol.core import filters, netguard, tokens
@@ -309,6 +310,17 @@ def _inline_filter(rec: Monitor, sub: Subscription, inline: Any) -> Any:
     return inline_flt
 
 
+@dataclass(slots=True)
+class _Page:
+    """What one pull read: the rows it hands out, the last seq it examined, whether the scan budget cut the
+    read short (`capped`), and whether the reader's stored record changed on the way (`changed`)."""
+
+    batch: list[Observation]
+    last_examined: int
+    capped: bool = False
+    changed: bool = False
+
+
 def pull(
     core: ServiceCore,
     tx: Tx,
@@ -322,7 +334,8 @@ def pull(
     ack_cursor: Any = None,
 ) -> dict[str, Any]:
     """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
-    rules, in this same transaction: the pull then reads from the cursor it just committed."""
+    rules, in this same transaction: the pull then reads from the cursor it just committed. A replay
+    (`cursor` given) reads from there and records nothing."""
     if ack_cursor is not None:
         if cursor is not None:
             raise invalid(
@@ -330,11 +343,34 @@ def pull(
             )
         acked = as_int(ack_cursor, "ack", minimum=0, text=False)  # a JSON integer, like /ack's cursor
         ack(core, tx, sub_id, token, {"cursor": acked}, system=system)
+    stored = _reader(tx, sub_id, token, system)  # what the store holds: the lazy mute clock is measured on it
+    sub = core.alive(stored)
+    rec = monitor_of(tx, sub.monitor)
+    replay = cursor is not None
+    inline_flt = _inline_filter(rec, sub, inline)
+    lim = _pull_limit(limit, sub.filter, inline_flt)
+    start = as_int(cursor, "cursor", minimum=0) if replay else sub.cursor
+    sub, start, reset = _past_the_floor(rec, sub, start, replay)
+    page = _read_page(tx, rec, sub, inline_flt, start, lim)
+    page.changed = reset
+    if page.capped and not page.batch and not replay and not inline_flt:
+        sub = _mark_examined(sub, page, start)
+    caught_up = not page.batch or page.batch[-1].seq == rec.head
+    if not replay and not page.capped and sub.relist and caught_up and len(page.batch) < lim:
+        sub, rec = _bookmark(tx, rec, sub, page, start)
+    hwm = sub.hwm
+    if not replay:
+        sub = _record_delivery(core, tx, rec, stored, sub, page)
+    return _pull_reply(tx, rec, sub, page, hwm, lag_exact=not (page.capped and not replay and not inline_flt))
+
+
+def _reader(tx: Tx, sub_id: str, token: str | None, system: bool) -> Subscription:
+    """The subscription reading: by its token, or (the server's own push) by id alone; P7: it must hold
+    observe."""
     if system:
-        found = tx.subscription(sub_id)
-        if found is None or not found.active:
+        sub = tx.subscription(sub_id)
+        if sub is None or not sub.active:
             raise ProtocolError("NOT_FOUND", f"No active subscription {sub_id!r}.", subscription=sub_id)
-        sub = found
     else:
         sub = subscription_of(tx, sub_id, token)
     if "observe" not in sub.capabilities:  # P7: observe reads, for the server's own push too
@@ -344,107 +380,133 @@ def pull(
             granted=list(sub.capabilities),
             required="observe",
         )
-    stored = sub  # what the store holds: the lazy mute clock is measured against it
-    sub = core.alive(sub)
-    rec = monitor_of(tx, sub.monitor)
-    replay = cursor is not None
-    inline_flt = _inline_filter(rec, sub, inline)
-    lim = _pull_limit(limit, sub.filter, inline_flt)
-    start = as_int(cursor, "cursor", minimum=0) if replay else sub.cursor
-    head, floor = rec.head, rec.floor
-    now = tx.now
-    stored_changed = False
-    if max(start, 1) < floor:  # something below the floor was really compacted
-        if replay or sub.reset_policy == "none":
-            raise ProtocolError(
-                "CURSOR_EXPIRED",
-                f"Cursor {start} is below the retention floor {floor}: those observations were compacted. "
-                "Relist (read the monitor's state), then seek to retention_floor.",
-                retention_floor=floor,
-                relist=f"monitors/state?id={rec.id}",
-                requested=start,
-                reset_policy=sub.reset_policy,
-            )
-        start = floor if sub.reset_policy == "earliest" else head + 1
-        sub = evolve(sub, cursor=start, relist=sub.reset_policy == "earliest")
-        stored_changed = True
-    query = filters.prefilter(sub.filter, inline_flt)
-    batch: list[Observation] = []
-    first = past_known_misses(sub, max(start, 1))
-    last_examined, capped = first - 1, False
-    if first <= head:
-        for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
-            last_examined = obs.seq
-            if query.complete or (
-                filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
-            ):
-                batch.append(obs)
-                if len(batch) >= lim:
-                    break
-            elif examined >= SCAN_BUDGET and last_examined < head:
-                capped = True  # bounded read: the rest waits for the next pull, from `next`
-                break
-    if capped and not batch and not replay and not inline_flt:
-        # Remember what was examined in vain, so the next pull goes on from there even if this reader
-        # never acks an empty page (push, watch, SSE): bounded work per request, never a stall. Only
-        # an empty page: rows delivered but not acked must come back on the next pull (P4).
-        mark = sub.scan_mark
-        begins = mark[0] if mark and first == mark[1] + 1 else max(start, 1)
-        sub = evolve(sub, scan_mark=(begins, last_examined))
-        stored_changed = True
-    if not replay and not capped and sub.relist and (not batch or batch[-1].seq == head) and len(batch) < lim:
-        # A replay after a relist ends with a bookmark that says where the replay stopped.
-        bookmark = append_protocol(
-            tx,
-            rec.id,
-            T_BOOKMARK,
-            "system:relist",
-            {"subscription": sub.id, "from": start, "to": head, "reason": "replay after relist"},
+    return sub
+
+
+def _past_the_floor(
+    rec: Monitor, sub: Subscription, start: int, replay: bool
+) -> tuple[Subscription, int, bool]:
+    """A cursor below what compaction kept: refused (a replay, or reset_policy none), else moved by the
+    reset policy (earliest: the floor, with a relist to come; latest: past the head). (sub, start, moved)."""
+    floor, head = rec.floor, rec.head
+    if max(start, 1) >= floor:
+        return sub, start, False
+    if replay or sub.reset_policy == "none":
+        raise ProtocolError(
+            "CURSOR_EXPIRED",
+            f"Cursor {start} is below the retention floor {floor}: those observations were compacted. "
+            "Relist (read the monitor's state), then seek to retention_floor.",
+            retention_floor=floor,
+            relist=f"monitors/state?id={rec.id}",
+            requested=start,
+            reset_policy=sub.reset_policy,
         )
-        batch.append(bookmark)
-        sub = evolve(sub, relist=False)
-        stored_changed = True
-        rec = monitor_of(tx, rec.id)
-        head = rec.head
+    start = floor if sub.reset_policy == "earliest" else head + 1
+    return evolve(sub, cursor=start, relist=sub.reset_policy == "earliest"), start, True
+
+
+def _read_page(tx: Tx, rec: Monitor, sub: Subscription, inline_flt: Any, start: int, lim: int) -> _Page:
+    """Up to `lim` rows from `start` under the reader's filter and the pull's own, examining at most
+    SCAN_BUDGET rows that do not match (a bounded read: the rest waits for the next pull, from `next`)."""
+    query = filters.prefilter(sub.filter, inline_flt)
+    head = rec.head
+    first = past_known_misses(sub, max(start, 1))
+    page = _Page([], first - 1)
+    if first > head:
+        return page
+    for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
+        page.last_examined = obs.seq
+        if query.complete or (
+            filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
+        ):
+            page.batch.append(obs)
+            if len(page.batch) >= lim:
+                break
+        elif examined >= SCAN_BUDGET and page.last_examined < head:
+            page.capped = True
+            break
+    return page
+
+
+def _mark_examined(sub: Subscription, page: _Page, start: int) -> Subscription:
+    """Remember what an empty, budget-capped page examined in vain, so the next pull goes on from there even
+    if this reader never acks an empty page (push, watch, SSE): bounded work per request, never a stall.
+    Only an empty page: rows delivered but not acked must come back on the next pull (P4)."""
+    mark = sub.scan_mark
+    first = past_known_misses(sub, max(start, 1))
+    begins = mark[0] if mark and first == mark[1] + 1 else max(start, 1)
+    page.changed = True
+    return evolve(sub, scan_mark=(begins, page.last_examined))
+
+
+def _bookmark(
+    tx: Tx, rec: Monitor, sub: Subscription, page: _Page, start: int
+) -> tuple[Subscription, Monitor]:
+    """A replay after a relist ends with a bookmark that says where the replay stopped."""
+    bookmark = append_protocol(
+        tx,
+        rec.id,
+        T_BOOKMARK,
+        "system:relist",
+        {"subscription": sub.id, "from": start, "to": rec.head, "reason": "replay after relist"},
+    )
+    page.batch.append(bookmark)
+    page.changed = True
+    return evolve(sub, relist=False), monitor_of(tx, rec.id)
+
+
+def _record_delivery(
+    core: ServiceCore, tx: Tx, rec: Monitor, stored: Subscription, sub: Subscription, page: _Page
+) -> Subscription:
+    """What a (non-replay) pull records: the delivered high-water mark and the monitor's delivered count
+    when new rows went out or the reader's record changed, else only a remembered sign of life (the lazy
+    mute clock, runtime.MUTE_FLUSH_SECONDS) unless it is due to be written."""
+    now = tx.now
     hwm = sub.hwm
-    wire = [obs.to_wire(redelivered=obs.seq <= hwm) for obs in batch]
-    redelivered = sum(1 for obs in batch if obs.seq <= hwm)
-    if capped:
-        next_cursor = last_examined + 1  # every row below it was examined and did not match
+    new_hwm = max(hwm, page.batch[-1].seq) if page.batch else hwm
+    fresh = sum(1 for obs in page.batch if obs.seq > hwm)
+    if new_hwm != hwm or fresh or page.changed or core.must_store_life(rec, stored, now):
+        sub = tx.put_subscription(evolve(sub, hwm=new_hwm, last_pull=now, mute_since=now))
+        tx.put_monitor(evolve(rec, counters=rec.counters.bump(delivered=fresh), last_pull=now))
+    else:
+        tx.life[sub.id] = now  # remembered, not written
+        tx.monitor_pulls[rec.id] = now
+        sub = evolve(sub, last_pull=now, mute_since=now)
+    core.schedule(now + core.mute_seconds(rec, sub))
+    return sub
+
+
+def _pull_reply(
+    tx: Tx, rec: Monitor, sub: Subscription, page: _Page, hwm: int, *, lag_exact: bool
+) -> dict[str, Any]:
+    """The pull's reply; rows at or below the high-water mark the pull began with are marked redelivered."""
+    head = rec.head
+    batch = page.batch
+    if page.capped:
+        next_cursor = page.last_examined + 1  # every row below it was examined and did not match
     else:
         next_cursor = batch[-1].seq + 1 if batch else head + 1
-    if not replay:
-        new_hwm = max(hwm, batch[-1].seq) if batch else hwm
-        fresh = len(batch) - redelivered
-        if new_hwm != hwm or fresh or stored_changed or core.must_store_life(rec, stored, now):
-            sub = tx.put_subscription(evolve(sub, hwm=new_hwm, last_pull=now, mute_since=now))
-            tx.put_monitor(evolve(rec, counters=rec.counters.bump(delivered=fresh), last_pull=now))
-        else:
-            tx.life[sub.id] = now  # remembered, not written: see runtime.MUTE_FLUSH_SECONDS
-            tx.monitor_pulls[rec.id] = now
-            sub = evolve(sub, last_pull=now, mute_since=now)
-        core.schedule(now + core.mute_seconds(rec, sub))
-    if capped and not replay and not inline_flt:
+    if lag_exact:
+        lag_n, lag_capped = lag_count(tx, rec, sub)
+    else:
         # This pull just examined every row from the cursor to `next` under the subscription's own filter:
         # the lag is what it found plus the rows not yet examined (an upper bound, flagged), with no
         # second scan of another budget's worth of rows.
-        lag_n, lag_capped = min(len(batch) + head - last_examined, LAG_COUNT_CAP), True
-    else:
-        lag_n, lag_capped = lag_count(tx, rec, sub)
+        lag_n, lag_capped = min(len(batch) + head - page.last_examined, LAG_COUNT_CAP), True
     out: dict[str, Any] = {
         "subscription": sub.id,
         "monitor": rec.id,
         "cursor": sub.cursor,
         "head": head,
         "lag": lag_n,
-        "retention_floor": floor,
+        "retention_floor": rec.floor,
         "next": next_cursor,
-        "redelivered": redelivered,
-        "observations": wire,
+        "redelivered": sum(1 for obs in batch if obs.seq <= hwm),
+        "observations": [obs.to_wire(redelivered=obs.seq <= hwm) for obs in batch],
     }
     if lag_capped:
         out["lag_capped"] = True
-    if capped:
+    if page.capped:
         out["scan_capped"] = True  # more rows remain past `next`: pull again (after acking `next`)
     return out
 
