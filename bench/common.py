@@ -6,6 +6,7 @@ process that is stopped (SIGTERM, then SIGKILL) when the block using it exits.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -279,3 +281,53 @@ def machine() -> dict[str, Any]:
         "commit": commit,
         "engine_dirty": dirty,
     }
+
+
+class BenchRun:
+    """One benchmark run: its settings (quick, runs, duration), a scratch folder, and `repeat` (runs of one
+    load with the server's and the clients' CPU beside the rate). Every section takes one."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick = args.quick
+        self.runs = args.runs or (2 if args.quick else 5)
+        self.duration = args.duration or (0.7 if args.quick else 2.0)
+        self.tmp = Path(tempfile.mkdtemp(prefix="mp-bench-", dir=args.tmpdir))
+
+    def log(self, msg: str) -> None:
+        print(f"[bench] {msg}", flush=True)
+
+    def db(self, name: str) -> str:
+        path = self.tmp / f"{name}.db"
+        for suffix in ("", "-wal", "-shm", ".lock"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
+        return str(path)
+
+    def repeat(
+        self, server: Any, workload: str, what: str, runs: int | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        """``runs`` runs of one load; the figure is the rate, with server and client CPU beside it."""
+        rates, scpu, ccpu, errors, first_error = [], [], [], 0, None
+        for _ in range(runs or self.runs):
+            r = loadgen(server, workload, duration=self.duration, **kw)
+            rates.append(r["rate"])
+            scpu.append(r["server_cpu"])
+            ccpu.append(r["client_cpu"])
+            errors += r["errors"]
+            first_error = first_error or r["first_error"]
+        out = summary(rates)
+        out.update(
+            what=what,
+            unit="ops/s" if workload != "drain" else "observations/s",
+            server_cpu_cores=round(sorted(scpu)[len(scpu) // 2], 2),
+            client_cpu_cores=round(sorted(ccpu)[len(ccpu) // 2], 2),
+            errors=errors,
+        )
+        if first_error:
+            out["first_error"] = first_error
+        self.log(
+            f"  {what}: {out['median']:.0f}/s (min {out['min']:.0f}, max {out['max']:.0f}); "
+            f"server {out['server_cpu_cores']} cores, client {out['client_cpu_cores']} cores"
+            + (f", {errors} errors: {first_error}" if errors else "")
+        )
+        return out

@@ -32,13 +32,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from common import BENCH, MONITOR, PY, ROOT, bare_serve, machine, mp_serve, percentile, summary
+from common import BENCH, MONITOR, PY, ROOT, BenchRun, bare_serve, machine, mp_serve, percentile, summary
 from peer_servers import CLIENT_PINS, ensure_apt, ensure_clients, peer, tree_cpu
-
-if TYPE_CHECKING:
-    from run import Bench
 
 SYSTEMS = ("mp", "redis", "postgres", "nats")
 PEERS = SYSTEMS[1:]
@@ -191,7 +188,7 @@ def prepare(system: System, fill: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- servers
 @contextmanager
-def start_mp(bench: Bench, fill: int) -> Iterator[System]:
+def start_mp(bench: BenchRun, fill: int) -> Iterator[System]:
     path = bench.db("peers")
     log(f"mp serve: filling {fill:,} observations in-process (bench/run.py's fill), then serving")
     bench.fill(path, fill)
@@ -208,7 +205,7 @@ def start_peer(system: str, parent: Path) -> Iterator[System]:
         yield System(system, p.proc.pid, p.conn, {"version": p.version, "settings": p.settings})
 
 
-def start_all(bench: Bench, stack: ExitStack, not_measured: dict[str, str]) -> dict[str, System]:
+def start_all(bench: BenchRun, stack: ExitStack, not_measured: dict[str, str]) -> dict[str, System]:
     """Start and prepare every system not already excluded; one that fails is recorded and left out."""
     fill = FEED[bench.quick]
     running: dict[str, System] = {}
@@ -246,7 +243,7 @@ def rotated(items: list[str], n: int) -> list[str]:
     return items[k:] + items[:k]
 
 
-def one(bench: Bench, w: Workload, col: str, running: dict[str, System], rnd: int) -> dict[str, Any]:
+def one(bench: BenchRun, w: Workload, col: str, running: dict[str, System], rnd: int) -> dict[str, Any]:
     system = running["mp" if col == "mp_onecall" else col]
     spec = {"workload": w.kind, "tasks": w.tasks, "limit": w.limit, "one_call": col == "mp_onecall",
             "run": f"r{rnd}-{w.key}-{col}".replace("_", "-")}  # fmt: skip
@@ -267,7 +264,7 @@ def one(bench: Bench, w: Workload, col: str, running: dict[str, System], rnd: in
     return r
 
 
-def rounds(bench: Bench, running: dict[str, System]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def rounds(bench: BenchRun, running: dict[str, System]) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """for each round: for each workload: each system once, the systems' order rotating by round."""
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {w.key: {} for w in WORKLOADS}
     for rnd in range(bench.runs):
@@ -358,7 +355,7 @@ def batch_note(mp_ctx: dict[str, Any] | None, fig: dict[str, Any] | None) -> str
 
 
 # ---------------------------------------------------------------------------------------------- limits
-def limits(bench: Bench) -> dict[str, Any]:
+def limits(bench: BenchRun) -> dict[str, Any]:
     """The machine's limits, by bench/run.py's own functions: the bare ASGI endpoint on mp serve's server stack
     (driven by bench/loadgen.py's httpx.Client, httpx.AsyncClient and raw asyncio clients), and raw SQLite
     commits with mp serve's durability settings."""
@@ -443,7 +440,7 @@ def _sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # so that every server's `finally` stops it
 
 
-def run(bench: Bench) -> dict[str, Any]:
+def run(bench: BenchRun) -> dict[str, Any]:
     """The whole peers section; returns what bench/results/peers.json holds."""
     t_all, load_before = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     old = signal.signal(signal.SIGTERM, _sigterm)

@@ -9,8 +9,6 @@ Sections (``--only`` takes these names, repeatable or comma-separated):
   pull        pull+ack round trips/s (limit 1) and batch drain (limit 200 + ack) in observations/s
   wake        long-poll wake latency: publish reply -> waiting pull?wait=30 reply, p50/p99
   growth      publish/s and pull/s with 1k, 100k and 1M observations in the monitor; bytes/observation
-  seam        issue 10's targets (bench/seam.py): filtered pull over 1M non-matching rows, 200/1000 parked
-              long polls woken by one publish, fsyncs per empty pull / re-check / publish, publish CPU
   playground  bench/playground_bench.py (shell paint, cold start, reload, publishes into IndexedDB, with the
               load average beside every figure), owned by the playground
 
@@ -36,7 +34,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,6 +49,7 @@ from common import (  # noqa: E402
     PY,
     RESULTS,
     ROOT,
+    BenchRun,
     bare_serve,
     create_monitor,
     loadgen,
@@ -62,7 +60,7 @@ from common import (  # noqa: E402
     summary,
 )
 
-SECTIONS = ("limits", "publish", "pull", "wake", "growth", "seam", "playground")
+SECTIONS = ("limits", "publish", "pull", "wake", "growth", "playground")
 
 # Client kinds for "16 concurrent clients" (see docs/bench.md for why there are three).
 C16 = {
@@ -87,51 +85,8 @@ C16 = {
 }
 
 
-class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.quick = args.quick
-        self.runs = args.runs or (2 if args.quick else 5)
-        self.duration = args.duration or (0.7 if args.quick else 2.0)
-        self.tmp = Path(tempfile.mkdtemp(prefix="mp-bench-", dir=args.tmpdir))
-
-    def log(self, msg: str) -> None:
-        print(f"[bench] {msg}", flush=True)
-
-    def db(self, name: str) -> str:
-        path = self.tmp / f"{name}.db"
-        for suffix in ("", "-wal", "-shm", ".lock"):
-            Path(str(path) + suffix).unlink(missing_ok=True)
-        return str(path)
-
-    def repeat(
-        self, server: Any, workload: str, what: str, runs: int | None = None, **kw: Any
-    ) -> dict[str, Any]:
-        """``runs`` runs of one load; the figure is the rate, with server and client CPU beside it."""
-        rates, scpu, ccpu, errors, first_error = [], [], [], 0, None
-        for _ in range(runs or self.runs):
-            r = loadgen(server, workload, duration=self.duration, **kw)
-            rates.append(r["rate"])
-            scpu.append(r["server_cpu"])
-            ccpu.append(r["client_cpu"])
-            errors += r["errors"]
-            first_error = first_error or r["first_error"]
-        out = summary(rates)
-        out.update(
-            what=what,
-            unit="ops/s" if workload != "drain" else "observations/s",
-            server_cpu_cores=round(sorted(scpu)[len(scpu) // 2], 2),
-            client_cpu_cores=round(sorted(ccpu)[len(ccpu) // 2], 2),
-            errors=errors,
-        )
-        if first_error:
-            out["first_error"] = first_error
-        self.log(
-            f"  {what}: {out['median']:.0f}/s (min {out['min']:.0f}, max {out['max']:.0f}); "
-            f"server {out['server_cpu_cores']} cores, client {out['client_cpu_cores']} cores"
-            + (f", {errors} errors: {first_error}" if errors else "")
-        )
-        return out
+class Bench(BenchRun):
+    """The sections of the main run (limits, publish, pull, wake, growth, playground)."""
 
     # ------------------------------------------------------------------------------------------ limits
     def limits(self) -> dict[str, Any]:
@@ -449,16 +404,6 @@ class Bench:
         )
         return {"levels": levels, "ratios": ratios}
 
-    # ------------------------------------------------------------------------------------------ seam
-    def seam(self) -> dict[str, Any]:
-        """bench/seam.py on this tree's engine (the "after" column; bench/seam.py --before writes the other)."""
-        import seam
-
-        return seam.run(
-            quick=self.quick, runs=self.args.runs, duration=self.args.duration, tmpdir=self.args.tmpdir,
-            engine=str(ROOT / "engine"), label="after",
-        )  # fmt: skip
-
     # ------------------------------------------------------------------------------------------ playground
     def playground(self) -> dict[str, Any]:
         script = ROOT / "bench" / "playground_bench.py"
@@ -628,11 +573,6 @@ def table(c: dict[str, Any]) -> str:
             f"playground conditions: load average {cond.get('loadavg_before')} before, {cond.get('loadavg_after')} "
             f"after: {'quiet' if cond.get('quiet') else 'NOT quiet'} ({cond.get('quiet_rule')})"
         )
-    if isinstance(c.get("seam"), dict) and c["seam"].get("status") != "failed":
-        import seam
-
-        lines.append("")
-        lines += [f"seam: {label}: {value}" for label, value in seam.rows(c["seam"])]
     return "\n".join(lines)
 
 
@@ -727,11 +667,6 @@ def markdown(c: dict[str, Any]) -> str:
     for v in c.get("targets") or []:
         share = "" if v.get("share_of_target") is None else f"{v['share_of_target']:.2f}"
         out.append(f"| {v['label']} {v['target']} | {fmt(v['value'])} | {v['status']} | {share} |")
-    import seam
-
-    seam_md = seam.markdown(RESULTS)  # bench/results/seam-before.json and seam.json, side by side
-    if seam_md:
-        out += ["", seam_md]
     return "\n".join(out)
 
 

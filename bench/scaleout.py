@@ -56,14 +56,23 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
-from common import BENCH, CLK_TCK, OBS_BODY, PY, ROOT, _stop, cpu_seconds, free_port, machine, summary
+from common import (
+    BENCH,
+    CLK_TCK,
+    OBS_BODY,
+    PY,
+    ROOT,
+    BenchRun,
+    _stop,
+    cpu_seconds,
+    free_port,
+    machine,
+    summary,
+)
 from peer_servers import CLIENT_PINS, ensure_apt, ensure_clients, peer, tree_cpu
-
-if TYPE_CHECKING:
-    from run import Bench
 
 LOAD = BENCH / "scaleout_load.py"
 CLIENTS = (16, 64)
@@ -339,7 +348,7 @@ def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
 # ============================================================================================== one figure
 @dataclass
 class Context:
-    bench: Bench
+    bench: BenchRun
     warmup: float
     pg_pid: int | None = None
     pg_conninfo: str | None = None
@@ -676,7 +685,7 @@ def _pg_cluster(ctx: Context, stack: ExitStack, parent: Path) -> dict[str, Any]:
             "client": f"psycopg {psycopg.__version__} (libpq {libpq // 10000}.{libpq % 100})"}  # fmt: skip
 
 
-def run(bench: Bench) -> dict[str, Any]:
+def run(bench: BenchRun) -> dict[str, Any]:
     """The whole scale-out section; returns what bench/results/scaleout.json holds."""
     t_all, load_before = time.perf_counter(), [round(x, 2) for x in os.getloadavg()]
     old = signal.signal(signal.SIGTERM, _sigterm)
