@@ -28,7 +28,8 @@ from monitor_protocol.core.records import (
 from monitor_protocol.core.store_contract import LOG_COLUMNS, Changes, LogQuery, Term
 from monitor_protocol.store.indexeddb import decode_records, encode_changes, record_key
 from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
-from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked, next_prefix
+from monitor_protocol.store.sql import next_prefix
+from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked
 
 # A subscription taken by another id: SQLite's unique index raises IntegrityError, the memory store ValueError,
 # PostgreSQL's unique index psycopg's IntegrityError (when psycopg is installed).

@@ -54,16 +54,16 @@ from monitor_protocol.core.store_contract import (
     Term,
     chunked_rows,
 )
-from monitor_protocol.store.sqlite import (
+from monitor_protocol.store.sql import (
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
     OBSERVATION_COLUMNS,
     SUBSCRIPTION_COLUMNS,
-    _join,
-    _split,
-    _storable,
     capped_count_sql,
     next_prefix,
+    row_of,
+    row_values,
+    storable,
     upsert_sql,
 )
 
@@ -168,12 +168,12 @@ def _term_sql(term: Term, params: list[Any]) -> str:
         raise ValueError(f"not an indexed log column: {term.column!r}")
     col = term.column
     parts: list[str] = []
-    exact = [_enc(v) for v in term.exact if _storable(v)]
+    exact = [_enc(v) for v in term.exact if storable(v)]
     if exact:
         parts.append(f"{col} = ANY(%s)")
         params.append(exact)
     for prefix in term.prefixes:
-        if not _storable(prefix):
+        if not storable(prefix):
             continue
         low = _enc(prefix) or ""
         upper = next_prefix(low)
@@ -535,7 +535,7 @@ class PostgresStore(Store):
             or changes.leases or changes.publish_keys
         )  # fmt: skip
         if changes.monitors:
-            self._put(conn, _PUT_MONITOR, [_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
+            self._put(conn, _PUT_MONITOR, [row_values(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
         if changes.observations:
             self._put(
                 conn,
@@ -570,12 +570,12 @@ class PostgresStore(Store):
             self._put(
                 conn,
                 _PUT_SUBSCRIPTION,
-                [_split(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions],
+                [row_values(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions],
             )
         if changes.leases:
             rows = []
             for x in changes.leases:
-                values = list(_split(x.to_row(), LEASE_COLUMNS))
+                values = list(row_values(x.to_row(), LEASE_COLUMNS))
                 values[1], values[3] = _enc(values[1]), _enc(values[3])
                 rows.append(tuple(values))
             self._put(conn, _PUT_LEASE, rows)
@@ -594,11 +594,11 @@ class PostgresStore(Store):
     # --- monitors ---------------------------------------------------------------------------------
     def get_monitor(self, monitor_id: str) -> Monitor | None:
         row = self._exec(f"{_GET_MONITOR} WHERE id=%s", (monitor_id,)).fetchone()
-        return Monitor.from_row(_join(row, MONITOR_COLUMNS)) if row else None
+        return Monitor.from_row(row_of(row, MONITOR_COLUMNS)) if row else None
 
     def list_monitors(self) -> list[Monitor]:
         rows = self._exec(f"{_GET_MONITOR} ORDER BY id").fetchall()
-        return [Monitor.from_row(_join(r, MONITOR_COLUMNS)) for r in rows]
+        return [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
 
     # --- the log ----------------------------------------------------------------------------------
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
@@ -641,7 +641,7 @@ class PostgresStore(Store):
         return int(row[0])
 
     def has_subject(self, monitor_id: str, subject: str) -> bool:
-        if not _storable(subject):
+        if not storable(subject):
             return False
         row = self._exec(
             "SELECT 1 FROM subjects WHERE monitor=%s AND subject=%s", (monitor_id, _enc(subject))
@@ -655,7 +655,7 @@ class PostgresStore(Store):
     # --- subscriptions ----------------------------------------------------------------------------
     def _subscription(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
         row = self._exec(f"{_GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
-        return Subscription.from_row(_join(row, SUBSCRIPTION_COLUMNS)) if row else None
+        return Subscription.from_row(row_of(row, SUBSCRIPTION_COLUMNS)) if row else None
 
     def get_subscription(self, sub_id: str) -> Subscription | None:
         return self._subscription("id=%s", (sub_id,))
@@ -671,7 +671,7 @@ class PostgresStore(Store):
             rows = self._exec(f"{_GET_SUBSCRIPTION} ORDER BY id").fetchall()
         else:
             rows = self._exec(f"{_GET_SUBSCRIPTION} WHERE monitor=%s ORDER BY id", (monitor_id,)).fetchall()
-        return [Subscription.from_row(_join(r, SUBSCRIPTION_COLUMNS)) for r in rows]
+        return [Subscription.from_row(row_of(r, SUBSCRIPTION_COLUMNS)) for r in rows]
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
         row = self._exec(
@@ -684,10 +684,10 @@ class PostgresStore(Store):
     def _lease(r: tuple[Any, ...]) -> Lease:
         values = list(r)
         values[1], values[3] = _dec(values[1]), _dec(values[3])
-        return Lease.from_row(_join(tuple(values), LEASE_COLUMNS))
+        return Lease.from_row(row_of(tuple(values), LEASE_COLUMNS))
 
     def get_lease(self, monitor_id: str, subject: str) -> Lease | None:
-        if not _storable(subject):
+        if not storable(subject):
             return None
         row = self._exec(
             f"{_GET_LEASE} WHERE monitor=%s AND subject=%s", (monitor_id, _enc(subject))

@@ -34,7 +34,6 @@ from monitor_protocol import __version__
 from monitor_protocol.core import wire
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
 from monitor_protocol.core.store_contract import (
-    LOG_COLUMNS,
     Changes,
     LogQuery,
     StorageError,
@@ -43,6 +42,19 @@ from monitor_protocol.core.store_contract import (
     Term,
     chunked_rows,
 )
+from monitor_protocol.store.sql import (
+    LEASE_COLUMNS,
+    MONITOR_COLUMNS,
+    OBSERVATION_COLUMNS,
+    SUBSCRIPTION_COLUMNS,
+    capped_count_sql,
+    next_prefix,
+    row_of,
+    row_values,
+    storable,
+    upsert_sql,
+)
+from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
 
 SCHEMA_VERSION = 2
 
@@ -83,25 +95,6 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
 )
 
-# The columns each table keeps out of a record's to_row(); the rest of the row is its `rec` JSON.
-MONITOR_COLUMNS = ("id", "status", "head", "floor")
-SUBSCRIPTION_COLUMNS = ("id", "monitor", "subscriber", "token_hash", "state", "cursor", "hwm", "mute_since")
-LEASE_COLUMNS = ("monitor", "subject", "state", "holder", "renewed", "duration")
-OBSERVATION_COLUMNS = ("seq", *LOG_COLUMNS, "event")
-
-
-def upsert_sql(table: str, columns: tuple[str, ...], key: str, mark: str = "?") -> str:
-    """An upsert on the key (SQLite's and PostgreSQL's common syntax; `mark` is the driver's placeholder),
-    never INSERT OR REPLACE: for subscriptions, a (monitor, subscriber) that belongs to ANOTHER row must
-    violate the unique index (REPLACE would silently delete that other row)."""
-    cols = (*columns, "rec")
-    updates = ", ".join(f"{c}=excluded.{c}" for c in cols if c not in key.split(", "))
-    marks = ", ".join([mark] * len(cols))
-    return (
-        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks}) ON CONFLICT({key}) DO UPDATE SET {updates}"
-    )
-
-
 _PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id")
 _PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_COLUMNS, "id")
 _PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject")
@@ -119,143 +112,9 @@ COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state
 
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
-_dumps = wire.encode_text  # the installed codec (the standard library's unless mp serve installs orjson)
-
-
-def _split(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
-    """A record's to_row() as its table's column values, then the JSON of what is left."""
-    return (*(row.pop(c) for c in columns), _dumps(row))
-
-
-def _join(values: tuple[Any, ...], columns: tuple[str, ...]) -> dict[str, Any]:
-    """The inverse of _split: the JSON rest with the column values put back."""
-    row = wire.decode_trusted(values[len(columns)])
-    row.update(zip(columns, values, strict=False))
-    return row
-
 
 def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
     return Observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(r[7]))
-
-
-# ===================================================================================== LogQuery as SQL
-def capped_count_sql(source: str, cond: str, mark: str) -> str:
-    """How many log rows hold `cond` in a seq range, with the driver's placeholder `mark`; the LIMIT inside
-    bounds the work: a capped count stops at the cap (SQLite's -1 and PostgreSQL's NULL: no limit)."""
-    return (
-        f"SELECT count(*) FROM (SELECT 1 FROM {source} WHERE monitor={mark} AND seq>={mark} AND seq<={mark} "
-        f"AND ({cond}) LIMIT {mark}) AS capped"
-    )
-
-
-def _source(query: LogQuery | None) -> str:
-    index = log_index(query)
-    return "observations" if index is None else f"observations INDEXED BY {index}"
-
-
-def next_prefix(prefix: str) -> str | None:
-    """The least string above every string that starts with `prefix` (None: there is none, so a prefix
-    range has no upper bound). Increment the last code point, skipping the surrogates (no stored text holds
-    one); a last code point of U+10FFFF is dropped and the one before it incremented. SQLite compares
-    text as UTF-8 bytes, whose order is code point order, the order Python compares strings in."""
-    chars = list(prefix)
-    while chars:
-        code = ord(chars.pop()) + 1
-        if code <= 0x10FFFF:
-            if 0xD800 <= code <= 0xDFFF:
-                code = 0xE000
-            return "".join(chars) + chr(code)
-    return None
-
-
-def _storable(text: str) -> bool:
-    """Text SQLite can hold (UTF-8). A lone surrogate, which JSON can spell, can match no stored value."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _term_sql(term: Term, params: list[Any], plain: bool) -> str:
-    if term.column not in LOG_COLUMNS:  # a column name goes into SQL text: only the known ones
-        raise ValueError(f"not an indexed log column: {term.column!r}")
-    col = f"+{term.column}" if plain else term.column
-    parts: list[str] = []
-    exact = [v for v in term.exact if _storable(v)]
-    if exact:
-        parts.append(f"{col} IN ({', '.join('?' * len(exact))})")
-        params.extend(exact)
-    for prefix in term.prefixes:
-        if not _storable(prefix):
-            continue
-        upper = next_prefix(prefix)
-        if upper is None:
-            parts.append(f"{col} >= ?")  # "" or only U+10FFFF: every value from it up starts with it
-            params.append(prefix)
-        else:
-            parts.append(f"({col} >= ? AND {col} < ?)")
-            params.extend((prefix, upper))
-    return " OR ".join(parts) if parts else "0"
-
-
-# The log columns with an index of their own, `(monitor, column, seq)`.
-INDEXED_COLUMNS = ("type", "subject", "actor")
-
-
-def log_where(query: LogQuery | None, *, plain: bool = False) -> tuple[str, list[Any]] | None:
-    """The query as a SQL condition on the log's columns and its parameters, or None when it lets every
-    row through. Clauses AND, alternatives OR, an alternative's terms AND, a term's values OR (a NULL
-    subject fails every comparison, as Term.holds says). `plain` writes each column as `+column`, which
-    no index can serve: the condition is then only tested on rows, and the seek is left to another term."""
-    if query is None or query.selects_all:
-        return None
-    cond, params = _log_where(query, plain)
-    return cond, list(params)
-
-
-@functools.lru_cache(maxsize=1024)
-def _log_where(query: LogQuery, plain: bool) -> tuple[str, tuple[Any, ...]]:
-    """log_where, remembered: a query is a frozen value, and every pull of a subscription asks the same."""
-    params: list[Any] = []
-    clauses: list[str] = []
-    for clause in query.clauses:
-        if any(not alt for alt in clause):
-            continue  # an empty alternative holds always: this clause lets everything through
-        alts = [" AND ".join(f"({_term_sql(t, params, plain)})" for t in alt) for alt in clause]
-        clauses.append(" OR ".join(f"({a})" for a in alts) if alts else "0")
-    return " AND ".join(f"({c})" for c in clauses), tuple(params)
-
-
-def _seekable_terms(query: LogQuery) -> list[Term]:
-    """The terms that must hold for every row (each term of a clause with one alternative) and are on a
-    column with its own index: a read may seek that index on their values."""
-    return [
-        term
-        for clause in query.clauses
-        if len(clause) == 1
-        for term in clause[0]
-        if term.column in INDEXED_COLUMNS
-    ]
-
-
-def log_index(query: LogQuery | None) -> str | None:
-    """The index a filtered read must seek, named to SQLite (INDEXED BY) rather than left to its planner:
-    without statistics it prefers the primary key's seq range, and with averaged ones (ANALYZE) it would
-    still read a million rows to find a rare type. A seekable term that lists exact values only (each value
-    one seek; a prefix range would walk the whole range whatever the seqs) with the fewest values wins.
-    None: no such term (see SQLiteStore._expand for prefixes), the planner chooses."""
-    if query is None:
-        return None
-    return _log_index(query)
-
-
-@functools.lru_cache(maxsize=1024)
-def _log_index(query: LogQuery) -> str | None:
-    exact = [t for t in _seekable_terms(query) if not t.prefixes and any(_storable(v) for v in t.exact)]
-    if not exact:
-        return None
-    return f"observations_by_{min(exact, key=lambda t: len(t.exact)).column}"
 
 
 NOTE_SUFFIX = ".writer"
@@ -718,9 +577,9 @@ class SQLiteStore(Store):
     def _write(self, changes: Changes) -> None:
         db = self._db
         if len(changes.monitors) == 1:  # the usual call: execute is cheaper than executemany of one
-            db.execute(_PUT_MONITOR, _split(changes.monitors[0].to_row(), MONITOR_COLUMNS))
+            db.execute(_PUT_MONITOR, row_values(changes.monitors[0].to_row(), MONITOR_COLUMNS))
         elif changes.monitors:
-            db.executemany(_PUT_MONITOR, (_split(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors))
+            db.executemany(_PUT_MONITOR, (row_values(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors))
         if changes.observations:
             db.executemany(
                 _PUT_OBSERVATION,
@@ -734,7 +593,7 @@ class SQLiteStore(Store):
                         o.origin,
                         o.tier,
                         o.horizon,
-                        _dumps(o.event),
+                        wire.encode_text(o.event),
                     )
                     for o in changes.observations
                 ),
@@ -745,10 +604,11 @@ class SQLiteStore(Store):
             )
         if changes.subscriptions:  # one statement each, in order: the unique index checks each one
             db.executemany(
-                _PUT_SUBSCRIPTION, (_split(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions)
+                _PUT_SUBSCRIPTION,
+                (row_values(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions),
             )
         if changes.leases:
-            db.executemany(_PUT_LEASE, (_split(x.to_row(), LEASE_COLUMNS) for x in changes.leases))
+            db.executemany(_PUT_LEASE, (row_values(x.to_row(), LEASE_COLUMNS) for x in changes.leases))
         if changes.publish_keys:
             db.executemany(_PUT_PUBLISH_KEY, ((k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys))
         for monitor, below in changes.compactions:
@@ -767,13 +627,13 @@ class SQLiteStore(Store):
         row = self._db.execute(f"{self._GET_MONITOR} WHERE id=?", (monitor_id,)).fetchone()
         if not row:
             return None
-        rec = self._monitors[monitor_id] = Monitor.from_row(_join(row, MONITOR_COLUMNS))
+        rec = self._monitors[monitor_id] = Monitor.from_row(row_of(row, MONITOR_COLUMNS))
         return rec
 
     @_guarded
     def list_monitors(self) -> list[Monitor]:
         rows = self._db.execute(f"{self._GET_MONITOR} ORDER BY id")
-        return [Monitor.from_row(_join(r, MONITOR_COLUMNS)) for r in rows]
+        return [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
 
     # --- the log ----------------------------------------------------------------------------------
     @_guarded
@@ -800,7 +660,7 @@ class SQLiteStore(Store):
         if where is None:
             return None
         if log_index(query) is not None:
-            return (_source(query), *where)
+            return (source_of(query), *where)
         seek = self._expand(monitor_id, query)
         if seek is None:
             return ("observations", *where)
@@ -820,18 +680,18 @@ class SQLiteStore(Store):
         the prefix's range). Added to the condition as `column IN (...)`, they let the scan seek that
         column's index in seq order: without them a prefix that matches nothing walks a million rows.
         None when no term has few enough values (more than EXPAND_LIMIT) to be worth it."""
-        terms = [t for t in _seekable_terms(query) if t.prefixes]
+        terms = [t for t in seekable_terms(query) if t.prefixes]
         for term in sorted(terms, key=lambda t: len(t.prefixes)):
             values = self._values_with_prefixes(monitor_id, term)
             if values is not None:
-                return term.column, [*dict.fromkeys([v for v in term.exact if _storable(v)] + values)]
+                return term.column, [*dict.fromkeys([v for v in term.exact if storable(v)] + values)]
         return None
 
     def _values_with_prefixes(self, monitor_id: str, term: Term) -> list[str] | None:
         col = term.column
         found: list[str] = []
         for prefix in term.prefixes:
-            if not _storable(prefix):
+            if not storable(prefix):
                 continue
             upper = next_prefix(prefix)
             bound = "" if upper is None else f" AND {col} < ?"
@@ -894,7 +754,7 @@ class SQLiteStore(Store):
         if cap is not None and cap <= 0:
             return 0
         cond, params = log_where(query) or ("1", [])
-        sql = capped_count_sql(_source(query), cond, "?")
+        sql = capped_count_sql(source_of(query), cond, "?")
         args = (monitor_id, from_seq, min(to_seq, MAX_SEQ), *params, -1 if cap is None else cap)
         return int(self._db.execute(sql, args).fetchone()[0])
 
@@ -918,7 +778,7 @@ class SQLiteStore(Store):
 
     def _subscription(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
         row = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
-        return Subscription.from_row(_join(row, SUBSCRIPTION_COLUMNS)) if row else None
+        return Subscription.from_row(row_of(row, SUBSCRIPTION_COLUMNS)) if row else None
 
     @_guarded
     def get_subscription(self, sub_id: str) -> Subscription | None:
@@ -944,7 +804,7 @@ class SQLiteStore(Store):
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} ORDER BY id")
         else:
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE monitor=? ORDER BY id", (monitor_id,))
-        return [Subscription.from_row(_join(r, SUBSCRIPTION_COLUMNS)) for r in rows]
+        return [Subscription.from_row(row_of(r, SUBSCRIPTION_COLUMNS)) for r in rows]
 
     @_guarded
     def count_active_subscriptions(self, monitor_id: str) -> int:
@@ -958,7 +818,7 @@ class SQLiteStore(Store):
         row = self._db.execute(
             f"{self._GET_LEASE} WHERE monitor=? AND subject=?", (monitor_id, subject)
         ).fetchone()
-        return Lease.from_row(_join(row, LEASE_COLUMNS)) if row else None
+        return Lease.from_row(row_of(row, LEASE_COLUMNS)) if row else None
 
     @_guarded
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
@@ -966,7 +826,7 @@ class SQLiteStore(Store):
             rows = self._db.execute(f"{self._GET_LEASE} ORDER BY monitor, subject")
         else:
             rows = self._db.execute(f"{self._GET_LEASE} WHERE monitor=? ORDER BY subject", (monitor_id,))
-        return [Lease.from_row(_join(r, LEASE_COLUMNS)) for r in rows]
+        return [Lease.from_row(row_of(r, LEASE_COLUMNS)) for r in rows]
 
     # --- publish idempotency keys -----------------------------------------------------------------
     @_guarded

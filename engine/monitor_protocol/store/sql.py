@@ -1,0 +1,72 @@
+"""What the two SQL stores (SQLite, PostgreSQL) share: the columns each table keeps out of a record, the
+upsert statement, a record's row as column values and back, and the helpers of indexed log reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor_protocol.core import wire
+from monitor_protocol.core.store_contract import LOG_COLUMNS
+
+# The columns each table keeps out of a record's to_row(); the rest of the row is its `rec` JSON.
+MONITOR_COLUMNS = ("id", "status", "head", "floor")
+SUBSCRIPTION_COLUMNS = ("id", "monitor", "subscriber", "token_hash", "state", "cursor", "hwm", "mute_since")
+LEASE_COLUMNS = ("monitor", "subject", "state", "holder", "renewed", "duration")
+OBSERVATION_COLUMNS = ("seq", *LOG_COLUMNS, "event")
+
+
+def upsert_sql(table: str, columns: tuple[str, ...], key: str, mark: str = "?") -> str:
+    """An upsert on the key (SQLite's and PostgreSQL's common syntax; `mark` is the driver's placeholder),
+    never INSERT OR REPLACE: for subscriptions, a (monitor, subscriber) that belongs to ANOTHER row must
+    violate the unique index (REPLACE would silently delete that other row)."""
+    cols = (*columns, "rec")
+    updates = ", ".join(f"{c}=excluded.{c}" for c in cols if c not in key.split(", "))
+    marks = ", ".join([mark] * len(cols))
+    return (
+        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks}) ON CONFLICT({key}) DO UPDATE SET {updates}"
+    )
+
+
+def row_values(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
+    """A record's to_row() as its table's column values, then the JSON of what is left."""
+    return (*(row.pop(c) for c in columns), wire.encode_text(row))
+
+
+def row_of(values: tuple[Any, ...], columns: tuple[str, ...]) -> dict[str, Any]:
+    """The inverse of row_values: the JSON rest with the column values put back."""
+    row = wire.decode_trusted(values[len(columns)])
+    row.update(zip(columns, values, strict=False))
+    return row
+
+
+def capped_count_sql(source: str, cond: str, mark: str) -> str:
+    """How many log rows hold `cond` in a seq range, with the driver's placeholder `mark`; the LIMIT inside
+    bounds the work: a capped count stops at the cap (SQLite's -1 and PostgreSQL's NULL: no limit)."""
+    return (
+        f"SELECT count(*) FROM (SELECT 1 FROM {source} WHERE monitor={mark} AND seq>={mark} AND seq<={mark} "
+        f"AND ({cond}) LIMIT {mark}) AS capped"
+    )
+
+
+def next_prefix(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix` (None: there is none, so a prefix
+    range has no upper bound). Increment the last code point, skipping the surrogates (no stored text holds
+    one); a last code point of U+10FFFF is dropped and the one before it incremented. SQLite compares
+    text as UTF-8 bytes, whose order is code point order, the order Python compares strings in."""
+    chars = list(prefix)
+    while chars:
+        code = ord(chars.pop()) + 1
+        if code <= 0x10FFFF:
+            if 0xD800 <= code <= 0xDFFF:
+                code = 0xE000
+            return "".join(chars) + chr(code)
+    return None
+
+
+def storable(text: str) -> bool:
+    """Text SQLite can hold (UTF-8). A lone surrogate, which JSON can spell, can match no stored value."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
