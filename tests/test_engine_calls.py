@@ -1,5 +1,5 @@
-"""The engine/store seam (issue 10): what a call writes, the lazily stored mute clock, typed records and
-their lifecycle tables, and what each door says it offers. Every test has its positive control."""
+"""What an engine call writes, the lazily stored mute clock, typed records and their lifecycle tables, and what
+each door says it offers. Every test has its positive control."""
 
 from __future__ import annotations
 
