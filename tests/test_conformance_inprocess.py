@@ -32,6 +32,29 @@ def test_the_suite_names_every_section_11_behaviour_once():
     assert sum(1 for i in ids if i.startswith("X")) >= 19
 
 
+def test_the_checks_package_is_cut_by_part():
+    """Issue 26's layout rules for this package: no part over ~900 lines, no private name imported from
+    another module, and the parts import only `base` (no cycles between parts)."""
+    import ast
+
+    import monitor_protocol.conformance.checks as pkg
+
+    folder = Path(pkg.__file__).parent
+    parts = sorted(p for p in folder.glob("*.py"))
+    assert {p.stem for p in parts} >= {"__init__", "base", "monitors", "delivery", "trust"}
+    for path in parts:
+        source = path.read_text()
+        assert source.count("\n") <= 900, f"{path.name} has {source.count(chr(10))} lines"
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports private names {private} from {node.module}"
+                if path.stem not in ("__init__", "base"):
+                    assert node.module in ("base", "transport") or node.level == 3, (
+                        f"{path.name} imports from .{node.module}: a part imports only .base"
+                    )
+
+
 def test_every_check_declares_its_profile():
     assert PROFILES == ("published", "project")
     for c in CHECKS:

@@ -1,0 +1,67 @@
+"""The conformance suite's checks: docs/protocol.md section 11 as runnable code, over any transport.
+
+Every check declares a profile:
+
+- `published` (C01..C34, C20b): the published checklist of section 11, written so that it judges any
+  implementation of the protocol fairly. These checks make no assumption that belongs to this project: each
+  uses a fresh monitor and fresh, randomly suffixed subjects and subscriber names (a server whose leases are
+  global per subject passes), never relies on a monitor's seqs being dense or starting at 1, reads limits
+  and lease defaults from what the server advertises instead of expecting exact values, and assumes no more
+  of a subscription id than `sub-` followed by at least 8 hex digits.
+- `project` (X01..): this project's own choices and limits (dense per-monitor seqs, exact defaults, the
+  input limits of section 10, idempotency keys, revocation, ...). An assertion that once lived in a
+  published check but rests on such a choice lives here, so `--profile all` still proves all of it.
+
+Each check is an `async def` taking a Context; it returns a note, raises CheckFailed (fail) or Skip (skip).
+Every negative check has a positive control beside it: a refusal only counts when the same request, made
+properly, is accepted. Standard library only, and nothing of the engine's rules is imported: the suite
+judges the engine.
+
+The package is cut by part: `base` (the Context, the registry, shared helpers), then one module per part of
+the suite: `monitors`, `delivery` and `trust` (the published checklist), `project`, `limits` and `choices`
+(this project's own checks). Importing a part registers its checks; the registry is kept in id order.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import choices, delivery, limits, monitors, project, trust  # noqa: F401 - importing registers
+from .base import (
+    CHECKS,
+    ERROR_STATUS,
+    JSONRPC_CODE,
+    PROFILES,
+    PROJECT,
+    PUBLISHED,
+    Check,
+    CheckFailed,
+    Context,
+    Skip,
+    check,
+)
+
+
+def _report_order(c: Check) -> tuple[str, int, str]:
+    """C01..C20, C20b, C21..C34, then X01..: the published order, whatever order the parts load in."""
+    m = re.fullmatch(r"([A-Z])(\d+)(\w*)", c.id)
+    if m is None:  # pragma: no cover - `check` ids are written in this package
+        raise ValueError(f"check id {c.id!r} is not a letter, digits and an optional suffix")
+    return m.group(1), int(m.group(2)), m.group(3)
+
+
+CHECKS.sort(key=_report_order)
+
+__all__ = [
+    "CHECKS",
+    "ERROR_STATUS",
+    "JSONRPC_CODE",
+    "PROFILES",
+    "PROJECT",
+    "PUBLISHED",
+    "Check",
+    "CheckFailed",
+    "Context",
+    "Skip",
+    "check",
+]
