@@ -3,14 +3,15 @@
 Every check declares a profile:
 
 - `published` (C01..C34, C20b): the published checklist of section 11, written so that it judges any
-  implementation of the protocol fairly. These checks make no assumption that belongs to this project: each
-  uses a fresh monitor and fresh, randomly suffixed subjects and subscriber names (a server whose leases are
-  global per subject passes), never relies on a monitor's seqs being dense or starting at 1, reads limits
-  and lease defaults from what the server advertises instead of expecting exact values, and assumes no more
-  of a subscription id than `sub-` followed by at least 8 hex digits.
+  implementation of the protocol fairly. Each check asserts the rule it is named after (and names that
+  rule in its registration: a failure's note ends with it) and sets up what it needs the published way:
+  a fresh monitor that declares the types its filters name, randomly suffixed subjects and subscriber
+  names, cursors as the server served them (never a made-up 0 or 1), seqs as publishes returned them
+  (never dense or starting at 1), limits and lease defaults as the server advertises them.
 - `project` (X01..): this project's own choices and limits (dense per-monitor seqs, exact defaults, the
-  input limits of section 10, idempotency keys, revocation, ...). An assertion that once lived in a
-  published check but rests on such a choice lives here, so `--profile all` still proves all of it.
+  input limits of section 10, idempotency keys, revocation, cursor 0, ...). An assertion that once lived
+  in a published check but rests on such a choice or detail lives here, so `--profile all` still proves
+  all of it.
 
 Each check is an `async def` taking a Context; it returns a note, raises CheckFailed (fail) or Skip (skip).
 Every negative check has a positive control beside it: a refusal only counts when the same request, made
@@ -18,15 +19,16 @@ properly, is accepted. Standard library only, and nothing of the engine's rules 
 judges the engine.
 
 The package is cut by part: `base` (the Context, the registry, shared helpers), then one module per part of
-the suite: `monitors`, `delivery` and `trust` (the published checklist), `project`, `limits` and `choices`
-(this project's own checks). Importing a part registers its checks; the registry is kept in id order.
+the suite: `monitors`, `delivery` and `trust` (the published checklist), `project`, `limits`, `choices` and
+`details` (this project's own checks). Importing a part registers its checks; the registry is kept in id
+order.
 """
 
 from __future__ import annotations
 
 import re
 
-from . import choices, delivery, limits, monitors, project, trust  # noqa: F401 - importing registers
+from . import choices, delivery, details, limits, monitors, project, trust  # noqa: F401 - importing registers
 from .base import (
     CHECKS,
     ERROR_STATUS,

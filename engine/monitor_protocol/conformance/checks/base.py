@@ -21,7 +21,7 @@ T_LEASE = P + "lease"
 T_REJECTED = P + "rejected"
 T_BOOKMARK = P + "bookmark"
 
-# Written from PROTOCOL.md section 3, not imported from the engine: the suite must judge the engine.
+# Written from docs/protocol.md section 3, not imported from the engine: the suite must judge the engine.
 ERROR_STATUS = {
     "INVALID_FILTER": 400,
     "UNKNOWN_VOCABULARY": 400,
@@ -84,7 +84,7 @@ C = "com.example.conf.c"
 
 
 class CheckFailed(AssertionError):
-    """The server did not behave as PROTOCOL.md says."""
+    """The server did not behave as docs/protocol.md says."""
 
 
 class Skip(Exception):
@@ -181,7 +181,10 @@ def classify(node: Any, seen: Seen) -> None:
 
 
 class Context:
-    """What every check gets: the transport, helpers that speak the protocol, and the record for C29."""
+    """What every check gets: the transport, helpers that speak the protocol, and the record for C29.
+
+    `reference_schema_dir` is the directory of published schemas the run was given (`--schemas`), or None:
+    C29 judges by those only. `data` holds what a check reports beside its note (C29's counts)."""
 
     def __init__(self, transport: Any, reference_schema_dir: str | None = None, profile: str = "all") -> None:
         self.t = transport
@@ -189,6 +192,8 @@ class Context:
         self.profile = profile
         self.seen = Seen()
         self.run_id = secrets.token_hex(3)
+        self.data: dict[str, dict[str, Any]] = {}
+        self.toured = False
         self._discover: dict[str, Any] | None = None
 
     async def discover(self) -> dict[str, Any]:
@@ -329,11 +334,16 @@ class Context:
         )
 
     async def log(self, m: Monitor) -> list[dict[str, Any]]:
-        """The whole retained log of `m`, replayed read-only through an owner-token reader."""
+        """The whole retained log of `m`, replayed read-only through an owner-token reader.
+
+        The replay starts at the reader's own cursor as the server served it when it subscribed (a new
+        subscription starts from the beginning, section 5), never at a number the suite made up: a server
+        may answer a cursor below its first seq with CURSOR_EXPIRED (this project reads 0 as "from the
+        beginning", X48)."""
         if m.reader is None:
             m.reader = await self.sub(m, f"agent:{self.uid('log-reader')}")
         out: list[dict[str, Any]] = []
-        cursor = 0
+        cursor = m.reader.body["cursor"]
         page = await self.page()
         for _ in range(1000):
             p = await self.pulled(m.reader, cursor=cursor, limit=page)
@@ -353,7 +363,7 @@ class Context:
 CheckFn = Callable[[Context], Awaitable[str | None]]
 
 
-PUBLISHED = "published"  # PROTOCOL.md section 11's list: behaviour every implementation must show
+PUBLISHED = "published"  # docs/protocol.md section 11's list: behaviour every implementation must show
 PROJECT = "project"  # this project's own choices and limits
 PROFILES = (PUBLISHED, PROJECT)
 
@@ -365,20 +375,28 @@ class Check:
     fn: CheckFn
     profile: str
     final: bool = False  # runs after every other check (it judges what the others received)
+    rule: str = ""  # the clause the check rests on; a failure's note ends with it
 
 
 CHECKS: list[Check] = []
 
 
-def check(cid: str, title: str, *, profile: str, final: bool = False) -> Callable[[CheckFn], CheckFn]:
-    """Register a check under `cid` with its `profile` (PUBLISHED or PROJECT)."""
+def check(
+    cid: str, title: str, *, profile: str, rule: str = "", final: bool = False
+) -> Callable[[CheckFn], CheckFn]:
+    """Register a check under `cid` with its `profile` (PUBLISHED or PROJECT) and the `rule` it rests on:
+    a principle and a docs/protocol.md section for a published check (required), this project's choice for
+    a project check. The runner ends a failing check's note with the rule, so a reader of a report knows
+    which clause the server broke (or, for a project check, which choice it does not share)."""
     if profile not in PROFILES:
         raise ValueError(f"check {cid}: profile {profile!r} is not one of {PROFILES}")
     if any(c.id == cid for c in CHECKS):
         raise ValueError(f"check id {cid} is registered twice")
+    if profile == PUBLISHED and not rule:
+        raise ValueError(f"published check {cid} does not say which published rule it rests on")
 
     def deco(fn: CheckFn) -> CheckFn:
-        CHECKS.append(Check(cid, title, fn, profile, final))
+        CHECKS.append(Check(cid, title, fn, profile, final, rule))
         return fn
 
     return deco
@@ -432,10 +450,9 @@ async def compacted(ctx: Context, prefix: str, n: int = 6) -> tuple[Monitor, int
     admin = await need_admin(ctx)
     m = await ctx.create(prefix)
     subs = {policy: await ctx.sub(m, reset_policy=policy) for policy in ("none", "earliest", "latest")}
-    for i in range(n):
-        await ctx.pub(m, data={"i": i})
+    seqs = [seq_of(await ctx.pub(m, data={"i": i})) for i in range(n)]
     head = (await ctx.get_monitor(m))["head"]
-    upto = head - 2
+    upto = seqs[-3]  # a seq this monitor really holds, as its publish returned it
     expect(
         await ctx.req("POST", "/admin/compact", body={"monitor": m.id, "upto_seq": upto}),
         401,
@@ -482,3 +499,90 @@ async def has_extension(ctx: Context, name: str) -> dict[str, Any] | None:
     ext = ((await ctx.discover()).get("capabilities") or {}).get("extensions") or {}
     found = ext.get(name) if isinstance(ext, dict) else None
     return found if isinstance(found, dict) else None
+
+
+async def tour(ctx: Context) -> None:
+    """Make sure at least one of every kind of object was received, whatever subset of checks ran (the
+    schema checks C29 and X53 judge what the run received). Once per run."""
+    if ctx.toured:
+        return
+    ctx.toured = True
+    m = await ctx.create("c29", capabilities=["observe", "act"], types=[A], ttl_seconds=3600)
+    job = ctx.uid("job")
+    await ctx.pub(m, subject=job, data={"n": 1}, tags={"k": "v"})
+    s = await ctx.sub(m, capabilities=["observe", "act"], filter={"types": [A]})
+    p = await ctx.pulled(s)
+    await ctx.ack(s, p["next"])
+    await ctx.lease(s, "claim", subject=job)
+    await ctx.state(m)
+    await ctx.req("GET", "/monitors", token=m.token)
+    await ctx.publish(m, tier="nope")
+
+
+def need_jsonschema(ctx: Context, cid: str) -> None:
+    """Skip (never fail) where jsonschema cannot be imported: nothing could be validated."""
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError as exc:
+        ctx.data[cid] = {"validated": {}}
+        raise Skip(
+            f"jsonschema is not importable here, so nothing could be validated ({exc}); install jsonschema"
+            " to run this check"
+        ) from exc
+
+
+def validate_seen(ctx: Context, cid: str, label: str, directory: Any) -> str:
+    """Validate every object the run received against the schemas of `directory` (one per kind it has);
+    the counts go to `ctx.data[cid]["validated"][label]`. Fails with the first violations."""
+    from ...schemas import validators
+
+    vals = validators(directory)
+    problems: list[str] = []
+    counts: dict[str, int] = {}
+    for kind, objs in ctx.seen.by_kind().items():
+        if kind not in vals:
+            continue
+        for obj in objs:
+            counts[kind] = counts.get(kind, 0) + 1
+            for e in list(vals[kind].iter_errors(obj))[:2]:
+                path = "/".join(str(p) for p in e.absolute_path) or "<root>"
+                problems.append(f"[{label}] {kind} {json.dumps(obj)[:160]}: {path}: {e.message[:200]}")
+    ctx.data[cid] = {"validated": {label: counts}}
+    summary = f"{label}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    if problems:
+        shown = "\n  ".join(problems[:8])
+        raise CheckFailed(f"{len(problems)} schema violations ({summary}):\n  {shown}")
+    need(sum(counts.values()) > 0, f"nothing was validated against {directory}: {counts}")
+    return summary
+
+
+async def rejected_rows(ctx: Context, m: Monitor, raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rejected observations of `m` whose payload keeps `raw` as the refused request body."""
+    return [o for o in await types_in(ctx, m, T_REJECTED) if payload(o).get("raw") == raw]
+
+
+def names_value(body: Any, value: str) -> bool:
+    """Whether an error body names `value` anywhere: in a field such as `invalid`, in a list, or in its
+    sentence (`error`). Section 3 asks for a code and a sentence; where the value goes is not published."""
+    if isinstance(body, str):
+        return value in body
+    if isinstance(body, dict):
+        return any(names_value(v, value) for v in body.values())
+    if isinstance(body, list):
+        return any(names_value(v, value) for v in body)
+    return False
+
+
+async def wait_for_will(ctx: Context, m: Monitor, sub_id: str, seconds: float = 15.0) -> dict[str, Any]:
+    """The subscription_retired row of `sub_id`, waited for through the log (never by pulling the mute
+    subscription: a pull is a sign of life). The mute sweep runs on a timer (section 8), so a server, or
+    one of several sharing a store, may retire a little after the deadline; wait up to `seconds`."""
+    waited = 0.0
+    while True:
+        for o in await types_in(ctx, m, T_SUB_RETIRED):
+            if payload(o).get("subscription") == sub_id:
+                return o
+        if waited >= seconds:
+            raise CheckFailed(f"no subscription_retired for {sub_id} within {seconds:.0f} s of its deadline")
+        await ctx.t.sleep(0.25)
+        waited += 0.25

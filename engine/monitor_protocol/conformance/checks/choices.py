@@ -1,6 +1,8 @@
 """Project checks of this project's own choices (moved out of the published checks, so that `--profile all`
 still proves them): exact defaults, dense per-monitor seqs, lease expiry rows, protocol rows, bounded
-reads, and this server's two advertised extensions."""
+reads, this server's two advertised extensions, and where this project and another implementation may
+legitimately differ (X48..X53: cursor 0, filters on undeclared types, a cursor sent as text, where an
+error names the value, a re-sent ack's head, this project's own schemas)."""
 
 from __future__ import annotations
 
@@ -23,11 +25,14 @@ from .base import (
     expect,
     has_extension,
     need,
+    need_jsonschema,
     payload,
     posint,
     seq_of,
     system_measured,
+    tour,
     types_in,
+    validate_seen,
 )
 
 
@@ -35,6 +40,8 @@ from .base import (
     "X41",
     "this project's defaults: max_limit 200, default_limit 50, max_wait_seconds 50, delivery_count_limit 5",
     profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 5 (discover's limits) and section 4 (Lease:"
+    " delivery_count_limit 5)",
 )
 async def x41(ctx: Context) -> None:
     d = await ctx.discover()
@@ -56,6 +63,7 @@ async def x41(ctx: Context) -> None:
     "X42",
     "per-monitor dense seqs: a monitor's log starts at 1, has no gaps, and another monitor takes none",
     profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 4 (Seq: each monitor has its own dense sequence)",
 )
 async def x42(ctx: Context) -> None:
     m = await ctx.create("x42")
@@ -73,7 +81,12 @@ async def x42(ctx: Context) -> None:
     need((await ctx.get_monitor(m))["head"] == head + 1, "head after one publish")
 
 
-@check("X43", "a lease expiry is logged once as lease{expired} by system:sweep", profile=PROJECT)
+@check(
+    "X43",
+    "a lease expiry is logged once as lease{expired} by system:sweep",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 7 (lease rows; expiry by system:sweep)",
+)
 async def x43(ctx: Context) -> None:
     m, (j1,) = await act_monitor(ctx, "x43", ["job"])
     s1 = await ctx.sub(m, capabilities=["observe", "act"])
@@ -94,6 +107,7 @@ async def x43(ctx: Context) -> None:
     "X44",
     "every protocol row has data.payload, data.tags.monitor and is system, measured, machine_verified",
     profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 7 (protocol-written observations)",
 )
 async def x44(ctx: Context) -> str:
     m, (j1,) = await act_monitor(ctx, "x44", ["job"])
@@ -123,6 +137,7 @@ async def x44(ctx: Context) -> str:
     "a reader whose filter is checked row by row (a tag), behind 1,100 non-matching rows, gets what "
     "follows in a few pulls, acking or not, and an unacked page comes back",
     profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 10 (expensive reads are bounded)",
 )
 async def x45(ctx: Context) -> str:
     m = await ctx.create("x45", types=[A, B])
@@ -169,6 +184,7 @@ async def _advertised(ctx: Context, name: str) -> dict[str, Any]:
     "ack-and-pull (an advertised extension): POST /pull {ack} commits with /ack's rules, then pulls "
     "from the new cursor; a refused ack pulls nothing; a GET pull never takes an ack",
     profile=PROJECT,
+    rule="this project's extension (docs/serve.md, Fewer round trips)",
 )
 async def x46(ctx: Context) -> None:
     await _advertised(ctx, EXT_ACK_PULL)
@@ -205,6 +221,7 @@ async def x46(ctx: Context) -> None:
     "batch publish (an advertised extension): an array body publishes each item in order, refuses and "
     "logs each bad item on its own, and refuses a batch over its advertised size whole",
     profile=PROJECT,
+    rule="this project's extension (docs/serve.md, Fewer round trips)",
 )
 async def x47(ctx: Context) -> None:
     info = await _advertised(ctx, EXT_PUBLISH_BATCH)
@@ -252,3 +269,132 @@ async def x47(ctx: Context) -> None:
     expect(await ctx.req("POST", path, body=[{"type": A}], token=None), 401, "UNAUTHORIZED", "no token")
     control = await ctx.req("POST", path, body=[{"type": A}] * most, token=m.token)
     need(control.status == 207, f"control: a batch of {most} items answered {control.status}")
+
+
+# ---- where this project and another implementation may legitimately differ ------------------------------
+# Each published check leaves these open; the check here states this project's choice, so the default
+# profile keeps testing it. Against another implementation a failure here means "differs from this
+# project", never "non-conformant".
+
+
+@check(
+    "X48",
+    "cursors 0 and 1 both mean from the beginning: on a monitor never compacted, a pull at cursor 0 is"
+    " served from its first seq",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 8 (Cursor: 0 and 1 both mean from the beginning;"
+    " Retention: 410 only when something below the floor was really compacted)",
+)
+async def x48(ctx: Context) -> None:
+    m = await ctx.create("x48")
+    for _ in range(3):
+        await ctx.pub(m)
+    s = await ctx.sub(m, reset_policy="none")
+    zero = expect(await ctx.pull(s, cursor=0), 200, what="pull cursor=0 on a monitor never compacted")
+    one = await ctx.pulled(s, cursor=1)
+    need(
+        zero["retention_floor"] == 1, f"a never-compacted monitor's floor is {zero['retention_floor']}, not 1"
+    )
+    ids = [o["id"] for o in zero["observations"]]
+    need(ids[:1] == ["1"], f"cursor 0 did not start at seq 1: {ids[:3]}")
+    need(ids == [o["id"] for o in one["observations"]], "cursors 0 and 1 delivered different pages")
+    need(s.body["cursor"] == 0, f"control: a new subscription starts at cursor 0, not {s.body['cursor']}")
+
+
+@check(
+    "X49",
+    "a monitor that declares no types takes a filter on any type; one that declares types refuses others",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md sections 4 and 5 (types [] declares no closed list; C03"
+    " covers a monitor that declares its types)",
+)
+async def x49(ctx: Context) -> None:
+    m = await ctx.create("x49")
+    s = expect(await ctx.subscribe(m, filter={"types": [A]}), 201, what=f"filter types [{A}], none declared")
+    sub_id, token = s["subscription"]["id"], s["token"]
+    expect(
+        await ctx.req("GET", f"/subscriptions/{sub_id}/pull", query={"types": A}, token=token),
+        200,
+        what=f"inline types={A}, none declared",
+    )
+    closed = await ctx.create("x49c", types=[A])
+    expect(await ctx.subscribe(closed, filter={"types": [B]}), 400, "INVALID_FILTER", "control: undeclared")
+
+
+@check(
+    "X50",
+    'a cursor sent as text ("3") is refused in an ack: the wire\'s integers are JSON numbers',
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 8 (Ack: an integer, else 400 INVALID) and section"
+    " 10 (integers), read strictly: a JSON string is not an integer",
+)
+async def x50(ctx: Context) -> None:
+    m = await ctx.create("x50")
+    await ctx.pub(m)
+    s = await ctx.sub(m)
+    p = await ctx.pulled(s)
+    text = str(p["next"])
+    expect(await ctx.ack(s, text), 400, "INVALID", f"ack cursor {text!r} (text)")
+    need((await ctx.pulled(s))["cursor"] == p["cursor"], "a refused text cursor moved the cursor")
+    expect(await ctx.pull(s, cursor=text), 200, what=f"control: a query's cursor={text} is text by nature")
+    expect(await ctx.ack(s, p["next"]), 200, what=f"control: ack {p['next']} (a number)")
+
+
+@check(
+    "X51",
+    "UNKNOWN_VOCABULARY names the offending value in `invalid` and the accepted values in `known`",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 6 (check 1: 400 UNKNOWN_VOCABULARY {invalid, known})",
+)
+async def x51(ctx: Context) -> None:
+    caps = ["observe", "react", "act"]
+    m = await ctx.create("x51", visibility="public", capabilities=caps)
+    b = expect(
+        await ctx.subscribe(m, capabilities=["observe", "fly"]), 400, "UNKNOWN_VOCABULARY", "capability fly"
+    )
+    need(b.get("invalid") == "fly" and b.get("known") == caps, f"capability fly: invalid/known {b}")
+    b = expect(await ctx.publish(m, tier="superb"), 400, "UNKNOWN_VOCABULARY", "tier superb")
+    need(
+        b.get("invalid") == "superb" and "measured" in (b.get("known") or []),
+        f"tier superb: invalid/known {b}",
+    )
+    expect(await ctx.subscribe(m, capabilities=["observe", "act"]), 201, what="control: known capabilities")
+
+
+@check(
+    "X52",
+    "a re-sent ack returns the identical body, head and lag included, even after the head moved",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 8 (Ack: equal = idempotent, returning the identical"
+    " body)",
+)
+async def x52(ctx: Context) -> None:
+    m = await ctx.create("x52")
+    await ctx.pub(m)
+    s = await ctx.sub(m)
+    p = await ctx.pulled(s)
+    a1 = expect(await ctx.ack(s, p["next"]), 200, what="ack")
+    a2 = expect(await ctx.ack(s, p["next"]), 200, what="the same ack")
+    need(a1 == a2, f"identical ack returned a different body: {a1} then {a2}")
+    await ctx.pub(m)
+    a3 = expect(await ctx.ack(s, p["next"]), 200, what="the same ack after an append")
+    need(a3 == a1, f"a re-sent ack is not the prior body: {a1} then {a3}")
+    p2 = await ctx.pulled(s)
+    a4 = expect(await ctx.ack(s, p2["next"]), 200, what="control: a new ack")
+    need(a4["head"] > a1["head"] and a4["cursor"] == p2["next"], f"control: a new ack answers now: {a4}")
+
+
+@check(
+    "X53",
+    "every object received validates against this project's own schemas/",
+    final=True,
+    profile=PROJECT,
+    rule="this project's choice: schemas/ (stricter than the published schemas, e.g."
+    " data.provenance.on_behalf_of required)",
+)
+async def x53(ctx: Context) -> str:
+    from ...schemas import schema_dir
+
+    need_jsonschema(ctx, "X53")
+    await tour(ctx)
+    return validate_seen(ctx, "X53", "project", schema_dir())

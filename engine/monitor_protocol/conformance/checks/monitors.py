@@ -1,19 +1,19 @@
 """Published checks about monitors and what they serve: discover, filters refused at subscribe, the
 observation envelope and its sequence, lifecycle rows, state, rejected rows, visibility, corrections,
-bearer tokens, schemas and Origin (docs/protocol.md sections 2-7, 10 and 11)."""
+bearer tokens, schemas and Origin (docs/protocol.md sections 1-6, 10 and 11).
+
+Each check asserts the behaviour its section 11 line names, sets up what it needs the published way (a
+monitor that declares the types its filters name, fresh ids, the reader's own cursor) and leaves this
+project's further choices (exact extras, rows' actors and reasons, defaults) to the project checks."""
 
 from __future__ import annotations
 
-import json
 import secrets
-from typing import Any
 
 from .base import (
-    GAPS_ORDER,
     ORIGINS,
     PUBLISHED,
     T_CONFIGURED,
-    T_REJECTED,
     T_SUB_RETIRED,
     TIERS,
     TIME_MS,
@@ -21,23 +21,25 @@ from .base import (
     A,
     B,
     C,
-    CheckFailed,
     Context,
     Skip,
     actor_ok,
     check,
     expect,
     need,
-    need_rejected_seq,
+    need_jsonschema,
     payload,
     posint,
+    rejected_rows,
     seq_of,
     supersedes_target,
+    tour,
     types_in,
+    validate_seen,
 )
 
 
-@check("C01", "discover shape", profile=PUBLISHED)
+@check("C01", "discover shape", profile=PUBLISHED, rule="docs/protocol.md section 5 (GET /discover)")
 async def c01(ctx: Context) -> str:
     d = expect(await ctx.req("GET", "/discover"), 200, what="GET /discover")
     need(
@@ -69,9 +71,15 @@ async def c01(ctx: Context) -> str:
     return f"server {si.get('name')} {si.get('version')}"
 
 
-@check("C02", "unknown filter key -> INVALID_FILTER with known_keys", profile=PUBLISHED)
+@check(
+    "C02",
+    "unknown filter key -> INVALID_FILTER with known_keys",
+    profile=PUBLISHED,
+    rule="docs/protocol.md sections 3 and 5 (subscribe: the filter is validated; an unknown key is INVALID_FILTER)",
+)
 async def c02(ctx: Context) -> None:
-    m = await ctx.create("c02")
+    # the monitor declares the type the control's filter names: a server may check filter types (C03)
+    m = await ctx.create("c02", types=[A])
     b = expect(
         await ctx.subscribe(m, filter={"colour": ["red"]}), 400, "INVALID_FILTER", "unknown filter key"
     )
@@ -79,7 +87,12 @@ async def c02(ctx: Context) -> None:
     expect(await ctx.subscribe(m, filter={"types": [A]}), 201, what="control: a known filter key")
 
 
-@check("C03", "undeclared type -> INVALID_FILTER with known_types", profile=PUBLISHED)
+@check(
+    "C03",
+    "undeclared type -> INVALID_FILTER with known_types",
+    profile=PUBLISHED,
+    rule="P11; docs/protocol.md section 5 (a filter type the monitor does not declare is INVALID_FILTER)",
+)
 async def c03(ctx: Context) -> None:
     m = await ctx.create("c03", types=[A, B])
     b = expect(await ctx.subscribe(m, filter={"types": [C]}), 400, "INVALID_FILTER", "undeclared filter type")
@@ -88,25 +101,31 @@ async def c03(ctx: Context) -> None:
     expect(await ctx.subscribe(m, filter={"types": [B]}), 201, what="control: a declared type")
 
 
-@check("C09", "every observation is a valid CloudEvent with the extensions", profile=PUBLISHED)
-async def c09(ctx: Context) -> None:
+@check(
+    "C09",
+    "every observation is a valid CloudEvent with the extensions",
+    profile=PUBLISHED,
+    rule="P8; docs/protocol.md section 4 (Observation: a CloudEvent with tier, origin, verified, horizon, actor)",
+)
+async def c09(ctx: Context) -> str:
     m = await ctx.create("c09", horizon="minute")
+    subject = ctx.uid("build")
     await ctx.pub(
         m,
         type="com.example.ci.run",
-        subject="build-412",
+        subject=subject,
         actor="probe:ci",
         data={"status": "failed"},
         tags={"env": "ci"},
     )
     log = await ctx.log(m)
-    need(len(log) >= 2, f"log too short: {log}")
+    need(len(log) >= 1, f"log too short: {log}")
     for o in log:
         where = f"seq {o.get('id')} ({o.get('type')})"
         need(o.get("specversion") == "1.0", f"{where}: specversion {o.get('specversion')}")
         need(
             isinstance(o.get("id"), str) and o["id"].isdigit() and o["id"] == str(int(o["id"])),
-            f"{where}: id",
+            f"{where}: id is not the decimal seq",
         )
         need(o.get("source") == f"monitor:{m.id}", f"{where}: source {o.get('source')}")
         need(
@@ -115,7 +134,7 @@ async def c09(ctx: Context) -> None:
         need(o.get("datacontenttype") == "application/json", f"{where}: datacontenttype")
         need(
             o.get("tier") in TIERS and o.get("origin") in ORIGINS and o.get("verified") in VERIFICATIONS,
-            where,
+            f"{where}: tier/origin/verified outside the closed vocabularies",
         )
         need(o.get("horizon") == "minute", f"{where}: horizon {o.get('horizon')} is not the monitor's (P8)")
         need(actor_ok(o.get("actor")), f"{where}: actor {o.get('actor')!r} is not a section 3 actor")
@@ -130,18 +149,19 @@ async def c09(ctx: Context) -> None:
     run = [o for o in log if o["type"] == "com.example.ci.run"]
     need(len(run) == 1, "the published observation is not in the log")
     o = run[0]
-    need(o.get("subject") == "build-412", f"subject {o.get('subject')}")
+    need(o.get("subject") == subject, f"subject {o.get('subject')}")
     need(o["data"].get("status") == "failed", f"publisher's data not at the top of data: {o['data']}")
     need(o["data"]["tags"].get("env") == "ci", f"request tags not in data.tags: {o['data']['tags']}")
-    need(
-        o["origin"] == "probe" and o["tier"] == "measured" and o["verified"] == "machine_verified",
-        f"probe defaults: {o}",
-    )
-    need(o["data"]["provenance"].get("actor") == "probe:ci", "provenance.actor")
+    need(o["actor"] == "probe:ci" and o["data"]["provenance"].get("actor") == "probe:ci", "actor")
     return f"{len(log)} observations"
 
 
-@check("C10", "sequence zero-padded to 20 and strictly increasing", profile=PUBLISHED)
+@check(
+    "C10",
+    "sequence zero-padded to 20 and strictly increasing",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 4 (Observation: sequence is the seq zero-padded to 20 digits)",
+)
 async def c10(ctx: Context) -> None:
     m = await ctx.create("c10")
     for _ in range(4):
@@ -153,36 +173,35 @@ async def c10(ctx: Context) -> None:
             o.get("sequence") == o["id"].zfill(20) and len(o["sequence"]) == 20,
             f"sequence {o.get('sequence')!r}",
         )
+    need(len(seqs) >= 4, f"the log holds {len(seqs)} of the 4 publishes")
     need(all(a < b for a, b in zip(seqs, seqs[1:], strict=False)), f"seqs not strictly increasing: {seqs}")
-    need(seqs and seqs[0] >= 1, f"seqs start below 1: {seqs}")
+    need(seqs[0] >= 1, f"seqs start below 1: {seqs}")
 
 
 @check(
     "C14",
     "pause, resume, retire and subscription retire emit observations; paused refuses UNAVAILABLE",
     profile=PUBLISHED,
+    rule="P10; docs/protocol.md sections 1 and 5 (configuration is an observation; a paused monitor is"
+    " UNAVAILABLE)",
 )
 async def c14(ctx: Context) -> None:
     m = await ctx.create("c14")
     s = await ctx.sub(m)
     await ctx.pub(m)
-    r = expect(await ctx.configure(m, "pause"), 200, what="pause")
-    need(r["monitor"]["active"] is False and isinstance(r.get("seq"), int), f"pause reply {r}")
-    b = expect(await ctx.publish(m), 409, "UNAVAILABLE", "publish on a paused monitor")
-    need_rejected_seq(b, "UNAVAILABLE")
-    need("live" in b, f"UNAVAILABLE lacks live: {b}")
+    expect(await ctx.configure(m, "pause"), 200, what="pause")
+    expect(await ctx.publish(m), 409, "UNAVAILABLE", "publish on a paused monitor")
     expect(await ctx.configure(m, "resume"), 200, what="resume")
-    await ctx.pub(m)
-    r = expect(
+    await ctx.pub(m)  # control: a resumed monitor takes writes again
+    expect(
         await ctx.req("POST", f"/subscriptions/{s.id}/retire", body={"reason": "done"}, token=s.token),
         200,
-        what="sub retire",
+        what="subscription retire",
     )
-    need(r.get("ok") is True and r.get("subscription") == s.id, f"subscription retire reply {r}")
     expect(await ctx.configure(m, "retire"), 200, what="retire")
-    expect(await ctx.publish(m), 409, "UNAVAILABLE", "publish on a retired monitor")
     actions = [payload(o).get("action") for o in await types_in(ctx, m, T_CONFIGURED)]
-    need(actions == ["create", "pause", "resume", "retire"], f"configured actions in the log: {actions}")
+    lifecycle = [a for a in actions if a in ("pause", "resume", "retire")]
+    need(lifecycle == ["pause", "resume", "retire"], f"configured actions in the log: {actions}")
     retired = [payload(o) for o in await types_in(ctx, m, T_SUB_RETIRED)]
     need(
         any(p.get("subscription") == s.id for p in retired), f"no subscription_retired for {s.id}: {retired}"
@@ -193,71 +212,62 @@ async def c14(ctx: Context) -> None:
     "C15",
     "state carries as_of, covers_until, live, confidence with missing inputs never defaulted",
     profile=PUBLISHED,
+    rule="P3; docs/protocol.md section 4 (State: a missing input is listed, a value that cannot be known is"
+    " null)",
 )
 async def c15(ctx: Context) -> None:
     m = await ctx.create("c15")
     await ctx.pub(m)
     st = await ctx.state(m)
-    for k in ("as_of", "covers_until", "live", "confidence", "ages", "counters", "head", "retention_floor"):
+    for k in ("as_of", "covers_until", "live", "confidence"):
         need(k in st, f"state lacks {k}")
-    need(st["live"] == {"value": True, "reason": None}, f"live {st['live']}")
+    need((st["live"] or {}).get("value") is True, f"an active monitor's live {st['live']}")
     conf = st["confidence"]
     need(conf.get("value") is None, f"confidence.value {conf.get('value')} while inputs are missing")
-    missing = set(conf["inputs"]["missing"])
+    missing = set((conf.get("inputs") or {}).get("missing") or [])
     need({"independence", "corroboration", "track_record"} <= missing, f"inputs.missing {missing}")
+    ages = st.get("ages") or {}
     need(
-        {"observations", "ages", "actors", "contradictions_open"} <= set(conf["inputs"]["present"]),
-        f"inputs.present {conf['inputs']['present']}",
+        ages.get("since_last_pull_s") is None,
+        f"never pulled, yet since_last_pull_s is {ages.get('since_last_pull_s')!r} (unknown is null)",
     )
-    gaps = conf["gaps"]
-    need(gaps and gaps[0] == "independence_unknown", f"gaps {gaps}")
-    need(gaps == [g for g in GAPS_ORDER if g in gaps], f"gaps out of order: {gaps}")
-    need("no_subscribers" in gaps, f"no subscribers yet, gaps {gaps}")
-    if not m.body.get("attested"):
-        need("unattested_origin" in gaps, f"unattested monitor lacks unattested_origin: {gaps}")
-    need(
-        st["ages"]["since_last_pull_s"] is None,
-        f"never pulled, since_last_pull_s {st['ages']['since_last_pull_s']}",
-    )
-    need(
-        isinstance(st["ages"]["since_last_observation_s"], int),
-        "since_last_observation_s is not a whole number",
-    )
-    need(st["head"] == (await ctx.get_monitor(m))["head"], "state head is not the monitor's head")
     s = await ctx.sub(m)
     await ctx.pulled(s)
     st2 = await ctx.state(m)
-    need(isinstance(st2["ages"]["since_last_pull_s"], int), f"after a pull since_last_pull_s {st2['ages']}")
     need(
-        "no_subscribers" not in st2["confidence"]["gaps"],
-        f"with a subscriber, gaps {st2['confidence']['gaps']}",
+        isinstance((st2.get("ages") or {}).get("since_last_pull_s"), int),
+        f"control: after a pull since_last_pull_s {st2.get('ages')}",
     )
     expect(await ctx.configure(m, "pause"), 200, what="pause")
     st3 = await ctx.state(m)
-    need(st3["live"] == {"value": False, "reason": "paused"}, f"paused live {st3['live']}")
+    need((st3["live"] or {}).get("value") is False, f"paused live {st3['live']}")
 
 
-@check("C16", "a refused input is visible as a rejected observation with its raw payload", profile=PUBLISHED)
+@check(
+    "C16",
+    "a refused input is visible as a rejected observation with its raw payload",
+    profile=PUBLISHED,
+    rule="P2; docs/protocol.md section 1 (a refused input is an ai.mentu.monitor.rejected observation)",
+)
 async def c16(ctx: Context) -> None:
     m = await ctx.create("c16")
-    before = (await ctx.state(m))["counters"]["rejected"]
-    raw = {"type": A, "tier": "superb", "data": {"k": "v"}}
+    raw = {"type": A, "subject": ctx.uid("refused"), "tier": "superb", "data": {"k": "v"}}
     b = expect(await ctx.publish(m, **raw), 400, "UNKNOWN_VOCABULARY", "unknown tier")
-    need(b.get("invalid") == "superb" or "superb" in json.dumps(b.get("invalid")), f"invalid: {b}")
-    need("measured" in json.dumps(b.get("known")), f"known does not list the tiers: {b}")
-    rs = need_rejected_seq(b, "UNKNOWN_VOCABULARY")
-    rej = await ctx.at(m, rs)
-    need(rej["type"] == T_REJECTED, f"seq {rs} is {rej['type']}")
-    p = payload(rej)
-    need(p.get("raw") == raw, f"raw payload {p.get('raw')} != {raw}")
-    need(p.get("code") == "UNKNOWN_VOCABULARY", f"rejected payload code {p.get('code')}")
-    need(rej.get("actor") == "system:guard", f"rejected actor {rej.get('actor')}")
-    need((await ctx.state(m))["counters"]["rejected"] == before + 1, "counters.rejected did not count it")
+    rows = await rejected_rows(ctx, m, raw)
+    need(rows, f"no rejected observation in the log keeps the refused body {raw}")
+    rs = b.get("rejected_seq")
+    if rs is not None:  # where the refusal names its row, it must be that row
+        need(rs in [seq_of(o) for o in rows], f"rejected_seq {rs} is not the rejected row {rows[0]['id']}")
     ok = await ctx.pub(m, tier="measured")
     need(ok["type"] == A, f"control: a valid publish is stored as itself: {ok['type']}")
 
 
-@check("C18", "a private monitor is listed only with its token", profile=PUBLISHED)
+@check(
+    "C18",
+    "a private monitor is listed only with its token",
+    profile=PUBLISHED,
+    rule="P14; docs/protocol.md section 5 (GET /monitors: private with its owner token)",
+)
 async def c18(ctx: Context) -> None:
     m = await ctx.create("c18")
     other = await ctx.create("c18o")
@@ -285,16 +295,22 @@ async def c18(ctx: Context) -> None:
     )
 
 
-@check("C21", "a correction carries supersedes and the original is unchanged", profile=PUBLISHED)
+@check(
+    "C21",
+    "a correction carries supersedes and the original is unchanged",
+    profile=PUBLISHED,
+    rule="P13 (nothing is edited; a correction names the old in data.provenance.supersedes)",
+)
 async def c21(ctx: Context) -> None:
     m = await ctx.create("c21")
-    orig = await ctx.pub(m, subject="x", data={"value": 1})
+    subject = ctx.uid("x")
+    orig = await ctx.pub(m, subject=subject, data={"value": 1})
     need(
         orig["data"]["provenance"].get("supersedes") is None,
         "control: a plain observation supersedes nothing",
     )
     fix = await ctx.pub(
-        m, subject="x", data={"value": 2}, supersedes={"source": f"monitor:{m.id}", "id": orig["id"]}
+        m, subject=subject, data={"value": 2}, supersedes={"source": f"monitor:{m.id}", "id": orig["id"]}
     )
     need(
         supersedes_target(fix, m, orig),
@@ -305,7 +321,12 @@ async def c21(ctx: Context) -> None:
     need(again == orig, f"the original changed: {orig} -> {again}")
 
 
-@check("C23", "wrong and missing bearer are both 401", profile=PUBLISHED)
+@check(
+    "C23",
+    "wrong and missing bearer are both 401",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 5 (Auth failures: a wrong or missing token is 401 UNAUTHORIZED)",
+)
 async def c23(ctx: Context) -> None:
     m = await ctx.create("c23")
     s = await ctx.sub(m)
@@ -316,74 +337,42 @@ async def c23(ctx: Context) -> None:
     expect(await ctx.publish(m), 201, what="control: publish with the owner token")
     expect(await ctx.pull(s, token=bad), 401, "UNAUTHORIZED", "pull with a wrong token")
     expect(await ctx.pull(s, token=None), 401, "UNAUTHORIZED", "pull without a token")
-    expect(await ctx.ack(s, 1, token=bad), 401, "UNAUTHORIZED", "ack with a wrong token")
+    p = await ctx.pulled(s)  # control: the reader token pulls, and gives the cursor the next ack may send
+    expect(await ctx.ack(s, p["next"], token=bad), 401, "UNAUTHORIZED", "ack with a wrong token")
     r = await ctx.req("POST", f"/monitors/{m.id}/pause", body={"reason": "x"}, token=bad)
     expect(r, 401, "UNAUTHORIZED", "pause with a wrong token")
-    expect(await ctx.pull(s), 200, what="control: pull with the reader token")
+    expect(await ctx.ack(s, p["next"]), 200, what="control: ack with the reader token")
 
 
-@check("C29", "every object received validates against its schema", final=True, profile=PUBLISHED)
+@check(
+    "C29",
+    "every object received validates against its schema",
+    final=True,
+    profile=PUBLISHED,
+    rule="docs/protocol.md, its opening (every object served validates against the schemas published with"
+    " the protocol)",
+)
 async def c29(ctx: Context) -> str:
-    await _tour(ctx)
-    try:
-        from ...schemas import schema_dir, validators
-    except ImportError as exc:  # pragma: no cover - the engine always ships the module
-        raise CheckFailed(f"cannot load the schema helpers: {exc}") from exc
-    try:
-        import jsonschema  # noqa: F401
-    except ImportError as exc:
-        ctx.c29_counts = {}  # type: ignore[attr-defined]
+    """Only against the published schemas the run was given (`--schemas DIR`): this project's own
+    schemas/ are stricter (X53 holds this server to them) and never judge another implementation."""
+    if not ctx.reference_schema_dir:
+        ctx.data["C29"] = {"validated": {}}
         raise Skip(
-            f"jsonschema is not importable here, so nothing could be validated ({exc}); install jsonschema"
-            " to run this check"
-        ) from exc
-    dirs: list[tuple[str, Any]] = []
-    if ctx.profile != PUBLISHED or not ctx.reference_schema_dir:
-        # the published profile judges another implementation by the published schemas when it has them
-        dirs.append(("project", schema_dir()))
-    if ctx.reference_schema_dir:
-        dirs.append(("reference", ctx.reference_schema_dir))
-    by_kind = ctx.seen.by_kind()
-    problems: list[str] = []
-    counts: dict[str, dict[str, int]] = {}
-    for label, d in dirs:
-        vals = validators(d)
-        counts[label] = {}
-        for kind, objs in by_kind.items():
-            if kind not in vals:
-                continue
-            for obj in objs:
-                errs = list(vals[kind].iter_errors(obj))
-                counts[label][kind] = counts[label].get(kind, 0) + 1
-                for e in errs[:2]:
-                    path = "/".join(str(p) for p in e.absolute_path) or "<root>"
-                    problems.append(f"[{label}] {kind} {json.dumps(obj)[:160]}: {path}: {e.message[:200]}")
-    ctx.c29_counts = counts  # type: ignore[attr-defined]
-    summary = "; ".join(
-        f"{label}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) for label, c in counts.items()
-    )
-    if problems:
-        shown = "\n  ".join(problems[:8])
-        raise CheckFailed(f"{len(problems)} schema violations ({summary}):\n  {shown}")
-    need(all(sum(c.values()) > 0 for c in counts.values()), f"nothing was validated: {counts}")
-    return summary
+            "no published schemas were given (mp conform --schemas DIR, the JSON Schemas published with the"
+            " protocol), so nothing was validated; this check never judges a server by this project's own"
+            " schemas/ (X53 does, in the project profile)"
+        )
+    need_jsonschema(ctx, "C29")
+    await tour(ctx)
+    return validate_seen(ctx, "C29", "published", ctx.reference_schema_dir)
 
 
-async def _tour(ctx: Context) -> None:
-    """Make sure at least one of every kind was received, whatever subset of checks ran."""
-    m = await ctx.create("c29", capabilities=["observe", "act"], types=[A], ttl_seconds=3600)
-    job = ctx.uid("job")
-    await ctx.pub(m, subject=job, data={"n": 1}, tags={"k": "v"})
-    s = await ctx.sub(m, capabilities=["observe", "act"], filter={"types": [A]})
-    p = await ctx.pulled(s)
-    await ctx.ack(s, p["next"])
-    await ctx.lease(s, "claim", subject=job)
-    await ctx.state(m)
-    await ctx.req("GET", "/monitors", token=m.token)
-    await ctx.publish(m, tier="nope")
-
-
-@check("C30", "a foreign Origin is refused, no Origin is served", profile=PUBLISHED)
+@check(
+    "C30",
+    "a foreign Origin is refused, no Origin is served",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 10 (an Origin the operator did not allow is 403 ORIGIN_REFUSED)",
+)
 async def c30(ctx: Context) -> None:
     if not ctx.t.supports_origin:
         raise Skip("this transport cannot send an Origin header")

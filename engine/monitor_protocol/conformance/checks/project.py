@@ -167,7 +167,8 @@ async def x05(ctx: Context) -> None:
     latest = await ctx.pulled(subs["latest"])
     need(all(seq_of(o) > head for o in latest["observations"]), f"latest replayed {latest['observations']}")
     need(latest["cursor"] >= head + 1, f"latest cursor {latest['cursor']} (head was {head})")
-    expect(await ctx.pull(subs["none"]), 410, "CURSOR_EXPIRED", "control: reset_policy none")
+    b = expect(await ctx.pull(subs["none"]), 410, "CURSOR_EXPIRED", "control: reset_policy none")
+    need(b.get("requested") == subs["none"].body["cursor"], f"CURSOR_EXPIRED does not say requested: {b}")
 
 
 @check("X06", "a replay after a relist ends with a bookmark observation", profile=PROJECT)
@@ -203,7 +204,8 @@ async def x06(ctx: Context) -> None:
 )
 async def x07(ctx: Context) -> None:
     m = await ctx.create("x07")
-    expect(await ctx.configure(m, "pause"), 200, what="pause")
+    r = expect(await ctx.configure(m, "pause"), 200, what="pause")
+    need(r["monitor"]["active"] is False and isinstance(r.get("seq"), int), f"pause reply {r}")
     body = {"type": A, "data": {"late": True}}
     b = expect(await ctx.publish(m, **body), 409, "UNAVAILABLE", "paused")
     rs = need_rejected_seq(b, "paused")

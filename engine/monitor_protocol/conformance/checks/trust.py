@@ -1,5 +1,8 @@
 """Published checks about leases and trust: capabilities are granted (P7), leases are exclusive and
-expire, provenance cannot be inflated (section 6), a subscriber's name is not a credential, dead letters."""
+expire, provenance cannot be inflated (section 6), a subscriber's name is not a credential, dead letters.
+
+Each asserts the refusal or the grant its section 11 line names, with a positive control; the extras this
+project adds to those answers (rejected_seq, granted, idempotent, the lease rows) are project checks."""
 
 from __future__ import annotations
 
@@ -8,30 +11,36 @@ import secrets
 
 from .base import (
     PUBLISHED,
-    T_LEASE,
-    T_REJECTED,
     Context,
     act_monitor,
     check,
     expect,
+    names_value,
     need,
-    need_rejected_seq,
-    payload,
     posint,
-    types_in,
 )
 
 
-@check("C04", "agent asserting src -> TIER_NOT_ASSERTABLE", profile=PUBLISHED)
+@check(
+    "C04",
+    "agent asserting src -> TIER_NOT_ASSERTABLE",
+    profile=PUBLISHED,
+    rule="P1; docs/protocol.md section 6 (check 3: tier src with an origin other than human is"
+    " TIER_NOT_ASSERTABLE)",
+)
 async def c04(ctx: Context) -> None:
-    m = await ctx.create("c04", owner="human:c04")
-    b = expect(await ctx.publish(m, actor="agent:bot", tier="src"), 400, "TIER_NOT_ASSERTABLE", "agent src")
-    need_rejected_seq(b, "TIER_NOT_ASSERTABLE")
+    m = await ctx.create("c04", owner=f"human:{ctx.uid('c04')}")
+    expect(await ctx.publish(m, actor="agent:bot", tier="src"), 400, "TIER_NOT_ASSERTABLE", "agent src")
     obs = await ctx.pub(m, tier="src")
     need(obs["tier"] == "src" and obs["origin"] == "human", f"control: the human owner's src: {obs}")
 
 
-@check("C11", "claim without act -> CAPABILITY_MISSING", profile=PUBLISHED)
+@check(
+    "C11",
+    "claim without act -> CAPABILITY_MISSING",
+    profile=PUBLISHED,
+    rule="P7; docs/protocol.md section 5 (leases need a reader with act)",
+)
 async def c11(ctx: Context) -> None:
     m, (j1,) = await act_monitor(ctx, "c11", ["job-1"])
     reader = await ctx.sub(m, capabilities=["observe"])
@@ -45,6 +54,7 @@ async def c11(ctx: Context) -> None:
     "C12",
     "two concurrent claims: exactly one wins, the other LEASE_HELD naming the holder",
     profile=PUBLISHED,
+    rule="docs/protocol.md section 1 (Lease: exclusive ownership of one subject by one subscription)",
 )
 async def c12(ctx: Context) -> str:
     m, (j1, j2) = await act_monitor(ctx, "c12", ["job-1", "job-2"])
@@ -73,7 +83,12 @@ async def c12(ctx: Context) -> str:
     return f"over {ctx.t.name}"
 
 
-@check("C13", "complete after expiry and a new holder -> LEASE_LOST", profile=PUBLISHED)
+@check(
+    "C13",
+    "complete after expiry and a new holder -> LEASE_LOST",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 4 (Lease: expired when now > renew_time + lease_duration_seconds)",
+)
 async def c13(ctx: Context) -> None:
     m, (j1,) = await act_monitor(ctx, "c13", ["job-1"])
     s1 = await ctx.sub(m, capabilities=["observe", "act"])
@@ -90,38 +105,48 @@ async def c13(ctx: Context) -> None:
     )
 
 
-@check("C20b", "re-claiming a held lease returns the same lease", profile=PUBLISHED)
+@check(
+    "C20b",
+    "re-claiming a held lease returns the same lease",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 8 (Idempotency: re-sending the same claim returns the prior result)",
+)
 async def c20b(ctx: Context) -> None:
     m, (j1,) = await act_monitor(ctx, "c20b", ["job-1"])
     s = await ctx.sub(m, capabilities=["observe", "act"])
+    other = await ctx.sub(m, capabilities=["observe", "act"])
     c1 = expect(await ctx.lease(s, "claim", subject=j1), 201, what="claim")
-    need(c1.get("idempotent") is False, f"first claim idempotent={c1.get('idempotent')}")
-    c2 = expect(await ctx.lease(s, "claim", subject=j1), 200, what="holder re-claims")
-    need(c2.get("idempotent") is True, f"re-claim idempotent={c2.get('idempotent')}")
-    need(c2["lease"] == c1["lease"], f"re-claim returned another lease: {c1['lease']} vs {c2['lease']}")
+    r2 = await ctx.lease(s, "claim", subject=j1)
+    need(r2.status in (200, 201), f"the holder's re-claim was refused: {r2!r}")
+    need(
+        r2.body["lease"] == c1["lease"],
+        f"re-claim returned another lease: {c1['lease']} vs {r2.body['lease']}",
+    )
+    expect(await ctx.lease(other, "claim", subject=j1), 409, "LEASE_HELD", "control: another reader's claim")
 
 
-@check("C24", "a lease claimed by its holder completes", profile=PUBLISHED)
+@check(
+    "C24",
+    "a lease claimed by its holder completes",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 5 (leases/claim 201 {lease}; leases/complete by the holder 200 {ok})",
+)
 async def c24(ctx: Context) -> None:
     m, (j1,) = await act_monitor(ctx, "c24", ["job-1"])
     s = await ctx.sub(m, capabilities=["observe", "act"])
     c = expect(await ctx.lease(s, "claim", subject=j1, lease_duration_seconds=30), 201, what="claim")
     lease = c["lease"]
     need(lease["subject"] == j1 and lease["holder"] == f"sub:{s.id}", f"lease {lease}")
-    need(
-        lease["lease_duration_seconds"] == 30 and posint(lease.get("delivery_count_limit")), f"lease {lease}"
-    )
+    need(lease["lease_duration_seconds"] == 30, f"asked 30 s, the lease says {lease}")
     d = expect(await ctx.lease(s, "complete", subject=j1, outcome="done"), 200, what="complete")
-    need(d.get("ok") is True and isinstance(d.get("seq"), int), f"complete reply {d}")
-    rows = [payload(o) for o in await types_in(ctx, m, T_LEASE)]
-    need([r.get("action") for r in rows] == ["claim", "complete"], f"lease rows {rows}")
-    need(all(r.get("subject") == j1 and r.get("subscription") == s.id for r in rows), f"lease rows {rows}")
+    need(d.get("ok") is True, f"complete reply {d}")
 
 
 @check(
     "C26",
     "every provenance inflation is refused while delegation to the owner is honoured",
     profile=PUBLISHED,
+    rule="P1; docs/protocol.md section 6 (checks 2-5 and delegation)",
 )
 async def c26(ctx: Context) -> None:
     agent = f"agent:{ctx.uid('owner')}"
@@ -168,36 +193,32 @@ async def c26(ctx: Context) -> None:
         ),
     ]
     for what, m, body, status, code in cases:
-        b = expect(await ctx.publish(m, **body), status, code, what)
-        rs = need_rejected_seq(b, what)
-        need((await ctx.at(m, rs))["type"] == T_REJECTED, f"{what}: seq {rs} is not a rejected observation")
+        expect(await ctx.publish(m, **body), status, code, what)
     ok = await ctx.pub(human_owned, actor="agent:claude", on_behalf_of=human, origin="human", tier="src")
     prov = ok["data"]["provenance"]
     need(
         prov.get("actor") == "agent:claude" and prov.get("on_behalf_of") == human, f"delegation record {prov}"
     )
     need(ok["origin"] == "human" and ok["tier"] == "src", f"delegation {ok['origin']} {ok['tier']}")
-    plain = await ctx.pub(agent_owned)
-    need(
-        plain["tier"] == "unverified" and plain["verified"] == "unverified" and plain["origin"] == "agent",
-        f"agent defaults {plain}",
-    )
+    expect(await ctx.publish(agent_owned), 201, what="control: a plain publish under the agent owner")
 
 
-@check("C28", "a stranger cannot be granted act by asking", profile=PUBLISHED)
+@check(
+    "C28",
+    "a stranger cannot be granted act by asking",
+    profile=PUBLISHED,
+    rule="P7; docs/protocol.md section 5 (subscribe rules: asking for more than the grant is"
+    " CAPABILITY_MISSING; an unknown capability is UNKNOWN_VOCABULARY)",
+)
 async def c28(ctx: Context) -> None:
     caps = ["observe", "react", "act"]
     m = await ctx.create("c28", visibility="public", capabilities=caps, default_grant=["observe"])
     subscriber = f"agent:{ctx.uid('stranger')}"
-    b = expect(
+    expect(
         await ctx.subscribe(m, subscriber, token=None, capabilities=["observe", "act"]),
         403,
         "CAPABILITY_MISSING",
         "ask act",
-    )
-    need(
-        b.get("granted") == ["observe"] and sorted(b.get("monitor_capabilities") or []) == sorted(caps),
-        f"extras {b}",
     )
     b = expect(
         await ctx.subscribe(m, subscriber, token=None, capabilities=["observe", "fly"]),
@@ -205,7 +226,8 @@ async def c28(ctx: Context) -> None:
         "UNKNOWN_VOCABULARY",
         "an unknown capability",
     )
-    need("fly" in json.dumps(b.get("invalid")), f"UNKNOWN_VOCABULARY does not name 'fly': {b}")
+    # the value is named; in which field is not published (this project: `invalid`, X51)
+    need(names_value(b, "fly"), f"UNKNOWN_VOCABULARY does not name 'fly' anywhere: {b}")
     s = await ctx.sub(m, subscriber, token=None)
     need(
         s.body["capabilities"] == ["observe"],
@@ -224,7 +246,13 @@ async def c28(ctx: Context) -> None:
     )
 
 
-@check("C32", "a subscriber's name is not a credential", profile=PUBLISHED)
+@check(
+    "C32",
+    "a subscriber's name is not a credential",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 5 (subscribe rules: re-keying needs the current token or the owner's,"
+    " else 401)",
+)
 async def c32(ctx: Context) -> None:
     m = await ctx.create("c32", visibility="public")
     name = f"agent:{ctx.uid('alice')}"
@@ -248,6 +276,8 @@ async def c32(ctx: Context) -> None:
     "C33",
     "a reject that reaches delivery_count_limit dead-letters the subject; later claims DEAD_LETTERED",
     profile=PUBLISHED,
+    rule="docs/protocol.md section 8 (Leases and attempts: at delivery_count_limit the subject is"
+    " dead-lettered)",
 )
 async def c33(ctx: Context) -> None:
     m, (j1, j2) = await act_monitor(ctx, "c33", ["job-1", "job-2"])
@@ -275,7 +305,10 @@ async def c33(ctx: Context) -> None:
 
 
 @check(
-    "C34", "a subscription claims only subjects its own monitor published (else NOT_FOUND)", profile=PUBLISHED
+    "C34",
+    "a subscription claims only subjects its own monitor published (else NOT_FOUND)",
+    profile=PUBLISHED,
+    rule="docs/protocol.md section 5 (a lease names a subject its monitor published; else NOT_FOUND)",
 )
 async def c34(ctx: Context) -> None:
     mine, (in_mine,) = await act_monitor(ctx, "c34", ["in-mine"])
