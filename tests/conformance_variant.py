@@ -25,18 +25,27 @@ BREAKS are variants that really break a published rule, for the published profil
 `ack_backwards` (a lower ack moves the cursor back: P4, C06), `dead_text_cursor` (a cursor "abc" is taken
 and leaves a dead subscription whose cursor is null: C27), `pull_commits` (a pull commits like an ack:
 P4, C05), `filtered_head` (a filtered reader's head is its last delivered seq: P5, C07).
+
+`served_over_http(variant)` puts a variant behind a small HTTP server (standard library, one engine
+thread), so `mp conform --base` can judge it over real sockets; give that variant a `WallClock`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import copy
+import json
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from monitor_protocol.conformance.inprocess import InProcessTransport
-from monitor_protocol.conformance.transport import Reply
+from monitor_protocol.conformance.transport import API_PREFIX, Reply
 from monitor_protocol.store.base import Changes
 from monitor_protocol.store.memory import MemoryStore
 
@@ -170,7 +179,9 @@ class VariantTransport:
     supports_origin = True
     real_http = False
 
-    def __init__(self, behaviours: Iterable[str] | None = None, breaks: Iterable[str] = ()) -> None:
+    def __init__(
+        self, behaviours: Iterable[str] | None = None, breaks: Iterable[str] = (), clock: Any = None
+    ) -> None:
         self.on = set(BEHAVIOURS if behaviours is None else behaviours)
         self.breaks = set(breaks)
         unknown = (self.on - set(BEHAVIOURS)) | (self.breaks - set(BREAKS))
@@ -178,7 +189,7 @@ class VariantTransport:
             raise ValueError(f"unknown variant switches {sorted(unknown)}")
         self.n = Numbering("global_seqs" in self.on, "cursor_floor" in self.on)
         self.store = RecordingStore(self.n.record)
-        self.inner = InProcessTransport.create(store=self.store)
+        self.inner = InProcessTransport.create(store=self.store, clock=clock)
         self.admin_token = self.inner.admin_token
         self.registration_token = self.inner.registration_token
         self.name = "variant(" + ", ".join(sorted(self.on | self.breaks)) + ")"
@@ -429,3 +440,93 @@ class VariantTransport:
             field = node.pop("field", "value")
             node["error"] = f"invalid {field}: {node.pop('invalid')}"
         return node
+
+
+class WallClock:
+    """The real time, for a variant served over HTTP (the suite really waits there; nothing advances it)."""
+
+    def __call__(self) -> float:
+        return time.time()
+
+    def advance(self, seconds: float) -> None:
+        """Real time passes by itself."""
+
+
+def _body_of(raw: bytes) -> tuple[Any, bytes | None]:
+    """A request body as JSON the variant can rewrite, or the raw bytes where it is not plain JSON."""
+    if not raw:
+        return None, None
+
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        return json.loads(raw, parse_constant=refuse), None
+    except (ValueError, UnicodeDecodeError):
+        return None, raw
+
+
+@contextmanager
+def served_over_http(variant: VariantTransport) -> Iterator[str]:
+    """Serve `variant` at http://127.0.0.1:<port> (routes under /mp/v0) until the block ends. Every request
+    runs on one event-loop thread, one at a time, as the engine expects."""
+    loop = asyncio.new_event_loop()
+    engine = threading.Thread(target=loop.run_forever, name="variant-engine", daemon=True)
+    engine.start()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # quiet: the suite's report says what happened
+            pass
+
+        def _answer(self) -> None:
+            url = urlsplit(self.path)
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if not url.path.startswith(API_PREFIX):
+                reply = Reply(
+                    404, {"code": "NOT_FOUND", "error": f"routes live under {API_PREFIX}", "done": []}
+                )
+            else:
+                auth = self.headers.get("Authorization") or ""
+                token = auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() in ("origin", "access-control-request-method")
+                }
+                query: dict[str, Any] = {}
+                for key, value in parse_qsl(url.query, keep_blank_values=True):
+                    query[key] = (
+                        [*query[key], value]
+                        if isinstance(query.get(key), list)
+                        else ([query[key], value] if key in query else value)
+                    )
+                body, raw_body = _body_of(raw)
+                call = variant.request(
+                    self.command, url.path[len(API_PREFIX) :] or "/", body=body, raw_body=raw_body,
+                    token=token, query=query, headers=headers,
+                )  # fmt: skip
+                reply = asyncio.run_coroutine_threadsafe(call, loop).result(timeout=60)
+            data = b"" if reply.body is None else json.dumps(reply.body).encode()
+            self.send_response(reply.status)
+            for key, value in reply.headers.items():
+                if key.lower() not in ("content-length", "content-type", "connection"):
+                    self.send_header(key, value)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_OPTIONS = do_PUT = do_DELETE = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    serving = threading.Thread(target=server.serve_forever, name="variant-http", daemon=True)
+    serving.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        loop.call_soon_threadsafe(loop.stop)
+        engine.join(timeout=10)
