@@ -162,8 +162,8 @@ def _pull_commits(mp: pytest.MonkeyPatch) -> None:
     """P4 broken: a pull commits the cursor as if it were an ack."""
 
     def make(real: Wrapper) -> Wrapper:
-        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
-            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system, **kw):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system, **kw)
             if cursor is None:
                 tx.put_subscription(replace(tx.subscription(sub_id), cursor=out["next"]))
             return out
@@ -177,8 +177,8 @@ def _filtered_head(mp: pytest.MonkeyPatch) -> None:
     """P5 broken: head is reported as the last observation the filter lets through."""
 
     def make(real: Wrapper) -> Wrapper:
-        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
-            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system, **kw):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system, **kw)
             if tx.subscription(sub_id).filter and out["observations"]:
                 out["head"] = int(out["observations"][-1]["id"])
             return out
@@ -233,8 +233,8 @@ def _no_redelivered_mark(mp: pytest.MonkeyPatch) -> None:
     """P4 broken: a second delivery is not marked redelivered."""
 
     def make(real: Wrapper) -> Wrapper:
-        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
-            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system, **kw):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system, **kw)
             for obs in out["observations"]:
                 obs.pop("redelivered", None)
             out["redelivered"] = 0
@@ -255,14 +255,14 @@ def _inline_filter_widens(mp: pytest.MonkeyPatch) -> None:
     """P12 broken: an inline pull filter replaces the subscription's filter instead of narrowing it."""
 
     def make(real: Wrapper) -> Wrapper:
-        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system, **kw):
             sub = _sub_of(tx, sub_id)
             if inline is None or sub is None:
-                return real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+                return real(core, tx, sub_id, token, cursor, limit, inline, system=system, **kw)
             kept = sub.filter
             tx.put_subscription(replace(sub, filter={}))
             try:
-                return real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+                return real(core, tx, sub_id, token, cursor, limit, inline, system=system, **kw)
             finally:
                 tx.put_subscription(replace(tx.subscription(sub_id), filter=kept))
 
@@ -592,8 +592,8 @@ def _forget_delivered_page(mp: pytest.MonkeyPatch) -> None:
     a reader that crashes before acking never gets it again."""
 
     def make(real: Wrapper) -> Wrapper:
-        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system):
-            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system)
+        def pull(core, tx, sub_id, token, cursor, limit, inline, *, system, **kw):
+            out = real(core, tx, sub_id, token, cursor, limit, inline, system=system, **kw)
             if out.get("scan_capped") and out["observations"] and cursor is None:
                 sub = tx.subscription(sub_id)
                 tx.put_subscription(replace(sub, scan_mark=(max(sub.cursor, 1), out["next"] - 1)))
@@ -622,7 +622,7 @@ class Mutant:
 MUTANTS = [
     Mutant("skip the provenance ceiling", patch=_skip_ceiling, expected=("C26", "C04")),
     Mutant("ack moves backwards", patch=_ack_backwards, expected=("C06",)),
-    Mutant("forget to log a refusal", patch=_forget_refusal_log, expected=("C16", "C26")),
+    Mutant("forget to log a refusal", patch=_forget_refusal_log, expected=("C16", "X55")),
     Mutant("lag over the whole log", patch=_lag_over_whole_log, expected=("C07", "X10")),
     Mutant("act granted on request", patch=_act_on_request, expected=("C28",)),
     Mutant("stale lease holder completes", patch=_stale_holder_completes, expected=("C13",)),
@@ -641,8 +641,8 @@ MUTANTS = [
     Mutant("ack not clamped to head + 1", patch=_unclamped_ack, expected=("X17",)),
     Mutant("a subscriber's name is a credential", patch=_tokens_from_the_wrong_place, expected=("C32",)),
     Mutant("a paused monitor accepts writes", patch=_paused_accepts_writes, expected=("C14", "X07")),
-    Mutant("confidence defaulted to a number", ConfidenceDefaulted, expected=("C15", "C29")),
-    Mutant("a re-sent ack is recomputed", patch=_ack_recomputed, expected=("C20",)),
+    Mutant("confidence defaulted to a number", ConfidenceDefaulted, expected=("C15", "X53")),
+    Mutant("a re-sent ack is recomputed", patch=_ack_recomputed, expected=("X52",)),
     Mutant("a token speaks for another person", patch=_speak_for_anyone, expected=("X27",)),
     Mutant("a publisher writes as the system", patch=_write_as_the_system, expected=("X27",)),
     Mutant("protocol rows inherit the caller's origin", patch=_protocol_rows_inherit_the_callers_origin,
@@ -684,16 +684,24 @@ async def test_the_unbroken_engine_passes_every_check():
     assert report.ok, report.table()
 
 
+def _crashed(note: str) -> bool:
+    """A failure because the server answered 5xx: the mutant broke the engine, not the rule (a mutant whose
+    wrapper no longer fits the function it wraps would be "caught" by every check, proving nothing)."""
+    return "(never 500)" in note
+
+
 async def test_every_mutant_is_caught(monkeypatch):
     rows: list[tuple[str, list[str], bool]] = []
     for mutant in MUTANTS:
         report = await _run(mutant, monkeypatch)
         caught = [r.id for r in report.results if r.status == "fail"]
-        rows.append((mutant.name, caught, bool(set(caught) & set(mutant.expected))))
+        # on target: one of the checks written for this rule fails on the rule itself, not on a crash
+        genuine = {r.id for r in report.results if r.status == "fail" and not _crashed(r.note)}
+        rows.append((mutant.name, caught, bool(genuine & set(mutant.expected))))
     width = max(len(name) for name, _, _ in rows)
     lines = [f"{'mutant':<{width}}  caught by", "-" * (width + 40)]
     for name, caught, on_target in rows:
-        mark = "" if on_target or not caught else "  (not by its own check)"
+        mark = "" if on_target or not caught else "  (not by its own check, or only by a crash)"
         lines.append(f"{name:<{width}}  {', '.join(caught) or 'NOT CAUGHT'}{mark}")
     killed = sum(1 for _, caught, _ in rows if caught)
     lines.append(f"mutation score: {killed}/{len(rows)} = {100 * killed / len(rows):.0f}%")

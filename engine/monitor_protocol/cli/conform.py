@@ -1,7 +1,8 @@
 """`mp conform`: run the conformance suite against a server (--base) or, without one, a fresh in-process
 memory engine. `--profile published` runs only docs/protocol.md section 11's checklist, fair to any
-implementation; `--profile all` (the default) adds this project's own checks. Exit status 1 when any check
-fails, 2 on a bad argument."""
+implementation; `--profile all` (the default) adds this project's own checks. `--schemas DIR` gives the
+published JSON Schemas C29 validates against (without it C29 is skipped, never judged by this project's
+own schemas). Exit status 1 when any check fails, 2 on a bad argument."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         " project's own choices and limits; all (default): both",
     )
     parser.add_argument(
-        "--reference-schemas", metavar="DIR", help="also validate every object against these schemas"
+        "--schemas",
+        "--reference-schemas",
+        dest="schemas",
+        metavar="DIR",
+        help="the published JSON Schemas: C29 validates every object received against these, and only"
+        " these (without it C29 is skipped; the project profile's X53 uses this project's own schemas)",
     )
 
 
@@ -49,16 +55,14 @@ async def _run(args: argparse.Namespace) -> Any:
             args.base, admin_token=args.admin_token, registration_token=args.registration_token
         ) as transport:
             return await run_suite(
-                transport, only=args.only, reference_schema_dir=args.reference_schemas, profile=args.profile
+                transport, only=args.only, reference_schema_dir=args.schemas, profile=args.profile
             )
     from monitor_protocol.conformance.inprocess import InProcessTransport
 
     transport = InProcessTransport.create(
         admin_token=args.admin_token or "admin-test-token", registration_token=args.registration_token
     )
-    return await run_suite(
-        transport, only=args.only, reference_schema_dir=args.reference_schemas, profile=args.profile
-    )
+    return await run_suite(transport, only=args.only, reference_schema_dir=args.schemas, profile=args.profile)
 
 
 def run(name: str, args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The conformance suite: PROTOCOL.md section 11 as runnable checks, over any transport.
+"""The conformance suite: docs/protocol.md section 11 as runnable checks, over any transport.
 
 Two profiles (see docs/conformance.md): `published` runs the section 11 checklist (C01..C34, C20b) written
 to be fair to any implementation; `project` adds this project's own choices and limits (X01..); `all`,

@@ -20,6 +20,7 @@ class Result:
     status: str  # pass | fail | skip
     note: str = ""
     profile: str = ""
+    rule: str = ""  # the clause the check rests on (docs/protocol.md, or this project's choice)
     seconds: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -83,6 +84,7 @@ class Report:
                     "id": r.id,
                     "title": r.title,
                     "profile": r.profile,
+                    "rule": r.rule,
                     "status": r.status,
                     "note": r.note,
                     "seconds": round(r.seconds, 3),
@@ -113,6 +115,11 @@ def _selected(only: Iterable[str] | str | None, profile: str) -> set[str]:
     return chosen
 
 
+def _with_rule(note: str, rule: str) -> str:
+    """A failure's note, ending with the clause the check rests on."""
+    return f"{note} [rule: {rule}]" if rule else note
+
+
 def checks_in(profile: str = ALL) -> list[Any]:
     """The registered checks of `profile` ("all", "published" or "project"), in report order."""
     wanted = _selected(None, profile)
@@ -126,10 +133,13 @@ async def run_suite(
     profile: str = ALL,
 ) -> Report:
     """Run the checks of `profile` (or those of it named in `only`) against `transport`; a check that raises
-    is a fail, never a crash. Checks marked final (C29, X11) run last, over everything the others received.
+    is a fail, never a crash, and a failure's note ends with the rule the check rests on. Checks marked final
+    (C29, X11, X53) run last, over everything the others received.
 
-    `profile` is "all" (the default: every check), "published" (PROTOCOL.md section 11's list, fair to any
-    implementation) or "project" (this project's own choices and limits)."""
+    `profile` is "all" (the default: every check), "published" (docs/protocol.md section 11's list, fair to
+    any implementation) or "project" (this project's own choices and limits). `reference_schema_dir` is a
+    directory of published JSON Schemas (`mp conform --schemas DIR`): C29 validates against those and only
+    those, and skips, saying so, when none is given."""
     wanted = _selected(only, profile)
     ctx = Context(transport, str(reference_schema_dir) if reference_schema_dir else None, profile=profile)
     report = Report(getattr(transport, "name", type(transport).__name__), profile=profile)
@@ -145,13 +155,13 @@ async def run_suite(
         except Skip as exc:
             result = Result(chk.id, chk.title, "skip", str(exc))
         except CheckFailed as exc:
-            result = Result(chk.id, chk.title, "fail", str(exc))
+            result = Result(chk.id, chk.title, "fail", _with_rule(str(exc), chk.rule))
         except Exception as exc:  # a broken server must not crash the run
-            result = Result(chk.id, chk.title, "fail", f"{type(exc).__name__}: {exc}")
+            result = Result(chk.id, chk.title, "fail", _with_rule(f"{type(exc).__name__}: {exc}", chk.rule))
         result.seconds = time.monotonic() - t0
         result.profile = chk.profile
-        if chk.id == "C29":
-            result.data = {"validated": getattr(ctx, "c29_counts", {})}
+        result.rule = chk.rule
+        result.data = ctx.data.get(chk.id, {})
         report.results.append(result)
     report.seconds = time.monotonic() - started
     # keep the published order in the report
