@@ -1,7 +1,7 @@
 """Mutation testing of the conformance suite: each mutant is the engine with one rule deliberately broken
 (one rule function patched for the test, or a small MonitorService subclass). The suite must fail every
 mutant on at least one check, and pass the unbroken engine. A suite that cannot fail a wrong server is
-decorative (PROTOCOL.md section 11).
+decorative (docs/protocol.md section 11).
 
 A rule is a plain function `rule(core, tx, ...)` that reads through the Tx and stages new (frozen) record
 versions in it; a mutant wraps the real function where the engine looks it up: the facade calls
@@ -433,7 +433,7 @@ def _tokens_from_the_wrong_place(monkeypatch: pytest.MonkeyPatch) -> None:
     _wrap(monkeypatch, (delivery_mod,), "subscribe", make)
 
 
-# ---- mutants of the trust and hardening rules (PROTOCOL.md sections 3, 6-10) ---------------------------
+# ---- mutants of the trust and hardening rules (docs/protocol.md sections 3, 6-10) ---------------------------
 
 
 def _speak_for_anyone(mp: pytest.MonkeyPatch) -> None:

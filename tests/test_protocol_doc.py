@@ -217,9 +217,6 @@ SKIP_DIRS = {
     ".mypy_cache",
     ".hypothesis",
 }
-# Not this change's to fix: the lead rewrites engine/ and tests/, and docs/conformance.md belongs to the
-# conformance change of the same issue. The xfail test below holds them to the same rule.
-ELSEWHERE = ("engine", "tests", "docs/conformance.md")
 
 
 def released_part(path: Path, text: str) -> int:
@@ -267,21 +264,11 @@ def test_the_scan_finds_a_stale_citation(tmp_path):
     assert stale_citations(tmp_path, skip=("docs/x.md",)) == ["CHANGELOG.md:2", "web/a.py:1"]
 
 
-def test_nothing_outside_the_engine_and_tests_cites_a_protocol_file_a_clone_lacks():
-    """README.md, docs/ (but docs/conformance.md), web/, tools/, build.py, schemas/, e2e/, deploy/, bench/,
+def test_nothing_in_the_repository_cites_a_protocol_file_a_clone_lacks():
+    """The engine, tests, README.md, docs/, web/, tools/, build.py, schemas/, e2e/, deploy/, bench/,
     CHANGELOG.md's unreleased part: every citation of the protocol names docs/protocol.md."""
     assert DOC.is_file()
-    stale = stale_citations(ROOT, skip=ELSEWHERE)
-    assert stale == [], f"cite docs/protocol.md instead: {stale}"
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="engine/ and tests/ strings are being changed by the lead, docs/conformance.md by the conformance "
-    "change of issue 24; widen test_nothing_outside_... to the whole repository once this passes",
-)
-def test_nothing_in_the_engine_tests_or_conformance_doc_cites_a_missing_protocol_file():
-    stale = stale_citations(ROOT, within=ELSEWHERE)
+    stale = stale_citations(ROOT)
     assert stale == [], f"cite docs/protocol.md instead: {stale}"
 
 
