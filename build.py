@@ -6,6 +6,10 @@
     python build.py test [--no-e2e] [pytest args...]
                                      venv, Chromium, build, ruff, pytest tests, pytest e2e (with a throwaway
                                      PostgreSQL cluster as MP_TEST_POSTGRES unless that is already set)
+    python build.py test --quick [pytest args...]
+                                     the quick lane: venv, ruff, and the tests marked quick (the engine, its
+                                     rules, the stores, the router, the conformance suite in-process), without
+                                     a server, a browser, a site build or PostgreSQL
     python build.py bench [args...]  run bench/run.py with the venv's python
 
 Everything the site loads comes from its own origin: Pyodide and PyScript from pinned npm packages,
@@ -669,6 +673,25 @@ def postgres_for_tests(bin_dir: Path | None) -> Iterator[dict[str, str]]:
                 log("stopped the throwaway PostgreSQL cluster")
 
 
+QUICK_MARKS = "quick and not postgres"
+
+
+def test_quick(extra: list[str]) -> None:
+    """The developer's loop: ruff and the quick lane (tests marked quick, none needing PostgreSQL)."""
+    ensure_venv()
+    steps = [
+        ["ruff", "format", "--check", "."],
+        ["ruff", "check", "."],
+        ["pytest", "-q", "-m", QUICK_MARKS, "tests", *extra],
+    ]
+    for step in steps:
+        cmd = [str(VENV_PY), "-m", *step]
+        log("$ " + " ".join(cmd))
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            fail(f"{' '.join(step)} failed")
+    log("the quick lane passed (the whole suite: python3 build.py test)")
+
+
 def test(no_e2e: bool, extra: list[str]) -> None:
     pg_bin = postgres_bin_dir()
     ensure_venv()
@@ -716,6 +739,9 @@ def main(argv: list[str] | None = None) -> None:
     p_serve.add_argument("--port", type=int, default=8000)
     p_test = sub.add_parser("test", help="ruff, pytest tests, pytest e2e (extra args go to pytest)")
     p_test.add_argument("--no-e2e", action="store_true", help="skip the browser tests")
+    p_test.add_argument(
+        "--quick", action="store_true", help="ruff and the quick lane only: no server, browser or PostgreSQL"
+    )
     sub.add_parser("bench", help="run bench/run.py with the venv's python")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command in ("build", "serve"):
@@ -724,6 +750,8 @@ def main(argv: list[str] | None = None) -> None:
         build()
     elif args.command == "serve":
         serve(args.port)
+    elif args.command == "test" and args.quick:
+        test_quick(extra)
     elif args.command == "test":
         test(args.no_e2e, extra)
     elif args.command == "bench":

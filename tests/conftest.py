@@ -64,3 +64,13 @@ def pg_url(pg_admin_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs PostgreSQL (a PostgreSQL fixture, or a parameter named postgres) is marked
+    `postgres`, so the quick lane can leave it out (python3 build.py test --quick)."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        needs = {"pg_url", "pg_admin_url"} & set(getattr(item, "fixturenames", ()))
+        if needs or "postgres" in params.values():
+            item.add_marker(pytest.mark.postgres)

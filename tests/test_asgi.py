@@ -18,6 +18,9 @@ from monitor_protocol.doors.engine_thread import EngineThread
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 HANG_GUARD = 30  # only stops a broken door from hanging the suite; no assertion depends on it
 RUN = "com.example.ci.run"
 OTHER = "com.example.ci.other"

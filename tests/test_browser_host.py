@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from monitor_protocol.doors.browser import EngineHost
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
 
 
 async def _feed(host: EngineHost) -> tuple[str, str, str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conformance_variant import VariantTransport, WallClock, served_over_http
 from serverutil import mp_command, mp_env, running_server, server_log
 
 ADMIN = "conformance-admin-token-0123456789"
@@ -86,3 +87,20 @@ def _assert_all_pass(done: subprocess.CompletedProcess[str], log: str) -> None:
     assert {"C01", "C12", "C17", "C19", "C30", "X40"} <= ids  # the checks only a real server can show
     assert set(by_status.get("skip", [])) == SKIPPED
     assert "Traceback" not in log, log[-4000:]
+
+
+def test_the_published_profile_passes_against_the_variant_over_http():
+    """The same over real sockets, through `mp conform --base` (real waits, really concurrent claims)."""
+    variant = VariantTransport(clock=WallClock())
+    with served_over_http(variant) as base:
+        schemas = ["--schemas", str(REFERENCE)] if REFERENCE.is_dir() else []
+        args = ["--base", base, "--profile", "published", "--admin-token", variant.admin_token, *schemas]
+        done = subprocess.run(
+            mp_command("conform", *args, "--json"), capture_output=True, text=True, env=mp_env(), timeout=300
+        )
+    assert done.stdout.strip(), f"no report; stderr:\n{done.stderr}"
+    report = json.loads(done.stdout)
+    bad = [f"{r['id']} {r['status']}: {r['note']}" for r in report["results"] if r["status"] != "pass"]
+    assert bad == [f"C29 skip: {r['note']}" for r in report["results"] if r["id"] in SKIPPED], bad
+    assert report["transport"].startswith("http ") and len(report["results"]) == 34
+    assert done.returncode == 0

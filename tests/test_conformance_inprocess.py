@@ -15,6 +15,9 @@ from monitor_protocol.conformance.inprocess import InProcessTransport
 from monitor_protocol.store.memory import MemoryStore
 from monitor_protocol.store.sqlite import SQLiteStore
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
 # CI always has ../shared beside the clone; a bare clone does not, and then only the comparison with the
 # published schemas is skipped (test_c29_compares_with_the_reference_schemas says so).

@@ -13,6 +13,9 @@ from monitor_protocol.core.records import Monitor, evolve
 from monitor_protocol.core.runtime import MUTE_FLUSH_SECONDS
 from monitor_protocol.doors.browser import EngineHost
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 A = "com.example.ci.run"
 
 

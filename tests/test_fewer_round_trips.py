@@ -11,6 +11,9 @@ import pytest
 from enginekit import STORE_KINDS, Harness, make_store
 from monitor_protocol.core.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 TYPE = "com.example.ci.run"
 REJECTED = "ai.mentu.monitor.rejected"
 

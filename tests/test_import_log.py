@@ -20,6 +20,9 @@ from monitor_protocol.core.rules import importing
 from monitor_protocol.doors.browser import EngineHost
 from monitor_protocol.store.memory import MemoryStore
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 TYPES = ["com.example.ci.run", "com.example.ci.other"]
 OBSERVATION = schemas.validator("observation")
 STATE = schemas.validator("state")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from enginekit import Harness
 from monitor_protocol.store.sqlite import SQLiteStore
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
 
 
 def rpc(method: str, id_: int, **params):

@@ -31,7 +31,10 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from serverutil import mp_command, mp_env
-from test_engine_is_pure import imported_outside_stdlib
+from test_layout import imported_outside_stdlib
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
 
 OPS = operations.OPERATIONS
 # docs/protocol.md section 5: the JSON-RPC methods; section 9: the MCP tools.

@@ -13,6 +13,9 @@ from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.browser import EngineHost
 from monitor_protocol.store.memory import MemoryStore
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 CI = "com.example.ci.run"
 
 

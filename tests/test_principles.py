@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 OWNER_HUMAN = "human:you"
 
 

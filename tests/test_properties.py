@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 from monitor_protocol.core.rules import delivery
 from monitor_protocol.store.memory import MemoryStore
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 OTHER = "com.example.ci.other"  # a type the subscription's filter does not let through
 
 ops = st.lists(

@@ -5,7 +5,7 @@ cursor 0 below its floor, filter types checked against the declared ones, a text
 the refused value named in the sentence, a re-sent ack answering the current head).
 
 - the published profile passes against that variant, every behaviour at once and each alone, in-process
-  and over real HTTP through `mp conform --base`;
+  (and over real HTTP through `mp conform --base`, in tests/test_conform_http.py);
 - each behaviour fails the project check that states this project's choice (positive control: the
   variant's difference is real, and the project profile still holds this server to its choice);
 - with every switch off the variant is the engine itself and the whole suite passes (the wrapper adds
@@ -15,15 +15,15 @@ the refused value named in the sentence, a re-sent ack answering the current hea
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from conformance_variant import BEHAVIOURS, BREAKS, VariantTransport, WallClock, served_over_http
+from conformance_variant import BEHAVIOURS, BREAKS, VariantTransport
 from monitor_protocol.conformance import checks_in, run_suite
-from serverutil import mp_command, mp_env
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
 # CI has ../shared beside the clone; a bare clone does not, and then only C29 (which validates against the
@@ -135,20 +135,3 @@ async def test_c29_uses_the_published_schemas_and_x53_the_stricter_project_ones(
     del served["data"]["provenance"]["on_behalf_of"]
     assert errors_of("observation", served, REFERENCE) == []
     assert any("on_behalf_of" in e for e in errors_of("observation", served, schema_dir()))
-
-
-def test_the_published_profile_passes_against_the_variant_over_http():
-    """The same over real sockets, through `mp conform --base` (real waits, really concurrent claims)."""
-    variant = VariantTransport(clock=WallClock())
-    with served_over_http(variant) as base:
-        schemas = ["--schemas", str(REFERENCE)] if HAVE_REFERENCE else []
-        args = ["--base", base, "--profile", "published", "--admin-token", variant.admin_token, *schemas]
-        done = subprocess.run(
-            mp_command("conform", *args, "--json"), capture_output=True, text=True, env=mp_env(), timeout=300
-        )
-    assert done.stdout.strip(), f"no report; stderr:\n{done.stderr}"
-    report = json.loads(done.stdout)
-    bad = [f"{r['id']} {r['status']}: {r['note']}" for r in report["results"] if r["status"] != "pass"]
-    assert bad == [f"C29 skip: {r['note']}" for r in report["results"] if r["id"] in PUBLISHED_SKIPS], bad
-    assert report["transport"].startswith("http ") and len(report["results"]) == 34
-    assert done.returncode == 0

@@ -17,6 +17,9 @@ from monitor_protocol.core.schemas import (
     validator,
 )
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
 
 PROV = {

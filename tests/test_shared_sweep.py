@@ -5,8 +5,12 @@ a lease renewed or a reader heard elsewhere since the listing is not expired or 
 
 from __future__ import annotations
 
+import pytest
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
 
 
 class SharedMemoryStore(MemoryStore):

@@ -28,6 +28,9 @@ from monitor_protocol.store.sqlite import (
     StoreLocked,
 )
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 BIG = "x" * 3000  # about one page per observation (or per subscription filter)
 
 

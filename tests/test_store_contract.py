@@ -31,6 +31,9 @@ from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
 from monitor_protocol.store.sql import next_prefix
 from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 # A subscription taken by another id: SQLite's unique index raises IntegrityError, the memory store ValueError,
 # PostgreSQL's unique index psycopg's IntegrityError (when psycopg is installed).
 try:

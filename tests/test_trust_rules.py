@@ -17,6 +17,9 @@ from monitor_protocol.core.store_contract import StorageError
 from monitor_protocol.core.vocab import SCAN_BUDGET
 from monitor_protocol.store.memory import MemoryStore
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 A = "com.example.ci.run"
 B = "com.example.ci.deploy"
 REJECTED = "ai.mentu.monitor.rejected"

@@ -9,6 +9,9 @@ from monitor_protocol.doors.mcp.backends import RemoteBackend
 from monitor_protocol.doors.mcp.tools import _pull
 from serverutil import running_server
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 
 def test_cli_and_watch_take_whole_seconds():
     parser = build_parser()

@@ -21,6 +21,9 @@ from monitor_protocol.doors.parking import Waiters
 from monitor_protocol.store.memory import MemoryStore
 from test_asgi import HANG_GUARD, RUN, Conn, call, publish, setup_feed
 
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 # -- the registry alone ----------------------------------------------------------------------------------
 
 

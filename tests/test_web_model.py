@@ -9,6 +9,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
 WEB = Path(__file__).resolve().parents[1] / "web"
 
 
