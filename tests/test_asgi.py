@@ -14,7 +14,7 @@ from monitor_protocol.api.messages import Request, error_response
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.errors import ProtocolError, internal_failure, storage_unavailable
 from monitor_protocol.core.service import MonitorService
-from monitor_protocol.doors.engine_thread import EngineThread
+from monitor_protocol.doors.engines import EngineThread
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 

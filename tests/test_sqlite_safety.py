@@ -113,9 +113,10 @@ FILLS = {
         "subscriptions": [sub("s1"), *_big_subscriptions(200)],
     },
 }
+# (A monitor's row is written at the commit, once per transaction: the fill strikes before it.)
 WRITTEN_FIRST = {
-    "log": ("monitors", "observations"),
-    "subscriptions": ("monitors", "observations", "subscriptions"),
+    "log": ("observations",),
+    "subscriptions": ("observations", "subscriptions"),
 }
 
 

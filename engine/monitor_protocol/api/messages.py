@@ -47,6 +47,7 @@ class Response:
     body: Any = None  # JSON-able; None means no body
     headers: dict[str, str] = field(default_factory=dict)
     long_poll: LongPoll | None = None
+    route: str | None = None  # the route template that answered (/mp/v0/monitors/{id}), set by the router
 
     def json_bytes(self) -> bytes:
         if self.body is None:

@@ -36,6 +36,28 @@ CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
 
 Handler = Callable[["RestRouter", Request, dict[str, str]], Response]
 _ROUTES: list[tuple[str, re.Pattern[str], Handler]] = []
+_LABELS: dict[
+    re.Pattern[str], str
+] = {}  # each route's template, e.g. /mp/v0/monitors/{id} (the metrics' label)
+
+
+_GROUPS: dict[tuple[int, str], list[tuple[str, re.Pattern[str], Handler]]] = {}
+
+
+def _shape(path: str) -> tuple[int, str]:
+    """How many segments a path below /mp/v0 has, and its first one: a route's parameters never hold a
+    slash and no route begins with a parameter, so only routes of the same shape can match."""
+    first = path.split("/", 2)[1] if path.startswith("/") else ""
+    return path.count("/"), first
+
+
+def _candidates(path: str) -> list[tuple[str, re.Pattern[str], Handler]]:
+    """The routes a path may match, in table order (the same first match as trying them all)."""
+    if not _GROUPS:
+        for entry in _ROUTES:
+            template = _LABELS[entry[1]][len(PREFIX) :]
+            _GROUPS.setdefault(_shape(template), []).append(entry)
+    return _GROUPS.get(_shape(path), [])
 
 
 def route_table() -> list[tuple[str, re.Pattern[str], Handler]]:
@@ -45,12 +67,21 @@ def route_table() -> list[tuple[str, re.Pattern[str], Handler]]:
 
 def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
     regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$")
+    _LABELS[regex] = PREFIX + pattern
 
     def register(fn: Handler) -> Handler:
         _ROUTES.append((method, regex, fn))
         return fn
 
     return register
+
+
+class _Routed(Exception):
+    """A refusal from a route's handler, carrying the route it came from (for the metrics' label)."""
+
+    def __init__(self, error: ProtocolError, label: str) -> None:
+        self.error = error
+        self.label = label
 
 
 def bearer(req: Request) -> str | None:
@@ -94,6 +125,9 @@ class RestRouter:
     def handle(self, req: Request) -> Response:
         try:
             resp = self._handle(req)
+        except _Routed as routed:
+            resp = error_response(routed.error)
+            resp.route = routed.label
         except ProtocolError as err:
             resp = error_response(err)
         except Exception:  # a bug is not bad input: 503 naming a logged incident, never a 500 or a 400
@@ -149,11 +183,16 @@ class RestRouter:
             )
         path = req.path[len(PREFIX) :].rstrip("/") or "/"
         allowed: list[str] = []
-        for m, regex, fn in _ROUTES:
+        for m, regex, fn in _candidates(path):
             match = regex.match(path)
             if match:
                 if m == method:
-                    return fn(self, req, match.groupdict())
+                    try:
+                        resp = fn(self, req, match.groupdict())
+                    except ProtocolError as err:
+                        raise _Routed(err, _LABELS[regex]) from None
+                    resp.route = _LABELS[regex]
+                    return resp
                 allowed.append(m)
         if allowed:
             raise ProtocolError(

@@ -27,12 +27,10 @@ from monitor_protocol.cli.serve_config import (
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY, MAX_LIMIT, MAX_WAIT_SECONDS
 from monitor_protocol.doors.http.server import (
     bind,
-    draining_server_class,
-    hardened_protocol_class,
+    configure_logging,
     install_fast_json,
-    log_config,
-    log_engine_errors,
     raise_open_file_limit,
+    serve,
 )
 
 HELP = "run the Monitor Protocol HTTP server on a SQLite database"
@@ -41,7 +39,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8130
 DEFAULT_DB = "monitor-protocol.db"
 # docs/protocol.md section 10, time limits: headers within 10 s and a body within 30 s of the request's start;
-# an idle keep-alive connection stays open at least 60 s (uvicorn's own default is 5 s).
+# an idle keep-alive connection stays open at least 60 s.
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_KEEP_ALIVE = 65.0
@@ -50,7 +48,7 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class _Stop(Exception):
-    """Raised by our own SIGINT/SIGTERM handlers outside uvicorn's own (before start, after shutdown)."""
+    """Raised by our own SIGINT/SIGTERM handlers outside the server's own (before it starts, after it stops)."""
 
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
@@ -281,12 +279,13 @@ def _remove_reload(app: Any) -> None:
 
 def run(name: str, args: argparse.Namespace) -> int:
     try:
-        import uvicorn
+        import httptools  # noqa: F401 - the server's HTTP parser
     except ImportError:
-        print("mp serve needs uvicorn: pip install monitor-protocol", file=sys.stderr)
+        print("mp serve needs httptools: pip install monitor-protocol", file=sys.stderr)
         return 1
     from monitor_protocol.api.rest import RestRouter
     from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.doors.engines import EngineThread, LoopEngine
     from monitor_protocol.doors.http.app import MonitorApp
     from monitor_protocol.doors.push import delivery_task
     from monitor_protocol.store.postgres import is_postgres_url, redacted
@@ -364,10 +363,14 @@ def run(name: str, args: argparse.Namespace) -> int:
         port = sock.getsockname()[1]
         reloader = Reloader(args, cfg, router, None)
         # HTTP push (protocol: http subscriptions) runs beside the server; idle while there are none.
+        # The engine's seat: on the loop for a store of its own (SQLite: every call bounded and local), on a
+        # thread of its own for a shared store whose calls wait on the network (PostgreSQL).
+        engine = EngineThread(store) if shared else LoopEngine(store)
         app = MonitorApp(
             service,
             router,
             store=store,
+            engine=engine,
             max_body=cfg.max_body,
             background_tasks=[delivery_task],
             on_startup=[_install_reload(reloader), *([_share_store] if shared else [])],
@@ -446,23 +449,18 @@ def run(name: str, args: argparse.Namespace) -> int:
                 print(warning)
         sys.stdout.flush()
 
-        config = uvicorn.Config(
-            app,
-            http=hardened_protocol_class(cfg.header_timeout, cfg.body_timeout),
-            loop="auto",  # uvloop when it is installed (not on Windows), else asyncio's own loop
-            lifespan="on",
-            log_level=cfg.log_level,
-            log_config=log_config(cfg.log_level),
-            access_log=cfg.access_log,
-            timeout_graceful_shutdown=5,
-            timeout_keep_alive=cfg.keep_alive,
-        )
-        server = draining_server_class()(config, app)
-        log_engine_errors(cfg.log_level)
+        configure_logging(cfg.log_level, cfg.access_log)
         try:
-            server.run(sockets=[sock])
+            serve(
+                app,
+                sock,
+                header_timeout=cfg.header_timeout,
+                body_timeout=cfg.body_timeout,
+                keep_alive=cfg.keep_alive,
+                access_log=cfg.access_log,
+            )
         except _Stop:
-            pass  # uvicorn re-raises the signal that stopped it once it has shut down cleanly
+            pass  # a signal before the loop took the stop signals over, or after it gave them back
         finally:
             sock.close()
         return 0

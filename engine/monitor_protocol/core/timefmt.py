@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
 
 
+_last_second: list[Any] = [None, ""]  # the second last formatted, and its "YYYY-MM-DDTHH:MM:SS"
+
+
 def iso(ts: float) -> str:
-    dt = datetime.fromtimestamp(ts, tz=UTC)
-    # Four-digit year always (strftime's %Y gives "1" for year 1 on glibc, which is not RFC 3339).
-    return (
-        f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}."
-        f"{dt.microsecond // 1000:03d}Z"
-    )
+    """`ts` as RFC 3339 UTC with milliseconds. The date and time of a second are formatted once (times come
+    in runs: every observation of a burst shares its second); the microseconds round as datetime rounds
+    them (half to even), so the text is the one datetime.fromtimestamp gives."""
+    second = math.floor(ts)
+    micro = round((ts - second) * 1e6)
+    if micro >= 1_000_000:
+        second += 1
+        micro -= 1_000_000
+    cached = _last_second
+    if cached[0] != second:
+        dt = datetime.fromtimestamp(second, tz=UTC)
+        # Four-digit year always (strftime's %Y gives "1" for year 1 on glibc, which is not RFC 3339).
+        cached[1] = f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
+        cached[0] = second
+    return f"{cached[1]}.{micro // 1000:03d}Z"
 
 
 def parse(value: str) -> float | None:

@@ -195,13 +195,22 @@ class Tx:
 
     # ----------------------------------------------------------------------------- the applier's input
     def changes(self) -> Changes:
+        appended = self._appended
         return Changes(
-            monitors=list(self._monitors.values()),
-            observations=[o for obs in self._appended.values() for o in obs],
-            subjects=list(self._subjects),
-            subscriptions=list(self._subs.values()),
-            leases=list(self._leases.values()),
-            publish_keys=list(self._keys.values()),
-            compactions=list(self._compactions.items()),
+            monitors=list(self._monitors.values()) if self._monitors else [],
+            observations=(
+                (
+                    next(iter(appended.values()))
+                    if len(appended) == 1
+                    else [o for obs in appended.values() for o in obs]
+                )
+                if appended
+                else []
+            ),
+            subjects=list(self._subjects) if self._subjects else [],
+            subscriptions=list(self._subs.values()) if self._subs else [],
+            leases=list(self._leases.values()) if self._leases else [],
+            publish_keys=list(self._keys.values()) if self._keys else [],
+            compactions=list(self._compactions.items()) if self._compactions else [],
             purge_keys_before=self._purge_before,
         )

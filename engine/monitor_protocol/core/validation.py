@@ -4,6 +4,7 @@ vocabularies (P11, docs/protocol.md sections 3 and 10)."""
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from typing import Any
 
@@ -53,7 +54,14 @@ def require_object(body: Any, what: str) -> dict[str, Any]:
     return wire.check(body)
 
 
+# In ASCII, whitespace and control characters are exactly these (no ASCII character is Cf or Cs).
+_ASCII_BAD = re.compile(r"[\x00-\x20\x7f]")
+
+
 def _bad_char(value: str) -> str | None:
+    if value.isascii():
+        found = _ASCII_BAD.search(value)
+        return None if found is None else f"U+{ord(found.group()):04X}"
     for ch in value:
         if ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Cs"):
             return f"U+{ord(ch):04X}"
@@ -72,9 +80,15 @@ def check_name(value: Any, name: str, example: str) -> str:
     return value
 
 
+_GOOD_ACTORS: dict[str, None] = {}  # names already found good: the same few publish again and again
+_GOOD_ACTORS_MAX = 4096
+
+
 def check_actor(value: Any, name: str) -> str:
     """Any non-empty name of at most 256 characters without whitespace or control characters (section 3);
     a lower-case prefix such as human: says what it is, any other form is treated as an agent."""
+    if type(value) is str and value in _GOOD_ACTORS:
+        return value
     check_name(value, name, "human:you, agent:claude or reader-7")
     bad = _bad_char(value)
     if bad is not None:
@@ -82,6 +96,10 @@ def check_actor(value: Any, name: str) -> str:
             f"{name} may not contain whitespace or control characters (found {bad}); send a name such as "
             "agent:claude or reader-7."
         )
+    if type(value) is str:
+        if len(_GOOD_ACTORS) >= _GOOD_ACTORS_MAX:
+            _GOOD_ACTORS.clear()
+        _GOOD_ACTORS[value] = None
     return value
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +21,18 @@ _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=F
 # ---------------------------------------------------------------------------------------------- the codec
 # Values the engine has already checked (replies, stored rows) are encoded and decoded by one codec: the
 # standard library's, unless a door installs a faster one with the same output (mp serve installs orjson
-# when it is there: byte for byte the same compact JSON, 10-20 times faster). Requests are always parsed by
-# `loads` below, whose rules (no integer beyond 2^53, ...) a faster parser does not all share.
+# when it is there: byte for byte the same compact JSON, 10-20 times faster). Requests are parsed by `loads`
+# below, whose rules (no integer beyond 2^53, ...) a faster parser does not all share: it may try the
+# codec's strict `parse` first, and falls back on its own rules for anything that parser refuses.
 @dataclass(frozen=True)
 class Codec:
     name: str
     encode: Callable[[Any], bytes]  # compact UTF-8 JSON of a checked value
     decode: Callable[[bytes | str], Any]  # JSON this engine wrote (a stored row), trusted
+    # A strict RFC 8259 parser of UTF-8 bytes that refuses NaN, Infinity, lone surrogates and trailing
+    # content (orjson is one): `loads` tries it first and falls back on its own rules for whatever it refuses
+    # or may not judge alike (a run of 16 digits: an integer near or beyond 2^53).
+    parse: Callable[[bytes], Any] | None = None
 
 
 STDLIB_CODEC = Codec("json", lambda value: _dumps(value).encode(), json.loads)
@@ -81,8 +87,24 @@ def _int(text: str) -> int:
     return int(text)
 
 
+_BIG_NUMBER = re.compile(rb"[0-9]{16}")
+_vetted: Any = None  # the last value `loads` returned, checked whole: `check` knows it (see there)
+
+
 def loads(raw: bytes | str) -> Any:
     """Parse one JSON text strictly, then check it; every refusal is 400 INVALID with a sentence."""
+    global _vetted
+    parse = _codec.parse
+    if parse is not None and isinstance(raw, bytes) and not _BIG_NUMBER.search(raw):
+        try:
+            value = parse(raw)
+        except Exception:
+            pass  # refused: the rules below say why, in their own words
+        else:
+            if _needs_walk(raw):
+                check(value)
+            _vetted = value
+            return value
     try:
         value = json.loads(raw, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except ProtocolError:
@@ -95,6 +117,7 @@ def loads(raw: bytes | str) -> Any:
         ) from None
     if _needs_walk(raw):
         check(value)
+    _vetted = value
     return value
 
 
@@ -112,43 +135,103 @@ def _needs_walk(raw: bytes | str) -> bool:
     return raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
 
 
+_SURROGATE = "A string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text: send UTF-8 text."
+_BEYOND = "An integer is beyond 2^53, which other JSON clients cannot represent: send it as a string."
+_NAN = "NaN and Infinity are not JSON (RFC 8259): send a number, a string or null."
+
+
 def problem(value: Any) -> str | None:
-    """What keeps `value` off the wire, or None. Iterative: a hostile depth cannot exhaust the stack."""
+    """What keeps `value` off the wire, or None. Iterative: a hostile depth cannot exhaust the stack. The
+    usual values (str, int, None, bool, dicts and lists of them) are judged without leaving the loop."""
     stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
     while stack:
-        node, depth = stack.pop()
-        if isinstance(node, str):
-            if not node.isascii():
-                try:
-                    node.encode("utf-8")
-                except UnicodeEncodeError:
-                    return "A string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text: send UTF-8 text."
-        elif isinstance(node, bool) or node is None:
-            continue
-        elif isinstance(node, int):
-            if abs(node) > MAX_INTEGER:
-                return "An integer is beyond 2^53, which other JSON clients cannot represent: send it as a string."
-        elif isinstance(node, float):
-            if math.isnan(node) or math.isinf(node):
-                return "NaN and Infinity are not JSON (RFC 8259): send a number, a string or null."
-        elif isinstance(node, dict | list):
+        node, depth = pop()
+        kind = type(node)
+        if kind is dict:
             if depth > MAX_JSON_DEPTH:
                 return f"The value nests deeper than {MAX_JSON_DEPTH} levels; flatten it."
-            if isinstance(node, dict):
-                for key, item in node.items():
+            for key, item in node.items():
+                if type(key) is not str:
                     if not isinstance(key, str):
                         return "Object keys must be strings."
-                    stack.append((key, depth))
-                    stack.append((item, depth + 1))
-            else:
-                stack.extend((item, depth + 1) for item in node)
+                    push((key, depth))
+                elif not key.isascii() and _lone_surrogate(key):
+                    return _SURROGATE
+                item_kind = type(item)
+                if item_kind is str:
+                    if not item.isascii() and _lone_surrogate(item):
+                        return _SURROGATE
+                elif item_kind is int:
+                    if item > MAX_INTEGER or item < -MAX_INTEGER:
+                        return _BEYOND
+                elif item is not None and item_kind is not bool:
+                    push((item, depth + 1))
+        elif kind is list:
+            if depth > MAX_JSON_DEPTH:
+                return f"The value nests deeper than {MAX_JSON_DEPTH} levels; flatten it."
+            for item in node:
+                push((item, depth + 1))
+        elif kind is str:
+            if not node.isascii() and _lone_surrogate(node):
+                return _SURROGATE
+        elif node is None or kind is bool:
+            continue
+        elif kind is int:
+            if node > MAX_INTEGER or node < -MAX_INTEGER:
+                return _BEYOND
+        elif kind is float:
+            if math.isnan(node) or math.isinf(node):
+                return _NAN
         else:
-            return f"A {type(node).__name__} is not a JSON value."
+            reason = _subclass_problem(node, depth, push)
+            if reason is not None:
+                return reason
     return None
 
 
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _subclass_problem(node: Any, depth: int, push: Callable[[tuple[Any, int]], None]) -> str | None:
+    """A value of a subclass of a JSON type (a str or int subclass, an OrderedDict, a tuple is not one)."""
+    if isinstance(node, str):
+        return _SURROGATE if not node.isascii() and _lone_surrogate(node) else None
+    if isinstance(node, bool):
+        return None
+    if isinstance(node, int):
+        return _BEYOND if abs(node) > MAX_INTEGER else None
+    if isinstance(node, float):
+        return _NAN if math.isnan(node) or math.isinf(node) else None
+    if isinstance(node, dict):
+        if depth > MAX_JSON_DEPTH:
+            return f"The value nests deeper than {MAX_JSON_DEPTH} levels; flatten it."
+        for key, item in node.items():
+            if not isinstance(key, str):
+                return "Object keys must be strings."
+            push((key, depth))
+            push((item, depth + 1))
+        return None
+    if isinstance(node, list):
+        if depth > MAX_JSON_DEPTH:
+            return f"The value nests deeper than {MAX_JSON_DEPTH} levels; flatten it."
+        for item in node:
+            push((item, depth + 1))
+        return None
+    return f"A {type(node).__name__} is not a JSON value."
+
+
 def check(value: Any) -> Any:
-    """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise."""
+    """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise. The value
+    `loads` last returned was checked whole as it was parsed and is not walked again (a door hands the
+    engine what it just parsed; nothing changes it in between)."""
+    if value is _vetted and value is not None:
+        return value
     reason = problem(value)
     if reason is not None:
         raise _refuse(reason)

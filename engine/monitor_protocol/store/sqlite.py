@@ -110,6 +110,7 @@ _SELECT_OBSERVATION = f"{_SELECT} observations"
 # repeat the index's own WHERE term, literally, for SQLite to choose it.
 COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state = 'active'"
 
+KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
 
@@ -252,6 +253,16 @@ class SQLiteStore(Store):
         self._monitors: dict[str, Monitor] = {}
         self._subs: dict[str, Subscription] = {}
         self._uncommitted = False
+        self._applied = False  # the call in hand has applied its changes
+        self._staged_monitors = False  # and among them a monitor, staged for the commit
+        # Monitors this transaction changed, not yet in their table (written once, before the COMMIT).
+        self._dirty: dict[str, Monitor] = {}
+        self._call_dirty: dict[str, Monitor] = {}  # a call of a group: its monitors, until it ends
+        # (monitor, subject) pairs the table holds (committed), and those this transaction added: a subject
+        # published again costs no statement.
+        self._known_subjects: set[tuple[str, str]] = set()
+        self._fresh_subjects: set[tuple[str, str]] = set()
+        self._call_subjects: set[tuple[str, str]] = set()  # a call of a group: its subjects, until it ends
         in_memory = path in (":memory:", "")
         target = path if in_memory else os.path.realpath(path)
         if not in_memory:
@@ -413,6 +424,13 @@ class SQLiteStore(Store):
         return row is not None
 
     # --- transactions -----------------------------------------------------------------------------
+    #
+    # What a call writes, and when (the fewest statements the rules need): a call writes only in its one
+    # `apply`, at its end; an observation is one INSERT, a subject's first use one more; the monitor's row
+    # (its head and counters) is written once per transaction whatever the number of calls that changed it,
+    # just before the COMMIT (`_dirty` holds its newest version until then, and reads see it). In a group
+    # commit a call's statements share the group's transaction: an apply of more than one row takes a
+    # savepoint of its own, so that a refused statement takes the whole apply back and the group goes on.
     def _run(self, sql: str) -> None:
         try:
             self._db.execute(sql)
@@ -421,16 +439,16 @@ class SQLiteStore(Store):
                 raise _storage_error(exc) from exc
             raise
 
-    def _forget_uncommitted(self, *, whole: bool = True) -> None:
-        """Work that wrote the cache is being undone: forget the cache (it is refilled by reads). Undoing
-        only part of a transaction (a call's savepoint in a group, a refused apply) leaves the rest of it
-        uncommitted: a read after that may still cache it, so the mark stays until the commit or the
-        whole rollback."""
+    def _forget_uncommitted(self) -> None:
+        """The transaction is being undone: forget every record it wrote (the caches are refilled by reads)."""
+        self._dirty.clear()
+        self._call_dirty.clear()
+        self._fresh_subjects.clear()
+        self._call_subjects.clear()
         if self._uncommitted:
             self._monitors.clear()
             self._subs.clear()
-            if whole:
-                self._uncommitted = False
+            self._uncommitted = False
 
     def _rollback(self) -> None:
         """Roll the open transaction back, if SQLite has not already done so (it may, after FULL or IOERR)."""
@@ -441,11 +459,27 @@ class SQLiteStore(Store):
             except sqlite3.Error:
                 pass  # the original failure is what the caller hears about
 
+    def _flush_monitors(self) -> None:
+        """Write the monitors this transaction changed, each once, in its newest version."""
+        dirty = self._dirty
+        if not dirty:
+            return
+        db = self._db
+        if len(dirty) == 1:
+            (m,) = dirty.values()
+            db.execute(_PUT_MONITOR, row_values(m.to_row(), MONITOR_COLUMNS))
+        else:
+            db.executemany(_PUT_MONITOR, (row_values(m.to_row(), MONITOR_COLUMNS) for m in dirty.values()))
+        for m in dirty.values():
+            self._monitors[m.id] = m
+        dirty.clear()
+
     def _commit(self) -> None:
         if not self._db.in_transaction:  # SQLite rolled it back after a failure the caller swallowed
             self._forget_uncommitted()
             raise StorageError("the transaction was rolled back by the database after a storage failure")
         try:
+            self._flush_monitors()
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             self._rollback()  # a failed COMMIT leaves the database as it was
@@ -453,11 +487,16 @@ class SQLiteStore(Store):
                 raise _storage_error(exc) from exc
             raise
         self._uncommitted = False
+        known = self._known_subjects
+        if len(known) + len(self._fresh_subjects) > KNOWN_SUBJECTS_MAX:
+            known.clear()
+        known.update(self._fresh_subjects)
+        self._fresh_subjects.clear()
 
     def _finish(self, wrote: bool) -> None:
         """End a top-level transaction: commit what it wrote; a transaction that wrote nothing is rolled
         back instead, which writes nothing to the WAL and costs no fsync."""
-        if wrote:
+        if wrote or self._dirty:
             self._commit()
             self.stats.commits += 1
         else:
@@ -477,37 +516,51 @@ class SQLiteStore(Store):
             if self._batch_broken or not self._db.in_transaction:
                 self._batch_broken = True
                 raise StorageError("a storage failure rolled back this group commit; retry the call")
-            self._run("SAVEPOINT call")
         else:
             self._begin()
-        # Whether the call wrote: rows changed since it began (a rolled-back call before it is excluded).
+        self._applied = False
+        self._staged_monitors = False
+        # Whether the call wrote: rows changed since it began, or a monitor staged for the commit.
         mark = self._db.total_changes
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
-            if self._batch:
-                self._abort_savepoint()
-            else:
+            if not self._batch:
                 self._rollback()
+            elif self._applied:
+                self._undo_call()
             raise
         self._depth = 0
-        wrote = self._db.total_changes != mark
+        wrote = self._applied and (self._db.total_changes != mark or self._staged_monitors)
         if not wrote:
             self.stats.read_only += 1
         if self._batch:
-            try:
-                self._db.execute("RELEASE call")
-            except sqlite3.Error as exc:
-                self._batch_broken = True
-                raise StorageError(f"a storage failure rolled back this group commit: {exc}") from exc
+            if self._applied:
+                self._end_call()
             self._batch_wrote = self._batch_wrote or wrote
         else:
             self._finish(wrote)
 
-    def _abort_savepoint(self) -> None:
-        self._forget_uncommitted(whole=False)
+    def _end_call(self) -> None:
+        """A call of a group succeeded: its savepoint goes, its monitors join the group's."""
+        try:
+            self._db.execute("RELEASE call")
+        except sqlite3.Error as exc:
+            self._batch_broken = True
+            raise StorageError(f"a storage failure rolled back this group commit: {exc}") from exc
+        self._dirty.update(self._call_dirty)
+        self._call_dirty.clear()
+        self._fresh_subjects.update(self._call_subjects)
+        self._call_subjects.clear()
+
+    def _undo_call(self) -> None:
+        """A call of a group failed after its apply: take back what it wrote, and only that."""
+        self._call_dirty.clear()
+        self._call_subjects.clear()
+        self._monitors.clear()  # may hold what it wrote; refilled by reads (the group's newest are in _dirty)
+        self._subs.clear()
         if not self._db.in_transaction:  # SQLite rolled the whole group back
             self._batch_broken = True
             return
@@ -520,9 +573,9 @@ class SQLiteStore(Store):
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """Group commit: the transactions inside become savepoints of one commit (one fsync). A caller
-        may reply to none of them until this block has exited without error; when the commit fails (or a
-        storage failure rolled the group back), it raises StorageError and nothing of the group is kept."""
+        """Group commit: the transactions inside share one commit (one fsync). A caller may reply to none of
+        them until this block has exited without error; when the commit fails (or a storage failure rolled
+        the group back), it raises StorageError and nothing of the group is kept."""
         if self._batch:
             yield
             return
@@ -553,34 +606,71 @@ class SQLiteStore(Store):
             return
         if changes.empty():
             return
-        # A savepoint of its own, so that a refused statement (a taken subscriber, a duplicate seq) takes
-        # back the whole apply even if the caller goes on to commit.
-        self._db.execute("SAVEPOINT apply")
+        known = self._known_subjects
+        subjects = [s for s in changes.subjects if s not in known] if changes.subjects else []
+        if self._batch and not self._applied:
+            # In a group, a call that writes takes a savepoint, kept until it ends: a failure after its
+            # apply, or a refused statement within it, takes back what it wrote and the group goes on.
+            # A call that only reads takes none.
+            self._db.execute("SAVEPOINT call")
         self._uncommitted = True
-        try:
-            self._write(changes)
-        except BaseException:
-            self._forget_uncommitted(whole=False)
-            if self._db.in_transaction:
-                try:
-                    self._db.execute("ROLLBACK TO apply")
-                    self._db.execute("RELEASE apply")
-                except sqlite3.Error:
-                    pass  # the transaction's own rollback follows; the original failure is what counts
-            raise
-        self._db.execute("RELEASE apply")
+        self._applied = True
+        rows = (
+            len(changes.observations)
+            + len(subjects)
+            + len(changes.subscriptions)
+            + len(changes.leases)
+            + len(changes.publish_keys)
+            + len(changes.compactions)
+            + (changes.purge_keys_before is not None)
+        )
+        if rows <= 1:  # one statement is all or nothing by itself
+            self._write(changes, subjects)
+        else:
+            # A savepoint of its own, so that a refused statement (a taken subscriber, a duplicate seq)
+            # takes back the whole apply even if the caller goes on to commit.
+            db = self._db
+            db.execute("SAVEPOINT apply")
+            try:
+                self._write(changes, subjects)
+            except BaseException:
+                if db.in_transaction:
+                    try:
+                        db.execute("ROLLBACK TO apply")
+                        db.execute("RELEASE apply")
+                    except sqlite3.Error:
+                        pass  # the transaction's own rollback follows; the original failure is what counts
+                raise
+            db.execute("RELEASE apply")
+        self._staged_monitors = self._staged_monitors or bool(changes.monitors)
+        in_group = self._batch
+        staged = self._call_dirty if in_group else self._dirty
         for m in changes.monitors:
-            self._monitors[m.id] = m
+            staged[m.id] = m
         for sub in changes.subscriptions:
             self._subs[sub.id] = sub
+        (self._call_subjects if in_group else self._fresh_subjects).update(subjects)
 
-    def _write(self, changes: Changes) -> None:
+    def _write(self, changes: Changes, subjects: list[tuple[str, str]]) -> None:
         db = self._db
-        if len(changes.monitors) == 1:  # the usual call: execute is cheaper than executemany of one
-            db.execute(_PUT_MONITOR, row_values(changes.monitors[0].to_row(), MONITOR_COLUMNS))
-        elif changes.monitors:
-            db.executemany(_PUT_MONITOR, (row_values(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors))
-        if changes.observations:
+        observations = changes.observations
+        if len(observations) == 1:  # the usual call: execute is cheaper than executemany of one
+            o = observations[0]
+            db.execute(
+                _PUT_OBSERVATION,
+                (
+                    o.monitor,
+                    o.seq,
+                    o.type,
+                    o.subject,
+                    o.actor,
+                    o.origin,
+                    o.tier,
+                    o.horizon,
+                    wire.encode_text(o.event),
+                ),
+            )
+        elif observations:
             db.executemany(
                 _PUT_OBSERVATION,
                 (
@@ -595,13 +685,11 @@ class SQLiteStore(Store):
                         o.horizon,
                         wire.encode_text(o.event),
                     )
-                    for o in changes.observations
+                    for o in observations
                 ),
             )
-        if changes.subjects:
-            db.executemany(
-                "INSERT OR IGNORE INTO subjects (monitor, subject) VALUES (?, ?)", changes.subjects
-            )
+        if subjects:
+            db.executemany("INSERT OR IGNORE INTO subjects (monitor, subject) VALUES (?, ?)", subjects)
         if changes.subscriptions:  # one statement each, in order: the unique index checks each one
             db.executemany(
                 _PUT_SUBSCRIPTION,
@@ -621,7 +709,9 @@ class SQLiteStore(Store):
 
     @_guarded
     def get_monitor(self, monitor_id: str) -> Monitor | None:
-        cached = self._monitors.get(monitor_id)
+        cached = (
+            self._call_dirty.get(monitor_id) or self._dirty.get(monitor_id) or self._monitors.get(monitor_id)
+        )
         if cached is not None:
             return cached
         row = self._db.execute(f"{self._GET_MONITOR} WHERE id=?", (monitor_id,)).fetchone()
@@ -633,7 +723,11 @@ class SQLiteStore(Store):
     @_guarded
     def list_monitors(self) -> list[Monitor]:
         rows = self._db.execute(f"{self._GET_MONITOR} ORDER BY id")
-        return [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
+        found = [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
+        if not self._dirty and not self._call_dirty:
+            return found
+        newest = {m.id: m for m in found} | self._dirty | self._call_dirty  # changed, not yet written
+        return [newest[k] for k in sorted(newest)]
 
     # --- the log ----------------------------------------------------------------------------------
     @_guarded
@@ -761,6 +855,9 @@ class SQLiteStore(Store):
     # --- subjects ---------------------------------------------------------------------------------
     @_guarded
     def has_subject(self, monitor_id: str, subject: str) -> bool:
+        pair = (monitor_id, subject)
+        if pair in self._known_subjects or pair in self._fresh_subjects or pair in self._call_subjects:
+            return True
         row = self._db.execute(
             "SELECT 1 FROM subjects WHERE monitor=? AND subject=?", (monitor_id, subject)
         ).fetchone()

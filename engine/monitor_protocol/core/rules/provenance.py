@@ -63,8 +63,32 @@ class Provenance:
     on_behalf_of: str | None
 
 
+_RESOLVED: dict[
+    tuple[Any, ...], Provenance
+] = {}  # what resolved before: the same claims come again and again
+_RESOLVED_MAX = 4096
+
+
 def resolve(owner: str, actor: str, body: dict[str, Any]) -> Provenance:
-    """Apply defaults and ceilings to a publish request; raise the first refusal."""
+    """Apply defaults and ceilings to a publish request; raise the first refusal. A pure function of six
+    strings: what it allowed once it allows again, from memory (refusals are always worked out)."""
+    get = body.get
+    key = (owner, actor, get("origin"), get("tier"), get("verification"), get("on_behalf_of"))
+    try:
+        known = _RESOLVED.get(key)
+    except TypeError:  # a claim that is not a string (a list, an object): worked out, and refused, below
+        known = None
+    if known is not None:
+        return known
+    prov = _resolve(owner, actor, body)
+    if all(v is None or type(v) is str for v in key):
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = prov
+    return prov
+
+
+def _resolve(owner: str, actor: str, body: dict[str, Any]) -> Provenance:
     origin = body.get("origin")
     tier = body.get("tier")
     verification = body.get("verification")

@@ -152,7 +152,7 @@ def _publish_one(
             )
         wire.check(body)
         event_kwargs = validate_publish(tx, rec, body)
-        rec = tx.put_monitor(spend_budget(rec, now))
+        budget = spend_budget(rec, now)
     except ProtocolError as err:
         current = tx.monitor(rec.id)
         assert current is not None
@@ -161,12 +161,14 @@ def _publish_one(
     prov = event_kwargs.pop("prov")
 
     def bookkeeping(m: Monitor, obs: Observation) -> dict[str, Any]:
-        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only.
+        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only. The day's
+        # budget is spent in the same new version of the monitor.
         return {
             "counters": counted(m.counters, obs.type),
             "last": LastSeen(obs.seq, now, obs.type),
             "actors": with_actor(m.actors, prov.actor),
             "source_contact": now,
+            **budget,
         }
 
     obs = append(
@@ -208,11 +210,12 @@ def idempotency_key(body: Any, header_key: str | None) -> str | None:
     return body_key if body_key is not None else header_key
 
 
-def spend_budget(rec: Monitor, now: float) -> Monitor:
-    """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it)."""
-    cap = (rec.limits or {}).get("observations_per_day")
+def spend_budget(rec: Monitor, now: float) -> dict[str, Any]:
+    """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it): the
+    monitor's fields one more accepted observation changes (none without a cap)."""
+    cap = (rec.limits or {}).get("observations_per_day") if rec.limits else None
     if not isinstance(cap, int) or isinstance(cap, bool):
-        return rec
+        return {}
     day = timefmt.iso(now)[:10]
     count = rec.budget_used if rec.budget_day == day else 0
     if count >= cap:
@@ -224,15 +227,20 @@ def spend_budget(rec: Monitor, now: float) -> Monitor:
             window="day",
             day=day,
         )
-    return evolve(rec, budget_day=day, budget_used=count + 1)
+    return {"budget_day": day, "budget_used": count + 1}
+
+
+PUBLISH_FIELDS = frozenset(
+    {
+        "type", "subject", "data", "tags", "actor", "origin", "tier", "verification", "on_behalf_of",
+        "time", "source_ref", "rule", "wasDerivedFrom", "supersedes", "idempotency_key",
+    }
+)  # fmt: skip
 
 
 def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, Any]:
-    known_fields = {
-        "type", "subject", "data", "tags", "actor", "origin", "tier", "verification", "on_behalf_of",
-        "time", "source_ref", "rule", "wasDerivedFrom", "supersedes", "idempotency_key",
-    }  # fmt: skip
-    unknown = sorted(set(body) - known_fields)
+    known_fields = PUBLISH_FIELDS
+    unknown = [] if body.keys() <= known_fields else sorted(set(body) - known_fields)
     if unknown:
         raise invalid(
             f"Unknown observation field(s) {[u[:64] for u in unknown[:10]]}; known: {sorted(known_fields)}.",

@@ -4,7 +4,7 @@ What this module adds to the router, and nothing else:
 
 * the body cap: a request whose Content-Length, or whose bytes read so far, exceed ``max_body`` is refused
   with 413 TOO_LARGE before the rest is read (asgi.py);
-* one engine thread (doors/engine_thread.py): every engine call runs there, never on the event loop; the
+* one engine thread (doors/engines.py): every engine call runs there, never on the event loop; the
   calls made during one event-loop iteration travel together as one batch and one group commit, and no call
   is answered before its commit is durable;
 * long poll: an empty pull that asked to wait is held by the doors' one park/wake machine
@@ -33,7 +33,7 @@ from monitor_protocol.api.messages import Request, Response, error_response
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY
 from monitor_protocol.doors import parking
-from monitor_protocol.doors.engine_thread import EngineThread
+from monitor_protocol.doors.engines import EngineThread
 from monitor_protocol.doors.http import ops, sse
 from monitor_protocol.doors.http.asgi import (
     BodyTooLarge,
@@ -131,12 +131,19 @@ class MonitorApp:
         except Exception as exc:
             return _failure(request, exc)
 
-    def _submit_marked(self, request: Request) -> asyncio.Future[tuple[Response, int]]:
-        def job() -> tuple[Response, int]:
-            response = self.router.handle(request)
-            return response, self.waiters.mark(_monitor_of(response))
+    def handle_job(self, request: Request) -> tuple[Response, int]:
+        """One request through the router, on the engine's seat, with the registry's mark for the monitor
+        its reply is about read right after it ran (a long poll parks past it)."""
+        response = self.router.handle(request)
+        return response, self.waiters.mark(_monitor_of(response))
 
-        return self.engine.submit(job)
+    def _submit_marked(self, request: Request) -> asyncio.Future[tuple[Response, int]]:
+        return self.engine.submit(self.handle_job, request)
+
+    @staticmethod
+    def failure(request: Request, exc: BaseException) -> tuple[Response, int]:
+        """An engine call that raised, as the (response, mark) it answers with."""
+        return _failure(request, exc)
 
     # -- wake-ups ---------------------------------------------------------------------------------
 
@@ -191,7 +198,7 @@ class MonitorApp:
                     # A client that did not ask first is still sending; unread bytes at close would make
                     # the kernel reset the connection and destroy the 413. Discard them (bounded) first.
                     await discard_body(receive)
-                await send_json(tracked_send, await self._too_large(request), close=True)
+                await send_json(tracked_send, await self.too_large(request), close=True)
                 return
             match = STREAM_PATH.match(request.path)
             if match and request.method == "GET":
@@ -199,7 +206,7 @@ class MonitorApp:
                 return
             response, mark = await self.handle_marked(request)
             if response.long_poll is not None:
-                response = await self._long_poll(request, response, mark, receive)
+                response = await self.hold_long_poll(request, response, mark, receive)
                 if response is None:
                     return  # the client left while waiting
             await send_json(tracked_send, response)
@@ -211,7 +218,8 @@ class MonitorApp:
             if not started:
                 await send_json(tracked_send, error_response(internal_failure(incident)))
 
-    async def _too_large(self, request: Request) -> Response:
+    async def too_large(self, request: Request) -> Response:
+        """413 TOO_LARGE for a body past the cap, under the same Origin/Host policy as any request."""
         # The Origin/Host policy still comes first, and an allowed origin still gets its CORS headers:
         # the router's own preflight answer (no body, no engine state) says which.
         policy = await self.handle(Request("OPTIONS", request.path, [], request.headers))
@@ -234,7 +242,7 @@ class MonitorApp:
 
     # -- long poll ---------------------------------------------------------------------------------
 
-    async def _long_poll(
+    async def hold_long_poll(
         self, request: Request, first: Response, mark: int, receive: Receive
     ) -> Response | None:
         """Hold an empty pull (parking.hold) until its monitor gets an append that matches, or until the

@@ -82,8 +82,11 @@ class Metrics:
                 return label
         return "other"
 
-    def count_request(self, method: str, path: str, status: int) -> None:
-        key = (self.route(path), method if method in KNOWN_METHODS else "OTHER", int(status))
+    def count_request(self, method: str, path: str, status: int, response: Response | None = None) -> None:
+        """One answered request; the route's label comes from the router when it answered (else from the
+        path, matched against the route templates)."""
+        label = response.route if response is not None and response.route is not None else self.route(path)
+        key = (label, method if method in KNOWN_METHODS else "OTHER", status)
         self.requests[key] = self.requests.get(key, 0) + 1
 
     def observe_commit(self, seconds: float) -> None:

@@ -1,13 +1,13 @@
-"""How `mp serve` runs its HTTP door on uvicorn: the listening socket, uvicorn's httptools protocol hardened with
-the section 10 time limits and protocol-shaped parse errors, a server that drains long polls and streams before
-it waits for connections, logging stamped in UTC, the open-file limit, and the JSON codec switch."""
+"""How `mp serve` runs its HTTP door: the listening socket, the event loop (uvloop when it is installed), the
+server of doors/http/protocol.py with the app's lifespan around it, a drain on SIGINT/SIGTERM, logging stamped
+in UTC, the open-file limit, and the JSON codec switch."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -15,7 +15,7 @@ from typing import Any
 
 from monitor_protocol.core import wire
 
-PAUSED_RECHECK_SECONDS = 1.0
+GRACEFUL_SHUTDOWN_SECONDS = 5.0  # what a connection still answering gets to finish when the server stops
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -34,24 +34,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def draining_server_class() -> type:
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        """uvicorn waits for open connections before the lifespan shutdown; tell the app first, so
-        long polls answer and SSE streams end at once instead of running into the graceful timeout."""
-
-        def __init__(self, config: Any, app: Any) -> None:
-            super().__init__(config)
-            self.mp_app = app
-
-        async def shutdown(self, sockets: Any = None) -> None:
-            self.mp_app.begin_shutdown()
-            await super().shutdown(sockets=sockets)
-
-    return DrainingServer
-
-
 def _utc_time(record: logging.LogRecord) -> str:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
     return f"{stamp}.{int(record.msecs):03d}Z"
@@ -67,53 +49,9 @@ class UTCFormatter(logging.Formatter):
 LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
 
 
-def log_config(level: str) -> dict[str, Any]:
-    """uvicorn's logging (dictConfig) with a UTC timestamp on every line, the access log included."""
-    from uvicorn.logging import AccessFormatter, DefaultFormatter
-
-    class Default(DefaultFormatter):
-        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-            return _utc_time(record)
-
-    class Access(AccessFormatter):
-        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-            return _utc_time(record)
-
-    upper = level.upper()
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {
-            "default": {"()": Default, "fmt": "%(asctime)s %(levelprefix)s %(message)s", "use_colors": None},
-            "access": {
-                "()": Access,
-                "fmt": '%(asctime)s %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
-                "use_colors": None,
-            },
-            "engine": {"()": UTCFormatter, "fmt": LOG_FORMAT},
-        },
-        "handlers": {
-            "default": {
-                "formatter": "default",
-                "class": "logging.StreamHandler",
-                "stream": "ext://sys.stderr",
-            },
-            "access": {"formatter": "access", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"},
-            "engine": {"formatter": "engine", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
-        },
-        "loggers": {
-            "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
-            "uvicorn.error": {"level": upper},
-            "uvicorn.access": {"handlers": ["access"], "level": upper, "propagate": False},
-            # The engine's and the doors' own loggers print beside uvicorn's, so a crash is never silent.
-            "monitor_protocol": {"handlers": ["engine"], "level": upper, "propagate": False},
-        },
-    }
-
-
-def log_engine_errors(level: str) -> None:
-    """The engine's loggers on stderr with timestamps, before uvicorn configures logging (and after it
-    when an embedding program configured logging its own way)."""
+def configure_logging(level: str, access_log: bool) -> None:
+    """The server's and the engine's loggers on stderr, and the access log (one line per request, when
+    asked for) on stdout, every line stamped in UTC."""
     logger = logging.getLogger("monitor_protocol")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
@@ -121,6 +59,71 @@ def log_engine_errors(level: str) -> None:
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
+    access = logging.getLogger("monitor_protocol.access")
+    if access_log and not access.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(UTCFormatter("%(asctime)s %(levelname)-8s %(message)s"))
+        access.addHandler(handler)
+    access.setLevel(logging.INFO if access_log else logging.CRITICAL)
+    access.propagate = False
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed (not on Windows), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def serve(
+    app: Any,
+    sock: socket.socket,
+    *,
+    header_timeout: float,
+    body_timeout: float,
+    keep_alive: float,
+    access_log: bool,
+    stop_signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> None:
+    """Run the app on `sock` until SIGINT or SIGTERM: its startup, the server, then a drain (idle connections
+    closed, long polls answered, streams ended, busy connections given GRACEFUL_SHUTDOWN_SECONDS) and its
+    shutdown (background tasks stopped, the store closed)."""
+    from monitor_protocol.doors.http.protocol import HttpServer
+
+    log = logging.getLogger("monitor_protocol.http")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in stop_signals:
+            loop.add_signal_handler(sig, stop.set)
+        await app.startup()
+        server = HttpServer(
+            app,
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            keep_alive=keep_alive,
+            access_log=access_log,
+        )
+        await server.listen(sock)
+        log.info("Application startup complete.")
+        try:
+            await stop.wait()
+        finally:
+            log.info("Shutting down")
+            await server.shutdown(GRACEFUL_SHUTDOWN_SECONDS)
+            await app.shutdown()
+            for sig in stop_signals:
+                loop.remove_signal_handler(sig)
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 def raise_open_file_limit() -> int | None:
@@ -142,144 +145,15 @@ def raise_open_file_limit() -> int | None:
     return soft
 
 
-INVALID_METHOD = (
-    "The HTTP method is not one this server knows; send GET, POST or OPTIONS to a route under /mp/v0 "
-    "(GET /mp/v0/discover lists what the server offers)."
-)
-INVALID_TARGET = (
-    "The request target is not a valid path; send a request to a route under /mp/v0 "
-    "(GET /mp/v0/discover lists what the server offers)."
-)
-INVALID_REQUEST = (
-    "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
-    "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
-)
-
-
-def hardened_protocol_class(header_timeout: float, body_timeout: float) -> type:
-    """uvicorn's httptools protocol with the section 10 time limits and protocol-shaped parse errors.
-
-    A request begins when its connection is made (the first request) or when its first byte arrives (every
-    later one); its headers must be complete within ``header_timeout`` and its body within ``body_timeout``
-    of that moment, else the connection is closed. Between requests only uvicorn's keep-alive timer runs.
-    A request httptools cannot parse (an unknown method, a malformed request line or header) is answered with
-    the protocol's error body, 400 INVALID as JSON, instead of uvicorn's plain-text 400.
-    """
-    import httptools
-    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-
-    request_log = logging.getLogger("monitor_protocol.http")
-
-    class HardenedHttpToolsProtocol(HttpToolsProtocol):
-        HEADER_TIMEOUT = header_timeout
-        BODY_TIMEOUT = body_timeout
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._mp_timer: asyncio.TimerHandle | None = None
-            self._mp_started = 0.0
-            self._mp_stage: str | None = None  # "headers", "body", or None between requests
-
-        # -- the request clock ------------------------------------------------------------------------
-
-        def _mp_arm(self, stage: str, delay: float) -> None:
-            self._mp_cancel()
-            self._mp_stage = stage
-            self._mp_timer = self.loop.call_later(max(0.0, delay), self._mp_expired)
-
-        def _mp_cancel(self) -> None:
-            if self._mp_timer is not None:
-                self._mp_timer.cancel()
-                self._mp_timer = None
-
-        def _mp_begin(self) -> None:
-            self._mp_started = self.loop.time()
-            self._mp_arm("headers", self.HEADER_TIMEOUT)
-
-        def _mp_expired(self) -> None:
-            self._mp_timer = None
-            transport = self.transport
-            if transport is None or transport.is_closing() or self._mp_stage is None:
-                return
-            if self.flow is not None and self.flow.read_paused:
-                # The server stopped reading (a pipelined request waits, or the app is behind): the
-                # client is not the slow one. Look again shortly.
-                self._mp_timer = self.loop.call_later(PAUSED_RECHECK_SECONDS, self._mp_expired)
-                return
-            if self._mp_stage == "headers":
-                reason = f"its request headers did not arrive within {self.HEADER_TIMEOUT:g} s"
-            else:
-                reason = (
-                    f"its request body did not arrive within {self.BODY_TIMEOUT:g} s of the request's start"
-                )
-            client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-            request_log.info("closing the connection from %s: %s", client, reason)
-            self._mp_stage = None
-            transport.close()
-
-        # -- uvicorn's hooks ---------------------------------------------------------------------------
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._mp_begin()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._mp_cancel()
-            self._mp_stage = None
-            super().connection_lost(exc)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._mp_stage is None:  # a later request on this connection: its clock starts now
-                self._mp_begin()
-
-        def on_headers_complete(self) -> None:
-            self._mp_arm("body", self._mp_started + self.BODY_TIMEOUT - self.loop.time())
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._mp_cancel()
-            self._mp_stage = None
-            super().on_message_complete()
-
-        def send_400_response(self, msg: str) -> None:
-            # Called from uvicorn's `except httptools.HttpParserError` block: the parser's error is current.
-            exc = sys.exc_info()[1]
-            if isinstance(exc, httptools.HttpParserInvalidMethodError):
-                sentence = INVALID_METHOD
-            elif isinstance(exc, httptools.HttpParserInvalidURLError):
-                sentence = INVALID_TARGET
-            else:
-                detail = str(exc or msg).encode("ascii", "replace").decode("ascii").strip() or msg
-                sentence = INVALID_REQUEST.format(detail=detail.rstrip("."))
-            body = json.dumps({"code": "INVALID", "error": sentence, "done": []}).encode()
-            content = [STATUS_LINE[400]]
-            for name, value in self.server_state.default_headers:
-                content.extend([name, b": ", value, b"\r\n"])
-            content.extend(
-                [
-                    b"content-type: application/json\r\n",
-                    b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
-                    b"connection: close\r\n",
-                    b"\r\n",
-                    body,
-                ]
-            )
-            self._mp_cancel()
-            self._mp_stage = None
-            self.transport.write(b"".join(content))
-            self.transport.close()
-
-    return HardenedHttpToolsProtocol
-
-
 FAST_JSON_ENV = "MP_JSON"  # "json" forces the standard library's codec (for comparison)
 
 
 def install_fast_json() -> str:
     """Encode replies and stored rows with orjson when it is installed (`pip install
     'monitor-protocol[server]'`): the same bytes as the standard library's compact JSON, 10-20 times
-    faster. Requests are still parsed by the engine's strict parser. Returns what the log says."""
+    faster. Requests are parsed by orjson first too (as strict as RFC 8259), under the engine's own rules
+    (wire.loads falls back on them for whatever orjson refuses or may judge otherwise). Returns what the log
+    says."""
     if os.environ.get(FAST_JSON_ENV, "").strip().lower() == "json":
         wire.use_codec(wire.STDLIB_CODEC)
         return f"standard library ({FAST_JSON_ENV}=json)"
@@ -296,5 +170,5 @@ def install_fast_json() -> str:
         except TypeError:  # a value orjson does not take (an integer beyond 64 bits): never a checked one
             return stdlib(value)
 
-    wire.use_codec(wire.Codec("orjson", encode, orjson.loads))
+    wire.use_codec(wire.Codec("orjson", encode, orjson.loads, parse=orjson.loads))
     return f"orjson {getattr(orjson, '__version__', '')}".strip()

@@ -19,7 +19,7 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.vocab import MAX_LIMIT
 from monitor_protocol.core.vocab import MAX_WAIT_SECONDS as _MAX_WAIT
 from monitor_protocol.doors import parking
-from monitor_protocol.doors.engine_thread import EngineThread
+from monitor_protocol.doors.engines import EngineThread
 from monitor_protocol.doors.parking import Waiters
 
 log = logging.getLogger("monitor_protocol.mcp")

@@ -1,0 +1,627 @@
+"""`mp serve`'s HTTP/1.1 server: httptools' parser callbacks feed the door directly, with no ASGI on the hot path.
+
+A request to a protocol route (`/mp/v0/...`) goes from `on_message_complete` straight to the engine (its seat,
+doors/engines.py, runs the calls of one loop turn as one group commit) and its reply is written from the
+engine's callback once that commit is durable: no coroutine, no task, no ASGI message per request. Everything
+that is not hot (the SSE stream, /healthz, /readyz, /metrics, a long poll's wait) runs through the ASGI app
+(doors/http/app.py) on a small bridge, so that logic lives once.
+
+What the connection itself enforces (docs/protocol.md section 10, docs/serve.md): a request's headers within
+``header_timeout`` and its body within ``body_timeout`` of its start (its connection's opening for the first
+request, its first byte for each later one), an idle keep-alive connection closed after ``keep_alive``, the
+body cap (413 before the rest is read: a body already on its way is read and dropped, bounded, so that the
+reply is not destroyed by a reset), request headers bounded in size, requests the parser refuses answered
+with the protocol's JSON error body (400 INVALID), pipelined requests answered in order, and a drain on
+shutdown (idle connections closed at once, busy ones after their reply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import httptools
+
+from monitor_protocol.api.messages import Request, Response
+from monitor_protocol.core import wire
+from monitor_protocol.doors.http.app import STREAM_PATH
+from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
+from monitor_protocol.doors.http.ops import OPS_PATHS
+
+log = logging.getLogger("monitor_protocol.http")
+access_log = logging.getLogger("monitor_protocol.access")
+
+API = b"/mp/v0"
+MAX_HEADER_BYTES = 64 << 10  # request line and headers together
+MAX_PIPELINED = 32  # requests parsed ahead of their turn before the connection stops reading
+REASONS = {
+    100: "Continue", 200: "OK", 201: "Created", 204: "No Content", 207: "Multi-Status", 400: "Bad Request",
+    401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 410: "Gone",
+    413: "Content Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
+    500: "Internal Server Error", 503: "Service Unavailable",
+}  # fmt: skip
+STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
+INVALID_METHOD = (
+    "The HTTP method is not one this server knows; send GET, POST or OPTIONS to a route under /mp/v0 "
+    "(GET /mp/v0/discover lists what the server offers)."
+)
+INVALID_TARGET = (
+    "The request target is not a valid path; send a request to a route under /mp/v0 "
+    "(GET /mp/v0/discover lists what the server offers)."
+)
+INVALID_REQUEST = (
+    "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
+    "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
+)
+
+
+def status_line(code: int) -> bytes:
+    line = STATUS_LINES.get(code)
+    if line is None:
+        line = STATUS_LINES[code] = f"HTTP/1.1 {code} Status {code}\r\n".encode()
+    return line
+
+
+class _Clock:
+    """The `date` header, formatted once a second."""
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.header = b""
+
+    def date(self) -> bytes:
+        now = time.time()
+        if int(now) != self.second:
+            self.second = int(now)
+            self.header = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self.header
+
+
+CLOCK = _Clock()
+
+
+def encode_response(response: Response, *, close: bool) -> bytes:
+    """A Response as the bytes of an HTTP/1.1 reply with a Content-Length body."""
+    body = response.json_bytes()
+    parts = [status_line(response.status), CLOCK.date()]
+    typed = False
+    for name, value in response.headers.items():
+        lname = name.lower()
+        typed = typed or lname == "content-type"
+        parts.append(f"{lname}: {value}\r\n".encode("latin-1"))
+    if body and not typed:
+        parts.append(b"content-type: application/json\r\n")
+    parts.append(b"content-length: %d\r\n" % len(body))
+    if close:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    parts.append(body)
+    return b"".join(parts)
+
+
+class _Pending:
+    """One parsed request waiting for its turn on its connection, with what only the bridge needs."""
+
+    __slots__ = ("request", "keep_alive", "too_large", "http_version", "query_string")
+
+    def __init__(
+        self,
+        request: Request,
+        keep_alive: bool,
+        too_large: bool,
+        http_version: str,
+        query_string: bytes,
+    ) -> None:
+        self.request = request
+        self.keep_alive = keep_alive
+        self.too_large = too_large
+        self.http_version = http_version
+        self.query_string = query_string
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parse, hand each request to the door in order, write its reply."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.app = server.app
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.client: tuple[str, int] | None = None
+        # the request being parsed
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._header_bytes = 0
+        self._body: list[bytes] = []
+        self._size = 0
+        self._too_large = False
+        self._discarded = 0
+        self._cut = False  # a refused body read far enough: the rest of this message is ignored
+        # requests parsed and waiting, and whether one is being answered
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._busy = False
+        self._closing = False  # reply to what is in hand, then close (shutdown, Connection: close)
+        self._read_paused = False
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self.gone: asyncio.Future[None] = self.loop.create_future()
+        # the request clock: "headers" and "body" run against the request's start, "idle" against the last
+        # reply; None while a request is being answered (the server is the slow one then)
+        self._stage: str | None = "headers"
+        self._started = 0.0
+        self._deadline = 0.0
+
+    # -- the connection --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+        self.server.connections.add(self)
+        self._begin_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self._stage = None
+        if not self.gone.done():
+            self.gone.set_result(None)
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until the transport takes more (the stream's flow control)."""
+        if self._write_paused and self.transport is not None:
+            self._drained = self.loop.create_future()
+            await self._drained
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse("upgrades (WebSocket) are not part of the protocol")
+        except httptools.HttpParserError as exc:
+            self._refuse_parse(exc)
+
+    # -- the request clock -------------------------------------------------------------------------
+
+    def _begin_request(self) -> None:
+        self._stage = "headers"
+        self._started = self.loop.time()
+        self._deadline = self._started + self.server.header_timeout
+
+    def expired(self, now: float) -> None:
+        """The server's sweep found this connection past its deadline (see HttpServer._sweep)."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._stage is None:
+            return
+        if self._read_paused or self._queue:
+            return  # the server stopped reading (pipelined requests wait their turn): not the client's fault
+        if self._stage == "idle":
+            transport.close()
+            return
+        if self._stage == "headers":
+            reason = f"its request headers did not arrive within {self.server.header_timeout:g} s"
+        else:
+            reason = f"its request body did not arrive within {self.server.body_timeout:g} s of the request's start"
+        who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        log.info("closing the connection from %s: %s", who, reason)
+        self._stage = None
+        transport.close()
+
+    # -- httptools' callbacks ------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = {}
+        self._header_bytes = 0
+        self._body = []
+        self._size = 0
+        self._too_large = False
+        self._discarded = 0
+        self._cut = False
+        if self._stage == "idle":  # a later request on this connection: its clock starts now
+            self._begin_request()
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._header_bytes += len(url)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise httptools.HttpParserError("the request line and headers are too large")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > MAX_HEADER_BYTES:
+            raise httptools.HttpParserError("the request line and headers are too large")
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        known = self._headers.get(key)
+        self._headers[key] = text if known is None else f"{known}, {text}"
+
+    def on_headers_complete(self) -> None:
+        self._stage = "body"
+        self._deadline = self._started + self.server.body_timeout
+        declared = self._headers.get("content-length")
+        if declared is not None:
+            try:
+                self._too_large = int(declared.split(",")[0].strip()) > self.server.max_body
+            except ValueError:
+                pass  # the parser refuses a broken length
+        if "100-continue" in self._headers.get("expect", "").lower() and self.transport is not None:
+            if self._too_large:
+                self._finish_refused()  # the client waits to be told: no body comes, the 413 does
+                return
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self._too_large:
+            # The body is read and dropped while it comes, for at most DISCARD_SECONDS: then the 413.
+            self.loop.call_later(DISCARD_SECONDS, self._discard_over, self._started)
+
+    def on_body(self, body: bytes) -> None:
+        if self._cut:
+            return
+        if self._too_large:
+            self._discarded += len(body)
+            if self._discarded > DISCARD_BYTES or self.loop.time() > self._started + DISCARD_SECONDS:
+                self._finish_refused()  # enough was read: the reply, then the connection, ends
+            return
+        self._size += len(body)
+        if (
+            self._size > self.server.max_body
+        ):  # no length was declared (chunked), and the bytes passed the cap
+            self._too_large = True
+            self._body = []
+            self.loop.call_later(DISCARD_SECONDS, self._discard_over, self._started)
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._cut:
+            return
+        self._stage = None
+        url = self._url
+        cut = url.find(b"?")
+        raw_path, query = (url, b"") if cut < 0 else (url[:cut], url[cut + 1 :])
+        path = raw_path.decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True) if query else []
+        request = Request(
+            self.parser.get_method().decode("latin-1").upper(),
+            path,
+            pairs,
+            self._headers,
+            b"".join(self._body) if len(self._body) != 1 else self._body[0],
+        )
+        pending = _Pending(
+            request,
+            self.parser.should_keep_alive(),
+            self._too_large,
+            self.parser.get_http_version(),
+            query,
+        )
+        self._queue.append(pending)
+        if len(self._queue) > MAX_PIPELINED and self.transport is not None and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+        if not self._busy:
+            self._next()
+
+    # -- answering, in order ---------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        if self._busy or not self._queue or self.transport is None:
+            return
+        pending = self._queue.popleft()
+        if self._read_paused and len(self._queue) <= MAX_PIPELINED // 2:
+            self._read_paused = False
+            self.transport.resume_reading()
+        self._busy = True
+        self.server.dispatch(self, pending)
+
+    def reply(self, pending: _Pending, response: Response, *, close: bool = False) -> None:
+        """Write one reply and go on with the next request (or close)."""
+        transport = self.transport
+        if transport is None:
+            return
+        close = close or self._closing or not pending.keep_alive
+        self.app.metrics.count_request(
+            pending.request.method, pending.request.path, response.status, response
+        )
+        data = encode_response(response, close=close)
+        if pending.request.method == "HEAD":
+            data = data[: data.index(b"\r\n\r\n") + 4]
+        transport.write(data)
+        if self.server.access_log:
+            self._log_access(pending, response.status)
+        self.done(close=close)
+
+    def done(self, *, close: bool = False) -> None:
+        """The request in hand is answered: close, or wait for the next one (keep-alive)."""
+        self._busy = False
+        transport = self.transport
+        if transport is None:
+            return
+        if close or self._closing:
+            transport.close()
+            return
+        if self._queue:
+            self._next()
+            return
+        self._stage = "idle"
+        self._deadline = self.loop.time() + self.server.keep_alive
+
+    def shutdown(self) -> None:
+        """The server is stopping: close now if idle, else after the reply in hand."""
+        self._closing = True
+        if not self._busy and self.transport is not None:
+            self.transport.close()
+
+    def _log_access(self, pending: _Pending, status: int) -> None:
+        who = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
+        req = pending.request
+        target = req.path + ("?" + pending.query_string.decode("latin-1") if pending.query_string else "")
+        access_log.info('%s - "%s %s HTTP/%s" %d', who, req.method, target, pending.http_version, status)
+
+    # -- refusals the connection makes itself ---------------------------------------------------------
+
+    def _discard_over(self, started: float) -> None:
+        if self._started == started and self._too_large and not self._cut and self.transport is not None:
+            self._finish_refused()
+
+    def _finish_refused(self) -> None:
+        """A refused body was read far enough (or will not come): stop reading; the 413 follows, then the
+        close."""
+        self.on_message_complete()
+        self._cut = True
+        if self.transport is not None and not self._read_paused:
+            self.transport.pause_reading()
+            self._read_paused = True
+
+    def _refuse_parse(self, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserInvalidMethodError):
+            sentence = INVALID_METHOD
+        elif isinstance(exc, httptools.HttpParserInvalidURLError):
+            sentence = INVALID_TARGET
+        else:
+            detail = str(exc).encode("ascii", "replace").decode("ascii").strip().rstrip(".") or "parse error"
+            sentence = INVALID_REQUEST.format(detail=detail)
+        self._refuse(sentence)
+
+    def _refuse(self, sentence: str) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        self._stage = None
+        self._queue.clear()
+        body = wire.encode({"code": "INVALID", "error": sentence, "done": []})
+        transport.write(
+            status_line(400)
+            + CLOCK.date()
+            + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+            + body
+        )
+        transport.close()
+
+
+class HttpServer:
+    """The listening side: makes connections, routes each request, and drains on shutdown."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        header_timeout: float,
+        body_timeout: float,
+        keep_alive: float,
+        access_log: bool = False,
+    ) -> None:
+        self.app = app
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self.keep_alive = keep_alive
+        self.access_log = access_log
+        self.max_body = app.max_body
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[HttpConnection] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+        engine = app.engine
+        # The lean door: a callback seat when the engine has one (LoopEngine), else its future.
+        self._submit_to: Callable[..., None] | None = getattr(engine, "submit_to", None)
+        self._sweeper = self.loop.call_later(self.SWEEP_SECONDS, self._sweep)
+
+    # The request clocks of every connection, looked at four times a second (a deadline moves as a float on
+    # the hot path; no timer is made or cancelled per request).
+    SWEEP_SECONDS = 0.25
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        for conn in list(self.connections):
+            if conn._stage is not None and now >= conn._deadline:
+                conn.expired(now)
+        self._sweeper = self.loop.call_later(self.SWEEP_SECONDS, self._sweep)
+
+    async def listen(self, sock: Any) -> None:
+        server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
+        self._servers.append(server)
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    def dispatch(self, conn: HttpConnection, pending: _Pending) -> None:
+        request = pending.request
+        path = request.path
+        if pending.too_large:
+            self._spawn(conn, pending, self._too_large(conn, pending))
+        elif (path in OPS_PATHS and self.app.ops_routes and request.method in ("GET", "HEAD")) or (
+            request.method == "GET" and STREAM_PATH.match(path)
+        ):
+            self._spawn(conn, pending, self._bridge(conn, pending))
+        else:
+            self._call(conn, pending)
+
+    def _call(self, conn: HttpConnection, pending: _Pending) -> None:
+        """A protocol call: to the engine, and the reply written from its outcome after the commit."""
+        app = self.app
+        job = app.handle_job
+
+        def deliver(ok: bool, value: Any) -> None:
+            if ok:
+                response, mark = value
+            else:
+                response, mark = app.failure(pending.request, value)
+            if response.long_poll is not None:
+                self._spawn(conn, pending, self._long_poll(conn, pending, response, mark))
+            else:
+                conn.reply(pending, response)
+
+        if self._submit_to is not None:
+            try:
+                self._submit_to(job, (pending.request,), deliver)
+            except RuntimeError as exc:  # the engine has stopped (shutting down)
+                deliver(False, exc)
+            return
+
+        async def through_future() -> None:
+            try:
+                outcome = await app.engine.submit(job, pending.request)
+            except Exception as exc:
+                deliver(False, exc)
+            else:
+                deliver(True, outcome)
+
+        self.loop.create_task(through_future())
+
+    def _spawn(self, conn: HttpConnection, pending: _Pending, work: Any) -> None:
+        task = self.loop.create_task(work)
+
+        def finished(done: asyncio.Task[Any]) -> None:
+            if done.cancelled():
+                conn.done(close=True)
+                return
+            exc = done.exception()
+            if exc is not None:
+                log.error(
+                    "a request failed unexpectedly (%s %s)",
+                    pending.request.method,
+                    pending.request.path,
+                    exc_info=exc,
+                )
+                if conn.transport is not None:
+                    conn.transport.close()
+
+        task.add_done_callback(finished)
+
+    async def _long_poll(
+        self, conn: HttpConnection, pending: _Pending, response: Response, mark: int
+    ) -> None:
+        async def receive() -> dict[str, Any]:
+            await asyncio.shield(conn.gone)  # a waiter cancelled must not cancel the connection's own
+            return {"type": "http.disconnect"}
+
+        held = await self.app.hold_long_poll(pending.request, response, mark, receive)
+        if held is None:
+            conn.done(close=True)  # the client left while waiting
+        else:
+            conn.reply(pending, held)
+
+    async def _too_large(self, conn: HttpConnection, pending: _Pending) -> None:
+        response = await self.app.too_large(pending.request)
+        conn.reply(pending, response, close=True)
+
+    async def _bridge(self, conn: HttpConnection, pending: _Pending) -> None:
+        """Run the ASGI app for a request that is not hot (the stream, operations routes, other paths)."""
+        request = pending.request
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": pending.http_version,
+            "method": request.method,
+            "scheme": "http",
+            "path": request.path,
+            "raw_path": request.path.encode("latin-1", "replace"),
+            "query_string": pending.query_string,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()],
+            "client": conn.client,
+            "server": None,
+        }
+        sent_body = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": request.body, "more_body": False}
+            await asyncio.shield(conn.gone)  # a waiter cancelled must not cancel the connection's own
+            return {"type": "http.disconnect"}
+
+        state = {"chunked": False, "status": 0, "close": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            transport = conn.transport
+            if transport is None:
+                return
+            if message["type"] == "http.response.start":
+                headers = [(bytes(k).lower(), bytes(v)) for k, v in message.get("headers", ())]
+                names = {k for k, _ in headers}
+                state["status"] = int(message["status"])
+                state["close"] = (
+                    conn._closing or not pending.keep_alive or (b"connection", b"close") in headers
+                )
+                head = [status_line(state["status"]), CLOCK.date()]
+                head += [k + b": " + v + b"\r\n" for k, v in headers if k != b"connection"]
+                if b"content-length" not in names:
+                    state["chunked"] = True
+                    head.append(b"transfer-encoding: chunked\r\n")
+                if state["close"]:
+                    head.append(b"connection: close\r\n")
+                head.append(b"\r\n")
+                transport.write(b"".join(head))
+                return
+            body = message.get("body", b"") if request.method != "HEAD" else b""
+            more = message.get("more_body", False)
+            if state["chunked"]:
+                if body:
+                    transport.write(b"%x\r\n%s\r\n" % (len(body), body))
+                if not more:
+                    transport.write(b"0\r\n\r\n")
+            elif body:
+                transport.write(body)
+            await conn.drain()
+
+        await self.app(scope, receive, send)
+        if self.access_log:
+            conn._log_access(pending, state["status"])
+        conn.done(close=bool(state["close"]))
+
+    # -- shutdown ----------------------------------------------------------------------------------
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop listening, answer what is in hand, close idle connections, and wait (at most `grace`)."""
+        for server in self._servers:
+            server.close()
+        self.app.begin_shutdown()  # long polls answer now, streams end
+        for conn in list(self.connections):
+            conn.shutdown()
+        deadline = self.loop.time() + grace
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self._sweeper.cancel()
+        for server in self._servers:
+            await server.wait_closed()
