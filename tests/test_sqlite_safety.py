@@ -22,11 +22,11 @@ from monitor_protocol.core.records import Monitor, Observation, Subscription
 from monitor_protocol.core.store_contract import Changes, LogQuery, StorageError, Term
 from monitor_protocol.store.sqlite import (
     COUNT_ACTIVE_SQL,
-    NOTE_SUFFIX,
     SQLiteStore,
     StoreCorrupt,
     StoreLocked,
 )
+from monitor_protocol.store.sqlite_file import NOTE_SUFFIX
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick

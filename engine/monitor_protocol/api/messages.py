@@ -3,6 +3,7 @@ way a refusal becomes an HTTP reply."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,10 @@ class LongPoll:
     wait_seconds: float
     # the request that re-checks (the door sets its `wait` to what is left); None: the original request
     again: Request | None = None
+    # The same pull again, without the router: the engine call with the arguments this request parsed,
+    # and the headers its reply carries (a woken reader's re-check costs the rule, not the route). Its
+    # reply says, with its own long_poll, whether the reader still waits.
+    rerun: Callable[[], Response] | None = None
 
 
 @dataclass

@@ -137,7 +137,29 @@ class RestRouter:
         origin = req.header("origin")
         if origin and origin.rstrip("/") in self.allowed_origins:
             resp.headers.update(self._cors(origin))
+        if resp.long_poll is not None and resp.long_poll.rerun is not None:
+            resp.long_poll.rerun = self._rerun(resp.long_poll.rerun, dict(resp.headers), resp.route)
         return resp
+
+    @staticmethod
+    def _rerun(
+        pull: Callable[[], Response], headers: dict[str, str], label: str | None
+    ) -> Callable[[], Response]:
+        """A parked pull's re-check: the engine call again, its reply dressed as this request's (headers,
+        route), a refusal as a reply too; never the router again."""
+
+        def rerun() -> Response:
+            try:
+                resp = pull()
+            except ProtocolError as err:
+                resp = error_response(err)
+            resp.headers.update(headers)
+            resp.route = label
+            if resp.long_poll is not None:
+                resp.long_poll.rerun = rerun
+            return resp
+
+        return rerun
 
     def _cors(self, origin: str) -> dict[str, str]:
         return {
@@ -312,22 +334,28 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Resp
     wait_raw = _single(req.query, "wait")
     wait = as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
     cursor = _single(req.query, "cursor")
-    body = r.service.pull(
-        p["id"],
-        bearer(req),
-        cursor=cursor,
-        limit=_single(req.query, "limit"),
-        filter=_inline_filter(req.query),
-    )
-    return _maybe_parked(Response(200, body), wait, req)
+    sub_id, token, limit, flt = p["id"], bearer(req), _single(req.query, "limit"), _inline_filter(req.query)
+    body = r.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)
+
+    def again() -> Response:
+        return _maybe_parked(
+            Response(200, r.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)),
+            1,
+            req,
+            again,
+        )
+
+    return _maybe_parked(Response(200, body), wait, req, again)
 
 
-def _maybe_parked(resp: Response, wait: int, again: Request) -> Response:
-    """An empty pull asked to wait is parked by the door, which re-checks with `again` when an append
-    comes (and with what is left of the wait)."""
+def _maybe_parked(
+    resp: Response, wait: int, again: Request, rerun: Callable[[], Response] | None = None
+) -> Response:
+    """An empty pull asked to wait is parked by the door, which re-checks (with `rerun`, the engine call
+    alone, or with `again`, the request) when an append comes, with what is left of the wait."""
     body = resp.body
     if wait > 0 and not body["observations"] and not body.get("scan_capped"):
-        resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait), again=again)
+        resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait), again=again, rerun=rerun)
     return resp
 
 
@@ -371,7 +399,14 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
     if flt is not None:
         again.append(("filter", json.dumps(flt, separators=(",", ":"), ensure_ascii=False)))
     recheck = Request("GET", req.path, again, {k: v for k, v in req.headers.items() if k != "content-length"})
-    return _maybe_parked(Response(200, body), wait, recheck)
+    sub_id, token = p["id"], bearer(req)
+
+    def rerun() -> Response:
+        return _maybe_parked(
+            Response(200, r.service.pull(sub_id, token, limit=limit, filter=flt)), 1, recheck, rerun
+        )
+
+    return _maybe_parked(Response(200, body), wait, recheck, rerun)
 
 
 def _stream(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:

@@ -359,3 +359,10 @@ def prefilter(*flts: Filter) -> LogQuery:
             complete = complete and whole
         clauses.append(tuple(alternatives))
     return LogQuery(tuple(clauses), complete)
+
+
+def key_of(flt: Filter) -> Any:
+    """A hashable key that equal filters share (sets of equal filters read alike): its compact JSON."""
+    if flt is None or (isinstance(flt, dict) and not flt):
+        return None
+    return json.dumps(flt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

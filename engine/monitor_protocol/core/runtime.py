@@ -105,6 +105,9 @@ class ServiceCore(ABC):
         # push_epoch moves only when that set changes, so the push door re-reads it only then.
         self.push_epoch = 0
         self._push_targets: dict[str, tuple[Any, ...]] | None = None
+        # Reads the calls of one group commit share (see group_memo), and the group they belong to.
+        self._memo: dict[Any, Any] = {}
+        self._memo_group: int | None = None
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -154,6 +157,19 @@ class ServiceCore(ABC):
 
     def _now(self) -> float:
         return float(self.clock())
+
+    def group_memo(self) -> dict[Any, Any] | None:
+        """A memo for reads the calls of one group commit share (the page and the lag every reader an append
+        woke would read alike), or None outside a group. It lives exactly as long as the group: what it
+        holds was read under the group's transaction, and nothing of the group is kept if it fails."""
+        store = self.store
+        if not getattr(store, "in_batch", False):
+            return None
+        group = store.batch_number  # type: ignore[attr-defined]
+        if self._memo_group != group:
+            self._memo = {}
+            self._memo_group = group
+        return self._memo
 
     def _track_push_targets(self, subs: list[Subscription]) -> None:
         known = self._push_targets

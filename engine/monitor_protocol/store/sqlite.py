@@ -2,11 +2,8 @@
 on disk before the reply, one writer per database file (an exclusive flock on the file itself, docs/protocol.md
 section 10), a `quick_check` at open, and every storage failure raised as `StorageError` after a rollback.
 
-One writer: the lock is `flock(LOCK_EX | LOCK_NB)` on the database file itself (its realpath, opened O_RDWR),
-so a hard link, a symbolic link or another spelling of the path is the same lock. flock is independent of
-the POSIX locks SQLite takes (Linux), and the kernel drops it when the process dies. Beside the realpath
-the holder writes a note `<realpath>.writer` (JSON: pid, host, since, path, inode) that a refused opener
-reads to name it; the note is removed on close().
+One writer per file, and which driver errors are the storage's fault: sqlite_file.py. A LogQuery as SQL:
+sqlite_query.py. What the SQL stores share: sql.py.
 
 The schema (format version 2, in `PRAGMA user_version`) is columnar: what a read selects or a filter tests
 is a column, indexed where a read needs it, and the rest of a record is one JSON column (`rec`), so each
@@ -18,17 +15,11 @@ not committed: it costs no fsync. `stats` counts durable commits with writes and
 
 from __future__ import annotations
 
-import functools
-import inspect
-import json
 import os
-import socket
 import sqlite3
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from monitor_protocol import __version__
 from monitor_protocol.core import wire
@@ -54,7 +45,29 @@ from monitor_protocol.store.sql import (
     storable,
     upsert_sql,
 )
+from monitor_protocol.store.sqlite_file import (
+    CORRUPT_CODES,
+    StoreCorrupt,
+    StoreLocked,
+    StoreVersionError,
+    WriterLock,
+    guarded,
+    is_storage_failure,
+    primary_code,
+    storage_error,
+)
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
+
+# What callers import from here (the file's own failures live in sqlite_file.py).
+__all__ = [
+    "COUNT_ACTIVE_SQL",
+    "SCHEMA_VERSION",
+    "SQLiteStore",
+    "StoreCorrupt",
+    "StoreLocked",
+    "StoreVersionError",
+    "is_storage_failure",
+]
 
 SCHEMA_VERSION = 2
 
@@ -118,135 +131,18 @@ def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
     return Observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(r[7]))
 
 
-NOTE_SUFFIX = ".writer"
-
-# Primary result codes that mean the storage failed, not the caller: BUSY, LOCKED, NOMEM, READONLY, IOERR,
-# CORRUPT, FULL, CANTOPEN, PROTOCOL, NOLFS, NOTADB and PERM. CONSTRAINT (IntegrityError), ERROR (bad SQL),
-# MISUSE, RANGE and TOOBIG are bugs and stay the driver's own exceptions.
-_STORAGE_CODES = frozenset({3, 5, 6, 7, 8, 10, 11, 13, 14, 15, 22, 26})
-_CORRUPT_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
-_STORAGE_WORDS = (
-    "disk",
-    "full",
-    "i/o",
-    "readonly",
-    "read-only",
-    "unable to open",
-    "malformed",
-    "not a database",
-    "locked",
-    "out of memory",
-)
-
-
-class StoreLocked(RuntimeError):
-    """A second writer tried to open a database file that another store holds (however the path is spelled)."""
-
-
-class StoreCorrupt(RuntimeError):
-    """The database failed SQLite's `quick_check` at open, or the file is not a SQLite database: nothing is
-    served from it. The message names the file and says what to do."""
-
-
-def _primary_code(exc: BaseException) -> int | None:
-    code = getattr(exc, "sqlite_errorcode", None)
-    return code & 0xFF if isinstance(code, int) else None
-
-
-def is_storage_failure(exc: BaseException) -> bool:
-    """True for a driver error that is the storage's fault (disk full, I/O, read-only, corrupt, busy...)."""
-    if not isinstance(exc, sqlite3.DatabaseError) or isinstance(exc, sqlite3.IntegrityError):
-        return False
-    code = _primary_code(exc)
-    if code is not None:
-        return code in _STORAGE_CODES
-    text = str(exc).lower()
-    return any(word in text for word in _STORAGE_WORDS)
-
-
-def _storage_error(exc: sqlite3.Error) -> StorageError:
-    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
-    return StorageError(f"storage failure ({name}): {exc}")
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _guarded(fn: F) -> F:
-    """Raise the driver's storage failures as StorageError (a generator is guarded while it is read)."""
-    if inspect.isgeneratorfunction(fn):
-
-        @functools.wraps(fn)
-        def gen(*args: Any, **kwargs: Any) -> Any:
-            try:
-                yield from fn(*args, **kwargs)
-            except sqlite3.Error as exc:
-                if is_storage_failure(exc):
-                    raise _storage_error(exc) from exc
-                raise
-
-        return gen  # type: ignore[return-value]
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except sqlite3.Error as exc:
-            if is_storage_failure(exc):
-                raise _storage_error(exc) from exc
-            raise
-
-    return call  # type: ignore[return-value]
-
-
-# Database files this process holds, by (st_dev, st_ino) -> the holder's note. A second open in the same
-# process is refused from here, without opening the file: closing ANY descriptor of a file drops every
-# POSIX lock this process holds on it, SQLite's own locks of the first store included.
-_HELD: dict[tuple[int, int], dict[str, Any]] = {}
-_HELD_LOCK = threading.Lock()
-
-
-def _holder_text(note: dict[str, Any]) -> str:
-    return f"pid {note.get('pid')} on {note.get('host')} since {note.get('since')}"
-
-
-def _read_note(note_path: str, inode: tuple[int, int]) -> dict[str, Any] | None:
-    """The holder's note, if it is there and is the current holder's (same file, a live pid on this host)."""
-    try:
-        with open(note_path, encoding="utf-8") as f:
-            note = json.loads(f.read(4096))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(note, dict) or list(note.get("inode") or ()) != list(inode):
-        return None
-    if note.get("host") == socket.gethostname() and isinstance(note.get("pid"), int):
-        try:
-            os.kill(note["pid"], 0)
-        except ProcessLookupError:
-            return None  # a stale note: that process is gone
-        except OSError:
-            pass  # alive, owned by someone else
-    return note
-
-
-class StoreVersionError(StoreCorrupt):
-    """The file's format version is not one this store reads or migrates (a newer one, most likely), or a
-    version 1 file failed to migrate (and was left as it was). A StoreCorrupt, so that every door that
-    refuses a damaged file at open refuses this one too, with this message."""
-
-
 class SQLiteStore(Store):
     def __init__(self, path: str, *, synchronous: str = "FULL") -> None:
         self.path = path
         self.stats = StoreStats()
-        self._lock_fd: int | None = None
-        self._inode: tuple[int, int] | None = None
-        self._note_path: str | None = None
+        self._writer = WriterLock()
         self._db: sqlite3.Connection = None  # type: ignore[assignment]  # set below; None once closed
         self._depth = 0
         self._batch = False
         self._batch_broken = False
         self._batch_wrote = False
+        # Which group commit is open (`in_batch`): the engine shares reads among the calls of one group.
+        self.batch_number = 0
         # Monitors and subscriptions read by id, kept between calls: this process is the file's only
         # writer (the flock), so what it committed is what is there. Records are immutable. Whatever an
         # apply put here before its commit is forgotten wholesale if that work is rolled back.
@@ -266,7 +162,7 @@ class SQLiteStore(Store):
         in_memory = path in (":memory:", "")
         target = path if in_memory else os.path.realpath(path)
         if not in_memory:
-            self._acquire_lock(target)
+            self._writer.acquire(target)
         try:
             self._db = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
             if not in_memory:
@@ -278,92 +174,17 @@ class SQLiteStore(Store):
         except BaseException as exc:
             self.close()
             if isinstance(exc, sqlite3.Error) and is_storage_failure(exc):
-                if _primary_code(exc) in _CORRUPT_CODES or "not a database" in str(exc).lower():
+                if primary_code(exc) in CORRUPT_CODES or "not a database" in str(exc).lower():
                     raise self._corrupt(target, str(exc)) from exc
                 raise StorageError(f"cannot open the database {target}: {exc}") from exc
             raise
-
-    # --- one writer per file ----------------------------------------------------------------------
-    def _acquire_lock(self, real: str) -> None:
-        import fcntl  # POSIX only; the browser never opens a SQLite store
-
-        note_path = real + NOTE_SUFFIX
-        with _HELD_LOCK:
-            try:
-                st = os.stat(real)
-                held = _HELD.get((st.st_dev, st.st_ino))
-            except FileNotFoundError:
-                held = None
-            if held is not None:
-                raise self._locked(real, held)
-            fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            st = os.fstat(fd)
-            inode = (st.st_dev, st.st_ino)
-            held = _HELD.get(inode)
-            if held is not None:  # created or linked meanwhile under this name
-                os.close(fd)
-                raise self._locked(real, held)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)  # no SQLite connection of this process is on this file (see _HELD)
-                raise self._locked(real, _read_note(note_path, inode)) from None
-            note = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "path": real,
-                "inode": list(inode),
-            }
-            _HELD[inode] = note
-            self._lock_fd, self._inode = fd, inode
-        try:
-            tmp = f"{note_path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(note) + "\n")
-            os.replace(tmp, note_path)
-            self._note_path = note_path
-        except OSError:
-            pass  # the note only names the holder; the lock is what counts
-
-    @staticmethod
-    def _locked(real: str, note: dict[str, Any] | None) -> StoreLocked:
-        if note is not None:
-            holder = _holder_text(note)
-            if note.get("path") and note["path"] != real:
-                holder += f", through the name {note['path']}"
-        else:
-            holder = (
-                f"another process (no current note at {real}{NOTE_SUFFIX}: it may have opened this same "
-                "file under another name, such as a hard link)"
-            )
-        return StoreLocked(
-            f"The database {real} is already open for writing by {holder}. "
-            "Stop that process, or start this one with another --db."
-        )
-
-    def _release_lock(self) -> None:
-        if self._lock_fd is None:
-            return
-        if self._note_path is not None:
-            try:
-                os.unlink(self._note_path)
-            except OSError:
-                pass
-            self._note_path = None
-        with _HELD_LOCK:
-            if self._inode is not None:
-                _HELD.pop(self._inode, None)
-                self._inode = None
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
 
     # --- integrity at open ------------------------------------------------------------------------
     def _quick_check(self, real: str) -> None:
         try:
             rows = self._db.execute("PRAGMA quick_check(5)").fetchall()
         except sqlite3.DatabaseError as exc:
-            if _primary_code(exc) in _CORRUPT_CODES or "not a database" in str(exc).lower():
+            if primary_code(exc) in CORRUPT_CODES or "not a database" in str(exc).lower():
                 raise self._corrupt(real, str(exc)) from exc
             raise
         problems = [" ".join(str(r[0]).split()) for r in rows if r and r[0] != "ok"]
@@ -384,7 +205,7 @@ class SQLiteStore(Store):
             except sqlite3.Error:
                 pass
             self._db = None  # type: ignore[assignment]
-        self._release_lock()
+        self._writer.release()
 
     # --- the format version -----------------------------------------------------------------------
     def _open_schema(self, real: str) -> None:
@@ -436,7 +257,7 @@ class SQLiteStore(Store):
             self._db.execute(sql)
         except sqlite3.Error as exc:
             if is_storage_failure(exc):
-                raise _storage_error(exc) from exc
+                raise storage_error(exc) from exc
             raise
 
     def _forget_uncommitted(self) -> None:
@@ -484,7 +305,7 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             self._rollback()  # a failed COMMIT leaves the database as it was
             if is_storage_failure(exc):
-                raise _storage_error(exc) from exc
+                raise storage_error(exc) from exc
             raise
         self._uncommitted = False
         known = self._known_subjects
@@ -571,6 +392,10 @@ class SQLiteStore(Store):
             self._batch_broken = True
             self._rollback()
 
+    @property
+    def in_batch(self) -> bool:
+        return self._batch
+
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Group commit: the transactions inside share one commit (one fsync). A caller may reply to none of
@@ -581,6 +406,7 @@ class SQLiteStore(Store):
             return
         self._begin()
         self._batch = True
+        self.batch_number += 1
         self._batch_broken = False
         self._batch_wrote = False
         try:
@@ -598,7 +424,7 @@ class SQLiteStore(Store):
         self._finish(self._batch_wrote)
 
     # --- the one write of a call ------------------------------------------------------------------
-    @_guarded
+    @guarded
     def apply(self, changes: Changes) -> None:
         if not self._depth:  # outside a call: a transaction of its own
             with self.transaction():
@@ -707,7 +533,7 @@ class SQLiteStore(Store):
     # --- monitors ---------------------------------------------------------------------------------
     _GET_MONITOR = f"SELECT {', '.join(MONITOR_COLUMNS)}, rec FROM monitors"
 
-    @_guarded
+    @guarded
     def get_monitor(self, monitor_id: str) -> Monitor | None:
         cached = (
             self._call_dirty.get(monitor_id) or self._dirty.get(monitor_id) or self._monitors.get(monitor_id)
@@ -720,7 +546,7 @@ class SQLiteStore(Store):
         rec = self._monitors[monitor_id] = Monitor.from_row(row_of(row, MONITOR_COLUMNS))
         return rec
 
-    @_guarded
+    @guarded
     def list_monitors(self) -> list[Monitor]:
         rows = self._db.execute(f"{self._GET_MONITOR} ORDER BY id")
         found = [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
@@ -730,14 +556,14 @@ class SQLiteStore(Store):
         return [newest[k] for k in sorted(newest)]
 
     # --- the log ----------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
         row = self._db.execute(
             f"{_SELECT_OBSERVATION} WHERE monitor=? AND seq=?", (monitor_id, seq)
         ).fetchone()
         return _observation(monitor_id, row) if row else None
 
-    @_guarded
+    @guarded
     def scan(
         self, monitor_id: str, from_seq: int, to_seq: int, query: LogQuery | None = None
     ) -> Iterator[Observation]:
@@ -836,7 +662,7 @@ class SQLiteStore(Store):
         for r in rows:
             yield _observation(monitor_id, r)
 
-    @_guarded
+    @guarded
     def count(
         self,
         monitor_id: str,
@@ -853,7 +679,7 @@ class SQLiteStore(Store):
         return int(self._db.execute(sql, args).fetchone()[0])
 
     # --- subjects ---------------------------------------------------------------------------------
-    @_guarded
+    @guarded
     def has_subject(self, monitor_id: str, subject: str) -> bool:
         pair = (monitor_id, subject)
         if pair in self._known_subjects or pair in self._fresh_subjects or pair in self._call_subjects:
@@ -863,7 +689,7 @@ class SQLiteStore(Store):
         ).fetchone()
         return row is not None
 
-    @_guarded
+    @guarded
     def list_subjects(self, monitor_id: str) -> list[str]:
         rows = self._db.execute(
             "SELECT subject FROM subjects WHERE monitor=? ORDER BY subject", (monitor_id,)
@@ -877,7 +703,7 @@ class SQLiteStore(Store):
         row = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
         return Subscription.from_row(row_of(row, SUBSCRIPTION_COLUMNS)) if row else None
 
-    @_guarded
+    @guarded
     def get_subscription(self, sub_id: str) -> Subscription | None:
         cached = self._subs.get(sub_id)
         if cached is not None:
@@ -887,15 +713,15 @@ class SQLiteStore(Store):
             self._subs[sub_id] = sub
         return sub
 
-    @_guarded
+    @guarded
     def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None:
         return self._subscription("monitor=? AND subscriber=?", (monitor_id, subscriber))
 
-    @_guarded
+    @guarded
     def find_subscription_by_token(self, token_hash: str) -> Subscription | None:
         return self._subscription("token_hash=?", (token_hash,))
 
-    @_guarded
+    @guarded
     def list_subscriptions(self, monitor_id: str | None = None) -> list[Subscription]:
         if monitor_id is None:
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} ORDER BY id")
@@ -903,21 +729,21 @@ class SQLiteStore(Store):
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE monitor=? ORDER BY id", (monitor_id,))
         return [Subscription.from_row(row_of(r, SUBSCRIPTION_COLUMNS)) for r in rows]
 
-    @_guarded
+    @guarded
     def count_active_subscriptions(self, monitor_id: str) -> int:
         return int(self._db.execute(COUNT_ACTIVE_SQL, (monitor_id,)).fetchone()[0])
 
     # --- leases -----------------------------------------------------------------------------------
     _GET_LEASE = f"SELECT {', '.join(LEASE_COLUMNS)}, rec FROM leases"
 
-    @_guarded
+    @guarded
     def get_lease(self, monitor_id: str, subject: str) -> Lease | None:
         row = self._db.execute(
             f"{self._GET_LEASE} WHERE monitor=? AND subject=?", (monitor_id, subject)
         ).fetchone()
         return Lease.from_row(row_of(row, LEASE_COLUMNS)) if row else None
 
-    @_guarded
+    @guarded
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         if monitor_id is None:
             rows = self._db.execute(f"{self._GET_LEASE} ORDER BY monitor, subject")
@@ -926,14 +752,14 @@ class SQLiteStore(Store):
         return [Lease.from_row(row_of(r, LEASE_COLUMNS)) for r in rows]
 
     # --- publish idempotency keys -----------------------------------------------------------------
-    @_guarded
+    @guarded
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
         row = self._db.execute(
             "SELECT seq, at FROM publish_keys WHERE monitor=? AND key=?", (monitor_id, key)
         ).fetchone()
         return PublishKey(monitor_id, key, int(row[0]), float(row[1])) if row else None
 
-    @_guarded
+    @guarded
     def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
         rows = self._db.execute(
             "SELECT key, seq, at FROM publish_keys WHERE monitor=? ORDER BY key", (monitor_id,)

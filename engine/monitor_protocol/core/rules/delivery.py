@@ -351,7 +351,9 @@ def pull(
     lim = _pull_limit(limit, sub.filter, inline_flt)
     start = as_int(cursor, "cursor", minimum=0) if replay else sub.cursor
     sub, start, reset = _past_the_floor(rec, sub, start, replay)
-    page = _read_page(tx, rec, sub, inline_flt, start, lim)
+    # Readers woken together read the same page: shared within the group commit, unless this call appended.
+    memo = core.group_memo() if rec.id not in tx.appended else None
+    page = _read_page(tx, rec, sub, inline_flt, start, lim, memo)
     page.changed = reset
     if page.capped and not page.batch and not replay and not inline_flt:
         sub = _mark_examined(sub, page, start)
@@ -361,7 +363,11 @@ def pull(
     hwm = sub.hwm
     if not replay:
         sub = _record_delivery(core, tx, rec, stored, sub, page)
-    return _pull_reply(tx, rec, sub, page, hwm, lag_exact=not (page.capped and not replay and not inline_flt))
+    if memo is not None and rec.id in tx.appended:
+        memo = None  # the bookmark was appended by this call
+    return _pull_reply(
+        tx, rec, sub, page, hwm, lag_exact=not (page.capped and not replay and not inline_flt), memo=memo
+    )
 
 
 def _reader(tx: Tx, sub_id: str, token: str | None, system: bool) -> Subscription:
@@ -405,15 +411,47 @@ def _past_the_floor(
     return evolve(sub, cursor=start, relist=sub.reset_policy == "earliest"), start, True
 
 
-def _read_page(tx: Tx, rec: Monitor, sub: Subscription, inline_flt: Any, start: int, lim: int) -> _Page:
+def _read_page(
+    tx: Tx,
+    rec: Monitor,
+    sub: Subscription,
+    inline_flt: Any,
+    start: int,
+    lim: int,
+    memo: dict[Any, Any] | None,
+) -> _Page:
     """Up to `lim` rows from `start` under the reader's filter and the pull's own, examining at most
-    SCAN_BUDGET rows that do not match (a bounded read: the rest waits for the next pull, from `next`)."""
-    query = filters.prefilter(sub.filter, inline_flt)
+    SCAN_BUDGET rows that do not match (a bounded read: the rest waits for the next pull, from `next`). The
+    same read in one group commit (the same monitor, log, filters, start and limit) is read once."""
     head = rec.head
     first = past_known_misses(sub, max(start, 1))
-    page = _Page([], first - 1)
     if first > head:
-        return page
+        return _Page([], first - 1)
+    key = None
+    if memo is not None:
+        key = (
+            "page",
+            rec.id,
+            head,
+            rec.floor,
+            first,
+            lim,
+            filters.key_of(sub.filter),
+            filters.key_of(inline_flt),
+        )
+        known = memo.get(key)
+        if known is not None:
+            return _Page(list(known[0]), known[1], known[2])
+    page = _scan_page(tx, rec, sub, inline_flt, first, lim)
+    if key is not None:
+        memo[key] = (tuple(page.batch), page.last_examined, page.capped)
+    return page
+
+
+def _scan_page(tx: Tx, rec: Monitor, sub: Subscription, inline_flt: Any, first: int, lim: int) -> _Page:
+    query = filters.prefilter(sub.filter, inline_flt)
+    head = rec.head
+    page = _Page([], first - 1)
     for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
         page.last_examined = obs.seq
         if query.complete or (
@@ -477,7 +515,14 @@ def _record_delivery(
 
 
 def _pull_reply(
-    tx: Tx, rec: Monitor, sub: Subscription, page: _Page, hwm: int, *, lag_exact: bool
+    tx: Tx,
+    rec: Monitor,
+    sub: Subscription,
+    page: _Page,
+    hwm: int,
+    *,
+    lag_exact: bool,
+    memo: dict[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """The pull's reply; rows at or below the high-water mark the pull began with are marked redelivered."""
     head = rec.head
@@ -487,7 +532,7 @@ def _pull_reply(
     else:
         next_cursor = batch[-1].seq + 1 if batch else head + 1
     if lag_exact:
-        lag_n, lag_capped = lag_count(tx, rec, sub)
+        lag_n, lag_capped = lag_count(tx, rec, sub, memo)
     else:
         # This pull just examined every row from the cursor to `next` under the subscription's own filter:
         # the lag is what it found plus the rows not yet examined (an upper bound, flagged), with no

@@ -161,11 +161,14 @@ def past_known_misses(sub: Subscription, start: int) -> int:
     return start
 
 
-def lag_count(tx: Tx, rec: Monitor, sub: Subscription) -> tuple[int, bool]:
+def lag_count(
+    tx: Tx, rec: Monitor, sub: Subscription, memo: dict[Any, Any] | None = None
+) -> tuple[int, bool]:
     """What this subscription would receive if it pulled now, its own filter included, and whether the
     count is capped (section 8: "capped, and say so"). Filters on indexed columns are counted by the
     store, bounded by the cap; a filter the store cannot answer alone is checked on at most SCAN_BUDGET
-    rows, and past those the rest is counted as if it matched (an upper bound, flagged)."""
+    rows, and past those the rest is counted as if it matched (an upper bound, flagged). With `memo` (a
+    group commit's, see ServiceCore.group_memo) the same count is made once per group."""
     start = max(sub.cursor, 1, rec.floor)
     head = rec.head
     if start > head:
@@ -173,6 +176,18 @@ def lag_count(tx: Tx, rec: Monitor, sub: Subscription) -> tuple[int, bool]:
     flt = sub.filter
     if filters.is_empty(flt):
         return min(head - start + 1, LAG_COUNT_CAP), head - start + 1 > LAG_COUNT_CAP
+    if memo is None:
+        return _filtered_lag(tx, rec, sub, start, head, flt)
+    key = ("lag", rec.id, head, rec.floor, start, sub.scan_mark, filters.key_of(flt))
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _filtered_lag(tx, rec, sub, start, head, flt)
+    return found  # type: ignore[no-any-return]
+
+
+def _filtered_lag(
+    tx: Tx, rec: Monitor, sub: Subscription, start: int, head: int, flt: Any
+) -> tuple[int, bool]:
     query = filters.prefilter(flt)
     if query.complete:
         n = tx.count(rec.id, start, head, query, cap=LAG_COUNT_CAP + 1)

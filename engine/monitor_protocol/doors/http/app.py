@@ -253,12 +253,18 @@ class MonitorApp:
         deadline = loop.time() + max(0.0, float(first.long_poll.wait_seconds))
         again = first.long_poll.again or request  # an ack-and-pull re-checks as a plain pull
 
+        rerun = first.long_poll.rerun  # the engine call again, without the router (when the route gave it)
+
+        def job(retry: Request) -> tuple[Response, int]:
+            response = rerun() if rerun is not None else self.router.handle(retry)
+            return response, self.waiters.mark(_monitor_of(response))
+
         def recheck(remaining: float) -> asyncio.Future[parking.Outcome]:
             retry = _rewaited(again, remaining)
             outcome: asyncio.Future[parking.Outcome] = loop.create_future()
             try:
-                submitted = self._submit_marked(retry)
-            except RuntimeError as exc:  # the engine thread has stopped
+                submitted = self.engine.submit(job, retry)
+            except RuntimeError as exc:  # the engine has stopped
                 response, mark = _failure(retry, exc)
                 outcome.set_result((response, None, mark))
                 return outcome
