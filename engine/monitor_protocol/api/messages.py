@@ -44,6 +44,12 @@ class LongPoll:
     # and the headers its reply carries (a woken reader's re-check costs the rule, not the route). Its
     # reply says, with its own long_poll, whether the reader still waits.
     rerun: Callable[[], Response] | None = None
+    # A pull's own arguments (subscription, token, cursor, limit, filter): a door that re-checks many woken
+    # readers at once hands them to the engine together (MonitorService.pull_many). With them, what the
+    # reply carries besides its body: the request's headers (CORS) and its route.
+    pull: tuple[Any, ...] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    route: str | None = None
 
 
 @dataclass

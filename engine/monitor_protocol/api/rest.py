@@ -137,8 +137,10 @@ class RestRouter:
         origin = req.header("origin")
         if origin and origin.rstrip("/") in self.allowed_origins:
             resp.headers.update(self._cors(origin))
-        if resp.long_poll is not None and resp.long_poll.rerun is not None:
-            resp.long_poll.rerun = self._rerun(resp.long_poll.rerun, dict(resp.headers), resp.route)
+        parked = resp.long_poll
+        if parked is not None and parked.rerun is not None:
+            parked.rerun = self._rerun(parked.rerun, dict(resp.headers), resp.route)
+            parked.headers, parked.route = dict(resp.headers), resp.route
         return resp
 
     @staticmethod
@@ -345,7 +347,19 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Resp
             again,
         )
 
-    return _maybe_parked(Response(200, body), wait, req, again)
+    resp = _maybe_parked(Response(200, body), wait, req, again)
+    if resp.long_poll is not None:
+        resp.long_poll.pull = (sub_id, token, cursor, limit, flt)
+    return resp
+
+
+def parked_reply(body: dict[str, Any], poll: LongPoll) -> Response:
+    """A re-checked pull's reply (MonitorService.pull_many's body for `poll`'s reader), dressed as the
+    request's: its headers and route, and parked again while it holds nothing."""
+    resp = Response(200, body, dict(poll.headers), route=poll.route)
+    if not body["observations"] and not body.get("scan_capped"):
+        resp.long_poll = poll
+    return resp
 
 
 def _maybe_parked(
@@ -406,7 +420,10 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
             Response(200, r.service.pull(sub_id, token, limit=limit, filter=flt)), 1, recheck, rerun
         )
 
-    return _maybe_parked(Response(200, body), wait, recheck, rerun)
+    resp = _maybe_parked(Response(200, body), wait, recheck, rerun)
+    if resp.long_poll is not None:
+        resp.long_poll.pull = (sub_id, token, None, limit, flt)
+    return resp
 
 
 def _stream(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Response:

@@ -361,8 +361,20 @@ def prefilter(*flts: Filter) -> LogQuery:
     return LogQuery(tuple(clauses), complete)
 
 
+_KEYS: dict[int, tuple[Any, str]] = {}  # id(filter) -> (that filter, its key): a reader's filter is one object
+
+
 def key_of(flt: Filter) -> Any:
-    """A hashable key that equal filters share (sets of equal filters read alike): its compact JSON."""
+    """A hashable key that equal filters share (sets of equal filters read alike): its compact JSON, with
+    sorted keys. Worked out once per filter object (a subscription's filter lives as long as its record;
+    the entry holds the object, so its id cannot be another's)."""
     if flt is None or (isinstance(flt, dict) and not flt):
         return None
-    return json.dumps(flt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    known = _KEYS.get(id(flt))
+    if known is not None and known[0] is flt:
+        return known[1]
+    key = json.dumps(flt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(_KEYS) >= 4096:
+        _KEYS.clear()
+    _KEYS[id(flt)] = (flt, key)
+    return key

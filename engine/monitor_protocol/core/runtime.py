@@ -217,6 +217,19 @@ class ServiceCore(ABC):
         ):
             self.sweep()
 
+    def sweep_due(self) -> int:
+        """The timer's sweep: only when this engine runs the sweeps and something is due by the deadlines it
+        knows (a sweep reads every subscription; one a second for nothing would cost a large server its
+        loop). On a store several servers share, others set deadlines this engine does not hear about, so
+        the leader sweeps on every tick."""
+        if not self.sweeps_here():
+            return 0
+        if getattr(self.store, "shared", False):
+            return self.sweep()
+        if self._deadline_known and (self._next_deadline is None or self._now() < self._next_deadline):
+            return 0
+        return self.sweep()
+
     @abstractmethod
     def sweep(self, now: float | None = None) -> int:
         """Retire mute subscriptions and expire leases now due (upkeep.sweep, through MonitorService)."""

@@ -80,6 +80,11 @@ class MonitorService(ServiceCore):
             )
         )
 
+    def pull_many(self, asks: list[delivery.PullAsk]) -> list[dict[str, Any] | ProtocolError]:
+        """Several readers' pulls in one call, each its reply or its refusal (the readers one append woke:
+        what they read alike is read once). Each ask is (subscription, token, cursor, limit, filter)."""
+        return self._call(lambda tx: delivery.pull_many(self, tx, asks))
+
     def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:
         """The server's own push delivery reads as the subscription, without its token."""
         return self._call(lambda tx: delivery.pull(self, tx, sub_id, None, None, limit, None, system=True))

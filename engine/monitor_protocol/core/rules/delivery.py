@@ -332,10 +332,12 @@ def pull(
     *,
     system: bool,
     ack_cursor: Any = None,
+    memo: dict[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
     rules, in this same transaction: the pull then reads from the cursor it just committed. A replay
-    (`cursor` given) reads from there and records nothing."""
+    (`cursor` given) reads from there and records nothing. `memo`: reads shared with other pulls of the
+    same call (pull_many), else those of the group commit."""
     if ack_cursor is not None:
         if cursor is not None:
             raise invalid(
@@ -352,7 +354,10 @@ def pull(
     start = as_int(cursor, "cursor", minimum=0) if replay else sub.cursor
     sub, start, reset = _past_the_floor(rec, sub, start, replay)
     # Readers woken together read the same page: shared within the group commit, unless this call appended.
-    memo = core.group_memo() if rec.id not in tx.appended else None
+    if rec.id in tx.appended:
+        memo = None
+    elif memo is None:
+        memo = core.group_memo()
     page = _read_page(tx, rec, sub, inline_flt, start, lim, memo)
     page.changed = reset
     if page.capped and not page.batch and not replay and not inline_flt:
@@ -553,6 +558,23 @@ def _pull_reply(
         out["lag_capped"] = True
     if page.capped:
         out["scan_capped"] = True  # more rows remain past `next`: pull again (after acking `next`)
+    return out
+
+
+PullAsk = tuple[str, str | None, Any, Any, Any]  # (subscription, token, cursor, limit, inline filter)
+
+
+def pull_many(core: ServiceCore, tx: Tx, asks: list[PullAsk]) -> list[dict[str, Any] | ProtocolError]:
+    """The pulls of readers one append woke, in one call: what they read alike (the page, the lag) is read
+    once, their deliveries are written in one apply; each gets its own reply, or its own refusal (a refusal
+    comes before its pull stages anything, so it costs the others nothing)."""
+    memo: dict[Any, Any] = {}
+    out: list[dict[str, Any] | ProtocolError] = []
+    for sub_id, token, cursor, limit, inline in asks:
+        try:
+            out.append(pull(core, tx, sub_id, token, cursor, limit, inline, system=False, memo=memo))
+        except ProtocolError as err:
+            out.append(err)
     return out
 
 

@@ -29,7 +29,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from monitor_protocol.api.messages import Request, Response, error_response
+from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
+from monitor_protocol.api.rest import parked_reply
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY
 from monitor_protocol.doors import parking
@@ -114,6 +115,9 @@ class MonitorApp:
         self.ops_routes = ops_routes
         self.metrics_token = metrics_token
         self.metrics = Metrics()
+        # Woken readers waiting for their re-check, gathered over one loop turn (see _woken_pull).
+        self._woken: list[tuple[LongPoll, asyncio.Future[parking.Outcome]]] = []
+        self._woken_scheduled = False
         if self.engine.on_commit is None:
             self.engine.on_commit = self.metrics.observe_commit
 
@@ -146,6 +150,60 @@ class MonitorApp:
         return _failure(request, exc)
 
     # -- wake-ups ---------------------------------------------------------------------------------
+
+    def _woken_pull(self, poll: LongPoll) -> asyncio.Future[parking.Outcome]:
+        """Queue a woken reader's re-check: the readers of one loop turn (those one append woke) are
+        re-checked in one engine call, MonitorService.pull_many, which reads what they share once."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[parking.Outcome] = loop.create_future()
+        self._woken.append((poll, outcome))
+        if not self._woken_scheduled:
+            self._woken_scheduled = True
+            loop.call_soon(self._recheck_woken)
+        return outcome
+
+    def _recheck_woken(self) -> None:
+        self._woken_scheduled = False
+        woken, self._woken = self._woken, []
+        polls = [poll for poll, _ in woken]
+
+        def job() -> list[tuple[Response, int]]:
+            results = self.service.pull_many([poll.pull for poll in polls])
+            marks: dict[str, int] = {}
+            out = []
+            for poll, result in zip(polls, results, strict=True):
+                if isinstance(result, ProtocolError):
+                    response = error_response(result, poll.headers)
+                    response.route = poll.route
+                else:
+                    response = parked_reply(result, poll)
+                monitor = _monitor_of(response)
+                mark = marks.get(monitor)
+                if mark is None:
+                    mark = marks[monitor] = self.waiters.mark(monitor)
+                out.append((response, mark))
+            return out
+
+        def answered(done: asyncio.Future[list[tuple[Response, int]]]) -> None:
+            exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
+            replies = None if exc is not None else done.result()
+            for i, (_poll, outcome) in enumerate(woken):
+                if outcome.done():
+                    continue
+                if replies is None:
+                    response, mark = _failure(Request("GET", "(woken pulls)"), exc)  # type: ignore[arg-type]
+                else:
+                    response, mark = replies[i]
+                waiting = response.long_poll.monitor if response.long_poll is not None else None
+                outcome.set_result((response, waiting, mark))
+
+        try:
+            self.engine.submit(job).add_done_callback(answered)
+        except RuntimeError as exc:  # the engine has stopped
+            for _poll, outcome in woken:
+                if not outcome.done():
+                    response, mark = _failure(Request("GET", "(woken pulls)"), exc)
+                    outcome.set_result((response, None, mark))
 
     def _ensure_listening(self) -> None:
         if self._listening:
@@ -253,13 +311,16 @@ class MonitorApp:
         deadline = loop.time() + max(0.0, float(first.long_poll.wait_seconds))
         again = first.long_poll.again or request  # an ack-and-pull re-checks as a plain pull
 
-        rerun = first.long_poll.rerun  # the engine call again, without the router (when the route gave it)
+        poll = first.long_poll
+        rerun = poll.rerun  # the engine call again, without the router (when the route gave it)
 
         def job(retry: Request) -> tuple[Response, int]:
             response = rerun() if rerun is not None else self.router.handle(retry)
             return response, self.waiters.mark(_monitor_of(response))
 
         def recheck(remaining: float) -> asyncio.Future[parking.Outcome]:
+            if poll.pull is not None:  # with every reader woken in this turn, in one engine call
+                return self._woken_pull(poll)
             retry = _rewaited(again, remaining)
             outcome: asyncio.Future[parking.Outcome] = loop.create_future()
             try:
@@ -362,7 +423,7 @@ class MonitorApp:
             if here is not None and not here():
                 continue  # a shared store: another server leads the sweeps
             try:
-                await self.engine.call(self.service.sweep)
+                await self.engine.call(getattr(self.service, "sweep_due", self.service.sweep))
             except ProtocolError as err:  # the store is away (503): one line a tick, not a traceback
                 log.warning("sweep: %s: %s", err.code, err.message)
             except Exception:
