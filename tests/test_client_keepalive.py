@@ -77,7 +77,7 @@ def forwarder(server: str) -> Iterator[CountingForwarder]:
 
 def test_the_client_reuses_one_connection(forwarder: CountingForwarder) -> None:
     with Client(f"http://127.0.0.1:{forwarder.port}") as c:
-        assert c.http_layer == "http.client"
+        assert c.http_layer == "keep-alive"
         owner = c.create_monitor("reuse", types=[TYPE]).owner_token
         for i in range(20):
             c.publish("reuse", TYPE, subject=f"b{i}", token=owner)
@@ -163,7 +163,7 @@ def test_httpx_is_kept_where_a_proxy_applies_or_a_transport_is_given(
         assert proxied.http_layer == "httpx"
     monkeypatch.setenv("NO_PROXY", "mp.example")
     with Client("http://mp.example:8130") as bypassed:
-        assert bypassed.http_layer == "http.client"
+        assert bypassed.http_layer == "keep-alive"
     monkeypatch.delenv("HTTP_PROXY")
     with Client(server, transport=httpx.HTTPTransport()) as given:
         assert given.http_layer == "httpx"
@@ -185,7 +185,7 @@ def test_a_closed_client_sends_nothing(server: str, tmp_path: Path) -> None:
 def test_the_async_client_reuses_connections_and_replaces_a_closed_one(forwarder: CountingForwarder) -> None:
     async def main() -> None:
         async with AsyncClient(f"http://127.0.0.1:{forwarder.port}") as c:
-            assert c.http_layer == "asyncio+h11"
+            assert c.http_layer == "asyncio keep-alive"
             owner = (await c.create_monitor("areuse", types=[TYPE])).owner_token
             for i in range(20):
                 await c.publish("areuse", TYPE, subject=f"b{i}", token=owner)

@@ -90,7 +90,7 @@ def test_importing_the_client_does_not_import_httpx_until_an_httpx_path_is_used(
         "seen['proxy'] = [proxied.http_layer, 'httpx' in sys.modules]\n"
         "print(json.dumps(seen))\n"
     )
-    assert found == {"import": False, "pool": ["http.client", False], "proxy": ["httpx", True]}
+    assert found == {"import": False, "pool": ["keep-alive", False], "proxy": ["httpx", True]}
 
 
 def test_on_emscripten_the_client_picks_the_browser_layer_and_never_imports_keepalive():

@@ -203,11 +203,9 @@ class Client(ClientBase):
 
     @property
     def http_layer(self) -> str:
-        """Which HTTP layer this client uses: "http.client" (keep-alive pool), "httpx", or in a browser
-        "xhr" (a synchronous XMLHttpRequest)."""
-        if isinstance(self._pool, webhttp.Client):
-            return self._pool.http_layer
-        return "http.client" if self._pool is not None else "httpx"
+        """Which HTTP layer this client uses: "keep-alive" (its own pool), "httpx", or in a browser "xhr"
+        (a synchronous XMLHttpRequest)."""
+        return self._pool.http_layer if self._pool is not None else "httpx"
 
     def _once(self, call: Call[T]) -> T:
         if self._pool is not None:
@@ -332,7 +330,7 @@ class AsyncClient(ClientBase):
         self.base = _url(base)
         self.token = token
         self.timeout = timeout
-        # Under asyncio, keep-alive connections on asyncio streams (keepalive.AsyncPool, h11); httpx under
+        # Under asyncio, keep-alive connections on asyncio streams (keepalive.AsyncPool); httpx under
         # trio, where a proxy applies, or with a caller's transport (created when first needed). In a
         # browser, the browser's fetch (webhttp.AsyncClient).
         self._transport = transport
@@ -345,11 +343,9 @@ class AsyncClient(ClientBase):
 
     @property
     def http_layer(self) -> str:
-        """Which HTTP layer this client uses under asyncio: "asyncio+h11" (keep-alive pool) or "httpx"
+        """Which HTTP layer this client uses under asyncio: "asyncio keep-alive" (its own pool) or "httpx"
         (always httpx under trio), or in a browser "fetch"."""
-        if isinstance(self._pool, webhttp.AsyncClient):
-            return self._pool.http_layer
-        return "asyncio+h11" if self._pool is not None else "httpx"
+        return self._pool.http_layer if self._pool is not None else "httpx"
 
     async def _once(self, call: Call[T]) -> T:
         if isinstance(self._pool, webhttp.AsyncClient) or (

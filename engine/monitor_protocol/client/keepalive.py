@@ -1,32 +1,42 @@
-"""The sync client's HTTP layer: keep-alive HTTP/1.1 connections from the standard library's http.client.
+"""The client's own HTTP/1.1 layer: keep-alive connections on plain sockets (`Pool`, for `Client`) and on asyncio
+streams (`AsyncPool`, for `AsyncClient`), with one small request writer and response reader for both.
 
-Chosen by measurement (docs/bench.md, "The client"): against the same `mp serve`, one sequential client
-spent ~270 µs of CPU per request on a reused `http.client.HTTPConnection` and ~790 µs on `httpx.Client`,
-which made httpx the slowest part of a durable publish. `monitor_protocol.client.Client` uses this pool for
-`http://` and `https://` URLs that no proxy setting applies to; it keeps httpx for everything else (a proxy
-from the environment, a caller's own `transport=`). `AsyncClient` has the same under asyncio (AsyncPool).
+Chosen by measurement (docs/bench.md, "The client"): the request is written as one buffer and the reply read
+with as few calls as its framing allows, so a keep-alive request costs a few tens of microseconds of client
+CPU, where the standard library's http.client took ~200 and h11 on asyncio streams ~300 (httpx: ~800 and
+~1,500). `monitor_protocol.client` uses these pools for `http://` and `https://` URLs that no proxy setting
+applies to; it keeps httpx for everything else (a proxy from the environment, a caller's own `transport=`).
 
-Failure semantics match the client's contract (`ConnectionFailed.sent`): a failure to connect means the
-request was certainly never sent; any failure once a request has started may have reached the server. A
-pooled connection is checked before reuse (a server that closed it while idle left it readable), so a
-connection closed by the server's keep-alive timeout is replaced instead of failing the next request.
+Failure semantics match the client's contract (`ConnectionFailed.sent`): a failure to connect, or a request
+that is not HTTP (a header value with a line break, a target with a space), was certainly never sent; any
+failure once bytes may have left may have reached the server. A pooled connection is checked before reuse (a
+server that closed it while idle left it readable), so a connection closed by the server's keep-alive timeout
+is replaced instead of failing the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
+import re
 import select
 import socket
 import ssl
 import threading
 import urllib.request
-from typing import Any
 from urllib.parse import urlsplit
 
 from monitor_protocol.client.httpreply import Reply, SendFailed
 
 MAX_IDLE = 8  # idle connections kept per client (a client used from several threads may hold more)
+MAX_ASYNC_IDLE = 64
+MAX_HEAD_BYTES = 64 << 10  # a reply's status line and headers
+CHUNK = 65536
+
+# What a request line and headers may not hold (as http.client refuses them): a target with a space or a
+# control character, a header name that is not a token, a value with a bare line break.
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
+_GOOD_NAME = re.compile(r"[^:\s][^:\r\n]*\Z")
+_BAD_VALUE = re.compile(r"\n(?![ \t])|\r(?![ \t\n])")
 
 
 def proxied(url: str) -> bool:
@@ -48,31 +58,187 @@ def _origin(base: str) -> tuple[bool, str, int, str]:
     return https, parts.hostname, parts.port or (443 if https else 80), parts.netloc.rsplit("@", 1)[-1]
 
 
+def request_bytes(method: str, target: str, host: str, headers: dict[str, str], body: bytes | None) -> bytes:
+    """The whole request as one buffer; SendFailed(sent=False) for what is not HTTP."""
+    if _BAD_TARGET.search(target):
+        raise SendFailed(
+            f"ValueError: the request target {target[:80]!r} holds a space or control character", sent=False
+        )
+    lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n"]
+    for name, value in headers.items():
+        if not _GOOD_NAME.match(name) or _BAD_VALUE.search(value):
+            raise SendFailed(f"ValueError: the header {name[:40]!r} is not valid HTTP", sent=False)
+        lines.append(f"{name}: {value}\r\n")
+    if body is not None:
+        lines.append(f"content-length: {len(body)}\r\n")
+    lines.append("\r\n")
+    try:
+        head = "".join(lines).encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise SendFailed(f"UnicodeEncodeError: a header is not latin-1 text: {exc}", sent=False) from exc
+    return head + body if body else head
+
+
+class _Head:
+    """A reply's status line and headers, and how its body is framed."""
+
+    __slots__ = ("status", "headers", "length", "chunked", "keep_alive")
+
+    def __init__(self, raw: bytes, method: str) -> None:
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP reply: {lines[0][:80]!r}")
+        self.status = int(parts[1])
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(f"not a header line: {line[:80]!r}")
+            key = name.strip().lower()
+            value = value.strip()
+            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+        self.headers = headers
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in connection and (parts[0] != "HTTP/1.0" or "keep-alive" in connection)
+        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.length: int | None = None
+        if method == "HEAD" or self.status in (204, 304) or 100 <= self.status < 200:
+            self.length = 0
+        elif not self.chunked:
+            declared = headers.get("content-length")
+            if declared is not None:
+                self.length = int(declared.split(",")[0].strip())
+            else:
+                self.keep_alive = False  # the body ends with the connection
+
+
+# ---------------------------------------------------------------------------------------------- sync
+
+
+class _Conn:
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        data = self.sock.recv(CHUNK)
+        if not data:
+            raise ConnectionResetError("the server closed the connection before its reply ended")
+        self.buf += data
+
+    def _head(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head, self.buf = self.buf[:end], self.buf[end + 4 :]
+                return head
+            if len(self.buf) > MAX_HEAD_BYTES:
+                raise ValueError("the reply's headers are too large")
+            self._fill()
+
+    def _exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def _line(self) -> bytes:
+        while True:
+            end = self.buf.find(b"\r\n")
+            if end >= 0:
+                line, self.buf = self.buf[:end], self.buf[end + 2 :]
+                return line
+            if len(self.buf) > MAX_HEAD_BYTES:
+                raise ValueError("a chunk size line is too long")
+            self._fill()
+
+    def _rest(self) -> bytes:
+        parts = [self.buf]
+        self.buf = b""
+        while True:
+            data = self.sock.recv(CHUNK)
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+
+    def exchange(self, data: bytes, method: str) -> tuple[Reply, bool]:
+        self.sock.sendall(data)
+        while True:
+            head = _Head(self._head(), method)
+            if not 100 <= head.status < 200:
+                break
+        if head.chunked:
+            parts = []
+            while True:
+                size = int(self._line().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self._line():  # trailers, then the empty line
+                        pass
+                    break
+                parts.append(self._exactly(size))
+                self._exactly(2)
+            content = b"".join(parts)
+        elif head.length is None:
+            content = self._rest()
+        else:
+            content = self._exactly(head.length) if head.length else b""
+        return Reply(head.status, content, head.headers), head.keep_alive and not self.buf
+
+    def usable(self) -> bool:
+        """An idle keep-alive connection is usable when the server has sent nothing on it: a readable
+        socket means it was closed (EOF) or carries bytes nobody asked for."""
+        try:  # poll, not select: select cannot watch a descriptor above 1023
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+            return not poller.poll(0)
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
 class Pool:
     """Keep-alive connections to one origin (scheme, host, port); thread-safe like httpx.Client."""
+
+    http_layer = "keep-alive"
 
     def __init__(self, base: str) -> None:
         self.https, self.host, self.port, self.host_header = _origin(base)
         self._context = ssl.create_default_context() if self.https else None
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self.closed = False
 
-    def _new(self, timeout: float) -> http.client.HTTPConnection:
-        if self.https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self._context)
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+    def _new(self, timeout: float) -> _Conn:
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._context is not None:
+                sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        return _Conn(sock)
 
-    def _take(self) -> http.client.HTTPConnection | None:
+    def _take(self) -> _Conn | None:
         with self._lock:
             while self._idle:
                 conn = self._idle.pop()
-                if _usable(conn):
+                if conn.usable():
                     return conn
                 conn.close()
         return None
 
-    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+    def _give_back(self, conn: _Conn) -> None:
         with self._lock:
             if not self.closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
@@ -85,37 +251,23 @@ class Pool:
         """One request on a pooled connection (a new one when none is idle)."""
         if self.closed:
             raise SendFailed("the client is closed", sent=False)
+        data = request_bytes(method, target, self.host_header, headers, body)
         conn = self._take()
         if conn is None:
-            conn = self._new(timeout)
             try:
-                conn.connect()
+                conn = self._new(timeout)
             except (OSError, ssl.SSLError) as exc:  # refused, unreachable, DNS, connect timeout: never sent
-                conn.close()
                 raise SendFailed(_reason(exc), sent=False) from exc
-        if conn.sock is not None:
+        try:
             conn.sock.settimeout(timeout)
-        try:
-            conn.putrequest(method, target, skip_accept_encoding=True)
-            for name, value in headers.items():
-                conn.putheader(name, value)
-        except (ValueError, http.client.HTTPException) as exc:  # a header or target that is not HTTP
-            conn.close()
-            raise SendFailed(_reason(exc), sent=False) from exc
-        try:
-            if body is not None:
-                conn.putheader("content-length", str(len(body)))
-            conn.endheaders(body)
-            response = conn.getresponse()
-            content = response.read()
-        except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
+            reply, reusable = conn.exchange(data, method)
+        except (OSError, ValueError, ssl.SSLError) as exc:
             conn.close()
             raise SendFailed(_reason(exc), sent=True) from exc
-        reply = Reply(response.status, content, {k.lower(): v for k, v in response.getheaders()})
-        if response.will_close:
-            conn.close()
-        else:
+        if reusable:
             self._give_back(conn)
+        else:
+            conn.close()
         return reply
 
     def close(self) -> None:
@@ -126,20 +278,6 @@ class Pool:
             conn.close()
 
 
-def _usable(conn: http.client.HTTPConnection) -> bool:
-    """An idle keep-alive connection is usable when the server has sent nothing on it: a readable socket
-    means it was closed (EOF) or carries bytes nobody asked for."""
-    sock: Any = conn.sock
-    if sock is None:
-        return False
-    try:  # poll, not select: select cannot watch a descriptor above 1023
-        poller = select.poll()
-        poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
-        return not poller.poll(0)
-    except (OSError, ValueError):
-        return False
-
-
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.timeout | TimeoutError):
         return f"{type(exc).__name__}: the server did not answer in time"
@@ -148,56 +286,53 @@ def _reason(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- async
-# AsyncClient's layer under asyncio: keep-alive connections on asyncio streams, HTTP/1.1 by h11 (the parser
-# httpx itself uses). Measured against the same server: ~300 µs of client CPU per request, against
-# ~1,500 µs with httpx.AsyncClient, which was the limit of 16 concurrent readers or producers in one process.
 
 
 class _AsyncConnection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> None:
-        import h11
+    __slots__ = ("reader", "writer")
 
-        self.h11 = h11
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.host = host
-        self.state = h11.Connection(h11.CLIENT)
 
     def usable(self) -> bool:
         return not self.reader.at_eof() and not self.writer.is_closing()
 
-    async def exchange(
-        self, method: str, target: str, body: bytes | None, headers: dict[str, str]
-    ) -> tuple[Reply, bool]:
-        h11 = self.h11
-        state = self.state
-        fields = [("host", self.host), *headers.items()]
-        if body is not None:
-            fields.append(("content-length", str(len(body))))
-        data = state.send(h11.Request(method=method, target=target, headers=fields))
-        if body:
-            data += state.send(h11.Data(data=body))
-        data += state.send(h11.EndOfMessage())
+    async def exchange(self, data: bytes, method: str) -> tuple[Reply, bool]:
+        reader = self.reader
         self.writer.write(data)
-        await self.writer.drain()
-        status, reply_headers, parts = 0, {}, []
+        if self.writer.transport.get_write_buffer_size() > CHUNK:
+            await self.writer.drain()
         while True:
-            event = state.next_event()
-            if event is h11.NEED_DATA:
-                state.receive_data(await self.reader.read(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-                reply_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                parts.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
+            try:
+                raw = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                raise ConnectionResetError("the server closed the connection before its reply ended") from exc
+            except asyncio.LimitOverrunError as exc:
+                raise ValueError("the reply's headers are too large") from exc
+            head = _Head(raw[:-4], method)
+            if not 100 <= head.status < 200:
                 break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionResetError("the server closed the connection before its reply ended")
-        reusable = state.our_state is h11.DONE and state.their_state is h11.DONE
-        if reusable:
-            state.start_next_cycle()
-        return Reply(status, b"".join(parts), reply_headers), reusable
+        try:
+            if head.chunked:
+                parts = []
+                while True:
+                    line = await reader.readuntil(b"\r\n")
+                    size = int(line[:-2].split(b";", 1)[0].strip() or b"0", 16)
+                    if size == 0:
+                        while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the empty line
+                            pass
+                        break
+                    parts.append(await reader.readexactly(size))
+                    await reader.readexactly(2)
+                content = b"".join(parts)
+            elif head.length is None:
+                content = await reader.read()
+            else:
+                content = await reader.readexactly(head.length) if head.length else b""
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionResetError("the server closed the connection before its reply ended") from exc
+        return Reply(head.status, content, head.headers), head.keep_alive
 
     def close(self) -> None:
         self.writer.close()
@@ -205,6 +340,8 @@ class _AsyncConnection:
 
 class AsyncPool:
     """Keep-alive connections to one origin for coroutines of one asyncio loop."""
+
+    http_layer = "asyncio keep-alive"
 
     def __init__(self, base: str) -> None:
         self.https, self.host, self.port, self.host_header = _origin(base)
@@ -226,6 +363,7 @@ class AsyncPool:
     ) -> Reply:
         if self.closed:
             raise SendFailed("the client is closed", sent=False)
+        data = request_bytes(method, target, self.host_header, headers, body)
         loop = asyncio.get_running_loop()
         if self.loop is not loop:  # connections belong to one loop: a new loop starts afresh
             self._drop_idle()
@@ -233,19 +371,19 @@ class AsyncPool:
         conn = self._take()
         if conn is None:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port, ssl=self._context), timeout
-                )
+                async with asyncio.timeout(timeout):
+                    reader, writer = await asyncio.open_connection(
+                        self.host, self.port, ssl=self._context, limit=MAX_HEAD_BYTES
+                    )
             except (OSError, ssl.SSLError, TimeoutError) as exc:  # never sent
                 raise SendFailed(_reason(exc), sent=False) from exc
-            conn = _AsyncConnection(reader, writer, self.host_header)
+            conn = _AsyncConnection(reader, writer)
         try:
-            reply, reusable = await asyncio.wait_for(conn.exchange(method, target, body, headers), timeout)
+            async with asyncio.timeout(timeout):
+                reply, reusable = await conn.exchange(data, method)
         except BaseException as exc:
             conn.close()
-            if isinstance(exc, conn.h11.LocalProtocolError):  # refused by h11 before a byte was written
-                raise SendFailed(_reason(exc), sent=False) from exc
-            if isinstance(exc, OSError | TimeoutError | ssl.SSLError | conn.h11.ProtocolError):
+            if isinstance(exc, OSError | TimeoutError | ssl.SSLError | ValueError):
                 raise SendFailed(_reason(exc), sent=True) from exc
             raise  # cancelled: the connection is gone with the request
         if reusable and not self.closed and len(self._idle) < MAX_ASYNC_IDLE:
@@ -265,9 +403,6 @@ class AsyncPool:
     async def aclose(self) -> None:
         self.closed = True
         self._drop_idle()
-
-
-MAX_ASYNC_IDLE = 64
 
 
 def running_asyncio() -> bool:

@@ -361,7 +361,9 @@ def prefilter(*flts: Filter) -> LogQuery:
     return LogQuery(tuple(clauses), complete)
 
 
-_KEYS: dict[int, tuple[Any, str]] = {}  # id(filter) -> (that filter, its key): a reader's filter is one object
+_KEYS: dict[
+    int, tuple[Any, str]
+] = {}  # id(filter) -> (that filter, its key): a reader's filter is one object
 
 
 def key_of(flt: Filter) -> Any:
