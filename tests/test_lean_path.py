@@ -1,0 +1,354 @@
+"""The lean request path (docs/serve.md "The request path"): what each piece promises, in-process, each with a
+positive control.
+
+- the HTTP door (doors/http/protocol.py) on httptools' callbacks: pipelined requests answered in order, two
+  long polls in a row on one keep-alive connection, a woken reader's reply its own;
+- the engine on the loop (LoopEngine): the calls of one loop turn share one group commit, and nobody hears an
+  outcome before it;
+- the wake done once: the readers one append woke are re-checked in one engine call that reads the page they
+  share once (MonitorService.pull_many), a refusal costing the others nothing;
+- SQLite writes no more than the rules need: a monitor's row once per transaction, a subject already stored
+  no statement, one row without a savepoint;
+- the sweep timer sweeps only when a deadline is due;
+- wire.loads gives the same answer with orjson as the strict parser as with its own rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core import wire
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.engines import LoopEngine
+from monitor_protocol.doors.http.app import MonitorApp
+from monitor_protocol.doors.http.protocol import HttpConnection, HttpServer
+from monitor_protocol.store.sqlite import SQLiteStore
+
+# The quick lane (python3 build.py test --quick): no server, no browser.
+pytestmark = pytest.mark.quick
+
+RUN = "com.example.ci.run"
+HANG_GUARD = 10.0
+
+
+class Transport:
+    """What the connection writes, and whether it closed it."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 5555) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def replies(self) -> list[tuple[int, dict[str, Any]]]:
+        """The replies written so far, as (status, JSON body)."""
+        data = b"".join(self.out)
+        found = []
+        while data:
+            head, _, rest = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            length = next(int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length:"))
+            found.append((int(lines[0].split(" ")[1]), json.loads(rest[:length]) if length else None))
+            data = rest[length:]
+        return found
+
+
+class CountingStore(SQLiteStore):
+    """A SQLite store that counts the log reads the engine makes."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.scans = 0
+
+    def scan(self, *args: Any, **kwargs: Any) -> Any:
+        self.scans += 1
+        return super().scan(*args, **kwargs)
+
+
+@pytest.fixture()
+async def door(tmp_path: Path):
+    store = CountingStore(str(tmp_path / "lean.db"))
+    service = MonitorService(store)
+    app = MonitorApp(service, RestRouter(service), store=store, engine=LoopEngine(store), sweep_interval=None)
+    await app.startup()
+    server = HttpServer(app, header_timeout=10, body_timeout=30, keep_alive=65)
+    yield server, service, store
+    await app.shutdown()
+
+
+def connect(server: HttpServer) -> tuple[HttpConnection, Transport]:
+    conn, transport = HttpConnection(server), Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport
+
+
+def get(path: str, token: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {token}\r\n\r\n".encode()
+
+
+def post(path: str, body: Any, token: str | None = None) -> bytes:
+    data = json.dumps(body).encode()
+    auth = f"authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{auth}content-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+async def until(predicate: Any, what: str) -> None:
+    async with asyncio.timeout(HANG_GUARD):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+def feed(service: MonitorService, readers: int) -> tuple[str, list[tuple[str, str]]]:
+    owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [RUN]}, None)["owner_token"]
+    subs = []
+    for i in range(readers):
+        made = service.subscribe(
+            {"monitor": "ci", "subscriber": f"agent:r{i}", "filter": {"types": [RUN]}}, None
+        )
+        subs.append((made["subscription"]["id"], made["token"]))
+    for sid, token in subs:  # every reader at the head
+        while True:
+            page = service.pull(sid, token, limit=200)
+            service.ack(sid, token, {"cursor": page["next"]})
+            if not page.get("scan_capped"):
+                break
+    return owner, subs
+
+
+# ---------------------------------------------------------------------------------------------- the door
+
+
+async def test_pipelined_requests_are_answered_in_order(door) -> None:
+    server, service, _store = door
+    owner, _subs = feed(service, 0)
+    conn, transport = connect(server)
+    conn.data_received(
+        post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "one"}, owner)
+        + get("/mp/v0/monitors/ci/state", owner)
+        + post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "two"}, owner)
+    )
+    await until(lambda: len(transport.replies()) == 3, "three replies")
+    (s1, b1), (s2, b2), (s3, b3) = transport.replies()
+    assert (s1, s2, s3) == (201, 200, 201)
+    assert b1["observation"]["subject"] == "one" and b3["observation"]["subject"] == "two"
+    assert b2["head"] == b1["seq"]  # the state was read after the first publish, before the second
+    assert b3["seq"] == b1["seq"] + 1
+
+
+async def test_two_long_polls_in_a_row_on_one_connection_both_answer(door) -> None:
+    """The second long poll of a keep-alive connection is not taken for a client that left (the first
+    one's end must not end the connection's own signal)."""
+    server, service, _store = door
+    owner, [(sid, token)] = feed(service, 1)
+    reader, transport = connect(server)
+    writer, _ = connect(server)
+    for subject in ("first", "second"):
+        before = len(transport.replies())
+        reader.data_received(get(f"/mp/v0/subscriptions/{sid}/pull?wait=30", token))
+        await until(lambda: server.app.waiters.parked_on("ci") == 1, "the poll to park")
+        writer.data_received(
+            post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": subject}, owner)
+        )
+        await until(lambda b=before: len(transport.replies()) == b + 1, "the poll's reply")
+        status, body = transport.replies()[-1]
+        assert status == 200 and [o["subject"] for o in body["observations"]] == [subject]
+        service.ack(sid, token, {"cursor": body["next"]})
+        assert not transport.closing
+
+
+async def test_readers_woken_together_are_rechecked_in_one_call_that_reads_once(door) -> None:
+    server, service, store = door
+    owner, subs = feed(service, 40)
+    odd_one = service.subscribe(
+        {"monitor": "ci", "subscriber": "agent:odd", "filter": {"types": [RUN], "subjects": ["build-9"]}},
+        None,
+    )
+    odd = (odd_one["subscription"]["id"], odd_one["token"])
+    service.ack(odd[0], odd[1], {"cursor": service.pull(odd[0], odd[1])["next"]})
+    readers = [connect(server) for _ in range(len(subs) + 1)]
+    for (conn, _t), (sid, token) in zip(readers, [*subs, odd], strict=True):
+        conn.data_received(get(f"/mp/v0/subscriptions/{sid}/pull?wait=30&limit=10", token))
+    await until(lambda: server.app.waiters.parked_on("ci") == len(readers), "every poll to park")
+    calls: list[int] = []
+    original = service.pull_many
+    service.pull_many = lambda asks: calls.append(len(asks)) or original(asks)  # type: ignore[method-assign]
+    scans = store.scans
+    writer, _ = connect(server)
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "build-9"}, owner))
+    await until(lambda: all(t.replies() for _c, t in readers), "every reader's reply")
+    assert calls == [len(readers)]  # one engine call for every reader the append woke
+    assert store.scans - scans == 2  # one page for the 40 alike, one for the reader of another filter
+    for (_conn, transport), (sid, _token) in zip(readers, [*subs, odd], strict=True):
+        status, body = transport.replies()[-1]
+        assert status == 200 and body["subscription"] == sid  # each reply its own reader's
+        assert [o["subject"] for o in body["observations"]] == ["build-9"]
+
+
+async def test_a_refused_reader_costs_the_others_nothing(door) -> None:
+    _server, service, _store = door
+    owner, subs = feed(service, 3)
+    service.publish("ci", {"type": RUN, "subject": "x"}, owner)
+    asks = [(sid, token, None, None, None) for sid, token in subs]
+    asks[1] = (subs[1][0], "not-the-token", None, None, None)
+    results = service.pull_many(asks)
+    assert isinstance(results[1], ProtocolError) and results[1].code == "UNAUTHORIZED"
+    for i in (0, 2):
+        assert [o["subject"] for o in results[i]["observations"]] == ["x"]  # type: ignore[index]
+    # control: the refused reader, with its token, gets the same
+    assert [o["subject"] for o in service.pull(subs[1][0], subs[1][1])["observations"]] == ["x"]
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+
+
+async def test_the_calls_of_one_loop_turn_share_one_commit(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "group.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "types": [RUN]}, None)["owner_token"]
+    engine = LoopEngine(store)
+    heard: list[tuple[int, int]] = []
+    commits = store.stats.commits
+    for i in range(16):
+        engine.submit_to(
+            service.publish,
+            ("ci", {"type": RUN, "subject": f"b{i}"}, owner),
+            lambda ok, value: heard.append((store.stats.commits - commits, value["seq"])),
+        )
+    assert heard == []  # nothing is heard before the group's commit
+    await until(lambda: len(heard) == 16, "every outcome")
+    assert {c for c, _ in heard} == {1}  # one commit for the sixteen, before anyone heard back
+    assert sorted(seq for _, seq in heard) == list(range(2, 18))
+    # control: calls of two turns commit twice
+    engine.submit_to(service.state, ("ci", owner), lambda ok, value: heard.append((0, 0)))
+    await asyncio.sleep(0)
+    engine.submit_to(service.publish, ("ci", {"type": RUN}, owner), lambda ok, value: heard.append((0, 0)))
+    await until(lambda: len(heard) == 18, "two more")
+    assert store.stats.commits - commits == 2  # the read committed nothing; the publish did
+
+
+def test_sqlite_writes_a_monitor_once_per_transaction_and_a_known_subject_not_again(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "writes.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "types": [RUN]}, None)["owner_token"]
+    service.publish("ci", {"type": RUN, "subject": "b1"}, owner)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    with store.batch():
+        for _ in range(8):
+            service.publish("ci", {"type": RUN, "subject": "b1"}, owner)
+    store._db.set_trace_callback(None)
+    writes = [s.split("(")[0].strip() for s in statements if s.startswith(("INSERT", "UPDATE"))]
+    assert writes.count("INSERT INTO observations") == 8
+    assert writes.count("INSERT INTO monitors") == 1  # the head and counters, once, at the commit
+    assert not [s for s in writes if "subjects" in s]  # b1 is stored already
+    assert store.get_monitor("ci").head == 10 and service.state("ci", owner)["counters"]["observations"] == 9
+    # control: a new subject is one statement more
+    statements.clear()
+    store._db.set_trace_callback(statements.append)
+    service.publish("ci", {"type": RUN, "subject": "b2"}, owner)
+    store._db.set_trace_callback(None)
+    assert any("INTO subjects" in s for s in statements)
+
+
+def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> None:
+    now = [1_000.0]
+    store = SQLiteStore(str(tmp_path / "sweep.db"))
+    service = MonitorService(store, clock=lambda: now[0], retire_after_mute_seconds=60)
+    owner = service.create_monitor({"id": "ci", "types": [RUN]}, None)["owner_token"]
+    service.subscribe({"monitor": "ci", "subscriber": "agent:quiet"}, owner)
+    swept: list[float] = []
+    original = service.sweep
+    service.sweep = lambda now_=None: swept.append(now[0]) or original(now_)  # type: ignore[method-assign]
+    service.sweep_due()  # the first tick learns the deadlines
+    swept.clear()
+    now[0] += 30
+    assert service.sweep_due() == 0 and swept == []  # nothing due: nothing read
+    now[0] += 31 + 1
+    assert service.sweep_due() == 1 and swept  # the quiet reader's mute window ran out: retired
+
+
+# ---------------------------------------------------------------------------------------------- the wire
+
+
+JSON_TEXT = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+).map(lambda v: json.dumps(v).encode())
+ODD_TEXTS = [
+    b"NaN", b"[Infinity]", b'"\\ud800"', b'{"a": "\\udc00"}', b"9007199254740993", b"18446744073709551616",
+    b"-9223372036854775809", b"1e400", b'{"a":1,"a":2}', b'"\xed\xa0\x80"', b"[1,]", b"\xef\xbb\xbf{}",
+    b"[" * 40 + b"]" * 40, b"123abc", b"", b"  {}  ",
+]  # fmt: skip
+
+
+def outcome(raw: bytes) -> Any:
+    try:
+        value = wire.loads(raw)
+    except ProtocolError as err:
+        return ("refused", err.code, err.message)
+    return ("value", json.dumps(value, sort_keys=True, default=repr), _floats(value))
+
+
+def _floats(value: Any) -> Any:
+    return [value] if isinstance(value, float) and math.isfinite(value) else []
+
+
+def both(raw: bytes) -> tuple[Any, Any]:
+    import orjson
+
+    previous = wire.codec()
+    try:
+        wire.use_codec(wire.STDLIB_CODEC)
+        alone = outcome(raw)
+        wire.use_codec(wire.Codec("orjson", orjson.dumps, orjson.loads, parse=orjson.loads))
+        fast = outcome(raw)
+    finally:
+        wire.use_codec(previous)
+    return alone, fast
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_TEXT)
+def test_orjson_as_the_parser_answers_as_the_wires_own_rules(raw: bytes) -> None:
+    alone, fast = both(raw)
+    assert fast == alone
+
+
+@pytest.mark.parametrize("raw", ODD_TEXTS)
+def test_the_wires_refusals_are_the_same_with_orjson(raw: bytes) -> None:
+    alone, fast = both(raw)
+    assert fast == alone
+    if raw in (b"NaN", b"9007199254740993", b"[" * 40 + b"]" * 40):
+        assert alone[0] == "refused"  # control: these are refused, by both
