@@ -154,7 +154,7 @@ def following() -> None:
 async def took_over() -> None:
     el("other-tab").setAttribute("hidden", "")
     el("reset-btn").disabled = False
-    conn = remote.STATE["conn"]
+    conn = remote.CONN["now"]
     if conn is None:
         await page.load_session()
     elif conn.ui_idb:  # connected: the server's session stays on screen; the page's own, as the tab that
@@ -179,7 +179,7 @@ async def main() -> None:
     )
     await refresh()
     await console.setup()
-    remote.setup()
+    await remote.setup()
     doc.addEventListener("click", create_proxy(on_click))
     el("monitor-pick").addEventListener("change", create_proxy(lambda e: ui.run_task(actions.pick(None))))
     el("lease-subject").addEventListener("input", create_proxy(lambda e: panels.render_workers()))

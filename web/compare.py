@@ -179,7 +179,7 @@ async def drain(rd: m.Reader) -> None:
     ui.refresh_soon()
 
 
-@action("race-toggle", answer=None, exclusive=False)
+@action("race-toggle", answer="race-answer", exclusive=False, local_only=True)
 async def toggle(_el) -> None:
     if RACE.on:
         RACE.on = False

@@ -1,6 +1,6 @@
 """embed.html: one scene of the playground, sized for an iframe, in its own engine namespace.
 
-The page's inline script picked the namespace (`embed-<scene>-<id>`) before boot.js ran, so this frame's
+embed-ns.js (a plain script before boot.js) picked the namespace (`embed-<scene>-<id>`) before boot.js ran, so this frame's
 IndexedDB, Web Lock and view channel are its own: it never mixes with the playground (namespace "") or with
 another embed. Everything drawn or called is the playground's own code (door, actions, track, panels,
 compare); this module only starts the engine, reads the picture of the scene's one monitor, and dispatches
@@ -25,7 +25,7 @@ from ui import ACTIONS, el, esc
 
 MP = js.MP
 doc = js.document
-ID_RE = re.compile(r"^[a-z0-9-]{1,40}$")  # the `id` parameter (and a scene's name); the inline script agrees
+ID_RE = re.compile(r"^[a-z0-9-]{1,40}$")  # the `id` parameter (and a scene's name); embed-ns.js agrees
 HERE: list[scenes.Scene] = []  # the scene on this page, once it is known to be one
 
 
@@ -167,7 +167,7 @@ async def main() -> None:
     if str(MP.ns or "") != namespace(scene.name, ident):
         # Never guess a namespace: a wrong one could mix this frame with the playground or another embed.
         show_list(f"This page's storage namespace is {MP.ns!r}, not {namespace(scene.name, ident)!r}: "
-                  "load embed.html as built, with its inline script before boot.js.")  # fmt: skip
+                  "load embed.html as built, with embed-ns.js before boot.js.")  # fmt: skip
         return
     HERE.append(scene)
     draw(scene)

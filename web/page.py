@@ -116,6 +116,9 @@ def run_action(
     """Run a clicked action: a non-exclusive one at once; an engine one under BUSY, its button disabled now
     (synchronously: a double click cannot start it twice), the picture read again after it, and the
     keyboard focus given back (disabling drops it). `done(result)` sees what the action returned."""
+    if act.local_only and ENGINE.remote is not None:
+        ui.note(act.answer or answer or "", "Not while connected to a server. " + ui.LOCAL_ONLY, ok=False)
+        return
     if not act.exclusive:
         ui.run_task(act.run(target))
         return

@@ -50,7 +50,7 @@ def render_picker() -> None:
         sel = " selected" if mon["id"] == m.S.monitor else ""
         paused = "" if mon["active"] else " · paused or retired"
         opts.append(
-            f"<option value='{esc(mon['id'])}'{sel}>{esc(mon['id'])} · {mon['head']} rows{paused}{mine}</option>"
+            f"<option value='{esc(mon['id'])}'{sel}>{esc(mon['id'])} · {esc(mon['head'])} rows{paused}{mine}</option>"
         )
     if m.S.monitor is None:
         opts.insert(0, "<option value='' selected>pick a monitor</option>")

@@ -267,7 +267,7 @@ AGENT_CALLS = {
 REFUSED_ON_PURPOSE = {AGENT_CALLS["agent-src"], "worker-b claims build-412", "a probe publishes"}
 
 
-@action("story-do", answer="story-answer")
+@action("story-do", answer="story-answer", local_only=True)
 async def story_do(_el) -> None:
     i = m.S.step
     pairs, say = await do(STEPS[i])

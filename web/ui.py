@@ -22,16 +22,22 @@ class Action:
     run: Callable[[Any], Awaitable[Any]]
     answer: str | None  # the panel's answer line ("<panel>-answer"), cleared when the action starts
     exclusive: bool  # waits for the engine lock (BUSY): anything that calls the engine
+    local_only: bool = False  # acts on this page's own engine only: refused while it is a server's console
 
 
 ACTIONS: dict[str, Action] = {}
+# Why a local_only action is refused while the page is a console for a server (page.run_action says it).
+LOCAL_ONLY = (
+    "While the page is a console for a server, the Story and the race are paused: they teach on this "
+    "page's own engine, and would write their teaching monitors into the server. Disconnect to go on."
+)
 
 
-def action(name: str, answer: str | None = None, exclusive: bool = True):
+def action(name: str, answer: str | None = None, exclusive: bool = True, local_only: bool = False):
     """Register `fn(el)` as the handler of buttons with data-act=`name`."""
 
     def register(fn: Callable[[Any], Awaitable[Any]]):
-        ACTIONS[name] = Action(fn, answer, exclusive)
+        ACTIONS[name] = Action(fn, answer, exclusive, local_only)
         return fn
 
     return register
