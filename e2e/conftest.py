@@ -158,6 +158,15 @@ def phone_browser(playwright_driver, site_url, request):
     yield from _browser(playwright_driver, site_url, request, PHONE)
 
 
+@pytest.fixture(params=["desktop", "phone"])
+def any_browser(playwright_driver, site_url, request):
+    """A Browser at the desktop size (1280x800), and in a second run of the test at the phone size (PHONE,
+    390x844): a test that must hold at both sizes takes this one."""
+    yield from _browser(
+        playwright_driver, site_url, request, DESKTOP if request.param == "desktop" else PHONE
+    )
+
+
 @pytest.fixture
 def phone_page(phone_browser):
     """A blank page of `phone_browser` (its `site_url` is `phone_browser.site_url`)."""
