@@ -769,3 +769,24 @@ def test_an_attested_import_may_copy_attested_rows():
     refused = importing.check_log(text, attested=False).refused
     assert refused and "claims attested: true" in refused[0]["reason"]
     assert importing.check_log(text, attested=True).refused == []
+
+
+def test_a_log_checked_in_chunks_is_written_as_it_was_checked(original):
+    """The playground checks a file with LogCheck (a chunk at a time) and hands the result to the import,
+    which writes it without walking it again: the same copy as from the text. A result judged at a later
+    clock than the import's, or for an import attested otherwise, is checked again, never trusted."""
+    h, text = original
+    step = importing.LogCheck(now=h.clock())
+    step.feed(importing.split_lines(text))
+    out = h.service.import_log("from-chunks", step.result())
+    assert out["imported"] == len(lines_of(text))
+    again = [json.loads(x) for x in lines_of(export(h, "from-chunks"))]
+    assert again == [copied(json.loads(x), "from-chunks") for x in lines_of(text)]
+    rows = [json.loads(x) for x in lines_of(text)]
+    i = _published(rows)
+    rows[i]["time"] = importing.timefmt.iso(h.clock() + 5000)  # ahead of the import's clock
+    later = importing.check_log([json.dumps(r) for r in rows], now=h.clock() + 10_000)
+    assert later.ok  # at that clock the row was fine
+    err = refusal(h, "from-later", later)
+    assert [x["line"] for x in err.extras["refused"]] == [i + 1]
+    assert "ahead of the server's clock" in err.extras["refused"][0]["reason"]
