@@ -2,10 +2,11 @@
 
 - Export: the monitor on screen as CloudEvents JSON Lines (EngineHost.export_log), downloaded as
   `<monitor>-<UTC time>.jsonl` through a Blob and an <a download>.
-- Import: a .jsonl file (or text pasted, for phones) checked line by line twice: with jsonschema against the
-  project's schemas in the page, and by the engine's own rules (importing.check_log); any refused line is
-  listed (line number, reason) and nothing is imported. Else it becomes a NEW monitor (default id
-  `<id>-import`), its owner token shown once, and it is put on screen.
+- Import: a .jsonl file (or text pasted, for phones) checked line by line by the engine's own rules
+  (importing.LogCheck, a slice at a time: a progress bar, the page free to paint and to take Cancel between
+  slices); a line the schema refuses is worded by jsonschema against the project's schema. Any refused line
+  is listed (line number, reason) and nothing is imported. Else what was checked is written, in one
+  transaction, as a NEW monitor (default id `<id>-import`), its owner token shown once, and put on screen.
 - Share link: the Playground's buttons are recorded, per monitor, as a small scenario (the steps and the
   form values they sent, a publish's data included; never a token, never the log itself). "Copy share link" puts
   `<page>#scenario=<base64url of compact JSON>` on the clipboard. Opening such a link says what it will do
@@ -16,10 +17,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import re
+import time
 from typing import Any
 
 import actions
@@ -27,7 +30,9 @@ import js
 import model as m
 import ui
 from door import ENGINE
+from monitor_protocol import importing
 from monitor_protocol.browser.host import Reply
+from monitor_protocol.errors import ProtocolError
 from pyodide.ffi import to_js
 from ui import action, el, esc, note
 
@@ -471,6 +476,10 @@ async def export_btn(_el) -> Reply:
 
 
 # ---------------------------------------------------------------------------------------- import
+# An import of up to 8 MiB is checked a slice at a time (importing.LogCheck): each slice for about this
+# long, then the page paints the progress and takes clicks (Cancel) before the next one.
+SLICE_SECONDS = 0.05
+IMPORT: dict[str, Any] = {"cancel": False}
 SCHEMA: dict[str, Any] = {"validator": None}
 
 
@@ -491,24 +500,20 @@ async def _validator():
     return SCHEMA["validator"]
 
 
-def schema_refusals(text: str, validator) -> dict[int, str]:
-    """Line -> why jsonschema refuses it (a line that is not JSON is the engine check's to name)."""
-    out: dict[int, str] = {}
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except (ValueError, RecursionError):  # the engine's check names these lines
-            continue
-        if not isinstance(value, dict):
-            continue
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
-        if errors:
-            e = errors[0]
-            path = "/".join(str(p) for p in e.absolute_path) or "<root>"
-            out[n] = f"jsonschema (schemas/observation.json): {path}: {e.message[:200]}"
-    return out
+def schema_refusal(line: str, validator) -> str | None:
+    """Why jsonschema refuses one line (a line that is not a JSON object is the engine check's to name)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        return None
+    e = errors[0]
+    path = "/".join(str(p) for p in e.absolute_path) or "<root>"
+    return f"jsonschema (schemas/observation.json): {path}: {e.message[:200]}"
 
 
 async def _file_chosen() -> None:
@@ -546,6 +551,41 @@ def _show_refused(where: str, refused: list[dict[str, Any]], total: int) -> None
     box.setAttribute("data-refused", ",".join(str(int(x["line"])) for x in refused))
 
 
+def _progress(done: int, total: int, text: str) -> None:
+    """The import's progress line (shown while it runs, with Cancel), or hidden when `total` is 0."""
+    box = el("share-progress")
+    if not total:
+        box.setAttribute("hidden", "")
+        return
+    box.removeAttribute("hidden")
+    bar = el("share-progress-bar")
+    bar.max = total
+    bar.value = done
+    el("share-progress-text").textContent = text
+
+
+async def _check_in_slices(items: list[tuple[int, str]]) -> importing.Checked | None:
+    """The engine's rules over every line, a slice at a time, the progress shown and the page free between
+    slices; None when Cancel was pressed (nothing was written)."""
+    check = importing.LogCheck()
+    total, i, step = len(items), 0, 100
+    while i < total:
+        began = time.monotonic()
+        while i < total and time.monotonic() - began < SLICE_SECONDS:
+            check.feed(items[i : i + step])
+            i += step
+        _progress(min(i, total), total, f"Checking line {min(i, total)} of {total}…")
+        await asyncio.sleep(0)  # the page paints and takes clicks here
+        if IMPORT["cancel"]:
+            return None
+    return check.result()
+
+
+@action("share-import-cancel", answer=None, exclusive=False)
+async def import_cancel(_el) -> None:
+    IMPORT["cancel"] = True
+
+
 @action("share-import", answer="share-answer")
 async def import_btn(_el) -> Reply:
     if (why := not_here("Import")) is not None:
@@ -556,26 +596,38 @@ async def import_btn(_el) -> Reply:
         note("share-answer", "Choose a .jsonl file (or paste its lines) first.", ok=False)
         return Reply(400, {})
     where, text = got
-    pre = ENGINE.host.check_log(text)  # the engine's rules (and the size bound) before anything else
-    if pre.status != 200:
-        ui.show_one("share-answer", f"check {where}", pre)
-        return pre
-    refused = {int(x["line"]): x["reason"] for x in pre.body["refused"]}
-    validator = await _validator()
-    if validator is not None:
-        for line, why in schema_refusals(text, validator).items():
-            engine = refused.get(line, "")
-            # the engine's own schema check says the same thing: jsonschema's words stand alone
-            refused[line] = (
-                why if not engine or engine.startswith("Not a valid observation") else f"{why}; {engine}"
-            )
-    if refused:
-        listed = [{"line": k, "reason": refused[k]} for k in sorted(refused)]
-        total = max(len(listed), int(pre.body["refused_count"]))
-        _show_refused(where, listed[:100], total)
-        return Reply(400, {"code": "INVALID", "refused": listed})
-    new_id = el("share-new-id").value.strip() or actions.free_id(f"{pre.body['from_monitor']}-import")
-    r = await ENGINE.host.import_log(new_id, text)
+    try:
+        items = importing.split_lines(text)  # the size bounds first: TOO_LARGE before any line is read
+    except ProtocolError as err:
+        r = Reply(err.status, err.body())
+        ui.show_one("share-answer", f"check {where}", r)
+        return r
+    IMPORT["cancel"] = False
+    try:
+        checked = await _check_in_slices(items)
+        if checked is None:
+            note("share-answer", f"Import of {where} cancelled: nothing was imported.", ok=False)
+            el("share-answer").setAttribute("data-cancelled", "1")
+            return Reply(409, {"code": "UNAVAILABLE", "error": "cancelled"})
+        if checked.refused:
+            lines = dict(items)
+            validator = await _validator() if any(
+                x["reason"].startswith("Not a valid observation") for x in checked.refused[:100]
+            ) else None  # fmt: skip
+            listed = []
+            for x in checked.refused[: importing.MAX_REFUSED_LISTED]:
+                said = schema_refusal(lines.get(x["line"], ""), validator) if validator else None
+                # the engine's own schema check says the same thing: jsonschema's words stand alone
+                listed.append({"line": x["line"], "reason": said if said and x["reason"].startswith(
+                    "Not a valid observation") else x["reason"]})  # fmt: skip
+            _show_refused(where, listed, len(checked.refused))
+            return Reply(400, {"code": "INVALID", "refused": listed})
+        _progress(len(items), len(items), f"Writing {len(checked.rows)} observations in one transaction…")
+        await asyncio.sleep(0)  # paint that before the write, which is one call
+        new_id = el("share-new-id").value.strip() or actions.free_id(f"{checked.source_id}-import")
+        r = await ENGINE.host.import_log(new_id, checked)
+    finally:
+        _progress(0, 0, "")
     ENGINE.changed()
     if r.status == 201:
         m.S.owners[new_id] = r.body["owner_token"]
