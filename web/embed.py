@@ -14,6 +14,7 @@ import re
 import actions as a
 import compare
 import js
+import model as m
 import page
 import panels
 import scenes
@@ -95,6 +96,12 @@ async def reset(_el) -> None:
     )
 
 
+@ui.action("embed-start-over", exclusive=False)
+async def start_over(_el) -> None:
+    """The scene as new: this frame's own saved log goes (nothing else is touched), without a question."""
+    await page.reset("frame (the first one opened)", None, stop=lambda: setattr(compare.RACE, "on", False))
+
+
 def on_click(evt) -> None:
     target = page.clicked(evt)
     act = ACTIONS.get(target.getAttribute("data-act")) if target is not None else None
@@ -112,9 +119,12 @@ async def took_over() -> None:
 
 
 async def setup(scene: scenes.Scene) -> None:
-    """The scene's monitor (and reader or workers), made once per namespace; an answer only if it failed."""
+    """The scene's monitor (and reader or workers), made once per namespace; an answer only if it failed.
+    A scene found as a previous visit left it says so, and offers to start over."""
     a.select(scenes.monitor_of(scene))
     await refresh()
+    continued = m.PIC.exists(scenes.monitor_of(scene))
+    el("scene-continued").hidden = not continued
     pairs = await scene.setup()
     a.select(scenes.monitor_of(scene))
     if any(not r.ok for _, r in pairs):

@@ -160,12 +160,13 @@ async def ticker(name: str) -> None:
             js.console.error(f"{name} timer: {exc!r}")
 
 
-async def reset(where: str, question: str, stop: Callable[[], None]) -> None:
-    """Delete this namespace's saved log and tokens (after asking), then start again from a reload."""
+async def reset(where: str, question: str | None, stop: Callable[[], None]) -> None:
+    """Delete this namespace's saved log and tokens (after asking `question`, unless None), then start
+    again from a reload."""
     if ENGINE.mode != "owner":
         js.alert(f"Reset from the {where} that owns the engine.")
         return
-    if not js.confirm(question):
+    if question is not None and not js.confirm(question):
         return
     stop()
     if ENGINE.ui_idb:

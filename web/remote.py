@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import actions
 import compare
 import js
 import model as m
@@ -207,7 +208,7 @@ def render_status() -> None:
     blind = "".join(f"<li>{esc(b)}</li>" for b in door.blind)
     leases = "".join(
         f"<li><code>{esc(x['lease']['subject'])}</code> {esc(x['state'])}"
-        + (f" by {esc(holder_name(x['lease']['holder']))}" if x["lease"].get("holder") else "")
+        + (f" by {esc(actions.holder_name(x['lease']['holder']))}" if x["lease"].get("holder") else "")
         + (
             f", {max(0, int(x['expires_in_s']))} s left when read"
             if x.get("expires_in_s") is not None
@@ -225,14 +226,6 @@ def render_status() -> None:
             else ""
         ),
     )
-
-
-def holder_name(holder: str) -> str:
-    """A lease holder (`sub:<id>`) as the reader's name and its id, when the picture names that reader."""
-    sid = holder.removeprefix("sub:")
-    view = m.PIC.subscription(sid)
-    name = view["subscription"]["subscriber"] if view else None
-    return f"{name} ({holder})" if name else holder
 
 
 def chip(chip_el, label) -> bool:

@@ -23,6 +23,7 @@ import binascii
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import actions
@@ -127,6 +128,12 @@ def _step_problem(step: Any) -> str | None:
         if "data" in body and len(json.dumps(body["data"])) > 1024:
             return "pub's data is over 1 KiB"
         return None
+    if kind == "sub" and len(args) == 2:  # a reader with a filter: only the monitor's types
+        flt = args[1]
+        if (not isinstance(flt, dict) or set(flt) != {"types"} or not isinstance(flt["types"], list)
+                or len(flt["types"]) > 16 or not all(_text(t) for t in flt["types"])):  # fmt: skip
+            return 'sub\'s filter is {"types": [a short list of type names]}'
+        args = args[:1]
     if kind == "sub" or kind in READER_STEPS:
         if len(args) != 1 or not isinstance(args[0], str) or not READER_NAME.match(args[0]):
             return f"{kind} takes one reader name such as reader-a"
@@ -229,19 +236,22 @@ def capture(name: str, target) -> dict[str, Any] | None:
                 body[key] = v
         step = ["mon", body]
     elif name == "publish":
-        step = ["pub", actions.read_publish_form()]
+        try:
+            step = ["pub", actions.read_publish_form()]
+        except actions.FormProblem:
+            step = None  # nothing is sent: nothing to record (the action says why)
     elif name in LIFECYCLE:
-        step = [name, el("life-reason").value or name]
+        step = [name, actions.life_reason(name)]
     elif name == "add-reader":
-        step = ["sub", None]  # the name is the one the action picks: read after it ran
+        step = ["sub", None, actions.reader_filter()]  # the name the action picks: read after it ran
     elif name.startswith("r-") and name[2:] in READER_STEPS:
         reader = _reader_name(target)
         step = [name[2:], reader] if reader else None
     elif name.startswith("w-") and name[2:] in LEASE_ACTS:
-        subject = el("lease-subject").value.strip() or "build-412"
+        subject = actions.lease_subject()
         step = ["lease", str(target.getAttribute("data-worker")), name[2:], subject, actions.lease_seconds()]
     elif name == "lease-deadletter":
-        step = ["deadletter", el("lease-subject").value.strip() or "build-412", actions.lease_seconds()]
+        step = ["deadletter", actions.lease_subject(), actions.lease_seconds()]
     if step is None:
         return None
     return {"step": step, "monitor": m.S.monitor, "readers": set(m.S.readers)}
@@ -268,7 +278,7 @@ def record(captured: dict[str, Any] | None, result: Any) -> None:
             new = [m.S.readers[k] for k in set(m.S.readers) - captured["readers"]]
             if not new:
                 return
-            step = ["sub", new[0].name]
+            step = ["sub", new[0].name] + ([step[2]] if step[2] else [])
         if _step_problem(step) is None:
             RECORDED[mon].append(step)
     _keep()
@@ -305,7 +315,7 @@ async def replay(steps: list[list[Any]]) -> list[tuple[str, Reply]]:
         if kind == "pub":
             r = await actions.publish(step[1])
         elif kind == "sub":
-            r = await actions.add_reader(step[1])
+            r = await actions.add_reader(step[1], step[2] if len(step) > 2 else None)
         elif kind in READER_STEPS:
             rd = m.S.reader_named(step[1], mon)
             if rd is None:
@@ -325,12 +335,9 @@ async def replay(steps: list[list[Any]]) -> list[tuple[str, Reply]]:
         elif kind == "lease":
             r = await actions.lease(step[1], step[2], step[3], step[4])
         elif kind == "deadletter":
-            el("lease-subject").value = step[1]
-            el("lease-seconds").value = str(step[2])
-            r = await actions.dead_letter(None)
+            r = await actions.dead_letter(step[1], step[2])
         else:
-            el("life-reason").value = step[1]
-            r = await actions.configure(kind)
+            r = await actions.configure(kind, step[1])
         done.append((" ".join(str(x) for x in step if not isinstance(x, dict)), r))
     RECORDED[mon] = [["mon", body] if first[0] == "mon" else first, *steps[1:]]
     _keep()
@@ -394,16 +401,25 @@ def opened_fragment() -> str | None:
     return frag[len(FRAGMENT_KEY) + 1 :]
 
 
-def setup() -> bool:
+def setup(opened: Callable[[], None]) -> bool:
     """At start: the recorded scenarios of this tab, and a `#scenario=` link opened. True when one was
-    (the page then shows the Playground, where its Replay button is)."""
+    (the page then shows the Playground, where its Replay button is). A link pasted into this tab later
+    (the fragment changes, the page does not reload) is opened the same way, and `opened()` shows it."""
     _load()
     el("share-file").addEventListener("change", _proxy(lambda e: ui.run_task(_file_chosen())))
-    fragment = opened_fragment()
+    js.window.addEventListener("hashchange", _proxy(lambda e: opened() if open_fragment() else None))
     render()
+    return open_fragment()
+
+
+def open_fragment() -> bool:
+    """Show the scenario of the page's `#scenario=` fragment (or why it cannot be replayed); False when
+    the fragment is no scenario."""
+    fragment = opened_fragment()
     if fragment is None:
         return False
     box = el("share-open")
+    box.removeAttribute("data-replayed")
     box.removeAttribute("hidden")
     try:
         steps = decode(fragment)

@@ -43,6 +43,13 @@ def action(name: str, answer: str | None = None, exclusive: bool = True, local_o
     return register
 
 
+def js_options(**options: Any):
+    """A plain JavaScript object of options (scrollIntoView's, ...)."""
+    from pyodide.ffi import to_js
+
+    return to_js(options, dict_converter=js.Object.fromEntries)
+
+
 def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
@@ -88,7 +95,7 @@ def refocus(key, within=None) -> None:
         selector = "".join(f'[{k}="{js.CSS.escape(v)}"]' for k, v in attrs)
         again = (within or doc).querySelector(selector)
     if again and not again.disabled:
-        again.focus()
+        again.focus(js_options(preventScroll=True))  # the focus comes back; the view stays where it was put
 
 
 # ---------------------------------------------------------------------------------------- answers
