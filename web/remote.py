@@ -364,8 +364,8 @@ async def key_drop(target) -> None:
     await ui.refresh()
 
 
-@action("server-remember", answer="server-answer", exclusive=False)
-async def remember_box(_el) -> None:
+async def remember_box() -> None:
+    """The "remember" box changed (a change listener: a checkbox is no button)."""
     await remember()
     el("server-remembered").textContent = (
         f"Kept in this browser (localStorage key {REMEMBER_KEY}, sealed with a key this browser will not "
@@ -380,6 +380,9 @@ async def setup() -> None:
     el("server-origin").textContent = start_line()
     el("server-base").value = el("server-base").value or DEFAULT_BASE
     await restore()
+    from pyodide.ffi import create_proxy
+
+    el("server-remember").addEventListener("change", create_proxy(lambda _e: ui.run_task(remember_box())))
     js.MP.remoteWakes = 0
     render_keys()
     render_status()

@@ -242,9 +242,17 @@ async def do(step: Step) -> tuple[list, str]:
         if not rd.held:
             pairs.append(("reader-a pulls", await a.pull(rd, answer="readers-answer")))
         pairs.append(("reader-a processes", a.process(rd, answer="readers-answer")))
-        pairs.append(("reader-a acks", await a.ack(rd, answer="readers-answer")))
-        pairs.append(("reader-a pulls again", await a.pull(rd, answer="readers-answer")))
+        acked = await a.ack(rd, answer="readers-answer")
+        pairs.append(("reader-a acks", acked))
+        again = await a.pull(rd, answer="readers-answer")
+        pairs.append(("reader-a pulls again", again))
         say = "Acknowledged: the marker moved past the builds, and the next pull is empty."
+        if acked.ok and again.ok:
+            cursor, nxt, head = acked.body["cursor"], again.body["next"], again.body["head"]
+            say = (f"Acknowledged: reader-a's cursor is {cursor}, the next seq it will be given, past the "
+                   f"builds. The next pull is empty: its next is {nxt}"
+                   + (f" = head {head} + 1, past everything there is (rows its filter skips included)."
+                      if nxt == head + 1 else "."))  # fmt: skip
     elif step.action in ("agent-src", "agent-owner"):
         _what, body = a.PRESETS[step.action]
         a.fill_publish_form(body)
