@@ -81,7 +81,8 @@ def test_an_edited_export_that_launders_claims_is_refused_line_by_line(any_brows
     big["id"], big["sequence"] = str(len(rows) + 1), f"{len(rows) + 1:020d}"
     big["data"]["blob"] = "z" * (2 << 20)  # a 2 MiB payload, more than any publish may send
     file = tmp_path / "ci-edited.jsonl"
-    file.write_text(importing.to_jsonl([*edited, big]))
+    deep = "[" * 100_000 + "]" * 100_000  # nested past any parser: in Pyodide it would take the page down
+    file.write_text(importing.to_jsonl([*edited, big]) + deep + "\n")
 
     page.set_input_files("#share-file", str(file))
     finished(page, start(page, "#btn-share-import"))
@@ -96,6 +97,7 @@ def test_an_edited_export_that_launders_claims_is_refused_line_by_line(any_brows
         rejected + 1: "before 1970",
         lease_done + 1: "claims on_behalf_of",
         len(rows) + 1: "at most 1048576 bytes",
+        len(rows) + 2: "nests deeper than 32 levels",
     }
     assert set(refused) == set(expect), refused
     for line, why in expect.items():

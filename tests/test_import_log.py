@@ -790,3 +790,18 @@ def test_a_log_checked_in_chunks_is_written_as_it_was_checked(original):
     err = refusal(h, "from-later", later)
     assert [x["line"] for x in err.extras["refused"]] == [i + 1]
     assert "ahead of the server's clock" in err.extras["refused"][0]["reason"]
+
+
+def test_nesting_is_judged_before_parsing():
+    """nests_too_deep (what the import and the page's Server console check before parsing: on Pyodide the
+    parser's recursion overflows the WebAssembly stack first) agrees with the 32-level rule."""
+    deep = importing.nests_too_deep
+    assert not deep(b"[" * 32 + b"]" * 32)  # the limit itself is fine
+    assert deep(b"[" * 33 + b"]" * 33)
+    assert deep(b"[" * 100_000 + b"]" * 100_000)
+    assert deep(b"{" * 40)  # brackets that never close
+    assert not deep(b'{"a": "' + b"[" * 100 + b'"}')  # brackets inside a string are text
+    assert not deep(b'{"a": "\\"' + b"[" * 100 + b'"}')  # an escaped quote does not end the string
+    assert not deep(json.dumps({"rows": [{"x": [1, {"y": [2]}]} for _ in range(500)]}).encode())
+    refused = importing.check_log("[" * 100_000 + "]" * 100_000).refused
+    assert refused[0]["line"] == 1 and "nests deeper than 32 levels" in refused[0]["reason"]

@@ -24,6 +24,7 @@ from typing import Any
 
 from monitor_protocol import wire
 from monitor_protocol.errors import ProtocolError
+from monitor_protocol.importing import nests_too_deep
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # the largest reply the console reads (a log page of 200 big rows)
 TOKEN = re.compile(r"^[\x21-\x7e]{1,512}$")  # what the page will put in an Authorization header
@@ -52,26 +53,6 @@ async def ready() -> str | None:
     return None
 
 
-STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-NOT_BRACKET = re.compile(rb"[^\[\]{}]")
-INNERMOST = re.compile(rb"\[\]|\{\}")
-
-
-def too_deep(raw: bytes, levels: int = wire.MAX_JSON_DEPTH) -> bool:
-    """Whether a JSON text nests deeper than `levels` (or its brackets do not match). Checked before
-    parsing: in Pyodide a parser's recursion overflows the WebAssembly stack long before Python's
-    recursion limit says so, and takes the page's event loop down with it. Regular expressions only, no
-    recursion: strings out, brackets kept, the innermost pairs removed `levels` times."""
-    if raw.count(b"[") + raw.count(b"{") <= levels:
-        return False
-    brackets = NOT_BRACKET.sub(b"", STRING.sub(b"", raw))
-    for _ in range(levels):
-        brackets = INNERMOST.sub(b"", brackets)
-        if not brackets:
-            return False
-    return True
-
-
 def decode(raw: bytes, where: str) -> Any:
     """The reply's JSON, parsed strictly, or BadReply."""
     if len(raw) > MAX_REPLY_BYTES:
@@ -80,7 +61,7 @@ def decode(raw: bytes, where: str) -> Any:
         )
     if not raw:
         return None
-    if too_deep(raw):
+    if nests_too_deep(raw):  # before parsing: in Pyodide a parser's recursion takes the page down
         raise BadReply(
             f"{where}: the reply nests deeper than {wire.MAX_JSON_DEPTH} levels (or its brackets do not "
             "match): not JSON the protocol allows"

@@ -85,6 +85,7 @@ from .tx import Tx
 from .validation import check_name, invalid
 from .vocab import (
     MAX_FUTURE_SECONDS,
+    MAX_JSON_DEPTH,
     MONITOR_ID_PATTERN,
     PROTOCOL_PREFIX,
     PROTOCOL_TYPES,
@@ -193,6 +194,28 @@ def schema_error(schema: dict[str, Any], value: Any, path: str = "") -> str | No
             if found:
                 return found
     return None
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a JSON text nests deeper than `levels` (or its brackets do not match), found without parsing
+    it: on Pyodide a parser's recursion overflows the WebAssembly stack long before Python's recursion
+    limit says so, and takes the page's event loop down with it (the page's import, and its console for a
+    remote server, check with this first). Regular expressions only: strings out, brackets kept, the
+    innermost pairs removed `levels` times. It belongs beside wire.loads; it is here while that module is
+    the lead's to move."""
+    if raw.count(b"[") + raw.count(b"{") <= levels:
+        return False
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
+    for _ in range(levels):
+        brackets = _INNERMOST.sub(b"", brackets)
+        if not brackets:
+            return False
+    return True
 
 
 def _json_detail(text: str, err: ProtocolError) -> str:
@@ -396,10 +419,16 @@ class _Walk:
     @staticmethod
     def _parse(item: Any) -> dict[str, Any]:
         if isinstance(item, str):
+            raw = item.encode("utf-8", "surrogatepass")
+            if nests_too_deep(raw):
+                raise _Refuse(
+                    f"Not JSON: the line nests deeper than {MAX_JSON_DEPTH} levels (or its brackets do not "
+                    "match); each line must be one CloudEvent as a JSON object."
+                )
             try:
                 # As bytes: the strict parser then walks the value again only when the text may hold what
                 # json.loads lets through (a lone surrogate, deep nesting), as it does for a request body.
-                value = wire.loads(item.encode("utf-8", "surrogatepass"))
+                value = wire.loads(raw)
             except ProtocolError as err:
                 raise _Refuse(f"Not JSON: {_json_detail(item, err)}") from None
         else:
