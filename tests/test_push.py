@@ -485,6 +485,12 @@ REFUSED = [
     ("http://[2002:7f00:1::1]/hook", "loopback"),  # 6to4 around 127.0.0.1
     ("http://[::127.0.0.1]/hook", "loopback"),  # IPv4-compatible
     ("http://１２７.０.０.１/hook", "loopback"),  # fullwidth digits normalise to 127.0.0.1
+    ("http://127。0。0。1:9999/hook", "loopback"),  # ideographic full stops are dots to IDNA (UTS #46)
+    ("http://127．0．0．1/hook", "loopback"),  # fullwidth full stops
+    ("http://127｡0｡0｡1/hook", "loopback"),  # halfwidth ideographic full stops
+    ("http://10。0。0。1/hook", "private"),
+    ("http://localhost。/hook", "loopback name"),
+    ("http://metadata。google。internal/x", "private-use"),
     ("http://10.0.0.1/hook", "private"),
     ("http://172.16.0.1/hook", "private"),
     ("http://192.168.1.1/hook", "private"),
@@ -835,3 +841,25 @@ async def test_push_starts_a_new_batch_when_the_cursor_moved_past_the_failed_one
         assert await pusher.deliver_once(sub_id) == "idle"
     finally:
         await client.aclose()
+
+
+def test_subscribe_refuses_a_sink_spelled_with_ideographic_full_stops() -> None:
+    """docs/security.md: an internal sink is refused at subscribe (400 INVALID), not only skipped at
+    delivery. 127。0。0。1 is 127.0.0.1 to every resolver (IDNA maps U+3002 to "."), so it is refused there."""
+    from enginekit import Harness
+    from monitor_protocol.store.memory import MemoryStore
+
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci")
+    for sink in ("http://127。0。0。1:9999/", "http://127．0．0．1:9999/", "http://localhost｡:9999/"):
+        body = {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": sink}
+        r = h.call("POST", "/subscriptions", body, tok)
+        assert r.status == 400 and r.body["code"] == "INVALID", (sink, r.body)
+        assert "--allow-sink" in r.body["error"] and "loopback" in r.body["error"], r.body
+    public = {
+        "monitor": "ci",
+        "subscriber": "agent:x",
+        "protocol": "http",
+        "sink": "https://example。com/hook",
+    }
+    assert h.call("POST", "/subscriptions", public, tok).status == 201  # positive control: a public name
