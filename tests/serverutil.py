@@ -101,5 +101,14 @@ def running_server(tmp_path: Path, *extra_args: str) -> Iterator[tuple[str, subp
         stop_server(proc)
 
 
+def long_polls_parked(base: str) -> int:
+    """How many long polls the server at `base` holds parked right now (its /metrics gauge; loopback needs no
+    token): a test waits for it instead of sleeping while a poll "surely" parks."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    found = re.search(r"^mp_long_polls_parked (\S+)$", text, re.M)
+    assert found, text
+    return int(float(found.group(1)))
+
+
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
