@@ -186,9 +186,8 @@ def test_a_server_that_stops_leading_stops_pushing_before_its_next_rescan():
 
     async def scenario(pusher) -> None:
         await eventually_async(lambda: service.pulls >= 1, what="the backlog pull at start")
-        await asyncio.sleep(
-            0
-        )  # one turn: the worker goes idle, waiting for a wake (no assertion depends on it)
+        # One loop turn: the worker goes idle, waiting for a wake (no assertion depends on it).
+        await asyncio.sleep(0)
         stopped = service.pulls
         service.leading = False  # the leader lock moved to another server
         pusher.wakes["sub-1"].set()  # an append arrives for it before this server's next rescan
