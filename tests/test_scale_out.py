@@ -462,9 +462,8 @@ def test_two_servers_racing_a_lease_claim_have_exactly_one_winner(tmp_path, pg_u
 
 
 # ========================================================================= 3. wake-ups across the servers
-WAKE_WAIT = (
-    30  # a long poll's wait: only a publish can answer it sooner (the stores have no periodic re-check)
-)
+# A long poll's wait: only an append can answer it sooner (nothing re-checks a parked poll periodically).
+WAKE_WAIT = 30
 
 
 def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(tmp_path, pg_url):
