@@ -736,7 +736,7 @@ def test_keyboard_reaches_every_control_with_a_visible_focus(browser):
     assert "201 OK" in page.inner_text("#story-answer")
     # colour is never the only signal: words or icons beside it
     assert page.inner_text("#story-lesson").startswith("✓ Done.")
-    assert "⚙ configured" in log_cards(page)[0]["text"]
+    assert "⚙ protocol" in log_cards(page)[0]["text"]  # the protocol's own row says so in words
     assert chip(page) == "ready · saved in IndexedDB"
 
     # the tabs are one stop (the ARIA tabs pattern): arrow keys move between them

@@ -272,7 +272,7 @@ class Cluster:
         """``stop_server(mode)``, ``down_seconds`` of absence, ``start_server()``."""
         self.stop_server(mode)
         if down_seconds > 0:
-            time.sleep(down_seconds)
+            time.sleep(down_seconds)  # the point: the database is away this long
         self.start_server()
 
     # -- the state file of the CLI

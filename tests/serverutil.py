@@ -15,11 +15,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 START_DEADLINE_SECONDS = 30.0
@@ -59,23 +59,26 @@ def start_server(tmp_path: Path, *extra_args: str, port: int = 0) -> tuple[str, 
     )
     log.close()
     proc.log_path = str(log_path)  # type: ignore[attr-defined]
-    deadline = time.monotonic() + START_DEADLINE_SECONDS
-    base = None
-    while time.monotonic() < deadline:
+
+    def answering() -> str | None:
         if proc.poll() is not None:
             raise RuntimeError(f"mp serve exited with {proc.returncode}:\n{server_log(proc)}")
-        if base is None:
-            found = URL_LINE.search(server_log(proc))
-            base = found.group(1) if found else None
-        if base is not None:
-            try:
-                if httpx.get(base + "/mp/v0/discover", timeout=2).status_code == 200:
-                    return base, proc
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    stop_server(proc)
-    raise RuntimeError(f"mp serve did not answer within {START_DEADLINE_SECONDS}s:\n{server_log(proc)}")
+        found = URL_LINE.search(server_log(proc))
+        if found is None:
+            return None
+        try:
+            answered = httpx.get(found.group(1) + "/mp/v0/discover", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            answered = False
+        return found.group(1) if answered else None
+
+    try:
+        return eventually(answering, timeout=START_DEADLINE_SECONDS, what="mp serve answering"), proc
+    except AssertionError:
+        stop_server(proc)
+        raise RuntimeError(
+            f"mp serve did not answer within {START_DEADLINE_SECONDS}s:\n{server_log(proc)}"
+        ) from None
 
 
 def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
@@ -96,6 +99,15 @@ def running_server(tmp_path: Path, *extra_args: str) -> Iterator[tuple[str, subp
         yield base, proc
     finally:
         stop_server(proc)
+
+
+def long_polls_parked(base: str) -> int:
+    """How many long polls the server at `base` holds parked right now (its /metrics gauge; loopback needs no
+    token): a test waits for it instead of sleeping while a poll "surely" parks."""
+    text = httpx.get(base + "/metrics", timeout=10).text
+    found = re.search(r"^mp_long_polls_parked (\S+)$", text, re.M)
+    assert found, text
+    return int(float(found.group(1)))
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.engines import EngineThread
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
+from waiting import eventually, eventually_async
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick
@@ -83,6 +84,16 @@ class Conn:
         while not predicate(self):
             self.changed.clear()
             await self.changed.wait()
+
+
+async def parked(app, monitor_id: str, count: int = 1) -> None:
+    """Until `count` readers are parked on the monitor in the app's registry (checked every loop turn)."""
+    await eventually_async(
+        lambda: app.waiters.parked_on(monitor_id) >= count,
+        timeout=HANG_GUARD,
+        interval=0,
+        what=f"{count} reader(s) parked on {monitor_id}",
+    )
 
 
 async def call(
@@ -226,8 +237,9 @@ def test_queued_calls_share_one_group_commit_and_hear_back_after_it():
             callers.append(threading.Thread(target=caller))
         for t in callers:
             t.start()
-        while engine._queue.qsize() < 5:  # the five calls are queued behind the blocked one
-            threading.Event().wait(0.001)
+        eventually(  # the five calls are queued behind the blocked one
+            lambda: engine._queue.qsize() >= 5, timeout=HANG_GUARD, interval=0.001, what="five calls queued"
+        )
         gate.set()
         blocker.join()
         for t in callers:
@@ -267,7 +279,7 @@ async def test_every_engine_call_runs_on_the_engine_thread_never_on_the_loop():
         )  # even an idle engine is not entered here
         blocker = block(engine, gate)  # the engine thread is inside a call: never enter the engine twice
         pending = asyncio.ensure_future(engine.call(lambda: threading.current_thread().name))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the point: for this long, it must not run
         assert not pending.done()  # it waits its turn instead of running beside the busy call
         gate.set()
         assert await pending == "mp-engine"
@@ -294,8 +306,9 @@ def test_a_failed_group_commit_reports_no_success():
         callers = [threading.Thread(target=caller) for _ in range(3)]
         for t in callers:
             t.start()
-        while engine._queue.qsize() < 3:
-            threading.Event().wait(0.001)
+        eventually(
+            lambda: engine._queue.qsize() >= 3, timeout=HANG_GUARD, interval=0.001, what="three calls queued"
+        )
         gate.set()
         blocker.join()
         for t in callers:
@@ -345,8 +358,7 @@ async def test_long_poll_skips_non_matching_appends_and_returns_the_match(served
         headers={"authorization": f"Bearer {reader}"},
     )
     task = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
-    while not served.waiters.parked_on("ci"):  # the pull is parked on its monitor
-        await asyncio.sleep(0)
+    await parked(served, "ci")  # the pull is parked on its monitor
     await publish(served, owner, "ignored", OTHER)
     await publish(served, owner, "wanted", RUN)
     await asyncio.wait_for(task, HANG_GUARD)
@@ -364,8 +376,7 @@ async def test_long_poll_ends_quietly_when_the_client_leaves(served):
         headers={"authorization": f"Bearer {reader}"},
     )
     task = asyncio.ensure_future(served(waiting.scope, waiting.receive, waiting.send))
-    while not served.waiters.parked_on("ci"):
-        await asyncio.sleep(0)
+    await parked(served, "ci")
     waiting.disconnect()
     await asyncio.wait_for(task, HANG_GUARD)
     assert waiting.sent == []  # nobody to answer
@@ -548,8 +559,7 @@ async def test_shutdown_answers_parked_long_polls_and_ends_streams(served):
     stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers=auth)
     follow = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
     await asyncio.wait_for(stream.wait_for(lambda c: "retry: 3000" in c.text), HANG_GUARD)
-    while served.waiters.parked_on("ci") < 2:  # both are parked on the monitor
-        await asyncio.sleep(0)
+    await parked(served, "ci", 2)  # both are parked on the monitor
     served.begin_shutdown()
     await asyncio.wait_for(asyncio.gather(poll, follow), HANG_GUARD)
     assert waiting.status == 200 and waiting.json()["observations"] == []

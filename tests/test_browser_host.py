@@ -7,9 +7,19 @@ import asyncio
 
 import pytest
 from monitor_protocol.doors.browser import EngineHost
+from waiting import eventually_async
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick
+
+HANG_GUARD = 30  # only stops a broken host from hanging the suite; no assertion depends on it
+
+
+async def parked(host: EngineHost) -> None:
+    """Until a long poll is parked on the monitor in the host's registry (checked every loop turn)."""
+    await eventually_async(
+        lambda: host.waiters.parked_on("ci"), timeout=HANG_GUARD, interval=0, what="parked"
+    )
 
 
 async def _feed(host: EngineHost) -> tuple[str, str, str]:
@@ -26,14 +36,14 @@ async def test_long_poll_wakes_on_the_append():
     host = EngineHost()
     owner, sub, reader = await _feed(host)
     waiting = asyncio.ensure_future(
-        host.call("GET", f"/subscriptions/{sub}/pull", token=reader, query={"wait": 5})
+        host.call("GET", f"/subscriptions/{sub}/pull", token=reader, query={"wait": 50})
     )
-    await asyncio.sleep(0.05)
+    await parked(host)
     assert not waiting.done()  # held: nothing to deliver yet
     await host.call(
         "POST", "/monitors/ci/observations", {"type": "com.example.ci.run", "subject": "b1"}, token=owner
     )
-    reply = await asyncio.wait_for(waiting, 5)
+    reply = await asyncio.wait_for(waiting, HANG_GUARD)
     assert reply.status == 200 and [o["subject"] for o in reply.body["observations"]] == ["b1"]
 
 
@@ -60,13 +70,13 @@ async def test_an_ack_and_pull_that_waits_acks_once_and_rechecks_as_a_plain_pull
     _owner, sub, reader = await _feed(host)
     head = (await host.call("GET", f"/subscriptions/{sub}", token=reader)).body["cursor"]
     waiting = asyncio.ensure_future(
-        host.call("POST", f"/subscriptions/{sub}/pull", {"ack": head, "wait": 5}, token=reader)
+        host.call("POST", f"/subscriptions/{sub}/pull", {"ack": head, "wait": 50}, token=reader)
     )
-    await asyncio.sleep(0.05)
+    await parked(host)
     assert not waiting.done()  # parked, with the ack committed
     assert (await host.call("GET", f"/subscriptions/{sub}", token=reader)).body["cursor"] == head
     seek = {"cursor": 1, "reason": "read it all again"}
     assert (await host.call("POST", f"/subscriptions/{sub}/seek", seek, token=reader)).status == 200
-    reply = await asyncio.wait_for(waiting, 5)
+    reply = await asyncio.wait_for(waiting, HANG_GUARD)
     assert reply.status == 200 and reply.body["cursor"] == 1  # re-acked, it would be `head` again
     assert int(reply.body["observations"][0]["sequence"]) == 1

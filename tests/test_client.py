@@ -31,7 +31,8 @@ from monitor_protocol.client import (
     UnknownVocabulary,
 )
 from monitor_protocol.core.vocab import ERROR_STATUS
-from serverutil import mp_command, mp_env, running_server
+from serverutil import long_polls_parked, mp_command, mp_env, running_server
+from waiting import eventually_async
 
 ADMIN = "admin-token-for-tests-0123456789"
 TYPE = "com.example.ci.run"
@@ -198,7 +199,10 @@ async def test_async_client_long_poll_wakes_on_publish(base: str) -> None:
         with anyio.fail_after(60):  # a hang guard only
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiter)
-                await anyio.sleep(0.2)  # lets the poll start; the result does not depend on it
+                await eventually_async(
+                    lambda: long_polls_parked(base) >= 1, interval=0.05, what="the poll parks"
+                )
+                assert got == []  # held: it does not answer before the publish
                 await c.publish("asyncm", TYPE, subject="woke", token=owner)
         assert [o["subject"] for o in got[0].observations] == ["woke"]
         with pytest.raises(MonitorProtocolError) as err:

@@ -16,7 +16,8 @@ import httpx
 import pytest
 from monitor_protocol.client import AsyncClient, Client, CursorBackwards, Unauthorized
 from monitor_protocol.core.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
-from serverutil import running_server
+from serverutil import long_polls_parked, running_server
+from waiting import eventually
 
 TYPE = "com.example.ci.run"
 
@@ -246,25 +247,22 @@ def test_mp_watch_acks_with_its_next_pull(base: str, tmp_path: Path) -> None:
 def test_mp_serve_parks_an_ack_and_pull_and_rechecks_it_as_a_plain_pull(base: str) -> None:
     """Over HTTP, as in the page: the ack runs once; a seek back while the poll is parked wakes it (its
     subscribed{seek} row is an append) and the reply reads from where the seek put the cursor."""
-    import time
-
     with Client(base) as setup:
         owner, sid, reader = feed(setup, "park-ext")
         setup.publish_many("park-ext", items(2, "k"), token=owner)
     with Client(base, token=reader) as c:
         head = c.pull(sid).next
         answer: list[Any] = []
-        waiter = threading.Thread(target=lambda: answer.append(c.pull(sid, ack=head, wait=10)))
+        waiter = threading.Thread(target=lambda: answer.append(c.pull(sid, ack=head, wait=50)))
         waiter.start()
         with Client(base, token=reader) as other:
-            deadline = time.monotonic() + 10
-            while other.get_subscription(sid).cursor != head and time.monotonic() < deadline:
-                time.sleep(0.02)  # the ack is committed before the poll parks
-            assert other.get_subscription(sid).cursor == head
-            time.sleep(0.1)
+            eventually(  # the ack is committed before the poll parks
+                lambda: other.get_subscription(sid).cursor == head, interval=0.02, what="the ack committed"
+            )
+            eventually(lambda: long_polls_parked(base) >= 1, what="the poll parks")
             assert waiter.is_alive()  # parked: nothing matches yet
             other.seek(sid, 1, "read it all again")
-        waiter.join(15)
+        waiter.join(70)
         (reply,) = answer
         assert reply.cursor == 1  # re-acked, it would be `head` again
         assert [o["subject"] for o in reply.observations] == ["k0", "k1"]

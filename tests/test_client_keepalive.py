@@ -8,24 +8,27 @@ import asyncio
 import os
 import socket
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid
 from serverutil import running_server
+from waiting import eventually, eventually_async
 
 TYPE = "com.example.ci.run"
 
 
 class CountingForwarder:
-    """A TCP forwarder in front of the server that counts the connections clients open."""
+    """A TCP forwarder in front of the server that counts the connections clients open, and those that ended
+    (while a client holds its connection idle, only the server can end it: a test waits for that instead of
+    sleeping past the server's keep-alive)."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.accepted = 0
+        self.ended = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -38,17 +41,22 @@ class CountingForwarder:
                 return
             self.accepted += 1
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=_pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=_pipe, args=(upstream, client, self._ended), daemon=True).start()
+
+    def _ended(self) -> None:
+        self.ended += 1
 
     def close(self) -> None:
         self.listener.close()
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, on_eof: Callable[[], None] | None = None) -> None:
     try:
         while data := src.recv(65536):
             dst.sendall(data)
+        if on_eof is not None:
+            on_eof()
     except OSError:
         pass
     finally:
@@ -89,7 +97,9 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(forwarder: Counti
     with Client(f"http://127.0.0.1:{forwarder.port}") as c:
         owner = c.create_monitor("idle", types=[TYPE]).owner_token
         c.publish("idle", TYPE, token=owner)
-        time.sleep(2.0)  # the server's keep-alive (1 s) closes the idle connection
+        eventually(  # the server's keep-alive (1 s) closes the idle connection
+            lambda: forwarder.ended >= 1, what="the server closes the idle connection"
+        )
         published = c.publish("idle", TYPE, token=owner)  # no ConnectionFailed: a fresh connection
         assert published.seq > 0
     assert forwarder.accepted == 2
@@ -104,9 +114,11 @@ def test_a_refused_connection_was_never_sent() -> None:
     assert failed.value.sent is False
 
 
-def _silent_server(reply: bytes | None) -> tuple[int, socket.socket]:
-    """A listener that reads a request, then closes without answering (reply None) or sends `reply`."""
+def _silent_server(reply: bytes | None) -> tuple[int, socket.socket, threading.Event]:
+    """A listener that reads a request, then closes without answering (reply None), or holds the connection
+    without a word until the test sets the returned event (`reply` given: it never answers in time)."""
     listener = socket.create_server(("127.0.0.1", 0))
+    released = threading.Event()
 
     def serve() -> None:
         try:
@@ -114,24 +126,23 @@ def _silent_server(reply: bytes | None) -> tuple[int, socket.socket]:
         except OSError:
             return
         conn.recv(65536)
-        if reply is None:
-            conn.close()
-        else:
-            time.sleep(5)  # never answers in time
-            conn.close()
+        if reply is not None:
+            released.wait(60)  # a hang guard: the test releases it as soon as it is done
+        conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    return listener.getsockname()[1], listener
+    return listener.getsockname()[1], listener, released
 
 
 @pytest.mark.parametrize("reply", [None, b"late"])
 def test_a_request_that_got_no_reply_may_have_been_sent(reply: bytes | None) -> None:
-    port, listener = _silent_server(reply)
+    port, listener, released = _silent_server(reply)
     try:
         with Client(f"http://127.0.0.1:{port}", timeout=0.5) as c, pytest.raises(ConnectionFailed) as failed:
             c.publish("m", TYPE, token="t")
         assert failed.value.sent is True and failed.value.url.endswith("/mp/v0/monitors/m/observations")
     finally:
+        released.set()
         listener.close()
 
 
@@ -190,7 +201,11 @@ def test_the_async_client_reuses_connections_and_replaces_a_closed_one(forwarder
             for i in range(20):
                 await c.publish("areuse", TYPE, subject=f"b{i}", token=owner)
             assert forwarder.accepted == 1
-            await asyncio.sleep(2.0)  # the server's keep-alive (1 s) closes the idle connection
+            await eventually_async(  # the server's keep-alive (1 s) closes the idle connection
+                lambda: forwarder.ended >= 1,
+                interval=0.05,
+                what="the server closes the connection",
+            )
             assert (await c.publish("areuse", TYPE, token=owner)).seq > 0
             assert forwarder.accepted == 2
             # 16 at once: each in flight on its own connection, all answered
@@ -211,13 +226,14 @@ def test_the_async_client_keeps_the_sent_contract() -> None:
                 await c.discover()
             assert refused.value.sent is False
         for reply in (None, b"late"):
-            silent, listener = _silent_server(reply)
+            silent, listener, released = _silent_server(reply)
             try:
                 async with AsyncClient(f"http://127.0.0.1:{silent}", timeout=0.5) as c:
                     with pytest.raises(ConnectionFailed) as lost:
                         await c.publish("m", TYPE, token="t")
                     assert lost.value.sent is True
             finally:
+                released.set()
                 listener.close()
 
     asyncio.run(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+import select
 import selectors
 import socket
 import time
@@ -23,7 +24,10 @@ from serverutil import running_server, server_log, start_server, stop_server
 
 HEADER_LIMIT = 2.0
 BODY_LIMIT = 4.0
-SLACK = 3.0  # scheduling slack on a loaded machine; every bound below is "the limit, plus at most this"
+# A close must come "not before the limit" (load can only delay it); the other way, a test waits for it
+# up to this hang guard, far past every limit here and far short of the keep-alive default (65 s).
+CLOSE_GUARD = 30.0
+EARLY = 0.3  # what a "not before the limit" bound allows: the two processes read their clocks apart
 LORIS = 300
 LOW_NOFILE = 256  # the soft limit the server is started with: fewer descriptors than LORIS connections
 
@@ -84,9 +88,9 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return status, headers, rest[:length]
 
 
-def wait_closed(sock: socket.socket, limit: float) -> float:
-    """Seconds until the server closes ``sock`` (EOF or reset); fails if it stays open past ``limit``."""
-    start = time.monotonic()
+def wait_closed(sock: socket.socket, limit: float = CLOSE_GUARD) -> float:
+    """Wait until the server closes ``sock`` (EOF or reset); the time.monotonic() it was seen closed. Fails if
+    it stays open past ``limit`` (a hang guard)."""
     sock.settimeout(limit)
     try:
         while True:
@@ -96,7 +100,19 @@ def wait_closed(sock: socket.socket, limit: float) -> float:
         pass
     except TimeoutError:
         pytest.fail(f"the server kept the connection open for more than {limit:.1f}s")
-    return time.monotonic() - start
+    return time.monotonic()
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Wait up to ``seconds`` for the server to close ``sock``: True if it did (the server closes a timed-out
+    request without a word; anything it does send is read past)."""
+    readable, _, _ = select.select([sock], [], [], seconds)
+    if not readable:
+        return False
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
 
 
 def connect(base: str) -> socket.socket:
@@ -122,42 +138,59 @@ def test_defaults_follow_the_protocol():
     ids=["request-line", "headers"],
 )
 def test_partial_headers_are_closed_after_the_header_limit(server, partial):
+    started = time.monotonic()  # before the connection: the server's timer cannot start earlier
     with connect(server[0]) as sock:
-        started = time.monotonic()
         sock.sendall(partial)
-        wait_closed(sock, HEADER_LIMIT + SLACK)
-        assert time.monotonic() - started >= HEADER_LIMIT - 0.3  # not before the limit
+        assert wait_closed(sock) - started >= HEADER_LIMIT - EARLY  # closed, and not before the limit
 
 
 def test_drip_fed_headers_are_closed_at_the_limit_not_reset_by_each_byte(server):
     request = (
         f"GET /mp/v0/discover HTTP/1.1\r\nHost: {host_header(server[0])}\r\nX-Drip: {'a' * 200}".encode()
     )
+    started = time.monotonic()
     with connect(server[0]) as sock:
-        started = time.monotonic()
         closed = False
+        # A byte every 0.1 s (the drip is the test): the request takes over 25 s this way, far past the limit,
+        # so a timer reset by each byte would let it finish, and one that counts from the start cannot.
         for byte in request:
             try:
                 sock.sendall(bytes([byte]))
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
                 break
-            time.sleep(0.1)
-            if time.monotonic() - started > HEADER_LIMIT + SLACK:
+            if closed_within(sock, 0.1):
+                closed = True
                 break
-        if not closed:
-            wait_closed(sock, 0.5)
         elapsed = time.monotonic() - started
-        assert HEADER_LIMIT - 0.3 <= elapsed <= HEADER_LIMIT + SLACK
+        assert closed, "the server kept reading headers dripped a byte at a time until they were all sent"
+        assert elapsed >= HEADER_LIMIT - EARLY  # not before the limit
+
+
+def in_time(started: float, limit: float) -> bool:
+    """What the test sent since `started` (taken before connecting) surely reached the server inside `limit`.
+    When a busy machine made the test that slow, the attempt shows nothing about the server: it is made again."""
+    return time.monotonic() - started < limit - 0.5
+
+
+FAIR_ATTEMPTS = 5
 
 
 def test_headers_in_time_get_an_answer(server):
-    with connect(server[0]) as sock:
-        sock.sendall(b"GET /mp/v0/discover HTTP/1.1\r\n")
-        time.sleep(HEADER_LIMIT / 2)  # slow, but inside the limit
-        sock.sendall(f"Host: {host_header(server[0])}\r\n\r\n".encode())
-        status, _headers, body = read_response(sock)
-        assert status == 200 and "supportedVersions" in json.loads(body)
+    for _attempt in range(FAIR_ATTEMPTS):
+        started = time.monotonic()
+        with connect(server[0]) as sock:
+            sock.sendall(b"GET /mp/v0/discover HTTP/1.1\r\n")
+            time.sleep(HEADER_LIMIT / 2)  # the point: slow, but inside the limit
+            sock.sendall(f"Host: {host_header(server[0])}\r\n\r\n".encode())
+            if not in_time(started, HEADER_LIMIT):
+                continue
+            status, _headers, body = read_response(sock)
+            assert status == 200 and "supportedVersions" in json.loads(body)
+            return
+    pytest.fail(
+        f"the machine was too busy to send headers within {HEADER_LIMIT} s in {FAIR_ATTEMPTS} attempts"
+    )
 
 
 def test_a_slow_body_is_closed_after_the_body_limit(server):
@@ -165,45 +198,46 @@ def test_a_slow_body_is_closed_after_the_body_limit(server):
         f"POST /mp/v0/monitors HTTP/1.1\r\nHost: {host_header(server[0])}\r\n"
         "Content-Type: application/json\r\nContent-Length: 200\r\n\r\n"
     ).encode()
+    started = time.monotonic()
     with connect(server[0]) as sock:
-        started = time.monotonic()
         sock.sendall(head + b'{"id": ')
         closed = False
-        # Trickle a byte every 0.2 s: the connection is never idle, yet the body never completes.
-        while time.monotonic() - started < BODY_LIMIT + SLACK:
+        # Trickle a byte every 0.2 s (the trickle is the test): the connection is never idle, yet the body never
+        # completes (one byte short of its length, after over 38 s this way, far past the limit).
+        for _ in range(200 - len(b'{"id": ') - 1):
             try:
                 sock.sendall(b" ")
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
                 break
-            sock.settimeout(0.2)
-            try:
-                if sock.recv(65536) == b"":
-                    closed = True
-                    break
-            except TimeoutError:
-                continue
-            except ConnectionResetError:
+            if closed_within(sock, 0.2):
                 closed = True
                 break
         elapsed = time.monotonic() - started
         assert closed, "the server kept reading a body that never ends"
-        # The headers came at once, so the header limit did not apply; the body limit did.
-        assert BODY_LIMIT - 0.3 <= elapsed <= BODY_LIMIT + SLACK
+        # The headers came at once, so the header limit did not apply; the body limit did (not before it).
+        assert elapsed >= BODY_LIMIT - EARLY
 
 
 def test_a_body_within_the_limit_is_handled(server):
-    body = json.dumps({"id": "limits-ok", "types": ["com.example.ci.run"]}).encode()
-    head = (
-        f"POST /mp/v0/monitors HTTP/1.1\r\nHost: {host_header(server[0])}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    with connect(server[0]) as sock:
-        sock.sendall(head + body[:10])
-        time.sleep(HEADER_LIMIT + 0.5)  # past the header limit: it no longer applies once headers are in
-        sock.sendall(body[10:])
-        status, _headers, reply = read_response(sock)
-        assert status == 201, reply
+    for attempt in range(FAIR_ATTEMPTS):
+        body = json.dumps({"id": f"limits-ok-{attempt}", "types": ["com.example.ci.run"]}).encode()
+        head = (
+            f"POST /mp/v0/monitors HTTP/1.1\r\nHost: {host_header(server[0])}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        started = time.monotonic()
+        with connect(server[0]) as sock:
+            sock.sendall(head + body[:10])
+            # The point: past the header limit (it no longer applies once the headers are in), inside the body's.
+            time.sleep(HEADER_LIMIT + 0.5)
+            sock.sendall(body[10:])
+            if not in_time(started, BODY_LIMIT):
+                continue
+            status, _headers, reply = read_response(sock)
+            assert status == 201, reply
+            return
+    pytest.fail(f"the machine was too busy to send a body within {BODY_LIMIT} s in {FAIR_ATTEMPTS} attempts")
 
 
 def test_an_idle_keep_alive_connection_outlives_uvicorns_old_default(server):
@@ -212,7 +246,7 @@ def test_an_idle_keep_alive_connection_outlives_uvicorns_old_default(server):
     with connect(server[0]) as sock:
         sock.sendall(request)
         assert read_response(sock)[0] == 200
-        time.sleep(6.0)
+        time.sleep(6.0)  # the point: idle this long (the keep-alive default, 65 s, is far off)
         sock.sendall(request)
         status, headers, _body = read_response(sock)
         assert status == 200 and headers.get("connection", "") != "close"
@@ -222,21 +256,25 @@ def test_keep_alive_flag_is_honoured(tmp_path):
     with running_server(tmp_path, "--keep-alive", "1") as (base, proc):
         assert "keep_alive=1s" in server_log(proc)
         with connect(base) as sock:
+            asked = time.monotonic()  # the keep-alive timer cannot start before the request is sent
             sock.sendall(f"GET /mp/v0/discover HTTP/1.1\r\nHost: {host_header(base)}\r\n\r\n".encode())
             assert read_response(sock)[0] == 200
-            elapsed = wait_closed(sock, 1 + SLACK)
-            assert elapsed >= 0.7
+            # Closed (well before the 65 s default would), and not before the second asked for.
+            assert wait_closed(sock) - asked >= 1 - EARLY
 
 
 def test_slow_loris_connections_are_all_closed_and_the_server_keeps_answering(server):
     base = server[0]
     partial = f"GET /mp/v0/discover HTTP/1.1\r\nHost: {host_header(base)}\r\nX-Loris: ".encode()
     sockets: list[socket.socket] = []
+    opened: dict[int, float] = {}  # fileno -> when its connection was asked for
     selector = selectors.DefaultSelector()
     try:
         started = time.monotonic()
         for _ in range(LORIS):
+            asked = time.monotonic()
             sock = socket.create_connection(address(base), timeout=10)
+            opened[sock.fileno()] = asked
             sock.sendall(partial)
             sock.setblocking(False)
             selector.register(sock, selectors.EVENT_READ)
@@ -247,9 +285,10 @@ def test_slow_loris_connections_are_all_closed_and_the_server_keeps_answering(se
         open_count = sum(1 for s in sockets if _still_open(s))
         if time.monotonic() - started < HEADER_LIMIT - 0.5:
             assert open_count == LORIS  # control: they really were held open until the limit
-        # After the limit: every one of them is closed by the server.
+        # After the limit: every one of them is closed by the server, none before its own limit ran out.
         closed: set[int] = set()
-        deadline = started + HEADER_LIMIT + SLACK + 5
+        early: list[float] = []
+        deadline = time.monotonic() + CLOSE_GUARD
         while len(closed) < LORIS:
             left = deadline - time.monotonic()
             assert left > 0, f"{LORIS - len(closed)} slow connections still open"
@@ -262,9 +301,15 @@ def test_slow_loris_connections_are_all_closed_and_the_server_keeps_answering(se
                 except BlockingIOError:
                     continue
                 if data == b"":
+                    held = time.monotonic() - opened[sock.fileno()]
+                    if held < HEADER_LIMIT - EARLY:
+                        early.append(held)
                     closed.add(sock.fileno())
                     selector.unregister(sock)
-        assert time.monotonic() - started >= HEADER_LIMIT - 0.3
+        assert not early, (
+            f"{len(early)} slow connections closed before the limit, after {sorted(early)[:5]} s"
+        )
+        assert time.monotonic() - started >= HEADER_LIMIT - EARLY
         r = httpx.get(base + "/mp/v0/discover", timeout=10)
         assert r.status_code == 200
     finally:

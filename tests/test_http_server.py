@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,6 +17,7 @@ import httpx
 import pytest
 from monitor_protocol.core.vocab import ERROR_STATUS, JSONRPC_CODE
 from serverutil import bearer, mp_command, mp_env, running_server, server_log, start_server, stop_server
+from waiting import eventually
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
 GOOD_ORIGIN = "http://good.example"
@@ -686,10 +686,11 @@ def test_server_wide_retire_after_mute_retires_a_silent_subscription(tmp_path):
         monitor_id, _owner = new_monitor(mp)
         sub_id, reader = subscribe(mp, monitor_id)
         # The sweep timer retires it once a second of silence has passed; wait for that to happen.
-        deadline = time.monotonic() + 30  # hang guard only
-        while mp.get(f"/subscriptions/{sub_id}", headers=bearer(reader)).json()["active"]:
-            assert time.monotonic() < deadline, "the sweep never retired the mute subscription"
-            time.sleep(0.2)
+        eventually(
+            lambda: not mp.get(f"/subscriptions/{sub_id}", headers=bearer(reader)).json()["active"],
+            interval=0.2,
+            what="the sweep retires the mute subscription",
+        )
         gone = assert_error(mp.get(f"/subscriptions/{sub_id}/pull", headers=bearer(reader)), "NOT_FOUND")
         assert gone["retired"] is True
 

@@ -348,11 +348,125 @@ def m_bad_definition(rows, lines):
     return 1, "definition in after is not valid"
 
 
+def _row_of(rows, kind, action=None):
+    return next(
+        i for i, r in enumerate(rows)
+        if r["type"] == kind and (action is None or r["data"]["payload"].get("action") == action)
+    )  # fmt: skip
+
+
+# ---- R10: the publish a published row stands for passes the publish path's own checks (issue 25)
+def m_future_time(rows, lines):
+    rows[_published(rows)]["time"] = "9999-12-31T00:00:00.000Z"  # the monitor would look fresh forever
+    return _published(rows) + 1, "ahead of the server's clock"
+
+
+def m_long_subject(rows, lines):
+    rows[_published(rows)]["subject"] = "s" * 100_000
+    return _published(rows) + 1, "subject is 100000 characters long; at most 256"
+
+
+def m_long_type(rows, lines):
+    rows[_published(rows)]["type"] = "com.example." + "t" * 5000
+    return _published(rows) + 1, "at most 256"
+
+
+def m_big_payload(rows, lines):
+    rows[_published(rows)]["data"]["blob"] = "z" * (2 << 20)  # 2 MiB, more than any publish body
+    return _published(rows) + 1, "at most 1048576 bytes"
+
+
+def m_reserved_data(rows, lines):
+    i = _published(rows)
+    rows[i]["data"]["payload"] = {"action": "complete"}  # harmless as data, but check nested shapes too
+    rows[i]["data"]["tags"] = ["not", "an", "object"]
+    return i + 1, "schemas/observation.json"
+
+
+# ---- R11: a protocol row claims only what the server writes
+def m_laundered_lease(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.lease", "complete")
+    row = rows[i]  # origin system and consistent inside and out, yet acting for a person: no request does
+    prov = row["data"]["provenance"]
+    row["actor"] = prov["actor"] = "human:bob"
+    prov["on_behalf_of"] = prov["wasAttributedTo"] = "human:carol"
+    return i + 1, "acts for nobody and cites nothing, but this one claims on_behalf_of"
+
+
+def m_protocol_reference(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.subscribed")
+    rows[i]["data"]["provenance"]["wasDerivedFrom"] = [{"source": "monitor:ci", "id": "2"}]
+    return i + 1, "claims wasDerivedFrom"
+
+
+def m_protocol_year_one(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.rejected")
+    rows[i]["time"] = "0001-01-01T00:00:00.000Z"
+    return i + 1, "before 1970"
+
+
+def m_protocol_future(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.lease", "claim")
+    rows[i]["time"] = "9999-12-31T00:00:00.000Z"
+    return i + 1, "in the future"
+
+
+def m_created_year_one(rows, lines):
+    rows[0]["data"]["payload"]["after"]["created"] = "0001-01-01T00:00:00.000Z"
+    return 1, "after.created 0001-01-01T00:00:00.000Z is not a time the server's clock could have written"
+
+
+def m_protocol_long_subject(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.lease", "claim")
+    rows[i]["subject"] = "s" * 100_000
+    return i + 1, "at most 256"
+
+
+def m_protocol_huge(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.rejected")
+    rows[i]["data"]["payload"]["reason"] = "r" * 20_000
+    return i + 1, "the server writes none over 16384"
+
+
+def m_protocol_tags(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.subscribed")
+    rows[i]["data"]["tags"]["approved_by"] = "human:ceo"
+    return i + 1, "data.tags is"
+
+
+def m_configured_actor(rows, lines):
+    i = next(i for i, r in enumerate(rows) if i and r["type"] == "ai.mentu.monitor.configured")
+    row = rows[i]
+    row["actor"] = row["data"]["provenance"]["actor"] = row["data"]["provenance"]["wasAttributedTo"] = (
+        "human:eve"
+    )
+    return i + 1, "written as the monitor's owner"
+
+
+def m_rejected_actor(rows, lines):
+    i = _row_of(rows, "ai.mentu.monitor.rejected")
+    row = rows[i]
+    row["actor"] = row["data"]["provenance"]["actor"] = row["data"]["provenance"]["wasAttributedTo"] = (
+        "human:you"
+    )
+    return i + 1, "system:guard"
+
+
+# ---- R12: no attested claim without the registration token
+def m_attested(rows, lines):
+    rows[_published(rows)]["data"]["provenance"]["attested"] = True
+    return _published(rows) + 1, "claims attested: true"
+
+
 MUTATIONS = [
     m_not_json, m_not_object, m_nan, m_schema_vocab, m_schema_missing, m_sequence, m_envelope, m_source,
     m_out_of_order, m_backwards, m_gap, m_not_from_one, m_first_not_create, m_second_create,
     m_unknown_protocol_type, m_protocol_row_not_server, m_lifecycle, m_published_while_paused,
     m_undeclared, m_ceiling, m_after_owner, m_bad_definition,
+    m_future_time, m_long_subject, m_long_type, m_big_payload, m_reserved_data, m_laundered_lease,
+    m_protocol_reference, m_protocol_year_one, m_protocol_future, m_created_year_one,
+    m_protocol_long_subject, m_protocol_huge, m_protocol_tags, m_configured_actor, m_rejected_actor,
+    m_attested,
 ]  # fmt: skip
 
 
@@ -388,7 +502,7 @@ def test_each_refusal_rule(original, mutate):
     assert reason in listed[line], listed[line]
     assert err.extras["refused_count"] == len(err.extras["refused"])
     # the page's preview says the same without writing anything
-    assert importing.check_log("\n".join(lines)).refused == err.extras["refused"]
+    assert importing.check_log("\n".join(lines), now=h.clock()).refused == err.extras["refused"]
 
 
 def test_a_bad_last_line_imports_nothing(original):
@@ -590,3 +704,108 @@ def test_engine_host_export_check_and_import():
         assert (await host.import_log("ci-2", exp.body["text"])).body["code"] == "DUPLICATE"
 
     asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------------------------- limits (issue 25)
+def test_what_a_publish_accepts_imports_and_freshness_is_the_servers():
+    """The positive controls of the time and size refusals: a publish at the edge of each limit (a time
+    just under 300 s ahead, a year-0001 time, which a publish takes as its claim, a 256-character subject,
+    a payload near 1 MiB) is copied; and the copy's freshness is the server's clock as the log shows it:
+    a publisher's old `time` does not make the copy stale (the row came after the server wrote the one
+    before it, so that is when, at the earliest, the server received it)."""
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci", types=TYPES)
+    ahead = importing.timefmt.iso(h.clock() + 299)
+    assert h.publish("ci", tok, subject="s" * 256, actor="probe:ci", time=ahead).status == 201
+    assert h.publish("ci", tok, actor="probe:ci", data={"blob": "z" * 1_000_000}).status == 201
+    h.clock.advance(60)
+    h.subscribe("ci", tok, subscriber="agent:reader")  # a protocol row: the server's clock, in the log
+    assert h.publish("ci", tok, actor="probe:ci", time="0001-01-01T00:00:00Z").status == 201
+    text = export(h, "ci")
+    out = h.service.import_log("copy", text)
+    assert out["imported"] == len(lines_of(text))
+    a, b = state(h, "ci", tok), state(h, "copy", out["owner_token"])
+    assert b["last"] == a["last"] and b["covers_until"] == a["covers_until"], (a["last"], b["last"])
+    assert b["live"] == a["live"]
+
+
+def test_the_issue_25_file_is_refused_line_by_line(original):
+    """The edited export of the issue: every laundered or oversized row listed with its reason; nothing
+    imported."""
+    h, text = original
+    rows = [json.loads(x) for x in lines_of(text)]
+    expected = {}
+    for mutate in (m_future_time, m_long_subject, m_laundered_lease, m_protocol_year_one):
+        line, reason = mutate(rows, [])
+        expected[line] = reason
+    refused = {
+        x["line"]: x["reason"] for x in refusal(h, "ci-copy", [json.dumps(r) for r in rows]).extras["refused"]
+    }
+    assert set(refused) == set(expected), refused
+    for line, reason in expected.items():
+        assert reason in refused[line], (line, refused[line])
+
+
+def test_checking_in_chunks_is_the_same_check(original):
+    """LogCheck (what the playground feeds a chunk at a time) decides exactly as check_log."""
+    _, text = original
+    lines = lines_of(text)
+    lines[3] = "not json"
+    broken = "\n".join(lines)
+    whole = importing.check_log(broken)
+    step = importing.LogCheck()
+    items = importing.split_lines(broken)
+    for start in range(0, len(items), 2):
+        step.feed(items[start : start + 2])
+    parts = step.result()
+    assert parts.refused == whole.refused and [n for n, _ in parts.rows] == [n for n, _ in whole.rows]
+    ok = importing.LogCheck()
+    ok.feed(importing.split_lines(text))
+    assert ok.result().ok and ok.result().after == importing.check_log(text).after  # positive control
+
+
+def test_an_attested_import_may_copy_attested_rows():
+    h = Harness(MemoryStore(), registration_token="reg-secret")
+    tok = h.call("POST", "/monitors", {"id": "ci", "types": TYPES}, "reg-secret").body["owner_token"]
+    h.publish("ci", tok, actor="probe:ci")
+    text = export(h, "ci")
+    assert json.loads(lines_of(text)[1])["data"]["provenance"]["attested"] is True
+    refused = importing.check_log(text, attested=False).refused
+    assert refused and "claims attested: true" in refused[0]["reason"]
+    assert importing.check_log(text, attested=True).refused == []
+
+
+def test_a_log_checked_in_chunks_is_written_as_it_was_checked(original):
+    """The playground checks a file with LogCheck (a chunk at a time) and hands the result to the import,
+    which writes it without walking it again: the same copy as from the text. A result judged at a later
+    clock than the import's, or for an import attested otherwise, is checked again, never trusted."""
+    h, text = original
+    step = importing.LogCheck(now=h.clock())
+    step.feed(importing.split_lines(text))
+    out = h.service.import_log("from-chunks", step.result())
+    assert out["imported"] == len(lines_of(text))
+    again = [json.loads(x) for x in lines_of(export(h, "from-chunks"))]
+    assert again == [copied(json.loads(x), "from-chunks") for x in lines_of(text)]
+    rows = [json.loads(x) for x in lines_of(text)]
+    i = _published(rows)
+    rows[i]["time"] = importing.timefmt.iso(h.clock() + 5000)  # ahead of the import's clock
+    later = importing.check_log([json.dumps(r) for r in rows], now=h.clock() + 10_000)
+    assert later.ok  # at that clock the row was fine
+    err = refusal(h, "from-later", later)
+    assert [x["line"] for x in err.extras["refused"]] == [i + 1]
+    assert "ahead of the server's clock" in err.extras["refused"][0]["reason"]
+
+
+def test_nesting_is_judged_before_parsing():
+    """nests_too_deep (what the import and the page's Server console check before parsing: on Pyodide the
+    parser's recursion overflows the WebAssembly stack first) agrees with the 32-level rule."""
+    deep = importing.nests_too_deep
+    assert not deep(b"[" * 32 + b"]" * 32)  # the limit itself is fine
+    assert deep(b"[" * 33 + b"]" * 33)
+    assert deep(b"[" * 100_000 + b"]" * 100_000)
+    assert deep(b"{" * 40)  # brackets that never close
+    assert not deep(b'{"a": "' + b"[" * 100 + b'"}')  # brackets inside a string are text
+    assert not deep(b'{"a": "\\"' + b"[" * 100 + b'"}')  # an escaped quote does not end the string
+    assert not deep(json.dumps({"rows": [{"x": [1, {"y": [2]}]} for _ in range(500)]}).encode())
+    refused = importing.check_log("[" * 100_000 + "]" * 100_000).refused
+    assert refused[0]["line"] == 1 and "nests deeper than 32 levels" in refused[0]["reason"]

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import tarfile
-import time
 import tomllib
 import zipfile
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 URL_LINE = re.compile(r"Monitor Protocol server on (http://\S+?)/mp/v0")
@@ -113,19 +113,22 @@ def test_pyproject_pins_test_tools_and_keeps_extras_optional():
         assert "==" in requirement or requirement.startswith("monitor-protocol["), requirement
 
 
-def wait_for_url(proc: subprocess.Popen, log: Path, deadline: float) -> str:
-    while time.monotonic() < deadline:
+def wait_for_url(proc: subprocess.Popen, log: Path, timeout: float) -> str:
+    def answering() -> str | None:
         if proc.poll() is not None:
             raise AssertionError(f"mp serve exited with {proc.returncode}:\n{log.read_text()}")
         found = URL_LINE.search(log.read_text(errors="replace"))
-        if found:
-            try:
-                if httpx.get(found.group(1) + "/mp/v0/discover", timeout=2).status_code == 200:
-                    return found.group(1)
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"mp serve did not answer:\n{log.read_text()}")
+        if found is None:
+            return None
+        try:
+            answered = httpx.get(found.group(1) + "/mp/v0/discover", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            answered = False
+        return found.group(1) if answered else None
+
+    return eventually(
+        answering, timeout=timeout, what="mp serve answers", detail=lambda: "\n" + log.read_text()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +173,7 @@ def test_a_plain_install_serves_publishes_and_reads(installed):
             cwd=tmp,
         )
     try:
-        base = wait_for_url(proc, log, time.monotonic() + 60)
+        base = wait_for_url(proc, log, 60)
         assert httpx.get(base + "/mp/v0/discover").json()
         assert httpx.get(base + "/healthz").status_code == 200
         body = {

@@ -25,6 +25,7 @@ from monitor_protocol.core import netguard
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.push import Pusher, backoff, sign, verify
 from monitor_protocol.store.sqlite import SQLiteStore
+from waiting import eventually, eventually_async
 
 TYPE = "com.example.ci.run"
 GUARD_SECONDS = 30.0
@@ -136,6 +137,15 @@ async def publish(engine: Engine, owner: str, *subjects: str) -> list[int]:
     return out
 
 
+async def cursor_is(engine: Engine, cursor: int) -> bool:
+    """The (first) push subscription's committed cursor is `cursor`: a check for `eventually_async`."""
+    return (await engine.call(engine.service.push_targets))[0]["cursor"] == cursor
+
+
+async def no_push_targets(engine: Engine) -> bool:
+    return not await engine.call(engine.service.push_targets)
+
+
 async def wait_in_thread(fn: Callable[[], None]) -> None:
     await asyncio.get_running_loop().run_in_executor(None, fn)
 
@@ -189,10 +199,11 @@ async def test_push_fails_then_recovers_nothing_lost_nothing_committed_early(eng
         later = await publish(engine, owner, "b4", "b5")
         await wait_in_thread(lambda: receiver.wait_for(lambda: receiver.seqs()[-2:] == later))
         assert receiver.seqs() == seqs + more + later  # in order, nothing lost, nothing twice
-        deadline = time.monotonic() + GUARD_SECONDS
-        while (await engine.call(engine.service.push_targets))[0]["cursor"] != later[-1] + 1:
-            assert time.monotonic() < deadline, "the last delivered batch was never committed"
-            await asyncio.sleep(0.02)  # the commit follows the 2xx
+        await eventually_async(  # the commit follows the 2xx
+            lambda: cursor_is(engine, later[-1] + 1),
+            timeout=GUARD_SECONDS,
+            what="the last delivered batch is committed",
+        )
         assert receiver.seqs() == seqs + more + later  # and nothing was sent again
     finally:
         task.cancel()
@@ -212,10 +223,11 @@ async def test_push_410_retires_the_subscription(engine: Engine) -> None:
     task = asyncio.create_task(pusher.run())
     try:
         await wait_in_thread(lambda: receiver.wait_for(lambda: receiver.attempts == 1))
-        deadline = time.monotonic() + GUARD_SECONDS
-        while await engine.call(engine.service.push_targets):  # until the retirement is committed
-            assert time.monotonic() < deadline, "the 410 did not retire the subscription"
-            await asyncio.sleep(0.02)
+        await eventually_async(
+            lambda: no_push_targets(engine),
+            timeout=GUARD_SECONDS,
+            what="the 410 retires the subscription (committed)",
+        )
         assert receiver.bad_signatures == 0 and receiver.accepted == []
         with pytest.raises(Exception) as retired:
             await engine.call(lambda: engine.service.pull_as_system(sub_id))
@@ -250,10 +262,7 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
     sink_server = serve_receiver(receiver)
     sink = f"http://127.0.0.1:{sink_server.server_address[1]}/hook"
     try:
-        deadline = time.monotonic() + GUARD_SECONDS
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
+        eventually(lambda: server.started, timeout=GUARD_SECONDS, interval=0.02, what="uvicorn starts")
         with Client(base) as c:
             owner = c.create_monitor("ci", types=[TYPE]).owner_token
             sub = c.subscribe(
@@ -266,9 +275,11 @@ def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path
         # (a failed batch is retried unchanged, so a later "b" waits for its own batch).
         assert receiver.attempts in (2, 3) and receiver.bad_signatures == 0
         with Client(base, sub.token) as reader:
-            while reader.pull(sub.subscription.id, cursor=0, limit=1).cursor != seqs[-1] + 1:
-                assert time.monotonic() < deadline + GUARD_SECONDS, "the delivered batch was never committed"
-                time.sleep(0.05)
+            eventually(
+                lambda: reader.pull(sub.subscription.id, cursor=0, limit=1).cursor == seqs[-1] + 1,
+                timeout=GUARD_SECONDS,
+                what="the delivered batch is committed",
+            )
     finally:
         server.should_exit = True
         thread.join(timeout=GUARD_SECONDS)
@@ -448,10 +459,9 @@ async def test_push_refuses_a_literal_sink_the_operator_no_longer_allows(
     pusher.vet = counting_vet  # type: ignore[method-assign]
     task = asyncio.create_task(pusher.run())
     try:
-        deadline = time.monotonic() + GUARD_SECONDS
-        while len(verdicts) < 3:  # several refused attempts, backing off between them
-            assert time.monotonic() < deadline, "the pusher did not retry the refused sink"
-            await asyncio.sleep(0.01)
+        await eventually_async(  # several refused attempts, backing off between them
+            lambda: len(verdicts) >= 3, timeout=GUARD_SECONDS, what="the pusher retries the refused sink"
+        )
         assert all(isinstance(v, str) and "loopback address" in v for v in verdicts)
         assert receiver.attempts == 0 and network.requests == [] and network.connects == []
         assert dns.asked == []  # a literal is judged without any lookup
@@ -485,6 +495,12 @@ REFUSED = [
     ("http://[2002:7f00:1::1]/hook", "loopback"),  # 6to4 around 127.0.0.1
     ("http://[::127.0.0.1]/hook", "loopback"),  # IPv4-compatible
     ("http://１２７.０.０.１/hook", "loopback"),  # fullwidth digits normalise to 127.0.0.1
+    ("http://127。0。0。1:9999/hook", "loopback"),  # ideographic full stops are dots to IDNA (UTS #46)
+    ("http://127．0．0．1/hook", "loopback"),  # fullwidth full stops
+    ("http://127｡0｡0｡1/hook", "loopback"),  # halfwidth ideographic full stops
+    ("http://10。0。0。1/hook", "private"),
+    ("http://localhost。/hook", "loopback name"),
+    ("http://metadata。google。internal/x", "private-use"),
     ("http://10.0.0.1/hook", "private"),
     ("http://172.16.0.1/hook", "private"),
     ("http://192.168.1.1/hook", "private"),
@@ -796,10 +812,9 @@ async def test_push_retries_a_failed_batch_unchanged_while_new_observations_wait
         assert attempts[:3] == [(batch_id, first)] * 3  # failed, failed, answered: the same batch each time
         assert attempts[3:] == [(f"{sub_id}:{more[0]}-{more[1]}", more)]  # then the new ones, as a next batch
         assert receiver.ids == [batch_id, f"{sub_id}:{more[0]}-{more[1]}"] and receiver.bad_signatures == 0
-        deadline = time.monotonic() + GUARD_SECONDS
-        while (await engine.call(engine.service.push_targets))[0]["cursor"] != more[-1] + 1:
-            assert time.monotonic() < deadline, "the last batch was never committed"
-            await asyncio.sleep(0.02)  # the commit follows the 2xx
+        await eventually_async(  # the commit follows the 2xx
+            lambda: cursor_is(engine, more[-1] + 1), timeout=GUARD_SECONDS, what="the last batch is committed"
+        )
         assert pusher.inflight == {} and len(attempts) == 4  # nothing held once answered, nothing sent again
     finally:
         task.cancel()
@@ -835,3 +850,25 @@ async def test_push_starts_a_new_batch_when_the_cursor_moved_past_the_failed_one
         assert await pusher.deliver_once(sub_id) == "idle"
     finally:
         await client.aclose()
+
+
+def test_subscribe_refuses_a_sink_spelled_with_ideographic_full_stops() -> None:
+    """docs/security.md: an internal sink is refused at subscribe (400 INVALID), not only skipped at
+    delivery. 127。0。0。1 is 127.0.0.1 to every resolver (IDNA maps U+3002 to "."), so it is refused there."""
+    from enginekit import Harness
+    from monitor_protocol.store.memory import MemoryStore
+
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci")
+    for sink in ("http://127。0。0。1:9999/", "http://127．0．0．1:9999/", "http://localhost｡:9999/"):
+        body = {"monitor": "ci", "subscriber": "agent:x", "protocol": "http", "sink": sink}
+        r = h.call("POST", "/subscriptions", body, tok)
+        assert r.status == 400 and r.body["code"] == "INVALID", (sink, r.body)
+        assert "--allow-sink" in r.body["error"] and "loopback" in r.body["error"], r.body
+    public = {
+        "monitor": "ci",
+        "subscriber": "agent:x",
+        "protocol": "http",
+        "sink": "https://example。com/hook",
+    }
+    assert h.call("POST", "/subscriptions", public, tok).status == 201  # positive control: a public name

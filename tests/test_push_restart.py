@@ -3,12 +3,12 @@ that fails, verifies every signature and recovers, across a server restart. Wait
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from monitor_protocol.client import Client
 from serverutil import start_server, stop_server
 from test_push import GUARD_SECONDS, Receiver, serve_receiver
+from waiting import eventually
 
 TYPE = "com.example.ci.run"
 
@@ -51,10 +51,11 @@ def test_mp_serve_pushes_signed_batches_and_commits_only_what_was_received(tmp_p
         )  # nothing committed unreceived
         receiver.script = []
         receiver.wait_for(lambda: receiver.seqs() == first + pending)
-        deadline = time.monotonic() + GUARD_SECONDS
-        while committed(base, sub.subscription.id, sub.token) != pending[-1] + 1:
-            assert time.monotonic() < deadline, "the delivered batch was never committed"
-            time.sleep(0.05)
+        eventually(
+            lambda: committed(base, sub.subscription.id, sub.token) == pending[-1] + 1,
+            timeout=GUARD_SECONDS,
+            what="the delivered batch is committed",
+        )
         assert receiver.seqs() == first + pending and receiver.bad_signatures == 0
     finally:
         stop_server(proc)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 from monitor_protocol.doors.push import verify
 from serverutil import mp_command, mp_env, running_server, server_log
+from waiting import eventually
 
 
 class Sink:
@@ -67,16 +67,15 @@ def test_mp_serve_pushes_signed_batches_and_commits_them(tmp_path):
             )
             assert r.status_code == 201
             seq = r.json()["seq"]
-            deadline = time.monotonic() + 20
-            info = None
-            while time.monotonic() < deadline:
+
+            def committed() -> dict | None:
                 info = httpx.get(
                     f"{api}/subscriptions/{sub['subscription']['id']}",
                     headers={"authorization": f"Bearer {sub['token']}"},
                 ).json()
-                if info["cursor"] > seq:
-                    break
-                time.sleep(0.05)
+                return info if info["cursor"] > seq else None
+
+            info = eventually(committed, what="the pushed observation is committed")
             delivered = [o for b in sink.batches for o in b["observations"]]
             assert [o["subject"] for o in delivered] == ["build-1"]
             assert verify(sub["sink_secret"], sink.headers[0], sink.bodies[0])

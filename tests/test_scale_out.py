@@ -5,7 +5,8 @@ was parked, the server really died, the database really went away).
 
 1. per-monitor seqs stay dense and unique under concurrent publishes through three servers;
 2. two servers racing a lease claim: exactly one winner, the other LEASE_HELD naming the holder;
-3. a long poll and an SSE stream on one server wake within a second of a publish through another;
+3. a long poll and an SSE stream on one server are woken by a publish through another (not by their own
+   deadline or heartbeat);
 4. ack and redelivery marks are the same wherever a reader pulls;
 5. sweeps (lease expiry, mute retirement) run on exactly one server (a frozen leader's lock stops them all),
    each logged once, and another server takes over within seconds when the leader is killed;
@@ -16,7 +17,8 @@ was parked, the server really died, the database really went away).
    themselves (writes, LISTEN wake-ups, HTTP push), and nothing confirmed is lost;
 8. (in-process, the root cause of 7's push check) the push supervisor survives a storage failure.
 
-Every wait is bounded (httpx timeouts, deadlines on every loop), so nothing can hang without pytest-timeout.
+Every wait is bounded (httpx timeouts, tests/waiting.py's `eventually` with a generous deadline), so nothing can
+hang without pytest-timeout, and no assertion is a ceiling on how long something took (speed is bench/'s).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from monitor_protocol.core.errors import storage_unavailable
 from monitor_protocol.doors.push import Pusher
 from pgcluster import Cluster, ci_is_true, find_bin_dir
 from serverutil import bearer, server_log, start_server, stop_server
+from waiting import eventually, eventually_async
 
 TYPE = "com.example.scale.item"
 P = "ai.mentu.monitor."  # the protocol's own observation types
@@ -184,25 +187,6 @@ def metric(node: Node, name: str) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
-def wait_until(
-    what: str,
-    predicate: Callable[[], Any],
-    seconds: float,
-    step: float = 0.05,
-    nodes: list[Node] | None = None,
-) -> Any:
-    """Poll `predicate` until it is truthy (its value) or `seconds` pass: AssertionError naming `what`, with
-    the logs of `nodes` as they are then."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {seconds} s{logs(nodes or [])}")
-        time.sleep(step)
-
-
 def body_of(text: str) -> dict[str, Any]:
     """A reply's JSON object, or {} when it is not one (a plain-text 500 must fail the test readably)."""
     try:
@@ -232,8 +216,9 @@ class Wake:
     reply: httpx.Response | None  # None: the pull never returned
     seq: int  # the seq of the publish
     parked: bool  # the pull was parked (counted by /metrics, still open) before the publish was sent
-    sent: float  # monotonic times: the publish sent, its reply, the pull's reply
-    published: float
+    wait: int  # the pull's `wait`, seconds
+    asked: float  # monotonic times: the pull sent, the publish sent, the pull's reply (inf: none)
+    sent: float
     returned: float
 
     @property
@@ -242,9 +227,16 @@ class Wake:
         return ok and self.seq in [int(o["id"]) for o in self.reply.json()["observations"]]
 
     @property
+    def before_its_deadline(self) -> bool:
+        """The pull came back before its wait could have run out. A pull that only its deadline ends cannot
+        answer earlier than `wait` seconds after it was sent, however loaded the machine: so this one was
+        woken by the publish (a "not before" bound, which load cannot break)."""
+        return self.returned < self.asked + self.wait
+
+    @property
     def delay(self) -> float:
-        """From the publish's reply to the pull's reply (below 0 when the pull answered first)."""
-        return self.returned - self.published
+        """From the publish sent to the pull's reply (informational; speed is measured in bench/)."""
+        return self.returned - self.sent
 
 
 def long_poll_round(
@@ -260,7 +252,8 @@ def long_poll_round(
     out: dict[str, Any] = {}
 
     def park() -> None:
-        with httpx.Client(timeout=TIMEOUT) as client:
+        with httpx.Client(timeout=httpx.Timeout(wait + 30.0)) as client:
+            out["asked"] = time.monotonic()
             out["reply"] = client.get(
                 f"{parked_on.api}/subscriptions/{sub[0]}/pull", params={"wait": wait}, headers=bearer(sub[1])
             )
@@ -268,15 +261,15 @@ def long_poll_round(
 
     poller = threading.Thread(target=park, daemon=True)
     poller.start()
-    deadline = time.monotonic() + 5
-    while metric(parked_on, "mp_long_polls_parked") < 1 and poller.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)
+    eventually(
+        lambda: metric(parked_on, "mp_long_polls_parked") >= 1 or not poller.is_alive(),
+        what=f"the long poll parks on {parked_on.name}",
+        detail=lambda: logs([parked_on]),
+    )
     parked = poller.is_alive() and metric(parked_on, "mp_long_polls_parked") >= 1
     sent = time.monotonic()
     seq = int(publish(published_on.api, monitor_id, owner, subject)["seq"])
-    published = time.monotonic()
-    poller.join(timeout=wait + 5)
+    poller.join(timeout=wait + 35)
     reply = out.get("reply")
     if reply is not None and reply.status_code == 200:
         ack = httpx.post(
@@ -286,7 +279,7 @@ def long_poll_round(
             timeout=TIMEOUT,
         )
         assert ack.status_code == 200, ack.text
-    return Wake(reply, seq, parked, sent, published, out.get("returned", float("inf")))
+    return Wake(reply, seq, parked, wait, out["asked"], sent, out.get("returned", float("inf")))
 
 
 def run_threads(targets: list[Callable[[], None]], seconds: float) -> list[str]:
@@ -342,7 +335,7 @@ def test_seqs_stay_dense_and_unique_under_concurrent_publishes_through_three_ser
 
             return run
 
-        failures = run_threads([publisher(n, t) for n in nodes for t in range(THREADS_PER_SERVER)], 60)
+        failures = run_threads([publisher(n, t) for n in nodes for t in range(THREADS_PER_SERVER)], 120)
         assert not failures, f"{failures[:5]}{logs(nodes)}"
 
         total = SERVERS_1 * THREADS_PER_SERVER * PUBLISHES_PER_THREAD
@@ -469,7 +462,11 @@ def test_two_servers_racing_a_lease_claim_have_exactly_one_winner(tmp_path, pg_u
 
 
 # ========================================================================= 3. wake-ups across the servers
-def test_long_poll_and_sse_on_one_server_wake_within_a_second_of_a_publish_through_another(tmp_path, pg_url):
+# A long poll's wait: only an append can answer it sooner (nothing re-checks a parked poll periodically).
+WAKE_WAIT = 30
+
+
+def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(tmp_path, pg_url):
     with servers(tmp_path, pg_url, 2) as nodes:
         a, b = nodes
         owner = create_monitor(a.api, "wake")
@@ -477,14 +474,16 @@ def test_long_poll_and_sse_on_one_server_wake_within_a_second_of_a_publish_throu
 
         # Long poll parked on A, publish through B.
         for round_no in range(3):
-            w = long_poll_round(a, b, "wake", owner, (sub_id, reader), f"wake-{round_no}", wait=10)
+            w = long_poll_round(a, b, "wake", owner, (sub_id, reader), f"wake-{round_no}", wait=WAKE_WAIT)
             assert w.parked, f"round {round_no}: the long poll was not parked on A before the publish: {w}"
             assert w.reply is not None, f"round {round_no}: the long poll did not return{logs(nodes)}"
             assert w.reply.status_code == 200, w.reply.text
             assert [int(o["id"]) for o in w.reply.json()["observations"]] == [w.seq], w.reply.text
             assert w.returned >= w.sent  # control: it returned because of the publish, not before it
-            assert w.delay < 1.0, (
-                f"round {round_no}: the long poll on A woke {w.delay:.3f} s after B's publish"
+            assert w.before_its_deadline, (
+                f"round {round_no}: the long poll on A came back {w.returned - w.asked:.1f} s after it was "
+                f"sent, its whole wait of {w.wait} s: its deadline answered it, B's publish never woke it"
+                f"{logs(nodes)}"
             )
 
         # An SSE stream on A, publishes through B.
@@ -511,32 +510,53 @@ def test_long_poll_and_sse_on_one_server_wake_within_a_second_of_a_publish_throu
                     key, _, value = line.partition(":")
                     fields[key] = value[1:] if value.startswith(" ") else value
 
-        def next_event(kind: str, seconds: float) -> tuple[float, dict[str, str]]:
+        def next_event(kind: str, seconds: float = 30) -> tuple[dict[str, str], list[str]]:
+            """The next event of `kind`, and the kinds of the events that came before it."""
             deadline = time.monotonic() + seconds
+            skipped: list[str] = []
             while True:
                 try:
-                    at, event, fields = events.get(timeout=max(0.01, deadline - time.monotonic()))
+                    _at, event, fields = events.get(timeout=max(0.01, deadline - time.monotonic()))
                 except queue.Empty:
                     raise AssertionError(f"no SSE {kind} event within {seconds} s{logs(nodes)}") from None
                 if event == kind:
-                    return at, fields
+                    return fields, skipped
+                skipped.append(event)
+
+        def woken_by_the_publish(subject: str) -> bool:
+            """Publish through B; the stream on A gets it. A stream that is not woken by the publish finds it
+            only when its heartbeat (every 5 s) makes it read again, and sends that heartbeat first: so the
+            observation coming with no heartbeat before it is the wake-up (an ordering, not a stopwatch)."""
+            with contextlib.suppress(queue.Empty):
+                while True:  # what came before this publish says nothing about it
+                    events.get_nowait()
+            seq = publish(b.api, "wake", owner, subject)["seq"]
+            fields, skipped = next_event("observation")
+            assert fields.get("id") == str(seq), fields
+            assert json.loads(fields["data"])["subject"] == subject
+            return "heartbeat" not in skipped
 
         streamer = threading.Thread(target=stream, daemon=True)
         streamer.start()
         try:
-            _, status = next_event("status", 10)
+            status, _ = next_event("status")
             assert status["status"] == "200"
-            wait_until("the SSE stream opens on A", lambda: metric(a, "mp_sse_streams_open") >= 1, 5)
-            time.sleep(0.3)
+            eventually(
+                lambda: metric(a, "mp_sse_streams_open") >= 1,
+                what="the SSE stream opens on A",
+                detail=lambda: logs(nodes),
+            )
             for round_no in range(2):
-                seq = publish(b.api, "wake", owner, f"sse-{round_no}")["seq"]
-                t_published = time.monotonic()
-                at, fields = next_event("observation", 5)
-                assert fields.get("id") == str(seq), fields
-                assert json.loads(fields["data"])["subject"] == f"sse-{round_no}"
-                delay = at - t_published
-                assert delay < 1.0, f"the SSE stream on A got B's publish {delay:.3f} s after it"
-                time.sleep(0.2)
+                time.sleep(0.3)  # lets the stream park (no gauge shows it); no assertion depends on it
+                # A heartbeat falling due in the same instant comes first by chance: that round proves nothing
+                # and is repeated. A stream only its heartbeat wakes sends one first every time, and fails.
+                eventually(
+                    lambda round_no=round_no: woken_by_the_publish(f"sse-{round_no}"),
+                    timeout=60,
+                    interval=0,
+                    what=f"round {round_no}: the SSE stream on A woken by B's publish (not by its heartbeat)",
+                    detail=lambda: logs(nodes),
+                )
         finally:
             done.set()
 
@@ -615,20 +635,27 @@ def monitor_locks(db: str) -> int:
         ).fetchone()[0]
 
 
+def stopped(pid: int) -> bool:
+    """The process is stopped by a signal (state T in /proc/<pid>/stat), not merely told to stop."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] in "Tt"
+
+
 @contextlib.contextmanager
 def frozen(node: Node, db: str) -> Iterator[None]:
     """SIGSTOP the server (its sessions, the leader lock's included, stay open) at a moment when it holds no
     monitor's lock, so that the other servers are not blocked behind it; SIGCONT afterwards, whatever happens."""
+
+    def frozen_outside_a_call() -> bool:
+        node.proc.send_signal(signal.SIGSTOP)
+        eventually(lambda: stopped(node.proc.pid), interval=0.01, what=f"server {node.name} stops")
+        if monitor_locks(db) == 0:
+            return True
+        node.proc.send_signal(signal.SIGCONT)  # it was inside a call: let it finish, and try again
+        return False
+
     try:
-        for _ in range(50):
-            node.proc.send_signal(signal.SIGSTOP)
-            time.sleep(0.05)
-            if monitor_locks(db) == 0:
-                break
-            node.proc.send_signal(signal.SIGCONT)  # it was inside a call: let it finish, and try again
-            time.sleep(0.02)
-        else:
-            raise AssertionError(f"server {node.name} could not be frozen outside a call")
+        eventually(frozen_outside_a_call, interval=0.02, what=f"server {node.name} frozen outside a call")
         yield
     finally:
         node.proc.send_signal(signal.SIGCONT)
@@ -636,9 +663,13 @@ def frozen(node: Node, db: str) -> Iterator[None]:
 
 def test_sweeps_run_on_exactly_one_server_and_another_takes_over_when_it_dies(tmp_path, pg_url):
     with servers(tmp_path, pg_url, 3, "--log-level", "info") as nodes:
-        holders = wait_until("a leader is elected", lambda: leader_sessions(pg_url), 10, nodes=nodes)
+        holders = eventually(
+            lambda: leader_sessions(pg_url), what="a leader is elected", detail=lambda: logs(nodes)
+        )
         assert len(holders) == 1 and holders[0][1] == "mp serve", holders
-        leaders = wait_until("the leader logs it", lambda: [n for n in nodes if n.leads()], 5, nodes=nodes)
+        leaders = eventually(
+            lambda: [n for n in nodes if n.leads()], what="the leader logs it", detail=lambda: logs(nodes)
+        )
         assert len(leaders) == 1, f"{len(leaders)} servers took the leader lock{logs(nodes)}"
         leader = leaders[0]
         others = [n for n in nodes if n is not leader]
@@ -689,26 +720,33 @@ def test_sweeps_run_on_exactly_one_server_and_another_takes_over_when_it_dies(tm
                 log = the_log()
                 return bool(lease_rows(log, "expired", "job-1") and retired_rows(log, mute_id))
 
-            wait_until("job-1 expires and mute-1 retires", swept, 12, step=0.25, nodes=nodes)
+            eventually(
+                swept,
+                timeout=60,
+                interval=0.25,
+                what="job-1 expires and mute-1 retires",
+                detail=lambda: logs(nodes),
+            )
 
             # Only the leader sweeps: with it frozen (alive to PostgreSQL, its lock held), a lease that runs
             # out is not expired by the two servers that are still running...
             with frozen(leader, pg_url):
                 r = claim(y, "job-3", 1)
                 assert r.status_code == 201, r.text
-                time.sleep(2.5)  # 1.5 s past the expiry: more than one sweep tick of every running server
+                # The point of the test, so a fixed wait: 1.5 s past the expiry (more than one sweep tick of
+                # every running server), nothing may have expired it.
+                time.sleep(2.5)
                 log = the_log()
                 assert not lease_rows(log, "expired", "job-3"), (
                     f"a server that does not hold the leader lock expired a lease{logs(nodes)}"
                 )
                 assert len(leader_sessions(pg_url)) == 1
             # ... and is, within seconds, once the leader runs again.
-            wait_until(
-                "job-3 expires once the leader runs again",
+            eventually(
                 lambda: lease_rows(the_log(), "expired", "job-3"),
-                5,
-                step=0.2,
-                nodes=nodes,
+                interval=0.2,
+                what="job-3 expires once the leader runs again",
+                detail=lambda: logs(nodes),
             )
             log = the_log()
             expired, retired = lease_rows(log, "expired", "job-1"), retired_rows(log, mute_id)
@@ -733,25 +771,23 @@ def test_sweeps_run_on_exactly_one_server_and_another_takes_over_when_it_dies(tm
             leader.proc.send_signal(signal.SIGKILL)
             assert leader.proc.wait(timeout=10) == -signal.SIGKILL
             killed_at = time.monotonic()
-            new = wait_until(
-                "a survivor takes the leader lock", lambda: [n for n in others if n.leads()], 10, nodes=nodes
+            new = eventually(
+                lambda: [n for n in others if n.leads()],
+                what="a survivor takes the leader lock",
+                detail=lambda: logs(nodes),
             )
             takeover = time.monotonic() - killed_at
             assert len(new) == 1, f"{len(new)} survivors took the leader lock{logs(nodes)}"
             assert len(leader_sessions(pg_url)) == 1
             r = claim(new[0], "job-2", 1)
             assert r.status_code == 201, r.text
-            claimed_at = time.monotonic()
-            wait_until(
-                "job-2's expiry is swept after the leader died",
+            eventually(
                 lambda: lease_rows(the_log(), "expired", "job-2") and retired_rows(the_log(), mute2_id),
-                10,
-                step=0.25,
-                nodes=nodes,
+                interval=0.25,
+                what="job-2's expiry is swept after the leader died",
+                detail=lambda: logs(nodes),
             )
-            swept_after = time.monotonic() - claimed_at
-            assert swept_after < 5.0, f"job-2 (a 1 s lease) was swept {swept_after:.1f} s after its claim"
-            time.sleep(1.5)
+            time.sleep(1.5)  # the point: more sweep ticks pass, and none may sweep the same thing again
             log = the_log()
             assert len(lease_rows(log, "expired", "job-2")) == 1, lease_rows(log, "expired", "job-2")
             assert len(retired_rows(log, mute2_id)) == 1, retired_rows(log, mute2_id)
@@ -801,7 +837,7 @@ def test_kill9_of_one_server_under_load_loses_nothing_and_retries_elsewhere_fini
                             if r.status_code == 503:
                                 with lock:
                                     retries.append((key, node.name, "503"))
-                                time.sleep(0.1)
+                                time.sleep(0.1)  # a producer's pause before its retry
                                 continue
                             assert r.status_code in (200, 201), (
                                 f"server {node.name}: {r.status_code} {r.text}"
@@ -825,7 +861,7 @@ def test_kill9_of_one_server_under_load_loses_nothing_and_retries_elsewhere_fini
             victim.proc.send_signal(signal.SIGKILL)
             victim.proc.wait(timeout=10)
 
-        failures = run_threads([*(publisher(p) for p in range(PUBLISHERS_6)), killer], 90)
+        failures = run_threads([*(publisher(p) for p in range(PUBLISHERS_6)), killer], 180)
         assert not failures, f"{failures[:5]}{logs(nodes)}"
         assert victim.proc.returncode == -signal.SIGKILL, "the victim was not killed"
         keys = {f"p{p}-{i}" for p in range(PUBLISHERS_6) for i in range(KEYS_PER_PUBLISHER)}
@@ -936,7 +972,11 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
                 filter={"types": [TYPE]},
             )
             pushed = publish(nodes[1].api, "restart", owner, "before-outage")["seq"]
-            wait_until("push delivers before the outage", lambda: pushed in sink.seqs, 10, nodes=nodes)
+            eventually(
+                lambda: pushed in sink.seqs,
+                what="push delivers before the outage",
+                detail=lambda: logs(nodes),
+            )
             lock = threading.Lock()
             confirmed: dict[str, tuple[int, str, float]] = {}  # key -> (seq, server, when)
             confirmed["before-outage"] = (pushed, "B", time.monotonic())
@@ -970,7 +1010,7 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
                                 except httpx.HTTPError as exc:
                                     with lock:
                                         transport.append((node.name, repr(exc)))
-                                    time.sleep(0.1)
+                                    time.sleep(0.1)  # a producer's pause before its retry
                                     continue
                                 if r.status_code in (200, 201):
                                     assert r.json()["idempotent"] is (r.status_code == 200), r.text
@@ -986,7 +1026,7 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
                                 history.append(
                                     f"{node.name} {r.status_code} {body_of(r.text).get('error')}"[:300]
                                 )
-                                time.sleep(0.1)
+                                time.sleep(0.1)  # a producer's pause before its retry
                             else:
                                 raise AssertionError(f"{key} was never confirmed in 200 attempts")
                             i += 1
@@ -1007,38 +1047,48 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
                         except httpx.HTTPError as exc:
                             with lock:
                                 transport.append((node.name, repr(exc)))
-                            time.sleep(0.1)
+                            time.sleep(0.1)  # a reader's pause before its retry
                             continue
                         if r.status_code != 200:
                             with lock:
                                 refusals.append(
                                     (node.name, r.status_code, r.text, r.headers.get("retry-after"))
                                 )
-                        time.sleep(0.05)
+                        time.sleep(0.05)  # the reader's pace
+
+            def serving_since(moment: float) -> bool:
+                """Both servers have confirmed publishes after `moment`."""
+                return {s for _, s, t in list(confirmed.values()) if t > moment} == {"A", "B"}
 
             def operator() -> None:
                 try:
                     for mode, seconds in OUTAGES:
-                        time.sleep(1.0)
+                        # The outage comes under load: both servers confirming publishes (since the last restart).
+                        since = down[-1][1] if down else started
+                        eventually(
+                            lambda since=since: serving_since(since),
+                            what="both servers confirm publishes before the outage",
+                            detail=lambda: logs(nodes),
+                        )
                         before = len(confirmed)
                         cluster.stop_server(mode)
                         stopped = time.monotonic()
-                        time.sleep(seconds)
+                        time.sleep(seconds)  # the point: PostgreSQL stays away this long
                         cluster.start_server()
                         down.append((stopped, time.monotonic()))
                         assert before > 0, "nothing was confirmed before the outage"
                     # Both servers reconnect by themselves: each confirms publishes after the last restart.
-                    wait_until(
-                        "both servers confirm publishes after the restart",
-                        lambda: {s for _, s, t in list(confirmed.values()) if t > down[-1][1]} == {"A", "B"},
-                        15,
+                    eventually(
+                        lambda: serving_since(down[-1][1]),
+                        timeout=60,
+                        what="both servers confirm publishes after the restart",
+                        detail=lambda: logs(nodes),
                     )
-                    time.sleep(0.5)
                 finally:
                     stop.set()
 
             started = time.monotonic()
-            failures = run_threads([*(publisher(p) for p in range(PUBLISHERS_7)), reader, operator], 60)
+            failures = run_threads([*(publisher(p) for p in range(PUBLISHERS_7)), reader, operator], 180)
             loaded = time.monotonic() - started
             assert not failures, f"{failures[:5]}{logs(nodes)}"
             assert len(down) == len(OUTAGES)
@@ -1073,12 +1123,12 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
             late_at = time.monotonic()
             confirmed["after-restart"] = (late, "A", time.monotonic())
             leader = [n.name for n in nodes if n.leads()]
-            wait_until(
-                f"push delivers a publish made after the restart (leaders so far: {leader})",
+            eventually(
                 lambda: late in sink.seqs,
-                15,
-                step=0.1,
-                nodes=nodes,
+                timeout=60,
+                interval=0.1,
+                what=f"push delivers a publish made after the restart (leaders so far: {leader})",
+                detail=lambda: logs(nodes),
             )
             push_delay = time.monotonic() - late_at
             dead = [n.name for n in nodes if "background task" in n.log() and "failed" in n.log()]
@@ -1105,12 +1155,16 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
 
             def woken() -> bool:
                 rounds.append(
-                    long_poll_round(nodes[0], nodes[1], "restart", owner, waiter, f"w{len(rounds)}", 3)
+                    long_poll_round(nodes[0], nodes[1], "restart", owner, waiter, f"w{len(rounds)}", 10)
                 )
-                return rounds[-1].parked and rounds[-1].carried and rounds[-1].delay < 1.0
+                return rounds[-1].parked and rounds[-1].carried and rounds[-1].before_its_deadline
 
-            wait_until(
-                "a long poll on A wakes within 1 s of a publish through B again", woken, 15, nodes=nodes
+            eventually(
+                woken,
+                timeout=90,
+                interval=0,
+                what="a long poll on A woken by a publish through B again (before its wait of 10 s ran out)",
+                detail=lambda: logs(nodes),
             )
             print(
                 f"{len(confirmed)} publishes confirmed ({len(idempotent)} of them 200 idempotent: a retry after a "
@@ -1155,9 +1209,11 @@ def test_push_delivery_survives_a_storage_failure_while_it_rescans():
 
     async def scenario() -> BaseException | None:
         task = asyncio.create_task(Pusher(call, service, rescan_seconds=0.05).run())
-        deadline = time.monotonic() + 5
-        while service.calls < 2 and not task.done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await eventually_async(
+            lambda: service.calls >= 2 or task.done(),
+            interval=0.02,
+            what="the push supervisor re-reads its targets after the failed re-read",
+        )
         died = task.exception() if task.done() else None
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -28,6 +28,7 @@ from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 from serverutil import bearer, mp_command, mp_env, running_server, server_log
+from waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -224,9 +225,7 @@ def test_a_config_file_configures_the_server(tmp_path):
 def test_log_lines_carry_utc_timestamps(tmp_path):
     with running_server(tmp_path, "--db", ":memory:", "--access-log") as (base, proc):
         httpx.get(base + "/mp/v0/discover")
-        deadline = time.monotonic() + 10
-        while '"GET /mp/v0/discover' not in server_log(proc) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: '"GET /mp/v0/discover' in server_log(proc), what="the access log line")
         log = server_log(proc)
     uvicorn_lines = [line for line in log.splitlines() if "INFO" in line]
     assert any("Application startup complete" in line for line in uvicorn_lines)
@@ -248,9 +247,10 @@ def test_the_access_log_is_off_unless_asked_for(tmp_path, monkeypatch, args, env
     with running_server(tmp_path, "--db", ":memory:", *args) as (base, proc):
         httpx.get(base + "/mp/v0/discover")
         httpx.get(base + "/healthz")  # a second request: the first one's line is surely written by now
-        deadline = time.monotonic() + (10 if logged else 1)
-        while '"GET /mp/v0/discover' not in server_log(proc) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if logged:
+            eventually(lambda: '"GET /mp/v0/discover' in server_log(proc), what="the access log line")
+        else:
+            time.sleep(1)  # the point: a line that must not appear gets a second to show anyway
         log = server_log(proc)
     assert ('"GET /mp/v0/discover' in log) is logged, log
     assert ("access log: on" if logged else "access log: off (--access-log turns it on)") in log
@@ -385,11 +385,10 @@ def test_metrics_count_what_the_server_does(tmp_path):
 
         waiter = threading.Thread(target=park)
         waiter.start()
-        deadline = time.monotonic() + 5
-        parked = 0.0
-        while time.monotonic() < deadline and not parked:
-            parked = metric(httpx.get(base + "/metrics").text, "mp_long_polls_parked")
-            time.sleep(0.05)
+        parked = eventually(
+            lambda: metric(httpx.get(base + "/metrics").text, "mp_long_polls_parked"),
+            what="the parked long poll in the gauge (it parks for 3 s)",
+        )
         waiter.join(30)
         text = httpx.get(base + "/metrics").text
     assert parked == 1
@@ -471,12 +470,13 @@ def test_sighup_reloads_allowed_origins_without_dropping_connections(tmp_path):
 
             waiter = threading.Thread(target=park)
             waiter.start()
-            time.sleep(0.5)
+            eventually(
+                lambda: metric(httpx.get(base + "/metrics").text, "mp_long_polls_parked") >= 1,
+                what="the long poll parks",
+            )
             config.write_text('allow_origin = ["http://new.example"]\n')
             proc.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 10
-            while "configuration reloaded" not in server_log(proc) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: "configuration reloaded" in server_log(proc), what="the reload is logged")
             assert mp.get("/discover", headers={"Origin": "http://new.example"}).status_code == 200
             assert mp.get("/discover", headers={"Origin": "http://old.example"}).status_code == 403
             waiter.join(30)
@@ -484,16 +484,12 @@ def test_sighup_reloads_allowed_origins_without_dropping_connections(tmp_path):
             # A file that no longer parses changes nothing: the running configuration stays.
             config.write_text("allow_origin = [\n")
             proc.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 10
-            while "not reloaded" not in server_log(proc) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: "not reloaded" in server_log(proc), what="the refused reload is logged")
             assert mp.get("/discover", headers={"Origin": "http://new.example"}).status_code == 200
             # A setting that needs a restart is named, not silently ignored.
             config.write_text('allow_origin = ["http://new.example"]\nmax_body = 99\n')
             proc.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 10
-            while "need a restart" not in server_log(proc) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            eventually(lambda: "need a restart" in server_log(proc), what="the restart-only setting is named")
         assert proc.poll() is None  # still the same process
         log = server_log(proc)
     reload_lines = [line for line in log.splitlines() if "SIGHUP: " in line]
@@ -678,15 +674,14 @@ def test_mp_serve_starts_as_the_units_install_steps_leave_it(tmp_path):
         first = proc.stdout.readline()
         assert "Monitor Protocol server on http://127.0.0.1:" in first, first + proc.stdout.read()
         url = first.split(" on ", 1)[1].split("/mp/v0", 1)[0]
-        deadline = time.monotonic() + 20
-        while True:
+
+        def healthy() -> bool:
             try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
+                return httpx.get(url + "/healthz", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "mp serve never answered /healthz"
-            time.sleep(0.1)
+                return False
+
+        eventually(healthy, interval=0.1, what="mp serve answers /healthz")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.memory import MemoryStore
+from waiting import eventually_async
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick
@@ -166,16 +167,14 @@ def run_pusher(service: PushService, scenario) -> None:
 
 
 def test_each_rescan_looks_at_idle_push_subscriptions_so_a_lost_notification_only_delays():
-    import asyncio
 
     service = PushService()
 
     async def scenario(pusher) -> None:
-        while service.pulls < 1:  # the backlog pull at start
-            await asyncio.sleep(0.01)
+        await eventually_async(lambda: service.pulls >= 1, what="the backlog pull at start")
         first = service.pulls
-        await asyncio.sleep(0.3)  # about six rescans, and no append heard at all
-        assert service.pulls >= first + 2, service.pulls
+        # Rescans every 0.05 s, and no append heard at all: the idle subscription is looked at again anyway.
+        await eventually_async(lambda: service.pulls >= first + 2, what="two more pulls, by rescans alone")
 
     run_pusher(service, scenario)
 
@@ -186,17 +185,17 @@ def test_a_server_that_stops_leading_stops_pushing_before_its_next_rescan():
     service = PushService()
 
     async def scenario(pusher) -> None:
-        while service.pulls < 1:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0)  # the worker is idle, waiting for a wake
+        await eventually_async(lambda: service.pulls >= 1, what="the backlog pull at start")
+        # One loop turn: the worker goes idle, waiting for a wake (no assertion depends on it).
+        await asyncio.sleep(0)
         stopped = service.pulls
         service.leading = False  # the leader lock moved to another server
         pusher.wakes["sub-1"].set()  # an append arrives for it before this server's next rescan
-        await asyncio.sleep(0.3)
+        await eventually_async(lambda: not pusher.workers, what="the next rescan ends the worker")
+        await asyncio.sleep(0.3)  # the point: about six rescans pass, and none may pull
         assert service.pulls == stopped and not pusher.workers, (service.pulls, pusher.workers)
         service.leading = True  # positive control: leading again, it pushes again
-        await asyncio.sleep(0.2)
-        assert service.pulls > stopped
+        await eventually_async(lambda: service.pulls > stopped, what="a pull once leading again")
 
     run_pusher(service, scenario)
 

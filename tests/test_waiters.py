@@ -20,6 +20,7 @@ from monitor_protocol.doors.mcp.backends import EmbeddedBackend
 from monitor_protocol.doors.parking import Waiters
 from monitor_protocol.store.memory import MemoryStore
 from test_asgi import HANG_GUARD, RUN, Conn, call, publish, setup_feed
+from waiting import eventually_async
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick
@@ -58,9 +59,15 @@ async def registry() -> tuple[Waiters, FakeService]:
     return waiters, service
 
 
-async def parked(waiters: Waiters, monitor_id: str, count: int = 1) -> None:
-    while waiters.parked_on(monitor_id) < count:
-        await asyncio.sleep(0)
+async def parked(waiters: Waiters, monitor_id: str, count: int = 1, interval: float = 0) -> None:
+    """Until `count` readers are parked on the monitor (checked every loop turn, or every `interval` s when
+    an engine thread must get the GIL in between)."""
+    await eventually_async(
+        lambda: waiters.parked_on(monitor_id) >= count,
+        timeout=HANG_GUARD,
+        interval=interval,
+        what=f"{count} reader(s) parked on {monitor_id}",
+    )
 
 
 async def test_an_append_between_the_read_and_the_parking_still_wakes(registry):
@@ -78,7 +85,7 @@ async def test_a_parked_reader_wakes_on_an_append_from_the_engine_thread(registr
     await parked(waiters, "ci")
     assert waiters.parked == 1
     service.append_from_thread("other")  # another monitor's append does not wake it
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the point: for this long, nothing may wake it
     assert not reader.done()
     service.append_from_thread("ci")
     assert await asyncio.wait_for(reader, HANG_GUARD) is True
@@ -94,6 +101,7 @@ async def test_appends_racing_the_parking_are_never_lost(registry):
         worker = threading.Thread(target=service.append, args=("ci",))
         worker.start()  # the append races the wait below: before, during or after the parking
         if round_ % 2:
+            # The point: vary where the append lands (before, during or after the parking).
             await asyncio.sleep(0)
         woke = await asyncio.wait_for(waiters.wait("ci", mark, HANG_GUARD), HANG_GUARD)
         worker.join()
@@ -144,7 +152,7 @@ async def test_recheck_all_wakes_every_parked_reader_and_keeps_the_registry_open
     assert await asyncio.wait_for(waiters.wait("a", stale, HANG_GUARD), HANG_GUARD) is True  # at once
     fresh = asyncio.ensure_future(waiters.wait("a", waiters.mark("a"), HANG_GUARD))
     await parked(waiters, "a")
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the point: for this long, nothing may answer it
     assert not fresh.done()  # positive control: parked for real, not answered at once
     service.append_from_thread("a")
     assert await asyncio.wait_for(fresh, HANG_GUARD) is True
@@ -170,8 +178,7 @@ async def test_one_append_calls_every_parked_reader_back_in_one_loop_turn(regist
     assert waiters.parked == 50
     loop.call_soon(tick)
     service.append_from_thread("ci")
-    while len(called) < 50:
-        await asyncio.sleep(0)
+    await eventually_async(lambda: len(called) >= 50, timeout=HANG_GUARD, interval=0, what="50 call-backs")
     ticking = False
     assert sorted(i for i, _w, _t in called) == list(range(50)) and all(w for _i, w, _t in called)
     # All inside one wake-up, so a door submitting its re-checks there submits them together.
@@ -289,13 +296,12 @@ async def test_a_slow_engine_call_runs_on_the_engine_thread_and_the_loop_stays_f
 
     app.service.pull = slow_pull
     slow = asyncio.ensure_future(call(app, "GET", f"/mp/v0/subscriptions/{sub}/pull", token=reader))
-    while not entered.is_set():
-        await asyncio.sleep(0.001)
+    await eventually_async(entered.is_set, timeout=HANG_GUARD, interval=0.001, what="the slow pull runs")
     # The engine is busy: the loop still answers what needs no engine (it would hang here otherwise).
     health = await asyncio.wait_for(call(app, "GET", "/healthz"), HANG_GUARD)
     assert health.status == 200
     discover = asyncio.ensure_future(call(app, "GET", "/mp/v0/discover"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the point: for this long, neither may be answered
     assert not slow.done() and not discover.done()  # queued behind the slow call, never beside it
     release.set()
     assert (await asyncio.wait_for(slow, HANG_GUARD)).status == 200
@@ -325,8 +331,7 @@ async def test_fifty_parked_long_polls_wake_on_one_publish_in_one_batch(recorded
         for sub_id, token in feeds
     ]
     tasks = [asyncio.ensure_future(app(c.scope, c.receive, c.send)) for c in polls]
-    while app.waiters.parked_on("ci") < len(polls):
-        await asyncio.sleep(0.001)
+    await parked(app.waiters, "ci", len(polls), interval=0.001)
     assert app.metrics.parked_polls == len(polls)
     before = len(recorder.batches)
     published = await publish(app, owner, "wanted")
@@ -352,12 +357,15 @@ async def test_a_long_poll_whose_append_does_not_match_parks_again(recorded):
         headers={"authorization": f"Bearer {reader}"},
     )
     task = asyncio.ensure_future(app(waiting.scope, waiting.receive, waiting.send))
-    while not app.waiters.parked_on("ci"):
-        await asyncio.sleep(0.001)
+    await parked(app.waiters, "ci", interval=0.001)
     pulled = len(pulls)
     await publish(app, owner, "ignored", "com.example.ci.other")
-    while len(pulls) == pulled or not app.waiters.parked_on("ci"):  # re-checked, then parked again
-        await asyncio.sleep(0.001)
+    await eventually_async(
+        lambda: len(pulls) != pulled and app.waiters.parked_on("ci"),
+        timeout=HANG_GUARD,
+        interval=0.001,
+        what="re-checked, then parked again",
+    )
     assert not task.done()
     await publish(app, owner, "wanted")
     await asyncio.wait_for(task, HANG_GUARD)
@@ -378,8 +386,7 @@ async def test_the_browser_host_parks_in_the_registry():
     waiting = asyncio.ensure_future(
         host.call("GET", f"/subscriptions/{sub_id}/pull", token=reader, query={"wait": 50})
     )
-    while not host.waiters.parked_on("ci"):
-        await asyncio.sleep(0)
+    await parked(host.waiters, "ci")
     await host.call("POST", "/monitors/ci/observations", {"type": RUN, "subject": "b1"}, token=owner)
     reply = await asyncio.wait_for(waiting, HANG_GUARD)
     assert [o["subject"] for o in reply.body["observations"]] == ["b1"]
@@ -434,15 +441,13 @@ async def test_the_mcp_embedded_pull_parks_in_the_registry(tmp_path):
         first = await backend.pull(sub_id, token)
         await backend.call("ack", sub_id, token, {"cursor": first["next"]})
         waiting = asyncio.ensure_future(backend.pull(sub_id, token, wait=50))
-        while not backend.waiters.parked_on("ci"):
-            await asyncio.sleep(0.001)
+        await parked(backend.waiters, "ci", interval=0.001)
         await backend.call("publish", "ci", {"type": RUN, "subject": "m1"}, owner)
         reply = await asyncio.wait_for(waiting, HANG_GUARD)
         assert [o["subject"] for o in reply["observations"]] == ["m1"]
         assert "ci" in changed  # resource notifications ride on the same registry
         parked_again = asyncio.ensure_future(backend.pull(sub_id, token, cursor=reply["next"], wait=50))
-        while not backend.waiters.parked_on("ci"):
-            await asyncio.sleep(0.001)
+        await parked(backend.waiters, "ci", interval=0.001)
     finally:
         await backend.close()
     assert (await asyncio.wait_for(parked_again, HANG_GUARD))["observations"] == []  # drained at close

@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +21,7 @@ import httpx
 import pytest
 from monitor_protocol.client import Client
 from serverutil import mp_command, mp_env, start_server, stop_server
+from waiting import eventually
 
 TYPE = "com.example.ci.run"
 LINE_GUARD_SECONDS = 45.0
@@ -128,10 +128,12 @@ def committed(base: str, sid: str, reader: str) -> int:
 
 def wait_committed(base: str, sid: str, reader: str, expected: int) -> None:
     """Wait until the watch's ack has landed (it follows the printed line); fails after the hang guard."""
-    deadline = time.monotonic() + LINE_GUARD_SECONDS
-    while (now := committed(base, sid, reader)) != expected:
-        assert time.monotonic() < deadline, f"committed cursor stayed at {now}, expected {expected}"
-        time.sleep(0.05)
+    eventually(
+        lambda: committed(base, sid, reader) == expected,
+        timeout=LINE_GUARD_SECONDS,
+        what=f"the committed cursor reaches {expected}",
+        detail=lambda: f" (it is {committed(base, sid, reader)})",
+    )
 
 
 def test_watch_prints_one_line_per_observation_and_acks(tmp_path: Path, watchers: list[Watcher]) -> None:

@@ -77,6 +77,19 @@ def code(r: Reply) -> str:
     return str((r.body or {}).get("code", "")) if isinstance(r.body, dict) else ""
 
 
+def holder_name(holder: str) -> str:
+    """A lease holder (`sub:<subscription id>`) as a person reads it: the worker's or reader's name, and the
+    id (the engine names the subscription; the page knows which of its workers that is)."""
+    sid = str(holder).removeprefix("sub:")
+    name = next((k.split(":", 1)[1] for k, w in m.S.workers.items() if w.sub_id == sid), None)
+    if name is None and sid in m.S.readers:
+        name = m.S.readers[sid].name
+    if name is None:
+        view = m.PIC.subscription(sid)
+        name = view["subscription"]["subscriber"] if view else None
+    return f"{name} ({holder})" if name else str(holder)
+
+
 # ---------------------------------------------------------------------------------------- monitors
 async def define(body: dict[str, Any], answer: str = "define-answer", show_token: bool = True) -> Reply:
     r = await ENGINE.call("POST", "/monitors", body)
@@ -150,8 +163,7 @@ async def pick(_el) -> None:
     await ui.refresh()
 
 
-async def configure(act: str, reason: str | None = None, answer: str = "define-answer") -> Reply:
-    reason = reason or el("life-reason").value or act
+async def configure(act: str, reason: str, answer: str = "define-answer") -> Reply:
     r = await ENGINE.call(
         "POST", f"/monitors/{m.S.monitor}/{act}", {"reason": reason}, token=m.S.owner_token()
     )
@@ -165,8 +177,13 @@ async def configure(act: str, reason: str | None = None, answer: str = "define-a
     return r
 
 
+def life_reason(act: str) -> str:
+    """The lifecycle form's reason (the action's name when it is left empty)."""
+    return str(el("life-reason").value).strip() or act
+
+
 for _act in ("pause", "resume", "retire"):
-    action(_act, answer="define-answer")(lambda _el, a=_act: configure(a))
+    action(_act, answer="define-answer")(lambda _el, a=_act: configure(a, life_reason(a)))
 
 
 # ---------------------------------------------------------------------------------------- publishing
@@ -191,7 +208,12 @@ def fill_publish_form(body: dict[str, Any]) -> None:
     form.elements.namedItem("data").value = json.dumps(body.get("data", {}))
 
 
+class FormProblem(ValueError):
+    """A form value the page will not send; the message says what to type instead."""
+
+
 def read_publish_form() -> dict[str, Any]:
+    """The publish form as a request body; FormProblem when `data` is not JSON (where it breaks, said)."""
     form = el("publish-form")
     body: dict[str, Any] = {}
     for key in FORM_KEYS:
@@ -202,8 +224,12 @@ def read_publish_form() -> dict[str, Any]:
     if raw:
         try:
             body["data"] = json.loads(raw)
-        except ValueError:
-            body["data"] = raw  # the router answers with the real refusal
+        except json.JSONDecodeError as exc:
+            raise FormProblem(
+                f"data is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} "
+                f"(near {raw[max(0, exc.pos - 8) : exc.pos + 8]!r}). Nothing was sent. Type an object such as "
+                '{"status": "failed"}.'
+            ) from None
     return body
 
 
@@ -217,7 +243,12 @@ async def preset(target) -> None:
 
 @action("publish", answer="publish-answer")
 async def publish_form(_el) -> Reply:
-    return await publish(read_publish_form())
+    try:
+        body = read_publish_form()
+    except FormProblem as problem:
+        note("publish-answer", str(problem), ok=False)
+        return Reply(400, {"code": "INVALID", "error": str(problem)})
+    return await publish(body)
 
 
 # ---------------------------------------------------------------------------------------- readers
@@ -247,7 +278,9 @@ async def add_reader(
             m.S.readers.pop(existing.sub_id, None)
         m.S.readers[sub["id"]] = m.Reader(sub["id"], name, r.body["token"], m.S.monitor)
         await save()
-        say = f"{name} subscribed: its cursor is {sub['cursor']}."
+        sees = (f"filtered to {', '.join(flt['types'])}: it gets only those" if flt and flt.get("types")
+                else "unfiltered: it gets every row, the protocol's own (⚙ created, subscribed, lease...) too")  # fmt: skip
+        say = f"{name} subscribed, {sees}. Its cursor is {sub['cursor']}: the next seq it will be given."
         show_one(answer, f"subscribe {name}", r, say)
     else:
         show_one(answer, f"subscribe {name}", r)
@@ -255,9 +288,17 @@ async def add_reader(
     return r
 
 
+def reader_filter() -> dict[str, Any] | None:
+    """The "+ reader" filter: the monitor's declared types (the default), or none (the protocol's own rows
+    too) when the person unticks it."""
+    box = el("reader-filter-types")
+    types = list(((m.PIC.monitor or {}).get("monitor") or {}).get("types") or [])
+    return {"types": types} if box is not None and box.checked and types else None
+
+
 @action("add-reader", answer="readers-answer")
 async def add_reader_btn(_el) -> Reply:
-    return await add_reader()
+    return await add_reader(flt=reader_filter())
 
 
 def reader_for(target) -> m.Reader:
@@ -274,7 +315,10 @@ async def pull(rd: m.Reader, limit: int = 20, answer: str = "readers-answer") ->
         m.flash(rd.redelivered)
         await save()
         if not obs:
-            say = f"Nothing new for {rd.name}: lag 0."
+            say = f"Nothing new for {rd.name}: lag 0. Its cursor is {r.body['cursor']}: the next seq it will be given."
+            if r.body["next"] == r.body["head"] + 1:
+                say += (f" The reply's next is {r.body['next']} = head {r.body['head']} + 1: past everything there "
+                        "is (rows its filter skips included), where an ack would put it.")  # fmt: skip
         elif rd.redelivered:
             say = (f"{rd.name} got {len(obs)} again, marked redelivered: it never acknowledged them. Its cursor is "
                    f"still {r.body['cursor']}.")  # fmt: skip
@@ -303,9 +347,12 @@ async def ack(rd: m.Reader, answer: str = "readers-answer") -> Reply:
     if r.status == 200:
         rd.held, rd.redelivered, rd.next = [], [], None
         await save()
-        show_one(
-            answer, f"{rd.name} acks", r, f"The cursor moved to {r.body['cursor']}: those will not come back."
-        )
+        head = int(((m.PIC.monitor or {}).get("monitor") or {}).get("head") or 0)
+        at = r.body["cursor"]
+        where = (f" It has everything up to head {head}, so it sits at head + 1." if at == head + 1
+                 else "")  # fmt: skip
+        show_one(answer, f"{rd.name} acks", r, f"The cursor moved to {at}, the next seq {rd.name} will be "
+                 f"given: those before it will not come back.{where}")  # fmt: skip
     else:
         show_one(answer, f"{rd.name} acks", r)
     await ui.refresh()
@@ -404,15 +451,29 @@ LEASE_SAY = {
 }
 
 
+NO_SUBJECT = "Type the subject to lease first (the job's name, e.g. build-412): nothing was sent."
+
+
+def lease_subject() -> str:
+    """The subject typed in the Leases panel ("" when empty: the page never picks one silently)."""
+    return str(el("lease-subject").value).strip()
+
+
 async def lease_button(target) -> Reply:
+    """A worker card's button: the subject and seconds typed in the Leases panel."""
     worker = target.getAttribute("data-worker")
     act = target.getAttribute("data-act")[2:]
-    subject = el("lease-subject").value.strip() or "build-412"
+    subject = lease_subject()
+    if not subject:
+        note("lease-answer", NO_SUBJECT, ok=False)
+        return Reply(400, {"code": "INVALID", "error": NO_SUBJECT})
     r = await lease(worker, act, subject, lease_seconds())
     if r.ok:
         say = LEASE_SAY[act].format(w=worker, s=subject, n=lease_seconds())
     elif code(r) == "LEASE_HELD":
-        say = f"Refused: {subject} is held by {(r.body or {}).get('holder')}. Wait for it to expire or be released."
+        holder = (r.body or {}).get("holder")
+        say = (f"Refused: {subject} is held by {holder_name(holder) if holder else 'another worker'}. Wait for "
+               "it to expire or be released.")  # fmt: skip
     else:
         say = ""
     show_one("lease-answer", f"{worker} {act} {subject}", r, say)
@@ -425,12 +486,19 @@ for _act in ("claim", "complete", "release", "reject"):
 
 
 @action("lease-deadletter", answer="lease-answer")
-async def dead_letter(_el) -> Reply:
+async def dead_letter_btn(_el) -> Reply:
+    subject = lease_subject()
+    if not subject:
+        note("lease-answer", NO_SUBJECT, ok=False)
+        return Reply(400, {"code": "INVALID", "error": NO_SUBJECT})
+    return await dead_letter(subject, lease_seconds())
+
+
+async def dead_letter(subject: str, seconds: int) -> Reply:
     """Reject the same subject until the delivery count limit dead-letters it, then show a claim refused."""
-    subject = el("lease-subject").value.strip() or "build-412"
     pairs = []
     for _ in range(6):
-        c = await lease("worker-a", "claim", subject, lease_seconds())
+        c = await lease("worker-a", "claim", subject, seconds)
         if not c.ok:
             pairs.append((f"worker-a claims {subject}", c))
             break
@@ -438,11 +506,14 @@ async def dead_letter(_el) -> Reply:
         pairs.append((f"worker-a rejects {subject}", r))
         if not r.ok or r.body.get("dead_letter"):
             break
-    final = await lease("worker-b", "claim", subject, lease_seconds())
+    final = await lease("worker-b", "claim", subject, seconds)
     pairs.append((f"worker-b claims {subject}", final))
-    rejections = sum(1 for t, r in pairs if "rejects" in t and r.ok)
+    # The engine's count of failed attempts (rejections here, and any expiry before them), not this loop's.
+    last = next((r for t, r in reversed(pairs) if "rejects" in t and r.ok), None)
+    attempts = ((last.body or {}).get("lease") or {}).get("attempts") if last is not None else None
     if code(final) == "DEAD_LETTERED":
-        say = f"After {rejections} rejection(s) {subject} is dead-lettered: nobody gets it again."
+        said = f"After {attempts} failed attempt(s), the engine's count," if attempts else "Now"
+        say = f"{said} {subject} is dead-lettered: nobody gets it again."
     else:
         say = f"{subject} is not dead-lettered: {code(final) or 'the claim was accepted'}."
     show("lease-answer", pairs[-2:], say)

@@ -154,7 +154,7 @@ def following() -> None:
 async def took_over() -> None:
     el("other-tab").setAttribute("hidden", "")
     el("reset-btn").disabled = False
-    conn = remote.STATE["conn"]
+    conn = remote.CONN["now"]
     if conn is None:
         await page.load_session()
     elif conn.ui_idb:  # connected: the server's session stays on screen; the page's own, as the tab that
@@ -179,12 +179,14 @@ async def main() -> None:
     )
     await refresh()
     await console.setup()
-    remote.setup()
+    await remote.setup()
+    story.setup()
     doc.addEventListener("click", create_proxy(on_click))
     el("monitor-pick").addEventListener("change", create_proxy(lambda e: ui.run_task(actions.pick(None))))
     el("lease-subject").addEventListener("input", create_proxy(lambda e: panels.render_workers()))
     el("tabs").addEventListener("keydown", create_proxy(on_tab_key))
-    switch_tab("playground" if share.setup() else "story")  # a #scenario= link opens where Replay is
+    # a #scenario= link opens where Replay is (at start, or pasted into this tab later)
+    switch_tab("playground" if share.setup(lambda: switch_tab("playground")) else "story")
     for b in doc.querySelectorAll(".tab-btn"):
         b.disabled = False
     el("reset-btn").disabled = ENGINE.mode != "owner"

@@ -251,4 +251,55 @@ MP.idb = {
   },
 };
 
+// ---------------------------------------------------------------- the vault: remembered tokens at rest
+// The Server console's remembered tokens are kept encrypted (AES-GCM) under a key this browser made and
+// will never export (a non-extractable CryptoKey in an IndexedDB database of its own), so what sits in
+// localStorage is no token to whoever reads the profile's files, a backup or a synced copy. A script
+// running in this page could still ask the key to decrypt: in one origin only keeping script out does
+// that (every remote value escaped, replies checked, a Content-Security-Policy with no inline script);
+// docs/security.md says so.
+const VAULT_DB = nsName("monitor-protocol-vault");
+async function vaultKey(create) {
+  const r = indexedDB.open(VAULT_DB, 1);
+  r.onupgradeneeded = () => r.result.createObjectStore("keys");
+  const vdb = await req(r);
+  try {
+    const found = await req(vdb.transaction("keys").objectStore("keys").get("remote"));
+    if (found || !create) return found || null;
+    const key = await crypto.subtle.generateKey({ name: "AES-GCM", length: 256 }, false, ["encrypt", "decrypt"]);
+    const tx = vdb.transaction("keys", "readwrite");
+    tx.objectStore("keys").put(key, "remote");
+    await done(tx);
+    return key;
+  } finally {
+    vdb.close();
+  }
+}
+const b64 = (bytes) => btoa(String.fromCharCode(...bytes));
+MP.vault = {
+  // text -> "v1:<base64 of iv + ciphertext>"
+  async seal(text) {
+    const key = await vaultKey(true);
+    const iv = crypto.getRandomValues(new Uint8Array(12));
+    const ct = new Uint8Array(await crypto.subtle.encrypt({ name: "AES-GCM", iv }, key, new TextEncoder().encode(text)));
+    const all = new Uint8Array(iv.length + ct.length);
+    all.set(iv);
+    all.set(ct, iv.length);
+    return "v1:" + b64(all);
+  },
+  // the text, or null when it cannot be opened (no key any more, another browser's, damaged)
+  async open(sealed) {
+    try {
+      if (!String(sealed).startsWith("v1:")) return null;
+      const key = await vaultKey(false);
+      if (!key) return null;
+      const all = Uint8Array.from(atob(String(sealed).slice(3)), (c) => c.charCodeAt(0));
+      const pt = await crypto.subtle.decrypt({ name: "AES-GCM", iv: all.slice(0, 12) }, key, all.slice(12));
+      return new TextDecoder().decode(pt);
+    } catch (err) {
+      return null;
+    }
+  },
+};
+
 MP.stage("runtime", "Loading Python (Pyodide) from this site…");

@@ -58,8 +58,9 @@ def rng() -> random.Random:
 RNG = [random.Random()]
 
 
-async def setup() -> bool:
-    """The race's monitor and cursor reader: the ones made before (kept in the session), or new ones."""
+async def setup(answer: str = "race-answer") -> bool:
+    """The race's monitor and cursor reader: the ones made before (kept in the session), or new ones. The
+    create's answer goes to `answer` (an embed passes a line that is not drawn: it shows only failures)."""
     if m.S.race_monitor in m.S.owners and m.PIC.exists(m.S.race_monitor) and m.S.race_sub in m.S.readers:
         RACE.monitor, RACE.sub_id = m.S.race_monitor, m.S.race_sub
         return True
@@ -69,8 +70,9 @@ async def setup() -> bool:
         "name": "The race",
         "description": "Notifications vs a cursor",
     }
-    r = await a.define(body, answer="race-answer", show_token=False)
+    r = await a.define(body, answer=answer, show_token=False)
     if not r.ok:
+        ui.show_one("race-answer", "create the race's monitor", r)
         return False
     RACE.monitor = r.body["monitor"]["id"]
     sub = await ENGINE.call(
@@ -179,7 +181,7 @@ async def drain(rd: m.Reader) -> None:
     ui.refresh_soon()
 
 
-@action("race-toggle", answer=None, exclusive=False)
+@action("race-toggle", answer="race-answer", exclusive=False, local_only=True)
 async def toggle(_el) -> None:
     if RACE.on:
         RACE.on = False
@@ -231,7 +233,7 @@ def render() -> None:
         )
         return (
             f"<div class='race-side{' down' if side.down else ''}' id='race-{key}'><h4>{esc(title)}</h4>"
-            f"<p class='small muted'>{esc(how)}</p><p class='small'>now: <b>{esc(status)}</b></p>"
+            f"<p class='small muted how'>{esc(how)}</p><p class='small'>now: <b>{esc(status)}</b></p>"
             f"<div class='tally'>{cells}</div></div>"
         )
 

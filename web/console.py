@@ -8,6 +8,7 @@ the console says so and offers to go on with it in one click."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import actions as a
@@ -35,6 +36,50 @@ EXTRAS = [
         'curl -sS "$MP/subscriptions/$SUB_ID/pull?cursor=1" -H "Authorization: Bearer $READER" | field \'["observations"]\'',
     ),
 ]
+
+
+# The README speaks to someone at a terminal beside `mp serve`; here the page is the shell and the server.
+FOR_THIS_PAGE = (
+    (
+        "Then, in another shell, run the blocks below in order",
+        "Run the blocks below in order, here: this page is the shell",
+    ),
+    ("in another shell", "here (this page is the shell)"),
+)
+
+
+def for_this_page(why: str) -> str:
+    """A quickstart block's sentence as it reads in this console (the README's words, adjusted)."""
+    for theirs, ours in FOR_THIS_PAGE:
+        why = why.replace(theirs, ours)
+    return why
+
+
+def actor_note(extra: dict[str, Any]) -> str:
+    """A publish sent without an actor: one line saying whose word it became, and how to say who saw it."""
+    path = extra["url"].split("/mp/v0", 1)[-1].split("?", 1)[0]
+    data = extra["data"]
+    if (
+        extra["method"] != "POST"
+        or extra["status"] != 201
+        or not re.fullmatch(r"/monitors/[^/]+/observations", path)
+    ):
+        return ""
+    if (
+        "actor" in request_json(extra)
+        or not isinstance(data, dict)
+        or not isinstance(data.get("observation"), dict)
+    ):
+        return ""
+    obs = data["observation"]
+    origin = str(obs.get("origin") or "")
+    article = "an" if origin[:1] in ("a", "e", "i", "o", "u") else "a"
+    return (
+        f"<div class='note actor-note'># No \"actor\" was sent, so this is the owner's own word: actor "
+        f"{esc(obs.get('actor'))}, origin {esc(origin)}, and {article} {esc(origin)}'s word "
+        f'is tier {esc(obs.get("tier"))} unless it says more. Send "actor": "probe:ci" to say a probe '
+        "measured it.</div>"
+    )
 
 
 def term_print(html_text: str) -> None:
@@ -156,6 +201,7 @@ def term_emit(kind: str, text: str, extra: dict[str, Any]) -> None:
                 else f"<div class='json piped' role='region' tabindex='0' aria-label='captured answer'>{esc(pretty)}</div>"
             )
             + note
+            + actor_note(extra)
             + ("" if ok else way_on(extra))
         )
 
@@ -226,7 +272,7 @@ async def setup() -> None:
     )
     try:
         resp = await js.fetch("./quickstart.json")
-        quick = [(b["why"], b["code"]) for b in json.loads(str(await resp.text()))]
+        quick = [(for_this_page(b["why"]), b["code"]) for b in json.loads(str(await resp.text()))]
     except Exception as exc:  # shown, never hidden: the extras still work
         quick = []
         js.console.warn(f"quickstart.json: {exc!r}")

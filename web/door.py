@@ -11,12 +11,14 @@ from typing import Any
 from urllib.parse import urlencode
 
 import js
+from monitor_protocol.client import webhttp
 from monitor_protocol.doors.browser import EngineHost, Reply
 from monitor_protocol.store.indexeddb import IndexedDBStore
 from monitor_protocol.store.memory import MemoryStore
-from pyodide.ffi import create_proxy, to_js
+from pyodide.ffi import create_proxy
 
 MP = js.MP
+FOLLOWER_TIMEOUT_S = 60.0  # the service worker gives the owner tab 5 s (plus a long poll's wait) to answer
 
 
 class Engine:
@@ -30,6 +32,7 @@ class Engine:
         # A running `mp serve` the page is a console for (web/remote.py): while set, `call` and `overview`
         # go to it; the page's own engine keeps running underneath (service worker, other tabs, sweep).
         self.remote: Any = None
+        self.http = webhttp.AsyncClient()  # a follower's requests, through the service worker
 
     async def open_ui_storage(self) -> None:
         try:
@@ -116,21 +119,34 @@ class Engine:
         return reply
 
     async def _fetch(self, method: str, path: str, body: Any, token: str | None, query: dict | None) -> Reply:
+        """A follower's call: through the service worker to the owner tab, sent by the client's browser
+        transport (webhttp, as AsyncClient sends in Pyodide), with a long poll's wait on top of the timeout."""
         url = "./mp/v0" + path + ("?" + urlencode(query) if query else "")
-        headers = {}
+        headers = {"accept": "application/json"}
         if token:
-            headers["Authorization"] = f"Bearer {token}"
-        opts: dict[str, Any] = {"method": method, "headers": headers}
+            headers["authorization"] = f"Bearer {token}"
+        data = None
         if body is not None:
-            headers["Content-Type"] = "application/json"
-            opts["body"] = json.dumps(body)
-        resp = await js.fetch(url, to_js(opts, dict_converter=js.Object.fromEntries))
-        text = await resp.text()
+            headers["content-type"] = "application/json"
+            data = json.dumps(body).encode()
+        wait = str((query or {}).get("wait", ""))
         try:
-            data = json.loads(text) if text else None
+            got = await self.http.request(
+                method,
+                url,
+                data,
+                headers,
+                FOLLOWER_TIMEOUT_S + int(wait) if wait.isdigit() else FOLLOWER_TIMEOUT_S,
+            )
+        except webhttp.SendFailed as exc:
+            return Reply(
+                503, {"code": "UNAVAILABLE", "error": f"The engine's tab did not answer: {exc.reason}"}
+            )
+        try:
+            parsed = json.loads(got.content) if got.content else None
         except ValueError:
-            data = {"code": "UNAVAILABLE", "error": text}
-        return Reply(int(resp.status), data)
+            parsed = {"code": "UNAVAILABLE", "error": got.content.decode("utf-8", "replace")[:400]}
+        return Reply(got.status_code, parsed)
 
 
 ENGINE = Engine()

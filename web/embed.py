@@ -1,6 +1,6 @@
 """embed.html: one scene of the playground, sized for an iframe, in its own engine namespace.
 
-The page's inline script picked the namespace (`embed-<scene>-<id>`) before boot.js ran, so this frame's
+embed-ns.js (a plain script before boot.js) picked the namespace (`embed-<scene>-<id>`) before boot.js ran, so this frame's
 IndexedDB, Web Lock and view channel are its own: it never mixes with the playground (namespace "") or with
 another embed. Everything drawn or called is the playground's own code (door, actions, track, panels,
 compare); this module only starts the engine, reads the picture of the scene's one monitor, and dispatches
@@ -14,6 +14,7 @@ import re
 import actions as a
 import compare
 import js
+import model as m
 import page
 import panels
 import scenes
@@ -25,7 +26,7 @@ from ui import ACTIONS, el, esc
 
 MP = js.MP
 doc = js.document
-ID_RE = re.compile(r"^[a-z0-9-]{1,40}$")  # the `id` parameter (and a scene's name); the inline script agrees
+ID_RE = re.compile(r"^[a-z0-9-]{1,40}$")  # the `id` parameter (and a scene's name); embed-ns.js agrees
 HERE: list[scenes.Scene] = []  # the scene on this page, once it is known to be one
 
 
@@ -95,6 +96,12 @@ async def reset(_el) -> None:
     )
 
 
+@ui.action("embed-start-over", exclusive=False)
+async def start_over(_el) -> None:
+    """The scene as new: this frame's own saved log goes (nothing else is touched), without a question."""
+    await page.reset("frame (the first one opened)", None, stop=lambda: setattr(compare.RACE, "on", False))
+
+
 def on_click(evt) -> None:
     target = page.clicked(evt)
     act = ACTIONS.get(target.getAttribute("data-act")) if target is not None else None
@@ -112,9 +119,12 @@ async def took_over() -> None:
 
 
 async def setup(scene: scenes.Scene) -> None:
-    """The scene's monitor (and reader or workers), made once per namespace; an answer only if it failed."""
+    """The scene's monitor (and reader or workers), made once per namespace; an answer only if it failed.
+    A scene found as a previous visit left it says so, and offers to start over."""
     a.select(scenes.monitor_of(scene))
     await refresh()
+    continued = m.PIC.exists(scenes.monitor_of(scene))
+    el("scene-continued").hidden = not continued
     pairs = await scene.setup()
     a.select(scenes.monitor_of(scene))
     if any(not r.ok for _, r in pairs):
@@ -167,7 +177,7 @@ async def main() -> None:
     if str(MP.ns or "") != namespace(scene.name, ident):
         # Never guess a namespace: a wrong one could mix this frame with the playground or another embed.
         show_list(f"This page's storage namespace is {MP.ns!r}, not {namespace(scene.name, ident)!r}: "
-                  "load embed.html as built, with its inline script before boot.js.")  # fmt: skip
+                  "load embed.html as built, with embed-ns.js before boot.js.")  # fmt: skip
         return
     HERE.append(scene)
     draw(scene)

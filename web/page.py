@@ -116,6 +116,9 @@ def run_action(
     """Run a clicked action: a non-exclusive one at once; an engine one under BUSY, its button disabled now
     (synchronously: a double click cannot start it twice), the picture read again after it, and the
     keyboard focus given back (disabling drops it). `done(result)` sees what the action returned."""
+    if act.local_only and ENGINE.remote is not None:
+        ui.note(act.answer or answer or "", "Not while connected to a server. " + ui.LOCAL_ONLY, ok=False)
+        return
     if not act.exclusive:
         ui.run_task(act.run(target))
         return
@@ -157,12 +160,13 @@ async def ticker(name: str) -> None:
             js.console.error(f"{name} timer: {exc!r}")
 
 
-async def reset(where: str, question: str, stop: Callable[[], None]) -> None:
-    """Delete this namespace's saved log and tokens (after asking), then start again from a reload."""
+async def reset(where: str, question: str | None, stop: Callable[[], None]) -> None:
+    """Delete this namespace's saved log and tokens (after asking `question`, unless None), then start
+    again from a reload."""
     if ENGINE.mode != "owner":
         js.alert(f"Reset from the {where} that owns the engine.")
         return
-    if not js.confirm(question):
+    if question is not None and not js.confirm(question):
         return
     stop()
     if ENGINE.ui_idb:

@@ -50,7 +50,7 @@ def render_picker() -> None:
         sel = " selected" if mon["id"] == m.S.monitor else ""
         paused = "" if mon["active"] else " · paused or retired"
         opts.append(
-            f"<option value='{esc(mon['id'])}'{sel}>{esc(mon['id'])} · {mon['head']} rows{paused}{mine}</option>"
+            f"<option value='{esc(mon['id'])}'{sel}>{esc(mon['id'])} · {esc(mon['head'])} rows{paused}{mine}</option>"
         )
     if m.S.monitor is None:
         opts.insert(0, "<option value='' selected>pick a monitor</option>")
@@ -96,12 +96,13 @@ def reader_card(view: dict[str, Any]) -> str:
         + (" <b class='crashed-word'>✖ crashed</b>" if rd and rd.crashed else "")
         + (" <b>retired</b>" if retired else "")
         + "</div>",
-        f"<div class='meta'>{tip('cursor')} <b class='cursor'>{esc(sub['cursor'])}</b> · {tip('lag')} "
+        f"<div class='meta'>{tip('cursor')} <b class='cursor'>{esc(sub['cursor'])}</b> "
+        f"<span class='cursor-said'>{esc(cursor_said(sub))}</span> · {tip('lag')} "
         f"<b class='lag'>{esc(sub.get('lag'))}</b> · last pull {esc(at(sub.get('last_pull')))}"
         + (
             f" · filter {esc(','.join(sub['filter'].get('types', [])) or sub['filter'])}"
             if sub.get("filter")
-            else ""
+            else f" · unfiltered: {tip('⚙ protocol rows', 'protocol')} too"
         )
         + "</div>",
     ]
@@ -135,6 +136,15 @@ def reader_card(view: dict[str, Any]) -> str:
     return f"<div class='{cls}' data-reader='{esc(name)}' data-sub='{esc(sid)}'>{''.join(lines)}</div>"
 
 
+def cursor_said(sub: dict[str, Any]) -> str:
+    """The cursor in words, where it shows: the next seq this reader gets; at head + 1 it has everything."""
+    head = (m.PIC.monitor or {}).get("monitor", {}).get("head")
+    cursor = sub.get("cursor")
+    if isinstance(head, int) and cursor == head + 1:
+        return f"(the next seq it gets: head {head} + 1, it has everything)"
+    return "(the next seq it gets)"
+
+
 def reader_buttons(rd: m.Reader) -> str:
     crashed = "it crashed: restart it first" if rd.crashed else ""
     nothing = "nothing held: pull first" if not rd.held else ""
@@ -159,7 +169,11 @@ def reader_buttons(rd: m.Reader) -> str:
 
 # ---------------------------------------------------------------------------------------- leases
 def lease_subject() -> str:
-    return el("lease-subject").value.strip() or "build-412"
+    return str(el("lease-subject").value).strip()
+
+
+def worker_named(sub_id: str) -> str | None:
+    return next((k.split(":", 1)[1] for k, w in m.S.workers.items() if w.sub_id == sub_id), None)
 
 
 def render_workers() -> None:
@@ -167,6 +181,7 @@ def render_workers() -> None:
     subject = lease_subject()
     lv = next((x for x in m.PIC.leases() if x["lease"]["subject"] == subject), None)
     holder = (lv or {}).get("lease", {}).get("holder") if lv and lv["state"] == "held" else None
+    held_by = worker_named(str(holder).removeprefix("sub:")) if holder else None
     until = None
     if lv and lv.get("expires_in_s") is not None:
         until = round(m.PIC.read_at + lv["expires_in_s"])
@@ -178,9 +193,9 @@ def render_workers() -> None:
         if w is None:
             status = "not subscribed yet (its first claim subscribes it)"
         elif is_holder:
-            status = "holds the lease"
+            status = f"holds the lease on {subject} ({holder})"
         elif holder:
-            status = "waiting: another holder"
+            status = f"waiting: {held_by or 'another subscription'} holds it ({holder})"
         else:
             status = "free to claim"
         countdown = (
@@ -189,6 +204,7 @@ def render_workers() -> None:
             else ""
         )
         why = "" if own else "this page does not hold the owner token of this monitor"
+        why = why or ("" if subject else "type a subject above first")
         held_why = why or ("" if is_holder else "it does not hold the lease")
         btns = (
             button("w-claim", "Claim", why, worker=name)
@@ -280,6 +296,10 @@ def render_availability() -> None:
     not_owner = no_mon or ("" if m.S.owner_token() else "this page does not hold this monitor's owner token")
     set_enabled("btn-publish", not_owner)  # allowed while paused, on purpose: the refusal is kept
     set_enabled("btn-add-reader", not_owner)
+    types = ((m.PIC.monitor or {}).get("monitor") or {}).get("types") or []
+    said = el("reader-filter-said")
+    if said is not None:
+        said.textContent = ", ".join(types) if types else "(this monitor declares no types: unfiltered)"
     for act in ("pause", "resume", "retire"):
         set_enabled(f"btn-{act}", not_owner)
     set_enabled("btn-deadletter", not_owner)

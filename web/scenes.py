@@ -220,7 +220,7 @@ async def lease_setup() -> Pairs:
 
 # ---------------------------------------------------------------------------------------- race
 async def race_setup() -> Pairs:
-    await compare.setup()  # its monitor and cursor reader, kept in the session across reloads
+    await compare.setup(answer=QUIET)  # its monitor and cursor reader, kept in the session across reloads
     if compare.RACE.monitor:
         a.select(compare.RACE.monitor)
     return []

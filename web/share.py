@@ -2,10 +2,11 @@
 
 - Export: the monitor on screen as CloudEvents JSON Lines (EngineHost.export_log), downloaded as
   `<monitor>-<UTC time>.jsonl` through a Blob and an <a download>.
-- Import: a .jsonl file (or text pasted, for phones) checked line by line twice: with jsonschema against the
-  project's schemas in the page, and by the engine's own rules (importing.check_log); any refused line is
-  listed (line number, reason) and nothing is imported. Else it becomes a NEW monitor (default id
-  `<id>-import`), its owner token shown once, and it is put on screen.
+- Import: a .jsonl file (or text pasted, for phones) checked line by line by the engine's own rules
+  (importing.LogCheck, a slice at a time: a progress bar, the page free to paint and to take Cancel between
+  slices); a line the schema refuses is worded by jsonschema against the project's schema. Any refused line
+  is listed (line number, reason) and nothing is imported. Else what was checked is written, in one
+  transaction, as a NEW monitor (default id `<id>-import`), its owner token shown once, and put on screen.
 - Share link: the Playground's buttons are recorded, per monitor, as a small scenario (the steps and the
   form values they sent, a publish's data included; never a token, never the log itself). "Copy share link" puts
   `<page>#scenario=<base64url of compact JSON>` on the clipboard. Opening such a link says what it will do
@@ -16,10 +17,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 import actions
@@ -27,7 +31,9 @@ import js
 import model as m
 import ui
 from door import ENGINE
+from monitor_protocol.core.rules import importing
 from monitor_protocol.doors.browser import Reply
+from monitor_protocol.core.errors import ProtocolError
 from pyodide.ffi import to_js
 from ui import action, el, esc, note
 
@@ -122,6 +128,12 @@ def _step_problem(step: Any) -> str | None:
         if "data" in body and len(json.dumps(body["data"])) > 1024:
             return "pub's data is over 1 KiB"
         return None
+    if kind == "sub" and len(args) == 2:  # a reader with a filter: only the monitor's types
+        flt = args[1]
+        if (not isinstance(flt, dict) or set(flt) != {"types"} or not isinstance(flt["types"], list)
+                or len(flt["types"]) > 16 or not all(_text(t) for t in flt["types"])):  # fmt: skip
+            return 'sub\'s filter is {"types": [a short list of type names]}'
+        args = args[:1]
     if kind == "sub" or kind in READER_STEPS:
         if len(args) != 1 or not isinstance(args[0], str) or not READER_NAME.match(args[0]):
             return f"{kind} takes one reader name such as reader-a"
@@ -224,19 +236,22 @@ def capture(name: str, target) -> dict[str, Any] | None:
                 body[key] = v
         step = ["mon", body]
     elif name == "publish":
-        step = ["pub", actions.read_publish_form()]
+        try:
+            step = ["pub", actions.read_publish_form()]
+        except actions.FormProblem:
+            step = None  # nothing is sent: nothing to record (the action says why)
     elif name in LIFECYCLE:
-        step = [name, el("life-reason").value or name]
+        step = [name, actions.life_reason(name)]
     elif name == "add-reader":
-        step = ["sub", None]  # the name is the one the action picks: read after it ran
+        step = ["sub", None, actions.reader_filter()]  # the name the action picks: read after it ran
     elif name.startswith("r-") and name[2:] in READER_STEPS:
         reader = _reader_name(target)
         step = [name[2:], reader] if reader else None
     elif name.startswith("w-") and name[2:] in LEASE_ACTS:
-        subject = el("lease-subject").value.strip() or "build-412"
+        subject = actions.lease_subject()
         step = ["lease", str(target.getAttribute("data-worker")), name[2:], subject, actions.lease_seconds()]
     elif name == "lease-deadletter":
-        step = ["deadletter", el("lease-subject").value.strip() or "build-412", actions.lease_seconds()]
+        step = ["deadletter", actions.lease_subject(), actions.lease_seconds()]
     if step is None:
         return None
     return {"step": step, "monitor": m.S.monitor, "readers": set(m.S.readers)}
@@ -263,7 +278,7 @@ def record(captured: dict[str, Any] | None, result: Any) -> None:
             new = [m.S.readers[k] for k in set(m.S.readers) - captured["readers"]]
             if not new:
                 return
-            step = ["sub", new[0].name]
+            step = ["sub", new[0].name] + ([step[2]] if step[2] else [])
         if _step_problem(step) is None:
             RECORDED[mon].append(step)
     _keep()
@@ -300,7 +315,7 @@ async def replay(steps: list[list[Any]]) -> list[tuple[str, Reply]]:
         if kind == "pub":
             r = await actions.publish(step[1])
         elif kind == "sub":
-            r = await actions.add_reader(step[1])
+            r = await actions.add_reader(step[1], step[2] if len(step) > 2 else None)
         elif kind in READER_STEPS:
             rd = m.S.reader_named(step[1], mon)
             if rd is None:
@@ -320,12 +335,9 @@ async def replay(steps: list[list[Any]]) -> list[tuple[str, Reply]]:
         elif kind == "lease":
             r = await actions.lease(step[1], step[2], step[3], step[4])
         elif kind == "deadletter":
-            el("lease-subject").value = step[1]
-            el("lease-seconds").value = str(step[2])
-            r = await actions.dead_letter(None)
+            r = await actions.dead_letter(step[1], step[2])
         else:
-            el("life-reason").value = step[1]
-            r = await actions.configure(kind)
+            r = await actions.configure(kind, step[1])
         done.append((" ".join(str(x) for x in step if not isinstance(x, dict)), r))
     RECORDED[mon] = [["mon", body] if first[0] == "mon" else first, *steps[1:]]
     _keep()
@@ -389,16 +401,25 @@ def opened_fragment() -> str | None:
     return frag[len(FRAGMENT_KEY) + 1 :]
 
 
-def setup() -> bool:
+def setup(opened: Callable[[], None]) -> bool:
     """At start: the recorded scenarios of this tab, and a `#scenario=` link opened. True when one was
-    (the page then shows the Playground, where its Replay button is)."""
+    (the page then shows the Playground, where its Replay button is). A link pasted into this tab later
+    (the fragment changes, the page does not reload) is opened the same way, and `opened()` shows it."""
     _load()
     el("share-file").addEventListener("change", _proxy(lambda e: ui.run_task(_file_chosen())))
-    fragment = opened_fragment()
+    js.window.addEventListener("hashchange", _proxy(lambda e: opened() if open_fragment() else None))
     render()
+    return open_fragment()
+
+
+def open_fragment() -> bool:
+    """Show the scenario of the page's `#scenario=` fragment (or why it cannot be replayed); False when
+    the fragment is no scenario."""
+    fragment = opened_fragment()
     if fragment is None:
         return False
     box = el("share-open")
+    box.removeAttribute("data-replayed")
     box.removeAttribute("hidden")
     try:
         steps = decode(fragment)
@@ -471,6 +492,10 @@ async def export_btn(_el) -> Reply:
 
 
 # ---------------------------------------------------------------------------------------- import
+# An import of up to 8 MiB is checked a slice at a time (importing.LogCheck): each slice for about this
+# long, then the page paints the progress and takes clicks (Cancel) before the next one.
+SLICE_SECONDS = 0.05
+IMPORT: dict[str, Any] = {"cancel": False}
 SCHEMA: dict[str, Any] = {"validator": None}
 
 
@@ -491,24 +516,20 @@ async def _validator():
     return SCHEMA["validator"]
 
 
-def schema_refusals(text: str, validator) -> dict[int, str]:
-    """Line -> why jsonschema refuses it (a line that is not JSON is the engine check's to name)."""
-    out: dict[int, str] = {}
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except (ValueError, RecursionError):  # the engine's check names these lines
-            continue
-        if not isinstance(value, dict):
-            continue
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
-        if errors:
-            e = errors[0]
-            path = "/".join(str(p) for p in e.absolute_path) or "<root>"
-            out[n] = f"jsonschema (schemas/observation.json): {path}: {e.message[:200]}"
-    return out
+def schema_refusal(line: str, validator) -> str | None:
+    """Why jsonschema refuses one line (a line that is not a JSON object is the engine check's to name)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        return None
+    e = errors[0]
+    path = "/".join(str(p) for p in e.absolute_path) or "<root>"
+    return f"jsonschema (schemas/observation.json): {path}: {e.message[:200]}"
 
 
 async def _file_chosen() -> None:
@@ -546,6 +567,41 @@ def _show_refused(where: str, refused: list[dict[str, Any]], total: int) -> None
     box.setAttribute("data-refused", ",".join(str(int(x["line"])) for x in refused))
 
 
+def _progress(done: int, total: int, text: str) -> None:
+    """The import's progress line (shown while it runs, with Cancel), or hidden when `total` is 0."""
+    box = el("share-progress")
+    if not total:
+        box.setAttribute("hidden", "")
+        return
+    box.removeAttribute("hidden")
+    bar = el("share-progress-bar")
+    bar.max = total
+    bar.value = done
+    el("share-progress-text").textContent = text
+
+
+async def _check_in_slices(items: list[tuple[int, str]]) -> importing.Checked | None:
+    """The engine's rules over every line, a slice at a time, the progress shown and the page free between
+    slices; None when Cancel was pressed (nothing was written)."""
+    check = importing.LogCheck()
+    total, i, step = len(items), 0, 100
+    while i < total:
+        began = time.monotonic()
+        while i < total and time.monotonic() - began < SLICE_SECONDS:
+            check.feed(items[i : i + step])
+            i += step
+        _progress(min(i, total), total, f"Checking line {min(i, total)} of {total}…")
+        await asyncio.sleep(0)  # the page paints and takes clicks here
+        if IMPORT["cancel"]:
+            return None
+    return check.result()
+
+
+@action("share-import-cancel", answer=None, exclusive=False)
+async def import_cancel(_el) -> None:
+    IMPORT["cancel"] = True
+
+
 @action("share-import", answer="share-answer")
 async def import_btn(_el) -> Reply:
     if (why := not_here("Import")) is not None:
@@ -556,26 +612,38 @@ async def import_btn(_el) -> Reply:
         note("share-answer", "Choose a .jsonl file (or paste its lines) first.", ok=False)
         return Reply(400, {})
     where, text = got
-    pre = ENGINE.host.check_log(text)  # the engine's rules (and the size bound) before anything else
-    if pre.status != 200:
-        ui.show_one("share-answer", f"check {where}", pre)
-        return pre
-    refused = {int(x["line"]): x["reason"] for x in pre.body["refused"]}
-    validator = await _validator()
-    if validator is not None:
-        for line, why in schema_refusals(text, validator).items():
-            engine = refused.get(line, "")
-            # the engine's own schema check says the same thing: jsonschema's words stand alone
-            refused[line] = (
-                why if not engine or engine.startswith("Not a valid observation") else f"{why}; {engine}"
-            )
-    if refused:
-        listed = [{"line": k, "reason": refused[k]} for k in sorted(refused)]
-        total = max(len(listed), int(pre.body["refused_count"]))
-        _show_refused(where, listed[:100], total)
-        return Reply(400, {"code": "INVALID", "refused": listed})
-    new_id = el("share-new-id").value.strip() or actions.free_id(f"{pre.body['from_monitor']}-import")
-    r = await ENGINE.host.import_log(new_id, text)
+    try:
+        items = importing.split_lines(text)  # the size bounds first: TOO_LARGE before any line is read
+    except ProtocolError as err:
+        r = Reply(err.status, err.body())
+        ui.show_one("share-answer", f"check {where}", r)
+        return r
+    IMPORT["cancel"] = False
+    try:
+        checked = await _check_in_slices(items)
+        if checked is None:
+            note("share-answer", f"Import of {where} cancelled: nothing was imported.", ok=False)
+            el("share-answer").setAttribute("data-cancelled", "1")
+            return Reply(409, {"code": "UNAVAILABLE", "error": "cancelled"})
+        if checked.refused:
+            lines = dict(items)
+            validator = await _validator() if any(
+                x["reason"].startswith("Not a valid observation") for x in checked.refused[:100]
+            ) else None  # fmt: skip
+            listed = []
+            for x in checked.refused[: importing.MAX_REFUSED_LISTED]:
+                said = schema_refusal(lines.get(x["line"], ""), validator) if validator else None
+                # the engine's own schema check says the same thing: jsonschema's words stand alone
+                listed.append({"line": x["line"], "reason": said if said and x["reason"].startswith(
+                    "Not a valid observation") else x["reason"]})  # fmt: skip
+            _show_refused(where, listed, len(checked.refused))
+            return Reply(400, {"code": "INVALID", "refused": listed})
+        _progress(len(items), len(items), f"Writing {len(checked.rows)} observations in one transaction…")
+        await asyncio.sleep(0)  # paint that before the write, which is one call
+        new_id = el("share-new-id").value.strip() or actions.free_id(f"{checked.source_id}-import")
+        r = await ENGINE.host.import_log(new_id, checked)
+    finally:
+        _progress(0, 0, "")
     ENGINE.changed()
     if r.status == 201:
         m.S.owners[new_id] = r.body["owner_token"]

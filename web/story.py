@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import actions as a
+import js
 import model as m
 import panels
 import ui
@@ -27,8 +28,12 @@ class Step:
     action: str
     lesson: str
     reveal: tuple[str, ...] = ()  # panels shown from this step on: "readers", "leases", "state"
+    look: str = (
+        ""  # what the step talks about (a CSS selector, its last match): brought into view after Do it
+    )
 
 
+MARKER_LOOK = f"#lanes .lane[data-reader='{READER}'] .mark"  # reader-a's marker, at its cursor
 STEPS = [
     Step(
         "Define what is watched",
@@ -37,6 +42,7 @@ STEPS = [
         "define",
         "A monitor is a definition plus an append-only log. The owner token is shown once: the engine keeps "
         "only its hash.",
+        look="#story-token",
     ),
     Step(
         "A probe reports two builds",
@@ -46,6 +52,7 @@ STEPS = [
         "person's certainty.",
         "probe",
         "Every observation says who saw it (actor, origin) and how much to believe it (tier).",
+        look="#log li.obs",
     ),
     Step(
         "Subscribe a reader",
@@ -55,6 +62,7 @@ STEPS = [
         "subscribe",
         "A reader's cursor is its own place in the log; the monitor kept everything until it came.",
         ("readers",),
+        look=MARKER_LOOK,
     ),
     Step(
         "Pull",
@@ -63,6 +71,7 @@ STEPS = [
         "Reading is not consuming: a pull hands observations out but never moves the reader's place.",
         "pull",
         "Pull never commits. Only an acknowledgement moves the cursor.",
+        look=MARKER_LOOK,
     ),
     Step(
         "Crash",
@@ -71,6 +80,7 @@ STEPS = [
         "A crash loses what a reader held in memory, never what the monitor kept.",
         "crash",
         "The cursor lives in the engine, not in the reader: the crash did not move it.",
+        look=MARKER_LOOK,
     ),
     Step(
         "Restart and pull again",
@@ -80,14 +90,17 @@ STEPS = [
         "work must be safe to do twice.",
         "restart-pull",
         "At-least-once: nothing is lost, so processing must be idempotent by (source, seq).",
+        look="#log li.obs.held",
     ),
     Step(
         "Process and acknowledge",
-        "reader-a does the work and acknowledges. Watch its marker move past the builds; the next pull is "
+        "reader-a does the work and acknowledges. Watch its marker move past the builds: the cursor is "
+        "the next seq reader-a will be given, so having everything it sits at head + 1. The next pull is "
         "empty and its lag is 0.",
         "Acknowledging commits the reader's place, after the work is done, and the place only moves forward.",
         "process-ack",
         "Ack commits the reader's place; it never moves backwards.",
+        look=MARKER_LOOK,
     ),
     Step(
         "An agent claims a person's certainty",
@@ -96,6 +109,7 @@ STEPS = [
         "A machine cannot give itself a person's certainty, and a refusal is itself evidence.",
         "agent-src",
         "A machine cannot give itself a person's certainty, and a refusal is still evidence.",
+        look="#log li.obs.rejected",
     ),
     Step(
         "The agent acts on behalf of the owner",
@@ -104,6 +118,7 @@ STEPS = [
         "Delegation is explicit: an agent may speak for a person only by naming them.",
         "agent-owner",
         "Delegation is explicit: actor and on_behalf_of are both kept.",
+        look="#log li.obs",
     ),
     Step(
         "Two workers, one job",
@@ -114,6 +129,7 @@ STEPS = [
         "lease",
         "One holder at a time, and a lease expires by itself.",
         ("leases",),
+        look="#workers .card.worker.holder",
     ),
     Step(
         "Read the state",
@@ -123,14 +139,17 @@ STEPS = [
         "state",
         "An unknown value is null, never a confident 0, and each missing input is named.",
         ("state",),
+        look="#panel-state",
     ),
     Step(
         "Reload, then pause",
-        "Reload the page: everything is still there (IndexedDB). Then pause the monitor: the next write is "
-        "refused with UNAVAILABLE, and both the pause and the refusal are in the log.",
+        "Press Reload the page: it reloads, and everything is still there (IndexedDB). Then Do it pauses "
+        "the monitor: the next write is refused with UNAVAILABLE, and both the pause and the refusal are in "
+        "the log.",
         "Nothing disappears silently: it survives a reload, a pause is recorded, a refused write is kept.",
         "pause",
         "Configuration is an observation too. Nothing disappears silently.",
+        look="#log li.obs",
     ),
     Step(
         "What next",
@@ -224,9 +243,17 @@ async def do(step: Step) -> tuple[list, str]:
         if not rd.held:
             pairs.append(("reader-a pulls", await a.pull(rd, answer="readers-answer")))
         pairs.append(("reader-a processes", a.process(rd, answer="readers-answer")))
-        pairs.append(("reader-a acks", await a.ack(rd, answer="readers-answer")))
-        pairs.append(("reader-a pulls again", await a.pull(rd, answer="readers-answer")))
+        acked = await a.ack(rd, answer="readers-answer")
+        pairs.append(("reader-a acks", acked))
+        again = await a.pull(rd, answer="readers-answer")
+        pairs.append(("reader-a pulls again", again))
         say = "Acknowledged: the marker moved past the builds, and the next pull is empty."
+        if acked.ok and again.ok:
+            cursor, nxt, head = acked.body["cursor"], again.body["next"], again.body["head"]
+            say = (f"Acknowledged: reader-a's cursor is {cursor}, the next seq it will be given, past the "
+                   f"builds. The next pull is empty: its next is {nxt}"
+                   + (f" = head {head} + 1, past everything there is (rows its filter skips included)."
+                      if nxt == head + 1 else "."))  # fmt: skip
     elif step.action in ("agent-src", "agent-owner"):
         _what, body = a.PRESETS[step.action]
         a.fill_publish_form(body)
@@ -240,9 +267,12 @@ async def do(step: Step) -> tuple[list, str]:
     elif step.action == "lease":
         el("lease-subject").value = "build-412"
         pairs.append(("worker-a claims build-412", await a.lease("worker-a", "claim", "build-412", 8)))
-        pairs.append(("worker-b claims build-412", await a.lease("worker-b", "claim", "build-412", 8)))
+        refused = await a.lease("worker-b", "claim", "build-412", 8)
+        pairs.append(("worker-b claims build-412", refused))
         await ui.refresh()
-        say = "worker-a holds it; worker-b was told who does. Watch the countdown."
+        holder = refused.body.get("holder") if isinstance(refused.body, dict) else None
+        say = (f"worker-a holds it; worker-b was refused with LEASE_HELD, naming the holder: "
+               f"{a.holder_name(holder) if holder else 'worker-a'}. Watch the countdown.")  # fmt: skip
     elif step.action == "state":
         r = await ENGINE.call("GET", f"/monitors/{m.STORY_MONITOR}/state", token=m.S.owner_token())
         pairs.append(("read the state", r))
@@ -268,7 +298,7 @@ AGENT_CALLS = {
 REFUSED_ON_PURPOSE = {AGENT_CALLS["agent-src"], "worker-b claims build-412", "a probe publishes"}
 
 
-@action("story-do", answer="story-answer")
+@action("story-do", answer="story-answer", local_only=True)
 async def story_do(_el) -> None:
     i = m.S.step
     pairs, say = await do(STEPS[i])
@@ -283,6 +313,7 @@ async def story_do(_el) -> None:
         m.S.story_done = sorted(set(m.S.story_done) | {i})
     await a.save()
     render()
+    LOOK["pending"] = STEPS[i].look  # brought into view by the redraw that ends the action (render)
 
 
 async def move(delta: int) -> None:
@@ -295,6 +326,45 @@ async def move(delta: int) -> None:
     await a.save()
     render()
     panels.render_token_box()
+    into_view(el("story-title"))  # on a phone, Next from the dock brings the new step's text up
+
+
+@action("story-up", exclusive=False)
+async def story_up(_el) -> None:
+    into_view(el("story-title"))
+
+
+@action("story-reload", exclusive=False, local_only=True)
+async def story_reload(_el) -> None:
+    """Step 12's reload, for real: the page starts again and says what it found (render, after reload)."""
+    js.sessionStorage.setItem(RELOADED_KEY, str(m.S.step))
+    js.location.reload()
+
+
+# ---------------------------------------------------------------------------------------- in view
+LOOK: dict[str, str] = {"pending": ""}
+DOCK_PX = 64  # the height the phone's step dock takes at the bottom of the screen
+RELOADED_KEY = "mp-story-reloaded" + (f"--{js.MP.ns}" if str(js.MP.ns or "") else "")
+
+
+def into_view(node, centre: bool = False) -> None:
+    """Scroll the page (and the log's own scroller) just enough that `node` is on screen, clear of the
+    step dock; a node out of view vertically is centred. Nothing moves when it is already in view."""
+    if not node:
+        return
+    node.scrollIntoView(ui.js_options(block="nearest", inline="nearest"))
+    r = node.getBoundingClientRect()
+    if centre or r.top < 0 or r.bottom > js.window.innerHeight - DOCK_PX:
+        node.scrollIntoView(ui.js_options(block="center", inline="nearest"))
+
+
+def bring_looked_into_view() -> None:
+    selector, LOOK["pending"] = LOOK["pending"], ""
+    if not selector:
+        return
+    found = js.document.querySelectorAll(selector)
+    if found.length:
+        into_view(found.item(found.length - 1))
 
 
 @action("story-next", exclusive=False)
@@ -307,7 +377,7 @@ async def story_back(_el) -> None:
     await move(-1)
 
 
-STATE = {"shown": -1}  # the step last drawn
+STATE: dict = {"shown": -1, "observer": None}  # the step last drawn
 
 
 def render() -> None:
@@ -329,8 +399,37 @@ def render() -> None:
     el("story-next").disabled = i >= len(STEPS) - 1
     el("story-back").disabled = i == 0
     el("story-do").hidden = step.action == "next"
+    el("story-reload").hidden = step.action != "pause"
     el("story-links").hidden = step.action != "next"
+    el("story-dock-step").textContent = f"{i + 1}/{len(STEPS)} · {step.title}"
+    el("story-dock-next").disabled = i >= len(STEPS) - 1
     live = el("live")
     shown = revealed(i)
     for panel in ("readers", "leases", "state"):
         live.classList.toggle(f"show-{panel}", panel in shown)
+    bring_looked_into_view()
+
+
+def setup() -> None:
+    """The phone's step dock shows while the step's own buttons are off screen; after step 12's reload,
+    the Story says what the reload kept."""
+    from pyodide.ffi import create_proxy
+
+    def seen(entries, _observer) -> None:
+        for entry in entries:
+            el("story-dock").hidden = bool(entry.isIntersecting)
+
+    observer = js.IntersectionObserver.new(create_proxy(seen))
+    observer.observe(el("story-actions"))
+    STATE["observer"] = observer  # held: an observer nobody references may be collected
+    reloaded = js.sessionStorage.getItem(RELOADED_KEY)
+    if reloaded:
+        js.sessionStorage.removeItem(RELOADED_KEY)
+        count = len([r for r in m.S.readers.values() if r.monitor == m.STORY_MONITOR])
+        rows = int(((m.PIC.monitor or {}).get("monitor") or {}).get("head") or 0)
+        ui.note(
+            "story-answer",
+            f"Reloaded. Everything is still here, read back from IndexedDB: the builds monitor with its "
+            f"{rows} rows, {count} reader(s) with their cursors, and the tokens. Now Do it pauses the monitor.",
+        )
+        el("story-answer").setAttribute("data-reloaded", "1")

@@ -3,6 +3,12 @@
 // per-request MessageChannel. A window is asked first (it answers if it owns its namespace, else says
 // which namespace it is in); a dedicated worker's namespace is the `mp-ns` parameter of its script URL.
 // No engine tab: 503 with a JSON error saying what to do.
+//
+// Only the playground's own pages reach the engine, as `mp serve` answers only the origins it was told to
+// allow: a request that carries another origin (a form or a frame of another site, a sandboxed frame's
+// "null") and any navigation that is not a plain GET (a form post: no page of the playground posts one) is
+// refused with 403 ORIGIN_REFUSED, before anything reaches an engine. A cross-origin fetch() never comes
+// here at all (it goes to the network: the requesting page's own service worker, not this one, sees it).
 const SCOPE_PATH = new URL(self.registration.scope).pathname; // e.g. "/"
 const API = SCOPE_PATH + "mp/v0";
 const owners = new Map(); // namespace -> the tab that said it owns its engine (a hint: any tab may answer "not owner")
@@ -26,8 +32,32 @@ self.addEventListener("fetch", (event) => {
   const url = new URL(event.request.url);
   if (url.origin !== self.location.origin) return;
   if (url.pathname !== API && !url.pathname.startsWith(API + "/")) return;
-  event.respondWith(forward(event.request, url, event.clientId));
+  const refused = foreign(event.request);
+  event.respondWith(refused ? json(403, refused) : forward(event.request, url, event.clientId));
 });
+
+// Why a request is not the playground's own (the error body of a 403 ORIGIN_REFUSED), or null.
+function foreign(request) {
+  const origin = request.headers.get("origin");
+  if (origin !== null && origin !== self.location.origin) {
+    return {
+      code: "ORIGIN_REFUSED",
+      error:
+        `Origin ${origin} may not call this page's engine: it answers the playground's own pages ` +
+        `(${self.location.origin}) only. Use the playground's curl tab, or run \`mp serve\` for other sites.`,
+      origin,
+    };
+  }
+  if (request.mode === "navigate" && !["GET", "HEAD"].includes(request.method)) {
+    return {
+      code: "ORIGIN_REFUSED",
+      error:
+        `A ${request.method} navigation (a form) may not call this page's engine: the playground's pages ` +
+        "send requests with fetch, never a form. Use the playground's curl tab.",
+    };
+  }
+  return null;
+}
 
 function json(status, body) {
   return new Response(JSON.stringify(body, null, 2) + "\n", {
@@ -50,7 +80,8 @@ function ask(client, message, timeoutMs) {
 
 async function forward(request, url, clientId) {
   const headers = {};
-  // The shim is same-origin: the Origin header is not forwarded into the router.
+  // The request is the playground's own (foreign() let it through): the Origin header, when there is one,
+  // is this origin, and is not forwarded into the router.
   for (const [name, value] of request.headers) if (name !== "origin") headers[name] = value;
   const body = ["GET", "HEAD"].includes(request.method) ? "" : await request.text();
   const query = [...url.searchParams.entries()];

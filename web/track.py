@@ -15,6 +15,7 @@ import words
 from ui import doc, el, esc, put
 
 CARD_W = 156  # a user observation's card, px
+SUBJECT_FITS = 18  # characters of a subject a card shows on its line; a longer one can be focused to read it
 PROTO_W = 96  # a protocol row's card: quieter and narrower
 GAP = 8
 WINDOW = 80  # cards drawn; older ones are summarised at the left end
@@ -177,22 +178,44 @@ def card(o: dict[str, Any], held: dict[int, list[str]], unacked: set[int], redel
         )
     elif s in unacked:
         tags += f"<span class='tag unacked' title='{words.title('unacked')}'>not acked</span>"
-    subject = f"<span class='subject'>{esc(o.get('subject'))}</span>" if o.get("subject") else ""
-    icon = "⚠ " if t == m.PROTO + "rejected" else ("⚙ " if protocol else "")
+    subject = ""
+    if o.get("subject"):
+        text = str(o["subject"])
+        # One line, cut with an ellipsis; the whole subject on hover (title) and on keyboard focus (CSS).
+        focus = " tabindex='0'" if len(text) > SUBJECT_FITS else ""
+        subject = f"<span class='subject' title='{esc(text)}'{focus}>{esc(text)}</span>"
+    refused = t == m.PROTO + "rejected"
     kind = "protocol" if protocol else "observation"
+    if refused:  # the refusal is the point, not the server's own tier (it measured that it refused)
+        badge = f"<span class='badge t-refused' title='{words.title('rejected')}'>⚠ refused</span>"
+    elif protocol:  # the protocol's own record: no trust level to weigh, so no tier badge
+        badge = f"<span class='badge t-protocol' title='{words.title('protocol')}'>⚙ protocol</span>"
+    else:
+        badge = f"<span class='badge t-{esc(tier)}' title='{words.title(tier)}'>{esc(tier)}</span>"
+    # codes such as TIER_NOT_ASSERTABLE wrap at their underscores, never mid-word
+    said = esc(summary(o)).replace("_", "_<wbr>")
     return (
         f"<li class='{' '.join(cls)}' data-seq='{s}' data-type='{esc(t)}' title='{words.title(kind)}'>"
-        f"<div class='top'><span class='seq'>#{s}</span>"
-        f"<span class='badge t-{esc(tier)}' title='{words.title(tier)}'>{esc(tier)}</span></div>"
-        f"<div class='type'>{icon}{esc(short_type(t))}</div>{subject}"
-        f"<div class='who'>{who}</div><div class='sum'>{esc(summary(o))}</div>"
+        f"<div class='top'><span class='seq'>#{s}</span>{badge}</div>"
+        f"<div class='type'>{esc(short_type(t))}</div>{subject}"
+        f"<div class='who'>{who}</div><div class='sum'>{said}</div>"
         f"{('<div class=tags>' + tags + '</div>') if tags else ''}</li>"
     )
+
+
+LABEL_PX_PER_CHAR = 7.5  # a marker label's width per character, generously: the track is made that wide
+
+
+def at_end(sub: dict[str, Any]) -> str:
+    """A cursor that is head + 1 says so: the reader has everything (the next seq is not written yet)."""
+    head = (m.PIC.monitor or {}).get("monitor", {}).get("head")
+    return " = head+1" if isinstance(head, int) and sub.get("cursor") == head + 1 else ""
 
 
 def render_lanes(geo: Geometry) -> None:
     lanes = el("lanes")
     keep = set()
+    reach = 0.0  # the right end of the widest marker label: the track is made at least that wide
     for view in m.PIC.subscriptions():
         sub = view["subscription"]
         if not sub.get("active", True):
@@ -216,7 +239,8 @@ def render_lanes(geo: Geometry) -> None:
         x, where = geo.cursor_x(int(sub["cursor"]))
         mark = lane.querySelector(".mark")
         mark.style.left = f"{x}px"
-        label = f"{'◀ ' if where == 'before' else ''}{lane_label(view)} · cursor {sub['cursor']} · lag {sub.get('lag')}"
+        label = f"{'◀ ' if where == 'before' else ''}{lane_label(view)} · cursor {sub['cursor']}{at_end(sub)} · lag {sub.get('lag')}"
+        reach = max(reach, x + LABEL_PX_PER_CHAR * (len(label) + 4))
         if crashed:
             label += " · ✖ crashed"
         lane.querySelector(".label").textContent = label
@@ -233,3 +257,8 @@ def render_lanes(geo: Geometry) -> None:
     for lane in list(lanes.querySelectorAll(".lane")):
         if lane.id[len("lane-") :] not in keep:
             lane.remove()
+    inner = el("track-inner")
+    width = str(inner.style.width or "")
+    drawn = float(width[:-2]) if width.endswith("px") else 0.0
+    if reach + 16 > drawn:
+        inner.style.width = f"{int(reach) + 16}px"  # a marker at the end keeps its whole label, its name

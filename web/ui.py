@@ -22,19 +22,32 @@ class Action:
     run: Callable[[Any], Awaitable[Any]]
     answer: str | None  # the panel's answer line ("<panel>-answer"), cleared when the action starts
     exclusive: bool  # waits for the engine lock (BUSY): anything that calls the engine
+    local_only: bool = False  # acts on this page's own engine only: refused while it is a server's console
 
 
 ACTIONS: dict[str, Action] = {}
+# Why a local_only action is refused while the page is a console for a server (page.run_action says it).
+LOCAL_ONLY = (
+    "While the page is a console for a server, the Story and the race are paused: they teach on this "
+    "page's own engine, and would write their teaching monitors into the server. Disconnect to go on."
+)
 
 
-def action(name: str, answer: str | None = None, exclusive: bool = True):
+def action(name: str, answer: str | None = None, exclusive: bool = True, local_only: bool = False):
     """Register `fn(el)` as the handler of buttons with data-act=`name`."""
 
     def register(fn: Callable[[Any], Awaitable[Any]]):
-        ACTIONS[name] = Action(fn, answer, exclusive)
+        ACTIONS[name] = Action(fn, answer, exclusive, local_only)
         return fn
 
     return register
+
+
+def js_options(**options: Any):
+    """A plain JavaScript object of options (scrollIntoView's, ...)."""
+    from pyodide.ffi import to_js
+
+    return to_js(options, dict_converter=js.Object.fromEntries)
 
 
 def esc(x: Any) -> str:
@@ -82,7 +95,7 @@ def refocus(key, within=None) -> None:
         selector = "".join(f'[{k}="{js.CSS.escape(v)}"]' for k, v in attrs)
         again = (within or doc).querySelector(selector)
     if again and not again.disabled:
-        again.focus()
+        again.focus(js_options(preventScroll=True))  # the focus comes back; the view stays where it was put
 
 
 # ---------------------------------------------------------------------------------------- answers

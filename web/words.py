@@ -26,9 +26,13 @@ TIPS: dict[str, str] = {
     "unacked": "Delivered, never acknowledged: the reader crashed holding them. The next pull gives them again.",
     "redelivered": "Given before and not acknowledged, so given again: at-least-once. Processing must be "
     "safe to repeat, by (source, seq).",
-    "protocol": "A row the protocol itself wrote (created, subscribed, lease, refused...): configuration and "
-    "refusals are observations too.",
-    "rejected": "A refused write, kept in the log as evidence of what was tried.",
+    "protocol": "A row the protocol itself wrote (ai.mentu.monitor.*: created, subscribed, lease, refused...): "
+    "configuration and refusals are observations too. It is the server's own record (origin system), so it "
+    "is drawn quieter, with ⚙ instead of a trust badge. A reader without a filter is given these rows too; "
+    "filter on the monitor's types to get only yours.",
+    "rejected": "A refused write, kept in the log as evidence of what was tried: the refusal's code, and "
+    "what the request claimed (sent: ...). The row itself is the server's record, so it carries no trust "
+    "level of its own: the claim it refused is what matters.",
     "owner token": "The monitor owner's key, shown once: the engine keeps only its hash.",
     "lease": "A claim on one subject, so two workers never do the same job at once. It expires by itself "
     "if the holder goes quiet.",

@@ -142,8 +142,13 @@ def _canonical(host: str) -> bool:
         return False
 
 
+# The label separators IDNA (UTS #46) maps to "." as resolvers and browsers read a host: 127。0。0。1 is
+# 127.0.0.1 to them, so it is to this guard too (NFKC alone leaves the ideographic full stop as it is).
+IDNA_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
+
+
 def _name(host: str) -> str:
-    name = unicodedata.normalize("NFKC", host).lower()
+    name = unicodedata.normalize("NFKC", host).translate(IDNA_DOTS).lower()
     return name[:-1] if name.endswith(".") else name
 
 
