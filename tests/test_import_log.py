@@ -14,7 +14,7 @@ import pytest
 from enginekit import STORE_KINDS, Harness, make_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from monitor_protocol.core import schemas
+from monitor_protocol.core import schemas, wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.rules import importing
 from monitor_protocol.doors.browser import EngineHost
@@ -799,7 +799,7 @@ def test_a_log_checked_in_chunks_is_written_as_it_was_checked(original):
 def test_nesting_is_judged_before_parsing():
     """nests_too_deep (what the import and the page's Server console check before parsing: on Pyodide the
     parser's recursion overflows the WebAssembly stack first) agrees with the 32-level rule."""
-    deep = importing.nests_too_deep
+    deep = wire.nests_too_deep
     assert not deep(b"[" * 32 + b"]" * 32)  # the limit itself is fine
     assert deep(b"[" * 33 + b"]" * 33)
     assert deep(b"[" * 100_000 + b"]" * 100_000)

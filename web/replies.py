@@ -24,7 +24,7 @@ from typing import Any
 
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.rules.importing import nests_too_deep
+from monitor_protocol.core.wire import nests_too_deep
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # the largest reply the console reads (a log page of 200 big rows)
 TOKEN = re.compile(r"^[\x21-\x7e]{1,512}$")  # what the page will put in an Authorization header

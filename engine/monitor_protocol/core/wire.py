@@ -87,6 +87,27 @@ def _int(text: str) -> int:
     return int(text)
 
 
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a JSON text nests deeper than `levels` (or its brackets do not match), found without parsing
+    it: on Pyodide a parser's recursion overflows the WebAssembly stack long before Python's recursion
+    limit says so, and takes the page's event loop down with it (the page's import, and its console for a
+    remote server, check with this first; so does `loads`). Regular expressions only: strings out,
+    brackets kept, the innermost pairs removed `levels` times."""
+    if raw.count(b"[") + raw.count(b"{") <= levels:
+        return False
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
+    for _ in range(levels):
+        brackets = _INNERMOST.sub(b"", brackets)
+        if not brackets:
+            return False
+    return True
+
+
 _BIG_NUMBER = re.compile(rb"[0-9]{16}")
 _vetted: Any = None  # the last value `loads` returned, checked whole: `check` knows it (see there)
 
@@ -94,6 +115,8 @@ _vetted: Any = None  # the last value `loads` returned, checked whole: `check` k
 def loads(raw: bytes | str) -> Any:
     """Parse one JSON text strictly, then check it; every refusal is 400 INVALID with a sentence."""
     global _vetted
+    if isinstance(raw, bytes) and nests_too_deep(raw):  # before any parser recurses into it
+        raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
     parse = _codec.parse
     if parse is not None and isinstance(raw, bytes) and not _BIG_NUMBER.search(raw):
         try:

@@ -73,18 +73,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from monitor_protocol.core.rules import events
 from monitor_protocol.core import schemas, timefmt, tokens, wire
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.lifecycles import MonitorStatus, monitor_next
+from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, LastSeen, Monitor, Observation
+from monitor_protocol.core.rules import events
 from monitor_protocol.core.rules.lookups import monitor_of
 from monitor_protocol.core.rules.monitors import registration_attested, validate_definition
-from monitor_protocol.core.rules.publishing import PUBLISHABLE_PROTOCOL_TYPES, counted, validate_publish, with_actor
-from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, LastSeen, Monitor, Observation
+from monitor_protocol.core.rules.publishing import (
+    PUBLISHABLE_PROTOCOL_TYPES,
+    counted,
+    validate_publish,
+    with_actor,
+)
 from monitor_protocol.core.runtime import ServiceCore
-from monitor_protocol.core.lifecycles import MonitorStatus, monitor_next
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import check_name, invalid
-from monitor_protocol.core.vocab import MAX_FUTURE_SECONDS, MAX_JSON_DEPTH, MONITOR_ID_PATTERN, PROTOCOL_PREFIX, PROTOCOL_TYPES, T_CONFIGURED, T_LEASE, T_REJECTED
+from monitor_protocol.core.vocab import (
+    MAX_FUTURE_SECONDS,
+    MAX_JSON_DEPTH,
+    MONITOR_ID_PATTERN,
+    PROTOCOL_PREFIX,
+    PROTOCOL_TYPES,
+    T_CONFIGURED,
+    T_LEASE,
+    T_REJECTED,
+)
 
 MAX_IMPORT_BYTES = 8 * 1024 * 1024  # the whole file, as UTF-8
 MAX_IMPORT_LINES = 20_000
@@ -186,28 +200,6 @@ def schema_error(schema: dict[str, Any], value: Any, path: str = "") -> str | No
             if found:
                 return found
     return None
-
-
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(rb"[^\[\]{}]")
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-
-
-def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
-    """Whether a JSON text nests deeper than `levels` (or its brackets do not match), found without parsing
-    it: on Pyodide a parser's recursion overflows the WebAssembly stack long before Python's recursion
-    limit says so, and takes the page's event loop down with it (the page's import, and its console for a
-    remote server, check with this first). Regular expressions only: strings out, brackets kept, the
-    innermost pairs removed `levels` times. It belongs beside wire.loads; it is here while that module is
-    the lead's to move."""
-    if raw.count(b"[") + raw.count(b"{") <= levels:
-        return False
-    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
-    for _ in range(levels):
-        brackets = _INNERMOST.sub(b"", brackets)
-        if not brackets:
-            return False
-    return True
 
 
 def _json_detail(text: str, err: ProtocolError) -> str:
@@ -412,7 +404,7 @@ class _Walk:
     def _parse(item: Any) -> dict[str, Any]:
         if isinstance(item, str):
             raw = item.encode("utf-8", "surrogatepass")
-            if nests_too_deep(raw):
+            if wire.nests_too_deep(raw):
                 raise _Refuse(
                     f"Not JSON: the line nests deeper than {MAX_JSON_DEPTH} levels (or its brackets do not "
                     "match); each line must be one CloudEvent as a JSON object."
