@@ -16,7 +16,7 @@ from monitor_protocol.core.vocab import (
     MAX_FILTER_TEXT_CHARS,
     MAX_NAME_CHARS,
     ORIGINS,
-    PROTOCOL_TYPES,
+    SERVER_TYPES,
     TAG_KEY_PATTERN,
     TIERS,
     TYPE_PATTERN,
@@ -145,7 +145,7 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
 
 
 def _check_types(values: list[str], declared: list[str] | tuple[str, ...]) -> None:
-    known = [*declared, *PROTOCOL_TYPES]
+    known = [*declared, *SERVER_TYPES]
     for pattern in values:
         bare = pattern[:-1].rstrip(".") if pattern.endswith("*") else pattern
         if not pattern.endswith("*") and not TYPE_PATTERN.match(pattern):

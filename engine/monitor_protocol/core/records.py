@@ -141,7 +141,13 @@ class Monitor:
     counters: Counters = field(default_factory=Counters)
     last: LastSeen | None = None
     actors: tuple[str, ...] = ()
-    source_contact: float | None = None
+    source_contact: float | None = None  # when the source last answered (section 12: never a non-answer)
+    quiet_since: float | None = None  # since when its source has not answered (None while it answers)
+    # What the server's own run of the source says (sources that watch): {status, reason, action, since}.
+    source_status: dict[str, Any] | None = None
+    # Where the server's run of the source stands (file offset, feed seq, last result), committed with
+    # what it published, so a restart resumes there.
+    source_checkpoint: dict[str, Any] | None = None
     last_pull: float | None = None
     budget_day: str | None = None  # the UTC day observations_per_day counts, and how many it has used
     budget_used: int = 0
@@ -189,6 +195,9 @@ class Monitor:
                 else {"seq": self.last.seq, "ts": self.last.ts, "type": self.last.type},
                 "actors": list(self.actors),
                 "source_contact": self.source_contact,
+                "quiet_since": self.quiet_since,
+                "source_status": self.source_status,
+                "source_checkpoint": self.source_checkpoint,
                 "last_pull": self.last_pull,
                 "budget_day": self.budget_day,
                 "budget_used": self.budget_used,
@@ -216,6 +225,9 @@ class Monitor:
             last=None if not last else LastSeen(int(last["seq"]), float(last["ts"]), str(last["type"])),
             actors=tuple(row.get("actors") or ()),
             source_contact=row.get("source_contact"),
+            quiet_since=row.get("quiet_since"),
+            source_status=row.get("source_status"),
+            source_checkpoint=row.get("source_checkpoint"),
             last_pull=row.get("last_pull"),
             budget_day=row.get("budget_day"),
             budget_used=int(row.get("budget_used", 0)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.rules import delivery, importing, leases, monitors, publishing, upkeep
+from monitor_protocol.core.rules import delivery, importing, leases, monitors, publishing, sources, upkeep
 from monitor_protocol.core.runtime import SERVER_NAME, SERVER_VERSION, Feeds, LoggedRefusal, ServiceCore
 
 __all__ = ["SERVER_NAME", "SERVER_VERSION", "Feeds", "LoggedRefusal", "MonitorService", "ServiceCore"]
@@ -144,3 +144,26 @@ class MonitorService(ServiceCore):
         """A JSON Lines log (text, bytes or a list of lines/events) as the NEW monitor `monitor_id`, in one
         transaction, or nothing at all: INVALID with `refused: [{line, reason}]` (importing.py's rules)."""
         return self._call(lambda tx: importing.import_log(self, tx, monitor_id, source, token))
+
+    # ---------------------------------------------------------------------------- sources (section 12)
+    # mp serve --sources sets this: the state then says how the server's run of each source stands.
+    sources_here: bool = False
+
+    def publish_as_source(
+        self, monitor_id: str, body: Any, checkpoint: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Publish as the monitor's own source, run by the server (no token: every publish rule applies)."""
+        return self._call(lambda tx: sources.publish_as_source(self, tx, monitor_id, body, checkpoint))
+
+    def keep_checkpoint(self, monitor_id: str, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        return self._call(lambda tx: sources.keep_checkpoint(self, tx, monitor_id, checkpoint))
+
+    def source_event(self, monitor_id: str, action: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """A start, stop, crash, restart, refusal or throttling of the monitor's source, in its log."""
+        return self._call(lambda tx: sources.source_event(self, tx, monitor_id, action, payload))
+
+    def sources_view(self, monitor_id: str | None = None) -> list[dict[str, Any]]:
+        return self._call(lambda tx: sources.sources_view(self, tx, monitor_id))
+
+    def feed_step(self, monitor_id: str, plan: Any) -> dict[str, Any]:
+        return self._call(lambda tx: sources.feed_step(self, tx, monitor_id, plan))

@@ -11,6 +11,9 @@ EXTENSION_ID = "ai.mentu/monitors"
 EXT_ACK_PULL = "monitor-protocol-python/ack-pull"
 EXT_PUBLISH_BATCH = "monitor-protocol-python/publish-batch"
 PROTOCOL_PREFIX = "ai.mentu.monitor."
+# This project's own rows (docs/protocol.md section 12): `ai.mentu.monitor.` belongs to the published protocol
+# and its closed list of actions, so a source's start, stop, crash and restart are written under this prefix.
+PROJECT_PREFIX = "python.monitor-protocol."
 
 HORIZONS = ("event", "minute", "hour", "day", "week", "month")
 CAPABILITIES = ("observe", "react", "act")
@@ -19,6 +22,7 @@ ORIGINS = ("human", "agent", "webhook", "probe", "system")
 VERIFICATIONS = ("human_verified", "machine_verified", "certified", "reported", "unverified")
 VISIBILITIES = ("private", "shared", "public")
 SOURCE_KINDS = ("shell", "ws", "http", "file", "feed", "cir", "formula", "log")
+RUNNABLE_SOURCE_KINDS = ("shell", "http", "file", "feed")  # what this project runs (section 12)
 RESET_POLICIES = ("earliest", "latest", "none")
 PROTOCOLS = ("pull", "http", "mcp")
 ACTOR_PREFIXES = ("human", "agent", "system", "hook", "probe", "webhook")
@@ -46,6 +50,10 @@ PROTOCOL_TYPES = (
     T_CONTRADICTION,
     T_CONTRADICTION_RESOLVED,
 )
+
+# Rows only the server writes, of this project's own types: a source's supervision (start, stop, crash, ...).
+T_SOURCE = PROJECT_PREFIX + "source"
+SERVER_TYPES = (*PROTOCOL_TYPES, T_SOURCE)
 
 FILTER_KEYS = (
     "types",
@@ -149,3 +157,11 @@ IDEMPOTENCY_KEY_MAX_CHARS = 128
 IDEMPOTENCY_WINDOW_SECONDS = 86400
 SCAN_BUDGET = 1000  # rows a filtered pull, or a filtered lag count, examines per request at most
 SUBSCRIPTION_ID_HEX = 16
+
+# Sources that watch (docs/protocol.md section 12).
+MAX_SOURCE_OUTPUT_BYTES = 16384  # a source's output in one observation (a line, a run's stdout, a body kept)
+MAX_SOURCE_STDERR_BYTES = 2048  # the tail of a failed run's stderr kept beside it
+MAX_SOURCE_CHECKPOINT_BYTES = 4096  # where a source stands (file offset, feed seq, last result), as JSON
+DEFAULT_SOURCE_RATE_PER_MINUTE = 600  # observations a source may publish per minute, unless the operator says
+SOURCE_BACKOFF_FIRST_SECONDS = 1.0  # a crashed long-lived process restarts after 1 s, doubling ...
+SOURCE_BACKOFF_MAX_SECONDS = 60.0  # ... up to 60 s

@@ -251,7 +251,9 @@ def get_monitor(core: ServiceCore, tx: Tx, monitor_id: str, token: str | None) -
 def monitor_state(core: ServiceCore, tx: Tx, monitor_id: str, token: str | None) -> dict[str, Any]:
     rec = visible_monitor(tx, monitor_id, token)
     active = tx.count_active_subscriptions(rec.id)
-    return state.compute(rec, tx.now, active, core.last_pull_of(rec))
+    return state.compute(
+        rec, tx.now, active, core.last_pull_of(rec), sources_here=getattr(core, "sources_here", False)
+    )
 
 
 def configure(

@@ -20,6 +20,7 @@ from monitor_protocol.core.vocab import (
     MAX_FUTURE_SECONDS,
     MAX_NAME_CHARS,
     MAX_PUBLISH_BATCH,
+    PROJECT_PREFIX,
     PROTOCOL_PREFIX,
     T_CONTRADICTION,
     T_CONTRADICTION_RESOLVED,
@@ -65,7 +66,7 @@ def publish(
     core: ServiceCore, tx: Tx, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
 ) -> dict[str, Any]:
     rec = owner_monitor(tx, monitor_id, token)
-    obs, seq, repeated = _publish_one(tx, rec, body, header_key)
+    obs, seq, repeated = publish_one(tx, rec, body, header_key)
     out: dict[str, Any] = {"observation": obs.to_wire() if obs is not None else None, "seq": seq}
     if repeated is not None:
         out["idempotent"] = repeated
@@ -100,7 +101,7 @@ def publish_many(
     results: list[dict[str, Any]] = []
     for index, item in enumerate(items):
         try:
-            obs, seq, repeated = _publish_one(tx, tx.monitor(rec.id) or rec, item, None)
+            obs, seq, repeated = publish_one(tx, tx.monitor(rec.id) or rec, item, None)
         except LoggedRefusal as refusal:  # its rejected row stays staged: it commits with the batch
             results.append({"index": index, "status": refusal.error.status, "error": refusal.error.body()})
             continue
@@ -121,11 +122,19 @@ def publish_many(
     }
 
 
-def _publish_one(
+def says_no_answer(body: Any) -> bool:
+    """Whether a publish says its source did not answer (section 12: `data.answered: false`, with the
+    reason): such an observation is kept like any other, but it is no contact with the source."""
+    data = body.get("data") if isinstance(body, dict) else None
+    return isinstance(data, dict) and data.get("answered") is False
+
+
+def publish_one(
     tx: Tx, rec: Monitor, body: Any, header_key: str | None
 ) -> tuple[Observation | None, int, bool | None]:
-    """Publish one observation for an owner already authenticated: (the observation, its seq, whether a
-    key made it a repeat: None without a key). A refusal is logged and raised as LoggedRefusal."""
+    """Publish one observation for an owner already authenticated, or for the monitor's own source run by
+    the server (rules/sources.py): (the observation, its seq, whether a key made it a repeat: None without a
+    key). A refusal is logged and raised as LoggedRefusal."""
     monitor_id = rec.id
     now = tx.now
     try:
@@ -156,18 +165,27 @@ def _publish_one(
     except ProtocolError as err:
         current = tx.monitor(rec.id)
         assert current is not None
-        tx.put_monitor(evolve(current, source_contact=now))  # the source was heard from, even refused
+        if not says_no_answer(body):
+            tx.put_monitor(evolve(current, source_contact=now))  # the source was heard from, even refused
         raise reject(tx, rec.id, err, body, actor_for_log) from None
     prov = event_kwargs.pop("prov")
+    # A source that did not answer (section 12) is published as such, and is no contact with it: the age of
+    # the last contact goes on growing, so stale_source means what it says.
+    answered = not (prov.origin == "probe" and event_kwargs["data"].get("answered") is False)
 
     def bookkeeping(m: Monitor, obs: Observation) -> dict[str, Any]:
         # Freshness is the server's: the publisher's `time` is its claim, kept on the event only. The day's
         # budget is spent in the same new version of the monitor.
+        contact = (
+            {"source_contact": now, "quiet_since": None}
+            if answered
+            else {"quiet_since": m.quiet_since if m.quiet_since is not None else now}
+        )
         return {
             "counters": counted(m.counters, obs.type),
             "last": LastSeen(obs.seq, now, obs.type),
             "actors": with_actor(m.actors, prov.actor),
-            "source_contact": now,
+            **contact,
             **budget,
         }
 
@@ -257,6 +275,15 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, An
             "e.g. com.example.ci.run.",
             field="type",
             invalid=type_[:MAX_NAME_CHARS] if isinstance(type_, str) else None,
+            known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
+        )
+    if type_.startswith(PROJECT_PREFIX):
+        raise ProtocolError(
+            "UNKNOWN_VOCABULARY",
+            f"Type {type_} is written only by this server (its sources' supervision); publish your own "
+            "reverse-DNS type.",
+            field="type",
+            invalid=type_,
             known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
         )
     if type_.startswith(PROTOCOL_PREFIX) and type_ not in PUBLISHABLE_PROTOCOL_TYPES:

@@ -25,11 +25,62 @@ def live_of(monitor: Monitor) -> dict[str, Any]:
     return {"value": False, "reason": monitor.status.value}
 
 
+def freshness(monitor: Monitor) -> float | None:
+    """What stale_source measures from: the last observation, except while the source does not answer
+    (section 12): then the last time it did answer (else when the monitor was made), so a stream of
+    "not answering" observations never looks fresh."""
+    last = monitor.last
+    if last is None:
+        return None
+    if monitor.quiet_since is None:
+        return last.ts
+    return monitor.source_contact if monitor.source_contact is not None else monitor.created
+
+
+NOT_RUN_HERE = (
+    "this server does not run sources (mp serve --sources runs them); a producer or `mp probe` may be "
+    "publishing for it from elsewhere"
+)
+
+
+def source_of(monitor: Monitor, sources_here: bool) -> dict[str, Any]:
+    """The state's `source` (this project's extension, section 12): what watches, whether the server runs
+    it and how that stands (`status`, `reason`, `since`), and whether the source answers."""
+    kind = (monitor.source or {}).get("kind", "log")
+    run = monitor.source_status or {}
+    if kind == "log":
+        status, reason, since = None, "producers publish (source.kind log): nothing runs", None
+    elif not sources_here:
+        status, reason, since = "not_run", NOT_RUN_HERE, None
+    elif run:
+        status, reason, since = run.get("status"), run.get("reason"), run.get("since")
+    else:
+        status, reason, since = "pending", "the server has not started it yet", None
+    if monitor.quiet_since is not None:
+        answering: bool | None = False
+    else:
+        answering = True if monitor.source_contact is not None else None
+    return {
+        "kind": kind,
+        "status": status,
+        "reason": reason,
+        "since": timefmt.iso(since) if isinstance(since, int | float) else None,
+        "answering": answering,
+        "not_answering_since": timefmt.iso(monitor.quiet_since) if monitor.quiet_since is not None else None,
+    }
+
+
 def compute(
-    monitor: Monitor, now: float, subscriptions_active: int, last_pull: float | None
+    monitor: Monitor,
+    now: float,
+    subscriptions_active: int,
+    last_pull: float | None,
+    *,
+    sources_here: bool = False,
 ) -> dict[str, Any]:
     c = monitor.counters
     last = monitor.last
+    fresh = freshness(monitor)
     actors = [a for a in monitor.actors if not a.startswith("system:")]
     gaps = []
     for gap in GAPS_ORDER:
@@ -42,8 +93,8 @@ def compute(
             or (
                 gap == "stale_source"
                 and monitor.ttl_seconds
-                and last is not None
-                and now - last.ts > monitor.ttl_seconds
+                and fresh is not None
+                and now - fresh > monitor.ttl_seconds
             )
             or gap == "no_subscribers"
             and subscriptions_active == 0
@@ -85,4 +136,5 @@ def compute(
         "computed_from": {"seq_from": 1, "seq_to": head},
         "ttl_ms": STATE_TTL_MS,
         "supersedes": None,
+        "source": source_of(monitor, sources_here),
     }

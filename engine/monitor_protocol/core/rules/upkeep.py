@@ -125,7 +125,9 @@ def _monitor_snapshot(core: ServiceCore, tx: Tx, rec: Monitor) -> dict[str, Any]
     active = sum(1 for s in subs if s.active)
     return {
         "monitor": rec.to_wire(),
-        "state": state.compute(rec, tx.now, active, core.last_pull_of(rec)),
+        "state": state.compute(
+            rec, tx.now, active, core.last_pull_of(rec), sources_here=getattr(core, "sources_here", False)
+        ),
         "subscriptions": [s.to_wire(lag(tx, rec, s)) for s in subs],
         "leases": [x.to_wire() for x in tx.leases(rec.id)],
     }
@@ -207,7 +209,9 @@ def overview(
     active = sum(1 for s in subs if s.active)
     out["monitor"] = {
         "monitor": rec.to_wire(),
-        "state": state.compute(rec, tx.now, active, core.last_pull_of(rec)),
+        "state": state.compute(
+            rec, tx.now, active, core.last_pull_of(rec), sources_here=getattr(core, "sources_here", False)
+        ),
         "subscriptions": [_subscription_view(tx, rec, s) for s in subs],
         "leases": [_lease_view(x, tx.now) for x in tx.leases(rec.id)],
         "log": read_log(core, tx, rec.id, from_seq, limit),
