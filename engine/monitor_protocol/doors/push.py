@@ -18,8 +18,9 @@ Sink guard (docs/protocol.md section 9): before every POST the sink's host is re
 (`service.allowed_sinks`, from `mp serve --allow-sink`). A refused sink gets no request at all: the refusal is
 logged and retried with the same backoff as a failed delivery, and the cursor does not move.
 To keep the window between that check and the connection closed (DNS rebinding), the POST connects to the
-vetted address itself: the URL's host is replaced by the address, while the `Host` header and the TLS SNI /
-certificate check (httpx's `sni_hostname` request extension) still name the sink's own host. Each sink host
+vetted address itself (doors/sinkguard.py, shared with the server's `http` sources): the URL's host is
+replaced by the address, while the `Host` header and the TLS SNI / certificate check (httpx's
+`sni_hostname` request extension) still name the sink's own host. Each sink host
 gets its own client, so a TLS connection verified for one name is never reused for another name that happens
 to share its address.
 
@@ -54,6 +55,7 @@ import httpx
 
 from monitor_protocol.core import netguard
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.doors import sinkguard
 
 log = logging.getLogger("monitor_protocol.doors.push")
 
@@ -350,26 +352,7 @@ class Pusher:
 
     async def vet(self, sink: str) -> list[str] | str:
         """The addresses a delivery to ``sink`` may connect to, resolved now; or why it may not happen."""
-        try:
-            url = httpx.URL(sink)
-            host = url.raw_host.decode("ascii")
-        except (httpx.InvalidURL, UnicodeError, ValueError) as exc:
-            return f"the sink {sink!r} is not a URL the HTTP client accepts ({exc})"
-        seen = netguard.sink_host(sink)
-        if seen is None or not _same_host(seen, url.host):
-            # The guard and the client must judge and call the same host (no parser differential).
-            return f"the sink URL {sink!r} names its host ambiguously; send a plain https:// or http:// URL"
-        refusal = netguard.sink_refusal(sink, self.allowed_sinks)
-        if refusal is not None:
-            return refusal
-        try:
-            addresses = await asyncio.to_thread(self.resolve, host)
-        except (OSError, UnicodeError) as exc:
-            return f"sink host {host} could not be resolved ({exc})"
-        refusal = netguard.sink_refusal(sink, self.allowed_sinks, resolve=lambda _host: addresses)
-        if refusal is not None:
-            return refusal
-        return addresses
+        return await sinkguard.vet(sink, self.allowed_sinks, self.resolve)
 
     def _client(self, url: httpx.URL) -> httpx.AsyncClient:
         if self.http is not None:
@@ -388,29 +371,17 @@ class Pusher:
     ) -> httpx.Response | str:
         """POST to the vetted addresses in turn (the next only when a connection could not be made at all)."""
         url = httpx.URL(sink)
-        pinned_headers = {**headers, "host": url.netloc.decode("ascii")}
-        extensions = {}
-        if url.scheme == "https" and netguard.parse_ip(url.host) is None:
-            extensions["sni_hostname"] = url.host  # TLS names and verifies the sink's host, not the address
         client = self._client(url)
         failure = "no address to connect to"
         for address in addresses:
+            target, pinned_headers, extensions = sinkguard.pinned(sink, address, headers)
             try:
-                return await client.post(
-                    url.copy_with(host=address), content=body, headers=pinned_headers, extensions=extensions
-                )
+                return await client.post(target, content=body, headers=pinned_headers, extensions=extensions)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 failure = f"{address}: {exc}"  # nothing reached the sink: the next address may answer
             except httpx.HTTPError as exc:
                 return f"{address}: {exc}"
         return failure
-
-
-def _same_host(a: str, b: str) -> bool:
-    ip_a, ip_b = netguard.parse_ip(a), netguard.parse_ip(b)
-    if ip_a is not None or ip_b is not None:
-        return ip_a == ip_b
-    return a.lower().rstrip(".") == b.lower().rstrip(".")
 
 
 async def delivery_task(app: Any) -> None:

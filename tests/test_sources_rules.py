@@ -1,0 +1,443 @@
+"""Sources that watch (docs/protocol.md section 12), the pure rule book and the engine's side: what a source's
+output becomes, the operator's policy, on_change, backoff, cron schedules; a non-answer that is no contact
+and the stale_source gap it makes real; the server's runners publishing as the monitor's own source under
+every publish rule; supervision rows and the state's `source`; feeds. Each refusal beside its positive
+control."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from enginekit import STORE_KINDS, Harness, make_store
+
+from monitor_protocol.core import cron, sources
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.netguard import sink_refusal
+from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES, T_REJECTED, T_SOURCE
+
+pytestmark = pytest.mark.quick
+
+RUN = "com.example.ci.run"
+
+
+def mon(kind: str, ref: str = "", *, cadence=None, types=(RUN,), **settings) -> dict:
+    source: dict = {"kind": kind, "ref": ref}
+    if settings:
+        source["settings"] = settings
+    return {"id": "ci", "source": source, "cadence": cadence or {}, "types": list(types)}
+
+
+# ======================================================================================== plans
+def test_a_shell_source_is_argv_split_like_a_shell_and_never_given_to_one():
+    plan = sources.plan_of(
+        mon("shell", "gh run list --json 'status,conclusion'", cadence={"event_driven": True})
+    )
+    assert plan.argv == ("gh", "run", "list", "--json", "status,conclusion")
+    assert plan.mode == sources.FOLLOW and not plan.shell
+    # settings.argv is the list form; settings.shell hands ref to /bin/sh (and is judged as `sh`, below).
+    listed = sources.plan_of(mon("shell", cadence={"heartbeat_seconds": 5}, argv=["echo", "a b"]))
+    assert listed.argv == ("echo", "a b") and listed.mode == sources.EVERY and listed.every == 5
+    shelled = sources.plan_of(mon("shell", "echo $HOME | wc", cadence={"heartbeat_seconds": 5}, shell=True))
+    assert shelled.argv == ("/bin/sh", "-c", "echo $HOME | wc") and sources.command_word(shelled) == "sh"
+
+
+@pytest.mark.parametrize("kind", ["ws", "cir", "formula"])
+def test_unsupported_kinds_are_refused_with_a_sentence(kind):
+    with pytest.raises(sources.SourceRefused, match="not supported"):
+        sources.plan_of(mon(kind, "x"))
+    # positive control: a supported kind with the same definition runs
+    assert sources.plan_of(mon("http", "https://example.com/health")).kind == "http"
+
+
+def test_a_plan_says_what_is_missing():
+    with pytest.raises(sources.SourceRefused, match="how this command runs"):
+        sources.plan_of(mon("shell", "date"))  # no cadence: long-lived or periodic?
+    with pytest.raises(sources.SourceRefused, match="what type"):
+        sources.plan_of(mon("shell", "date", cadence={"event_driven": True}, types=()))
+    with pytest.raises(sources.SourceRefused, match="Unknown source.settings"):
+        sources.plan_of(mon("http", "https://example.com", command="rm -rf /"))
+    with pytest.raises(sources.SourceRefused, match="not one of the monitor's types"):
+        sources.plan_of(mon("http", "https://example.com", type="com.example.other"))
+    with pytest.raises(sources.SourceRefused, match="written only by the server"):
+        sources.plan_of(mon("http", "https://example.com", type=T_SOURCE, types=()))
+    # positive controls
+    assert sources.plan_of(mon("shell", "date", cadence={"event_driven": True})).type == RUN
+    assert (
+        sources.plan_of(mon("http", "https://e.com", type="com.example.h", types=())).type == "com.example.h"
+    )
+
+
+def test_a_source_may_not_name_a_person_or_the_system():
+    for actor in ("human:you", "system:sweep"):
+        with pytest.raises(sources.SourceRefused, match="a source is a machine"):
+            sources.plan_of(mon("http", "https://example.com", actor=actor))
+    assert sources.plan_of(mon("http", "https://example.com", actor="probe:health")).actor == "probe:health"
+    assert sources.plan_of(mon("http", "https://example.com")).actor == "probe:ci"
+
+
+def test_cadence_schedule_is_read_as_cron_in_utc():
+    plan = sources.plan_of(mon("http", "https://example.com", cadence={"schedule": "*/15 * * * *"}))
+    at = dt.datetime(2026, 9, 22, 17, 10, 11, tzinfo=dt.UTC).timestamp()
+    assert dt.datetime.fromtimestamp(plan.next_run(at), dt.UTC) == dt.datetime(
+        2026, 9, 22, 17, 15, tzinfo=dt.UTC
+    )
+    weekly = cron.parse("30 9 * * 1")  # Mondays 09:30
+    monday = dt.datetime.fromtimestamp(weekly.next_after(at), dt.UTC)
+    assert (monday.weekday(), monday.hour, monday.minute) == (0, 9, 30)
+    both = cron.parse("0 0 13 * 5")  # the 13th or a Friday, as classic cron reads it
+    fired = dt.datetime.fromtimestamp(both.next_after(at), dt.UTC)
+    assert fired.day == 13 or fired.weekday() == 4
+    for bad in ("* * * *", "61 * * * *", "0 0 30 2 *", "@hourly"):
+        with pytest.raises(cron.CronError):
+            cron.parse(bad)
+    with pytest.raises(sources.SourceRefused, match="five"):
+        sources.plan_of(mon("http", "https://example.com", cadence={"schedule": "hourly"}))
+
+
+def test_an_http_source_without_a_cadence_runs_once_a_minute_and_a_file_follows():
+    assert sources.plan_of(mon("http", "https://e.com")).every == sources.DEFAULT_HTTP_SECONDS
+    assert sources.plan_of(mon("file", "/var/log/app.log")).mode == sources.FOLLOW
+
+
+# ======================================================================================== the operator's policy
+def which(word: str) -> str | None:
+    return {"gh": "/usr/bin/gh", "sh": "/bin/sh", "date": "/usr/bin/date"}.get(word)
+
+
+def test_shell_sources_run_only_when_the_allow_list_matches_the_first_word():
+    plan = sources.plan_of(mon("shell", "gh run list", cadence={"event_driven": True}))
+    none = sources.parse_policy([])
+    assert "does not allow" in sources.policy_refusal(plan, none, which=which)
+    other = sources.parse_policy(["shell:date"])
+    assert "allowed here: shell:date" in sources.policy_refusal(plan, other, which=which)
+    # positive controls: by the word as written, or by where PATH finds it
+    assert sources.policy_refusal(plan, sources.parse_policy(["shell:gh"]), which=which) is None
+    assert sources.policy_refusal(plan, sources.parse_policy(["shell:/usr/bin/*"]), which=which) is None
+    # a path that only looks allowed is normalised first
+    sneaky = sources.plan_of(mon("shell", "/usr/bin/../../tmp/x", cadence={"event_driven": True}))
+    assert sources.policy_refusal(sneaky, sources.parse_policy(["shell:/usr/bin/*"]), which=which)
+
+
+def test_settings_shell_needs_the_shell_itself_allowed():
+    plan = sources.plan_of(mon("shell", "gh run list; rm -rf /", cadence={"event_driven": True}, shell=True))
+    refusal = sources.policy_refusal(plan, sources.parse_policy(["shell:gh"]), which=which)
+    assert refusal and "allows any command" in refusal
+    assert sources.policy_refusal(plan, sources.parse_policy(["shell:sh"]), which=which) is None
+
+
+def test_file_sources_run_only_inside_an_allowed_directory_links_resolved():
+    links = {"/srv/logs/app.log": "/srv/logs/app.log", "/srv/logs/evil.log": "/etc/shadow"}
+    realpath = lambda p: links.get(p, p)  # noqa: E731
+    policy = sources.parse_policy(["file:/srv/logs"])
+    assert (
+        sources.policy_refusal(sources.plan_of(mon("file", "/srv/logs/app.log")), policy, realpath=realpath)
+        is None
+    )
+    escaped = sources.policy_refusal(
+        sources.plan_of(mon("file", "/srv/logs/evil.log")), policy, realpath=realpath
+    )
+    assert escaped and "/srv/logs/evil.log" in escaped
+    assert sources.policy_refusal(sources.plan_of(mon("file", "/srv/logsx/a.log")), policy, realpath=realpath)
+    assert sources.policy_refusal(sources.plan_of(mon("file", "relative.log")), policy, realpath=realpath)
+
+
+def test_http_sources_go_through_the_push_sink_guard():
+    policy = sources.parse_policy([])
+    internal = sources.plan_of(mon("http", "http://127.0.0.1:9/health"))
+    refusal = sources.policy_refusal(internal, policy, sink_refusal=sink_refusal)
+    assert refusal and "loopback" in refusal
+    public = sources.plan_of(mon("http", "https://93.184.216.34/health"))
+    assert sources.policy_refusal(public, policy, sink_refusal=sink_refusal) is None
+    allowed = sources.parse_policy([], sinks=["127.0.0.1"])
+    assert sources.policy_refusal(internal, allowed, sink_refusal=sink_refusal) is None
+
+
+def test_allow_source_entries_are_checked():
+    for bad in ("gh", "shell:", "file:relative", "http:x"):
+        with pytest.raises(ValueError, match="--allow-source"):
+            sources.parse_policy([bad])
+    assert sources.parse_policy(["shell:gh", "file:/var/log/"]).files == ("/var/log",)
+
+
+def test_a_command_sees_the_operators_environment_minus_tokens():
+    env = {"PATH": "/bin", "GH_TOKEN": "gh", "MP_OWNER_TOKEN": "x", "MP_ADMIN_TOKEN": "y", "PGPASSWORD": "z"}
+    assert sources.scrubbed_env(env) == {"PATH": "/bin", "GH_TOKEN": "gh"}
+
+
+# ======================================================================================== what is published
+FOLLOW = mon("shell", "tail -f x", cadence={"event_driven": True})
+
+
+def test_a_line_is_one_observation_with_the_probes_provenance():
+    body = sources.line_body(sources.plan_of(FOLLOW), b"build 412 failed\r", "s:run:1")
+    assert body == {
+        "type": RUN,
+        "data": {"answered": True, "line": "build 412 failed"},
+        "actor": "probe:ci",
+        "origin": "probe",
+        "tier": "measured",
+        "verification": "machine_verified",
+        "source_ref": "tail -f x",
+        "idempotency_key": "s:run:1",
+    }
+
+
+def test_a_json_line_is_kept_parsed_and_may_name_its_subject():
+    plan = sources.plan_of(mon("shell", "x", cadence={"event_driven": True}, subject="/run/id"))
+    body = sources.line_body(plan, b'{"run": {"id": 412}, "status": "failed"}')
+    assert body["data"] == {"answered": True, "value": {"run": {"id": 412}, "status": "failed"}}
+    assert body["subject"] == "412"
+    plain = sources.line_body(plan, b"not json")
+    assert "subject" not in plain and plain["data"]["line"] == "not json"
+
+
+def test_huge_or_non_utf8_output_is_cut_and_says_so():
+    plan = sources.plan_of(FOLLOW)
+    huge = sources.line_body(plan, b"x" * (MAX_SOURCE_OUTPUT_BYTES * 3))
+    assert huge["data"]["cut"] is True and huge["data"]["bytes"] == MAX_SOURCE_OUTPUT_BYTES * 3
+    assert len(huge["data"]["line"]) == MAX_SOURCE_OUTPUT_BYTES
+    # a cut that falls inside a character keeps the text whole, without a replacement character
+    accents = sources.line_body(plan, "é".encode() * MAX_SOURCE_OUTPUT_BYTES)
+    assert (
+        accents["data"]["line"] == "é" * (MAX_SOURCE_OUTPUT_BYTES // 2)
+        and "invalid_utf8" not in accents["data"]
+    )
+    broken = sources.line_body(plan, b"ok \xff\xfe bytes")
+    assert broken["data"]["invalid_utf8"] is True and broken["data"]["line"] == "ok \ufffd\ufffd bytes"
+    # positive control: an ordinary line carries neither note
+    assert set(sources.line_body(plan, b"fine")["data"]) == {"answered", "line"}
+
+
+def test_a_periodic_run_publishes_its_output_and_exit_code_and_a_failure_as_not_answering():
+    plan = sources.plan_of(mon("shell", "gh run list", cadence={"heartbeat_seconds": 60}))
+    ok = sources.run_body(plan, 0, b'[{"status": "completed"}]\n', b"", 120)
+    assert ok["data"] == {"answered": True, "exit": 0, "ms": 120, "value": [{"status": "completed"}]}
+    failed = sources.run_body(plan, 1, b"", b"error: no network\n", 30)
+    assert failed["data"]["answered"] is False and "status 1" in failed["data"]["reason"]
+    assert failed["data"]["stderr"] == "error: no network\n" and "value" not in failed["data"]
+    lenient = sources.plan_of(mon("shell", "grep x f", cadence={"heartbeat_seconds": 60}, ok_exit=[0, 1]))
+    assert sources.run_body(lenient, 1, b"", b"", 5)["data"]["answered"] is True
+
+
+def test_an_http_fetch_reports_status_time_size_and_a_picked_value_and_5xx_is_not_answering():
+    plan = sources.plan_of(mon("http", "https://e.com/health", pick="/checks/db"))
+    ok = sources.fetch_body(plan, 200, 12, b'{"checks": {"db": "up"}}', 24)
+    assert ok["data"] == {
+        "answered": True,
+        "status": 200,
+        "ms": 12,
+        "bytes": 24,
+        "pick": "/checks/db",
+        "value": "up",
+    }
+    missing = sources.fetch_body(plan, 200, 12, b'{"checks": {}}', 14)
+    assert missing["data"]["value"] is None and "nothing at /checks/db" in missing["data"]["pick_error"]
+    down = sources.fetch_body(plan, 503, 40, b"", 0)
+    assert down["data"] == {"answered": False, "reason": "HTTP 503", "status": 503, "ms": 40}
+    assert sources.fetch_body(plan, 404, 3, b"", 0)["data"]["answered"] is True  # the server answered
+
+
+def test_on_change_suppresses_repeats_and_keeps_an_answering_source_fresh():
+    plan = sources.plan_of(mon("http", "https://e.com", on_change=True))
+    a = sources.change_key(sources.fetch_body(plan, 200, 10, b"", 0))
+    b = sources.change_key(sources.fetch_body(plan, 200, 99, b"", 0))  # only the time taken differs
+    c = sources.change_key(sources.fetch_body(plan, 500, 10, b"", 0))
+    assert a == b != c
+    assert sources.should_publish(plan, None, a, None, 100.0, None)
+    assert not sources.should_publish(plan, a, b, 100.0, 160.0, None)
+    assert sources.should_publish(plan, a, c, 100.0, 160.0, None)
+    # with a ttl, an unchanged result goes again once half of it has passed (contact stays fresh)
+    assert not sources.should_publish(plan, a, b, 100.0, 120.0, 60)
+    assert sources.should_publish(plan, a, b, 100.0, 130.0, 60)
+    # positive control: without on_change every result is published
+    assert sources.should_publish(sources.plan_of(mon("http", "https://e.com")), a, b, 100.0, 101.0, None)
+
+
+def test_a_crashed_process_restarts_after_1_s_doubling_to_60():
+    assert [sources.backoff(n) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
+
+
+# ======================================================================================== the engine's side
+@pytest.fixture(params=STORE_KINDS)
+def h(request, tmp_path):
+    store = make_store(request.param, tmp_path)
+    harness = Harness(store)
+    yield harness
+    store.close()
+
+
+def http_monitor(h: Harness, **fields) -> str:
+    return h.monitor(
+        "ci", owner="agent:ops", source={"kind": "http", "ref": "https://e.com/health"}, **fields
+    )
+
+
+def state(h: Harness, token: str) -> dict:
+    r = h.call("GET", "/monitors/ci/state", token=token)
+    assert r.status == 200, r.body
+    return r.body
+
+
+def test_a_non_answer_is_kept_but_is_no_contact_and_stale_source_becomes_real(h):
+    tok = http_monitor(h, ttl_seconds=60)
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0))
+    h.clock.advance(30)
+    st = state(h, tok)
+    assert st["ages"]["since_last_source_contact_s"] == 30 and "stale_source" not in st["confidence"]["gaps"]
+    assert st["source"]["answering"] is True
+    for _ in range(4):  # not answering, every 20 s: each kept in the log, none of them contact
+        h.clock.advance(20)
+        h.service.publish_as_source("ci", sources.fetch_body(plan, 503, 5, b"", 0))
+    st = state(h, tok)
+    assert st["ages"]["since_last_observation_s"] == 0
+    assert st["ages"]["since_last_source_contact_s"] == 110
+    assert "stale_source" in st["confidence"]["gaps"]
+    assert st["source"]["answering"] is False and st["source"]["not_answering_since"] is not None
+    # positive control: an answer is contact again, and the gap goes
+    h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0))
+    st = state(h, tok)
+    assert st["ages"]["since_last_source_contact_s"] == 0 and "stale_source" not in st["confidence"]["gaps"]
+    assert st["source"]["answering"] is True and st["source"]["not_answering_since"] is None
+
+
+def test_a_monitor_without_sources_keeps_the_published_stale_source_rule(h):
+    tok = h.monitor("ci", ttl_seconds=10)
+    assert h.publish("ci", tok, subject="b1").status == 201
+    h.clock.advance(5)
+    assert "stale_source" not in state(h, tok)["confidence"]["gaps"]
+    h.clock.advance(6)
+    assert "stale_source" in state(h, tok)["confidence"]["gaps"]
+    assert state(h, tok)["source"] == {
+        "kind": "log",
+        "status": None,
+        "reason": "producers publish (source.kind log): nothing runs",
+        "since": None,
+        "answering": True,
+        "not_answering_since": None,
+    }
+
+
+def test_a_source_gets_past_no_rule_a_publisher_cannot(h):
+    tok = http_monitor(h, limits={"observations_per_day": 2})
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    body = sources.fetch_body(plan, 200, 5, b"", 0)
+    for claim in (
+        {"tier": "src"},
+        {"actor": "human:you"},
+        {"actor": "system:sources"},
+        {"type": "ai.mentu.monitor.lease"},
+    ):
+        with pytest.raises(ProtocolError) as refused:
+            h.service.publish_as_source("ci", {**body, **claim})
+        assert refused.value.extras.get("rejected_seq"), claim  # refused and logged, as for a publisher
+    assert h.service.publish_as_source("ci", {**body, "idempotency_key": "k1"})["idempotent"] is False
+    assert h.service.publish_as_source("ci", {**body, "idempotency_key": "k1"})["idempotent"] is True
+    assert h.service.publish_as_source("ci", body)["seq"]
+    with pytest.raises(ProtocolError) as over:
+        h.service.publish_as_source("ci", body)  # the day's budget holds for sources too
+    assert over.value.code == "OVER_BUDGET"
+
+
+def test_a_checkpoint_commits_with_its_publish_even_a_refused_one(h):
+    tok = http_monitor(h)
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0), {"offset": 10})
+    assert h.service.sources_view("ci")[0]["checkpoint"] == {"offset": 10}
+    with pytest.raises(ProtocolError):
+        h.service.publish_as_source(
+            "ci", {**sources.fetch_body(plan, 200, 5, b"", 0), "tier": "src"}, {"offset": 20}
+        )
+    assert h.service.sources_view("ci")[0]["checkpoint"] == {"offset": 20}
+
+
+def test_a_paused_monitors_source_publishes_nothing_and_logs_nothing(h):
+    tok = http_monitor(h)
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    assert h.call("POST", "/monitors/ci/pause", {"reason": "maintenance"}, tok).status == 200
+    head = h.call("GET", "/monitors/ci", token=tok).body["head"]
+    with pytest.raises(ProtocolError) as paused:
+        h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0))
+    assert paused.value.code == "UNAVAILABLE"
+    assert h.call("GET", "/monitors/ci", token=tok).body["head"] == head
+    assert h.call("POST", "/monitors/ci/resume", {"reason": "back"}, tok).status == 200
+    assert h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0))["seq"] == head + 2
+
+
+def test_supervision_rows_are_the_servers_own_and_the_state_says_how_the_source_stands(h):
+    tok = http_monitor(h)
+    assert state(h, tok)["source"]["status"] == "not_run"  # this engine runs no sources
+    h.service.sources_here = True
+    assert state(h, tok)["source"]["status"] == "pending"
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    h.service.source_event("ci", "refused", sources.supervision("refused", plan, reason="not allowed here"))
+    st = state(h, tok)["source"]
+    assert (st["status"], st["reason"]) == ("refused", "not allowed here") and st["since"]
+    row = h.call("GET", "/monitors/ci/state", token=tok)
+    log = h.service.read_log("ci")["observations"]
+    last = log[-1]
+    assert last["type"] == T_SOURCE and last["actor"] == "system:sources"
+    assert (last["origin"], last["tier"], last["verified"]) == ("system", "measured", "machine_verified")
+    assert last["data"]["payload"]["action"] == "refused" and row.status == 200
+    assert state(h, tok)["counters"]["observations"] == 0  # the server's rows are not the source's answers
+
+
+def test_a_publisher_cannot_forge_a_supervision_row(h):
+    tok = h.monitor("ci", types=[])
+    r = h.publish("ci", tok, type=T_SOURCE, data={"payload": {"action": "start"}})
+    assert r.status == 400 and r.body["code"] == "UNKNOWN_VOCABULARY" and r.body["rejected_seq"]
+    assert h.publish("ci", tok, type="com.example.mine").status == 201  # positive control
+
+
+def test_a_reader_may_filter_on_supervision_rows(h):
+    tok = h.monitor("ci")
+    sub = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:ops", "filter": {"types": [T_SOURCE]}},
+        tok,
+    )
+    assert sub.status == 201, sub.body
+    bad = h.call(
+        "POST",
+        "/subscriptions",
+        {"monitor": "ci", "subscriber": "agent:x", "filter": {"types": ["com.example.no"]}},
+        tok,
+    )
+    assert bad.status == 400  # positive control: an undeclared type is still refused
+
+
+def test_a_feed_republishes_what_passes_its_filter_as_derived_once(h):
+    src_tok = h.monitor("builds", visibility="public", types=[RUN, "com.example.ci.lint"])
+    feed_tok = h.monitor(
+        "ci",
+        owner="agent:ops",
+        source={"kind": "feed", "ref": "builds", "settings": {"from_start": True}},
+        filter={"types": [RUN]},
+    )
+    assert (
+        h.publish("builds", src_tok, subject="b1", data={"status": "failed"}, tags={"env": "ci"}).status
+        == 201
+    )
+    assert h.publish("builds", src_tok, type="com.example.ci.lint", subject="l1").status == 201
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=feed_tok).body)
+    step = h.service.feed_step("ci", plan)
+    assert step["published"] == 1 and step["more"] is False
+    again = h.service.feed_step("ci", plan)
+    assert again["published"] == 0  # the checkpoint moved with the publish: nothing twice
+    log = [o for o in h.service.read_log("ci")["observations"] if o["type"] == RUN]
+    assert len(log) == 1
+    derived = log[0]
+    assert (derived["tier"], derived["origin"], derived["actor"]) == ("derived", "probe", "probe:ci")
+    assert derived["data"]["status"] == "failed" and derived["data"]["tags"] == {"env": "ci"}
+    assert derived["data"]["provenance"]["wasDerivedFrom"] == [{"source": "monitor:builds", "id": "2"}]
+
+
+def test_a_feed_reads_only_a_public_monitor(h):
+    h.monitor("secret", visibility="private")
+    feed_tok = h.monitor("ci", owner="agent:ops", source={"kind": "feed", "ref": "secret"})
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=feed_tok).body)
+    with pytest.raises(sources.SourceRefused, match="not public"):
+        h.service.feed_step("ci", plan)
+    assert [o["type"] for o in h.service.read_log("ci")["observations"]].count(T_REJECTED) == 0
