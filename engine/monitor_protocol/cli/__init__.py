@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "monitors": "client_cmds",
     "lease": "client_cmds",
     "watch": "watch",
+    "probe": "probe",
     "mcp": "mcp",
     "conform": "conform",
     "openapi": "openapi",

@@ -22,9 +22,16 @@ from monitor_protocol.cli.serve_config import (
     allowed_hosts_for,
     fingerprint,
     resolve_settings,
+    source_policy,
+    sources_line,
     validate,
 )
-from monitor_protocol.core.vocab import DEFAULT_MAX_BODY, MAX_LIMIT, MAX_WAIT_SECONDS
+from monitor_protocol.core.vocab import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_SOURCE_RATE_PER_MINUTE,
+    MAX_LIMIT,
+    MAX_WAIT_SECONDS,
+)
 from monitor_protocol.doors.http.server import (
     bind,
     configure_logging,
@@ -178,6 +185,32 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "(repeatable; env MP_ALLOW_SINK, comma-separated)",
     )
     parser.add_argument(
+        "--sources",
+        action=TrueGiven,
+        nargs=0,
+        default=False,
+        help="run the sources of the monitors this server holds (docs/sources.md): http through the push "
+        "sink guard, feeds, and the shell and file sources --allow-source allows (env MP_SOURCES=true)",
+    )
+    parser.add_argument(
+        "--allow-source",
+        action=a,
+        default=[],
+        metavar="KIND:WHAT",
+        help="let --sources run a shell source whose command's first word matches a glob (shell:gh, "
+        "shell:/usr/local/bin/*; shell:sh allows settings.shell, so any command) or follow a file inside a "
+        "directory (file:/var/log/app) (repeatable; env MP_ALLOW_SOURCE, comma-separated)",
+    )
+    parser.add_argument(
+        "--source-rate",
+        action=s,
+        type=int,
+        default=DEFAULT_SOURCE_RATE_PER_MINUTE,
+        metavar="PER_MINUTE",
+        help="observations a source may publish per minute when its monitor's budget.observations_per_minute "
+        f"says none; past it the source waits (env MP_SOURCE_RATE, default {DEFAULT_SOURCE_RATE_PER_MINUTE})",
+    )
+    parser.add_argument(
         "--retire-after-mute",
         action=s,
         type=int,
@@ -288,6 +321,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     from monitor_protocol.doors.engines import EngineThread, LoopEngine
     from monitor_protocol.doors.http.app import MonitorApp
     from monitor_protocol.doors.push import delivery_task
+    from monitor_protocol.doors.sources.supervisor import sources_task
     from monitor_protocol.store.postgres import is_postgres_url, redacted
     from monitor_protocol.store.sqlite import SQLiteStore, StoreLocked
 
@@ -300,6 +334,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"mp serve: {problem}", file=sys.stderr)
         return 2
+    policy = source_policy(cfg)
     open_files = raise_open_file_limit()
 
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -372,7 +407,10 @@ def run(name: str, args: argparse.Namespace) -> int:
             store=store,
             engine=engine,
             max_body=cfg.max_body,
-            background_tasks=[delivery_task],
+            background_tasks=[
+                delivery_task,
+                *([sources_task(policy, cfg.source_rate)] if cfg.sources else []),
+            ],
             on_startup=[_install_reload(reloader), *([_share_store] if shared else [])],
             on_shutdown=[_remove_reload],
             metrics_token=cfg.metrics_token,
@@ -444,6 +482,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         )
         print("hosts allowed: " + (", ".join(sorted(hosts)) if hosts is not None else "any"))
         print("push sinks allowed beyond public addresses: " + (", ".join(cfg.allow_sink) or "none"))
+        print(sources_line(cfg))
         for warning in warnings:
             if warning:
                 print(warning)

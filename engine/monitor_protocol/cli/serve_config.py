@@ -23,7 +23,7 @@ class ConfigError(Exception):
 # Every setting comes from, in this order: its flag, its environment variable, the --config file (TOML, the
 # flag's name as key, `-` or `_`), the default. Tokens can so stay off argv (which `ps` shows to every user).
 
-LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink")
+LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink", "allow_source")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # setting -> (environment variable, kind)
 SETTINGS: dict[str, tuple[str, str]] = {
@@ -43,6 +43,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "retire_after_mute": ("MP_RETIRE_AFTER_MUTE", "int"),
     "log_level": ("MP_LOG_LEVEL", "level"),
     "access_log": ("MP_ACCESS_LOG", "bool"),
+    "sources": ("MP_SOURCES", "bool"),
+    "allow_source": ("MP_ALLOW_SOURCE", "list"),
+    "source_rate": ("MP_SOURCE_RATE", "int"),
 }
 CONFIG_ENV = "MP_CONFIG"
 CONFIG_ALIASES = {"admin_token": "allow_admin"}  # the file may say admin_token, like MP_ADMIN_TOKEN
@@ -60,6 +63,9 @@ RESTART_ONLY = (
     "retire_after_mute",
     "log_level",
     "access_log",
+    "sources",
+    "allow_source",
+    "source_rate",
 )
 
 
@@ -240,7 +246,33 @@ def validate(cfg: argparse.Namespace) -> str | None:
         problem = netguard.check_allow_entry(entry)
         if problem is not None:
             return problem
+    if getattr(cfg, "source_rate", 1) < 1:
+        return "--source-rate must be a whole number of observations per minute, at least 1"
+    try:
+        source_policy(cfg)
+    except ValueError as exc:
+        return str(exc)
+    if getattr(cfg, "allow_source", None) and not getattr(cfg, "sources", False):
+        return "--allow-source says what --sources may run: add --sources (or MP_SOURCES=true)"
     return None
+
+
+def source_policy(cfg: argparse.Namespace) -> Any:
+    """The operator's allow-list for --sources (core/sources.py Policy); ValueError naming a bad entry."""
+    from monitor_protocol.core.sources import parse_policy
+
+    return parse_policy(getattr(cfg, "allow_source", None) or [], getattr(cfg, "allow_sink", None) or [])
+
+
+def sources_line(cfg: argparse.Namespace) -> str:
+    """What `mp serve` prints about the sources it runs."""
+    if not getattr(cfg, "sources", False):
+        return "sources: not run (--sources runs the sources of the monitors; mp probe runs one elsewhere)"
+    allowed = ", ".join(cfg.allow_source) or "no shell or file source"
+    return (
+        f"sources: run by this server (allowed: {allowed}; http through the push sink guard; feeds of public "
+        f"monitors; at most {cfg.source_rate} observations per minute each unless a monitor's budget says)"
+    )
 
 
 class Reloader:

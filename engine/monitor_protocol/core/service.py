@@ -8,6 +8,7 @@ logged (P2) commits its rejected observation, then raises."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.core.errors import ProtocolError
@@ -22,7 +23,9 @@ class MonitorService(ServiceCore):
 
     # ---------------------------------------------------------------------------- monitors
     def create_monitor(self, body: Any, token: str | None) -> dict[str, Any]:
-        return self._call(lambda tx: monitors.create_monitor(self, tx, body, token))
+        out = self._call(lambda tx: monitors.create_monitor(self, tx, body, token))
+        self._configured(out["monitor"]["id"])
+        return out
 
     def list_monitors(self, token: str | None) -> dict[str, Any]:
         return self._call(lambda tx: monitors.list_monitors(self, tx, token))
@@ -34,7 +37,9 @@ class MonitorService(ServiceCore):
         return self._call(lambda tx: monitors.monitor_state(self, tx, monitor_id, token))
 
     def configure(self, monitor_id: str, action: str, body: Any, token: str | None) -> dict[str, Any]:
-        return self._call(lambda tx: monitors.configure(self, tx, monitor_id, action, body, token))
+        out = self._call(lambda tx: monitors.configure(self, tx, monitor_id, action, body, token))
+        self._configured(monitor_id)
+        return out
 
     # ---------------------------------------------------------------------------- publishing
     def publish(
@@ -143,11 +148,32 @@ class MonitorService(ServiceCore):
     def import_log(self, monitor_id: Any, source: Any, token: str | None = None) -> dict[str, Any]:
         """A JSON Lines log (text, bytes or a list of lines/events) as the NEW monitor `monitor_id`, in one
         transaction, or nothing at all: INVALID with `refused: [{line, reason}]` (importing.py's rules)."""
-        return self._call(lambda tx: importing.import_log(self, tx, monitor_id, source, token))
+        out = self._call(lambda tx: importing.import_log(self, tx, monitor_id, source, token))
+        self._configured(str(monitor_id))
+        return out
 
     # ---------------------------------------------------------------------------- sources (section 12)
     # mp serve --sources sets this: the state then says how the server's run of each source stands.
     sources_here: bool = False
+
+    def add_config_listener(self, fn: Callable[[str], None]) -> None:
+        """`fn(monitor_id)` after a monitor was created, updated, paused, resumed, retired or imported here
+        (the server's sources start, stop and restart on it)."""
+        if "_config_listeners" not in self.__dict__:
+            self._config_listeners: list[Callable[[str], None]] = []
+        self._config_listeners.append(fn)
+
+    def remove_config_listener(self, fn: Callable[[str], None]) -> None:
+        listeners = self.__dict__.get("_config_listeners", [])
+        if fn in listeners:
+            listeners.remove(fn)
+
+    def _configured(self, monitor_id: str) -> None:
+        for fn in list(self.__dict__.get("_config_listeners", ())):
+            try:
+                fn(monitor_id)
+            except Exception:  # a broken listener must never undo a committed configuration
+                pass
 
     def publish_as_source(
         self, monitor_id: str, body: Any, checkpoint: dict[str, Any] | None = None

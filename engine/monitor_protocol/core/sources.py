@@ -550,13 +550,14 @@ def run_body(
     source not answering, with the tail of its stderr."""
     if exit_code not in plan.ok_exit:
         reason = f"exited with status {exit_code} (settings.ok_exit: {list(plan.ok_exit)})"
-        return silent_body(plan, reason, key, exit=exit_code, ms=ms, **_stderr(stderr, stderr_total))
+        return silent_body(plan, reason, key, exit=exit_code, ms=ms, **stderr_fields(stderr, stderr_total))
     text, notes = bounded_text(stdout, total=stdout_total)
     data, parsed = _output(text, notes, "output")
     return _body(plan, {"answered": True, "exit": exit_code, "ms": ms, **data}, _subject(plan, parsed), key)
 
 
-def _stderr(stderr: bytes, total: int | None) -> dict[str, Any]:
+def stderr_fields(stderr: bytes, total: int | None = None) -> dict[str, Any]:
+    """The tail of a command's stderr, as a failed run carries it (its size when only the end is kept)."""
     if not stderr:
         return {}
     tail = stderr[-MAX_SOURCE_STDERR_BYTES:]

@@ -22,7 +22,7 @@ from monitor_protocol.core.rules.lookups import monitor_of
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import check_json_size
-from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, RUNNABLE_SOURCE_KINDS, T_SOURCE
+from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, T_SOURCE
 
 SOURCE_ACTOR = "system:sources"
 FEED_STEP_ROWS = 100  # rows of the other monitor a feed examines per engine call
@@ -111,13 +111,14 @@ def view(rec: Monitor) -> dict[str, Any]:
 
 
 def sources_view(core: ServiceCore, tx: Tx, monitor_id: str | None = None) -> list[dict[str, Any]]:
-    """Every monitor whose source the server could run (one, with `monitor_id`: [] when it is gone)."""
+    """Every monitor with a source other than `log` (one, with `monitor_id`: [] when it is gone or its source
+    is `log`): those the server runs, and those it must say it does not (ws, cir, formula)."""
     if monitor_id is not None:
         rec = tx.monitor(monitor_id)
         recs = [rec] if rec is not None else []
     else:
         recs = tx.monitors()
-    return [view(r) for r in recs if (r.source or {}).get("kind", "log") in RUNNABLE_SOURCE_KINDS]
+    return [view(r) for r in recs if (r.source or {}).get("kind", "log") != "log"]
 
 
 def feed_step(

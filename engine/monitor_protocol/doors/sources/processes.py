@@ -1,0 +1,192 @@
+"""Running a `shell` source's command (docs/protocol.md section 12): an argv, never a shell unless the plan
+says so (and the operator allowed `sh`), with stdin closed, the operator's environment minus tokens
+(`sources.scrubbed_env`), in a session of its own so that stopping it stops its children too, and, on
+Linux, killed with its parent: a `kill -9` of the server leaves no orphan watching on its own.
+
+`spawn` starts a long-lived process; `lines` yields its stdout one line at a time, each at most
+`MAX_SOURCE_OUTPUT_BYTES` (a longer one is cut there, its size kept); `run_once` runs a periodic command with
+a timeout and keeps a bounded prefix of its stdout and the tail of its stderr; `stop` ends a process group
+(SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from monitor_protocol.core.sources import scrubbed_env
+from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES, MAX_SOURCE_STDERR_BYTES
+
+CHUNK = 65536
+STOP_GRACE_SECONDS = 3.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
+    """Linux: the child gets SIGKILL when the process that started it dies (a `kill -9` of the server)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+def environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    return scrubbed_env(os.environ if environ is None else environ)
+
+
+async def spawn(argv: tuple[str, ...], env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    """Start `argv` (OSError when it cannot start: not found, not executable)."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+
+
+@dataclass
+class Line:
+    raw: bytes  # at most MAX_SOURCE_OUTPUT_BYTES, without its newline
+    total: int  # the whole line's size (larger than len(raw) when it was cut)
+
+
+async def lines(stream: asyncio.StreamReader, limit: int = MAX_SOURCE_OUTPUT_BYTES) -> AsyncIterator[Line]:
+    """Every line of `stream` until its end; a line longer than `limit` is cut there (the rest skipped up to
+    its newline) and says its whole size; a last line without a newline counts too."""
+    buffer = b""
+    skipping: Line | None = None  # a line already cut: its rest is being skipped
+    while True:
+        chunk = await stream.read(CHUNK)
+        if not chunk:
+            break
+        buffer += chunk
+        while True:
+            cut = buffer.find(b"\n")
+            if skipping is not None:
+                if cut < 0:
+                    skipping.total += len(buffer)
+                    buffer = b""
+                    break
+                skipping.total += cut
+                buffer = buffer[cut + 1 :]
+                yield skipping
+                skipping = None
+                continue
+            if cut < 0:
+                if len(buffer) > limit:
+                    skipping = Line(buffer[:limit], len(buffer))
+                    buffer = b""
+                break
+            yield Line(buffer[:cut][:limit], cut)
+            buffer = buffer[cut + 1 :]
+    if skipping is not None:
+        yield skipping
+    elif buffer:
+        yield Line(buffer[:limit], len(buffer))
+
+
+class Tail:
+    """The last bytes of a stream (a process's stderr), read to its end in the background."""
+
+    def __init__(self, stream: asyncio.StreamReader | None, keep: int = MAX_SOURCE_STDERR_BYTES) -> None:
+        self.keep = keep
+        self.data = b""
+        self.total = 0
+        self.task = asyncio.ensure_future(self._read(stream)) if stream is not None else None
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(CHUNK):
+            self.total += len(chunk)
+            self.data = (self.data + chunk)[-self.keep :]
+
+    async def done(self) -> bytes:
+        if self.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self.task), STOP_GRACE_SECONDS)
+        return self.data
+
+
+class Head:
+    """The first `keep` bytes of a stream (a periodic command's stdout), the rest read and counted."""
+
+    def __init__(self, stream: asyncio.StreamReader | None, keep: int = MAX_SOURCE_OUTPUT_BYTES) -> None:
+        self.keep = keep
+        self.data = b""
+        self.total = 0
+        self.task = asyncio.ensure_future(self._read(stream)) if stream is not None else None
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(CHUNK):
+            self.total += len(chunk)
+            if len(self.data) < self.keep:
+                self.data += chunk[: self.keep - len(self.data)]
+
+
+async def stop(proc: asyncio.subprocess.Process, grace: float = STOP_GRACE_SECONDS) -> int | None:
+    """End the process and its group: SIGTERM, then SIGKILL after `grace` seconds. Its exit status."""
+    if proc.returncode is not None:
+        return proc.returncode
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            return await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            continue
+    return proc.returncode
+
+
+@dataclass
+class Run:
+    """One run of a periodic command: its exit status (None: it could not start or timed out, see `failure`)."""
+
+    exit: int | None
+    stdout: bytes
+    stdout_total: int
+    stderr: bytes
+    stderr_total: int
+    ms: int
+    failure: str | None = None
+
+
+async def run_once(argv: tuple[str, ...], env: Mapping[str, str], timeout: float) -> Run:
+    started = time.monotonic()
+
+    def ms() -> int:
+        return int((time.monotonic() - started) * 1000)
+
+    try:
+        proc = await spawn(argv, env)
+    except OSError as exc:
+        return Run(None, b"", 0, b"", 0, ms(), f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+    out, err = Head(proc.stdout), Tail(proc.stderr)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        await stop(proc)
+        await err.done()
+        return Run(None, out.data, out.total, err.data, err.total, ms(), f"timed out after {timeout:g} s")
+    except asyncio.CancelledError:
+        await stop(proc)
+        raise
+    for reader in (out.task, err.task):
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(reader), STOP_GRACE_SECONDS)
+    # A child of the command may still hold stdout open; what it writes after the exit is not this run's.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for reader in (out.task, err.task):
+        if reader is not None and not reader.done():
+            reader.cancel()
+    return Run(proc.returncode, out.data, out.total, err.data, err.total, ms())

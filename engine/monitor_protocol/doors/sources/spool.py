@@ -1,0 +1,125 @@
+"""`mp probe`'s disk buffer: what a source saw, kept on disk until the server confirmed it (docs/sources.md).
+
+`spool.jsonl` holds one publish body per line, each with its idempotency key, appended and fsynced before
+the probe sends it; `spool.done` holds the byte offset up to which the server confirmed. A probe killed at
+any point, or a server that was down, loses nothing: the next run sends what is after `spool.done` again,
+and the keys make whatever had landed a repeat (the server answers it with its first seq and appends
+nothing). `checkpoint.json` is where the source stands (a file's offset, the last periodic result),
+written after the line it covers is in the spool, so a restart never skips a line it did not keep.
+
+The spool is bounded (`max_entries`): past it, new observations are dropped and counted, and the probe
+says so (`DROPPED`), then publishes one observation saying how many were lost once there is room again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_ENTRIES = 10_000
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Spool:
+    def __init__(self, directory: Path, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = self.dir / "spool.jsonl"
+        self.done_path = self.dir / "spool.done"
+        self.checkpoint_path = self.dir / "checkpoint.json"
+        self.max_entries = max_entries
+        self.entries: deque[tuple[dict[str, Any], int]] = deque()  # (body, the byte offset after it)
+        self.dropped = 0
+        done = 0
+        with contextlib.suppress(OSError, ValueError):
+            done = int(self.done_path.read_text().strip() or 0)
+        self.path.touch(exist_ok=True)
+        with open(self.path, "rb") as f:
+            f.seek(done)
+            at = done
+            for raw in f:
+                at += len(raw)
+                if not raw.endswith(b"\n"):
+                    break  # a line the last run was killed while writing: never confirmed, never sent
+                try:
+                    self.entries.append((json.loads(raw), at))
+                except ValueError:
+                    continue
+        self.done = done
+        self.file = open(self.path, "ab")  # noqa: SIM115 - kept open for the probe's lifetime
+        if self.file.tell() != (self.entries[-1][1] if self.entries else done):
+            self._rewrite()  # drop a torn last line, so what follows starts on a line of its own
+
+    def _rewrite(self) -> None:
+        self.file.close()
+        lines = [json.dumps(body, separators=(",", ":")) + "\n" for body, _ in self.entries]
+        _atomic_write(self.path, "".join(lines))
+        _atomic_write(self.done_path, "0")
+        self.done, at = 0, 0
+        kept: deque[tuple[dict[str, Any], int]] = deque()
+        for (body, _), line in zip(self.entries, lines, strict=True):
+            at += len(line.encode("utf-8"))
+            kept.append((body, at))
+        self.entries = kept
+        self.file = open(self.path, "ab")  # noqa: SIM115
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def append(self, bodies: list[dict[str, Any]]) -> int:
+        """Keep `bodies` on disk (fsynced) before they are sent; returns how many fit (the rest dropped)."""
+        room = max(0, self.max_entries - len(self.entries))
+        kept, lost = bodies[:room], len(bodies) - min(room, len(bodies))
+        self.dropped += lost
+        if kept:
+            lines = [json.dumps(b, separators=(",", ":")).encode("utf-8") + b"\n" for b in kept]
+            data = b"".join(lines)
+            self.file.write(data)
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            at = self.file.tell() - len(data)
+            for body, line in zip(kept, lines, strict=True):
+                at += len(line)
+                self.entries.append((body, at))
+        return len(kept)
+
+    def head(self, n: int) -> list[dict[str, Any]]:
+        return [body for body, _ in list(self.entries)[:n]]
+
+    def confirm(self, n: int) -> None:
+        """The first `n` entries were answered by the server: they are done."""
+        if n <= 0:
+            return
+        end = 0
+        for _ in range(min(n, len(self.entries))):
+            _body, end = self.entries.popleft()
+        self.done = end
+        if not self.entries:
+            self.file.truncate(0)
+            self.file.seek(0)
+            self.done = 0
+        _atomic_write(self.done_path, str(self.done))
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.checkpoint_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        _atomic_write(self.checkpoint_path, json.dumps(checkpoint))
+
+    def close(self) -> None:
+        self.file.close()

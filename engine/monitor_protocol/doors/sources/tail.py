@@ -1,0 +1,193 @@
+"""A `file` source (docs/protocol.md section 12): each line appended to a file is one observation; rotation and
+truncation are survived.
+
+`FileTail.poll()` (blocking file I/O: run it in a thread) reads what was appended since the last poll and
+returns its complete lines, each with its idempotency key and the checkpoint to commit with it. Where a line
+starts in which file is its identity: the key is `f:<file token>:<offset>`, the file token minted when a
+file is first opened (kept in the checkpoint), so a restart that re-reads from its checkpoint sends the same
+keys and duplicates nothing, while a new file at the path (rotation) or the same file cut short
+(truncation, `copytruncate`) gets a new token, so its lines are never mistaken for old ones.
+
+* rotation: when the path names another file, what the old one still held is read to its end (its last
+  line, even without a newline), then the new one is followed from its start;
+* truncation: a file shorter than the offset reached is followed again from its start;
+* the first start follows from the end (only lines appended from now on), unless `from_start`; a file that
+  appears later is read from its start;
+* a line longer than MAX_SOURCE_OUTPUT_BYTES is cut there and says its size (`bytes`, at least that much for
+  a line over READ_BYTES); the rest of it is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor_protocol.core.sources import SourceRefused
+from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES
+
+READ_BYTES = 1 << 20  # read per step; a poll takes at most MAX_STEPS of them
+MAX_STEPS = 8
+
+
+@dataclass
+class FileLine:
+    raw: bytes
+    total: int
+    key: str
+    checkpoint: dict[str, Any]
+
+
+@dataclass
+class Poll:
+    lines: list[FileLine] = field(default_factory=list)
+    problem: str | None = None  # why the file cannot be read now (the source is not answering)
+    opened: dict[str, Any] | None = None  # a file was (re)opened: the position to commit before any line
+
+
+class FileTail:
+    def __init__(
+        self,
+        path: str,
+        checkpoint: dict[str, Any] | None = None,
+        *,
+        from_start: bool = False,
+        limit: int = MAX_SOURCE_OUTPUT_BYTES,
+        check: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.path = path
+        self.limit = limit
+        self.check = check  # the operator's policy, judged at every open (a rotation may swap a link in)
+        self.fd: int | None = None
+        self.ino = self.dev = 0
+        self.offset = 0
+        self.token = ""
+        self.skip = False  # inside a line already cut: skip up to its newline
+        saved = checkpoint if checkpoint and checkpoint.get("file") == path else None
+        self.saved = saved
+        self.from_start = from_start
+        self.missed = False  # the file was missing at some poll: when it appears, it is read from its start
+
+    # -- the position ---------------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        return {
+            "file": self.path,
+            "token": self.token,
+            "dev": self.dev,
+            "ino": self.ino,
+            "offset": self.offset,
+            "skip": self.skip,
+        }
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _open(self) -> str | None:
+        """Open the path (a problem sentence when it cannot be read; SourceRefused when the operator's policy
+        refuses what the path names now)."""
+        if self.check is not None:
+            refusal = self.check(self.path)
+            if refusal is not None:
+                raise SourceRefused(refusal)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            self.missed = True
+            return f"cannot open {self.path}: {exc.strerror or exc}"
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return f"{self.path} is not a regular file"
+        if self.check is not None and os.path.exists(f"/proc/self/fd/{fd}"):
+            # What was opened, not what the name pointed to a moment before (a link swapped in between).
+            refusal = self.check(os.path.realpath(f"/proc/self/fd/{fd}"))
+            if refusal is not None:
+                os.close(fd)
+                raise SourceRefused(refusal)
+        saved, self.saved = self.saved, None
+        self.fd, self.ino, self.dev = fd, st.st_ino, st.st_dev
+        if saved and saved.get("ino") == st.st_ino and saved.get("dev") == st.st_dev:
+            at = int(saved.get("offset", 0))
+            if at <= st.st_size:  # the same file, not cut short: resume exactly there
+                self.offset, self.token, self.skip = at, str(saved.get("token")), bool(saved.get("skip"))
+                return None
+        self.token = secrets.token_hex(6)
+        self.skip = False
+        # First start: from the end (only what is appended from now on), unless asked to read it all. A file
+        # that appeared after a miss, replaced the one the checkpoint names, or was cut short: from its start.
+        first = saved is None and not self.missed
+        self.offset = st.st_size if first and not self.from_start else 0
+        return None
+
+    # -- one poll --------------------------------------------------------------------------------
+    def poll(self) -> Poll:
+        out = Poll()
+        if self.fd is None:
+            problem = self._open()
+            if problem is not None:
+                out.problem = problem
+                return out
+            out.opened = self.checkpoint()
+        assert self.fd is not None
+        try:
+            now = os.stat(self.path)
+            moved = (now.st_ino, now.st_dev) != (self.ino, self.dev)
+        except OSError:
+            moved = False  # gone for now (rotation in progress): keep reading the file already open
+        if os.fstat(self.fd).st_size < self.offset:
+            self.offset, self.skip, self.token = 0, False, secrets.token_hex(6)  # truncated
+            out.opened = self.checkpoint()
+        self._read(out, final=moved)
+        if moved:
+            self.close()
+            self.missed = True  # the new file is read from its start
+            problem = self._open()
+            if problem is not None:
+                out.problem = problem
+            else:
+                out.opened = self.checkpoint()
+                self._read(out, final=False)
+        return out
+
+    def _read(self, out: Poll, *, final: bool) -> None:
+        """The complete lines from the offset on (`final`: the file will not grow, its last line counts)."""
+        assert self.fd is not None
+        for _ in range(MAX_STEPS):
+            data = os.pread(self.fd, READ_BYTES, self.offset)
+            if not data:
+                return
+            at = 0
+            while at < len(data):
+                nl = data.find(b"\n", at)
+                if self.skip:
+                    if nl < 0:
+                        at = len(data)
+                        break
+                    at, self.skip = nl + 1, False
+                    continue
+                if nl < 0:
+                    rest = len(data) - at
+                    if rest > self.limit:
+                        end = self.offset + len(data)
+                        self._line(out, data[at : at + self.limit], rest, self.offset + at, end, skip=True)
+                        self.skip = True
+                        at = len(data)
+                    elif final and len(data) < READ_BYTES:
+                        self._line(out, data[at:], rest, self.offset + at, self.offset + len(data))
+                        at = len(data)
+                    break
+                self._line(out, data[at:nl][: self.limit], nl - at, self.offset + at, self.offset + nl + 1)
+                at = nl + 1
+            self.offset += at
+            if len(data) < READ_BYTES:
+                return
+
+    def _line(self, out: Poll, raw: bytes, total: int, start: int, end: int, *, skip: bool = False) -> None:
+        key = f"f:{self.token}:{start}"
+        checkpoint = {**self.checkpoint(), "offset": end, "skip": skip}
+        out.lines.append(FileLine(raw.rstrip(b"\r"), total, key, checkpoint))
