@@ -62,7 +62,9 @@ PAUSED_RECHECK_SECONDS = 5.0
 
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...: a shell source's argv")
+    parser.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="a shell source's command and arguments"
+    )
     parser.add_argument("--monitor", required=True, help="the monitor whose source this is")
     parser.add_argument(
         "--base",
@@ -146,7 +148,7 @@ def default_state_dir(base: str, monitor: str) -> Path:
 def command_line_source(args: argparse.Namespace) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(the source the command line gives, or None to use the monitor's; the settings and cadence the flags
     set over either)."""
-    argv = list(args.command or [])
+    argv = list(args.argv or [])
     if argv and argv[0] == "--":
         argv = argv[1:]
     source: dict[str, Any] | None = None

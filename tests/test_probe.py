@@ -1,0 +1,270 @@
+"""`mp probe` (docs/sources.md) with real processes: a real `mp serve`, a real `mp probe`, real commands, files and a
+local HTTP server. A probe's lines go through the client with idempotency keys and a disk buffer, so neither a
+server restart nor a probe restart loses or duplicates what the server confirmed."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from serverutil import running_server, start_server, stop_server
+from sourcekit import RUN, Api, ProbeProcess, Target, alive, free_port, run_probe
+from waiting import eventually
+
+PY = sys.executable
+
+
+def numbered(count: int, pause: float, pidfile: str | None = None) -> list[str]:
+    """A long-lived command printing n=0 .. n=count-1, `pause` seconds apart, then waiting."""
+    code = (
+        "import os, sys, time\n"
+        + (f"open({pidfile!r}, 'a').write(f'{{os.getpid()}}\\n')\n" if pidfile else "")
+        + f"for i in range({count}):\n    print(f'n={{i}}', flush=True)\n    time.sleep({pause})\n"
+        + "time.sleep(3600)"
+    )
+    return ["--", PY, "-u", "-c", code]
+
+
+def test_probe_publishes_a_long_lived_commands_lines_in_order_with_the_probes_provenance(tmp_path):
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        owner = api.create("ci")
+        probe = ProbeProcess(
+            tmp_path,
+            "--base",
+            base,
+            "--monitor",
+            "ci",
+            "--token",
+            owner,
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--follow",
+            *numbered(5, 0.01),
+        )
+        try:
+            probe.wait_line("PUB", 5)
+            rows = api.observations("ci", owner)
+            assert [o["data"]["line"] for o in rows] == [f"n={i}" for i in range(5)]
+            for o in rows:
+                assert (o["actor"], o["origin"], o["tier"], o["verified"]) == (
+                    "probe:ci",
+                    "probe",
+                    "measured",
+                    "machine_verified",
+                )
+                assert o["data"]["provenance"]["source_ref"].startswith(PY)
+            assert probe.lines()[0].startswith("PROBE monitor=ci kind=shell mode=follow")
+            assert any(line.startswith("SOURCE start pid=") for line in probe.lines())
+        finally:
+            probe.stop()
+            api.close()
+
+
+def test_probe_survives_a_server_restart_without_losing_or_duplicating_lines(tmp_path):
+    port = free_port()
+    db = str(tmp_path / "probe.db")
+    base, server = start_server(tmp_path, "--db", db, port=port)
+    api = Api(base)
+    owner = api.create("ci")
+    api.close()
+    total = 300
+    probe = ProbeProcess(
+        tmp_path,
+        "--base",
+        base,
+        "--monitor",
+        "ci",
+        "--token",
+        owner,
+        "--state-dir",
+        str(tmp_path / "st"),
+        "--follow",
+        *numbered(total, 0.02),
+    )
+    try:
+        probe.wait_line("PUB", 40)
+        server.send_signal(signal.SIGKILL)  # the server goes away mid-stream, without a word
+        server.wait()
+        probe.wait_line("DOWN")
+        spool = tmp_path / "st" / "spool.jsonl"
+        eventually(lambda: len(spool.read_text().splitlines()) >= 20, what="lines kept on disk while down")
+        base, server = start_server(tmp_path, "--db", db, port=port)
+        probe.wait_line("UP")
+        api = Api(base)
+        rows = eventually(
+            lambda: len(o := api.observations("ci", owner)) >= total and o, timeout=60, what="all lines"
+        )
+        assert [o["data"]["line"] for o in rows] == [f"n={i}" for i in range(total)], (
+            "lost, duplicated or reordered"
+        )
+        api.close()
+    finally:
+        probe.stop()
+        stop_server(server)
+
+
+def test_a_probe_killed_and_restarted_duplicates_nothing_the_server_confirmed(tmp_path):
+    log = tmp_path / "app.log"
+    log.write_text("")
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        owner = api.create("app")
+        args = (
+            "--base",
+            base,
+            "--monitor",
+            "app",
+            "--token",
+            owner,
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--file",
+            str(log),
+        )
+        probe = ProbeProcess(tmp_path, *args, name="first")
+        probe.wait_line("SOURCE start")
+        with open(log, "a") as f:
+            for i in range(200):
+                f.write(f"n={i}\n")
+        probe.wait_line("PUB", 50)
+        probe.stop(signal.SIGKILL)  # wherever it was: spooled, sent, confirmed or not
+        with open(log, "a") as f:
+            for i in range(200, 250):
+                f.write(f"n={i}\n")
+        again = ProbeProcess(tmp_path, *args, name="second")
+        try:
+            rows = eventually(
+                lambda: len(o := api.observations("app", owner)) >= 250 and o, what="every line"
+            )
+            assert [o["data"]["line"] for o in rows] == [f"n={i}" for i in range(250)]
+        finally:
+            again.stop()
+            api.close()
+
+
+def test_probe_once_keeps_what_an_unreachable_server_did_not_confirm_and_sends_it_next_time(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    state = str(tmp_path / "st")
+    cmd = ("--every", "60", "--type", RUN, "--", PY, "-c", "print('build 412 failed')")
+    done = run_probe(
+        "--base", base, "--monitor", "ci", "--token", "mpo_x", "--state-dir", state, "--once", *cmd
+    )
+    assert done.returncode == 6, done
+    assert any(line.startswith("DOWN ") for line in done.stdout.splitlines())
+    assert any(line.startswith("KEPT 1 ") for line in done.stdout.splitlines())
+    with running_server(tmp_path, "--port", str(port)) as (base, _proc):
+        api = Api(base)
+        owner = api.create("ci")
+        args = ("--base", base, "--monitor", "ci", "--token", owner, "--state-dir", state, "--once", *cmd)
+        done = run_probe(*args)
+        assert done.returncode == 0, done
+        rows = api.observations("ci", owner)
+        assert [o["data"]["output"] for o in rows] == [
+            "build 412 failed\n"
+        ] * 2  # the kept one, then this run's
+        assert "KEPT" not in done.stdout
+        # a third run publishes once more: nothing kept twice
+        assert run_probe(*args).returncode == 0
+        assert len(api.observations("ci", owner)) == 3
+        api.close()
+
+
+def test_probe_publishes_an_http_500_and_a_command_that_cannot_start_as_not_answering(tmp_path):
+    target = Target(status=500)
+    try:
+        with running_server(tmp_path) as (base, _proc):
+            api = Api(base)
+            owner = api.create("health")
+            common = (
+                "--base",
+                base,
+                "--monitor",
+                "health",
+                "--token",
+                owner,
+                "--state-dir",
+                str(tmp_path / "st"),
+                "--once",
+            )
+            assert run_probe(*common, "--http", target.url).returncode == 0
+            target.status, target.body = 200, b'{"status": "up"}'
+            assert (
+                run_probe(*common, "--http", target.url, "--pick", "/status").returncode == 0
+            )  # positive control
+            assert run_probe(*common, "--every", "60", "--", "/nonexistent/cmd").returncode == 0
+            rows = [
+                {k: v for k, v in o["data"].items() if k in ("answered", "reason", "status", "value")}
+                for o in api.observations("health", owner)
+            ]
+            assert rows[0] == {"answered": False, "reason": "HTTP 500", "status": 500}
+            assert rows[1] == {"answered": True, "status": 200, "value": "up"}
+            assert rows[2]["answered"] is False and "cannot start" in rows[2]["reason"]
+            assert api.state("health", owner)["source"]["answering"] is False
+            api.close()
+    finally:
+        target.close()
+
+
+def test_probe_refuses_a_source_it_cannot_run_and_a_wrong_token(tmp_path):
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        owner = api.create(
+            "bare", types=[], visibility="public"
+        )  # seen by anyone: the publish is what refuses
+        common = ("--base", base, "--monitor", "bare", "--state-dir", str(tmp_path / "st"), "--once")
+        done = run_probe(*common, "--token", owner, "--every", "60", "--", "echo", "hi")
+        assert done.returncode == 3 and "ERROR REFUSED" in done.stdout and "what type" in done.stderr
+        elsewhere = ("--base", base, "--monitor", "bare", "--state-dir", str(tmp_path / "wrong"), "--once")
+        wrong = run_probe(
+            *elsewhere, "--token", "mpo_wrong", "--every", "60", "--type", RUN, "--", "echo", "hi"
+        )
+        assert wrong.returncode == 4 and "ERROR 401 UNAUTHORIZED" in wrong.stdout
+        # positive control: the same probe with a type and the owner token runs
+        ok = run_probe(*common, "--token", owner, "--every", "60", "--type", RUN, "--", "echo", "hi")
+        assert ok.returncode == 0, ok
+        assert [o["data"]["output"] for o in api.observations("bare", owner, RUN)] == ["hi\n"]
+        api.close()
+
+
+def test_probe_stops_the_source_while_the_monitor_is_paused_and_starts_it_on_resume(tmp_path):
+    pids = tmp_path / "pids"
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        owner = api.create("ci")
+        probe = ProbeProcess(
+            tmp_path,
+            "--base",
+            base,
+            "--monitor",
+            "ci",
+            "--token",
+            owner,
+            "--state-dir",
+            str(tmp_path / "st"),
+            "--follow",
+            *numbered(100000, 0.2, str(pids)),
+        )
+        try:
+            probe.wait_line("PUB", 2)
+            first = int(pids.read_text().split()[0])
+            api.configure("ci", owner, "pause", {"reason": "maintenance"})
+            probe.wait_line("PAUSED")
+            eventually(lambda: not alive(first), what="the command stopped while paused")
+            published = len(api.observations("ci", owner))
+            api.configure("ci", owner, "resume", {"reason": "back"})
+            probe.wait_line("RESUMED")
+            second = int(eventually(lambda: len(p := pids.read_text().split()) == 2 and p[1]))
+            eventually(lambda: len(api.observations("ci", owner)) > published, what="lines after the resume")
+            assert alive(second)
+            # What the paused monitor refused (and logged) was kept and published after the resume: the first
+            # run's lines are all there, in order, before the second run's.
+            lines = [o["data"]["line"] for o in api.observations("ci", owner)]
+            again = lines.index("n=0", 1)
+            assert lines[:again] == [f"n={i}" for i in range(again)]
+            refused = [o for o in api.log("ci", owner) if o["type"] == "ai.mentu.monitor.rejected"]
+            assert refused and refused[0]["data"]["payload"]["code"] == "UNAVAILABLE"
+        finally:
+            probe.stop()
+            api.close()
