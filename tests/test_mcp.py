@@ -233,11 +233,18 @@ async def exercise(client: Client) -> dict[str, Any]:
     )
 
     templates = (await client.list_resource_templates()).resource_templates
-    assert {t.uri_template for t in templates} == {"monitor://{id}/definition", "monitor://{id}/state"}
+    assert {t.uri_template for t in templates} == {
+        "monitor://{id}/definition",
+        "monitor://{id}/state",
+        "monitor://{id}/source",
+    }
     definition = json.loads((await client.read_resource("monitor://ci/definition")).contents[0].text)
     assert definition["id"] == "ci" and definition["version"] >= 1
     state = json.loads((await client.read_resource("monitor://ci/state")).contents[0].text)
     assert state["monitor"] == "ci" and state["head"] == definition["head"]
+    # the source's status, read-only: what the state says of it (a `log` source: nothing runs)
+    source = json.loads((await client.read_resource("monitor://ci/source")).contents[0].text)
+    assert source == {"monitor": "ci", **state["source"]} and source["kind"] == "log" and source["status"] is None
     return {"owner": owner, "sub": sub_id, "reader": reader, "head": state["head"]}
 
 
@@ -783,5 +790,39 @@ async def test_mcp_environment_chooses_the_door(tmp_path: Path) -> None:
             async with Client(server_params("--db", str(local), env={"MP_BASE": base})) as client:
                 assert (await call(client, "monitor_list", {}))["monitors"] == []
         assert local.is_file()
+    finally:
+        stop_server(proc)
+
+
+async def test_mcp_reads_a_monitors_source_status_read_only(tmp_path: Path) -> None:
+    """monitor://{id}/source over `mp mcp --base` against `mp serve --sources`: a shell source the operator did
+    not allow is refused, and the resource says so and why; a resource is read, never written."""
+    base, proc = start_server(tmp_path, "--sources")
+    try:
+        with anyio.fail_after(HANG_GUARD_SECONDS):
+            api = base + "/mp/v0"
+            body = {
+                "id": "ci",
+                "types": ["com.example.ci.run"],
+                "cadence": {"heartbeat_seconds": 60},
+                "source": {"kind": "shell", "ref": "gh run list"},
+            }
+            owner = httpx.post(api + "/monitors", json=body).json()["owner_token"]
+            async with Client(server_params("--base", base, env={**mp_env(), "MP_TOKEN": owner})) as client:
+
+                async def refused_now() -> dict[str, Any] | None:
+                    text = (await client.read_resource("monitor://ci/source")).contents[0].text
+                    source = json.loads(text)
+                    return source if source["status"] == "refused" else None
+
+                source = await eventually_async(refused_now, what="the refusal in the source status")
+                assert source["monitor"] == "ci" and source["kind"] == "shell"
+                assert "does not allow" in source["reason"] and "--allow-source" in source["reason"]
+                # positive control: the same resource of a log monitor says nothing runs
+                httpx.post(api + "/monitors", json={"id": "plain", "visibility": "public"})
+                plain = json.loads((await client.read_resource("monitor://plain/source")).contents[0].text)
+                assert plain["kind"] == "log" and plain["status"] is None
+                listed = {str(r.uri) for r in (await client.list_resources()).resources}
+                assert {"monitor://ci/source", "monitor://plain/source"} <= listed
     finally:
         stop_server(proc)

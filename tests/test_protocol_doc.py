@@ -90,24 +90,27 @@ def test_the_protocol_is_in_the_repository_with_sections_1_to_12_in_order(doc):
     ids = [hid for level, hid, _ in r.headings if level == 2]
     assert [i.split("-")[0] for i in ids] == [str(n) for n in range(1, 13)]
     assert "5-rest-binding" in ids and "11-conformance" in ids and "10-http-hardening" in ids
-    # Section 12 is this project's extension and says plainly that it is not built yet (checked in the code
-    # below, so the sentence is removed in the same change that builds it).
+    # Section 12 is this project's extension, and says so.
     s12 = section(doc, 12)
-    assert s12.startswith("## 12. Sources that watch (extension)") and "not in this release" in s12
+    assert s12.startswith("## 12. Sources that watch (extension)") and "**Extension.**" in s12
 
 
-def test_sources_that_watch_are_not_claimed_before_they_exist(doc):
-    """Positive control of the sentence above: the CLI has no `mp probe` and `mp serve` no `--sources` yet.
-    When they exist, this test fails and says to update section 12."""
+def test_sources_that_watch_are_described_as_they_exist(doc):
+    """Section 12 names the commands, flags and row type the code has, and claims none it has not."""
+    from monitor_protocol.core.sources import SETTINGS_KEYS
+    from monitor_protocol.core.vocab import T_SOURCE
+
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert "serve" in COMMANDS and "serve" in sub.choices  # the control: the lookup finds what exists
+    assert "probe" in COMMANDS and "probe" in sub.choices
     serve_options = set(sub.choices["serve"]._option_string_actions)
-    assert "--allow-sink" in serve_options
-    built = "probe" in sub.choices or "--sources" in serve_options
-    assert not built, (
-        "mp probe / --sources exist now: update docs/protocol.md section 12 (no longer 'being built')"
-    )
-    assert "being built" in section(doc, 12)
+    s12 = section(doc, 12)
+    for flag in ("--sources", "--allow-source", "--source-rate", "--allow-sink"):
+        assert flag in serve_options and flag in s12, flag
+    assert f"`{T_SOURCE}`" in s12
+    for key in SETTINGS_KEYS:
+        assert f"`{key}`" in s12, f"settings.{key} is read by the code but not in section 12"
+    for gone in ("not in this release", "being built", "will also run"):
+        assert gone not in s12, gone
 
 
 def test_principles_p1_to_p14_in_order(doc):

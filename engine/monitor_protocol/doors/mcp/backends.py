@@ -31,7 +31,7 @@ NOTIFY_INTERVAL_SECONDS = 0.25  # at most one resources/updated per resource in 
 WATCH_WAIT_SECONDS = 30  # --base: the long poll a watch subscription holds against the server
 WATCH_MUTE_SECONDS = 3600  # a watch left behind by a killed process is retired by the server's sweep
 WATCH_BACKOFF_MAX_SECONDS = 10.0
-RESOURCE_URI = re.compile(r"^monitor://([^/]+)/(definition|state)$")
+RESOURCE_URI = re.compile(r"^monitor://([^/]+)/(definition|state|source)$")
 
 OWNER_ENV = ("MP_OWNER_TOKEN", "MP_TOKEN")
 READER_ENV = ("MP_READER_TOKEN", "MP_TOKEN")

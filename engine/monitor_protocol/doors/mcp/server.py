@@ -40,7 +40,8 @@ def instructions(where: str) -> str:
         "once you have handled the batch, monitor_ack with the pull's `next`. Pull never commits; only ack "
         "does. Give monitor_publish an idempotency_key so a retry cannot append twice. Work items are claimed "
         "with lease_claim and finished with lease_complete. Resources monitor://{id}/definition and "
-        "monitor://{id}/state can be subscribed to for wake-ups."
+        "monitor://{id}/state can be subscribed to for wake-ups; monitor://{id}/source (read-only) says how "
+        "the monitor's source stands: whether it runs, why not, and whether it answers."
     )
 
 
@@ -148,7 +149,7 @@ class MonitorMCP:
     def monitor_changed(self, monitor_id: str) -> None:
         """Called on the loop when a monitor's log moved: wake every subscriber of its resources, at most
         once per resource per NOTIFY_INTERVAL_SECONDS (the last change is always notified)."""
-        for kind in ("definition", "state"):
+        for kind in ("definition", "state", "source"):
             uri = f"monitor://{monitor_id}/{kind}"
             if self.legacy_subs.get(uri) or self.listen_subs.get(uri):
                 self.coalescer.changed(uri)
@@ -238,6 +239,11 @@ class MonitorMCP:
                     uri=f"monitor://{mid}/state", name=f"{mid} state", mime_type="application/json"
                 )
             )
+            resources.append(
+                types.Resource(
+                    uri=f"monitor://{mid}/source", name=f"{mid} source status", mime_type="application/json"
+                )
+            )
         return types.ListResourcesResult(resources=resources)
 
     async def _list_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
@@ -255,6 +261,13 @@ class MonitorMCP:
                     description="a monitor's computed state; subscribe for wake-ups",
                     mime_type="application/json",
                 ),
+                types.ResourceTemplate(
+                    uri_template="monitor://{id}/source",
+                    name="monitor source status",
+                    description="how a monitor's source stands (read-only): kind, whether this server runs "
+                    "it (status, reason, since), whether it answers (the state's `source`)",
+                    mime_type="application/json",
+                ),
             ]
         )
 
@@ -266,7 +279,8 @@ class MonitorMCP:
         if not match:
             raise MCPError(
                 types.INVALID_PARAMS,
-                f"unknown resource {uri}; use monitor://{{id}}/definition or monitor://{{id}}/state",
+                f"unknown resource {uri}; use monitor://{{id}}/definition, monitor://{{id}}/state or "
+                "monitor://{id}/source",
             )
         return match.group(1), match.group(2)
 
@@ -279,6 +293,9 @@ class MonitorMCP:
         try:
             if kind == "definition":
                 value = await self.backend.get_monitor(monitor_id, token)
+            elif kind == "source":
+                state = await self.backend.state(monitor_id, token)
+                value = {"monitor": monitor_id, **(state.get("source") or {"kind": None, "status": None})}
             else:
                 value = await self.backend.state(monitor_id, token)
         except ToolFailure as failure:
