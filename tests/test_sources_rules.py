@@ -10,7 +10,6 @@ import datetime as dt
 
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
-
 from monitor_protocol.core import cron, sources
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.netguard import sink_refusal
@@ -441,3 +440,31 @@ def test_a_feed_reads_only_a_public_monitor(h):
     with pytest.raises(sources.SourceRefused, match="not public"):
         h.service.feed_step("ci", plan)
     assert [o["type"] for o in h.service.read_log("ci")["observations"]].count(T_REJECTED) == 0
+
+
+def test_a_log_with_a_sources_rows_is_copied_whole_and_a_forged_supervision_row_is_refused(h):
+    import json
+
+    from monitor_protocol.core.rules.importing import to_jsonl
+
+    tok = http_monitor(h, ttl_seconds=60)
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    h.service.source_event("ci", "start", sources.supervision("start", plan))
+    h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0))
+    h.clock.advance(10)
+    h.service.publish_as_source("ci", sources.fetch_body(plan, 503, 5, b"", 0))
+    text = to_jsonl(h.service.export_log("ci"))
+    out = h.service.import_log("ci-copy", text)
+    assert out["imported"] == len(text.splitlines())
+    copy = h.call("GET", "/monitors/ci-copy/state", token=out["owner_token"]).body
+    assert copy["counters"]["observations"] == 2  # the supervision row is the server's, not an observation
+    assert copy["source"]["answering"] is False and copy["source"]["not_answering_since"] is not None
+    # a supervision row a publisher wrote itself (origin probe) is refused, and nothing is imported
+    rows = [json.loads(x) for x in text.splitlines()]
+    start = next(r for r in rows if r["type"] == T_SOURCE)
+    start["origin"] = start["data"]["provenance"]["origin"] = "probe"
+    forged = "\n".join(json.dumps(r) for r in rows)
+    with pytest.raises(ProtocolError) as refused:
+        h.service.import_log("ci-forged", forged)
+    assert "server's provenance" in str(refused.value.extras) or refused.value.code == "INVALID"
+    assert h.call("GET", "/monitors/ci-forged", token=tok).status == 404

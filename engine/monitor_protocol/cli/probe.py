@@ -63,7 +63,10 @@ PAUSED_RECHECK_SECONDS = 5.0
 
 def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="a shell source's command and arguments"
+        "argv",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="a shell source's command and arguments",
     )
     parser.add_argument("--monitor", required=True, help="the monitor whose source this is")
     parser.add_argument(

@@ -26,8 +26,9 @@ The rules, per line (numbered from 1 as in the file; blank lines are skipped):
       each later configured row's action is one the monitor's lifecycle allows from where it was
       (states.MONITOR_TRANSITIONS), its `after` is an object naming the same id and owner, and the last
       one's definition passes the same validation as a create or update;
-  R9  a protocol-written type (ai.mentu.monitor.*, except the publishable contradiction types) is one of
-      the protocol's own, with the server's provenance (origin system, tier measured, machine_verified)
+  R9  a protocol-written type (ai.mentu.monitor.*, except the publishable contradiction types, and this
+      project's python.monitor-protocol.source, the supervision of a source the server ran) is one of
+      the server's own, with the server's provenance (origin system, tier measured, machine_verified)
       and a `data.payload` object;
   R10 a published observation makes no claim a publish could not have made: not while the monitor was
       paused or retired, and the publish it stands for (type, subject, data, tags, provenance, time,
@@ -61,7 +62,8 @@ rejected, acted (lease completions), contradictions; `last` and `covers_until` c
 server received the last published row, which the copy reads from the log: the row's recorded time, but
 never earlier than a protocol row written before it (a publisher's `time` is its claim, and may be old). Not imported: subscriptions, leases (held or dead-lettered), idempotency keys and
 the counters of deliveries (`delivered` starts at 0: deliveries to readers are not events in the log), and
-this engine never heard from the source itself (`since_last_source_contact_s` is null).
+this engine never heard from the source itself (`since_last_source_contact_s` is null; a log whose last
+published rows say their source did not answer is copied as not answering since the first of them).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ from monitor_protocol.core.rules.monitors import registration_attested, validate
 from monitor_protocol.core.rules.publishing import (
     PUBLISHABLE_PROTOCOL_TYPES,
     counted,
+    says_no_answer,
     validate_publish,
     with_actor,
 )
@@ -94,10 +97,11 @@ from monitor_protocol.core.vocab import (
     MAX_JSON_DEPTH,
     MONITOR_ID_PATTERN,
     PROTOCOL_PREFIX,
-    PROTOCOL_TYPES,
+    SERVER_TYPES,
     T_CONFIGURED,
     T_LEASE,
     T_REJECTED,
+    T_SOURCE,
 )
 
 MAX_IMPORT_BYTES = 8 * 1024 * 1024  # the whole file, as UTF-8
@@ -108,6 +112,14 @@ MAX_REFUSED_LISTED = 100  # refused lines listed in the error body; refused_coun
 # because that constant lives in the doors, which the engine does not import.
 MAX_PUBLISH_BODY = 1 << 20
 MAX_PROTOCOL_ROW_BYTES = 16 * 1024  # R11: the largest protocol row the server writes is well under this
+
+
+def server_row(kind: str) -> bool:
+    """A row only the server writes: the protocol's own (but for the two a publisher may write) and this
+    project's supervision of a source (`python.monitor-protocol.source`), each checked as the server wrote it."""
+    return (kind.startswith(PROTOCOL_PREFIX) and kind not in PUBLISHABLE_PROTOCOL_TYPES) or kind == T_SOURCE
+
+
 _SERVER_PROVENANCE = {"origin": "system", "tier": "measured", "verified": "machine_verified"}
 _SOURCE = re.compile(r"^monitor:([\w.-]{2,64})$")
 
@@ -394,7 +406,7 @@ class _Walk:
         kind = event["type"]
         if first and kind != T_CONFIGURED:  # R8
             raise _Refuse(f"The first line must be {T_CONFIGURED} with action create, not {kind}.")
-        if kind.startswith(PROTOCOL_PREFIX) and kind not in PUBLISHABLE_PROTOCOL_TYPES:
+        if server_row(kind):
             self._protocol_row(event, first)  # R8, R9
         else:
             self._published_row(event)  # R10
@@ -447,8 +459,11 @@ class _Walk:
 
     def _protocol_row(self, event: dict[str, Any], first: bool) -> None:
         kind = event["type"]
-        if kind not in PROTOCOL_TYPES:
-            raise _Refuse(f"{kind} is not a type the protocol writes; known: {list(PROTOCOL_TYPES)}.")
+        if kind not in SERVER_TYPES:
+            raise _Refuse(
+                f"{kind} is not a type the protocol writes, nor one of this server's own; known: "
+                f"{list(SERVER_TYPES)}."
+            )
         wrong = {k: event[k] for k, v in _SERVER_PROVENANCE.items() if event[k] != v}
         if wrong:
             raise _Refuse(
@@ -658,12 +673,13 @@ def _write(tx: Tx, monitor_id: str, checked: Checked, attested: bool) -> dict[st
     last: LastSeen | None = None
     actors: tuple[str, ...] = ()
     server_clock = 0.0  # the latest time a protocol row (the server's clock) was written at, so far
+    quiet_since: float | None = None  # since when the source has not answered, as the log says
     for _, event in checked.rows:
         row = dict(event)
         row["source"] = new_source
         kind = row["type"]
         seq = int(row["id"])
-        protocol = kind.startswith(PROTOCOL_PREFIX) and kind not in PUBLISHABLE_PROTOCOL_TYPES
+        protocol = server_row(kind)
         if protocol:
             data = dict(row["data"])
             tags = data.get("tags")
@@ -684,6 +700,10 @@ def _write(tx: Tx, monitor_id: str, checked: Checked, attested: bool) -> dict[st
             actors = with_actor(actors, row["data"]["provenance"]["actor"])
             received = max(timefmt.parse(row["time"]) or tx.now, server_clock)  # not before the log's clock
             last = LastSeen(seq, received, kind)
+            if row.get("origin") == "probe" and says_no_answer(row):  # a source that did not answer
+                quiet_since = received if quiet_since is None else quiet_since
+            else:
+                quiet_since = None
         obs = Observation.of(monitor_id, seq, row)
         tx.append(obs)
         if obs.subject is not None and not protocol:
@@ -706,6 +726,7 @@ def _write(tx: Tx, monitor_id: str, checked: Checked, attested: bool) -> dict[st
         counters=counters,
         last=last,
         actors=actors,
+        quiet_since=quiet_since,
         **definition,
     )
     tx.put_monitor(rec)

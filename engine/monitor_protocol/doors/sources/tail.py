@@ -10,7 +10,8 @@ keys and duplicates nothing, while a new file at the path (rotation) or the same
 
 * rotation: when the path names another file, what the old one still held is read to its end (its last
   line, even without a newline), then the new one is followed from its start;
-* truncation: a file shorter than the offset reached is followed again from its start;
+* truncation: a file shorter than the offset reached, or one whose bytes just before it changed (cut short
+  and written past it again), is followed again from its start;
 * the first start follows from the end (only lines appended from now on), unless `from_start`; a file that
   appears later is read from its start;
 * a line longer than MAX_SOURCE_OUTPUT_BYTES is cut there and says its size (`bytes`, at least that much for
@@ -31,6 +32,8 @@ from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES
 
 READ_BYTES = 1 << 20  # read per step; a poll takes at most MAX_STEPS of them
 MAX_STEPS = 8
+MARK_BYTES = 32  # the bytes just before the offset, kept: a file cut short and written past it again
+# (copytruncate) no longer holds them there, which its size alone would not show
 
 
 @dataclass
@@ -66,6 +69,7 @@ class FileTail:
         self.offset = 0
         self.token = ""
         self.skip = False  # inside a line already cut: skip up to its newline
+        self.mark = b""  # the bytes just before the offset, as read
         saved = checkpoint if checkpoint and checkpoint.get("file") == path else None
         self.saved = saved
         self.from_start = from_start
@@ -79,8 +83,15 @@ class FileTail:
             "dev": self.dev,
             "ino": self.ino,
             "offset": self.offset,
+            "mark": self._mark(self.offset).hex(),
             "skip": self.skip,
         }
+
+    def _mark(self, offset: int) -> bytes:
+        if self.fd is None or offset <= 0:
+            return b""
+        start = max(0, offset - MARK_BYTES)
+        return os.pread(self.fd, offset - start, start)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -113,8 +124,10 @@ class FileTail:
         self.fd, self.ino, self.dev = fd, st.st_ino, st.st_dev
         if saved and saved.get("ino") == st.st_ino and saved.get("dev") == st.st_dev:
             at = int(saved.get("offset", 0))
-            if at <= st.st_size:  # the same file, not cut short: resume exactly there
+            if at <= st.st_size and self._mark(at).hex() == saved.get("mark", ""):
+                # the same file, not cut short: resume exactly there
                 self.offset, self.token, self.skip = at, str(saved.get("token")), bool(saved.get("skip"))
+                self.mark = self._mark(at)
                 return None
         self.token = secrets.token_hex(6)
         self.skip = False
@@ -122,6 +135,7 @@ class FileTail:
         # that appeared after a miss, replaced the one the checkpoint names, or was cut short: from its start.
         first = saved is None and not self.missed
         self.offset = st.st_size if first and not self.from_start else 0
+        self.mark = self._mark(self.offset)
         return None
 
     # -- one poll --------------------------------------------------------------------------------
@@ -139,7 +153,7 @@ class FileTail:
             moved = (now.st_ino, now.st_dev) != (self.ino, self.dev)
         except OSError:
             moved = False  # gone for now (rotation in progress): keep reading the file already open
-        if os.fstat(self.fd).st_size < self.offset:
+        if os.fstat(self.fd).st_size < self.offset or self._mark(self.offset) != self.mark:
             self.offset, self.skip, self.token = 0, False, secrets.token_hex(6)  # truncated
             out.opened = self.checkpoint()
         self._read(out, final=moved)
@@ -173,21 +187,37 @@ class FileTail:
                 if nl < 0:
                     rest = len(data) - at
                     if rest > self.limit:
-                        end = self.offset + len(data)
-                        self._line(out, data[at : at + self.limit], rest, self.offset + at, end, skip=True)
+                        self._line(out, data, at, at + self.limit, rest, len(data), skip=True)
                         self.skip = True
                         at = len(data)
                     elif final and len(data) < READ_BYTES:
-                        self._line(out, data[at:], rest, self.offset + at, self.offset + len(data))
+                        self._line(out, data, at, len(data), rest, len(data))
                         at = len(data)
                     break
-                self._line(out, data[at:nl][: self.limit], nl - at, self.offset + at, self.offset + nl + 1)
+                self._line(out, data, at, min(nl, at + self.limit), nl - at, nl + 1)
                 at = nl + 1
             self.offset += at
+            self.mark = self._mark(self.offset)
             if len(data) < READ_BYTES:
                 return
 
-    def _line(self, out: Poll, raw: bytes, total: int, start: int, end: int, *, skip: bool = False) -> None:
-        key = f"f:{self.token}:{start}"
-        checkpoint = {**self.checkpoint(), "offset": end, "skip": skip}
-        out.lines.append(FileLine(raw.rstrip(b"\r"), total, key, checkpoint))
+    def _line(
+        self, out: Poll, data: bytes, at: int, stop: int, total: int, end: int, *, skip: bool = False
+    ) -> None:
+        """The line `data[at:stop]` (of `total` bytes in all), read at self.offset; the next starts at `end`
+        (relative to the same chunk)."""
+        key = f"f:{self.token}:{self.offset + at}"
+        if end >= MARK_BYTES or self.offset == 0:
+            mark = data[max(0, end - MARK_BYTES) : end]
+        else:
+            mark = self._mark(self.offset + end)
+        checkpoint = {
+            "file": self.path,
+            "token": self.token,
+            "dev": self.dev,
+            "ino": self.ino,
+            "offset": self.offset + end,
+            "mark": mark.hex(),
+            "skip": skip,
+        }
+        out.lines.append(FileLine(data[at:stop].rstrip(b"\r"), total, key, checkpoint))
