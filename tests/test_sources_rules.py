@@ -10,7 +10,7 @@ import datetime as dt
 
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
-from monitor_protocol.core import cron, sources
+from monitor_protocol.core import cron, schemas, sources
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.netguard import sink_refusal
 from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES, T_REJECTED, T_SOURCE
@@ -275,6 +275,7 @@ def http_monitor(h: Harness, **fields) -> str:
 def state(h: Harness, token: str) -> dict:
     r = h.call("GET", "/monitors/ci/state", token=token)
     assert r.status == 200, r.body
+    assert not schemas.errors_of("state", r.body), schemas.errors_of("state", r.body)  # its `source` too
     return r.body
 
 

@@ -40,7 +40,7 @@ EXIT_PIPE = 141  # stdout closed early (`| head`), as for a tool killed by SIGPI
 UNREACHABLE = "UNREACHABLE"  # the `code` of the JSON printed for a network failure under --json
 
 EXIT_STATUS_HELP = """\
-exit status (client commands: publish, subscribe, pull, ack, seek, state, monitors, lease, watch):
+exit status (client commands: publish, subscribe, pull, ack, seek, state, monitors, lease, watch, probe):
   0    success
   1    unexpected failure: a reply that is not the protocol's (e.g. a proxy's error page)
   2    usage: bad arguments or options; nothing was sent
@@ -48,7 +48,8 @@ exit status (client commands: publish, subscribe, pull, ack, seek, state, monito
        (CURSOR_BACKWARDS, LEASE_HELD, UNAVAILABLE, INVALID, CAPABILITY_MISSING, ...)
   4    UNAUTHORIZED (401): a wrong or missing token
   5    NOT_FOUND (404): no such monitor or subscription, invisible to this token, or retired
-  6    server unreachable: the connection failed or timed out (watch retries instead)
+  6    server unreachable: the connection failed or timed out (watch and probe retry instead;
+       probe --once keeps what it saw on disk for the next run)
   130  interrupted (Ctrl-C)
   141  stdout was closed early (e.g. `mp monitors list | head -1`): quiet, as for SIGPIPE
 
