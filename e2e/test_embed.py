@@ -344,7 +344,13 @@ def test_an_unknown_scene_lists_the_scenes(browser):
         ready(page)
         assert said in page.inner_text("#scene-text")
         links = page.eval_on_selector_all("#scene-list a", "els => els.map(e => e.getAttribute('href'))")
-        assert links == ["?scene=redelivery", "?scene=race", "?scene=lease", "?scene=refused-src"]
+        assert links == [
+            "?scene=redelivery",
+            "?scene=race",
+            "?scene=lease",
+            "?scene=stale-source",
+            "?scene=refused-src",
+        ]
         assert page.is_hidden("#log-panel")
         # no engine was started: no database of any namespace
         assert not [n for n in page.evaluate("async () => (await indexedDB.databases()).map(d => d.name)")

@@ -244,7 +244,11 @@ async def exercise(client: Client) -> dict[str, Any]:
     assert state["monitor"] == "ci" and state["head"] == definition["head"]
     # the source's status, read-only: what the state says of it (a `log` source: nothing runs)
     source = json.loads((await client.read_resource("monitor://ci/source")).contents[0].text)
-    assert source == {"monitor": "ci", **state["source"]} and source["kind"] == "log" and source["status"] is None
+    assert (
+        source == {"monitor": "ci", **state["source"]}
+        and source["kind"] == "log"
+        and source["status"] is None
+    )
     return {"owner": owner, "sub": sub_id, "reader": reader, "head": state["head"]}
 
 

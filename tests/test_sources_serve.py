@@ -385,7 +385,9 @@ def test_unsupported_kinds_stay_defined_and_say_why(tmp_path, kind):
         source = eventually(lambda: (s := status_of(api, "unsupported", owner))["status"] == "refused" and s)
         assert "not supported" in source["reason"]
         assert (
-            api.http.get("/monitors/unsupported", headers={"authorization": f"Bearer {owner}"}).json()["source"]["kind"]
+            api.http.get("/monitors/unsupported", headers={"authorization": f"Bearer {owner}"}).json()[
+                "source"
+            ]["kind"]
             == kind
         )
         api.close()

@@ -60,6 +60,8 @@ def render_all() -> None:
         ui.put(el("scene-moves"), scenes.moves_markup(scene))
     if el("workers") is not None:
         panels.render_workers()
+    if el("state-brief") is not None:
+        panels.render_state_brief()
     compare.render()
     panels.render_clocks()
     set_chip()

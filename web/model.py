@@ -15,6 +15,7 @@ STORY_MONITOR = "builds"  # the Story's own monitor: the README quickstart's `ci
 OWNER = "human:you"
 CI_TYPE = "com.example.ci.run"
 PROTO = "ai.mentu.monitor."
+SOURCE_ROW = "python.monitor-protocol.source"  # a server-run source's start, stop, crash... (docs/sources.md)
 SESSION_VERSION = 2
 
 

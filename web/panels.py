@@ -244,6 +244,7 @@ def render_state() -> None:
         f"<dd>{'<span class=unknown>null: unknown</span>' if v is None else since(v)}</dd>"
         for k, v in (st.get("ages") or {}).items()
     )
+    source_html = source_markup(st)
     conf = st.get("confidence") or {}
     inputs = conf.get("inputs") or {}
     present = "".join(f"<span class='present'>✓ {esc(x)}</span> " for x in inputs.get("present", []))
@@ -258,10 +259,53 @@ def render_state() -> None:
         box,
         f"<div>{lv} · {tip('head')} <b>{esc(st.get('head'))}</b> · {tip('as_of_seq')} {esc(st.get('as_of_seq'))}</div>"
         f"<div class='small muted'>last: {esc(last.get('type', '—'))} #{esc(last.get('seq', '—'))}</div>"
-        f"<h4>counters</h4><dl>{counters}</dl><h4>ages</h4><dl>{ages}</dl>"
+        f"<h4>counters</h4><dl>{counters}</dl><h4>ages</h4><dl>{ages}</dl>{source_html}"
         f"<h4>{tip('confidence')}</h4><div class='conf-value'><code>{value}</code></div>"
         f"<div class='chips'>{tip('present')}: {present or '<span class=muted>none</span>'}</div>"
         f"<div class='chips'>{tip('missing')}: {missing or '<span class=muted>none</span>'}</div>"
+        f"<h4>{tip('gaps')}</h4><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
+    )
+
+
+def source_markup(st: dict[str, Any]) -> str:
+    """The state's `source` (docs/sources.md): its kind, and whether it answered last (since when not)."""
+    source = st.get("source") or {}
+    if not source or source.get("kind") == "log":
+        return ""
+    answering = source.get("answering")
+    if answering is None:
+        heard = "<span class=unknown>unknown: nothing heard yet</span>"
+    elif answering:
+        heard = "✓ yes"
+    else:
+        quiet = at(source.get("not_answering_since")).removeprefix("at ")
+        heard = f"<span class='live-no'>✗ no</span>, quiet since {esc(quiet)}"
+    return (
+        f"<h4>{tip('source')}</h4><dl><dt>kind</dt><dd>{esc(source.get('kind'))}</dd>"
+        f"<dt>{tip('answering')}</dt><dd id='answering'>{heard}</dd></dl>"
+    )
+
+
+def render_state_brief() -> None:
+    """What the stale-source scene needs of the state, compact: the two ages that part ways when a source
+    stops answering, whether it answers, and the gaps."""
+    box = el("state-brief")
+    st = m.PIC.state()
+    if not st:
+        put(box, f"<p class='muted small'>{esc(m.PIC.error or 'No monitor on screen yet.')}</p>")
+        return
+    words.scope("state")
+    ages = st.get("ages") or {}
+    shown = "".join(
+        f"<dt>{tip(k[:-2])}</dt><dd>{'<span class=unknown>null: unknown</span>' if ages.get(k) is None else since(ages[k])}</dd>"
+        for k in ("since_last_observation_s", "since_last_source_contact_s")
+    )
+    gaps = "".join(
+        f"<span class='gap'>⚠ {tip(g)}</span> " for g in (st.get("confidence") or {}).get("gaps", [])
+    )
+    put(
+        box,
+        f"<div class='brief-grid'><div><h4>ages</h4><dl>{shown}</dl></div><div>{source_markup(st)}</div></div>"
         f"<h4>{tip('gaps')}</h4><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
     )
 

@@ -5,6 +5,8 @@ buttons, each disabled with its reason when it cannot act now, the next one to t
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +15,7 @@ import actions as a
 import compare
 import model as m
 import ui
+from monitor_protocol.core import sources
 from monitor_protocol.doors.browser import Reply
 
 Pairs = list[tuple[str, Reply]]
@@ -226,6 +229,99 @@ async def race_setup() -> Pairs:
     return []
 
 
+# ---------------------------------------------------------------------------------------- stale source
+STALE_MONITOR = "stale-source"
+HEALTH_TYPE = "com.example.health.check"
+STALE_TTL = 5  # seconds: the monitor's ttl_seconds, short so the gap appears while you watch
+SILENT_CHECKS = 4  # checks the simulated probe makes while the URL does not answer, CHECK_EVERY apart
+CHECK_EVERY = 2.0
+HEALTH_URL = "https://status.example/healthz"
+
+
+async def stale_setup() -> Pairs:
+    """The health monitor: an http source, checked every 2 s, whose state goes stale after 5 s without an
+    answer. The page runs no sources (it is no server): its probe is simulated, below."""
+    if m.PIC.exists(STALE_MONITOR) and STALE_MONITOR in m.S.owners:
+        a.select(STALE_MONITOR)
+        return []
+    body = {
+        **a.CI_MONITOR,
+        "id": STALE_MONITOR,
+        "name": "Health check",
+        "description": "A probe fetches a health URL every 2 s (simulated in this page)",
+        "types": [HEALTH_TYPE],
+        "ttl_seconds": STALE_TTL,
+        "cadence": {"heartbeat_seconds": CHECK_EVERY},
+        "source": {"kind": "http", "ref": HEALTH_URL, "settings": {"pick": "/status"}},
+    }
+    r = await a.define(body, answer=QUIET, show_token=False)
+    return [("create the health monitor", r)]
+
+
+def health_plan() -> sources.Plan:
+    """The plan mp probe would run for this monitor: the same rule book makes the same observations."""
+    fallback = {"id": STALE_MONITOR, "types": [HEALTH_TYPE], "source": {"kind": "http", "ref": HEALTH_URL}}
+    return sources.plan_of((m.PIC.monitor or {}).get("monitor") or fallback)
+
+
+def health_rows() -> list[dict[str, Any]]:
+    return [o for o in m.PIC.log if o.get("type") == HEALTH_TYPE]
+
+
+def answered_ever() -> bool:
+    return any((o.get("data") or {}).get("answered") is True for o in health_rows())
+
+
+def quiet_now() -> bool:
+    rows = health_rows()
+    return bool(rows) and (rows[-1].get("data") or {}).get("answered") is False
+
+
+def stale() -> bool:
+    return "stale_source" in ((m.PIC.state() or {}).get("confidence") or {}).get("gaps", [])
+
+
+async def check_answers() -> tuple[Pairs, str]:
+    ms = random.randint(8, 60)
+    body = sources.fetch_body(health_plan(), 200, ms, b'{"status": "up"}', 16)
+    r = await a.publish(body, answer=QUIET)
+    return [("the probe checks: 200", r)], (
+        f"Answered in {ms} ms: one observation, and contact with the source (since_last_source_contact is 0)."
+    )
+
+
+async def check_silent() -> tuple[Pairs, str]:
+    """The URL stops answering: the simulated probe goes on checking, every 2 s, and publishes each check
+    as not answering. Rows keep arriving, yet the source is quiet: past the ttl, stale_source appears."""
+    pairs: Pairs = []
+    plan = health_plan()
+    for n in range(SILENT_CHECKS):
+        if n:
+            await asyncio.sleep(CHECK_EVERY)  # the probe's period (simulated): the point of the scene
+        body = sources.silent_body(plan, "cannot connect: connection refused (simulated)")
+        pairs.append((f"the probe checks: no answer ({n + 1})", await a.publish(body, answer=QUIET)))
+        await ui.refresh()  # each check on screen as it lands, and the state read again
+    gap = "stale_source is among the gaps" if stale() else "stale_source appears once the ttl has passed"
+    return pairs, (
+        f"{SILENT_CHECKS} checks, each published as not answering (answered: false, with the reason), never as "
+        f"a zero. New rows keep arriving, but none is contact with the source: {gap} (ttl {STALE_TTL} s)."
+    )
+
+
+def why_silent() -> str:
+    return "" if answered_ever() else "let the source answer once first"
+
+
+def why_back() -> str:
+    return "" if quiet_now() else "it is answering"
+
+
+def stale_next() -> str:
+    if not answered_ever():
+        return "answer"
+    return "back" if quiet_now() else "silent"
+
+
 SCENES: dict[str, Scene] = {
     s.name: s
     for s in (
@@ -272,6 +368,26 @@ SCENES: dict[str, Scene] = {
                 "<label class='small'>lease seconds <input id='lease-seconds' value='8' size='3' "
                 "inputmode='numeric'></label></div><div id='workers' class='cards workers'></div>"
             ),
+        ),
+        Scene(
+            "stale-source",
+            "A source that stops answering",
+            "A probe checks a health URL every 2 s (simulated in this page; the observations are what mp probe "
+            "would publish, made by the same rule book). While the URL answers, each check is contact with "
+            "the source. When it stops answering, the checks are still published, as not answering, but the "
+            "state's age of the last contact grows, and past the monitor's ttl (5 s) the stale_source gap "
+            "appears: the state says what it does not know.",
+            STALE_MONITOR,
+            "scene-answer",
+            stale_setup,
+            (
+                Move("answer", "Check: the URL answers", check_answers),
+                Move("silent", "The URL stops answering", check_silent, why_silent),
+                Move("back", "The URL answers again", check_answers, why_back),
+            ),
+            stale_next,
+            body="<section class='panel state-brief' aria-labelledby='state-h'><h2 id='state-h'>State</h2>"
+            "<div id='state-brief' aria-live='polite'></div></section>",
         ),
         Scene(
             "refused-src",

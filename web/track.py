@@ -53,7 +53,14 @@ def summary(o: dict[str, Any]) -> str:
         return f"{p.get('action')} {p.get('subject')}{dead}"
     if t == m.PROTO + "subscription_retired":
         return f"{p.get('subscriber')} retired"
+    if t == m.SOURCE_ROW:
+        return f"⚙ source {p.get('action')}" + (f" · {p.get('reason')}" if p.get("reason") else "")
     d = {k: v for k, v in (o.get("data") or {}).items() if k not in ("provenance", "tags")}
+    if o.get("origin") == "probe" and d.get("answered") is False:  # a source that did not answer
+        return f"✗ not answering: {d.get('reason', '')}"[:120]
+    if o.get("origin") == "probe" and d.get("answered") is True and "status" in d:  # a fetch that answered
+        value = f" · {json.dumps(d['value'], ensure_ascii=False)}" if "value" in d else ""
+        return f"✓ HTTP {d['status']} · {d.get('ms')} ms{value}"[:120]
     return json.dumps(d, ensure_ascii=False)[:120]
 
 

@@ -60,7 +60,12 @@ TIPS: dict[str, str] = {
     "subscriptions_active": "How many readers are subscribed and active.",
     "since_last_observation": "Seconds since the last observation was appended (null: never).",
     "since_last_pull": "Seconds since any reader last pulled (null: nobody has pulled yet).",
-    "since_last_source_contact": "Seconds since the watched source was last heard from (null: unknown).",
+    "since_last_source_contact": "Seconds since the watched source last answered (null: never). A check "
+    "published as not answering is kept in the log, but it is no contact.",
+    "source": "What the monitor watches (source.kind), and whether it answered last: a probe (mp probe) or "
+    "the server (mp serve --sources) runs it.",
+    "answering": "Whether the source answered its last check. A source that does not answer is published as "
+    "not answering, with the reason: never as a zero.",
     "confidence": "How far the state can be trusted. It stays null (unknown) while any input is missing: "
     "never a confident number made up.",
     "present": "An input the confidence is computed from, and known.",
