@@ -176,19 +176,12 @@ def test_probe_publishes_an_http_500_and_a_command_that_cannot_start_as_not_answ
     try:
         with running_server(tmp_path) as (base, _proc):
             api = Api(base)
-            owner = api.create("health")
-            common = (
-                "--base",
-                base,
-                "--monitor",
-                "health",
-                "--token",
-                owner,
-                "--state-dir",
-                str(tmp_path / "st"),
-                "--once",
-            )
-            assert run_probe(*common, "--http", target.url).returncode == 0
+            # the first run: the source as the monitor defines it, nothing on the command line
+            owner = api.create("health", source={"kind": "http", "ref": target.url})
+            common = ("--base", base, "--monitor", "health", "--token", owner, "--once")
+            common += ("--state-dir", str(tmp_path / "st"))
+            done = run_probe(*common)
+            assert done.returncode == 0 and "kind=http" in done.stdout, done
             target.status, target.body = 200, b'{"status": "up"}'
             assert (
                 run_probe(*common, "--http", target.url, "--pick", "/status").returncode == 0

@@ -37,6 +37,13 @@ def test_a_shell_source_is_argv_split_like_a_shell_and_never_given_to_one():
     # settings.argv is the list form; settings.shell hands ref to /bin/sh (and is judged as `sh`, below).
     listed = sources.plan_of(mon("shell", cadence={"heartbeat_seconds": 5}, argv=["echo", "a b"]))
     assert listed.argv == ("echo", "a b") and listed.mode == sources.EVERY and listed.every == 5
+    # what runs and what its observations name (source_ref) are one command, given once
+    with pytest.raises(sources.SourceRefused, match="once"):
+        sources.plan_of(
+            mon("shell", "gh run list", cadence={"heartbeat_seconds": 5}, argv=["rm", "-rf", "x"])
+        )
+    with pytest.raises(sources.SourceRefused, match="no settings.argv"):
+        sources.plan_of(mon("shell", "date", cadence={"heartbeat_seconds": 5}, shell=True, argv=["rm"]))
     shelled = sources.plan_of(mon("shell", "echo $HOME | wc", cadence={"heartbeat_seconds": 5}, shell=True))
     assert shelled.argv == ("/bin/sh", "-c", "echo $HOME | wc") and sources.command_word(shelled) == "sh"
 

@@ -422,3 +422,21 @@ def test_mp_serve_refuses_an_unusable_allow_source_entry(tmp_path):
         from serverutil import server_log
 
         assert f"sources: run by this server (allowed: shell:gh, file:{tmp_path};" in server_log(proc)
+
+
+def test_sources_run_on_a_shared_postgresql_store(tmp_path, pg_url):
+    """On PostgreSQL the engine sits on a thread of its own (EngineThread): the same sources, through the same
+    calls, with the configuration heard from that thread; the server holding the leader lock runs them."""
+    pids = tmp_path / "pids"
+    code = "import os, sys, time\nopen(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\nprint('up')\ntime.sleep(3600)"
+    src = follow(code)
+    src["source"]["settings"]["argv"].append(str(pids))
+    with running_server(tmp_path, "--db", pg_url, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+        api = Api(base)
+        owner = api.create("ci", **src)
+        assert eventually(lambda: api.observations("ci", owner))[0]["data"]["line"] == "up"
+        first = int(pids.read_text().split()[0])
+        api.configure("ci", owner, "pause", {"reason": "maintenance"})
+        eventually(lambda: not alive(first), what="the process stopped on pause")
+        assert status_of(api, "ci", owner)["status"] == "stopped"
+        api.close()

@@ -266,11 +266,17 @@ def plan_of(monitor: Mapping[str, Any]) -> Plan:
         raise _refuse("settings.shell must be true or false.")
     if kind == "shell":
         if shell:
-            if not ref.strip():
-                raise _refuse("settings.shell runs source.ref with /bin/sh -c: give the command line in ref.")
+            if not ref.strip() or settings.get("argv") is not None:
+                raise _refuse(
+                    "settings.shell runs source.ref with /bin/sh -c: give the command line in ref, and no "
+                    "settings.argv."
+                )
             argv = ("/bin/sh", "-c", ref)
         else:
             argv = _argv(ref, settings)
+            if settings.get("argv") is not None and ref and ref != shlex.join(argv):
+                # What runs and what the observations name (source_ref) must be the same command.
+                raise _refuse("Give the command once: source.ref or settings.argv, not both.")
             ref = ref or shlex.join(argv)
     elif kind == "http":
         if not ref.lower().startswith(("http://", "https://")):
