@@ -209,6 +209,8 @@ def test_probe_refuses_a_source_it_cannot_run_and_a_wrong_token(tmp_path):
         common = ("--base", base, "--monitor", "bare", "--state-dir", str(tmp_path / "st"), "--once")
         done = run_probe(*common, "--token", owner, "--every", "60", "--", "echo", "hi")
         assert done.returncode == 3 and "ERROR REFUSED" in done.stdout and "what type" in done.stderr
+        nothing = run_probe(*common, "--token", owner)  # a log monitor, and no source on the command line
+        assert nothing.returncode == 3 and "defines no source" in nothing.stderr
         elsewhere = ("--base", base, "--monitor", "bare", "--state-dir", str(tmp_path / "wrong"), "--once")
         wrong = run_probe(
             *elsewhere, "--token", "mpo_wrong", "--every", "60", "--type", RUN, "--", "echo", "hi"
@@ -221,7 +223,7 @@ def test_probe_refuses_a_source_it_cannot_run_and_a_wrong_token(tmp_path):
         api.close()
 
 
-def test_probe_stops_the_source_while_the_monitor_is_paused_and_starts_it_on_resume(tmp_path):
+def test_probe_stops_the_source_while_paused_starts_it_on_resume_and_exits_on_retire(tmp_path):
     pids = tmp_path / "pids"
     with running_server(tmp_path) as (base, _proc):
         api = Api(base)
@@ -258,6 +260,11 @@ def test_probe_stops_the_source_while_the_monitor_is_paused_and_starts_it_on_res
             assert lines[:again] == [f"n={i}" for i in range(again)]
             refused = [o for o in api.log("ci", owner) if o["type"] == "ai.mentu.monitor.rejected"]
             assert refused and refused[0]["data"]["payload"]["code"] == "UNAVAILABLE"
+            # retired: the probe says so, stops its source and exits 0
+            api.configure("ci", owner, "retire", {"reason": "done"})
+            probe.wait_line("RETIRED")
+            assert probe.proc.wait(timeout=30) == 0
+            eventually(lambda: not alive(second), what="the command stopped on retire")
         finally:
             probe.stop()
             api.close()

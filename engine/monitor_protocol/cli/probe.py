@@ -332,6 +332,7 @@ class Probe:
                     if live.get("reason") == "retired":
                         self.retired = True
                         self.out.line("RETIRED")
+                        self.paused.set()  # the source stops, for good
                     elif not self.paused.is_set():
                         self.out.line("PAUSED")
                         self.paused.set()
@@ -445,6 +446,14 @@ async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
         definition = await fetch_definition(client, args.monitor, out, args.once, needed)
         monitor = merged(definition or {"id": args.monitor}, source, given)
         monitor["id"] = args.monitor
+        if source is None and (monitor.get("source") or {}).get("kind", "log") == "log":
+            reason = (
+                f"monitor {args.monitor} defines no source (source.kind log): give one here "
+                "(-- COMMAND, --http URL or --file PATH) or in its definition"
+            )
+            out.line("ERROR", "REFUSED", word("reason", reason, 900))
+            print(f"mp probe: {reason}", file=sys.stderr)
+            return EXIT_REFUSED
         try:
             plan = sources.plan_of(monitor)
         except sources.SourceRefused as refused:
@@ -479,7 +488,8 @@ async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
                     break
                 runner.cancel()
                 await asyncio.gather(runner, return_exceptions=True)
-                await state.wait_resumed()
+                if not state.retired:
+                    await state.wait_resumed()
                 if state.retired:
                     return EXIT_OK
             # --once: the run is over; send what waits, then exit.
