@@ -310,7 +310,15 @@ ODD_TEXTS = [
     b"NaN", b"[Infinity]", b'"\\ud800"', b'{"a": "\\udc00"}', b"9007199254740993", b"18446744073709551616",
     b"-9223372036854775809", b"1e400", b'{"a":1,"a":2}', b'"\xed\xa0\x80"', b"[1,]", b"\xef\xbb\xbf{}",
     b"[" * 40 + b"]" * 40, b"123abc", b"", b"  {}  ",
+    b"[" * 32 + b"]" * 32, b"[" * 33 + b"]" * 33, b'{"a":' * 32 + b"1" + b"}" * 32, b'{"a":' * 33 + b"1" + b"}" * 33,
+    b'{"a": "' + b"[" * 40 + b'"}', b"[" + b",".join([b"[" * 31 + b"]" * 31] * 50) + b"]",
+    b"[" + b",".join([b"[" * 30 + b"]" * 30] * 50) + b"]", b"[" * 2000 + b"]" * 2000,
 ]  # fmt: skip
+NESTED = st.recursive(
+    st.integers(0, 9),
+    lambda inner: st.lists(inner, min_size=1, max_size=2) | st.dictionaries(st.just("k"), inner, min_size=1),
+    max_leaves=40,
+).map(lambda v: json.dumps(v).encode())
 
 
 def outcome(raw: bytes) -> Any:
@@ -346,9 +354,30 @@ def test_orjson_as_the_parser_answers_as_the_wires_own_rules(raw: bytes) -> None
     assert fast == alone
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(25, 40).flatmap(lambda d: st.tuples(st.just(d), NESTED)))
+def test_the_depth_limit_is_judged_alike_with_orjson(case: tuple[int, bytes]) -> None:
+    """Bodies nested around the limit (32 levels), some deep inside a batch: both parsers agree."""
+    depth, inner = case
+    raw = b"[" * depth + inner + b"]" * depth
+    alone, fast = both(raw)
+    assert fast == alone
+    assert (alone[0] == "refused") == (depth + _levels(json.loads(inner)) > 32)  # the limit, exactly
+
+
+def _levels(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_levels, value.values()))
+    if isinstance(value, list):
+        return 1 + max(map(_levels, value))
+    return 0
+
+
 @pytest.mark.parametrize("raw", ODD_TEXTS)
 def test_the_wires_refusals_are_the_same_with_orjson(raw: bytes) -> None:
     alone, fast = both(raw)
     assert fast == alone
-    if raw in (b"NaN", b"9007199254740993", b"[" * 40 + b"]" * 40):
+    if raw in (b"NaN", b"9007199254740993", b"[" * 40 + b"]" * 40, b"[" * 33 + b"]" * 33):
         assert alone[0] == "refused"  # control: these are refused, by both
+    if raw in (b"[" * 32 + b"]" * 32, b'{"a": "' + b"[" * 40 + b'"}'):
+        assert alone[0] == "value"  # control: exactly the limit, and brackets in a string, pass
