@@ -281,6 +281,35 @@ def test_sqlite_writes_a_monitor_once_per_transaction_and_a_known_subject_not_ag
     assert any("INTO subjects" in s for s in statements)
 
 
+def test_a_readers_usual_write_leaves_the_indexed_columns_alone(tmp_path: Path) -> None:
+    """An ack+pull updates cursor, hwm and record only; a row not there (behind the store's back) is
+    written whole again, never lost; a retire (an indexed column) is the upsert."""
+    store = SQLiteStore(str(tmp_path / "reader.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "types": [RUN], "visibility": "public"}, None)["owner_token"]
+    for _ in range(3):
+        service.publish("ci", {"type": RUN}, owner)
+    sub = service.subscribe({"monitor": "ci", "subscriber": "agent:r"}, None)
+    sid, token = sub["subscription"]["id"], sub["token"]
+    nxt = service.pull(sid, token, limit=1)["next"]
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    nxt = service.pull(sid, token, limit=1, ack=nxt)["next"]
+    store._db.set_trace_callback(None)
+    writes = [s for s in statements if "subscriptions" in s and s.startswith(("INSERT", "UPDATE"))]
+    assert len(writes) == 1 and writes[0].startswith("UPDATE subscriptions SET cursor=")
+    # a row gone behind the store's back: the narrow UPDATE finds nothing, and the upsert writes it whole
+    store._db.execute("DELETE FROM subscriptions WHERE id=?", (sid,))
+    service.pull(sid, token, limit=1, ack=nxt)
+    assert store._db.execute("SELECT cursor FROM subscriptions WHERE id=?", (sid,)).fetchone() == (nxt,)
+    # control: a change of an indexed column (retire: state) is the upsert
+    statements.clear()
+    store._db.set_trace_callback(statements.append)
+    service.retire_subscription(sid, token, {"reason": "done"})
+    store._db.set_trace_callback(None)
+    assert any(s.startswith("INSERT INTO subscriptions") for s in statements)
+
+
 def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> None:
     now = [1_000.0]
     store = SQLiteStore(str(tmp_path / "sweep.db"))
