@@ -173,7 +173,9 @@ def _spellings(value: Any) -> list[bytes]:
 
 @settings(max_examples=400, deadline=None)
 @given(ANY_VALUES, st.integers(0, 40))
-@example(value={"": [[]], "\u0122": [[], {"": None}]}, depth=27)  # UTF-16: U+0122's code unit holds a quote byte
+@example(
+    value={"": [[]], "\u0122": [[], {"": None}]}, depth=27
+)  # UTF-16: U+0122's code unit holds a quote byte
 def test_loads_refuses_exactly_what_the_walk_refuses(value: Any, depth: int) -> None:
     import json
 
