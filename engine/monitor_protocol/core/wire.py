@@ -92,12 +92,14 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}]")
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 
 
-def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
+def nests_too_deep(raw: bytes, levels: int | None = None) -> bool:
     """Whether a JSON text nests deeper than `levels` (or its brackets do not match), found without parsing
     it: on Pyodide a parser's recursion overflows the WebAssembly stack long before Python's recursion
     limit says so, and takes the page's event loop down with it (the page's import, and its console for a
     remote server, check with this first; so does `loads`). Regular expressions only: strings out,
     brackets kept, the innermost pairs removed `levels` times."""
+    if levels is None:
+        levels = MAX_JSON_DEPTH  # read at the call: the limit is one module constant, read where it is used
     if raw.count(b"[") + raw.count(b"{") <= levels:
         return False
     brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
@@ -111,7 +113,6 @@ def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
 _BIG_NUMBER = re.compile(rb"[0-9]{16}")
 _vetted: Any = None  # the last value `loads` returned, checked whole: `check` knows it (see there)
 _vetted_items: frozenset[int] = frozenset()  # and, when it is an array (a batch), the ids of its items
-_TOO_DEEP = f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it."
 
 
 def loads(raw: bytes | str) -> Any:
@@ -126,16 +127,16 @@ def loads(raw: bytes | str) -> Any:
             pass  # refused: the rules below say why, in their own words
         else:
             if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
-                raise _refuse(_TOO_DEEP)
+                raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
             return _vet(value)
     if nests_too_deep(_as_utf8(raw)):  # before a recursive parser goes into it
-        raise _refuse(_TOO_DEEP)
+        raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
     try:
         value = json.loads(raw, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except ProtocolError:
         raise
     except RecursionError:
-        raise _refuse(_TOO_DEEP) from None
+        raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(
             "INVALID", f"The body is not valid JSON ({exc.__class__.__name__}): send a JSON object."
