@@ -31,9 +31,9 @@ import js
 import model as m
 import ui
 from door import ENGINE
+from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.rules import importing
 from monitor_protocol.doors.browser import Reply
-from monitor_protocol.core.errors import ProtocolError
 from pyodide.ffi import to_js
 from ui import action, el, esc, note
 

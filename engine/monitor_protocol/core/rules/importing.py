@@ -73,18 +73,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from monitor_protocol.core.rules import events
 from monitor_protocol.core import schemas, timefmt, tokens, wire
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.lifecycles import MonitorStatus, monitor_next
+from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, LastSeen, Monitor, Observation
+from monitor_protocol.core.rules import events
 from monitor_protocol.core.rules.lookups import monitor_of
 from monitor_protocol.core.rules.monitors import registration_attested, validate_definition
-from monitor_protocol.core.rules.publishing import PUBLISHABLE_PROTOCOL_TYPES, counted, validate_publish, with_actor
-from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, LastSeen, Monitor, Observation
+from monitor_protocol.core.rules.publishing import (
+    PUBLISHABLE_PROTOCOL_TYPES,
+    counted,
+    validate_publish,
+    with_actor,
+)
 from monitor_protocol.core.runtime import ServiceCore
-from monitor_protocol.core.lifecycles import MonitorStatus, monitor_next
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import check_name, invalid
-from monitor_protocol.core.vocab import MAX_FUTURE_SECONDS, MAX_JSON_DEPTH, MONITOR_ID_PATTERN, PROTOCOL_PREFIX, PROTOCOL_TYPES, T_CONFIGURED, T_LEASE, T_REJECTED
+from monitor_protocol.core.vocab import (
+    MAX_FUTURE_SECONDS,
+    MAX_JSON_DEPTH,
+    MONITOR_ID_PATTERN,
+    PROTOCOL_PREFIX,
+    PROTOCOL_TYPES,
+    T_CONFIGURED,
+    T_LEASE,
+    T_REJECTED,
+)
 
 MAX_IMPORT_BYTES = 8 * 1024 * 1024  # the whole file, as UTF-8
 MAX_IMPORT_LINES = 20_000
