@@ -268,3 +268,48 @@ def test_probe_stops_the_source_while_paused_starts_it_on_resume_and_exits_on_re
         finally:
             probe.stop()
             api.close()
+
+
+def test_a_full_buffer_drops_counts_and_a_later_run_says_how_many_were_lost(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    state = str(tmp_path / "st")
+    six = ("--follow", "--type", RUN, "--", PY, "-c", "for i in range(6): print(f'n={i}')")
+    done = run_probe(
+        "--base",
+        base,
+        "--monitor",
+        "ci",
+        "--token",
+        "mpo_x",
+        "--state-dir",
+        state,
+        "--once",
+        "--buffer",
+        "3",
+        *six,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 6, done
+    assert any(line.startswith("DROPPED ") and "max=3" in line for line in lines), done.stdout
+    assert any(line.startswith("KEPT 3 dropped=3 ") for line in lines), done.stdout
+    with running_server(tmp_path, "--port", str(port)) as (base, _proc):
+        api = Api(base)
+        owner = api.create("ci")
+        args = ("--base", base, "--monitor", "ci", "--token", owner, "--state-dir", state, "--once")
+        one = ("--follow", "--type", RUN, "--", PY, "-c", "print('later')")
+        again = run_probe(*args, *one)  # a buffer with room: the kept three, the note, this run's line
+        assert again.returncode == 0, again
+        rows = [o["data"] for o in api.observations("ci", owner)]
+        assert [r.get("line") for r in rows] == ["n=0", "n=1", "n=2", None, "later"], rows
+        note = rows[3]
+        assert (
+            note["answered"] is False
+            and note["dropped"] == 3
+            and "3 observations were not kept" in note["reason"]
+        )
+        # positive control: a buffer with room drops nothing, so a third run says nothing of losses
+        assert run_probe(*args, *one).returncode == 0
+        later = [o["data"] for o in api.observations("ci", owner)][len(rows) :]
+        assert [r.get("line") for r in later] == ["later"]
+        api.close()

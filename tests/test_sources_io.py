@@ -144,6 +144,11 @@ def test_the_probes_buffer_keeps_what_was_not_confirmed_across_a_kill(tmp_path):
     again = Spool(tmp_path, max_entries=5)
     assert [b["idempotency_key"] for b in again.head(10)] == ["k2", "k3", "k4"]
     assert again.load_checkpoint() == {"offset": 42}
+    assert again.dropped == 2  # the count of what was not kept survives the kill too
+    assert again.note_dropped(lambda lost: {"idempotency_key": "note", "dropped": lost}) == 2
+    assert again.dropped == 0 and again.head(10)[-1] == {"idempotency_key": "note", "dropped": 2}
+    assert again.note_dropped(lambda lost: {}) == 0  # said once
+    again.confirm(1)
     again.append([{"idempotency_key": "k5"}])
     again.confirm(4)
     assert len(again) == 0 and (tmp_path / "spool.jsonl").stat().st_size == 0  # emptied when all confirmed

@@ -20,6 +20,7 @@ for a terminal or an agent's Monitor tool (words percent-encoded as `mp watch` d
     PAUSED          RESUMED                         the monitor was paused: the source stops until resumed
     RETIRED         the monitor was retired: exit 0
     KEPT 3 state=<dir>                              at exit: not yet confirmed, sent by the next run
+                                                    (dropped=N: that many not kept; said at a later run)
     ERROR 401 UNAUTHORIZED                          a refusal of the probe itself: exit non-zero
 
 `--once` runs the source once (a periodic run or fetch, what a file gained since the last run, or a long-lived
@@ -243,20 +244,9 @@ class Probe:
 
     # -- the runner's sink ----------------------------------------------------------------------
     async def publish(self, body: dict[str, Any], checkpoint: dict[str, Any] | None) -> str:
-        from monitor_protocol.core import sources
         from monitor_protocol.doors.sources.runner import PUBLISHED, STOPPED
 
-        if self.spool.dropped and len(self.spool) < self.spool.max_entries - 1:
-            lost = self.spool.dropped
-            self.spool.dropped = 0
-            note = sources.silent_body(
-                self.plan,
-                f"mp probe's buffer was full while the server could not be reached: {lost} observations were "
-                "not kept",
-                f"d:{os.urandom(6).hex()}",
-                dropped=lost,
-            )
-            self.spool.append([note])
+        self.note_dropped()
         before = self.spool.dropped
         self.spool.append([body])
         if self.spool.dropped > before:
@@ -269,6 +259,23 @@ class Probe:
             self.spool.save_checkpoint(checkpoint)
         self.added.set()
         return PUBLISHED
+
+    def note_dropped(self) -> None:
+        """Once there is room again, one observation says how many the full buffer did not keep (this run's or
+        an earlier run's: the count is on disk)."""
+        from monitor_protocol.core import sources
+
+        def note(lost: int) -> dict[str, Any]:
+            return sources.silent_body(
+                self.plan,
+                f"mp probe's buffer was full while the server could not be reached: {lost} observations were "
+                "not kept",
+                f"d:{os.urandom(6).hex()}",
+                dropped=lost,
+            )
+
+        if self.spool.note_dropped(note):
+            self.added.set()
 
     async def checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.spool.save_checkpoint(checkpoint)
@@ -364,7 +371,9 @@ class Probe:
                 await asyncio.sleep(PAUSED_RECHECK_SECONDS)
                 continue
             if await self.send_once():
-                await self.added.wait()
+                self.note_dropped()
+                if not len(self.spool):
+                    await self.added.wait()
             elif self.down:
                 await asyncio.sleep(self.backoff)
                 self.backoff = min(MAX_BACKOFF_SECONDS, self.backoff * 2)
@@ -493,9 +502,13 @@ async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
                 if state.retired:
                     return EXIT_OK
             # --once: the run is over; send what waits, then exit.
+            state.note_dropped()
             while len(spool) and not state.retired:
                 if await state.send_once():
-                    break
+                    state.note_dropped()
+                    if not len(spool):
+                        break
+                    continue
                 if state.down or state.paused.is_set():
                     break
             return EXIT_OK if not len(spool) else EXIT_UNREACHABLE
@@ -506,7 +519,12 @@ async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
             sender.cancel()
             await asyncio.gather(sender, return_exceptions=True)
             if len(spool):
-                out.line("KEPT", str(len(spool)), word("state", str(state_dir), 600))
+                out.line(
+                    "KEPT",
+                    str(len(spool)),
+                    word("dropped", spool.dropped) if spool.dropped else "",
+                    word("state", str(state_dir), 600),
+                )
             spool.close()
 
 

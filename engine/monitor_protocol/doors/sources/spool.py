@@ -8,7 +8,9 @@ nothing). `checkpoint.json` is where the source stands (a file's offset, the las
 written after the line it covers is in the spool, so a restart never skips a line it did not keep.
 
 The spool is bounded (`max_entries`): past it, new observations are dropped and counted, and the probe
-says so (`DROPPED`), then publishes one observation saying how many were lost once there is room again."""
+says so (`DROPPED`), then publishes one observation saying how many were lost once there is room again.
+The count is kept in `spool.dropped`, so a probe that exits full (`--once` for cron against a server that
+stays down) still says it at a later run."""
 
 from __future__ import annotations
 
@@ -38,9 +40,12 @@ class Spool:
         self.path = self.dir / "spool.jsonl"
         self.done_path = self.dir / "spool.done"
         self.checkpoint_path = self.dir / "checkpoint.json"
+        self.dropped_path = self.dir / "spool.dropped"
         self.max_entries = max_entries
         self.entries: deque[tuple[dict[str, Any], int]] = deque()  # (body, the byte offset after it)
         self.dropped = 0
+        with contextlib.suppress(OSError, ValueError):
+            self.dropped = max(0, int(self.dropped_path.read_text().strip() or 0))
         done = 0
         with contextlib.suppress(OSError, ValueError):
             done = int(self.done_path.read_text().strip() or 0)
@@ -81,7 +86,9 @@ class Spool:
         """Keep `bodies` on disk (fsynced) before they are sent; returns how many fit (the rest dropped)."""
         room = max(0, self.max_entries - len(self.entries))
         kept, lost = bodies[:room], len(bodies) - min(room, len(bodies))
-        self.dropped += lost
+        if lost:
+            self.dropped += lost
+            _atomic_write(self.dropped_path, str(self.dropped))
         if kept:
             lines = [json.dumps(b, separators=(",", ":")).encode("utf-8") + b"\n" for b in kept]
             data = b"".join(lines)
@@ -93,6 +100,21 @@ class Spool:
                 at += len(line)
                 self.entries.append((body, at))
         return len(kept)
+
+    def note_dropped(self, note: Any) -> int:
+        """When observations were dropped and there is room again, keep `note(lost)` (the observation that
+        says how many) and start counting afresh; returns how many it reported (0: nothing to say or no
+        room yet). The note is on disk before the count is cleared: a kill in between says it twice, never
+        not at all."""
+        lost = self.dropped
+        if not lost or len(self.entries) >= self.max_entries - 1:
+            return 0
+        self.dropped = 0
+        if not self.append([note(lost)]):
+            self.dropped = lost
+            return 0
+        _atomic_write(self.dropped_path, "0")
+        return lost
 
     def head(self, n: int) -> list[dict[str, Any]]:
         return [body for body, _ in list(self.entries)[:n]]
