@@ -150,6 +150,33 @@ def test_a_command_that_cannot_start_and_an_http_500_are_published_as_not_answer
         target.close()
 
 
+def test_a_crashed_long_lived_process_is_restarted_with_backoff_and_said_not_to_answer(tmp_path):
+    code = "import sys\nprint('up', flush=True)\nsys.exit(3)"
+    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+        api = Api(base)
+        owner = api.create("flaky", **follow(code))
+        # positive control: an exit status settings.ok_exit lists is an answer, yet the process is restarted
+        fine = api.create("fine", **follow(code, ok_exit=[3]))
+        actions = eventually(
+            lambda: (
+                (a := [p for p in api.supervision("flaky", owner) if p["action"] in ("crash", "restart")])[2:]
+                and a
+            ),
+            what="crash, restart, crash",
+        )
+        assert [p["action"] for p in actions[:3]] == ["crash", "restart", "crash"]
+        assert (actions[0]["exit"], actions[0]["backoff_seconds"], actions[0]["lines"]) == (3, 1, 1)
+        assert actions[2]["backoff_seconds"] == 2  # doubling while it keeps failing
+        assert actions[1]["pid"] > 0
+        rows = [o["data"] for o in api.observations("flaky", owner)][:4]
+        assert [r.get("line") for r in rows] == ["up", None, "up", None]
+        assert rows[1]["answered"] is False and rows[1]["exit"] == 3
+        assert rows[1]["reason"] == "the process exited with status 3"
+        eventually(lambda: [p for p in api.supervision("fine", fine) if p["action"] == "restart"])
+        assert all(o["data"]["answered"] for o in api.observations("fine", fine))
+        api.close()
+
+
 def test_kill_9_of_mp_serve_sources_loses_no_confirmed_line_and_duplicates_none(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
