@@ -313,3 +313,20 @@ def test_a_full_buffer_drops_counts_and_a_later_run_says_how_many_were_lost(tmp_
         later = [o["data"] for o in api.observations("ci", owner)][len(rows) :]
         assert [r.get("line") for r in later] == ["later"]
         api.close()
+
+
+def test_mp_builds_its_parser_without_the_modules_pyodide_lacks():
+    """`mp` runs in the docs' worker on Pyodide, which has no fcntl: building the parser (which imports every
+    command's module, probe's included) must not need it; probe imports it only when it runs."""
+    import subprocess
+
+    blocked = "import sys\nsys.modules['fcntl'] = None\n"
+    # positive control: the block works (an import of fcntl fails in that interpreter)
+    control = subprocess.run([PY, "-c", blocked + "import fcntl"], capture_output=True, text=True, timeout=60)
+    assert control.returncode != 0 and "fcntl" in control.stderr
+    code = (
+        blocked
+        + "from monitor_protocol.cli import build_parser\nbuild_parser().parse_args(['probe', '--help'])"
+    )
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--monitor" in done.stdout, done.stderr

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import os
 import signal
@@ -436,6 +435,8 @@ async def fetch_definition(
 
 
 async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
+    import fcntl  # here, not at the top: `mp` builds its parser in the docs' worker (Pyodide has no fcntl)
+
     from monitor_protocol.client import AsyncClient
     from monitor_protocol.core import sources
     from monitor_protocol.doors.sources.runner import Options, Runner
