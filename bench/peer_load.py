@@ -575,6 +575,7 @@ async def _prepare_nats(conn: dict[str, Any], fill: int) -> dict[str, Any]:
 def _prepare_mp(conn: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
     import monitor_protocol
     from monitor_protocol.client import Client
+    from monitor_protocol.client.keepalive import AsyncPool
 
     tokens = {}
     with Client(conn["url"]) as c:
@@ -588,7 +589,7 @@ def _prepare_mp(conn: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
         "tokens": tokens,
         # The client's HTTP layers are this tree's (the commit is in the machine record).
         "client": f"monitor_protocol.client {getattr(monitor_protocol, '__version__', '?')} "
-        f"(Client on {c.http_layer}, AsyncClient on asyncio+h11)",
+        f"(Client on {c.http_layer}, AsyncClient on {AsyncPool.http_layer})",
         "server_extensions": sorted((caps.get("extensions") or {}) if isinstance(caps, dict) else {}),
         "client_has_publish_many": hasattr(Client, "publish_many"),
         "client_pull_has_ack": _mp_pull_has_ack(),
