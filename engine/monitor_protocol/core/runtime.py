@@ -14,7 +14,7 @@ from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
 from monitor_protocol.core.records import Monitor, Subscription, evolve
 from monitor_protocol.core.store_contract import StorageError, Store
-from monitor_protocol.core.tx import Tx
+from monitor_protocol.core.tx import ExclusiveNeeded, Tx
 from monitor_protocol.core.vocab import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_LIMIT,
@@ -125,15 +125,17 @@ class ServiceCore(ABC):
                 except Exception:  # a broken listener must never undo a committed append
                     pass
 
-    def _call(self, fn: Callable[[Tx], T], *, lazy_sweep: bool = True) -> T:
+    def _call(self, fn: Callable[[Tx], T], *, lazy_sweep: bool = True, reader: bool = False) -> T:
         """One engine call = one store transaction: the rule stages its changes in a Tx, the applier writes
-        them once, and listeners hear about appends after the commit."""
+        them once, and listeners hear about appends after the commit. `reader`: the call writes only the
+        subscriptions it reads (core/tx.py reader mode); when it turns out to write more, nothing was written
+        and it runs again as an ordinary call."""
         if lazy_sweep:
             self._maybe_sweep()
         deferred: ProtocolError | None = None
         try:
             with self.store.transaction():
-                tx = Tx(self.store, self._now())
+                tx = Tx(self.store, self._now(), reader=reader)
                 try:
                     result = fn(tx)
                 except LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
@@ -142,6 +144,8 @@ class ServiceCore(ABC):
                 changes = tx.changes()
                 if not changes.empty():
                     self.store.apply(changes)
+        except ExclusiveNeeded:  # rolled back before anything was written: again, its monitor's lock whole
+            return self._call(fn, lazy_sweep=False)
         except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
             detail = str(exc) or type(exc).__name__
             raise storage_unavailable(
