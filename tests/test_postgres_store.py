@@ -124,8 +124,8 @@ def test_a_commit_whose_connection_was_lost_says_the_request_may_have_been_writt
     owner = service.create_monitor({"id": "ci", "visibility": "public", "types": ["com.example.x"]}, None)
     real_commit = store._wire.sync  # the Sync that ends a call's implicit transaction is its commit
 
-    def lost(*_args):
-        real_commit()  # the database has it...
+    def lost(*_args, **kwargs):
+        real_commit(**kwargs)  # the database has it...
         raise psycopg.OperationalError("server closed the connection unexpectedly")  # ...the reply is lost
 
     monkeypatch.setattr(store._wire, "sync", lost)

@@ -194,7 +194,7 @@ class Session:
         if w is None or not w.in_tx:
             return False
         try:
-            answers = w.sync()
+            answers = w.sync(wait=bool(writes))  # a read-only call's end is not waited for
         except self.psycopg.Error as exc:
             if storage_failure(self.psycopg, exc):
                 # The commit may or may not have reached the database before the connection went: the

@@ -42,6 +42,7 @@ class Wire:
         self.in_tx = False  # something was sent since the last Sync: an implicit transaction is open
         self._later: list[int] = []  # results of statements sent by `later`, not read yet
         self._failure: BaseException | None = None
+        self._syncs_unread = 0  # Syncs sent without waiting (read-only transactions), answers not read yet
         self._answered: list[Any] = []  # answers to `later` statements read before the Sync
         self.pg.nonblocking = 1
         self.pg.enter_pipeline_mode()
@@ -108,12 +109,18 @@ class Wire:
         with self._sending():
             self._later.append(self._send(sql, params, prepare))
 
-    def sync(self) -> list[Any]:
+    def sync(self, *, wait: bool = True) -> list[Any]:
         """End the implicit transaction: its commit (or, after a failure, its abort). Returns the results of
-        the statements sent by `later` (PGresult or None); raises what failed."""
+        the statements sent by `later` (PGresult or None); raises what failed. `wait=False`, for a
+        transaction that wrote nothing and whose results are all read: the Sync is sent (the server ends the
+        transaction and releases its locks on reading it) and its answer read with the next round trip."""
         with self._sending():
             self.pg.pipeline_sync()
         self.in_tx = False
+        if not wait and not self._later and not self._answered:
+            self._syncs_unread += 1
+            return []
+        self._drain_syncs()
         pending, self._later = self._later, []
         out, self._answered = [*self._answered, *self._collect(pending)], []
         while True:
@@ -160,6 +167,13 @@ class Wire:
         return rows
 
     # --- receiving ---------------------------------------------------------------------------------
+    def _drain_syncs(self) -> None:
+        """Read the answers of the Syncs sent without waiting (they come before anything sent after them)."""
+        while self._syncs_unread:
+            res = self._next()
+            if res is not None and res.status == self.pq.ExecStatus.PIPELINE_SYNC:
+                self._syncs_unread -= 1
+
     def _flush(self) -> None:
         while self.pg.flush() == 1:
             self._wait(self._select.POLLOUT)
@@ -185,6 +199,7 @@ class Wire:
         self.round_trips += 1
         with self._sending():
             self._flush()
+        self._drain_syncs()
         out: list[Any] = []
         tuples = self.pq.ExecStatus.TUPLES_OK
         for n in expected:
