@@ -4,6 +4,7 @@ clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule
 
 from __future__ import annotations
 
+import threading
 import time as _time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -101,6 +102,9 @@ class ServiceCore(ABC):
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
+        # Calls may run on several threads at once on a store that keeps them apart (doors/engines.py
+        # EngineLanes): a newer sign of life is never overwritten by an older one.
+        self._life_lock = threading.Lock()
         # HTTP push targets as the last push_targets() saw them, kept current by every commit:
         # push_epoch moves only when that set changes, so the push door re-reads it only then.
         self.push_epoch = 0
@@ -288,6 +292,12 @@ class ServiceCore(ABC):
         return now - stored.mute_since >= self._life_window(monitor, stored)
 
     def _remember_life(self, tx: Tx) -> None:
+        if not tx.life and not tx.monitor_pulls:
+            return
+        with self._life_lock:
+            self._remember_life_locked(tx)
+
+    def _remember_life_locked(self, tx: Tx) -> None:
         for sub_id, when in tx.life.items():
             if when > self._life.get(sub_id, float("-inf")):
                 self._life[sub_id] = when

@@ -1,0 +1,154 @@
+"""EngineLanes (doors/engines.py), mp serve's engine seat on PostgreSQL: calls run side by side, each on a
+connection of its own, and a reader never misses an append for it: an append that lands while a reader's
+call runs, after its read and before its mark, is told again when that call ends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.engines import EngineLanes
+from monitor_protocol.doors.parking import Waiters
+from monitor_protocol.store.postgres import PostgresStore
+from waiting import eventually
+
+TYPE = "com.example.x"
+
+
+class Store:
+    """What EngineLanes asks of a store besides the engine's calls: the monitors a thread locked."""
+
+    def job_monitors(self) -> set[str]:
+        return set()
+
+
+@pytest.mark.parametrize("lanes", [2, 1])
+def test_calls_run_side_by_side_on_several_lanes_and_one_after_another_on_one(lanes):
+    engine = EngineLanes(Store(), lanes=lanes)
+    inside, release, second = threading.Event(), threading.Event(), threading.Event()
+
+    def blocked() -> str:
+        inside.set()
+        release.wait(30)
+        return "first"
+
+    def other() -> str:
+        second.set()
+        return "second"
+
+    async def main() -> list[str]:
+        first = engine.submit(blocked)
+        then = engine.submit(other)
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 30)
+        if lanes == 2:
+            # the second call runs while the first still waits
+            await asyncio.get_running_loop().run_in_executor(None, second.wait, 30)
+            assert second.is_set() and not release.is_set()
+        else:
+            # positive control, one lane: the second call has not run while the first waits (this short
+            # sleep is the point: nothing may happen meanwhile)
+            await asyncio.sleep(0.3)
+            assert not second.is_set()
+        release.set()
+        return [await first, await then]
+
+    try:
+        assert asyncio.run(main()) == ["first", "second"]
+    finally:
+        release.set()
+        engine.stop()
+
+
+def test_posted_work_runs_again_after_the_calls_running_when_it_was_posted():
+    engine = EngineLanes(Store(), lanes=2)
+    ran: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+    try:
+        engine.post(ran.append, "idle")  # no call running: once
+        eventually(lambda: ran == ["idle"], what="the posted work")
+
+        def held() -> None:
+            inside.set()
+            release.wait(30)
+
+        engine.post(held)
+        assert inside.wait(30)
+        engine.post(ran.append, "busy")  # a call is running: now, and again once it has ended
+        eventually(lambda: ran == ["idle", "busy"], what="the posted work, at once")
+        release.set()
+        eventually(lambda: ran == ["idle", "busy", "busy"], what="the posted work, again after the call")
+    finally:
+        release.set()
+        engine.stop()
+
+
+@pytest.fixture
+def pg(pg_url):
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("append_meanwhile", [True, False])
+def test_an_append_between_a_readers_pull_and_its_mark_is_told_again(pg, append_meanwhile):
+    service = MonitorService(pg)
+    waiters = Waiters()
+    waiters.attach(service)
+    engine = EngineLanes(pg, service, lanes=2)
+    owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
+    sub = service.subscribe({"monitor": "ci", "subscriber": "agent:r", "from": "head"}, None)
+    sid, token = sub["subscription"]["id"], sub["token"]
+    service.ack(sid, token, {"cursor": service.pull(sid, token)["next"]})  # its own row read: caught up
+    read, release = threading.Event(), threading.Event()
+
+    def reader() -> tuple[dict, int]:
+        # A door's long-poll job: the pull, then (here, after the publish below committed) the mark
+        reply = service.pull(sid, token)
+        read.set()
+        release.wait(30)
+        return reply, waiters.mark("ci")
+
+    async def main() -> tuple[dict, int]:
+        pending = engine.submit(reader)
+        await asyncio.get_running_loop().run_in_executor(None, read.wait, 30)
+        if append_meanwhile:  # on the other lane, while the reader sits between its pull and its mark
+            await engine.call(service.publish, "ci", {"type": TYPE, "subject": "s", "data": {}}, owner)
+        release.set()
+        return await pending
+
+    try:
+        reply, mark = asyncio.run(main())
+    finally:
+        release.set()
+        engine.stop()
+    assert reply["observations"] == []  # the pull ran before the publish
+    if append_meanwhile:
+        # its mark counts the publish it did not see; the append told again moves the count past it, so a
+        # reader parking with that mark is woken at once
+        assert engine.retold == 1 and waiters.mark("ci") != mark
+    else:  # positive control: nothing landed meanwhile, nothing is told again and the mark stays good
+        assert engine.retold == 0 and waiters.mark("ci") == mark
+
+
+def test_each_lane_has_its_own_connection(pg):
+    service = MonitorService(pg)
+    engine = EngineLanes(pg, service, lanes=3)
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    seen: set[int] = set()
+    barrier = threading.Barrier(3, timeout=30)
+
+    def backend() -> int:
+        barrier.wait()  # three calls at once: each lane holds one
+        service.state("ci", None)
+        return pg._s.conn.pgconn.backend_pid  # the session of the thread running this call
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(engine.call(backend) for _ in range(3))))
+
+    try:
+        seen.update(asyncio.run(main()))
+    finally:
+        engine.stop()
+    assert len(seen) == 3
