@@ -1,14 +1,10 @@
-"""The floor of the long-poll wake benchmark (bench/seam.py longpoll): servers that do no protocol work.
+"""The floor of the wake fan-out benchmark (bench/fanout.py): a bare asyncio server that does no protocol work.
 
-Both answer what the long-poll client of bench/seam.py sends, and nothing else: `GET .../pull` parks until
-a `POST .../observations` arrives, which answers 201 and then wakes every parked pull with one fixed reply
-of the size mp serve sends (one observation); an ack or a discover gets `{}`; `/metrics` reports the
-`mp_long_polls_parked` gauge the client waits for. No engine, no SQLite, no fsync.
-
-  --server uvicorn   an ASGI app on uvicorn with mp serve's settings (httptools, uvloop when installed):
-                     what the HTTP stack alone costs for N replies
-  --server raw       an asyncio Protocol that writes pre-encoded replies from one loop turn: what the
-                     client process costs to receive N replies (the harness's own floor)
+It answers what bench/fanout.py's client sends and nothing else: a `GET .../pull` parks until a
+`POST .../observations` arrives, which answers 201 and then writes every parked request one fixed reply of the
+size mp serve sends (one observation), from one loop turn; `/metrics` reports the `mp_long_polls_parked` gauge
+the client waits for. No engine, no SQLite, no fsync, on uvloop when it is installed (as mp serve is): what
+N replies cost the machine and the client process, the fan-out's floor.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from typing import Any
 PULL_REPLY = json.dumps(
     {
         "subscription": "sub_floor",
-        "monitor": "seam",
+        "monitor": "fan",
         "cursor": 1_000,
         "head": 1_000,
         "lag": 0,
@@ -33,7 +29,7 @@ PULL_REPLY = json.dumps(
             {
                 "specversion": "1.0",
                 "id": "1000",
-                "source": "mp://127.0.0.1/monitors/seam",
+                "source": "mp://127.0.0.1/monitors/fan",
                 "type": "com.example.bench.tick",
                 "subject": "s-1",
                 "time": "2026-12-01T00:00:00.000000Z",
@@ -53,48 +49,13 @@ PUBLISH_REPLY = b'{"seq":1000,"observation":{"id":"1000"}}'
 
 
 class Parked:
-    """Who is waiting for the next publish (a future per ASGI request, or a transport)."""
+    """Who is waiting for the next publish (a transport each)."""
 
     def __init__(self) -> None:
         self.waiting: list[Any] = []
 
 
 PARKED = Parked()
-
-
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    if scope["type"] != "http":
-        return
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect" or not message.get("more_body", False):
-            break
-    path: str = scope["path"]
-    status, body, kind = 200, b"{}", b"application/json"
-    if path == "/metrics":
-        body, kind = f"mp_long_polls_parked {len(PARKED.waiting)}\n".encode(), b"text/plain"
-    elif path.endswith("/pull"):
-        future = asyncio.get_running_loop().create_future()
-        PARKED.waiting.append(future)
-        await future
-        body = PULL_REPLY
-    elif path.endswith("/observations"):
-        status, body = 201, PUBLISH_REPLY
-        woken, PARKED.waiting = PARKED.waiting, []
-        for future in woken:
-            if not future.done():
-                future.set_result(None)
-    headers = [(b"content-type", kind), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _reply(status: int, body: bytes, kind: bytes = b"application/json") -> bytes:
@@ -156,19 +117,15 @@ async def _serve_raw(sock: socket.socket) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--server", choices=("uvicorn", "raw"), default="uvicorn")
     args = ap.parse_args()
     sock = _socket(args.port)
-    if args.server == "raw":
-        asyncio.run(_serve_raw(sock))
-        return
-    import uvicorn
+    try:
+        import uvloop
 
-    # mp serve's settings (cli/serve.py): httptools, uvloop when installed, no access log by default
-    config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", access_log=False, http="httptools", loop="auto"
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+        uvloop.install()
+    except ImportError:  # the standard library's loop
+        pass
+    asyncio.run(_serve_raw(sock))
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def mp_serve(db: str, *, admin: bool = False, log_level: str = "warning") -> Ite
 
 @contextmanager
 def bare_serve(log_level: str = "warning") -> Iterator[Server]:
-    """The transport limit: a trivial ASGI app on the same uvicorn config as mp serve (bench/bare_app.py)."""
+    """The transport limit: mp serve's own HTTP server with a trivial app behind it (bench/bare_app.py)."""
     port = free_port()
     cmd = [PY, str(BENCH / "bare_app.py"), "--port", str(port), "--log-level", log_level]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -267,14 +267,14 @@ def machine() -> dict[str, Any]:
         commit, dirty = None, None
     import sqlite3
 
-    import uvicorn
+    import httptools
 
     return {
         "nproc": os.cpu_count(),
         "cpu_model": model,
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
-        "uvicorn": uvicorn.__version__,
+        "httptools": httptools.__version__,
         "httpx": httpx.__version__,
         "platform": platform.platform(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

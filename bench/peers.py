@@ -10,7 +10,7 @@ Every figure comes from a separate load process (bench/peer_load.py) driving the
 client. The rounds are interleaved: for each round, each workload runs once on each system, the order of the
 systems rotating from round to round, so that the machine's drift hits them all alike. A figure is the median
 of the rounds with the min and max; the server's CPU (with its children: PostgreSQL's backends) and the load
-process's CPU are measured over the window. The machine's limits (bare ASGI endpoint on mp serve's server
+process's CPU are measured over the window. The machine's limits (a trivial app on mp serve's own HTTP
 stack, raw SQLite fsync'd commits) are measured in the same run by bench/run.py's own functions.
 
 Results: bench/results/peers.json; ``python bench/run.py --peers --markdown`` prints them as a table.
@@ -356,22 +356,22 @@ def batch_note(mp_ctx: dict[str, Any] | None, fig: dict[str, Any] | None) -> str
 
 # ---------------------------------------------------------------------------------------------- limits
 def limits(bench: BenchRun) -> dict[str, Any]:
-    """The machine's limits, by bench/run.py's own functions: the bare ASGI endpoint on mp serve's server stack
+    """The machine's limits, by bench/run.py's own functions: the bare endpoint on mp serve's own HTTP server
     (driven by bench/loadgen.py's httpx.Client, httpx.AsyncClient and raw asyncio clients), and raw SQLite
     commits with mp serve's durability settings."""
     figs: dict[str, Any] = {}
-    log("machine limits: bare ASGI endpoint (transport), raw SQLite commits (storage)")
+    log("machine limits: a trivial app on mp serve's HTTP server (transport), raw SQLite commits (storage)")
     with bare_serve() as s:
-        figs["transport_1"] = bench.repeat(s, "bare", "bare ASGI, 1 client (httpx.Client)", tokens=["x"])
+        figs["transport_1"] = bench.repeat(s, "bare", "bare server, 1 client (httpx.Client)", tokens=["x"])
         figs["transport_1_raw"] = bench.repeat(
-            s, "bare", "bare ASGI, 1 client (raw asyncio)", tokens=["x"], client="raw"
+            s, "bare", "bare server, 1 client (raw asyncio)", tokens=["x"], client="raw"
         )
         figs["transport_httpx_async16"] = bench.repeat(
-            s, "bare", "bare ASGI, 16 clients, httpx.AsyncClient, 1 process", tokens=["x"], client="async",
+            s, "bare", "bare server, 16 clients, httpx.AsyncClient, 1 process", tokens=["x"], client="async",
             tasks=16,
         )  # fmt: skip
         figs["transport_raw16"] = bench.repeat(
-            s, "bare", "bare ASGI, 16 clients, raw asyncio HTTP/1.1, 1 process", tokens=["x"], client="raw",
+            s, "bare", "bare server, 16 clients, raw asyncio HTTP/1.1, 1 process", tokens=["x"], client="raw",
             tasks=16,
         )  # fmt: skip
     figs["storage_commit_1"] = bench.sqlite_commits(1)

@@ -3,8 +3,8 @@ this machine's limits. Run with ``python build.py bench [--quick] [--only NAME .
 
 Sections (``--only`` takes these names, repeatable or comma-separated):
 
-  limits      the machine's limits in the same run: a bare ASGI app on mp serve's uvicorn config
-              (transport) and raw SQLite commits with mp serve's durability settings (storage)
+  limits      the machine's limits in the same run: a trivial app on mp serve's own HTTP server
+              (transport, bench/bare_app.py) and raw SQLite commits with mp serve's durability settings (storage)
   publish     durable publishes/s over HTTP: 1 keep-alive client; 16 concurrent clients (3 client kinds)
   pull        pull+ack round trips/s (limit 1) and batch drain (limit 200 + ack) in observations/s
   wake        long-poll wake latency: publish reply -> waiting pull?wait=30 reply, p50/p99
@@ -14,6 +14,12 @@ Sections (``--only`` takes these names, repeatable or comma-separated):
 
 ``--peers`` runs only the peers section (bench/peers.py): the same workloads on mp serve, Redis, PostgreSQL and
 NATS JetStream, interleaved round by round -> bench/results/peers.json; ``--peers --markdown`` prints it.
+
+``--stages`` runs only the stage profile (bench/stages.py): where the server's CPU goes per durable publish (1 and 16
+clients) and per pull(1)+ack, stage by stage (transport, door, rules, SQL, loop) against issue 23's budgets ->
+bench/results/stages.json. ``--fanout`` runs only the wake fan-out (bench/fanout.py): N long polls parked on one
+monitor, one publish, p50/p99 beside a bare asyncio floor -> bench/results/fanout.json. With ``--markdown``, each
+prints its last result.
 
 ``--scale-out`` runs only the scale-out section (bench/scaleout.py): publish and ack+pull against 1, 2 and 3
 ``mp serve`` on one PostgreSQL database, beside PostgreSQL's own commit limit and mp serve on SQLite, with the
@@ -91,16 +97,16 @@ class Bench(BenchRun):
     # ------------------------------------------------------------------------------------------ limits
     def limits(self) -> dict[str, Any]:
         figs: dict[str, Any] = {}
-        self.log("transport limit: bare ASGI app on mp serve's uvicorn config")
+        self.log("transport limit: a trivial app on mp serve's own HTTP server")
         with bare_serve() as s:
-            figs["transport_1"] = self.repeat(s, "bare", "bare ASGI, 1 client (httpx.Client)", tokens=["x"])
+            figs["transport_1"] = self.repeat(s, "bare", "bare server, 1 client (httpx.Client)", tokens=["x"])
             figs["transport_1_raw"] = self.repeat(
-                s, "bare", "bare ASGI, 1 client (raw asyncio)", tokens=["x"], client="raw"
+                s, "bare", "bare server, 1 client (raw asyncio)", tokens=["x"], client="raw"
             )
             for key, c in C16.items():
                 runs = min(self.runs, 3) if c["procs"] > 1 else None
                 figs[f"transport_{key}"] = self.repeat(
-                    s, "bare", "bare ASGI, " + c["label"], runs=runs, tokens=["x"],
+                    s, "bare", "bare server, " + c["label"], runs=runs, tokens=["x"],
                     client=c["client"], tasks=c["tasks"], procs=c["procs"],
                 )  # fmt: skip
         self.log(
@@ -190,7 +196,7 @@ class Bench(BenchRun):
                         "ratio": summary(ratios_),
                         "publish": summary(pub),
                         "transport": summary(lim),
-                        "what": f"publish / bare ASGI, run by run, {key} client(s) ({client})",
+                        "what": f"publish / bare server, run by run, {key} client(s) ({client})",
                     }
                     self.log(
                         f"  publish/transport {key}: ratio {paired[key]['ratio']['median']:.2f} "
@@ -580,8 +586,8 @@ def markdown(c: dict[str, Any]) -> str:
     """The results as Markdown tables (for docs/bench.md): ``python bench/run.py --markdown``."""
     m = c["machine"]
     out = [
-        f"Machine: {m['nproc']} x {m['cpu_model']}, Python {m['python']}, SQLite {m['sqlite']}, uvicorn "
-        f"{m['uvicorn']}, httpx {m['httpx']}; {m['platform']}. Date {m['date']}, commit `{(m['commit'] or '?')[:10]}`"
+        f"Machine: {m['nproc']} x {m['cpu_model']}, Python {m['python']}, SQLite {m['sqlite']}, httptools "
+        f"{m.get('httptools', '?')}, httpx {m['httpx']}; {m['platform']}. Date {m['date']}, commit `{(m['commit'] or '?')[:10]}`"
         + (" (engine modified in the working tree)" if m.get("engine_dirty") else "")
         + f"; {c.get('seconds', '?')} s in all.",
         "",
@@ -605,7 +611,7 @@ def markdown(c: dict[str, Any]) -> str:
     if paired:
         out += [
             "",
-            "| paired runs (a bare ASGI run, then a publish run) | publish/s | transport/s | ratio median | min | max |",
+            "| paired runs (a bare server run, then a publish run) | publish/s | transport/s | ratio median | min | max |",
             "|---|---:|---:|---:|---:|---:|",
         ]
         for p in paired.values():
@@ -745,7 +751,29 @@ def main(argv: list[str] | None = None) -> int:
         "PostgreSQL's commit limit and mp serve on SQLite) -> scaleout.json; with --markdown, print "
         "bench/results/scaleout.json",
     )  # fmt: skip
+    ap.add_argument(
+        "--stages", action="store_true",
+        help="only the stage profile (bench/stages.py: server CPU per publish and pull+ack, stage by stage) -> "
+        "stages.json; with --markdown, print it",
+    )  # fmt: skip
+    ap.add_argument(
+        "--fanout", action="store_true",
+        help="only the wake fan-out (bench/fanout.py: 1,000 parked long polls, one publish, beside a bare floor) "
+        "-> fanout.json; with --markdown, print it",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    alone = [flag for flag in ("peers", "scale_out", "stages", "fanout") if getattr(args, flag)]
+    if len(alone) > 1 or (alone and args.only):
+        ap.error("--peers, --scale-out, --stages and --fanout each run on their own, without --only")
+    if args.stages or args.fanout:
+        import fanout
+        import stages
+
+        module = stages if args.stages else fanout
+        forward = ["--quick"] if args.quick else []
+        forward += ["--runs", str(args.runs)] if args.runs else []
+        forward += ["--markdown"] if args.markdown else []
+        return int(module.main(forward))
     if args.peers and args.only:
         ap.error("--peers runs on its own; it does not combine with --only")
     if args.scale_out and (args.only or args.peers):

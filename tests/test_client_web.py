@@ -30,7 +30,11 @@ PYODIDE_ENV = {
     "python_version": "3.13",
     "python_full_version": "3.13.2",
 }
-DOORS = {"uvicorn", "httptools", "uvloop", "httpx", "h11"}
+DOORS = {
+    "httptools",
+    "uvloop",
+    "httpx",
+}  # mp serve (its own HTTP server on httptools, uvloop) and the client's httpx fallback
 
 
 def _python(code: str) -> dict:

@@ -384,6 +384,34 @@ def test_sse_refusals_are_json_before_the_stream(mp):
     assert_error(mp.get("/subscriptions/sub-00000000/stream", headers=bearer(reader)), "NOT_FOUND")
 
 
+@pytest.mark.parametrize("spelling", ["-1", "+5", "abc", "1.0", "٣", "99999999999999999999"])
+def test_sse_start_is_a_strict_integer(mp, spelling):
+    """Last-Event-ID and ?cursor= follow the one integer rule: any other spelling is 400 with a sentence,
+    never read loosely (-1, +5) or silently ignored (abc)."""
+    monitor_id, owner = new_monitor(mp)
+    for i in range(3):
+        publish(mp, monitor_id, owner, f"build-{i}")
+    sub_id, reader = subscribe(mp, monitor_id)
+    url = f"/subscriptions/{sub_id}/stream"
+    if spelling.isascii():  # a header is latin-1 on the wire; the query takes any text
+        refused = mp.get(url, headers={**bearer(reader), "Last-Event-ID": spelling})
+        assert_error(refused, "INVALID")
+        assert "Last-Event-ID" in refused.json()["error"]
+    refused = mp.get(url, params={"cursor": spelling}, headers=bearer(reader))
+    assert_error(refused, "INVALID")
+    assert "cursor" in refused.json()["error"]
+    # control: ?cursor=3 starts the stream at seq 3 (a replay: nothing commits), and Last-Event-ID wins
+    with httpx.Client(base_url=str(mp.base_url), timeout=30) as sse:
+        with sse.stream("GET", url, params={"cursor": "3"}, headers=bearer(reader)) as stream:
+            assert stream.status_code == 200
+            _lines, events = read_sse(stream.iter_lines(), 1)
+        assert events[0]["id"] == "3"
+        headers = {**bearer(reader), "Last-Event-ID": "3"}
+        with sse.stream("GET", url, params={"cursor": "1"}, headers=headers) as stream:
+            _lines, events = read_sse(stream.iter_lines(), 1)
+        assert events[0]["id"] == "4"
+
+
 # -- section 10: hardening --------------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from monitor_protocol.core import wire
 from monitor_protocol.core.vocab import MAX_INTEGER
@@ -173,6 +173,9 @@ def _spellings(value: Any) -> list[bytes]:
 
 @settings(max_examples=400, deadline=None)
 @given(ANY_VALUES, st.integers(0, 40))
+@example(
+    value={"": [[]], "\u0122": [[], {"": None}]}, depth=27
+)  # UTF-16: U+0122's code unit holds a quote byte
 def test_loads_refuses_exactly_what_the_walk_refuses(value: Any, depth: int) -> None:
     import json
 

@@ -281,6 +281,35 @@ def test_sqlite_writes_a_monitor_once_per_transaction_and_a_known_subject_not_ag
     assert any("INTO subjects" in s for s in statements)
 
 
+def test_a_readers_usual_write_leaves_the_indexed_columns_alone(tmp_path: Path) -> None:
+    """An ack+pull updates cursor, hwm and record only; a row not there (behind the store's back) is
+    written whole again, never lost; a retire (an indexed column) is the upsert."""
+    store = SQLiteStore(str(tmp_path / "reader.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "types": [RUN], "visibility": "public"}, None)["owner_token"]
+    for _ in range(3):
+        service.publish("ci", {"type": RUN}, owner)
+    sub = service.subscribe({"monitor": "ci", "subscriber": "agent:r"}, None)
+    sid, token = sub["subscription"]["id"], sub["token"]
+    nxt = service.pull(sid, token, limit=1)["next"]
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    nxt = service.pull(sid, token, limit=1, ack=nxt)["next"]
+    store._db.set_trace_callback(None)
+    writes = [s for s in statements if "subscriptions" in s and s.startswith(("INSERT", "UPDATE"))]
+    assert len(writes) == 1 and writes[0].startswith("UPDATE subscriptions SET cursor=")
+    # a row gone behind the store's back: the narrow UPDATE finds nothing, and the upsert writes it whole
+    store._db.execute("DELETE FROM subscriptions WHERE id=?", (sid,))
+    service.pull(sid, token, limit=1, ack=nxt)
+    assert store._db.execute("SELECT cursor FROM subscriptions WHERE id=?", (sid,)).fetchone() == (nxt,)
+    # control: a change of an indexed column (retire: state) is the upsert
+    statements.clear()
+    store._db.set_trace_callback(statements.append)
+    service.retire_subscription(sid, token, {"reason": "done"})
+    store._db.set_trace_callback(None)
+    assert any(s.startswith("INSERT INTO subscriptions") for s in statements)
+
+
 def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> None:
     now = [1_000.0]
     store = SQLiteStore(str(tmp_path / "sweep.db"))
@@ -310,7 +339,15 @@ ODD_TEXTS = [
     b"NaN", b"[Infinity]", b'"\\ud800"', b'{"a": "\\udc00"}', b"9007199254740993", b"18446744073709551616",
     b"-9223372036854775809", b"1e400", b'{"a":1,"a":2}', b'"\xed\xa0\x80"', b"[1,]", b"\xef\xbb\xbf{}",
     b"[" * 40 + b"]" * 40, b"123abc", b"", b"  {}  ",
+    b"[" * 32 + b"]" * 32, b"[" * 33 + b"]" * 33, b'{"a":' * 32 + b"1" + b"}" * 32, b'{"a":' * 33 + b"1" + b"}" * 33,
+    b'{"a": "' + b"[" * 40 + b'"}', b"[" + b",".join([b"[" * 31 + b"]" * 31] * 50) + b"]",
+    b"[" + b",".join([b"[" * 30 + b"]" * 30] * 50) + b"]", b"[" * 2000 + b"]" * 2000,
 ]  # fmt: skip
+NESTED = st.recursive(
+    st.integers(0, 9),
+    lambda inner: st.lists(inner, min_size=1, max_size=2) | st.dictionaries(st.just("k"), inner, min_size=1),
+    max_leaves=40,
+).map(lambda v: json.dumps(v).encode())
 
 
 def outcome(raw: bytes) -> Any:
@@ -346,9 +383,30 @@ def test_orjson_as_the_parser_answers_as_the_wires_own_rules(raw: bytes) -> None
     assert fast == alone
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(25, 40).flatmap(lambda d: st.tuples(st.just(d), NESTED)))
+def test_the_depth_limit_is_judged_alike_with_orjson(case: tuple[int, bytes]) -> None:
+    """Bodies nested around the limit (32 levels), some deep inside a batch: both parsers agree."""
+    depth, inner = case
+    raw = b"[" * depth + inner + b"]" * depth
+    alone, fast = both(raw)
+    assert fast == alone
+    assert (alone[0] == "refused") == (depth + _levels(json.loads(inner)) > 32)  # the limit, exactly
+
+
+def _levels(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_levels, value.values()))
+    if isinstance(value, list):
+        return 1 + max(map(_levels, value))
+    return 0
+
+
 @pytest.mark.parametrize("raw", ODD_TEXTS)
 def test_the_wires_refusals_are_the_same_with_orjson(raw: bytes) -> None:
     alone, fast = both(raw)
     assert fast == alone
-    if raw in (b"NaN", b"9007199254740993", b"[" * 40 + b"]" * 40):
+    if raw in (b"NaN", b"9007199254740993", b"[" * 40 + b"]" * 40, b"[" * 33 + b"]" * 33):
         assert alone[0] == "refused"  # control: these are refused, by both
+    if raw in (b"[" * 32 + b"]" * 32, b'{"a": "' + b"[" * 40 + b'"}'):
+        assert alone[0] == "value"  # control: exactly the limit, and brackets in a string, pass

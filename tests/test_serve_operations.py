@@ -105,9 +105,20 @@ def test_precedence_flag_then_environment_then_file_then_default(tmp_path):
         parse("--allow-origin", "http://c.example", "--allow-origin", "http://d"), env
     )
     assert cfg.allow_origin == ["http://c.example", "http://d"]
-    # --allow-admin without a value still means "mint one", and beats MP_ADMIN_TOKEN.
+    # --allow-admin without a value switches admin on with the token MP_ADMIN_TOKEN (or the file) holds:
+    # minting another would refuse the operator's own token.
     cfg, sources = serve_config.resolve_settings(parse("--allow-admin"), {"MP_ADMIN_TOKEN": "env-token"})
+    assert cfg.allow_admin == "env-token" and sources["allow_admin"] == "MP_ADMIN_TOKEN"
+    cfg, sources = serve_config.resolve_settings(parse("--allow-admin", "--config", str(config)), {})
+    assert cfg.allow_admin == "from-file" and sources["allow_admin"] == f"config {config}"
+    # control: with no token anywhere, a bare --allow-admin still mints one (cfg.allow_admin == "")
+    cfg, sources = serve_config.resolve_settings(parse("--allow-admin"), {})
     assert cfg.allow_admin == "" and sources["allow_admin"] == "--allow-admin"
+    # and a token given with the flag wins over the environment's
+    cfg, sources = serve_config.resolve_settings(
+        parse("--allow-admin=flag-token"), {"MP_ADMIN_TOKEN": "env-token"}
+    )
+    assert cfg.allow_admin == "flag-token" and sources["allow_admin"] == "--allow-admin"
     cfg, sources = serve_config.resolve_settings(parse(), {"MP_ADMIN_TOKEN": "env-token"})
     assert cfg.allow_admin == "env-token" and sources["allow_admin"] == "MP_ADMIN_TOKEN"
 

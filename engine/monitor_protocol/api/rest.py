@@ -407,6 +407,8 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
     if flt is not None and not isinstance(flt, dict):
         raise ProtocolError("INVALID_FILTER", "filter must be a JSON object (the filter grammar).")
     body = r.service.pull(p["id"], bearer(req), limit=limit, filter=flt, ack=payload.get("ack"))
+    if not wait:
+        return Response(200, body)  # nothing to park: no re-check to prepare
     again: list[tuple[str, str]] = []
     if limit is not None:
         again.append(("limit", str(limit)))

@@ -101,8 +101,9 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TOKEN",
         help="enable POST /mp/v0/admin/compact and GET /mp/v0/admin/snapshot behind this "
-        "bearer token (env MP_ADMIN_TOKEN keeps it off the command line; without a value a token is "
-        "minted and written to a file readable only by you, never printed)",
+        "bearer token (env MP_ADMIN_TOKEN keeps it off the command line; without a value, the token of "
+        "MP_ADMIN_TOKEN or the config file, else one minted and written to a file readable only by you, "
+        "never printed)",
     )
     parser.add_argument(
         "--metrics-token",

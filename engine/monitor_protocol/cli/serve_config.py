@@ -181,6 +181,17 @@ def resolve_settings(
     settings.config = config_path
     sources: dict[str, str] = {}
     for name, (env, kind) in SETTINGS.items():
+        if name == "allow_admin" and name in given and args.allow_admin == "":
+            # A bare --allow-admin switches the admin routes on; the token is the one the environment or the
+            # file holds, if either does (minting another would leave the operator's token refused).
+            if environ.get(env, "") != "":
+                settings.allow_admin = _convert(name, kind, environ[env], env)
+                sources[name] = env
+                continue
+            if isinstance(from_file.get(name), str):
+                settings.allow_admin = from_file[name]
+                sources[name] = f"config {config_path}"
+                continue
         if name in given:
             sources[name] = "--" + name.replace("_", "-")
         elif environ.get(env, "") != "":

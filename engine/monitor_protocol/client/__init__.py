@@ -1,8 +1,8 @@
 """Python client for the Monitor Protocol REST binding (docs/protocol.md section 5), sync and async.
 
-`Client` sends over keep-alive connections of the standard library's http.client (keepalive.py: chosen by
-measurement), or httpx where a proxy applies or a transport is given; `AsyncClient` under asyncio on
-keep-alive asyncio streams with h11 (keepalive.AsyncPool), else on httpx. httpx is imported only where it is
+`Client` sends over its own keep-alive connections on plain sockets (keepalive.Pool: chosen by measurement),
+or httpx where a proxy applies or a transport is given; `AsyncClient` under asyncio over its own keep-alive
+connections as asyncio protocols (keepalive.AsyncPool), else on httpx. httpx is imported only where it is
 used. On Pyodide (sys.platform "emscripten") the browser sends instead (webhttp.py): `Client` with a
 synchronous XMLHttpRequest (in a Web Worker), `AsyncClient` with fetch.
 

@@ -75,11 +75,15 @@ def pooled_request(prefix: str, call: Call[Any]) -> tuple[str, bytes | None, dic
     return target, body, headers
 
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_encode_ascii = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def _json_body(body: Any) -> bytes:
     try:
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        return _encode(body).encode()
     except UnicodeEncodeError:  # a lone surrogate: sent escaped, so the server refuses it in its own words
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        return _encode_ascii(body).encode()
 
 
 def _url(base: str) -> str:
@@ -330,7 +334,7 @@ class AsyncClient(ClientBase):
         self.base = _url(base)
         self.token = token
         self.timeout = timeout
-        # Under asyncio, keep-alive connections on asyncio streams (keepalive.AsyncPool); httpx under
+        # Under asyncio, its own keep-alive connections (keepalive.AsyncPool, asyncio protocols); httpx under
         # trio, where a proxy applies, or with a caller's transport (created when first needed). In a
         # browser, the browser's fetch (webhttp.AsyncClient).
         self._transport = transport

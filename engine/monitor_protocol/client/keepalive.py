@@ -1,5 +1,6 @@
-"""The client's own HTTP/1.1 layer: keep-alive connections on plain sockets (`Pool`, for `Client`) and on asyncio
-streams (`AsyncPool`, for `AsyncClient`), with one small request writer and response reader for both.
+"""The client's own HTTP/1.1 layer: keep-alive connections on plain sockets (`Pool`, for `Client`) and as asyncio
+protocols (`AsyncPool`, for `AsyncClient`: the reply read in `data_received`, no stream reader, no task), with
+one request writer and one reply head parser for both.
 
 Chosen by measurement (docs/bench.md, "The client"): the request is written as one buffer and the reply read
 with as few calls as its framing allows, so a keep-alive request costs a few tens of microseconds of client
@@ -64,19 +65,40 @@ def request_bytes(method: str, target: str, host: str, headers: dict[str, str], 
         raise SendFailed(
             f"ValueError: the request target {target[:80]!r} holds a space or control character", sent=False
         )
-    lines = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n"]
-    for name, value in headers.items():
+    try:
+        head = f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise SendFailed(
+            f"UnicodeEncodeError: the request line is not latin-1 text: {exc}", sent=False
+        ) from exc
+    head += _header_block(tuple(headers.items()))
+    if body is not None:
+        return head + b"content-length: %d\r\n\r\n" % len(body) + body
+    return head + b"\r\n"
+
+
+def _header_block(items: tuple[tuple[str, str], ...]) -> bytes:
+    """The header lines of `items`, checked and encoded once per distinct set (a client sends the same few
+    again and again: its accept, its token, its content type)."""
+    block = _BLOCKS.get(items)
+    if block is not None:
+        return block
+    lines = []
+    for name, value in items:
         if not _GOOD_NAME.match(name) or _BAD_VALUE.search(value):
             raise SendFailed(f"ValueError: the header {name[:40]!r} is not valid HTTP", sent=False)
         lines.append(f"{name}: {value}\r\n")
-    if body is not None:
-        lines.append(f"content-length: {len(body)}\r\n")
-    lines.append("\r\n")
     try:
-        head = "".join(lines).encode("latin-1")
+        block = "".join(lines).encode("latin-1")
     except UnicodeEncodeError as exc:
         raise SendFailed(f"UnicodeEncodeError: a header is not latin-1 text: {exc}", sent=False) from exc
-    return head + body if body else head
+    if len(_BLOCKS) >= 256:
+        _BLOCKS.clear()
+    _BLOCKS[items] = block
+    return block
+
+
+_BLOCKS: dict[tuple[tuple[str, str], ...], bytes] = {}
 
 
 class _Head:
@@ -85,27 +107,35 @@ class _Head:
     __slots__ = ("status", "headers", "length", "chunked", "keep_alive")
 
     def __init__(self, raw: bytes, method: str) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
+        text = raw.decode("latin-1")
+        first, _, rest = text.partition("\r\n")
+        parts = first.split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise ValueError(f"not an HTTP reply: {lines[0][:80]!r}")
-        self.status = int(parts[1])
+            raise ValueError(f"not an HTTP reply: {first[:80]!r}")
+        self.status = status = int(parts[1])
         headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
+        for line in rest.split("\r\n") if rest else ():
             name, sep, value = line.partition(":")
             if not sep:
+                if not line:
+                    continue
                 raise ValueError(f"not a header line: {line[:80]!r}")
             key = name.strip().lower()
             value = value.strip()
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         self.headers = headers
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection and (parts[0] != "HTTP/1.0" or "keep-alive" in connection)
-        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        connection = headers.get("connection")
+        if connection is None:
+            self.keep_alive = parts[0] != "HTTP/1.0"
+        else:
+            connection = connection.lower()
+            self.keep_alive = "close" not in connection and (
+                parts[0] != "HTTP/1.0" or "keep-alive" in connection
+            )
+        encoding = headers.get("transfer-encoding")
+        self.chunked = encoding is not None and "chunked" in encoding.lower()
         self.length: int | None = None
-        if method == "HEAD" or self.status in (204, 304) or 100 <= self.status < 200:
+        if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             self.length = 0
         elif not self.chunked:
             declared = headers.get("content-length")
@@ -119,11 +149,13 @@ class _Head:
 
 
 class _Conn:
-    __slots__ = ("sock", "buf")
+    __slots__ = ("sock", "buf", "timeout", "poller")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
+        self.timeout: float | None = sock.gettimeout()
+        self.poller: select.poll | None = None
 
     def _fill(self) -> None:
         data = self.sock.recv(CHUNK)
@@ -134,6 +166,8 @@ class _Conn:
     def _head(self) -> bytes:
         while True:
             end = self.buf.find(b"\r\n\r\n")
+            if end > MAX_HEAD_BYTES:
+                raise ValueError("the reply's headers are too large")
             if end >= 0:
                 head, self.buf = self.buf[:end], self.buf[end + 4 :]
                 return head
@@ -193,8 +227,10 @@ class _Conn:
         """An idle keep-alive connection is usable when the server has sent nothing on it: a readable
         socket means it was closed (EOF) or carries bytes nobody asked for."""
         try:  # poll, not select: select cannot watch a descriptor above 1023
-            poller = select.poll()
-            poller.register(self.sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+            poller = self.poller
+            if poller is None:
+                poller = self.poller = select.poll()
+                poller.register(self.sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
             return not poller.poll(0)
         except (OSError, ValueError):
             return False
@@ -259,7 +295,9 @@ class Pool:
             except (OSError, ssl.SSLError) as exc:  # refused, unreachable, DNS, connect timeout: never sent
                 raise SendFailed(_reason(exc), sent=False) from exc
         try:
-            conn.sock.settimeout(timeout)
+            if conn.timeout != timeout:
+                conn.sock.settimeout(timeout)
+                conn.timeout = timeout
             reply, reusable = conn.exchange(data, method)
         except (OSError, ValueError, ssl.SSLError) as exc:
             conn.close()
@@ -288,54 +326,144 @@ def _reason(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------- async
 
 
-class _AsyncConnection:
-    __slots__ = ("reader", "writer")
+class _AsyncConnection(asyncio.Protocol):
+    """One keep-alive connection as an asyncio protocol: the reply is read in `data_received` as its bytes come
+    (no stream reader, no task), and one future per request says when it is whole."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.eof = False
+        self.method = "GET"
+        self.head: _Head | None = None
+        self.parts: list[bytes] = []  # a chunked body's chunks so far
+        self.size: int | None = None  # the chunk being read (None: its size line comes next; -1: trailers)
+        self.waiter: asyncio.Future[tuple[Reply, bool]] | None = None
 
+    # -- asyncio's callbacks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is not None:
+            self._advance()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.waiter is not None:
+            self._advance()
+        return False  # close: a keep-alive connection the server ended is done
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        if self.waiter is not None:
+            self._advance()
+
+    # -- a request
     def usable(self) -> bool:
-        return not self.reader.at_eof() and not self.writer.is_closing()
+        transport = self.transport
+        return not self.eof and not self.buf and transport is not None and not transport.is_closing()
 
-    async def exchange(self, data: bytes, method: str) -> tuple[Reply, bool]:
-        reader = self.reader
-        self.writer.write(data)
-        if self.writer.transport.get_write_buffer_size() > CHUNK:
-            await self.writer.drain()
-        while True:
-            try:
-                raw = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                raise ConnectionResetError("the server closed the connection before its reply ended") from exc
-            except asyncio.LimitOverrunError as exc:
-                raise ValueError("the reply's headers are too large") from exc
-            head = _Head(raw[:-4], method)
-            if not 100 <= head.status < 200:
-                break
+    async def exchange(self, data: bytes, method: str, timeout: float) -> tuple[Reply, bool]:
+        transport = self.transport
+        assert transport is not None
+        loop = asyncio.get_running_loop()
+        self.method, self.head, self.parts, self.size = method, None, [], None
+        waiter = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout, self._timed_out, waiter)
         try:
-            if head.chunked:
-                parts = []
-                while True:
-                    line = await reader.readuntil(b"\r\n")
-                    size = int(line[:-2].split(b";", 1)[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailers, then the empty line
-                            pass
-                        break
-                    parts.append(await reader.readexactly(size))
-                    await reader.readexactly(2)
-                content = b"".join(parts)
-            elif head.length is None:
-                content = await reader.read()
+            transport.write(data)
+            if self.buf or self.eof:
+                self._advance()
+            return await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    def _timed_out(self, waiter: asyncio.Future[tuple[Reply, bool]]) -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError())
+
+    def _advance(self) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        try:
+            done = self._read()
+        except ValueError as exc:
+            waiter.set_exception(exc)
+            return
+        if done is not None:
+            waiter.set_result(done)
+        elif self.eof:
+            waiter.set_exception(
+                ConnectionResetError("the server closed the connection before its reply ended")
+            )
+
+    def _read(self) -> tuple[Reply, bool] | None:
+        """The reply, once its bytes are all here (None until then)."""
+        buf = self.buf
+        head = self.head
+        while head is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0 or end > MAX_HEAD_BYTES:
+                if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
+                    raise ValueError("the reply's headers are too large")
+                return None
+            head = _Head(bytes(buf[:end]), self.method)
+            del buf[: end + 4]
+            if 100 <= head.status < 200:
+                head = None  # an interim reply: the real one follows
+        self.head = head
+        if head.chunked:
+            content = self._chunks()
+            if content is None:
+                return None
+        elif head.length is None:  # the body ends with the connection
+            if not self.eof:
+                return None
+            content = bytes(buf)
+            buf.clear()
+        else:
+            if len(buf) < head.length:
+                return None
+            content = bytes(buf[: head.length])
+            del buf[: head.length]
+        return Reply(head.status, content, head.headers), head.keep_alive and not buf
+
+    def _chunks(self) -> bytes | None:
+        buf = self.buf
+        while True:
+            if self.size is None:  # a size line
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > MAX_HEAD_BYTES:
+                        raise ValueError("a chunk size line is too long")
+                    return None
+                size = int(bytes(buf[:end]).split(b";", 1)[0].strip() or b"0", 16)
+                del buf[: end + 2]
+                self.size = size if size else -1
+            elif self.size == -1:  # the trailers, then the empty line
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > MAX_HEAD_BYTES:
+                        raise ValueError("the reply's trailers are too large")
+                    return None
+                del buf[: end + 2]
+                if end == 0:
+                    self.size = None
+                    return b"".join(self.parts)
             else:
-                content = await reader.readexactly(head.length) if head.length else b""
-        except asyncio.IncompleteReadError as exc:
-            raise ConnectionResetError("the server closed the connection before its reply ended") from exc
-        return Reply(head.status, content, head.headers), head.keep_alive
+                if len(buf) < self.size + 2:
+                    return None
+                self.parts.append(bytes(buf[: self.size]))
+                del buf[: self.size + 2]
+                self.size = None
 
     def close(self) -> None:
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class AsyncPool:
@@ -372,15 +500,17 @@ class AsyncPool:
         if conn is None:
             try:
                 async with asyncio.timeout(timeout):
-                    reader, writer = await asyncio.open_connection(
-                        self.host, self.port, ssl=self._context, limit=MAX_HEAD_BYTES
+                    _transport, conn = await loop.create_connection(
+                        _AsyncConnection,
+                        self.host,
+                        self.port,
+                        ssl=self._context,
+                        server_hostname=self.host if self._context is not None else None,
                     )
             except (OSError, ssl.SSLError, TimeoutError) as exc:  # never sent
                 raise SendFailed(_reason(exc), sent=False) from exc
-            conn = _AsyncConnection(reader, writer)
         try:
-            async with asyncio.timeout(timeout):
-                reply, reusable = await conn.exchange(data, method)
+            reply, reusable = await conn.exchange(data, method, timeout)
         except BaseException as exc:
             conn.close()
             if isinstance(exc, OSError | TimeoutError | ssl.SSLError | ValueError):

@@ -93,7 +93,18 @@ Plan = Generator["Call[Any] | Ask", Any, T]
 
 
 def _seg(value: str) -> str:
-    return quote(str(value), safe="")
+    """A path segment, percent-encoded; the ids a client uses are few and used again, so remembered."""
+    found = _SEGMENTS.get(value)
+    if found is None:
+        found = quote(str(value), safe="")
+        if isinstance(value, str):
+            if len(_SEGMENTS) >= 1024:
+                _SEGMENTS.clear()
+            _SEGMENTS[value] = found
+    return found
+
+
+_SEGMENTS: dict[str, str] = {}
 
 
 def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:

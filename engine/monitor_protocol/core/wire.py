@@ -92,12 +92,14 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}]")
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 
 
-def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
+def nests_too_deep(raw: bytes, levels: int | None = None) -> bool:
     """Whether a JSON text nests deeper than `levels` (or its brackets do not match), found without parsing
     it: on Pyodide a parser's recursion overflows the WebAssembly stack long before Python's recursion
     limit says so, and takes the page's event loop down with it (the page's import, and its console for a
     remote server, check with this first; so does `loads`). Regular expressions only: strings out,
     brackets kept, the innermost pairs removed `levels` times."""
+    if levels is None:
+        levels = MAX_JSON_DEPTH  # read at the call: the limit is one module constant, read where it is used
     if raw.count(b"[") + raw.count(b"{") <= levels:
         return False
     brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", raw))
@@ -110,24 +112,25 @@ def nests_too_deep(raw: bytes, levels: int = MAX_JSON_DEPTH) -> bool:
 
 _BIG_NUMBER = re.compile(rb"[0-9]{16}")
 _vetted: Any = None  # the last value `loads` returned, checked whole: `check` knows it (see there)
+_vetted_items: frozenset[int] = frozenset()  # and, when it is an array (a batch), the ids of its items
 
 
 def loads(raw: bytes | str) -> Any:
     """Parse one JSON text strictly, then check it; every refusal is 400 INVALID with a sentence."""
-    global _vetted
-    if isinstance(raw, bytes) and nests_too_deep(raw):  # before any parser recurses into it
-        raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
     parse = _codec.parse
     if parse is not None and isinstance(raw, bytes) and not _BIG_NUMBER.search(raw):
+        # A strict parser of bounded recursion (orjson: 1024 levels, refused beyond) has judged NaN,
+        # overflowing floats, lone surrogates and trailing content already: only the depth is left.
         try:
             value = parse(raw)
         except Exception:
             pass  # refused: the rules below say why, in their own words
         else:
-            if _needs_walk(raw):
-                check(value)
-            _vetted = value
-            return value
+            if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+                raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
+            return _vet(value)
+    if nests_too_deep(_as_utf8(raw)):  # before a recursive parser goes into it
+        raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
     try:
         value = json.loads(raw, parse_constant=_constant, parse_float=_float, parse_int=_int)
     except ProtocolError:
@@ -140,8 +143,46 @@ def loads(raw: bytes | str) -> Any:
         ) from None
     if _needs_walk(raw):
         check(value)
+    return _vet(value)
+
+
+def _as_utf8(raw: bytes | str) -> bytes:
+    """The text as UTF-8, for the bracket count: json.loads also reads UTF-16 and UTF-32 bytes (whose code
+    units may hold the byte of a quote or a backslash) and str."""
+    if isinstance(raw, str):
+        return raw.encode("utf-8", "surrogatepass")
+    if b"\x00" not in raw:
+        return raw
+    try:
+        return raw.decode(json.detect_encoding(raw), "surrogatepass").encode("utf-8", "surrogatepass")
+    except (UnicodeDecodeError, LookupError):
+        return raw  # not text json.loads reads either: it refuses it as not JSON
+
+
+def _vet(value: Any) -> Any:
+    """Remember a value `loads` checked whole (and a batch's items), so `check` does not walk it again."""
+    global _vetted, _vetted_items
     _vetted = value
+    _vetted_items = frozenset(map(id, value)) if type(value) is list else frozenset()
     return value
+
+
+def _deeper_than(value: Any, levels: int) -> bool:
+    """Whether a parsed value nests deeper than `levels`: only its arrays and objects are visited."""
+    if type(value) is not dict and type(value) is not list:
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        items = node.values() if type(node) is dict else node
+        for item in items:
+            kind = type(item)
+            if kind is dict or kind is list:
+                if depth >= levels:
+                    return True
+                push((item, depth + 1))
+    return False
 
 
 def _needs_walk(raw: bytes | str) -> bool:
@@ -253,8 +294,8 @@ def check(value: Any) -> Any:
     """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise. The value
     `loads` last returned was checked whole as it was parsed and is not walked again (a door hands the
     engine what it just parsed; nothing changes it in between)."""
-    if value is _vetted and value is not None:
-        return value
+    if value is not None and (value is _vetted or id(value) in _vetted_items):
+        return value  # _vetted holds the batch, so its items' ids are theirs alone while it is there
     reason = problem(value)
     if reason is not None:
         raise _refuse(reason)

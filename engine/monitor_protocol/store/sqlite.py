@@ -110,6 +110,9 @@ SCHEMA = (
 
 _PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id")
 _PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_COLUMNS, "id")
+# A reader's usual write (an ack, a pull's delivery): only the columns no index holds. Setting the indexed
+# ones too (the upsert) rewrites all four index entries even when their values are the same.
+_MOVE_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, rec=? WHERE id=?"
 _PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject")
 _PUT_OBSERVATION = (
     f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
@@ -148,6 +151,9 @@ class SQLiteStore(Store):
         # apply put here before its commit is forgotten wholesale if that work is rolled back.
         self._monitors: dict[str, Monitor] = {}
         self._subs: dict[str, Subscription] = {}
+        # The indexed columns (monitor, subscriber, token_hash, state) of each subscription row as this
+        # transaction's writes left them: a write that keeps them is the narrow UPDATE. Forgotten with _subs.
+        self._sub_keys: dict[str, tuple[Any, ...]] = {}
         self._uncommitted = False
         self._applied = False  # the call in hand has applied its changes
         self._staged_monitors = False  # and among them a monitor, staged for the commit
@@ -269,6 +275,7 @@ class SQLiteStore(Store):
         if self._uncommitted:
             self._monitors.clear()
             self._subs.clear()
+            self._sub_keys.clear()
             self._uncommitted = False
 
     def _rollback(self) -> None:
@@ -382,6 +389,7 @@ class SQLiteStore(Store):
         self._call_subjects.clear()
         self._monitors.clear()  # may hold what it wrote; refilled by reads (the group's newest are in _dirty)
         self._subs.clear()
+        self._sub_keys.clear()
         if not self._db.in_transaction:  # SQLite rolled the whole group back
             self._batch_broken = True
             return
@@ -516,11 +524,8 @@ class SQLiteStore(Store):
             )
         if subjects:
             db.executemany("INSERT OR IGNORE INTO subjects (monitor, subject) VALUES (?, ?)", subjects)
-        if changes.subscriptions:  # one statement each, in order: the unique index checks each one
-            db.executemany(
-                _PUT_SUBSCRIPTION,
-                (row_values(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions),
-            )
+        if changes.subscriptions:
+            self._write_subscriptions(changes.subscriptions)
         if changes.leases:
             db.executemany(_PUT_LEASE, (row_values(x.to_row(), LEASE_COLUMNS) for x in changes.leases))
         if changes.publish_keys:
@@ -529,6 +534,21 @@ class SQLiteStore(Store):
             db.execute("DELETE FROM observations WHERE monitor=? AND seq<?", (monitor, below))
         if changes.purge_keys_before is not None:
             db.execute("DELETE FROM publish_keys WHERE at<?", (float(changes.purge_keys_before),))
+
+    def _write_subscriptions(self, subs: list[Subscription]) -> None:
+        """One statement each, in order (the unique index checks each new identity). A row whose indexed
+        columns this process wrote last, unchanged, gets the narrow UPDATE; one that turns out not to be
+        there (rowcount 0) gets the upsert, so a stale memory can cost a statement, never a write."""
+        db, keys = self._db, self._sub_keys
+        for sub in subs:
+            values = row_values(sub.to_row(), SUBSCRIPTION_COLUMNS)
+            identity = values[1:5]
+            if keys.get(sub.id) == identity:
+                moved = db.execute(_MOVE_SUBSCRIPTION, (*values[5:], values[0]))
+                if moved.rowcount == 1:
+                    continue
+            db.execute(_PUT_SUBSCRIPTION, values)
+            keys[sub.id] = identity
 
     # --- monitors ---------------------------------------------------------------------------------
     _GET_MONITOR = f"SELECT {', '.join(MONITOR_COLUMNS)}, rec FROM monitors"

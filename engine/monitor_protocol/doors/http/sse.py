@@ -1,5 +1,5 @@
 """Server-Sent Events at GET /mp/v0/subscriptions/{id}/stream (docs/protocol.md section 9): read-only replays of the
-pull route (the `cursor` query parameter) with the reader's own headers, so the stream never commits; it
+pull route (its `cursor` query parameter) with the reader's own headers, so the stream never commits; it
 waits in the doors' one registry (doors/parking.py) between pages, with a heartbeat that is also the
 reader's sign of life (P6)."""
 
@@ -9,9 +9,11 @@ import asyncio
 import time
 from typing import Any
 
-from monitor_protocol.api.messages import Request, Response
+from monitor_protocol.api.messages import Request, Response, error_response
 from monitor_protocol.api.rest import bearer
 from monitor_protocol.core import wire
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.validation import as_int
 from monitor_protocol.doors.http.asgi import Receive, Send, send_json, wait_disconnect
 
 SSE_RETRY_MS = 3000
@@ -28,7 +30,11 @@ async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send
     if probe.status != 200:
         await send_json(send, probe)
         return
-    start = _last_event_id(request)
+    try:
+        start = _start(request)
+    except ProtocolError as err:
+        await send_json(send, error_response(err))
+        return
     cursor = max(1, start if start is not None else _int(probe.body.get("cursor"), 1))
     monitor = str(probe.body.get("monitor", ""))
     first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
@@ -106,14 +112,25 @@ async def _chunk(send: Send, text: str) -> None:
     await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
 
 
-def _last_event_id(request: Request) -> int | None:
-    value = (request.header("last-event-id") or "").strip()
-    if not value:
-        return None
-    try:
-        return int(value) + 1
-    except ValueError:
-        return None
+def _start(request: Request) -> int | None:
+    """Where the stream starts: after `Last-Event-ID` (a reconnect), else at `?cursor=` (a replay from there:
+    nothing commits), else None (the committed cursor). Each is the strict integer rule's; any other
+    spelling (-1, +5, 1.0, abc) is refused with a sentence, never read loosely or ignored."""
+    last = (request.header("last-event-id") or "").strip()
+    if last:
+        try:
+            return as_int(last, "Last-Event-ID", minimum=0) + 1
+        except ProtocolError:
+            raise ProtocolError(
+                "INVALID",
+                f"Last-Event-ID must be the id of an event this stream sent (a seq in ASCII decimal digits), "
+                f"not {last[:40]!r}; reconnect without it to start at the subscription's committed cursor.",
+                invalid=last[:40],
+            ) from None
+    cursors = [value for key, value in request.query if key == "cursor"]
+    if len(cursors) > 1:
+        raise ProtocolError("INVALID", "Send cursor once.")
+    return as_int(cursors[0], "cursor", minimum=0) if cursors else None
 
 
 def _int(value: Any, default: int) -> int:

@@ -1,0 +1,410 @@
+"""The stage profile of mp serve's hot calls: where the server's CPU goes per durable publish and per
+pull(1)+ack, against issue 23's budgets. ``python build.py bench --stages [--quick]``.
+
+Each stage is measured alone, in this process, as CPU time (user + system: the commit's fsync is system time)
+per operation over many operations, the median of ``--runs`` repeats:
+
+  transport   bytes of a request to a parsed Request and a Response back to bytes: mp serve's HTTP/1.1
+              connection (doors/http/protocol.py) fed the request, its reply a prepared Response
+  door        the router on the engine's seat (Origin/Host/size checks, route, bearer, the body parsed, the
+              reply built, the wake registry's mark): MonitorApp.handle_job minus the engine call it makes
+  rules       the engine call alone (MonitorService.publish / .pull) on the in-memory store
+  sql         the same call on SQLite (WAL, synchronous=FULL, a file in a temporary directory) minus rules:
+              its statements and its commit with the fsync, alone (1 client) or shared by 16 calls in one
+              group commit (16 clients)
+  loop        what is left of a real `mp serve` run's CPU per operation (read from /proc while a raw
+              keep-alive client drives it): the event loop, the socket reads and writes, the wake-ups
+
+The real run drives `mp serve` from this tree's venv with 1 and with 16 raw keep-alive connections (prebuilt
+request bytes, one request in flight per connection). Results: bench/results/stages.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
+
+from common import RESULTS, machine, mp_serve  # noqa: E402
+from monitor_protocol.api.messages import Request, Response  # noqa: E402
+from monitor_protocol.api.rest import RestRouter  # noqa: E402
+from monitor_protocol.core.service import MonitorService  # noqa: E402
+from monitor_protocol.doors.engines import LoopEngine  # noqa: E402
+from monitor_protocol.doors.http.app import MonitorApp  # noqa: E402
+from monitor_protocol.doors.http.protocol import HttpConnection, HttpServer  # noqa: E402
+from monitor_protocol.doors.http.server import install_fast_json  # noqa: E402
+from monitor_protocol.store.memory import MemoryStore  # noqa: E402
+from monitor_protocol.store.sqlite import SQLiteStore  # noqa: E402
+
+# issue 23's budgets, µs of server CPU per operation
+BUDGETS = {
+    "publish_1": {"transport": 30, "door": 20, "rules": 80, "sql": 40, "total": 250},
+    "publish_16": {"total": 80},
+    "ackpull_1": {"total": 300},
+}
+MONITOR = "stages"
+TYPE = "com.example.ci.run"
+OBS = {"type": TYPE, "subject": "build-412", "actor": "probe:ci", "data": {"status": "failed"}}
+OBS_BYTES = json.dumps(OBS, separators=(",", ":")).encode()
+
+
+def cpu_us_per_op(fn: Callable[[], None], n: int) -> float:
+    """CPU time (user + system) per call of fn, over n calls."""
+    t0 = time.process_time_ns()
+    for _ in range(n):
+        fn()
+    return (time.process_time_ns() - t0) / n / 1000
+
+
+def median_of(runs: int, measure: Callable[[], float]) -> dict[str, float]:
+    xs = [measure() for _ in range(runs)]
+    return {"median": round(statistics.median(xs), 1), "min": round(min(xs), 1), "max": round(max(xs), 1)}
+
+
+# ---------------------------------------------------------------------------------------------- setups
+class Setup:
+    """A service on a store with one monitor (and one subscription for pulls), ready for calls."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.service = MonitorService(store)
+        created = self.service.create_monitor({"id": MONITOR, "visibility": "public", "types": [TYPE]}, None)
+        self.owner: str = created["owner_token"]
+        sub = self.service.subscribe({"monitor": MONITOR, "subscriber": "agent:stages"}, None)
+        self.sub: str = sub["subscription"]["id"]
+        self.sub_token: str = sub["token"]
+        self.router = RestRouter(self.service, allowed_hosts=None)
+        self.app = MonitorApp(self.service, self.router, store=store, engine=LoopEngine(store))
+        self.next = 1
+
+    def publish(self) -> None:
+        self.service.publish(MONITOR, dict(OBS), self.owner)
+
+    def ack_pull(self) -> None:
+        body = self.service.pull(self.sub, self.sub_token, limit=1, ack=self.next)
+        self.next = body["next"]
+
+    def publish_request(self) -> Request:
+        return Request(
+            "POST",
+            f"/mp/v0/monitors/{MONITOR}/observations",
+            [],
+            {
+                "host": "127.0.0.1",
+                "authorization": f"Bearer {self.owner}",
+                "content-type": "application/json",
+            },
+            OBS_BYTES,
+        )
+
+    def ack_pull_request(self) -> Request:
+        body = json.dumps({"ack": self.next, "limit": 1}).encode()
+        return Request(
+            "POST",
+            f"/mp/v0/subscriptions/{self.sub}/pull",
+            [],
+            {
+                "host": "127.0.0.1",
+                "authorization": f"Bearer {self.sub_token}",
+                "content-type": "application/json",
+            },
+            body,
+        )
+
+    def job_publish(self) -> None:
+        response, _mark = self.app.handle_job(self.publish_request())
+        assert response.status == 201, response.body
+
+    def job_ack_pull(self) -> None:
+        response, _mark = self.app.handle_job(self.ack_pull_request())
+        assert response.status == 200, response.body
+        self.next = response.body["next"]
+
+
+def memory() -> Setup:
+    return Setup(MemoryStore())
+
+
+def sqlite(tmp: str, name: str) -> Setup:
+    return Setup(SQLiteStore(os.path.join(tmp, name), synchronous="FULL"))
+
+
+def grouped(setup: Setup, fn: Callable[[], None], group: int) -> Callable[[], None]:
+    """`group` calls in one group commit (what 16 clients' requests of one loop turn share)."""
+    batch = setup.store.batch if group > 1 and hasattr(setup.store, "batch") else None
+
+    def run() -> None:
+        if batch is None:
+            for _ in range(group):
+                fn()
+            return
+        with batch():
+            for _ in range(group):
+                fn()
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- transport
+class _Transport:
+    """What the connection writes to, kept in memory."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def transport_us(setup: Setup, request: bytes, reply: Response, n: int) -> float:
+    """The connection fed `request` n times, each answered at once with `reply`."""
+
+    async def measure() -> float:
+        server = HttpServer(setup.app, header_timeout=30, body_timeout=60, keep_alive=65)
+        server.dispatch = lambda conn, pending: conn.reply(pending, reply)  # type: ignore[method-assign]
+        conn = HttpConnection(server)
+        transport = _Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(request)
+        assert transport.out and transport.out[-1].startswith(b"HTTP/1.1 2"), transport.out[-1][:80]
+        us = cpu_us_per_op(lambda: (conn.data_received(request), transport.out.clear()), n)
+        server._sweeper.cancel()
+        return us
+
+    return asyncio.run(measure())
+
+
+def raw_request(req: Request) -> bytes:
+    head = f"{req.method} {req.path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in req.headers.items())
+    return head.encode() + b"content-length: %d\r\n\r\n" % len(req.body) + req.body
+
+
+# ---------------------------------------------------------------------------------------------- real run
+def real_run(clients: int, secs: float, workload: str) -> dict[str, Any]:
+    """Drive a real mp serve with `clients` raw keep-alive connections; its CPU per operation from /proc."""
+    with (
+        tempfile.TemporaryDirectory(prefix="mp-stages-real-") as tmp,
+        mp_serve(os.path.join(tmp, "real.db")) as server,
+    ):
+        import httpx
+
+        base = server.base
+        owner = httpx.post(
+            f"{base}/monitors", json={"id": MONITOR, "visibility": "public", "types": [TYPE]}, timeout=10
+        ).json()["owner_token"]
+        subs = []
+        if workload == "ackpull":
+            for i in range(clients):
+                j = httpx.post(
+                    f"{base}/subscriptions",
+                    json={"monitor": MONITOR, "subscriber": f"agent:s{i}"},
+                    timeout=10,
+                ).json()
+                subs.append((j["subscription"]["id"], j["token"]))
+            batch = [dict(OBS) for _ in range(100)]
+            for _ in range(200):  # 20,000 observations to read
+                httpx.post(
+                    f"{base}/monitors/{MONITOR}/observations",
+                    json=batch,
+                    headers={"authorization": f"Bearer {owner}"},
+                    timeout=30,
+                ).raise_for_status()
+        pid = server.proc.pid
+        port = server.port
+        path = f"/mp/v0/monitors/{MONITOR}/observations"
+
+        def stat() -> tuple[float, float]:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            tck = os.sysconf("SC_CLK_TCK")
+            return int(fields[11]) / tck, int(fields[12]) / tck
+
+        async def one(i: int, stop: float) -> int:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            count = 0
+            nxt = 1
+            while time.monotonic() < stop:
+                if workload == "publish":
+                    req = (
+                        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {owner}\r\n"
+                        f"content-type: application/json\r\ncontent-length: {len(OBS_BYTES)}\r\n\r\n"
+                    ).encode() + OBS_BYTES
+                else:
+                    sub, token = subs[i]
+                    body = b'{"ack":%d,"limit":1}' % nxt
+                    req = (
+                        f"POST /mp/v0/subscriptions/{sub}/pull HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                        f"authorization: Bearer {token}\r\ncontent-type: application/json\r\n"
+                        f"content-length: {len(body)}\r\n\r\n"
+                    ).encode() + body
+                writer.write(req)
+                head = await reader.readuntil(b"\r\n\r\n")
+                at = head.lower().find(b"content-length:")
+                payload = await reader.readexactly(int(head[at + 15 : head.index(b"\r\n", at)]))
+                if head[9:12] not in (b"200", b"201"):
+                    raise RuntimeError(head[:200] + payload[:200])
+                if workload == "ackpull":
+                    nxt = json.loads(payload)["next"]
+                count += 1
+            writer.close()
+            return count
+
+        async def drive() -> int:
+            stop = time.monotonic() + secs
+            return sum(await asyncio.gather(*(one(i, stop) for i in range(clients))))
+
+        u0, s0 = stat()
+        t0 = time.monotonic()
+        ops = asyncio.run(drive())
+        elapsed = time.monotonic() - t0
+        u1, s1 = stat()
+        return {
+            "ops_per_s": round(ops / elapsed),
+            "server_us_per_op": round((u1 - u0 + s1 - s0) / ops * 1e6, 1),
+            "user_us_per_op": round((u1 - u0) / ops * 1e6, 1),
+            "system_us_per_op": round((s1 - s0) / ops * 1e6, 1),
+            "load": round(os.getloadavg()[0], 2),
+        }
+
+
+# ---------------------------------------------------------------------------------------------- the profile
+def profile(quick: bool, runs: int) -> dict[str, Any]:
+    install_fast_json()  # as mp serve does
+    n = 400 if quick else 2000
+    secs = 1.5 if quick else 4.0
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="mp-stages-") as tmp:
+        mem, disk = memory(), sqlite(tmp, "stages.db")
+        for s in (mem, disk):  # a log to read, so that pulls always find an observation
+            for _ in range(n * runs * 8 + 64):
+                s.publish()
+
+        reply_pub = Response(201, mem.service.publish(MONITOR, dict(OBS), mem.owner))
+        reply_pull = Response(200, mem.service.pull(mem.sub, mem.sub_token, limit=1))
+
+        for key, group in (("publish_1", 1), ("publish_16", 16)):
+            per = n // group
+            stages = {
+                "transport": median_of(
+                    runs, lambda: transport_us(mem, raw_request(mem.publish_request()), reply_pub, n)
+                ),
+                "door_and_rules": median_of(runs, lambda: cpu_us_per_op(mem.job_publish, n)),
+                "rules": median_of(runs, lambda: cpu_us_per_op(mem.publish, n)),
+                "rules_and_sql": median_of(
+                    runs, lambda g=group, p=per: cpu_us_per_op(grouped(disk, disk.publish, g), p) / g
+                ),
+            }
+            out[key] = stages
+        ack = {
+            "transport": median_of(
+                runs, lambda: transport_us(mem, raw_request(mem.ack_pull_request()), reply_pull, n)
+            ),
+            "door_and_rules": median_of(runs, lambda: cpu_us_per_op(mem.job_ack_pull, n)),
+            "rules": median_of(runs, lambda: cpu_us_per_op(mem.ack_pull, n)),
+            "rules_and_sql": median_of(runs, lambda: cpu_us_per_op(disk.ack_pull, n)),
+        }
+        out["ackpull_1"] = ack
+
+    real = {
+        "publish_1": real_run(1, secs, "publish"),
+        "publish_16": real_run(16, secs, "publish"),
+        "ackpull_1": real_run(1, secs, "ackpull"),
+    }
+    table: dict[str, Any] = {}
+    for key, stages in out.items():
+        transport = stages["transport"]["median"]
+        rules = stages["rules"]["median"]
+        door = stages["door_and_rules"]["median"] - rules
+        sql = stages["rules_and_sql"]["median"] - rules
+        whole = real[key]["server_us_per_op"]
+        loop = whole - transport - door - rules - sql
+        table[key] = {
+            "stages_us": {
+                "transport": round(transport, 1),
+                "door": round(door, 1),
+                "rules": round(rules, 1),
+                "sql": round(sql, 1),
+                "loop": round(loop, 1),
+                "total": round(whole, 1),
+            },
+            "raw": stages,
+            "real": real[key],
+            "budgets_us": BUDGETS.get(key, {}),
+        }
+    return table
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        f"Machine: {m['nproc']} x {m['cpu_model']}, Python {m['python']}; date {m['date']}, commit {m['commit']}; "
+        f"load average {result['load_before']} before, {result['load_after']} after.",
+        "",
+        "| µs of server CPU per operation | transport | door | rules | sql | loop | total | real run |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    budgets = {"transport": "≤30", "door": "≤20", "rules": "≤80", "sql": "≤40"}
+    for key, row in result["stages"].items():
+        s = row["stages_us"]
+        real = row["real"]
+        lines.append(
+            f"| {key} | {s['transport']} | {s['door']} | {s['rules']} | {s['sql']} | {s['loop']} | {s['total']} | "
+            f"{real['ops_per_s']:,}/s, user {real['user_us_per_op']} + sys {real['system_us_per_op']}, load {real['load']} |"
+        )
+    lines.append(
+        f"| budget (publish, 1 client) | {budgets['transport']} | {budgets['door']} | {budgets['rules']} | "
+        f"{budgets['sql']} | | ≤250 (16 clients ≤80; pull+ack ≤300) | |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--markdown", action="store_true", help="print the last result as a table")
+    args = ap.parse_args(argv)
+    path = RESULTS / "stages.json"
+    if args.markdown:
+        print(markdown(json.loads(path.read_text())))
+        return 0
+    load_before = round(os.getloadavg()[0], 2)
+    stages = profile(args.quick, 3 if args.quick else args.runs)
+    result = {
+        "machine": machine(),
+        "load_before": load_before,
+        "load_after": round(os.getloadavg()[0], 2),
+        "stages": stages,
+    }
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
