@@ -105,6 +105,7 @@ class Setup:
     backend: str  # sqlite | pg | pgcommit | bare
     servers: int
     label: str
+    connections: int | None = None  # mp serve --db-connections (PostgreSQL), None: the default
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ SETUPS = (
         Setup(f"pg{k}", "pg", k, f"mp serve on PostgreSQL, {k} server{'s' if k > 1 else ''}")
         for k in PG_SERVERS
     ),
+    # Issue 27 item 3: one server with one engine connection (one call at a time), beside pg1's default
+    Setup("pg1one", "pg", 1, "mp serve on PostgreSQL, 1 server, --db-connections 1", connections=1),
     Setup(
         "pgcommit", "pgcommit", 0, "PostgreSQL used directly as a queue (one INSERT per commit per publish)"
     ),
@@ -142,6 +145,8 @@ def cells_of(setup: Setup) -> list[Cell]:
         return [Cell(setup, "commit", n) for n in QUEUE_CLIENTS]
     if setup.backend == "bare":
         return [Cell(setup, "bare", n) for n in CLIENTS]
+    if setup.connections is not None:  # the engine-connections comparison: the figures it changes most
+        return [Cell(setup, w, n, 3) for w in ("publish", "ackpull") for n in CLIENTS]
     cells = [Cell(setup, w, n, m) for w in ("publish", "ackpull") for m in MONITORS for n in CLIENTS]
     if setup.servers == 1:  # issue 27's first target: one server's publish with 1 client, beside the queue's
         cells.insert(0, Cell(setup, "publish", 1, 1))
@@ -267,9 +272,12 @@ def _tail(path: Path, n: int = 1500) -> str:
 
 
 @contextmanager
-def servers(kind: str, db: str | None, k: int, logdir: Path) -> Iterator[list[Proc]]:
+def servers(
+    kind: str, db: str | None, k: int, logdir: Path, connections: int | None = None
+) -> Iterator[list[Proc]]:
     """k `mp serve --db db` (kind "mp") or bench/bare_app.py (kind "bare"), started together, each on a free
-    loopback port with the access log off (--log-level warning), stderr to a file; stopped on the way out."""
+    loopback port with the access log off (--log-level warning), stderr to a file; stopped on the way out.
+    `connections`: mp serve's --db-connections."""
     procs: list[Proc] = []
     try:
         for i in range(k):
@@ -277,6 +285,8 @@ def servers(kind: str, db: str | None, k: int, logdir: Path) -> Iterator[list[Pr
             if kind == "mp":
                 cmd = [PY, "-m", "monitor_protocol", "serve", "--db", str(db), "--port", str(port),
                        "--log-level", "warning"]  # fmt: skip
+                if connections is not None:
+                    cmd += ["--db-connections", str(connections)]
             else:
                 cmd = [PY, str(BENCH / "bare_app.py"), "--port", str(port), "--log-level", "warning"]
             errlog = logdir / f"{kind}-{port}-{i}.log"
@@ -522,7 +532,7 @@ def run_setup(
     db = ctx.dbs[setup.backend].url if kind == "mp" else None
     t0 = time.perf_counter()
     try:
-        with servers(kind, db, setup.servers, logdir) as procs:
+        with servers(kind, db, setup.servers, logdir, setup.connections) as procs:
             log(f" {setup.label}: started in {time.perf_counter() - t0:.1f} s")
             for cell in cells:
                 try:
@@ -781,7 +791,7 @@ def _cell(f: dict[str, Any] | None) -> str:
 def _rows_of(figs: dict[str, Any], workload: str) -> list[str]:
     rows = []
     for setup in SETUPS:
-        if setup.backend not in ("sqlite", "pg"):
+        if setup.backend not in ("sqlite", "pg") or setup.connections is not None:
             continue
         cells = [figs.get(f"{setup.key}-{workload}-{n}c-{m}m") for m in MONITORS for n in CLIENTS]
         rows.append(f"| {setup.label} | " + " | ".join(_cell(f) for f in cells) + " |")
@@ -916,7 +926,7 @@ def capacity(c: dict[str, Any]) -> list[str]:
     ]
     for workload in ("publish", "ackpull"):
         for setup in SETUPS:
-            if setup.backend not in ("sqlite", "pg"):
+            if setup.backend not in ("sqlite", "pg") or setup.connections is not None:
                 continue
             for m in MONITORS:
                 f = figs.get(f"{setup.key}-{workload}-{max(CLIENTS)}c-{m}m")
@@ -967,6 +977,15 @@ def targets(c: dict[str, Any]) -> list[str]:
         r = a / b if a and b else None
         out.append(f"| server CPU per publish, PostgreSQL <= 1.5 x SQLite ({n} client{'s' if n > 1 else ''}) | "
                    f"{_num(a, 0)} vs {_num(b, 0)} µs | {_num(r)} | {_verdict(r, 1.5, False)} |")  # fmt: skip
+    for w in ("publish", "ackpull"):
+        for n in CLIENTS:
+            a, b = _rate(figs, f"pg1-{w}-{n}c-3m"), _rate(figs, f"pg1one-{w}-{n}c-3m")
+            r = a / b if a and b else None
+            f, g = figs.get(f"pg1-{w}-{n}c-3m") or {}, figs.get(f"pg1one-{w}-{n}c-3m") or {}
+            out.append(f"| item 3: one server, 4 engine connections against 1 ({w}, {n} clients, 3 monitors) | "
+                       f"{_num(a)} vs {_num(b)}/s; server µs/req {_num(f.get('server_us_per_request'), 0)} vs "
+                       f"{_num(g.get('server_us_per_request'), 0)}; machine {_num(f.get('machine_cores'))} vs "
+                       f"{_num(g.get('machine_cores'))} cores | {_num(r)} | - |")  # fmt: skip
     for n in CLIENTS:
         a, b = _rate(figs, f"pg2-publish-{n}c-3m"), _rate(figs, f"pg1-publish-{n}c-3m")
         r = a / b if a and b else None
