@@ -169,6 +169,28 @@ def test_replies_in_every_framing_arrive_whole_and_the_connection_is_reused(
     assert server.connections == 1  # every reply kept the connection (the last one ended it)
 
 
+def test_a_reply_without_a_body_is_not_read_as_chunked(exchange, split, scripted) -> None:
+    """HEAD, 204 and 304 carry no body even when their headers name chunked framing (a HEAD reply names the
+    GET's): the reader must not wait for chunks that never come, and the next reply on the connection is read
+    whole. The positive control is a GET answered the same way, whose chunks are read."""
+    chunked_head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    server = scripted(
+        [
+            chunked_head,  # HEAD
+            b"HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"HTTP/1.1 304 Not Modified\r\ntransfer-encoding: chunked\r\n\r\n",
+            CHUNKED,  # the control: the same framing on a GET has a body
+        ],
+        split,
+    )
+    replies = exchange(server.base, [("HEAD", None), ("POST", b"{}"), ("GET", None), ("GET", None)])
+    assert all(isinstance(r, Reply) for r in replies), replies
+    assert [(r.status_code, r.content) for r in replies] == [
+        (200, b""), (204, b""), (304, b""), (200, b'{"ok":true}'),
+    ]  # fmt: skip
+    assert server.connections == 1
+
+
 def test_a_reply_that_is_not_http_may_have_been_sent(exchange, scripted) -> None:
     server = scripted([b"SSH-2.0-OpenSSH_9.2\r\n\r\n#close"])
     (reply,) = exchange(server.base, [("POST", b"{}")])

@@ -56,6 +56,9 @@ class Transport:
     def is_closing(self) -> bool:
         return self.closing
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write is taken at once
+
     def close(self) -> None:
         self.closing = True
 
@@ -257,6 +260,30 @@ async def test_the_calls_of_one_loop_turn_share_one_commit(tmp_path: Path) -> No
     assert store.stats.commits - commits == 2  # the read committed nothing; the publish did
 
 
+async def test_closing_the_store_never_runs_inside_a_group_commit(tmp_path: Path) -> None:
+    """Shutdown closes the store through the engine; calls submitted in the same loop turn must still commit
+    (before the close, as their own group) and the close must not be followed by a group commit on a closed
+    store. Control: the publishes submitted before the close are in the database when it is opened again."""
+    path = str(tmp_path / "close.db")
+    store = SQLiteStore(path)
+    service = MonitorService(store)
+    app = MonitorApp(service, RestRouter(service), store=store, engine=LoopEngine(store), sweep_interval=None)
+    owner = service.create_monitor({"id": "ci", "types": [RUN]}, None)["owner_token"]
+    heard: list[bool] = []
+    for i in range(3):
+        app.engine.submit_to(
+            service.publish, ("ci", {"type": RUN, "subject": f"b{i}"}, owner), lambda ok, _v: heard.append(ok)
+        )
+    closing = app.engine.submit(app.close_store)  # queued now, in the same turn as the publishes
+    late: list[bool] = []
+    app.engine.submit_to(service.publish, ("ci", {"type": RUN}, owner), lambda ok, _v: late.append(ok))
+    await closing  # the close itself succeeded
+    assert heard == [True, True, True]
+    assert late == [False]  # after the close nothing is written, and the caller hears so
+    again = MonitorService(SQLiteStore(path))
+    assert [o.get("subject") for o in again.read_log("ci", 1, 100)["observations"]][-3:] == ["b0", "b1", "b2"]
+
+
 def test_sqlite_writes_a_monitor_once_per_transaction_and_a_known_subject_not_again(tmp_path: Path) -> None:
     store = SQLiteStore(str(tmp_path / "writes.db"))
     service = MonitorService(store)
@@ -325,6 +352,30 @@ def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> N
     assert service.sweep_due() == 0 and swept == []  # nothing due: nothing read
     now[0] += 31 + 1
     assert service.sweep_due() == 1 and swept  # the quiet reader's mute window ran out: retired
+
+
+def test_a_mute_window_shortened_brings_the_sweep_forward(tmp_path: Path) -> None:
+    """A monitor whose retire_after_mute_seconds is lowered moves its readers' deadlines earlier than the
+    sweep timer knew: the next tick sweeps by the new window. Control: left alone, the old window holds."""
+    now = [1_000.0]
+    store = SQLiteStore(str(tmp_path / "window.db"))
+    service = MonitorService(store, clock=lambda: now[0], retire_after_mute_seconds=None)
+    owner = service.create_monitor({"id": "ci", "types": [RUN], "retire_after_mute_seconds": 600}, None)[
+        "owner_token"
+    ]
+    kept_owner = service.create_monitor(
+        {"id": "kept", "types": [RUN], "retire_after_mute_seconds": 600}, None
+    )["owner_token"]
+    service.subscribe({"monitor": "ci", "subscriber": "agent:quiet"}, owner)
+    kept = service.subscribe({"monitor": "kept", "subscriber": "agent:quiet"}, kept_owner)
+    service.sweep_due()  # the first tick learns the deadlines: 600 s away
+    now[0] += 30
+    assert service.sweep_due() == 0  # control: nothing is due under the old window
+    service.configure("ci", "update", {"patch": {"retire_after_mute_seconds": 10}}, owner)
+    now[0] += 1
+    assert service.sweep_due() == 1  # the shortened window ran out 21 s ago: its reader retires now
+    info = service.subscription_info(kept["subscription"]["id"], kept["token"])
+    assert info["active"] is True  # the other monitor's window did not change
 
 
 # ---------------------------------------------------------------------------------------------- the wire

@@ -136,7 +136,9 @@ class _Head:
         self.chunked = encoding is not None and "chunked" in encoding.lower()
         self.length: int | None = None
         if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            # No body whatever the headers say (RFC 9112 6.3): a HEAD reply names the GET's framing.
             self.length = 0
+            self.chunked = False
         elif not self.chunked:
             declared = headers.get("content-length")
             if declared is not None:

@@ -204,6 +204,11 @@ class ServiceCore(ABC):
         if self._deadline_known and (self._next_deadline is None or deadline < self._next_deadline):
             self._next_deadline = deadline
 
+    def deadlines_moved(self) -> None:
+        """Deadlines may now fall earlier than any schedule() said (a monitor's mute window shortened): the
+        next sweep_due sweeps and learns them again."""
+        self._deadline_known = False
+
     def next_deadline(self) -> float | None:
         return self._next_deadline if self._deadline_known else self._now()
 

@@ -407,6 +407,19 @@ def run_group(
     nothing in it may be reported as done: every call gets the failure."""
     if len(calls) == 1 or batch is None:
         return [_outcome(fn, args) for fn, args in calls]
+    if any(getattr(fn, "runs_alone", False) for fn, _args in calls):
+        # A call marked runs_alone (closing the store) must not run inside a group whose commit follows it:
+        # the calls before it commit as a group, it runs by itself, the calls after it form the next group.
+        outcomes: list[tuple[bool, Any]] = []
+        run: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        for call in calls:
+            if getattr(call[0], "runs_alone", False):
+                outcomes += run_group(batch, run) if run else []
+                run = []
+                outcomes.append(_outcome(*call))
+            else:
+                run.append(call)
+        return outcomes + (run_group(batch, run) if run else [])
     try:
         with batch():
             return [_outcome(fn, args) for fn, args in calls]

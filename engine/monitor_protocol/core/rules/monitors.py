@@ -294,6 +294,8 @@ def configure(
             out["subscribe_token"] = subscribe_token
         if {"visibility", "capabilities", "default_grant"} & set(diff):
             extra = revoke_narrowed(core, tx, rec.id)
+        if "retire_after_mute_seconds" in diff:
+            core.deadlines_moved()  # its readers' mute windows may now end sooner than the sweep expects
     else:
         rec = tx.put_monitor(evolve(rec, status=status, updated=tx.now))
         if status is MonitorStatus.RETIRED:

@@ -402,18 +402,23 @@ class MonitorApp:
             result = hook(self)
             if asyncio.iscoroutine(result):
                 await result
-        await self.engine.call(self.close_store)
-        self.waiters.detach()
-        self.engine.stop()
+        try:
+            await self.engine.call(self.close_store)
+        finally:
+            self.waiters.detach()
+            self.engine.stop()
 
     def close_store(self) -> None:
-        """Close the store once (runs on the engine thread when called through ``call``)."""
+        """Close the store once (runs on the engine thread when called through ``call``, by itself: never
+        inside a group commit, which would go on to commit on a closed store)."""
         if self.closed:
             return
         self.closed = True
         close = getattr(self.store, "close", None)
         if close is not None:
             close()
+
+    close_store.runs_alone = True  # type: ignore[attr-defined]  # see doors/engines.run_group
 
     async def _sweeper(self) -> None:
         assert self.sweep_interval

@@ -40,6 +40,7 @@ access_log = logging.getLogger("monitor_protocol.access")
 API = b"/mp/v0"
 MAX_HEADER_BYTES = 64 << 10  # request line and headers together
 MAX_PIPELINED = 32  # requests parsed ahead of their turn before the connection stops reading
+WRITE_TIMEOUT = 60.0  # a client that takes none of its replies' bytes for this long is cut off
 REASONS = {
     100: "Continue", 200: "OK", 201: "Created", 204: "No Content", 207: "Multi-Status", 400: "Bad Request",
     401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 410: "Gone",
@@ -55,6 +56,11 @@ INVALID_TARGET = (
     "The request target is not a valid path; send a request to a route under /mp/v0 "
     "(GET /mp/v0/discover lists what the server offers)."
 )
+UNANSWERABLE = (
+    "The server could not write its reply to this request (the fault is in its log); the call may or may "
+    "not have taken effect: read the state to see, or send it again with the same Idempotency-Key."
+)
+HEAD_TOO_LARGE = f"the request line and headers are larger than {MAX_HEADER_BYTES >> 10} KiB"
 INVALID_REQUEST = (
     "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
     "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
@@ -106,9 +112,10 @@ def encode_response(response: Response, *, close: bool) -> bytes:
 
 
 class _Pending:
-    """One parsed request waiting for its turn on its connection, with what only the bridge needs."""
+    """One parsed request waiting for its turn on its connection, with what only the bridge needs; or, with
+    ``refusal`` set, the connection's own 400 for what could not be parsed, written in its turn."""
 
-    __slots__ = ("request", "keep_alive", "too_large", "http_version", "query_string")
+    __slots__ = ("request", "keep_alive", "too_large", "http_version", "query_string", "refusal")
 
     def __init__(
         self,
@@ -117,12 +124,14 @@ class _Pending:
         too_large: bool,
         http_version: str,
         query_string: bytes,
+        refusal: bytes | None = None,
     ) -> None:
         self.request = request
         self.keep_alive = keep_alive
         self.too_large = too_large
         self.http_version = http_version
         self.query_string = query_string
+        self.refusal = refusal
 
 
 class HttpConnection(asyncio.Protocol):
@@ -144,12 +153,22 @@ class HttpConnection(asyncio.Protocol):
         self._too_large = False
         self._discarded = 0
         self._cut = False  # a refused body read far enough: the rest of this message is ignored
+        self._in_message = False  # between on_message_begin and on_message_complete
+        self._begun = 0  # messages begun on this connection
+        self._head_seen = 0  # bytes fed while the current message's headers were still coming
+        self._continue_owed = False  # a 100 Continue held until the replies before it are written
+        self._upgrade: int | None = None  # body bytes still owed by a request that asked to upgrade
+        self._upgrade_meta: tuple[bytes, bool, str] = (b"GET", False, "1.1")
+        self._broken = False  # a parse error: nothing more is read; its 400 is written in turn
         # requests parsed and waiting, and whether one is being answered
         self._queue: collections.deque[_Pending] = collections.deque()
         self._busy = False
+        self._answered: _Pending | None = None  # the request whose reply was written last
         self._closing = False  # reply to what is in hand, then close (shutdown, Connection: close)
-        self._read_paused = False
+        self._holds: set[str] = set()  # why reading is paused: "queue", "write", "cut", "broken"
         self._write_paused = False
+        self._last_buffered = 0  # the write buffer as the last sweep saw it
+        self._progress_at = self.loop.time()  # when the client last took bytes of its replies
         self._drained: asyncio.Future[None] | None = None
         self.gone: asyncio.Future[None] = self.loop.create_future()
         # the request clock: "headers" and "body" run against the request's start, "idle" against the last
@@ -176,13 +195,36 @@ class HttpConnection(asyncio.Protocol):
             self._drained.set_result(None)
         self.transport = None
 
+    @property
+    def _read_paused(self) -> bool:
+        return bool(self._holds)
+
+    def _hold_reading(self, why: str) -> None:
+        if not self._holds and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._holds.add(why)
+
+    def _release_reading(self, why: str) -> None:
+        if why in self._holds:
+            self._holds.discard(why)
+            if not self._holds and self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
     def pause_writing(self) -> None:
+        # The client is not taking its replies: no more are made for it (nothing else is dispatched and
+        # nothing more is read) until it does, so a client that pipelines and never reads costs a bounded
+        # buffer, not the server's memory.
         self._write_paused = True
+        self._hold_reading("write")
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._progress_at = self.loop.time()
+        self._release_reading("write")
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+        if not self._busy and self._queue:
+            self._next()
 
     async def drain(self) -> None:
         """Wait until the transport takes more (the stream's flow control)."""
@@ -191,12 +233,55 @@ class HttpConnection(asyncio.Protocol):
             await self._drained
 
     def data_received(self, data: bytes) -> None:
+        if self._broken:
+            return
+        if self._upgrade is not None:
+            self._upgrade_body(data)
+            return
+        begun = self._begun
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse("upgrades (WebSocket) are not part of the protocol")
+        except httptools.HttpParserUpgrade as exc:
+            self._upgrade_declined(data, int(exc.args[0]) if exc.args else len(data))
+            return
         except httptools.HttpParserError as exc:
             self._refuse_parse(exc)
+            return
+        if self._in_message and self._stage == "headers":
+            # httptools holds a header value until it is whole, so a value that never ends would grow
+            # without bound: count what was fed while this message's headers are still coming (from the
+            # chunk after the one it began in: bounded by the cap plus one read).
+            self._head_seen = self._head_seen + len(data) if self._begun == begun else 0
+            if self._head_seen > MAX_HEADER_BYTES:
+                self._refuse(INVALID_REQUEST.format(detail=HEAD_TOO_LARGE))
+
+    def _upgrade_declined(self, data: bytes, offset: int) -> None:
+        """The request asked to switch protocols (h2c, WebSocket). This server speaks HTTP/1.1 only, so it
+        answers the request as HTTP/1.1 (a server may ignore Upgrade, RFC 9110 7.8). The parser stopped at
+        the headers: the body it did not read is read here, then a fresh parser takes what follows."""
+        self.parser = httptools.HttpRequestParser(self)
+        if self._broken:
+            return
+        if self._upgrade is None:  # no body owed: the request was answered already
+            rest = data[offset:]
+            if rest:
+                self.data_received(rest)
+            return
+        self._upgrade_body(data[offset:])
+
+    def _upgrade_body(self, data: bytes) -> None:
+        assert self._upgrade is not None
+        take = data[: self._upgrade]
+        self._body.append(take)
+        self._size += len(take)
+        self._upgrade -= len(take)
+        if self._upgrade > 0:
+            return
+        self._upgrade = None
+        self._dispatch_message(self._upgrade_meta)
+        rest = data[len(take) :]
+        if rest:
+            self.data_received(rest)
 
     # -- the request clock -------------------------------------------------------------------------
 
@@ -210,7 +295,7 @@ class HttpConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing() or self._stage is None:
             return
-        if self._read_paused or self._queue:
+        if self._queue or self._holds:
             return  # the server stopped reading (pipelined requests wait their turn): not the client's fault
         if self._stage == "idle":
             transport.close()
@@ -226,7 +311,34 @@ class HttpConnection(asyncio.Protocol):
 
     # -- httptools' callbacks ------------------------------------------------------------------------
 
+    def stalled(self, now: float) -> bool:
+        """Whether the client has taken none of its replies' bytes for the server's write timeout: then the
+        connection is aborted (a close would wait for the buffer to drain, forever)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        buffered = transport.get_write_buffer_size()
+        if buffered == 0 or buffered < self._last_buffered:
+            self._progress_at = now
+        self._last_buffered = buffered
+        if not buffered or now - self._progress_at < self.server.write_timeout:
+            return False
+        who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        log.info(
+            "closing the connection from %s: it took none of %d bytes of replies in %g s",
+            who,
+            buffered,
+            self.server.write_timeout,
+        )
+        self._stage = None
+        transport.abort()
+        return True
+
     def on_message_begin(self) -> None:
+        self._in_message = True
+        if self._begun:  # a later request on this connection: its clock starts at its first byte
+            self._begin_request()
+        self._begun += 1
         self._url = b""
         self._headers = {}
         self._header_bytes = 0
@@ -235,19 +347,17 @@ class HttpConnection(asyncio.Protocol):
         self._too_large = False
         self._discarded = 0
         self._cut = False
-        if self._stage == "idle":  # a later request on this connection: its clock starts now
-            self._begin_request()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._header_bytes += len(url)
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError("the request line and headers are too large")
+            raise httptools.HttpParserError(HEAD_TOO_LARGE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError("the request line and headers are too large")
+            raise httptools.HttpParserError(HEAD_TOO_LARGE)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         known = self._headers.get(key)
@@ -266,7 +376,10 @@ class HttpConnection(asyncio.Protocol):
             if self._too_large:
                 self._finish_refused()  # the client waits to be told: no body comes, the 413 does
                 return
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self._busy or self._queue:
+                self._continue_owed = True  # an interim reply belongs to the first unanswered request
+            else:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if self._too_large:
             # The body is read and dropped while it comes, for at most DISCARD_SECONDS: then the 413.
             self.loop.call_later(DISCARD_SECONDS, self._discard_over, self._started)
@@ -290,8 +403,32 @@ class HttpConnection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if self._cut:
             return
+        parser = self.parser
+        meta = (parser.get_method(), parser.should_keep_alive(), parser.get_http_version())
+        if parser.should_upgrade():
+            # Its body (if any) was not read by the parser: _upgrade_declined reads it, then dispatches.
+            if "chunked" in self._headers.get("transfer-encoding", "").lower():
+                self._refuse(
+                    INVALID_REQUEST.format(
+                        detail="a request that asks to upgrade the connection cannot have a chunked body; "
+                        "this server speaks HTTP/1.1 only, send the request without Upgrade"
+                    )
+                )
+                return
+            try:
+                owed = int(self._headers.get("content-length", "0").split(",")[0].strip() or 0)
+            except ValueError:
+                owed = 0
+            if owed > 0 and not self._too_large:
+                self._upgrade = owed
+                self._upgrade_meta = meta
+                return
+        self._dispatch_message(meta)
+
+    def _dispatch_message(self, meta: tuple[bytes, bool, str]) -> None:
         self._stage = None
         url = self._url
         cut = url.find(b"?")
@@ -300,36 +437,33 @@ class HttpConnection(asyncio.Protocol):
         if "%" in path:
             path = unquote(path)
         pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True) if query else []
+        method, keep_alive, http_version = meta
         request = Request(
-            self.parser.get_method().decode("latin-1").upper(),
+            method.decode("latin-1").upper(),
             path,
             pairs,
             self._headers,
             b"".join(self._body) if len(self._body) != 1 else self._body[0],
         )
-        pending = _Pending(
-            request,
-            self.parser.should_keep_alive(),
-            self._too_large,
-            self.parser.get_http_version(),
-            query,
-        )
+        pending = _Pending(request, keep_alive, self._too_large, http_version, query)
         self._queue.append(pending)
-        if len(self._queue) > MAX_PIPELINED and self.transport is not None and not self._read_paused:
-            self._read_paused = True
-            self.transport.pause_reading()
+        if len(self._queue) > MAX_PIPELINED:
+            self._hold_reading("queue")
         if not self._busy:
             self._next()
 
     # -- answering, in order ---------------------------------------------------------------------------
 
     def _next(self) -> None:
-        if self._busy or not self._queue or self.transport is None:
+        if self._busy or not self._queue or self.transport is None or self._write_paused:
             return
         pending = self._queue.popleft()
-        if self._read_paused and len(self._queue) <= MAX_PIPELINED // 2:
-            self._read_paused = False
-            self.transport.resume_reading()
+        if len(self._queue) <= MAX_PIPELINED // 2:
+            self._release_reading("queue")
+        if pending.refusal is not None:
+            self.transport.write(pending.refusal)
+            self.transport.close()
+            return
         self._busy = True
         self.server.dispatch(self, pending)
 
@@ -346,6 +480,7 @@ class HttpConnection(asyncio.Protocol):
         if pending.request.method == "HEAD":
             data = data[: data.index(b"\r\n\r\n") + 4]
         transport.write(data)
+        self._answered = pending
         if self.server.access_log:
             self._log_access(pending, response.status)
         self.done(close=close)
@@ -360,10 +495,33 @@ class HttpConnection(asyncio.Protocol):
             transport.close()
             return
         if self._queue:
-            self._next()
+            self._next()  # (or, while the client is not reading, when it does: resume_writing)
             return
-        self._stage = "idle"
-        self._deadline = self.loop.time() + self.server.keep_alive
+        if self._continue_owed:
+            self._continue_owed = False
+            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not self._in_message and self._upgrade is None:  # a request being read keeps its own clock
+            self._stage = "idle"
+            self._deadline = self.loop.time() + self.server.keep_alive
+
+    def unanswerable(self, pending: _Pending) -> None:
+        """The reply to a call could not be made (a fault, logged): a 503 that says the call's outcome is
+        unknown, then the connection closes (what it had written of the reply, if anything, is cut off)."""
+        transport = self.transport
+        self._busy = False
+        if transport is None:
+            return
+        if self._answered is pending:  # its reply went out; what failed came after: end the connection
+            transport.close()
+            return
+        body = wire.encode({"code": "UNAVAILABLE", "error": UNANSWERABLE, "done": []})
+        transport.write(
+            status_line(503)
+            + CLOCK.date()
+            + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+            + body
+        )
+        transport.close()
 
     def shutdown(self) -> None:
         """The server is stopping: close now if idle, else after the reply in hand."""
@@ -388,9 +546,7 @@ class HttpConnection(asyncio.Protocol):
         close."""
         self.on_message_complete()
         self._cut = True
-        if self.transport is not None and not self._read_paused:
-            self.transport.pause_reading()
-            self._read_paused = True
+        self._hold_reading("cut")
 
     def _refuse_parse(self, exc: Exception) -> None:
         if isinstance(exc, httptools.HttpParserInvalidMethodError):
@@ -403,18 +559,26 @@ class HttpConnection(asyncio.Protocol):
         self._refuse(sentence)
 
     def _refuse(self, sentence: str) -> None:
+        """What arrived cannot be read as HTTP/1.1: nothing more is read, and a 400 ends the connection once
+        the requests before it are answered (their replies are owed first, and in order)."""
         transport = self.transport
-        if transport is None:
+        if transport is None or self._broken:
             return
+        self._broken = True
         self._stage = None
-        self._queue.clear()
+        self._upgrade = None
+        self._hold_reading("broken")
         body = wire.encode({"code": "INVALID", "error": sentence, "done": []})
-        transport.write(
+        data = (
             status_line(400)
             + CLOCK.date()
             + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
             + body
         )
+        if self._busy or self._queue:
+            self._queue.append(_Pending(Request("", "", [], {}, b""), False, False, "1.1", b"", refusal=data))
+            return
+        transport.write(data)
         transport.close()
 
 
@@ -429,11 +593,13 @@ class HttpServer:
         body_timeout: float,
         keep_alive: float,
         access_log: bool = False,
+        write_timeout: float = WRITE_TIMEOUT,
     ) -> None:
         self.app = app
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.keep_alive = keep_alive
+        self.write_timeout = write_timeout
         self.access_log = access_log
         self.max_body = app.max_body
         self.loop = asyncio.get_running_loop()
@@ -450,10 +616,15 @@ class HttpServer:
 
     def _sweep(self) -> None:
         now = self.loop.time()
-        for conn in list(self.connections):
-            if conn._stage is not None and now >= conn._deadline:
-                conn.expired(now)
-        self._sweeper = self.loop.call_later(self.SWEEP_SECONDS, self._sweep)
+        try:
+            for conn in list(self.connections):
+                if conn._stage is not None and now >= conn._deadline:
+                    conn.expired(now)
+                conn.stalled(now)
+        except Exception:  # one connection's fault must not stop the clocks of all the others
+            log.exception("checking the connections' time limits failed")
+        finally:
+            self._sweeper = self.loop.call_later(self.SWEEP_SECONDS, self._sweep)
 
     async def listen(self, sock: Any) -> None:
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
@@ -479,14 +650,20 @@ class HttpServer:
         job = app.handle_job
 
         def deliver(ok: bool, value: Any) -> None:
-            if ok:
-                response, mark = value
-            else:
-                response, mark = app.failure(pending.request, value)
-            if response.long_poll is not None:
-                self._spawn(conn, pending, self._long_poll(conn, pending, response, mark))
-            else:
-                conn.reply(pending, response)
+            try:
+                if ok:
+                    response, mark = value
+                else:
+                    response, mark = app.failure(pending.request, value)
+                if response.long_poll is not None:
+                    self._spawn(conn, pending, self._long_poll(conn, pending, response, mark))
+                else:
+                    conn.reply(pending, response)
+            except Exception:  # the reply could not be made: say so and end the connection, never hang it
+                log.exception(
+                    "answering a request failed (%s %s)", pending.request.method, pending.request.path
+                )
+                conn.unanswerable(pending)
 
         if self._submit_to is not None:
             try:

@@ -1,0 +1,308 @@
+"""What one HTTP/1.1 connection of `mp serve` owes its client, on real sockets against the server's own
+HttpServer (doors/http/protocol.py) in-process, each with a positive control:
+
+- a request that asks to upgrade (h2c, WebSocket) is answered as HTTP/1.1, its body read whole;
+- what cannot be parsed after a pipelined request is refused only after that request's reply, in order, and a
+  `100 Continue` is never written ahead of the replies owed before it;
+- a client that pipelines and never reads costs a bounded buffer (no reply is made while it does not read)
+  and is cut off when it takes nothing for the write timeout;
+- a header value that never ends is refused at the header cap, not buffered without bound;
+- a pipelined request's time limits run from its own first byte, and are not replaced by the keep-alive
+  limit when the request before it is answered;
+- a reply that cannot be made is a 503 that says so, never a hung connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.engines import LoopEngine
+from monitor_protocol.doors.http.app import MonitorApp
+from monitor_protocol.doors.http.protocol import MAX_HEADER_BYTES, HttpServer
+from monitor_protocol.store.sqlite import SQLiteStore
+
+pytestmark = pytest.mark.quick
+
+RUN = "com.example.ci.run"
+GUARD = 20.0  # a hang guard: far past every limit the tests set, far short of the keep-alive default
+WRITE_TIMEOUT = 1.0
+BODY_TIMEOUT = 2.0
+
+
+class Served:
+    def __init__(self, server: HttpServer, service: MonitorService, port: int, owner: str) -> None:
+        self.server, self.service, self.port, self.owner = server, service, port, owner
+
+    def head(self) -> int:
+        return int(self.service.state("ci", self.owner)["head"])
+
+
+@pytest.fixture()
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    store = SQLiteStore(str(tmp_path / "conn.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "types": [RUN]}, None)["owner_token"]
+    app = MonitorApp(service, RestRouter(service), store=store, engine=LoopEngine(store), sweep_interval=None)
+    await app.startup()
+    server = HttpServer(
+        app,
+        header_timeout=BODY_TIMEOUT,
+        body_timeout=BODY_TIMEOUT,
+        keep_alive=65,
+        write_timeout=WRITE_TIMEOUT,
+    )
+    sock = socket.create_server(("127.0.0.1", 0))
+    # A fixed kernel send buffer for the connections it accepts (no autotuning to megabytes), so what a
+    # client that never reads can cost shows in the server's own buffer.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
+    port = sock.getsockname()[1]
+    await server.listen(sock)
+    try:
+        yield Served(server, service, port, owner)
+    finally:
+        await server.shutdown(1.0)
+        await app.shutdown()
+
+
+def publish(subject: str, token: str, extra: str = "") -> bytes:
+    body = json.dumps({"type": RUN, "subject": subject}).encode()
+    return (
+        f"POST /mp/v0/monitors/ci/observations HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {token}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+def state(token: str, extra: str = "") -> bytes:
+    return (
+        f"GET /mp/v0/monitors/ci/state HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {token}\r\n{extra}\r\n"
+    ).encode()
+
+
+class Reader:
+    """Replies read off an asyncio stream, one at a time (Content-Length bodies, interim replies too)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+
+    async def reply(self) -> tuple[int, Any]:
+        async with asyncio.timeout(GUARD):
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ")[1])
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            body = await self.reader.readexactly(length) if length else b""
+            return status, json.loads(body) if body else None
+
+    async def closed(self) -> bool:
+        async with asyncio.timeout(GUARD):
+            try:
+                return await self.reader.read() == b""
+            except ConnectionResetError:
+                return True
+
+
+async def connect(served: Served) -> tuple[Reader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    return Reader(reader), writer
+
+
+# ------------------------------------------------------------------------------------------------ upgrades
+
+
+@pytest.mark.parametrize(
+    "upgrade",
+    ["connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n",
+     "connection: upgrade\r\nupgrade: websocket\r\n"],
+    ids=["h2c", "websocket"],
+)  # fmt: skip
+async def test_an_upgrade_request_is_answered_as_http_1_1_with_its_body(served: Served, upgrade: str) -> None:
+    before = served.head()
+    replies, writer = await connect(served)
+    writer.write(publish("upgraded", served.owner, upgrade) + state(served.owner, upgrade))
+    status, body = await replies.reply()
+    assert status == 201 and body["observation"]["subject"] == "upgraded"  # the body was read, not dropped
+    status, body = await replies.reply()
+    assert status == 200 and body["head"] == before + 1  # the connection goes on as HTTP/1.1
+    writer.write(publish("plain", served.owner))  # control: the same connection, no upgrade asked
+    assert (await replies.reply())[0] == 201
+    writer.close()
+
+
+# ------------------------------------------------------------------------------------------------- in order
+
+
+async def test_a_parse_error_is_refused_after_the_replies_owed_before_it(served: Served) -> None:
+    before = served.head()
+    replies, writer = await connect(served)
+    writer.write(publish("first", served.owner) + b"NOT HTTP AT ALL\r\n\r\n")
+    status, body = await replies.reply()
+    assert status == 201 and body["seq"] == before + 1  # the committed publish is told so, first
+    status, body = await replies.reply()
+    assert status == 400 and body["code"] == "INVALID" and "send" in body["error"]
+    assert await replies.closed()
+    # control: a clean connection is not refused
+    replies, writer = await connect(served)
+    writer.write(state(served.owner))
+    assert (await replies.reply())[0] == 200
+    writer.close()
+
+
+async def test_100_continue_is_not_written_ahead_of_an_earlier_reply(served: Served) -> None:
+    made = served.service.subscribe({"monitor": "ci", "subscriber": "agent:slow"}, served.owner)
+    sid, token = made["subscription"]["id"], made["token"]
+    page = served.service.pull(sid, token)
+    served.service.ack(sid, token, {"cursor": page["next"]})
+    replies, writer = await connect(served)
+    body = json.dumps({"type": RUN, "subject": "after"}).encode()
+    writer.write(
+        f"GET /mp/v0/subscriptions/{sid}/pull?wait=1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n"
+        f"POST /mp/v0/monitors/ci/observations HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {served.owner}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\nexpect: 100-continue\r\n\r\n".encode()
+    )
+    status, page = await replies.reply()
+    assert status == 200 and page["observations"] == []  # the long poll's own reply comes first
+    assert (await replies.reply())[0] == 100  # then the interim reply for the request that waits for it
+    writer.write(body)
+    status, made = await replies.reply()
+    assert status == 201 and made["observation"]["subject"] == "after"
+    writer.close()
+    # control: with nothing owed before it, 100 Continue comes at once
+    replies, writer = await connect(served)
+    whole = publish("direct", served.owner, "expect: 100-continue\r\n")
+    head, _, rest = whole.partition(b"\r\n\r\n")
+    writer.write(head + b"\r\n\r\n")
+    assert (await replies.reply())[0] == 100
+    writer.write(rest)
+    assert (await replies.reply())[0] == 201
+    writer.close()
+
+
+# ------------------------------------------------------------------------------------------ back-pressure
+
+
+async def test_a_client_that_never_reads_costs_a_bounded_buffer_and_is_cut_off(served: Served) -> None:
+    dispatched = 0
+    original = served.server.dispatch
+
+    def counting(conn: Any, pending: Any) -> None:
+        nonlocal dispatched
+        dispatched += 1
+        original(conn, pending)
+
+    served.server.dispatch = counting  # type: ignore[method-assign]
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the client takes (almost) nothing
+    sock.connect(("127.0.0.1", served.port))
+    sock.setblocking(False)
+    one = state(served.owner)
+    sent = 0
+    loop = asyncio.get_running_loop()
+    stuck_since = None
+    while sent < 20_000:  # pipelined requests, as fast as the server takes them, until it takes no more
+        try:
+            sock.send(one)
+            sent += 1
+            stuck_since = None
+            if sent % 50 == 0:
+                await asyncio.sleep(0)  # the server runs on this loop
+        except BlockingIOError:
+            stuck_since = stuck_since or loop.time()
+            if loop.time() - stuck_since > 0.5:
+                break
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    # The kernel's buffers take the requests, but the server makes no more replies than its write buffer
+    # holds while the client takes none (without back-pressure it answered all of them, into memory).
+    assert sent == 20_000 and dispatched < 1_000, (sent, dispatched)
+    async with asyncio.timeout(GUARD):  # cut off after the write timeout, not kept for ever
+        while served.server.connections:
+            await asyncio.sleep(0.05)
+    sock.close()
+    # control: a client that reads gets every reply of a long pipeline
+    replies, writer = await connect(served)
+    writer.write(one * 300)
+    for _ in range(300):
+        assert (await replies.reply())[0] == 200
+    writer.close()
+
+
+# ---------------------------------------------------------------------------------------------- the head
+
+
+async def test_a_header_value_that_never_ends_is_refused_at_the_cap(served: Served) -> None:
+    replies, writer = await connect(served)
+    writer.write(b"GET /mp/v0/monitors/ci/state HTTP/1.1\r\nhost: x\r\nx-long: ")
+    for _ in range(40):  # 40 x 8 KiB: five times the cap, never ending
+        writer.write(b"a" * 8192)
+        await writer.drain()
+    status, body = await replies.reply()
+    assert status == 400 and "larger than" in body["error"]
+    assert await replies.closed()
+    # control: a large header under the cap is read
+    replies, writer = await connect(served)
+    writer.write(state(served.owner, "x-long: " + "a" * (MAX_HEADER_BYTES // 2) + "\r\n"))
+    assert (await replies.reply())[0] == 200
+    writer.close()
+
+
+# ---------------------------------------------------------------------------------------------- the clock
+
+
+async def test_a_pipelined_requests_body_limit_runs_from_its_own_start(served: Served) -> None:
+    made = served.service.subscribe({"monitor": "ci", "subscriber": "agent:slow"}, served.owner)
+    sid, token = made["subscription"]["id"], made["token"]
+    served.service.ack(sid, token, {"cursor": served.service.pull(sid, token)["next"]})
+    replies, writer = await connect(served)
+    loop = asyncio.get_running_loop()
+    writer.write(
+        f"GET /mp/v0/subscriptions/{sid}/pull?wait=1 HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\r\n"
+        f"POST /mp/v0/monitors/ci/observations HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {served.owner}\r\n"
+        "content-type: application/json\r\ncontent-length: 40\r\n\r\n{".encode()  # a body that stops coming
+    )
+    started = loop.time()
+    assert (await replies.reply())[0] == 200  # the long poll is answered (and its clock kept apart)
+    assert await replies.closed()  # the slow body is cut off by the body limit, not the 65 s keep-alive
+    assert loop.time() - started >= BODY_TIMEOUT - 0.3
+    # control: a body that comes in time is answered
+    replies, writer = await connect(served)
+    writer.write(publish("in time", served.owner))
+    assert (await replies.reply())[0] == 201
+    writer.close()
+
+
+# ---------------------------------------------------------------------------------------------- faults
+
+
+async def test_a_reply_that_cannot_be_made_is_a_503_not_a_hang(served: Served) -> None:
+    metrics = served.server.app.metrics
+    original = metrics.count_request
+    failed = []
+
+    def broken(*args: Any) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a fault while making the reply")
+        original(*args)
+
+    metrics.count_request = broken
+    replies, writer = await connect(served)
+    writer.write(state(served.owner))
+    status, body = await replies.reply()
+    assert status == 503 and body["code"] == "UNAVAILABLE" and "Idempotency-Key" in body["error"]
+    assert await replies.closed()
+    replies, writer = await connect(served)  # control: the next reply is made
+    writer.write(state(served.owner))
+    assert (await replies.reply())[0] == 200
+    writer.close()
