@@ -152,3 +152,53 @@ def test_each_lane_has_its_own_connection(pg):
     finally:
         engine.stop()
     assert len(seen) == 3
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_call_marked_runs_alone_waits_for_the_running_calls_and_holds_up_later_ones(alone):
+    # MonitorApp.close_store is such a call: it closes every lane's connection, never under a call using one
+    engine = EngineLanes(Store(), lanes=3)
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def held() -> None:
+        inside.set()
+        release.wait(30)
+        order.append("held")
+
+    def close() -> None:
+        order.append("close")
+
+    if alone:
+        close.runs_alone = True  # type: ignore[attr-defined]
+
+    def later() -> None:
+        order.append("later")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first = engine.submit(held)
+        await loop.run_in_executor(None, inside.wait, 30)
+        closing = engine.submit(close)
+        if alone:  # the close is on a lane, waiting for the held call: the next call waits behind it
+            await loop.run_in_executor(None, lambda: eventually(lambda: engine._alone == 1, what="the close"))
+            then = engine.submit(later)
+            await asyncio.sleep(0.3)  # nothing may run meanwhile: the point of the test
+            assert order == []
+        else:  # positive control: an ordinary call runs beside the held one, and so does the next
+            then = engine.submit(later)
+            await loop.run_in_executor(None, lambda: eventually(lambda: len(order) == 2, what="both calls"))
+        release.set()
+        await first
+        await closing
+        await then
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        engine.stop()
+    if alone:
+        assert order == ["held", "close", "later"]
+    else:
+        assert order[-1] == "held" and set(order[:2]) == {"close", "later"}

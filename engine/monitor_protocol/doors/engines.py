@@ -189,7 +189,7 @@ class EngineLanes:
 
     The engine's own state is shared by the lanes: what the store keeps per call is per thread, and the
     engine's memory (the lazily stored mute clock, the sweep deadline) is written under its own care
-    (core/runtime.py)."""
+    (core/runtime.py). A call marked ``runs_alone`` (closing the store) runs with no other call running."""
 
     def __init__(self, store: Any, service: Any = None, lanes: int = 4) -> None:
         self._store = store
@@ -212,6 +212,12 @@ class EngineLanes:
         self._after: list[tuple[set[int], Callable[..., Any], tuple[Any, ...]]] = []
         self._telling = threading.local()  # the lane's call, and whether it is telling an append again
         self.retold = 0  # appends told again (tests, benchmarks)
+        # A call marked runs_alone (MonitorApp.close_store) runs with no other call running: closing the
+        # store closes every lane's connection, which must not happen under a call using one. The calls
+        # running (_active) end first, and the calls that come after it wait for it.
+        self._gate = threading.Condition()
+        self._active = 0
+        self._alone = 0  # calls that run alone, waiting or running
         if service is not None:
             service.add_listener(self._heard)
         self._threads = [
@@ -319,20 +325,12 @@ class EngineLanes:
             if job is None:
                 return
             fn, args, loop, deliver = job
-            with self._lock:
-                call = self._next_call
-                self._next_call += 1
-                self._running[call] = self._heard_count
-            if touched is not None:
-                touched()  # from now on: the monitors this call locks
-            self._telling.call = call
-            started = time.perf_counter()
-            outcome = _outcome(fn, args)
-            self._telling.call = None
-            hook = self.on_commit
-            if hook is not None:
-                hook(time.perf_counter() - started)
-            self._ended(call, touched() if touched is not None else None)
+            alone = bool(getattr(fn, "runs_alone", False))
+            self._enter(alone)
+            try:
+                outcome = self._job(fn, args, touched)
+            finally:
+                self._leave(alone)
             if loop is None:
                 deliver(*outcome)
                 continue
@@ -340,6 +338,44 @@ class EngineLanes:
                 loop.call_soon_threadsafe(deliver, *outcome)
             except RuntimeError:
                 pass  # the loop closed meanwhile: nobody is waiting any more
+
+    def _enter(self, alone: bool) -> None:
+        with self._gate:
+            if alone:
+                self._alone += 1
+                while self._active:
+                    self._gate.wait()
+            else:
+                while self._alone:
+                    self._gate.wait()
+            self._active += 1
+
+    def _leave(self, alone: bool) -> None:
+        with self._gate:
+            self._active -= 1
+            if alone:
+                self._alone -= 1
+            self._gate.notify_all()
+
+    def _job(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], touched: Callable[[], set[str]] | None
+    ) -> tuple[bool, Any]:
+        """One call: numbered, run, and the appends it may have missed told again."""
+        with self._lock:
+            call = self._next_call
+            self._next_call += 1
+            self._running[call] = self._heard_count
+        if touched is not None:
+            touched()  # from now on: the monitors this call locks
+        self._telling.call = call
+        started = time.perf_counter()
+        outcome = _outcome(fn, args)
+        self._telling.call = None
+        hook = self.on_commit
+        if hook is not None:
+            hook(time.perf_counter() - started)
+        self._ended(call, touched() if touched is not None else None)
+        return outcome
 
     def _ended(self, call: int, monitors: set[str] | None) -> None:
         """Tell again the appends this call may have read before and marked after; run the posted work that
