@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.engines import EngineLanes
 from monitor_protocol.doors.parking import Waiters
@@ -202,3 +205,40 @@ def test_a_call_marked_runs_alone_waits_for_the_running_calls_and_holds_up_later
         assert order == ["held", "close", "later"]
     else:
         assert order[-1] == "held" and set(order[:2]) == {"close", "later"}
+
+
+@pytest.mark.parametrize("another_reconnected", [True, False])
+def test_a_lane_waiting_to_reconnect_tries_at_once_when_another_lane_has_reconnected(pg, another_reconnected):
+    service = MonitorService(pg)
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    results: list[object] = []
+    other = ThreadPoolExecutor(max_workers=1)  # one thread: one session, as a lane has
+
+    def on_other_thread(fn) -> None:
+        results.append(other.submit(fn).result(30))
+
+    def other_call() -> object:
+        try:
+            service.state("ci", None)
+            return "ok"
+        except ProtocolError as exc:
+            return exc.code
+
+    def lost_and_waiting() -> None:  # this lane's connection was lost and its last attempt failed just now
+        s = pg._s
+        s.close()
+        s.retry_at, s.last_failure = time.monotonic() + 60, "the database is unreachable (OperationalError)"
+        s._recoveries = pg.recoveries
+
+    on_other_thread(other_call)  # the other lane's session, connected
+    on_other_thread(lost_and_waiting)
+    if another_reconnected:  # this lane lost its connection too, and reconnects: the database is back
+        pg._s.close()
+        pg._s.last_failure = "the database is unreachable (OperationalError)"
+        service.state("ci", None)
+        on_other_thread(other_call)
+        assert results[-1] == "ok"  # the other lane did not wait out its minute
+    else:  # positive control: nobody reconnected, so the other lane still waits: a 503 at once
+        on_other_thread(other_call)
+        assert results[-1] == "UNAVAILABLE"
+    other.shutdown()
