@@ -228,7 +228,7 @@ def test_a_lane_waiting_to_reconnect_tries_at_once_when_another_lane_has_reconne
         s = pg._s
         s.close()
         s.retry_at, s.last_failure = time.monotonic() + 60, "the database is unreachable (OperationalError)"
-        s._recoveries = pg.recoveries
+        s._failed_at = time.monotonic()
 
     on_other_thread(other_call)  # the other lane's session, connected
     on_other_thread(lost_and_waiting)

@@ -201,9 +201,9 @@ class PostgresStore(Store):
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.url = url
         self.connect_timeout = connect_timeout
-        # Reconnections after a failure, by every thread's session (postgres_session.py: one session's
-        # reconnection ends the others' wait before their next attempt).
-        self.recoveries = 0
+        # When a thread's session last connected (postgres_session.py: a session waiting to try again after
+        # a failed attempt tries at once if another has connected since).
+        self.connected_at = 0.0
         self.psycopg = driver()
         self.stats = StoreStats()
         self._stats_lock = threading.Lock()

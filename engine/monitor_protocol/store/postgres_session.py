@@ -35,9 +35,9 @@ class Session:
         self.wire: Wire | None = None
         self.retry_at = 0.0
         self.last_failure = ""
-        # The store's count of reconnections when this session last failed to connect: once another
-        # thread's session has reconnected, the database is back, and this one's wait (retry_at) is over.
-        self._recoveries = 0
+        # When this session last failed to connect: once another thread's session has connected since, the
+        # database is back, and this one's wait (retry_at) is over.
+        self._failed_at = 0.0
         self._statements_before = 0
         self._round_trips_before = 0
         # The call: its depth (transactions nest into the outer one), its locks (monitor -> taken shared),
@@ -92,6 +92,7 @@ class Session:
             self._round_trips_before += self.wire.round_trips
         self.conn = conn
         self.wire = Wire(conn, self.psycopg)
+        self._where.connected_at = time.monotonic()
 
     def ready(self) -> Wire:
         conn = self.conn
@@ -103,7 +104,8 @@ class Session:
             # While the database is away, one attempt per RECONNECT_SECONDS: the calls in between get their
             # 503 at once instead of each waiting out a connection timeout on the engine thread.
             now = time.monotonic()
-            if now < self.retry_at and self._recoveries == self._where.recoveries:
+            back = 0 < self._failed_at < self._where.connected_at  # another connected since this one failed
+            if now < self.retry_at and not back:
                 raise StorageError(self.last_failure)
             try:
                 self._connect()
@@ -111,12 +113,11 @@ class Session:
                 if not self.last_failure:  # once per outage, not once per retry
                     log.warning("%s; retrying every %.1f s", exc.detail or exc, RECONNECT_SECONDS)
                 self.retry_at, self.last_failure = now + RECONNECT_SECONDS, str(exc)
-                self._recoveries = self._where.recoveries
+                self._failed_at = now
                 raise
             if self.last_failure:
                 log.warning("reconnected to PostgreSQL at %s", redacted(self.url))
                 self.last_failure = ""
-                self._where.recoveries += 1
         assert self.wire is not None
         return self.wire
 
