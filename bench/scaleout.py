@@ -76,6 +76,11 @@ from peer_servers import CLIENT_PINS, ensure_apt, ensure_clients, peer, tree_cpu
 
 LOAD = BENCH / "scaleout_load.py"
 CLIENTS = (16, 64)
+QUEUE_CLIENTS = (
+    1,
+    16,
+    64,
+)  # PostgreSQL used directly as a queue: 1 and 16 are issue 27's targets' references
 PG_SERVERS = (1, 2, 3)
 MONITORS = (1, 3)
 READERS = max(CLIENTS)
@@ -100,6 +105,7 @@ class Setup:
     backend: str  # sqlite | pg | pgcommit | bare
     servers: int
     label: str
+    connections: int | None = None  # mp serve --db-connections (PostgreSQL), None: the default
 
 
 @dataclass(frozen=True)
@@ -125,17 +131,26 @@ SETUPS = (
         Setup(f"pg{k}", "pg", k, f"mp serve on PostgreSQL, {k} server{'s' if k > 1 else ''}")
         for k in PG_SERVERS
     ),
-    Setup("pgcommit", "pgcommit", 0, "PostgreSQL commit limit (one INSERT per transaction)"),
+    # Issue 27 item 3: one server with one engine connection (one call at a time), beside pg1's default
+    Setup("pg1one", "pg", 1, "mp serve on PostgreSQL, 1 server, --db-connections 1", connections=1),
+    Setup(
+        "pgcommit", "pgcommit", 0, "PostgreSQL used directly as a queue (one INSERT per commit per publish)"
+    ),
     Setup("bare1", "bare", 1, "bare ASGI endpoint (bench/bare_app.py), 1 server"),
 )
 
 
 def cells_of(setup: Setup) -> list[Cell]:
     if setup.backend == "pgcommit":
-        return [Cell(setup, "commit", n) for n in CLIENTS]
+        return [Cell(setup, "commit", n) for n in QUEUE_CLIENTS]
     if setup.backend == "bare":
         return [Cell(setup, "bare", n) for n in CLIENTS]
-    return [Cell(setup, w, n, m) for w in ("publish", "ackpull") for m in MONITORS for n in CLIENTS]
+    if setup.connections is not None:  # the engine-connections comparison: the figures it changes most
+        return [Cell(setup, w, n, 3) for w in ("publish", "ackpull") for n in CLIENTS]
+    cells = [Cell(setup, w, n, m) for w in ("publish", "ackpull") for m in MONITORS for n in CLIENTS]
+    if setup.servers == 1:  # issue 27's first target: one server's publish with 1 client, beside the queue's
+        cells.insert(0, Cell(setup, "publish", 1, 1))
+    return cells
 
 
 def rotated(items: list[Any], rnd: int, rounds: int) -> list[Any]:
@@ -257,9 +272,12 @@ def _tail(path: Path, n: int = 1500) -> str:
 
 
 @contextmanager
-def servers(kind: str, db: str | None, k: int, logdir: Path) -> Iterator[list[Proc]]:
+def servers(
+    kind: str, db: str | None, k: int, logdir: Path, connections: int | None = None
+) -> Iterator[list[Proc]]:
     """k `mp serve --db db` (kind "mp") or bench/bare_app.py (kind "bare"), started together, each on a free
-    loopback port with the access log off (--log-level warning), stderr to a file; stopped on the way out."""
+    loopback port with the access log off (--log-level warning), stderr to a file; stopped on the way out.
+    `connections`: mp serve's --db-connections."""
     procs: list[Proc] = []
     try:
         for i in range(k):
@@ -267,6 +285,8 @@ def servers(kind: str, db: str | None, k: int, logdir: Path) -> Iterator[list[Pr
             if kind == "mp":
                 cmd = [PY, "-m", "monitor_protocol", "serve", "--db", str(db), "--port", str(port),
                        "--log-level", "warning"]  # fmt: skip
+                if connections is not None:
+                    cmd += ["--db-connections", str(connections)]
             else:
                 cmd = [PY, str(BENCH / "bare_app.py"), "--port", str(port), "--log-level", "warning"]
             errlog = logdir / f"{kind}-{port}-{i}.log"
@@ -512,7 +532,7 @@ def run_setup(
     db = ctx.dbs[setup.backend].url if kind == "mp" else None
     t0 = time.perf_counter()
     try:
-        with servers(kind, db, setup.servers, logdir) as procs:
+        with servers(kind, db, setup.servers, logdir, setup.connections) as procs:
             log(f" {setup.label}: started in {time.perf_counter() - t0:.1f} s")
             for cell in cells:
                 try:
@@ -538,124 +558,64 @@ def run_setup(
                                                      "loadavg": [round(x, 2) for x in os.getloadavg()]})  # fmt: skip
 
 
-CENSUS_N = 100  # sequential requests per workload in the statement census
+CENSUS_N = 100  # sequential calls per workload in the statement census
 
 
 def statement_census(ctx: Context, logdir: Path) -> dict[str, Any]:
-    """What one request sends PostgreSQL: after the rounds (not timed), one `mp serve` on the database,
-    log_statement=all for the cluster, CENSUS_N sequential requests of each workload from one keep-alive
-    client; the statements logged by the busiest backend (the server's engine connection) per request."""
-    import re
-
-    logs = sorted(ctx.bench.tmp.glob("postgres-*/postgres.log"))
-    if not logs or ctx.pg_query is None:
-        return {"status": "not measured", "reason": "no PostgreSQL log found"}
-    pglog = logs[0]
-    db = ctx.dbs["pg"]
-    out: dict[str, Any] = {"requests": CENSUS_N, "subscriptions": len(MONITORS) * READERS + 1}
-    line_re = re.compile(r"\[(\d+)\] LOG:  (?:statement|execute [^:]*): (.*)")
+    """What one engine call sends PostgreSQL: after the rounds (not timed), in this process, an engine
+    (MonitorService) on the rounds' database through PostgresStore, whose connections count the statements
+    they send and the round trips they wait for (tests/test_postgres_calls.py holds the same counts). An
+    HTTP request of the rounds is one such call: the door adds no statement. CENSUS_N publishes, CENSUS_N
+    ack+pulls (pull {ack, limit 1}) and CENSUS_N empty pulls, each on its own."""
+    del logdir
     try:
-        with servers("mp", db.url, 1, logdir) as procs, httpx.Client(timeout=30) as c:
-            base = procs[0].base
-            r = c.post(f"{base}/subscriptions", json={"monitor": feed_monitor(0), "subscriber": "agent:census",
-                                                      "from": "earliest"})  # fmt: skip
-            r.raise_for_status()
-            sid, token = r.json()["subscription"]["id"], r.json()["token"]
-            head = c.post(
-                f"{base}/subscriptions/{sid}/pull", json={"limit": 1}, headers=_headers(token)
-            ).json()
-            ack = head["next"]
-            ctx.pg_query.execute("ALTER SYSTEM SET log_statement = 'all'")
-            ctx.pg_query.execute("SELECT pg_reload_conf()")
-            time.sleep(1.0)
-            try:
-                for workload in ("publish", "ackpull"):
-                    mark = pglog.stat().st_size
-                    for _ in range(CENSUS_N):
-                        if workload == "publish":
-                            r = c.post(f"{base}/monitors/{pub_monitor(0)}/observations", json=OBS_BODY,
-                                       headers=_headers(db.tokens[pub_monitor(0)]))  # fmt: skip
-                            ok = r.status_code == 201
-                        else:
-                            r = c.post(f"{base}/subscriptions/{sid}/pull", json={"ack": ack, "limit": 1},
-                                       headers=_headers(token))  # fmt: skip
-                            ok = r.status_code == 200 and bool(r.json().get("observations"))
-                            ack = r.json().get("next", ack) if r.status_code == 200 else ack
-                        if not ok:
-                            raise RuntimeError(f"{workload}: {r.status_code} {r.text[:300]}")
-                    time.sleep(0.3)
-                    with open(pglog, "rb") as f:
-                        f.seek(mark)
-                        text = f.read().decode(errors="replace")
-                    out[workload] = _census_of(text, line_re)
-            finally:
-                ctx.pg_query.execute("ALTER SYSTEM RESET log_statement")
-                ctx.pg_query.execute("SELECT pg_reload_conf()")
+        from monitor_protocol.core.service import MonitorService
+        from monitor_protocol.store.postgres import PostgresStore
+    except ImportError as exc:
+        return {"status": "not measured", "reason": f"the engine is not importable here: {exc}"}
+    out: dict[str, Any] = {"calls": CENSUS_N}
+    store = None
+    try:
+        store = PostgresStore(ctx.dbs["pg"].url)
+        service = MonitorService(store)
+        monitor = "census"
+        owner = service.create_monitor({"id": monitor, "visibility": "public", "types": [TYPE]}, None)[
+            "owner_token"
+        ]
+        sub = service.subscribe({"monitor": monitor, "subscriber": "agent:census", "from": "earliest"}, None)
+        sid, token = sub["subscription"]["id"], sub["token"]
+
+        def counted(call: Any) -> dict[str, Any]:
+            s0, r0, c0 = store.statements, store.round_trips, store.stats.commits
+            for _ in range(CENSUS_N):
+                call()
+            return {
+                "statements_per_call": round((store.statements - s0) / CENSUS_N, 2),
+                "round_trips_per_call": round((store.round_trips - r0) / CENSUS_N, 2),
+                "commits_per_call": round((store.stats.commits - c0) / CENSUS_N, 2),
+            }
+
+        subjects = iter(range(10**9))
+        out["publish"] = counted(
+            lambda: service.publish(monitor, {**OBS_BODY, "subject": f"s{next(subjects) % 10}"}, owner)
+        )
+        nxt = [service.pull(sid, token, limit=1)["next"]]  # the monitor's first pull writes its last_pull
+
+        def ackpull() -> None:
+            nxt[0] = service.pull(sid, token, limit=1, ack=nxt[0])["next"]
+
+        out["ackpull"] = counted(ackpull)
+        service.ack(sid, token, {"cursor": service.pull(sid, token, limit=CENSUS_N)["next"]})
+        out["empty_pull"] = counted(lambda: service.pull(sid, token, limit=1))
     except Exception as exc:  # noqa: BLE001 - the census is a side figure
         return {"status": "failed", "error": repr(exc)[:1500]}
-    for workload in ("publish", "ackpull"):
+    finally:
+        if store is not None:
+            store.close()
+    for workload in ("publish", "ackpull", "empty_pull"):
         w = out.get(workload) or {}
-        log(f"statements per {workload} (log_statement=all, not timed): {w.get('statements_per_request')}")
+        log(f"statements per {workload} (counted by the store, not timed): {w}")
     return out
-
-
-def _census_of(text: str, line_re: Any) -> dict[str, Any]:
-    """The engine connection's statements (the busiest backend's), cut into transactions at BEGIN and
-    COMMIT/ROLLBACK; the transactions that read the leases table are the leader's once-a-second sweep (the
-    rest are the requests'). Per request, and per sweep with its duration as logged (under log_statement=all,
-    which slows it)."""
-    found = []
-    for line in text.splitlines():
-        m = line_re.search(line)
-        if m:
-            found.append((line[:23], m.group(1), " ".join(m.group(2).split())))
-    by_pid: dict[str, int] = {}
-    for _, pid, _ in found:
-        by_pid[pid] = by_pid.get(pid, 0) + 1
-    engine = max(by_pid, key=lambda k: by_pid[k]) if by_pid else None
-    txs: list[list[tuple[str, str]]] = []
-    current: list[tuple[str, str]] | None = None
-    outside = 0
-    for when, pid, stmt in found:
-        if pid != engine:
-            continue
-        if stmt == "BEGIN":
-            current = [(when, stmt)]
-            txs.append(current)
-        elif current is not None:
-            current.append((when, stmt))
-            if stmt in ("COMMIT", "ROLLBACK"):
-                current = None
-        else:
-            outside += 1  # DEALLOCATE ALL after a rollback, a read outside a call
-    sweeps = [t for t in txs if any("FROM leases ORDER BY" in x for _, x in t)]
-    requests = [t for t in txs if t not in sweeps]
-    kinds: dict[str, int] = {}
-    for t in requests:
-        for _, stmt in t:
-            kinds[stmt[:90]] = kinds.get(stmt[:90], 0) + 1
-    n = CENSUS_N
-
-    def ms(t: list[tuple[str, str]]) -> float | None:
-        try:
-            a, b = (
-                time.mktime(time.strptime(x[0][:19], "%Y-%m-%d %H:%M:%S")) + float(x[0][19:23])
-                for x in (t[0], t[-1])
-            )
-        except ValueError:
-            return None
-        return round((b - a) * 1000, 1)
-
-    return {
-        "statements_per_request": round(sum(kinds.values()) / n, 2),
-        "transactions_per_request": round(len(requests) / n, 2),
-        "statements": {k: round(v / n, 2) for k, v in kinds.items()},
-        "outside_transactions_per_request": round(outside / n, 2),
-        "other_backends_statements": len(found) - sum(by_pid.get(engine, 0) for _ in [0]),
-        "sweeps": len(sweeps),
-        "statements_per_sweep": round(sum(len(t) for t in sweeps) / len(sweeps), 1) if sweeps else None,
-        "sweep_ms_logged": [ms(t) for t in sweeps],
-    }
 
 
 def _sigterm(signum: int, frame: Any) -> None:
@@ -831,7 +791,7 @@ def _cell(f: dict[str, Any] | None) -> str:
 def _rows_of(figs: dict[str, Any], workload: str) -> list[str]:
     rows = []
     for setup in SETUPS:
-        if setup.backend not in ("sqlite", "pg"):
+        if setup.backend not in ("sqlite", "pg") or setup.connections is not None:
             continue
         cells = [figs.get(f"{setup.key}-{workload}-{n}c-{m}m") for m in MONITORS for n in CLIENTS]
         rows.append(f"| {setup.label} | " + " | ".join(_cell(f) for f in cells) + " |")
@@ -888,17 +848,18 @@ def markdown(c: dict[str, Any]) -> str:
         "| machine limit, same run | " + " | ".join(f"{n} clients" for n in CLIENTS) + " |",
         "|---|" + "---:|" * len(CLIENTS),
     ]
-    for setup, what in (("pgcommit-commit", "PostgreSQL commits/s, one INSERT per transaction, 1 connection per client"),
-                        ("bare1-bare", "bare ASGI endpoint requests/s, 1 server")):  # fmt: skip
-        out.append(f"| {what} | " + " | ".join(_cell(figs.get(f"{setup}-{n}c")) for n in CLIENTS) + " |")
+    out.append("| PostgreSQL used directly as a queue, publishes/s (one INSERT per commit, 1 connection per client) | "
+               + " | ".join(_cell(figs.get(f"pgcommit-commit-{n}c")) for n in CLIENTS) + " |")  # fmt: skip
+    out.append("| bare ASGI endpoint requests/s, 1 server | "
+               + " | ".join(_cell(figs.get(f"bare1-bare-{n}c")) for n in CLIENTS) + " |")  # fmt: skip
     out += [
         "",
         "What a request costs (medians of the rounds). Figure keys: configuration (sqlite1, pg1-3 = that many "
         "servers, pgcommit, bare1), workload, clients, monitors. CPU in cores over the window and in µs per "
-        "request (servers summed; PostgreSQL = every process of the cluster); each server's engine thread busy "
-        "share (one engine call at a time per server: near 1.00 that server is at its ceiling; a batch is added "
-        "when it ends, and on PostgreSQL a batch is up to 64 calls run one after the other, so over a short "
-        "window the share can read above 1); WAL bytes per request (pg_current_wal_lsn over the window); "
+        "request (servers summed; PostgreSQL = every process of the cluster); each server's engine busy share "
+        "(summed over its engine threads: on PostgreSQL up to --db-connections calls run at once, each on a "
+        "thread of its own, so the share can read above 1); WAL bytes per request (pg_current_wal_lsn over the "
+        "window); "
         "latency; load average (1 min) before each round's figure.",
         "",
         "| figure | rate | servers (cores) | each server | engine busy | server µs/req | PostgreSQL (cores) "
@@ -922,35 +883,21 @@ def markdown(c: dict[str, Any]) -> str:
     out += ["", *capacity(c)]
     census = c.get("statements") or {}
     if census.get("publish"):
-        out += ["", f"What one request sends PostgreSQL (after the rounds, not timed: log_statement=all, 1 server, 1 "
-                f"client, {census['requests']} sequential requests; the server's engine connection), per request:",
-                "", "| statement | publish | ack+pull |", "|---|---:|---:|"]  # fmt: skip
-        names = list(census["publish"]["statements"]) + [
-            k for k in census["ackpull"]["statements"] if k not in census["publish"]["statements"]
-        ]
-        for k in names:
-            a = census["publish"]["statements"].get(k)
-            b = census["ackpull"]["statements"].get(k)
-            out.append(f"| `{k}` | {'' if a is None else a} | {'' if b is None else b} |")
-        out.append(
-            f"| all | {census['publish']['statements_per_request']} | {census['ackpull']['statements_per_request']} |"
-        )
-        sweeps = [x for w in ("publish", "ackpull") for x in census[w].get("sweep_ms_logged") or []]
-        per = [
-            census[w]["statements_per_sweep"]
-            for w in ("publish", "ackpull")
-            if census[w].get("statements_per_sweep")
-        ]
-        if sweeps:
-            out += ["", f"The sweep (upkeep.sweep, once a second on the server holding the leader lock, on its engine "
-                    f"connection) seen during the census, with {census.get('subscriptions', '?')} active subscriptions "
-                    f"in the database: {', '.join(map(str, per))} statements per sweep; transaction durations as logged "
-                    f"(slowed by log_statement=all): {', '.join(map(str, sweeps))} ms."]  # fmt: skip
+        out += ["", f"What one engine call sends PostgreSQL (after the rounds, not timed: counted by PostgresStore's "
+                f"connections, {census['calls']} sequential calls of each, in the orchestrator's process on the "
+                "rounds' database; an HTTP request of the rounds is one such call):",
+                "", "| call | statements | round trips | commits |", "|---|---:|---:|---:|"]  # fmt: skip
+        for w, what in (("publish", "publish"), ("ackpull", "ack+pull (pull {ack, limit 1})"),
+                        ("empty_pull", "empty pull")):  # fmt: skip
+            x = census.get(w) or {}
+            out.append(f"| {what} | {x.get('statements_per_call')} | {x.get('round_trips_per_call')} | "
+                       f"{x.get('commits_per_call')} |")  # fmt: skip
     elif census:
         out += [
             "",
-            f"Statements per request: {census.get('status')}: {census.get('reason') or census.get('error')}",
+            f"Statements per call: {census.get('status')}: {census.get('reason') or census.get('error')}",
         ]
+    out += ["", *targets(c)]
     firsts = [(k, f["first_error"]) for k, f in figs.items() if f.get("first_error")]
     if firsts:
         out += ["", "First error of each figure that had one:", ""]
@@ -979,7 +926,7 @@ def capacity(c: dict[str, Any]) -> list[str]:
     ]
     for workload in ("publish", "ackpull"):
         for setup in SETUPS:
-            if setup.backend not in ("sqlite", "pg"):
+            if setup.backend not in ("sqlite", "pg") or setup.connections is not None:
                 continue
             for m in MONITORS:
                 f = figs.get(f"{setup.key}-{workload}-{max(CLIENTS)}c-{m}m")
@@ -993,12 +940,60 @@ def capacity(c: dict[str, Any]) -> list[str]:
                     f"{_num(cl, 0)} | {_num(e, 0)} | {_num(1e6 / s if s else None)} | {_num(1e6 / p if p else None)} | "
                     f"{_num(1e6 / e if e else None)} | {_num(nproc * 1e6 / total if total else None)} |"
                 )
-    for n in CLIENTS:
+    for n in QUEUE_CLIENTS:
         f = figs.get(f"pgcommit-commit-{n}c")
         if f and f["rate"].get("median"):
             out.append(f"| PostgreSQL INSERT+commit, {n} connections | - | - | {_num(f['rate']['median'])} | - | "
                        f"{_num(f['pg_us_per_request'], 0)} | {_num(f['client_us_per_request'], 0)} | - | - | "
                        f"{_num(1e6 / f['pg_us_per_request'] if f['pg_us_per_request'] else None)} | - | - |")  # fmt: skip
+    return out
+
+
+def _rate(figs: dict[str, Any], key: str) -> float | None:
+    return ((figs.get(key) or {}).get("rate") or {}).get("median")
+
+
+def _verdict(value: float | None, target: float, above: bool) -> str:
+    if value is None:
+        return "not measured"
+    met = value >= target if above else value <= target
+    return "**met**" if met else f"**missed** by {abs(value - target) / target:.0%}"
+
+
+def targets(c: dict[str, Any]) -> list[str]:
+    """Issue 27's targets, as ratios of figures of this one run."""
+    figs = c["figures"]
+    out = ["Issue 27's targets, ratios of figures of this run:", "",
+           "| target | measured | ratio | verdict |", "|---|---|---:|---|"]  # fmt: skip
+    for n in (1, 16):
+        a, b = _rate(figs, f"pg1-publish-{n}c-1m"), _rate(figs, f"pgcommit-commit-{n}c")
+        r = a / b if a and b else None
+        out.append(f"| one mp serve on PostgreSQL, publish, {n} client{'s' if n > 1 else ''}: >= 0.7 x PostgreSQL "
+                   f"used directly as a queue | {_num(a)} vs {_num(b)} publishes/s | {_num(r)} | "
+                   f"{_verdict(r, 0.7, True)} |")  # fmt: skip
+    for n in (1, *CLIENTS):
+        a = (figs.get(f"pg1-publish-{n}c-1m") or {}).get("server_us_per_request")
+        b = (figs.get(f"sqlite1-publish-{n}c-1m") or {}).get("server_us_per_request")
+        r = a / b if a and b else None
+        out.append(f"| server CPU per publish, PostgreSQL <= 1.5 x SQLite ({n} client{'s' if n > 1 else ''}) | "
+                   f"{_num(a, 0)} vs {_num(b, 0)} µs | {_num(r)} | {_verdict(r, 1.5, False)} |")  # fmt: skip
+    for w in ("publish", "ackpull"):
+        for n in CLIENTS:
+            a, b = _rate(figs, f"pg1-{w}-{n}c-3m"), _rate(figs, f"pg1one-{w}-{n}c-3m")
+            r = a / b if a and b else None
+            f, g = figs.get(f"pg1-{w}-{n}c-3m") or {}, figs.get(f"pg1one-{w}-{n}c-3m") or {}
+            out.append(f"| item 3: one server, 4 engine connections against 1 ({w}, {n} clients, 3 monitors) | "
+                       f"{_num(a)} vs {_num(b)}/s; server µs/req {_num(f.get('server_us_per_request'), 0)} vs "
+                       f"{_num(g.get('server_us_per_request'), 0)}; machine {_num(f.get('machine_cores'))} vs "
+                       f"{_num(g.get('machine_cores'))} cores | {_num(r)} | - |")  # fmt: skip
+    for n in CLIENTS:
+        a, b = _rate(figs, f"pg2-publish-{n}c-3m"), _rate(figs, f"pg1-publish-{n}c-3m")
+        r = a / b if a and b else None
+        f = figs.get(f"pg2-publish-{n}c-3m") or {}
+        out.append(f"| 2 servers on 3 monitors >= 1.5 x one server (publish, {n} clients) | {_num(a)} vs {_num(b)} "
+                   f"publishes/s; machine {_num(f.get('machine_cores'))} of {c['machine']['nproc']} cores busy "
+                   f"(servers {_num(f.get('server_cores'))}, PostgreSQL {_num(f.get('pg_cores'))}, client "
+                   f"{_num(f.get('client_cores'))}) | {_num(r)} | {_verdict(r, 1.5, True)} |")  # fmt: skip
     return out
 
 

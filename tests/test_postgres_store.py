@@ -122,13 +122,13 @@ def test_a_commit_whose_connection_was_lost_says_the_request_may_have_been_writt
     store = PostgresStore(pg_url)
     service = MonitorService(store)
     owner = service.create_monitor({"id": "ci", "visibility": "public", "types": ["com.example.x"]}, None)
-    real_commit = store._conn.commit
+    real_commit = store._wire.sync  # the Sync that ends a call's implicit transaction is its commit
 
-    def lost(*_args):
-        real_commit()  # the database has it...
+    def lost(*_args, **kwargs):
+        real_commit(**kwargs)  # the database has it...
         raise psycopg.OperationalError("server closed the connection unexpectedly")  # ...the reply is lost
 
-    monkeypatch.setattr(store._conn, "commit", lost)
+    monkeypatch.setattr(store._wire, "sync", lost)
     with pytest.raises(ProtocolError) as caught:
         service.publish("ci", {"type": "com.example.x", "subject": "s", "data": {}}, owner["owner_token"])
     err = caught.value

@@ -134,6 +134,17 @@ def test_every_flag_has_an_environment_variable_and_a_file_key():
         assert env in flag.help, f"--{name}'s help should name {env}"
 
 
+def test_db_connections_comes_from_the_environment_and_is_bounded():
+    cfg, sources = serve_config.resolve_settings(parse(), {"MP_DB_CONNECTIONS": "8"})
+    assert cfg.db_connections == 8 and sources["db_connections"] == "MP_DB_CONNECTIONS"
+    assert serve_config.validate(cfg) is None  # positive control: 8 engine connections are fine
+    cfg, sources = serve_config.resolve_settings(parse(), {})
+    assert cfg.db_connections == serve.DEFAULT_DB_CONNECTIONS and sources["db_connections"] == "default"
+    for bad in ("0", "65"):
+        cfg, _ = serve_config.resolve_settings(parse("--db-connections", bad), {})
+        assert "--db-connections must be between 1 and 64" in (serve_config.validate(cfg) or "")
+
+
 @pytest.mark.parametrize(
     ("text", "needle"),
     [

@@ -26,7 +26,7 @@ class SharedMemoryStore(MemoryStore):
         self.locks: list[str] = []
         self.stale: dict[str, list] = {}
 
-    def lock_monitor(self, monitor_id: str) -> None:
+    def lock_monitor(self, monitor_id: str, *, shared: bool = False) -> None:
         self.locks.append(monitor_id)
 
     def list_subscriptions(self, monitor_id=None):

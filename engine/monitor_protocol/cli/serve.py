@@ -50,6 +50,8 @@ DEFAULT_DB = "monitor-protocol.db"
 DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 DEFAULT_KEEP_ALIVE = 65.0
+# On PostgreSQL: engine calls running at once, each on a connection of its own (doors/engines.py EngineLanes).
+DEFAULT_DB_CONNECTIONS = 4
 PAUSED_RECHECK_SECONDS = 1.0
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -167,6 +169,15 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long an idle keep-alive connection stays open "
         f"(env MP_KEEP_ALIVE, default {DEFAULT_KEEP_ALIVE:g})",
+    )
+    parser.add_argument(
+        "--db-connections",
+        action=s,
+        type=int,
+        default=DEFAULT_DB_CONNECTIONS,
+        metavar="N",
+        help="on a postgresql:// database, engine calls run at once, each on a connection of its own "
+        f"(env MP_DB_CONNECTIONS, default {DEFAULT_DB_CONNECTIONS}; SQLite has one writer and ignores it)",
     )
     parser.add_argument(
         "--access-log",
@@ -319,7 +330,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 1
     from monitor_protocol.api.rest import RestRouter
     from monitor_protocol.core.service import MonitorService
-    from monitor_protocol.doors.engines import EngineThread, LoopEngine
+    from monitor_protocol.doors.engines import EngineLanes, LoopEngine
     from monitor_protocol.doors.http.app import MonitorApp
     from monitor_protocol.doors.push import delivery_task
     from monitor_protocol.doors.sources.supervisor import sources_task
@@ -399,9 +410,10 @@ def run(name: str, args: argparse.Namespace) -> int:
         port = sock.getsockname()[1]
         reloader = Reloader(args, cfg, router, None)
         # HTTP push (protocol: http subscriptions) runs beside the server; idle while there are none.
-        # The engine's seat: on the loop for a store of its own (SQLite: every call bounded and local), on a
-        # thread of its own for a shared store whose calls wait on the network (PostgreSQL).
-        engine = EngineThread(store) if shared else LoopEngine(store)
+        # The engine's seat: on the loop for a store of its own (SQLite: every call bounded and local), on
+        # threads of their own, each with its own connection, for a shared store whose calls wait on the
+        # network (PostgreSQL): a call waiting on the database holds up no other.
+        engine = EngineLanes(store, service, cfg.db_connections) if shared else LoopEngine(store)
         app = MonitorApp(
             service,
             router,
@@ -425,7 +437,8 @@ def run(name: str, args: argparse.Namespace) -> int:
         if shared:
             print(
                 f"database: {shown} (PostgreSQL, shared: other servers may use it; "
-                "sweeps and push run on the one holding the leader lock)"
+                "sweeps and push run on the one holding the leader lock; "
+                f"{cfg.db_connections} engine connection{'s' if cfg.db_connections != 1 else ''})"
             )
         else:
             print(

@@ -40,6 +40,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "header_timeout": ("MP_HEADER_TIMEOUT", "float"),
     "body_timeout": ("MP_BODY_TIMEOUT", "float"),
     "keep_alive": ("MP_KEEP_ALIVE", "float"),
+    "db_connections": ("MP_DB_CONNECTIONS", "int"),
     "retire_after_mute": ("MP_RETIRE_AFTER_MUTE", "int"),
     "log_level": ("MP_LOG_LEVEL", "level"),
     "access_log": ("MP_ACCESS_LOG", "bool"),
@@ -60,6 +61,7 @@ RESTART_ONLY = (
     "header_timeout",
     "body_timeout",
     "keep_alive",
+    "db_connections",
     "retire_after_mute",
     "log_level",
     "access_log",
@@ -253,6 +255,8 @@ def validate(cfg: argparse.Namespace) -> str | None:
             return f"--{flag.replace('_', '-')} must be a positive number of seconds"
     if cfg.body_timeout < cfg.header_timeout:
         return "--body-timeout must be at least --header-timeout"
+    if not 1 <= cfg.db_connections <= 64:
+        return "--db-connections must be between 1 and 64 (engine calls at once on PostgreSQL)"
     for entry in cfg.allow_sink:
         problem = netguard.check_allow_entry(entry)
         if problem is not None:

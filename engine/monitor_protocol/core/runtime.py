@@ -4,6 +4,7 @@ clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule
 
 from __future__ import annotations
 
+import threading
 import time as _time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
 from monitor_protocol.core.records import Monitor, Subscription, evolve
 from monitor_protocol.core.store_contract import StorageError, Store
-from monitor_protocol.core.tx import Tx
+from monitor_protocol.core.tx import ExclusiveNeeded, Tx
 from monitor_protocol.core.vocab import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_LIMIT,
@@ -101,6 +102,9 @@ class ServiceCore(ABC):
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
+        # Calls may run on several threads at once on a store that keeps them apart (doors/engines.py
+        # EngineLanes): a newer sign of life is never overwritten by an older one.
+        self._life_lock = threading.Lock()
         # HTTP push targets as the last push_targets() saw them, kept current by every commit:
         # push_epoch moves only when that set changes, so the push door re-reads it only then.
         self.push_epoch = 0
@@ -125,15 +129,17 @@ class ServiceCore(ABC):
                 except Exception:  # a broken listener must never undo a committed append
                     pass
 
-    def _call(self, fn: Callable[[Tx], T], *, lazy_sweep: bool = True) -> T:
+    def _call(self, fn: Callable[[Tx], T], *, lazy_sweep: bool = True, reader: bool = False) -> T:
         """One engine call = one store transaction: the rule stages its changes in a Tx, the applier writes
-        them once, and listeners hear about appends after the commit."""
+        them once, and listeners hear about appends after the commit. `reader`: the call writes only the
+        subscriptions it reads (core/tx.py reader mode); when it turns out to write more, nothing was written
+        and it runs again as an ordinary call."""
         if lazy_sweep:
             self._maybe_sweep()
         deferred: ProtocolError | None = None
         try:
             with self.store.transaction():
-                tx = Tx(self.store, self._now())
+                tx = Tx(self.store, self._now(), reader=reader)
                 try:
                     result = fn(tx)
                 except LoggedRefusal as refusal:  # the rejected row commits, then the error is raised
@@ -142,6 +148,8 @@ class ServiceCore(ABC):
                 changes = tx.changes()
                 if not changes.empty():
                     self.store.apply(changes)
+        except ExclusiveNeeded:  # rolled back before anything was written: again, its monitor's lock whole
+            return self._call(fn, lazy_sweep=False)
         except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
             detail = str(exc) or type(exc).__name__
             raise storage_unavailable(
@@ -289,6 +297,12 @@ class ServiceCore(ABC):
         return now - stored.mute_since >= self._life_window(monitor, stored)
 
     def _remember_life(self, tx: Tx) -> None:
+        if not tx.life and not tx.monitor_pulls:
+            return
+        with self._life_lock:
+            self._remember_life_locked(tx)
+
+    def _remember_life_locked(self, tx: Tx) -> None:
         for sub_id, when in tx.life.items():
             if when > self._life.get(sub_id, float("-inf")):
                 self._life[sub_id] = when

@@ -62,11 +62,13 @@ class MonitorService(ServiceCore):
     def subscribe(self, body: Any, token: str | None) -> dict[str, Any]:
         return self._call(lambda tx: delivery.subscribe(self, tx, body, token))
 
+    # A reader's calls (reader=True, core/tx.py): they write only the subscription they name, so on a store
+    # several servers share they hold their monitor's lock shared and readers do not wait for each other.
     def touch(self, sub_id: str, token: str | None) -> dict[str, Any]:
-        return self._call(lambda tx: delivery.touch(self, tx, sub_id, token))
+        return self._call(lambda tx: delivery.touch(self, tx, sub_id, token), reader=True)
 
     def subscription_info(self, sub_id: str, token: str | None) -> dict[str, Any]:
-        return self._call(lambda tx: delivery.subscription_info(self, tx, sub_id, token))
+        return self._call(lambda tx: delivery.subscription_info(self, tx, sub_id, token), reader=True)
 
     def pull(
         self,
@@ -82,7 +84,8 @@ class MonitorService(ServiceCore):
         return self._call(
             lambda tx: delivery.pull(
                 self, tx, sub_id, token, cursor, limit, filter, system=False, ack_cursor=ack
-            )
+            ),
+            reader=True,
         )
 
     def pull_many(self, asks: list[delivery.PullAsk]) -> list[dict[str, Any] | ProtocolError]:
@@ -92,13 +95,17 @@ class MonitorService(ServiceCore):
 
     def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:
         """The server's own push delivery reads as the subscription, without its token."""
-        return self._call(lambda tx: delivery.pull(self, tx, sub_id, None, None, limit, None, system=True))
+        return self._call(
+            lambda tx: delivery.pull(self, tx, sub_id, None, None, limit, None, system=True), reader=True
+        )
 
     def ack(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
-        return self._call(lambda tx: delivery.ack(self, tx, sub_id, token, body, system=False))
+        return self._call(lambda tx: delivery.ack(self, tx, sub_id, token, body, system=False), reader=True)
 
     def ack_as_system(self, sub_id: str, cursor: int) -> dict[str, Any]:
-        return self._call(lambda tx: delivery.ack(self, tx, sub_id, None, {"cursor": cursor}, system=True))
+        return self._call(
+            lambda tx: delivery.ack(self, tx, sub_id, None, {"cursor": cursor}, system=True), reader=True
+        )
 
     def seek(self, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
         return self._call(lambda tx: delivery.seek(self, tx, sub_id, token, body))

@@ -12,8 +12,12 @@ Isolation the engine needs (what a store shared by several servers must honour):
 - a call's reads of those records and its apply must be serializable with every other call that writes
   the same monitor: a shared store takes a row lock on the monitor (`lock_monitor`, called by the engine
   before a call reads the records it will change) for the rest of the transaction; the single-writer
-  stores (memory, SQLite with BEGIN IMMEDIATE) are serial already and may ignore it;
-- `apply` is all or nothing together with the commit; a commit reported is durable.
+  stores (memory, SQLite with BEGIN IMMEDIATE) are serial already and may ignore it; a reader's call
+  (a pull, an ack: it writes only its own subscription, core/tx.py) takes that lock shared and the
+  subscription's own lock (`lock_subscription`), so readers of one monitor need not wait for each other;
+- `apply` is all or nothing together with the commit; a commit reported is durable. A store whose commit is
+  a network round trip may send the writes with it (`writes_at_commit`): a refusal of the writes (a unique
+  index) is then raised by the commit, and nothing of the call is written.
 Every storage failure is raised as StorageError (the engine answers 503 UNAVAILABLE, retry).
 """
 
@@ -126,6 +130,10 @@ class Changes:
     publish_keys: list[PublishKey] = field(default_factory=list)
     compactions: list[tuple[str, int]] = field(default_factory=list)  # (monitor, delete seq < this)
     purge_keys_before: float | None = None  # forget publish keys recorded before this server time
+    # What a reader's call counted without writing its monitor (core/tx.py reader mode, a shared store only):
+    # (monitor, deliveries to add to counters.delivered, its newest last_pull). The store adds them to the
+    # monitor's row later, so that readers of one monitor do not queue behind that row's lock.
+    pulls: list[tuple[str, int, float | None]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (
@@ -137,6 +145,7 @@ class Changes:
             or self.publish_keys
             or self.compactions
             or self.purge_keys_before is not None
+            or self.pulls
         )
 
 
@@ -151,6 +160,7 @@ class StoreStats:
 
 class Store(ABC):
     stats: StoreStats
+    writes_at_commit = False  # see the module's docstring
 
     @abstractmethod
     def transaction(self) -> AbstractContextManager[None]:
@@ -160,8 +170,31 @@ class Store(ABC):
     def apply(self, changes: Changes) -> None:
         """Write every change of one call, inside the open transaction."""
 
-    def lock_monitor(self, monitor_id: str) -> None:  # noqa: B027 - serial stores need no lock
-        """Hold the monitor's row lock until the transaction ends (a shared store's isolation)."""
+    def lock_monitor(self, monitor_id: str, *, shared: bool = False) -> None:  # noqa: B027 - serial stores need no lock
+        """Hold the monitor's lock until the transaction ends (a shared store's isolation). `shared`: a
+        reader's call (core/tx.py), which writes only its own subscription (held by `lock_subscription`):
+        readers share the lock among themselves and exclude every call that takes it whole."""
+
+    def lock_subscription(self, sub_id: str) -> None:  # noqa: B027 - serial stores need no lock
+        """Hold this subscription's own lock until the transaction ends (a reader's call, with its monitor's
+        lock shared)."""
+
+    def locked_subscription(
+        self, key: str, *, by_token: bool = False, shared: bool = False
+    ) -> Subscription | None:
+        """The subscription by id (or by token hash), read under its monitor's lock (`shared`: that lock
+        shared and the subscription's own lock held): found, locked, and read again, since only the record
+        names its monitor. A store may do it in one statement."""
+        get = self.find_subscription_by_token if by_token else self.get_subscription
+        found = get(key)
+        if found is None:
+            return None
+        if shared:
+            self.lock_monitor(found.monitor, shared=True)
+            self.lock_subscription(found.id)
+        else:
+            self.lock_monitor(found.monitor)  # a store that has no shared locks need not know the word
+        return get(key)
 
     def close(self) -> None:  # noqa: B027 - optional hook, a memory store has nothing to release
         """Release the store's resources; the default has none."""

@@ -3,25 +3,41 @@ sees its own staged writes) and stages new record versions in it; it never write
 rule returns, `changes()` is what the applier hands to `Store.apply` in the call's one transaction.
 
 The Tx is the only mutable thing a rule holds: records are frozen, so "the monitor" is always
-`tx.monitor(id)`, the latest version staged in this call."""
+`tx.monitor(id)`, the latest version staged in this call.
+
+Reader mode (`Tx(store, now, reader=True)`, on a store several servers share): the call promises to write
+nothing but the subscriptions it reads by id or token (a pull, an ack). It takes its monitor's lock shared and
+each such subscription's own lock, so readers of one monitor do not wait for each other. What a pull counts on
+its monitor (`counters.delivered`, `last_pull`, once the monitor has a stored `last_pull`) goes to
+`Changes.pulls` instead of a write of the monitor's row. Staging anything else raises ExclusiveNeeded before
+anything is written: the engine runs the call again with the monitor's lock whole (core/runtime.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription, evolve
 from monitor_protocol.core.store_contract import Changes, LogQuery, Store
 
 _MISSING = object()
 
 
+class ExclusiveNeeded(Exception):
+    """A reader-mode call staged a write only a call holding its monitor's lock whole may make: nothing was
+    written, and the call is to be run again in the ordinary mode."""
+
+
 class Tx:
-    def __init__(self, store: Store, now: float) -> None:
+    def __init__(self, store: Store, now: float, *, reader: bool = False) -> None:
         self.store = store
         self.now = now
         # A store that several servers write (PostgreSQL): a record is read only under its monitor's lock,
         # so what a rule reads is what the last commit on that monitor left (core/store_contract.py, isolation).
         self.shared = bool(getattr(store, "shared", False))
+        self.reader = reader and self.shared
+        self._stored_monitors: dict[str, Monitor | None] = {}  # reader mode: as read, before this call
+        self._counted: set[str] = set()  # reader mode: monitors whose only change is what pulls count
+        self._own_subs: set[str] = set()  # reader mode: the subscriptions whose own lock this call holds
         self._monitors: dict[str, Monitor] = {}
         self._subs: dict[str, Subscription] = {}
         self._leases: dict[tuple[str, str], Lease] = {}
@@ -43,15 +59,25 @@ class Tx:
         if monitor_id in self._locked:
             return False
         self._locked.add(monitor_id)
-        self.store.lock_monitor(monitor_id)
+        if self.reader:
+            self.store.lock_monitor(monitor_id, shared=True)
+        else:
+            self.store.lock_monitor(monitor_id)
         return True
+
+    def _exclusive(self, what: str) -> None:
+        if self.reader:
+            raise ExclusiveNeeded(what)
 
     def monitor(self, monitor_id: str) -> Monitor | None:
         staged = self._monitors.get(monitor_id)
         if staged is not None:
             return staged
         self.lock(monitor_id)
-        return self.store.get_monitor(monitor_id)
+        found = self.store.get_monitor(monitor_id)
+        if self.reader:
+            self._stored_monitors.setdefault(monitor_id, found)
+        return found
 
     def monitors(self) -> list[Monitor]:
         found = {m.id: m for m in self.store.list_monitors()}
@@ -59,15 +85,22 @@ class Tx:
         return [found[k] for k in sorted(found)]
 
     def put_monitor(self, monitor: Monitor) -> Monitor:
+        if self.reader:
+            stored = self._stored_monitors.get(monitor.id)
+            if stored is None or stored.last_pull is None or not _only_counted(stored, monitor):
+                raise ExclusiveNeeded(f"a write of monitor {monitor.id}")
+            self._counted.add(monitor.id)
         self._monitors[monitor.id] = monitor
         return monitor
 
     # ----------------------------------------------------------------------------- the log
     def append(self, obs: Observation) -> None:
+        self._exclusive("an append")
         self._appended.setdefault(obs.monitor, []).append(obs)
         self.appended[obs.monitor] = obs.seq
 
     def add_subject(self, monitor_id: str, subject: str) -> None:
+        self._exclusive("a subject")
         self._subjects[(monitor_id, subject)] = None
 
     def has_subject(self, monitor_id: str, subject: str) -> bool:
@@ -106,6 +139,7 @@ class Tx:
         return n if cap is None else min(n, cap)
 
     def compact(self, monitor_id: str, below: int) -> None:
+        self._exclusive("a compaction")
         self._compactions[monitor_id] = max(below, self._compactions.get(monitor_id, 0))
 
     # ----------------------------------------------------------------------------- subscriptions
@@ -113,10 +147,30 @@ class Tx:
         staged = self._subs.get(sub_id)
         if staged is not None:
             return staged
-        found = self.store.get_subscription(sub_id)
-        if found is not None and self.shared and self.lock(found.monitor):
-            found = self.store.get_subscription(sub_id)  # again, now under its monitor's lock
-        return found
+        if not self.shared:
+            return self.store.get_subscription(sub_id)
+        return self._locked_subscription(sub_id, by_token=False)
+
+    def _locked_subscription(self, key: str, *, by_token: bool) -> Subscription | None:
+        """A subscription read under its monitor's lock (and, in reader mode, its own lock): found, locked,
+        and read again. The call's first lock in one store call (one statement on PostgreSQL)."""
+        if not self._locked:
+            found = self.store.locked_subscription(key, by_token=by_token, shared=self.reader)
+            if found is not None:
+                self._locked.add(found.monitor)
+                if self.reader:
+                    self._own_subs.add(found.id)
+            return found
+        get = self.store.find_subscription_by_token if by_token else self.store.get_subscription
+        found = get(key)
+        if found is None:
+            return None
+        again = self.lock(found.monitor)
+        if self.reader and found.id not in self._own_subs:
+            self.store.lock_subscription(found.id)
+            self._own_subs.add(found.id)
+            again = True
+        return get(key) if again else found  # again, now under the lock(s)
 
     def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None:
         for sub in self._subs.values():
@@ -132,9 +186,10 @@ class Tx:
         for sub in self._subs.values():
             if sub.token_hash == token_hash:
                 return sub
-        found = self.store.find_subscription_by_token(token_hash)
-        if found is not None and lock and self.shared and self.lock(found.monitor):
-            found = self.store.find_subscription_by_token(token_hash)  # again, under the lock
+        if lock and self.shared:
+            found = self._locked_subscription(token_hash, by_token=True)
+        else:
+            found = self.store.find_subscription_by_token(token_hash)
         if found is None:
             return None
         staged = self._subs.get(found.id)
@@ -155,6 +210,8 @@ class Tx:
         return sum(1 for s in self.subscriptions(monitor_id) if s.active)
 
     def put_subscription(self, sub: Subscription) -> Subscription:
+        if self.reader and sub.id not in self._own_subs:
+            raise ExclusiveNeeded(f"a write of subscription {sub.id}")
         self._subs[sub.id] = sub
         return sub
 
@@ -175,6 +232,7 @@ class Tx:
         return [found[k] for k in sorted(found)]
 
     def put_lease(self, lease: Lease) -> Lease:
+        self._exclusive("a lease")
         self._leases[(lease.monitor, lease.subject)] = lease
         return lease
 
@@ -188,16 +246,26 @@ class Tx:
         return self.store.get_publish_key(monitor_id, key)
 
     def put_publish_key(self, rec: PublishKey) -> None:
+        self._exclusive("a publish key")
         self._keys[(rec.monitor, rec.key)] = rec
 
     def purge_publish_keys(self, before: float) -> None:
+        self._exclusive("a purge")
         self._purge_before = before
 
     # ----------------------------------------------------------------------------- the applier's input
     def changes(self) -> Changes:
         appended = self._appended
+        monitors = list(self._monitors.values()) if self._monitors else []
+        pulls: list[tuple[str, int, float | None]] = []
+        if self._counted:
+            monitors = [m for m in monitors if m.id not in self._counted]
+            for monitor_id in self._counted:
+                stored, now = self._stored_monitors[monitor_id], self._monitors[monitor_id]
+                assert stored is not None
+                pulls.append((monitor_id, now.counters.delivered - stored.counters.delivered, now.last_pull))
         return Changes(
-            monitors=list(self._monitors.values()) if self._monitors else [],
+            monitors=monitors,
             observations=(
                 (
                     next(iter(appended.values()))
@@ -213,4 +281,13 @@ class Tx:
             publish_keys=list(self._keys.values()) if self._keys else [],
             compactions=list(self._compactions.items()) if self._compactions else [],
             purge_keys_before=self._purge_before,
+            pulls=pulls,
         )
+
+
+def _only_counted(stored: Monitor, now: Monitor) -> bool:
+    """Whether `now` differs from `stored` only in what a pull counts (delivered, last_pull)."""
+    same = evolve(
+        now, counters=evolve(now.counters, delivered=stored.counters.delivered), last_pull=stored.last_pull
+    )
+    return same == stored

@@ -9,9 +9,12 @@ with the same interface (``submit``, ``call``, ``post``, ``run_sync``, ``stop``,
 * ``EngineThread``: on a thread of its own, for a store whose calls wait on the network (PostgreSQL), so the
   loop keeps reading, answering and streaming meanwhile; the calls of one loop turn travel to the thread
   together and share its group commit too.
+* ``EngineLanes``: on several threads at once, each with a connection of its own, for a store several
+  servers share (PostgreSQL, `mp serve` picks it): a call waiting on the database holds up no other call.
 
 Either way no caller hears its result before the commit of the group it joined, so every success a client is
-told about is already durable. The engine is not thread-safe: each runs it from one thread only.
+told about is already durable. LoopEngine and EngineThread run the engine from one thread only; EngineLanes
+runs it from several, on a store that keeps each thread's call apart (store/postgres.py).
 """
 
 from __future__ import annotations
@@ -166,6 +169,253 @@ class EngineThread:
                 loop.call_soon_threadsafe(_deliver_all, replies)
             except RuntimeError:
                 pass  # the loop closed meanwhile
+
+
+class EngineLanes:
+    """Engine calls on several threads at once ("lanes"), for a store several servers share (PostgreSQL):
+    each lane has a connection of its own (the store's session per thread), so a call waiting on the
+    database (a round trip, a lock, a commit) does not hold up the others, and the database runs calls on
+    different monitors, and readers of one monitor, side by side. Same interface as EngineThread, plus
+    ``submit_to`` (the lean door's callback seat). Replies go back after each call's own commit.
+
+    Calls run side by side, so the rule a door relies on, that a reader's mark (parking.Waiters) is read
+    right after its pull and in order with every append heard, is kept another way: each append heard
+    (this server's commits and other servers', through the service's listeners) is numbered, and a call
+    that locked a monitor which got an append while the call ran has that append told again once it ends
+    (``service.heard_append``), before its reply goes out. A reader that parks with a mark taken before
+    that append is then woken; at worst a reader re-checks once for nothing. Other posted work
+    (``post``, a LISTEN reconnection's re-check of every reader) runs at once and again when every call
+    running at that moment has ended.
+
+    The engine's own state is shared by the lanes: what the store keeps per call is per thread, and the
+    engine's memory (the lazily stored mute clock, the sweep deadline) is written under its own care
+    (core/runtime.py). A call marked ``runs_alone`` (closing the store) runs with no other call running."""
+
+    def __init__(self, store: Any, service: Any = None, lanes: int = 4) -> None:
+        self._store = store
+        self._service = service
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.on_commit: Callable[[float], None] | None = None
+        self._stopped = False
+        self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], Any, Deliver]] = []
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The appends heard, numbered: monitor -> (number of its last append, its head); the running calls,
+        # each with the number it started at; posted work waiting for the calls running when it was posted.
+        self._lock = threading.Lock()
+        self._heard_count = 0
+        self._last: dict[
+            str, tuple[int, int, int | None]
+        ] = {}  # monitor -> (number, head, the call it came in)
+        self._running: dict[int, int] = {}
+        self._next_call = 0
+        self._after: list[tuple[set[int], Callable[..., Any], tuple[Any, ...]]] = []
+        self._telling = threading.local()  # the lane's call, and whether it is telling an append again
+        self.retold = 0  # appends told again (tests, benchmarks)
+        # A call marked runs_alone (MonitorApp.close_store) runs with no other call running: closing the
+        # store closes every lane's connection, which must not happen under a call using one. The calls
+        # running (_active) end first, and the calls that come after it wait for it.
+        self._gate = threading.Condition()
+        self._active = 0
+        self._alone = 0  # calls that run alone, waiting or running
+        if service is not None:
+            service.add_listener(self._heard)
+        self._threads = [
+            threading.Thread(target=self._run, name=f"mp-engine-{i}", daemon=True)
+            for i in range(max(1, lanes))
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- submitting (from the loop) --------------------------------------------------------------------
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
+        """Queue ``fn(*args)`` for a lane; ``deliver(ok, value)`` runs on the loop once it has committed."""
+        if self._stopped:
+            raise RuntimeError("the engine has stopped")
+        self._pending.append((fn, args, self._bind(), deliver))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            # What this loop turn submits leaves together, behind everything already runnable in the turn.
+            self._bind().call_soon(self._flush)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self._bind().create_future()
+
+        def deliver(ok: bool, value: Any) -> None:
+            if not future.done():
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+        self.submit_to(fn, args, deliver)
+        return future
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.submit(fn, *args)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        jobs, self._pending = self._pending, []
+        for job in jobs:
+            self._queue.put(job)
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on a lane, from any thread, without a reply. An append heard from another
+        server (``service.heard_append``) is numbered like this server's own; anything else runs again once
+        every call running now has ended, so that it also comes after their marks."""
+        if self._stopped:
+            return
+        service = self._service
+        if service is None or fn != getattr(service, "heard_append", None):
+            with self._lock:
+                running = set(self._running)
+                if running:
+                    self._after.append((running, fn, args))
+        self._queue.put((fn, args, None, _ignore))
+
+    def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` on a lane from any other thread, blocking until it is done."""
+        if self._stopped:
+            raise RuntimeError("the engine has stopped")
+        done = threading.Event()
+        box: list[tuple[bool, Any]] = []
+
+        def deliver(ok: bool, value: Any) -> None:
+            box.append((ok, value))
+            done.set()
+
+        self._queue.put((fn, args, None, deliver))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for _ in self._threads:
+            self._queue.put(None)
+        me = threading.current_thread()
+        for thread in self._threads:
+            if thread is not me:
+                thread.join()
+
+    # -- the lanes --------------------------------------------------------------------------------------
+    def _heard(self, monitor_id: str, head: int) -> None:
+        """A listener of the service: every committed append, this server's or heard from another."""
+        if getattr(self._telling, "on", False):
+            return  # told again by a lane: not a new append
+        with self._lock:
+            self._heard_count += 1
+            self._last[monitor_id] = (self._heard_count, head, getattr(self._telling, "call", None))
+
+    def _run(self) -> None:
+        touched = getattr(self._store, "job_monitors", None)
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            fn, args, loop, deliver = job
+            alone = bool(getattr(fn, "runs_alone", False))
+            self._enter(alone)
+            try:
+                outcome = self._job(fn, args, touched)
+            finally:
+                self._leave(alone)
+            if loop is None:
+                deliver(*outcome)
+                continue
+            try:
+                loop.call_soon_threadsafe(deliver, *outcome)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: nobody is waiting any more
+
+    def _enter(self, alone: bool) -> None:
+        with self._gate:
+            if alone:
+                self._alone += 1
+                while self._active:
+                    self._gate.wait()
+            else:
+                while self._alone:
+                    self._gate.wait()
+            self._active += 1
+
+    def _leave(self, alone: bool) -> None:
+        with self._gate:
+            self._active -= 1
+            if alone:
+                self._alone -= 1
+            self._gate.notify_all()
+
+    def _job(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], touched: Callable[[], set[str]] | None
+    ) -> tuple[bool, Any]:
+        """One call: numbered, run, and the appends it may have missed told again."""
+        with self._lock:
+            call = self._next_call
+            self._next_call += 1
+            self._running[call] = self._heard_count
+        if touched is not None:
+            touched()  # from now on: the monitors this call locks
+        self._telling.call = call
+        started = time.perf_counter()
+        outcome = _outcome(fn, args)
+        self._telling.call = None
+        hook = self.on_commit
+        if hook is not None:
+            hook(time.perf_counter() - started)
+        self._ended(call, touched() if touched is not None else None)
+        return outcome
+
+    def _ended(self, call: int, monitors: set[str] | None) -> None:
+        """Tell again the appends this call may have read before and marked after; run the posted work that
+        was waiting for it."""
+        again: list[tuple[str, int]] = []
+        rerun: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        with self._lock:
+            started = self._running.pop(call)
+            # The last append of a monitor, if it came in after this call started and not from this call (a
+            # call that appended to a monitor read it under the lock its append needed: it missed nothing
+            # that came before, and what came after is another call's append, last)
+            if monitors is None:  # a store that cannot say: every append heard while it ran
+                again = [(m, h) for m, (n, h, by) in self._last.items() if n > started and by != call]
+            else:
+                for monitor_id in monitors:
+                    last = self._last.get(monitor_id)
+                    if last is not None and last[0] > started and last[2] != call:
+                        again.append((monitor_id, last[1]))
+            if self._after:
+                left = []
+                for waiting, fn, args in self._after:
+                    waiting.discard(call)
+                    if waiting:
+                        left.append((waiting, fn, args))
+                    else:
+                        rerun.append((fn, args))
+                self._after = left
+            if len(self._last) > 100_000:  # monitors no call is running on now: nothing to tell again
+                oldest = min(self._running.values(), default=self._heard_count)
+                self._last = {m: v for m, v in self._last.items() if v[0] > oldest}
+        if again and self._service is not None:
+            self._telling.on = True
+            try:
+                for monitor_id, head in again:
+                    self.retold += 1
+                    self._service.heard_append(monitor_id, head)
+            finally:
+                self._telling.on = False
+        for fn, args in rerun:
+            _outcome(fn, args)
 
 
 def _ignore(ok: bool, value: Any) -> None:

@@ -159,6 +159,11 @@ class Pusher:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
+        epoch = getattr(self.service, "push_epoch", None)
+        if not self.targets and epoch is not None and epoch == self._epoch:
+            # Nobody to push to and nothing changed: no hop (a hop per publish costs a wake-up of the loop).
+            # A target read after this starts with its backlog (rescan sets its wake), so none is missed.
+            return
         try:
             loop.call_soon_threadsafe(self._on_append, monitor_id)
         except RuntimeError:

@@ -3,27 +3,30 @@
 psycopg 3 (`pip install 'monitor-protocol[postgres]'`), imported only when this store is opened: the engine
 itself stays standard-library only. The schema is the SQLite store's columnar one (store/sqlite.py), with
 every text column that a filter compares in the "C" collation (code point order, as Python and SQLite
-compare) and a format version in `mp_meta`; it is created on first start, and a server refuses a schema
-newer than it knows.
+compare), a few server-side functions, and a format version in `mp_meta`; it is created (or brought to this
+version) on first start, and a server refuses a schema newer than it knows. SQL: store/postgres_sql.py.
 
 Isolation (core/store_contract.py). Every call is its own transaction at READ COMMITTED, with
 `synchronous_commit = on`: a commit reported is durable, and a reply is sent only after it. The engine
 locks a monitor before it reads what it will change (`lock_monitor`: a transaction-scoped advisory lock on
 the monitor's id, which also exists before the monitor row does), so calls that write one monitor are
-serial across every server, and what a call reads after its lock is what the last commit left. The lock
-travels in one pipeline with the read that follows it, and a call's writes in one more (bench/scaleout.py
-counts the statements of a publish and of an ack+pull). A record
-that names its monitor only inside (a subscription looked up by id or token) is read, its monitor locked,
-and read again (tx.py). There is no group commit across calls: two servers batching calls on several
-monitors could take those locks in opposite orders; PostgreSQL groups concurrent commits in its WAL
+serial across every server, and what a call reads after its lock is what the last commit left. A call that
+only reads and writes its own subscription (a pull, an ack: core/tx.py's reader mode) takes the monitor's
+lock shared and the subscription's own lock, so readers of one monitor do not wait for each other. A record
+that names its monitor only inside (a subscription looked up by id or token) is found, its monitor locked and
+read again, in one server-side function. There is no group commit across calls: two servers batching calls on
+several monitors could take those locks in opposite orders; PostgreSQL groups concurrent commits in its WAL
 itself.
 
-Between servers:
-* appends are announced with NOTIFY `mp_append` (delivered at commit) and heard by a LISTEN connection of
-  each other server (`listen`), which wakes its parked readers; a notification missed while that connection
-  was down can only delay a reader: on reconnecting every parked reader re-checks;
-* sweeps (mute, lease expiry) and HTTP push run on one server at a time, the holder of a session advisory
-  lock (`leading`): when it dies its session ends, and another server takes the lock within a second.
+What a call sends (bench/scaleout.py counts it; tests/test_postgres_store.py holds the count): the lock and
+the reads under it in one statement, a log read when the rule reads the log, and every write of the call in
+one more, in an implicit transaction ended by a Sync (store/postgres_wire.py): a publish is two statements, an
+ack+pull three. Within a call, what was read under a lock is not read twice.
+
+Between servers (store/postgres_link.py): appends are announced with NOTIFY `mp_append` (delivered at commit)
+and heard by a LISTEN connection of each other server, which wakes its parked readers; sweeps and HTTP push
+run on the holder of a session advisory lock; readers' counts are folded into the monitors' rows about once a
+second.
 
 Every driver failure that is the database's, not the request's (connection lost, server shutting down,
 lock timeout, deadlock, disk full, a read-only standby) is raised as StorageError: the engine answers
@@ -34,10 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,398 +46,283 @@ from monitor_protocol import __version__
 from monitor_protocol.core import wire
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
 from monitor_protocol.core.store_contract import (
-    LOG_COLUMNS,
     Changes,
     LogQuery,
-    StorageError,
     Store,
     StoreStats,
-    Term,
     chunked_rows,
 )
+from monitor_protocol.store.postgres_link import (
+    LEADER_POLL_SECONDS,
+    Counts,
+    Peers,
+    connect,
+    driver,
+    is_postgres_url,
+    redacted,
+    scrub,
+    wait_for_database,
+)
+from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
+from monitor_protocol.store.postgres_sql import (
+    CHANNEL,
+    GET_LEASE,
+    GET_MONITOR,
+    GET_SUBSCRIPTION,
+    LOCK_MONITOR_SQL,
+    LOCK_SCHEMA,
+    LOCK_SUBSCRIPTION_SQL,
+    MONITOR_SQL,
+    PAGE_AHEAD,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SELECT_LOG,
+    SUBSCRIPTION_SQL,
+    dec,
+    enc,
+    log_where,
+    numbered,
+    write_statement,
+)
+from monitor_protocol.store.postgres_wire import Row, Wire, encode, text
 from monitor_protocol.store.sql import (
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
-    OBSERVATION_COLUMNS,
     SUBSCRIPTION_COLUMNS,
     capped_count_sql,
-    next_prefix,
     row_of,
-    row_values,
     storable,
-    upsert_sql,
 )
+
+__all__ = [
+    "CHANNEL",
+    "SCHEMA_VERSION",
+    "PostgresStore",
+    "StoreVersionError",
+    "is_postgres_url",
+    "redacted",
+    "scrub",
+    "wait_for_database",
+]
 
 log = logging.getLogger("monitor_protocol.store.postgres")
 
-SCHEMA_VERSION = 1
-CHANNEL = "mp_append"
-# Advisory lock classes (the first key of the two-key form): one per monitor id, one for the leader, one for
-# the schema's creation.
-LOCK_MONITOR, LOCK_LEADER, LOCK_SCHEMA = 0x4D50, 0x4D51, 0x4D52
-LOCK_TIMEOUT_MS = 10_000  # a call waiting longer for a monitor's lock gets 503, retry
-STATEMENT_TIMEOUT_MS = 30_000
-LEADER_POLL_SECONDS = 1.0
-RECONNECT_SECONDS = 0.5
-KEEPALIVE_IDLE_SECONDS, KEEPALIVE_INTERVAL_SECONDS, KEEPALIVE_COUNT = 5, 2, 3
-TCP_USER_TIMEOUT_MS = 15_000  # unacknowledged data for this long: the connection is dead
-LISTEN_PING_SECONDS = 5.0
 MAX_SEQ = 2**63 - 1
-
-T = 'TEXT COLLATE "C"'
-SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS mp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    f"""CREATE TABLE IF NOT EXISTS monitors (
-        id {T} PRIMARY KEY, status TEXT NOT NULL, head BIGINT NOT NULL, floor BIGINT NOT NULL, rec TEXT NOT NULL
-    )""",
-    f"""CREATE TABLE IF NOT EXISTS observations (
-        monitor {T} NOT NULL, seq BIGINT NOT NULL, type {T} NOT NULL, subject {T}, actor {T} NOT NULL,
-        origin {T} NOT NULL, tier {T} NOT NULL, horizon {T} NOT NULL, event TEXT NOT NULL,
-        PRIMARY KEY (monitor, seq)
-    )""",
-    "CREATE INDEX IF NOT EXISTS observations_by_type ON observations (monitor, type, seq)",
-    "CREATE INDEX IF NOT EXISTS observations_by_subject ON observations (monitor, subject, seq)",
-    "CREATE INDEX IF NOT EXISTS observations_by_actor ON observations (monitor, actor, seq)",
-    f"CREATE TABLE IF NOT EXISTS subjects (monitor {T} NOT NULL, subject {T} NOT NULL, PRIMARY KEY (monitor, subject))",
-    f"""CREATE TABLE IF NOT EXISTS subscriptions (
-        id {T} PRIMARY KEY, monitor {T} NOT NULL, subscriber {T} NOT NULL, token_hash TEXT NOT NULL,
-        state TEXT NOT NULL, cursor BIGINT NOT NULL, hwm BIGINT NOT NULL, mute_since DOUBLE PRECISION NOT NULL,
-        rec TEXT NOT NULL
-    )""",
-    "CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_name ON subscriptions (monitor, subscriber)",
-    "CREATE INDEX IF NOT EXISTS subscriptions_by_token ON subscriptions (token_hash)",
-    "CREATE INDEX IF NOT EXISTS subscriptions_active ON subscriptions (monitor) WHERE state = 'active'",
-    f"""CREATE TABLE IF NOT EXISTS leases (
-        monitor {T} NOT NULL, subject {T} NOT NULL, state TEXT NOT NULL, holder {T},
-        renewed DOUBLE PRECISION NOT NULL, duration BIGINT NOT NULL, rec TEXT NOT NULL,
-        PRIMARY KEY (monitor, subject)
-    )""",
-    f"""CREATE TABLE IF NOT EXISTS publish_keys (
-        monitor {T} NOT NULL, key {T} NOT NULL, seq BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL,
-        PRIMARY KEY (monitor, key)
-    )""",
-    "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
+KNOWN_SUBJECTS_MAX = (
+    100_000  # (monitor, subject) pairs remembered as stored: a subject seen again costs nothing
 )
 
+# The tests' names for the prefix code (store/postgres_sql.py).
+_enc, _dec = enc, dec
 
-_PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id", "%s")
-_PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_COLUMNS, "id", "%s")
-_PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject", "%s")
-_PUT_OBSERVATION = (
-    f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
-    f"VALUES ({', '.join(['%s'] * (1 + len(OBSERVATION_COLUMNS)))})"
-)
-_PUT_PUBLISH_KEY = (
-    "INSERT INTO publish_keys (monitor, key, seq, at) VALUES (%s, %s, %s, %s) "
-    "ON CONFLICT (monitor, key) DO UPDATE SET seq=EXCLUDED.seq, at=EXCLUDED.at"
-)
-_SELECT = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM observations"
-_GET_MONITOR = f"SELECT {', '.join(MONITOR_COLUMNS)}, rec FROM monitors"
-_GET_SUBSCRIPTION = f"SELECT {', '.join(SUBSCRIPTION_COLUMNS)}, rec FROM subscriptions"
-_GET_LEASE = f"SELECT {', '.join(LEASE_COLUMNS)}, rec FROM leases"
-
-
-# ===================================================================================== text PostgreSQL holds
-# PostgreSQL text cannot hold U+0000, which a subject may contain. Column copies are written in a prefix code
-# that keeps code point order and prefixes (U+0001 is an escape: U+0000 -> 01 01, U+0001 -> 01 02), so that
-# equality, ranges and prefix ranges on the encoded text mean what they mean on the original. The event
-# itself is JSON, where U+0000 is spelled \u0000.
-def _enc(value: str | None) -> str | None:
-    if value is None or ("\x00" not in value and "\x01" not in value):
-        return value
-    return value.replace("\x01", "\x01\x02").replace("\x00", "\x01\x01")
-
-
-_ESCAPED = re.compile("\x01([\x01\x02])")
-
-
-def _dec(value: str | None) -> str | None:
-    if value is None or "\x01" not in value:
-        return value
-    return _ESCAPED.sub(lambda m: "\x00" if m.group(1) == "\x01" else "\x01", value)
-
-
-def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
-    return Observation(
-        monitor, r[0], _dec(r[1]), _dec(r[2]), _dec(r[3]), _dec(r[4]), _dec(r[5]), _dec(r[6]),
-        wire.decode_trusted(r[7]),
-    )  # fmt: skip
-
-
-def _term_sql(term: Term, params: list[Any]) -> str:
-    if term.column not in LOG_COLUMNS:  # a column name goes into SQL text: only the known ones
-        raise ValueError(f"not an indexed log column: {term.column!r}")
-    col = term.column
-    parts: list[str] = []
-    exact = [_enc(v) for v in term.exact if storable(v)]
-    if exact:
-        parts.append(f"{col} = ANY(%s)")
-        params.append(exact)
-    for prefix in term.prefixes:
-        if not storable(prefix):
-            continue
-        low = _enc(prefix) or ""
-        upper = next_prefix(low)
-        if upper is None:
-            parts.append(f"{col} >= %s")
-            params.append(low)
-        else:
-            parts.append(f"({col} >= %s AND {col} < %s)")
-            params.extend((low, upper))
-    return " OR ".join(parts) if parts else "FALSE"
-
-
-def log_where(query: LogQuery | None) -> tuple[str, list[Any]]:
-    """The query as a condition on the log's columns (store/sqlite.py log_where, in PostgreSQL's terms)."""
-    if query is None or query.selects_all:
-        return "TRUE", []
-    params: list[Any] = []
-    clauses: list[str] = []
-    for clause in query.clauses:
-        if any(not alt for alt in clause):
-            continue
-        alts = [" AND ".join(f"({_term_sql(t, params)})" for t in alt) for alt in clause]
-        clauses.append(" OR ".join(f"({a})" for a in alts) if alts else "FALSE")
-    return (" AND ".join(f"({c})" for c in clauses) or "TRUE"), params
-
-
-_PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:([^@/]*)@")
-_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
-_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
-
-
-def redacted(url: str) -> str:
-    """The URL (or key=value conninfo) without its password, for logs and the startup banner."""
-    if "://" in url:
-        url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
-        return _PASSWORD_IN_QUERY.sub(r"\1***", url)
-    return _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
-
-
-def scrub(text: str, url: str) -> str:
-    """`text` with the URL's password removed wherever it appears: libpq's messages may quote it (a
-    malformed URL is quoted whole, a bad percent-escape or a space inside the password by itself)."""
-    import urllib.parse
-
-    text = text.replace(url, redacted(url))
-    found = _PASSWORD_IN_URL.match(url)
-    secrets = [found.group(1), urllib.parse.unquote(found.group(1))] if found else []
-    if "://" in url and "?" in url:
-        query = urllib.parse.parse_qs(url.partition("?")[2].partition("#")[0])
-        secrets += query.get("password", [])
-    elif "://" not in url:
-        secrets += [m.group(2).strip("'") for m in _PASSWORD_IN_CONNINFO.finditer(url)]
-    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
-
-
-def is_postgres_url(value: str) -> bool:
-    return value.startswith(("postgresql://", "postgres://"))
+_SCAN_ALL = f"{SELECT_LOG} WHERE monitor=$1 AND seq>=$2 AND seq<=$3 ORDER BY seq LIMIT $4"
+_MAX_SEQ_SQL = "SELECT max(seq) FROM observations WHERE monitor=$1"
 
 
 class StoreVersionError(RuntimeError):
     """The database holds a schema this release does not know (written by a newer one)."""
 
 
-def _driver() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:  # pragma: no cover - the message is the point
-        raise RuntimeError(
-            "a postgresql:// database needs psycopg 3: pip install 'monitor-protocol[postgres]'"
-        ) from exc
-    return psycopg
+def _int(v: bytes | None) -> int | None:
+    return None if v is None else int(v)
 
 
-def _storage_failure(psycopg: Any, exc: BaseException) -> bool:
-    """The database failed, not the request: connection, timeouts, deadlock, resources, a read-only standby."""
-    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg.InternalError)
+def _float(v: bytes | None) -> float | None:
+    return None if v is None else float(v)
+
+
+class _Decoded:
+    """Records decoded from rows, kept by key and used again while the row's text is the same: a call still
+    reads every row it needs under its lock (nothing is believed without the database saying it), but a
+    monitor or a subscription whose stored text has not changed since this server last read or wrote it
+    costs no JSON decoding. Equal text is an equal record, since decoding is a function of the text."""
+
+    def __init__(self, decode: Callable[[Row], Any], limit: int = 10_000) -> None:
+        self._decode = decode
+        self._limit = limit
+        self._seen: dict[bytes | None, tuple[Row, Any]] = {}
+
+    def __call__(self, r: Row) -> Any:
+        r = tuple(r)
+        hit = self._seen.get(r[0])
+        if hit is not None and hit[0] == r:
+            return hit[1]
+        rec = self._decode(r)
+        self.remember(r, rec)
+        return rec
+
+    def remember(self, r: Row, rec: Any) -> None:
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen[r[0]] = (r, rec)
+
+
+def _as_text(values: tuple[Any, ...]) -> Row:
+    """Written column values as the database's text form of them (what a read of the row returns)."""
+    return tuple(encode(v) for v in values)
+
+
+def _monitor(r: Row) -> Monitor:
+    return Monitor.from_row(
+        row_of((text(r[0]), text(r[1]), _int(r[2]), _int(r[3]), text(r[4])), MONITOR_COLUMNS)
+    )
+
+
+def _subscription(r: Row) -> Subscription:
+    values = (
+        text(r[0]), text(r[1]), text(r[2]), text(r[3]), text(r[4]), _int(r[5]), _int(r[6]), _float(r[7]),
+        text(r[8]),
+    )  # fmt: skip
+    return Subscription.from_row(row_of(values, SUBSCRIPTION_COLUMNS))
+
+
+def _lease(r: Row) -> Lease:
+    values = (
+        text(r[0]), dec(text(r[1])), text(r[2]), dec(text(r[3])), _float(r[4]), _int(r[5]), text(r[6]),
+    )  # fmt: skip
+    return Lease.from_row(row_of(values, LEASE_COLUMNS))
+
+
+def _observation(monitor: str, r: Row) -> Observation:
+    return Observation(
+        monitor, int(r[0]), dec(text(r[1])), dec(text(r[2])), dec(text(r[3])), dec(text(r[4])), dec(text(r[5])),
+        dec(text(r[6])), wire.decode_trusted(r[7].decode()),
+    )  # fmt: skip
 
 
 class PostgresStore(Store):
-    """One connection, used by the engine thread only (the engine is single-threaded per server); LISTEN and
-    the leader lock each hold a connection of their own, on threads of their own."""
+    """The store every engine thread of a server uses: each thread has a session of its own (its connection
+    and its call, store/postgres_session.py); LISTEN, the leader lock and the readers' counts each hold a
+    connection of their own, on threads of their own."""
 
     shared = True  # several servers write this store: the engine locks, re-reads, and allows for lag
+    writes_at_commit = True  # a call's writes travel with its commit (core/store_contract.py)
 
     def __init__(self, url: str, *, connect_timeout: float = 5.0) -> None:
         self.url = url
         self.connect_timeout = connect_timeout
-        self.psycopg = _driver()
+        # When a thread's session last connected (postgres_session.py: a session waiting to try again after
+        # a failed attempt tries at once if another has connected since).
+        self.connected_at = 0.0
+        self.psycopg = driver()
         self.stats = StoreStats()
+        self._stats_lock = threading.Lock()
         self.instance = secrets.token_hex(8)  # this server's name in its own notifications
-        self._conn: Any = None
-        self._retry_at = 0.0
-        self._queued = []  # statements sent with the next one (lock_monitor)
-        self._last_failure = ""
-        self._depth = 0
-        self._wrote = False
-        self._leader = False
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._connect()
+        self._local = threading.local()
+        self._sessions: list[Session] = []
+        self._sessions_lock = threading.Lock()
+        # Shared by the threads: records decoded from rows (used again while a row's text is the same) and
+        # the (monitor, subject) pairs stored (a subject seen again costs no row).
+        self._monitor = _Decoded(_monitor)
+        self._subscription = _Decoded(_subscription)
+        self._known_subjects: set[tuple[str, str]] = set()
+        self._peers = Peers(url, self.psycopg, self.instance, self._side_connection)
+        self.counts = Counts(self._side_connection, self._peers.stop)
+        self._s.open()
         self._open_schema()
         self.stats = StoreStats()  # what the engine's calls cost, not the schema's check
 
-    # --- connections ------------------------------------------------------------------------------
-    def _new_connection(self, *, autocommit: bool) -> Any:
+    # --- sessions ---------------------------------------------------------------------------------
+    @property
+    def _s(self) -> Session:
+        """This thread's session (created at its first call)."""
         try:
-            conn = self.psycopg.connect(
-                self.url,
-                autocommit=autocommit,
-                connect_timeout=max(1, int(self.connect_timeout)),
-                application_name="mp serve",
-                # A peer that vanished (host lost, partition) is noticed in seconds, not hours: every
-                # connection here waits on the other side (LISTEN, the leader's session, a commit).
-                keepalives=1,
-                keepalives_idle=KEEPALIVE_IDLE_SECONDS,
-                keepalives_interval=KEEPALIVE_INTERVAL_SECONDS,
-                keepalives_count=KEEPALIVE_COUNT,
-                tcp_user_timeout=TCP_USER_TIMEOUT_MS,
-            )
-        except Exception as exc:  # psycopg.Error, or a malformed URL libpq could not even parse
-            # What a client hears stays generic. Where the database is and what libpq said is the operator's
-            # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
-            failure = StorageError(f"the database is unreachable ({type(exc).__name__}, see the server log)")
-            failure.detail = f"cannot connect to PostgreSQL at {redacted(self.url)}: " + scrub(
-                f"{type(exc).__name__}: {exc}", self.url
-            )
-            raise failure from None
+            return self._local.session  # type: ignore[no-any-return]
+        except AttributeError:
+            session = self._local.session = Session(self, self.psycopg, self.connect_timeout)
+            with self._sessions_lock:
+                self._sessions.append(session)
+            return session
+
+    # The calling thread's connection, for tests that make the database go away under it.
+    @property
+    def _conn(self) -> Any:
+        return self._s.conn
+
+    @property
+    def _wire(self) -> Wire | None:
+        return self._s.wire
+
+    @property
+    def _retry_at(self) -> float:
+        return self._s.retry_at
+
+    @_retry_at.setter
+    def _retry_at(self, value: float) -> None:
+        self._s.retry_at = value
+
+    @property
+    def statements(self) -> int:
+        """Statements sent on the engines' connections (every connection they had): bench/scaleout.py and
+        tests/test_postgres_store.py count them per call."""
+        with self._sessions_lock:
+            return sum(s.statements for s in self._sessions)
+
+    @property
+    def round_trips(self) -> int:
+        with self._sessions_lock:
+            return sum(s.round_trips for s in self._sessions)
+
+    def job_monitors(self) -> set[str]:
+        """The monitors this thread's calls locked since the last time it asked (doors/engines.py)."""
+        s = self._s
+        touched, s.touched = s.touched, set()
+        return touched
+
+    def _side_connection(self) -> Any:
+        conn = connect(self.psycopg, self.url, self.connect_timeout, autocommit=True)
+        conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
         return conn
 
-    def _connect(self) -> None:
-        conn = self._new_connection(autocommit=True)
-        try:
-            conn.execute("SET synchronous_commit TO on")  # a reply only after the commit is durable
-            conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
-            conn.execute(f"SET statement_timeout TO {STATEMENT_TIMEOUT_MS}")
-            conn.execute("SET idle_in_transaction_session_timeout TO 60000")
-            conn.autocommit = False
-        except self.psycopg.Error as exc:
-            conn.close()
-            log.warning("cannot configure the PostgreSQL session: %s", scrub(str(exc), self.url))
-            raise StorageError(
-                "the database refused this server's session settings (see the server log)"
-            ) from None
-        self._conn = conn
+    def _run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:
+        """Statements in one round trip, each with its rows; outside a call, a transaction of their own."""
+        s = self._s
+        if not s.depth:
+            with self.transaction():
+                return s.run(statements, prepare=prepare)
+        return s.run(statements, prepare=prepare)
 
-    def _ready(self) -> Any:
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            self._conn = None
-            # While the database is away, one attempt per RECONNECT_SECONDS: the calls in between get their
-            # 503 at once instead of each waiting out a connection timeout on the engine thread.
-            now = time.monotonic()
-            if now < self._retry_at:
-                raise StorageError(self._last_failure)
-            try:
-                self._connect()
-            except StorageError as exc:
-                if not self._last_failure:  # once per outage, not once per retry
-                    log.warning("%s; retrying every %.1f s", exc.detail or exc, RECONNECT_SECONDS)
-                self._retry_at, self._last_failure = now + RECONNECT_SECONDS, str(exc)
-                raise
-            if self._last_failure:
-                log.warning("reconnected to PostgreSQL at %s", redacted(self.url))
-                self._last_failure = ""
-        return self._conn
-
-    def _fail(self, exc: BaseException) -> StorageError:
-        """A driver failure as StorageError; the transaction is gone, and a broken connection is dropped."""
-        conn = self._conn
-        if conn is not None and (conn.closed or conn.broken):
-            with contextlib.suppress(Exception):
-                conn.close()
-            self._conn = None
-        log.warning("PostgreSQL: %s", scrub(f"{type(exc).__name__}: {exc}", self.url))
-        return StorageError(f"the database failed: {type(exc).__name__}, see the server log")
-
-    def _in_call(self) -> Any:
-        """The connection of the open call; never a new one mid-call (its locks and writes were on the old)."""
-        conn = self._conn
-        if conn is None or conn.closed:
-            raise StorageError("the connection to PostgreSQL was lost during this call")
-        return conn
-
-    def _exec(self, sql: str, params: Any = None) -> Any:
-        """Execute; the rows are fetched with the reply (psycopg's client-side cursor). A read outside a
-        call gets its own snapshot, ended at once, so no session is ever left idle in a transaction.
-        Statements queued by `lock_monitor` go first, in one pipeline with this one: one round trip for the
-        lock and the read after it (which, at READ COMMITTED, takes its snapshot once the lock is held)."""
-        conn = self._in_call() if self._depth else self._ready()
-        if isinstance(params, tuple) and any(isinstance(v, str) and "\x00" in v for v in params):
-            # A lookup by an id with U+0000 (a request may spell one): PostgreSQL text cannot hold it, so
-            # no stored row has it. Its escaped spelling matches nothing either, and is storable text.
-            params = tuple(_enc(v) if isinstance(v, str) else v for v in params)
-        try:
-            if self._queued:
-                queued, self._queued = self._queued, []
-                with conn.pipeline():
-                    for before in queued:
-                        conn.execute(*before)
-                    cur = conn.execute(sql, params)
-            else:
-                cur = conn.execute(sql, params)
-        except self.psycopg.Error as exc:
-            if not self._depth:
-                self._rollback()
-            if _storage_failure(self.psycopg, exc):
-                raise self._fail(exc) from exc
-            raise
-        if not self._depth:
-            self._end_read()
-        return cur
-
-    def _end_read(self) -> None:
-        """End a transaction that wrote nothing. COMMIT, not ROLLBACK: a read-only commit flushes no WAL,
-        and psycopg keeps its prepared statements (after a rollback it deallocates them all)."""
-        try:
-            self._in_call().commit()
-        except (StorageError, self.psycopg.Error) as exc:
-            if isinstance(exc, self.psycopg.Error):
-                self._fail(exc)
-            self._rollback()
+    def _rows(self, sql: str, params: Any = (), *, prepare: bool = True) -> list[Row]:
+        return self._run([(sql, params)], prepare=prepare)[0]
 
     def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
+        self._peers.stop.set()
+        for thread in self._peers.threads:
             thread.join(timeout=5)
-        self._threads.clear()
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
+        self._peers.threads.clear()
+        self.counts.join(timeout=10)  # its last fold
+        with self._sessions_lock:
+            for session in self._sessions:
+                session.close()
 
     # --- the schema -------------------------------------------------------------------------------
     def _open_schema(self) -> None:
-        """Create the schema once (servers starting together wait for each other on a lock), or check that
-        the one there is this release's."""
+        """Create the schema once (servers starting together wait for each other on a lock), bring one of an
+        earlier version to this one (version 1 had no functions), or check that the one there is not newer."""
         try:
             with self.transaction():
-                self._exec("SELECT pg_advisory_xact_lock(%s, 0)", (LOCK_SCHEMA,))
-                present = self._exec("SELECT to_regclass('mp_meta') IS NOT NULL").fetchone()[0]
+                self._rows("SELECT pg_advisory_xact_lock($1, 0)", (LOCK_SCHEMA,), prepare=False)
+                present = self._rows("SELECT to_regclass('mp_meta') IS NOT NULL", prepare=False)[0][0] == b"t"
                 row = None
                 if present:  # read first: a read-only standby with the schema opens (and serves reads)
-                    row = self._exec("SELECT value FROM mp_meta WHERE key='schema_version'").fetchone()
-                version = int(row[0]) if row else None
-                if version is None:
-                    for statement in SCHEMA:
-                        self._exec(statement)
-                    self._exec(
-                        "INSERT INTO mp_meta (key, value) VALUES ('schema_version', %s), ('created_by', %s)",
-                        (str(SCHEMA_VERSION), f"monitor-protocol {__version__}"),
-                    )
-                    self._wrote = True
-                elif version > SCHEMA_VERSION:
+                    row = self._rows("SELECT value FROM mp_meta WHERE key='schema_version'", prepare=False)
+                version = int(row[0][0]) if row else None
+                if version is not None and version > SCHEMA_VERSION:
                     raise StoreVersionError(
                         f"The database {redacted(self.url)} holds schema version {version}, and this "
                         f"monitor-protocol {__version__} knows version {SCHEMA_VERSION}: it was written by a "
                         "newer release. Nothing will be served from it; upgrade monitor-protocol."
                     )
+                if version is None or version < SCHEMA_VERSION:
+                    for statement in SCHEMA:
+                        self._rows(statement, prepare=False)
+                    self._rows(
+                        "INSERT INTO mp_meta (key, value) VALUES ('schema_version', $1), ('created_by', $2) "
+                        "ON CONFLICT (key) DO UPDATE SET value=EXCLUDED.value",
+                        (str(SCHEMA_VERSION), f"monitor-protocol {__version__}"),
+                        prepare=False,
+                    )
+                    self._s.wrote = True
         except BaseException:
             self.close()
             raise
@@ -444,166 +330,154 @@ class PostgresStore(Store):
     # --- transactions -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        if self._depth:
+        s = self._s
+        if s.depth:
             yield
             return
-        self._ready()
-        self._depth = 1
-        self._wrote = False
-        self._queued: list[tuple[str, Any]] = []
+        s.begin()
         try:
             yield
-            self._flush_queued()  # a lock taken and nothing read after it still orders this call
+            if s.asked:  # a lock taken and nothing read after it still orders this call
+                s.run([])
         except BaseException:
-            self._depth = 0
-            self._queued = []
-            self._rollback()
+            s.end()
+            s.rollback()
             raise
-        self._depth = 0
-        if not self._wrote:
-            self.stats.read_only += 1
-            self._end_read()
-            return
-        try:
-            self._conn.commit()
-        except self.psycopg.Error as exc:
-            # The commit may or may not have reached the database before the connection went: the caller
-            # hears 503 saying so, and retries (a publish with its idempotency key is then answered once).
-            failure = self._fail(exc)
-            failure.outcome_unknown = True
-            raise failure from exc
-        self.stats.commits += 1
+        s.end()
+        pulls, s.pulls = s.pulls, []
+        written, s.written = s.written, []
+        fresh, s.fresh_subjects = s.fresh_subjects, set()
+        wrote = s.commit() or s.wrote
+        for decoded, rows, records in written:  # what a later call will read back, already decoded
+            for row, rec in zip(rows, records, strict=True):
+                decoded.remember(_as_text(row), rec)
+        with self._stats_lock:
+            if wrote:
+                self.stats.commits += 1
+            else:
+                self.stats.read_only += 1
+        if fresh:
+            known = self._known_subjects
+            if len(known) + len(fresh) > KNOWN_SUBJECTS_MAX:
+                known.clear()
+            known.update(fresh)
+        if pulls:
+            self.counts.add(pulls)
 
-    def _rollback(self) -> None:
-        conn = self._conn
-        if conn is None:
-            return
-        try:
-            conn.rollback()
-        except self.psycopg.Error as exc:
-            self._fail(exc)
-
-    def lock_monitor(self, monitor_id: str) -> None:
-        """Queued, and sent with the call's next statement (its read of what it locked): the lock is held
+    def lock_monitor(self, monitor_id: str, *, shared: bool = False) -> None:
+        """Asked now, sent with the call's next statement (its read of what it locked): the lock is held
         before that statement runs, since the server runs a pipeline's statements in order."""
-        # One 64-bit key per monitor (a key space of its own: the two-key locks below never meet it).
-        lock = ("SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))", (_enc(monitor_id), LOCK_MONITOR))
-        if self._depth:
-            self._queued.append(lock)
-        else:
-            self._exec(*lock)
+        s = self._s
+        if not s.depth:
+            self._rows(LOCK_MONITOR_SQL, (enc(monitor_id), shared))
+            return
+        if monitor_id not in s.locks and monitor_id not in s.asked:
+            s.asked[monitor_id] = shared
 
-    def _flush_queued(self) -> None:
-        if self._queued:
-            self._exec("SELECT 1")
+    def lock_subscription(self, sub_id: str) -> None:
+        s = self._s
+        if sub_id in s.sub_locks:
+            return
+        self._rows(LOCK_SUBSCRIPTION_SQL, (sub_id,))
+        if s.depth:
+            s.sub_locks.add(sub_id)
+
+    def locked_subscription(
+        self, key: str, *, by_token: bool = False, shared: bool = False
+    ) -> Subscription | None:
+        """The subscription by id or token hash, read under its monitor's lock (see Store): one statement,
+        which also reads that monitor for the call's next read of it and, for a reader (`shared`), the first
+        rows of the log from its cursor, for the pull that usually follows."""
+        s = self._s
+        if not s.depth:
+            return super().locked_subscription(key, by_token=by_token, shared=shared)
+        if not by_token and key in s.seen_subs and (not shared or key in s.sub_locks):
+            return s.seen_subs[key]
+        page = PAGE_AHEAD if shared else 0
+        (res,) = s.results([(SUBSCRIPTION_SQL["token" if by_token else "id"], (key, shared, page))])
+        if res is None or not res.ntuples:
+            return None
+        get = res.get_value
+        sub = self._subscription([get(0, c) for c in range(1, 10)])
+        s.locked(sub.monitor, shared)
+        if shared:
+            s.sub_locks.add(sub.id)
+        s.seen_subs[sub.id] = sub
+        has_monitor = res.ntuples > 1 and get(1, 0) == b"m"
+        s.seen_monitors[sub.monitor] = (
+            self._monitor([get(1, c) for c in range(1, 6)]) if has_monitor else None
+        )
+        if page:
+            first = 2 if has_monitor else 1
+            log = [_PageRow(res, i) for i in range(first, res.ntuples)]
+            s.page[sub.monitor] = (max(sub.cursor, 1), log, len(log) < page)
+        return sub
+
+    def _from_page(self, monitor_id: str, start: int, end: int, limit: int) -> list[Row] | None:
+        """A log read answered from the rows read ahead with the subscription, when they hold all of it."""
+        ahead = self._s.page.get(monitor_id)
+        if ahead is None or start < ahead[0]:
+            return None
+        _first, rows, complete = ahead
+        found = [r for r in rows if start <= r.seq <= end][:limit]
+        if len(found) == limit or complete or (rows and rows[-1].seq >= end):
+            return found
+        return None
 
     # --- the one write of a call ------------------------------------------------------------------
     def apply(self, changes: Changes) -> None:
-        if not self._depth:
+        """Every write of the call in one statement, sent now and answered with the commit (the Sync that ends
+        the call): a refusal of the database (a unique index) is raised by the commit, and nothing of the
+        call is written. A read after it in the same call reads its answer first."""
+        s = self._s
+        if not s.depth:
             with self.transaction():
                 self.apply(changes)
             return
         if changes.empty():
             return
-        try:
-            conn = self._in_call()
-            with conn.pipeline():  # every write of the call in one round trip
-                queued, self._queued = self._queued, []
-                for before in queued:
-                    conn.execute(*before)
-                wrote, deletes = self._write(conn, changes)
-            wrote = wrote or any(cur.rowcount > 0 for cur in deletes)
-        except self.psycopg.Error as exc:
-            if _storage_failure(self.psycopg, exc):
-                raise self._fail(exc) from exc
-            raise
-        self._wrote = self._wrote or wrote
-
-    @staticmethod
-    def _put(conn: Any, sql: str, rows: list[Any]) -> None:
-        if len(rows) == 1:
-            conn.execute(sql, rows[0])
-        elif rows:
-            conn.cursor().executemany(sql, rows)
-
-    def _write(self, conn: Any, changes: Changes) -> tuple[bool, list[Any]]:
-        """Queue the changes' statements in the open pipeline: whether an upsert or insert writes, and the
-        cursors of the deletes (a delete that finds nothing writes nothing: read their rowcount after the
-        pipeline's sync)."""
-        wrote = bool(
-            changes.monitors or changes.observations or changes.subjects or changes.subscriptions
-            or changes.leases or changes.publish_keys
-        )  # fmt: skip
-        if changes.monitors:
-            self._put(conn, _PUT_MONITOR, [row_values(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors])
-        if changes.observations:
-            self._put(
-                conn,
-                _PUT_OBSERVATION,
-                [
-                    (
-                        o.monitor,
-                        o.seq,
-                        _enc(o.type),
-                        _enc(o.subject),
-                        _enc(o.actor),
-                        _enc(o.origin),
-                        _enc(o.tier),
-                        _enc(o.horizon),
-                        wire.encode_text(o.event),
-                    )  # fmt: skip
-                    for o in changes.observations
-                ],
-            )
-            heads: dict[str, int] = {}
-            for o in changes.observations:
-                heads[o.monitor] = max(o.seq, heads.get(o.monitor, 0))
-            for monitor_id, head in heads.items():  # delivered to the other servers at the commit
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{self.instance}\t{head}\t{monitor_id}"))
-        if changes.subjects:
-            self._put(
-                conn,
-                "INSERT INTO subjects (monitor, subject) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                [(m, _enc(s)) for m, s in changes.subjects],
-            )
-        if changes.subscriptions:
-            self._put(
-                conn,
-                _PUT_SUBSCRIPTION,
-                [row_values(s.to_row(), SUBSCRIPTION_COLUMNS) for s in changes.subscriptions],
-            )
-        if changes.leases:
-            rows = []
-            for x in changes.leases:
-                values = list(row_values(x.to_row(), LEASE_COLUMNS))
-                values[1], values[3] = _enc(values[1]), _enc(values[3])
-                rows.append(tuple(values))
-            self._put(conn, _PUT_LEASE, rows)
-        if changes.publish_keys:
-            self._put(conn, _PUT_PUBLISH_KEY, [(k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys])
-        deletes = [
-            conn.execute("DELETE FROM observations WHERE monitor=%s AND seq<%s", (monitor, below))
-            for monitor, below in changes.compactions
-        ]
-        if changes.purge_keys_before is not None:
-            deletes.append(
-                conn.execute("DELETE FROM publish_keys WHERE at<%s", (float(changes.purge_keys_before),))
-            )
-        return wrote, deletes
+        fresh = [pair for pair in changes.subjects if pair not in self._known_subjects]
+        if len(fresh) != len(changes.subjects):  # a subject stored before costs no row
+            changes = Changes(**{**_fields(changes), "subjects": fresh})
+        rows = _rows_written(changes)
+        if rows or changes.compactions or changes.purge_keys_before is not None:
+            if s.asked:
+                s.run([])
+            sql, params, written = write_statement(changes, self.instance)
+            s.later(sql, params)
+            s.writes.append(rows)
+            s.written.append((self._monitor, written["monitors"], changes.monitors))
+            s.written.append((self._subscription, written["subscriptions"], changes.subscriptions))
+        # What was read under the lock is what this call now wrote: read again if the call goes on.
+        s.seen_monitors.clear()
+        s.seen_subs.clear()
+        s.page.clear()
+        s.fresh_subjects.update(fresh)
+        s.pulls.extend(changes.pulls)
 
     # --- monitors ---------------------------------------------------------------------------------
     def get_monitor(self, monitor_id: str) -> Monitor | None:
-        row = self._exec(f"{_GET_MONITOR} WHERE id=%s", (monitor_id,)).fetchone()
-        return Monitor.from_row(row_of(row, MONITOR_COLUMNS)) if row else None
+        s = self._s
+        if s.depth and monitor_id in s.seen_monitors:
+            return s.seen_monitors[monitor_id]
+        shared = s.asked.pop(monitor_id, None)
+        if shared is not None:  # its lock and the read under it: one statement
+            rows = s.run([(MONITOR_SQL, (enc(monitor_id), shared))])[0]
+            s.locked(monitor_id, shared)
+        else:
+            rows = self._rows(f"{GET_MONITOR} WHERE id=$1", (monitor_id,))
+        found = self._monitor(rows[0]) if rows else None
+        if s.depth and monitor_id in s.locks:
+            s.seen_monitors[monitor_id] = found
+        return found
 
     def list_monitors(self) -> list[Monitor]:
-        rows = self._exec(f"{_GET_MONITOR} ORDER BY id").fetchall()
-        return [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
+        return [self._monitor(r) for r in self._rows(f"{GET_MONITOR} ORDER BY id")]
 
     # --- the log ----------------------------------------------------------------------------------
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
-        row = self._exec(f"{_SELECT} WHERE monitor=%s AND seq=%s", (monitor_id, seq)).fetchone()
-        return _observation(monitor_id, row) if row else None
+        rows = self._rows(f"{SELECT_LOG} WHERE monitor=$1 AND seq=$2", (monitor_id, seq))
+        return _observation(monitor_id, rows[0]) if rows else None
 
     def scan(
         self, monitor_id: str, from_seq: int, to_seq: int, query: LogQuery | None = None
@@ -612,15 +486,26 @@ class PostgresStore(Store):
         to_seq = min(to_seq, MAX_SEQ)
         cond, params = log_where(query)
         windowed = cond != "TRUE"
-        sql = f"{_SELECT} WHERE monitor=%s AND seq>=%s AND seq<=%s AND ({cond}) ORDER BY seq LIMIT %s"
         if windowed:
-            top = self._exec("SELECT max(seq) FROM observations WHERE monitor=%s", (monitor_id,)).fetchone()
-            if top is None or top[0] is None:
+            top = self._rows(_MAX_SEQ_SQL, (monitor_id,))
+            if not top or top[0][0] is None:
                 return
-            to_seq = min(to_seq, int(top[0]))
+            to_seq = min(to_seq, int(top[0][0]))
+            sql = numbered(
+                f"{SELECT_LOG} WHERE monitor=%s AND seq>=%s AND seq<=%s AND ({cond}) ORDER BY seq LIMIT %s"
+            )
 
-        def fetch(start: int, end: int, limit: int) -> list[Any]:
-            return self._exec(sql, (monitor_id, start, end, *params, limit)).fetchall()
+            def fetch(start: int, end: int, limit: int) -> list[Any]:
+                return _seq_first(self._rows(sql, (monitor_id, start, end, *params, limit), prepare=False))
+
+        else:
+
+            def fetch(start: int, end: int, limit: int) -> list[Any]:
+                if self._s.depth:
+                    ahead = self._from_page(monitor_id, start, end, limit)
+                    if ahead is not None:
+                        return ahead
+                return _seq_first(self._rows(_SCAN_ALL, (monitor_id, start, end, limit)))
 
         for r in chunked_rows(fetch, from_seq, to_seq, windowed=windowed):
             yield _observation(monitor_id, r)
@@ -636,179 +521,125 @@ class PostgresStore(Store):
         if cap is not None and cap <= 0:
             return 0
         cond, params = log_where(query)
-        sql = capped_count_sql("observations", cond, "%s")
-        row = self._exec(sql, (monitor_id, from_seq, min(to_seq, MAX_SEQ), *params, cap)).fetchone()
-        return int(row[0])
+        sql = numbered(capped_count_sql("observations", cond, "%s"))
+        args = (monitor_id, from_seq, min(to_seq, MAX_SEQ), *params, cap)
+        return int(self._rows(sql, args, prepare=not params)[0][0])
 
     def has_subject(self, monitor_id: str, subject: str) -> bool:
         if not storable(subject):
             return False
-        row = self._exec(
-            "SELECT 1 FROM subjects WHERE monitor=%s AND subject=%s", (monitor_id, _enc(subject))
-        ).fetchone()
-        return row is not None
+        pair = (monitor_id, subject)
+        if pair in self._known_subjects:
+            return True
+        rows = self._rows(
+            "SELECT 1 FROM subjects WHERE monitor=$1 AND subject=$2", (monitor_id, enc(subject))
+        )
+        if rows and len(self._known_subjects) < KNOWN_SUBJECTS_MAX:
+            self._known_subjects.add(pair)  # subjects are never deleted: once there, always there
+        return bool(rows)
 
     def list_subjects(self, monitor_id: str) -> list[str]:
-        rows = self._exec("SELECT subject FROM subjects WHERE monitor=%s", (monitor_id,)).fetchall()
-        return sorted(_dec(r[0]) or "" for r in rows)  # Python's order: the decoded text, not the stored
+        rows = self._rows("SELECT subject FROM subjects WHERE monitor=$1", (monitor_id,))
+        return sorted(dec(text(r[0])) or "" for r in rows)  # Python's order: the decoded text, not the stored
 
     # --- subscriptions ----------------------------------------------------------------------------
-    def _subscription(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
-        row = self._exec(f"{_GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
-        return Subscription.from_row(row_of(row, SUBSCRIPTION_COLUMNS)) if row else None
+    def _subscription_where(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
+        rows = self._rows(f"{GET_SUBSCRIPTION} WHERE {where}", args)
+        return self._subscription(rows[0]) if rows else None
 
     def get_subscription(self, sub_id: str) -> Subscription | None:
-        return self._subscription("id=%s", (sub_id,))
+        s = self._s
+        if s.depth and sub_id in s.seen_subs:
+            return s.seen_subs[sub_id]
+        found = self._subscription_where("id=$1", (sub_id,))
+        if found is not None and s.depth and found.monitor in s.locks:
+            s.seen_subs[sub_id] = found
+        return found
 
     def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None:
-        return self._subscription("monitor=%s AND subscriber=%s", (monitor_id, subscriber))
+        return self._subscription_where("monitor=$1 AND subscriber=$2", (monitor_id, subscriber))
 
     def find_subscription_by_token(self, token_hash: str) -> Subscription | None:
-        return self._subscription("token_hash=%s", (token_hash,))
+        return self._subscription_where("token_hash=$1", (token_hash,))
 
     def list_subscriptions(self, monitor_id: str | None = None) -> list[Subscription]:
         if monitor_id is None:
-            rows = self._exec(f"{_GET_SUBSCRIPTION} ORDER BY id").fetchall()
+            rows = self._rows(f"{GET_SUBSCRIPTION} ORDER BY id")
         else:
-            rows = self._exec(f"{_GET_SUBSCRIPTION} WHERE monitor=%s ORDER BY id", (monitor_id,)).fetchall()
-        return [Subscription.from_row(row_of(r, SUBSCRIPTION_COLUMNS)) for r in rows]
+            rows = self._rows(f"{GET_SUBSCRIPTION} WHERE monitor=$1 ORDER BY id", (monitor_id,))
+        return [self._subscription(r) for r in rows]
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
-        row = self._exec(
-            "SELECT count(*) FROM subscriptions WHERE monitor=%s AND state = 'active'", (monitor_id,)
-        ).fetchone()
-        return int(row[0])
+        rows = self._rows(
+            "SELECT count(*) FROM subscriptions WHERE monitor=$1 AND state = 'active'", (monitor_id,)
+        )
+        return int(rows[0][0])
 
     # --- leases -----------------------------------------------------------------------------------
-    @staticmethod
-    def _lease(r: tuple[Any, ...]) -> Lease:
-        values = list(r)
-        values[1], values[3] = _dec(values[1]), _dec(values[3])
-        return Lease.from_row(row_of(tuple(values), LEASE_COLUMNS))
-
     def get_lease(self, monitor_id: str, subject: str) -> Lease | None:
         if not storable(subject):
             return None
-        row = self._exec(
-            f"{_GET_LEASE} WHERE monitor=%s AND subject=%s", (monitor_id, _enc(subject))
-        ).fetchone()
-        return self._lease(row) if row else None
+        rows = self._rows(f"{GET_LEASE} WHERE monitor=$1 AND subject=$2", (monitor_id, enc(subject)))
+        return _lease(rows[0]) if rows else None
 
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         if monitor_id is None:
-            rows = self._exec(f"{_GET_LEASE} ORDER BY monitor, subject").fetchall()
+            rows = self._rows(f"{GET_LEASE} ORDER BY monitor, subject")
         else:
-            rows = self._exec(f"{_GET_LEASE} WHERE monitor=%s ORDER BY subject", (monitor_id,)).fetchall()
-        return [self._lease(r) for r in rows]
+            rows = self._rows(f"{GET_LEASE} WHERE monitor=$1 ORDER BY subject", (monitor_id,))
+        return [_lease(r) for r in rows]
 
     # --- publish idempotency keys -----------------------------------------------------------------
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
-        row = self._exec(
-            "SELECT seq, at FROM publish_keys WHERE monitor=%s AND key=%s", (monitor_id, key)
-        ).fetchone()
-        return PublishKey(monitor_id, key, int(row[0]), float(row[1])) if row else None
+        rows = self._rows("SELECT seq, at FROM publish_keys WHERE monitor=$1 AND key=$2", (monitor_id, key))
+        return PublishKey(monitor_id, key, int(rows[0][0]), float(rows[0][1])) if rows else None
 
     def list_publish_keys(self, monitor_id: str) -> list[PublishKey]:
-        rows = self._exec(
-            "SELECT key, seq, at FROM publish_keys WHERE monitor=%s ORDER BY key", (monitor_id,)
-        ).fetchall()
-        return [PublishKey(monitor_id, r[0], int(r[1]), float(r[2])) for r in rows]
+        rows = self._rows(
+            "SELECT key, seq, at FROM publish_keys WHERE monitor=$1 ORDER BY key", (monitor_id,)
+        )
+        return [PublishKey(monitor_id, r[0].decode(), int(r[1]), float(r[2])) for r in rows]
 
-    # --- between servers: appends heard, and one leader ------------------------------------------
+    # --- between servers: appends heard, one leader, readers' counts ------------------------------
     def leading(self) -> bool:
         """Whether this server holds the leader lock (sweeps and push run here)."""
-        return self._leader
+        return self._peers.leader
 
     def start_leader_election(self, poll_seconds: float = LEADER_POLL_SECONDS) -> None:
-        thread = threading.Thread(target=self._lead, args=(poll_seconds,), name="mp-pg-leader", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _lead(self, poll: float) -> None:
-        conn: Any = None
-        while not self._stop.is_set():
-            try:
-                if conn is None or conn.closed or conn.broken:
-                    self._leader = False
-                    conn = self._new_connection(autocommit=True)
-                    # The database drops a vanished holder's session (and so the lock) within seconds.
-                    conn.execute(f"SET tcp_keepalives_idle TO {KEEPALIVE_IDLE_SECONDS}")
-                    conn.execute(f"SET tcp_keepalives_interval TO {KEEPALIVE_INTERVAL_SECONDS}")
-                    conn.execute(f"SET tcp_keepalives_count TO {KEEPALIVE_COUNT}")
-                    conn.execute(f"SET tcp_user_timeout TO {TCP_USER_TIMEOUT_MS}")
-                if not self._leader:
-                    got = conn.execute("SELECT pg_try_advisory_lock(%s, 0)", (LOCK_LEADER,)).fetchone()[0]
-                    if got:
-                        log.info("this server now runs the sweeps and push delivery (leader lock taken)")
-                    self._leader = bool(got)
-                else:
-                    conn.execute("SELECT 1")  # still connected: the session, and so the lock, is alive
-            except Exception as exc:  # whatever it was, this thread goes on: without it nobody may lead here
-                if self._leader:
-                    log.warning("lost the leader lock's connection: %s", scrub(str(exc), self.url))
-                self._leader = False
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-                conn = None
-            self._stop.wait(poll)
-        self._leader = False
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        self._peers.start_leader_election(poll_seconds)
 
     def listen(self, on_append: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
         """Hear the other servers' appends: `on_append(monitor, head)` on a thread of its own; after every
         (re)connection `on_reconnect()`, since appends made while the connection was down were not heard."""
-        thread = threading.Thread(
-            target=self._listen, args=(on_append, on_reconnect), name="mp-pg-listen", daemon=True
-        )
-        self._threads.append(thread)
-        thread.start()
-
-    def _listen(self, on_append: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
-        delay = 0.1
-        while not self._stop.is_set():
-            conn: Any = None
-            try:
-                conn = self._new_connection(autocommit=True)
-                conn.execute(f"LISTEN {CHANNEL}")
-                delay = 0.1
-                on_reconnect()
-                pinged = time.monotonic()
-                while not self._stop.is_set():
-                    if time.monotonic() - pinged >= LISTEN_PING_SECONDS:
-                        conn.execute("SELECT 1")  # a connection that only listens would never notice it died
-                        pinged = time.monotonic()
-                    for note in conn.notifies(timeout=0.5):
-                        instance, _, rest = note.payload.partition("\t")
-                        head, _, monitor_id = rest.partition("\t")
-                        if instance != self.instance and head.isdigit():
-                            try:
-                                on_append(monitor_id, int(head))
-                            except Exception:
-                                log.exception("an append listener failed")
-            except Exception as exc:  # whatever it was, keep listening: a dead listener would wake nobody
-                log.warning(
-                    "LISTEN %s: %s; reconnecting in %.1f s", CHANNEL, scrub(str(exc), self.url), delay
-                )
-            finally:
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
-            self._stop.wait(delay)
-            delay = min(delay * 2, 5.0)
+        self._peers.listen(on_append, on_reconnect)
 
 
-def wait_for_database(url: str, seconds: float) -> None:
-    """Block until PostgreSQL at `url` accepts a connection (tests and scripts), or raise StorageError."""
-    psycopg = _driver()
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            psycopg.connect(url, connect_timeout=2).close()
-            return
-        except psycopg.Error as exc:
-            if time.monotonic() > deadline:
-                raise StorageError(f"PostgreSQL at {redacted(url)} did not answer: {exc}") from exc
-            time.sleep(0.2)
+class _PageRow:
+    """A row of the log read ahead with a subscription ('o', seq, type, ..., event): its values are read
+    from the result only when the row is used (a pull of one row uses one of them)."""
+
+    __slots__ = ("_res", "_i", "seq")
+
+    def __init__(self, res: Any, i: int) -> None:
+        self._res, self._i = res, i
+        self.seq = int(res.get_value(i, 1))
+
+    def __getitem__(self, column: int) -> Any:
+        return self.seq if column == 0 else self._res.get_value(self._i, column + 1)
+
+
+def _seq_first(rows: list[Row]) -> list[Row]:
+    """Log rows with their seq as an int (chunked_rows and the read-ahead page compare seqs)."""
+    return [(int(r[0]), *r[1:]) for r in rows]
+
+
+def _fields(changes: Changes) -> dict[str, Any]:
+    return {name: getattr(changes, name) for name in changes.__dataclass_fields__}
+
+
+def _rows_written(changes: Changes) -> int:
+    """Rows the changes insert or upsert (a delete may remove nothing: the statement counts what it did)."""
+    return (
+        len(changes.monitors) + len(changes.observations) + len(changes.subjects) + len(changes.subscriptions)
+        + len(changes.leases) + len(changes.publish_keys)
+    )  # fmt: skip

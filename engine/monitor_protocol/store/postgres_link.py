@@ -1,0 +1,321 @@
+"""What the PostgreSQL store needs besides its reads and writes: connections (a URL's password never printed),
+which driver failures are the database's, and the duties that run beside the engine on connections of their
+own (docs/scale-out.md):
+
+* the leader lock: sweeps and HTTP push run on one server at a time, the holder of a session advisory lock;
+* LISTEN: the other servers' appends, heard to wake this server's parked readers;
+* readers' counts: a pull that only counts (the monitor's `delivered` and `last_pull`) does not write the
+  monitor's row, so that readers of one monitor never queue behind that row's lock; what this server's pulls
+  counted is added to the row by one short transaction per monitor about once a second (`Counts`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from monitor_protocol.core import wire
+from monitor_protocol.core.store_contract import StorageError
+from monitor_protocol.store.postgres_sql import CHANNEL, LOCK_LEADER, enc
+
+log = logging.getLogger("monitor_protocol.store.postgres")
+
+LEADER_POLL_SECONDS = 1.0
+KEEPALIVE_IDLE_SECONDS, KEEPALIVE_INTERVAL_SECONDS, KEEPALIVE_COUNT = 5, 2, 3
+TCP_USER_TIMEOUT_MS = 15_000  # unacknowledged data for this long: the connection is dead
+LISTEN_PING_SECONDS = 5.0
+COUNTS_FLUSH_SECONDS = 1.0  # how late a monitor's delivered count and last pull may be stored
+
+_PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:([^@/]*)@")
+_PASSWORD_IN_QUERY = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def redacted(url: str) -> str:
+    """The URL (or key=value conninfo) without its password, for logs and the startup banner."""
+    if "://" in url:
+        url = re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+        return _PASSWORD_IN_QUERY.sub(r"\1***", url)
+    return _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` with the URL's password removed wherever it appears: libpq's messages may quote it (a
+    malformed URL is quoted whole, a bad percent-escape or a space inside the password by itself)."""
+    import urllib.parse
+
+    text = text.replace(url, redacted(url))
+    found = _PASSWORD_IN_URL.match(url)
+    secrets = [found.group(1), urllib.parse.unquote(found.group(1))] if found else []
+    if "://" in url and "?" in url:
+        query = urllib.parse.parse_qs(url.partition("?")[2].partition("#")[0])
+        secrets += query.get("password", [])
+    elif "://" not in url:
+        secrets += [m.group(2).strip("'") for m in _PASSWORD_IN_CONNINFO.finditer(url)]
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def is_postgres_url(value: str) -> bool:
+    return value.startswith(("postgresql://", "postgres://"))
+
+
+def driver() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - the message is the point
+        raise RuntimeError(
+            "a postgresql:// database needs psycopg 3: pip install 'monitor-protocol[postgres]'"
+        ) from exc
+    return psycopg
+
+
+def storage_failure(psycopg: Any, exc: BaseException) -> bool:
+    """The database failed, not the request: connection, timeouts, deadlock, resources, a read-only standby."""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg.InternalError)
+
+
+def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool) -> Any:
+    """A connection to `url`, or StorageError saying generically what failed (the operator's `detail` says
+    where and why, without the password)."""
+    try:
+        return psycopg.connect(
+            url,
+            autocommit=autocommit,
+            connect_timeout=max(1, int(connect_timeout)),
+            application_name="mp serve",
+            # A peer that vanished (host lost, partition) is noticed in seconds, not hours: every connection
+            # here waits on the other side (LISTEN, the leader's session, a commit).
+            keepalives=1,
+            keepalives_idle=KEEPALIVE_IDLE_SECONDS,
+            keepalives_interval=KEEPALIVE_INTERVAL_SECONDS,
+            keepalives_count=KEEPALIVE_COUNT,
+            tcp_user_timeout=TCP_USER_TIMEOUT_MS,
+        )
+    except Exception as exc:  # psycopg.Error, or a malformed URL libpq could not even parse
+        # What a client hears stays generic. Where the database is and what libpq said is the operator's
+        # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
+        failure = StorageError(f"the database is unreachable ({type(exc).__name__}, see the server log)")
+        failure.detail = f"cannot connect to PostgreSQL at {redacted(url)}: " + scrub(
+            f"{type(exc).__name__}: {exc}", url
+        )
+        raise failure from None
+
+
+def wait_for_database(url: str, seconds: float) -> None:
+    """Block until PostgreSQL at `url` accepts a connection (tests and scripts), or raise StorageError."""
+    psycopg = driver()
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            psycopg.connect(url, connect_timeout=2).close()
+            return
+        except psycopg.Error as exc:
+            if time.monotonic() > deadline:
+                raise StorageError(f"PostgreSQL at {redacted(url)} did not answer: {exc}") from exc
+            time.sleep(0.2)
+
+
+class Counts:
+    """What this server's readers counted and did not write: per monitor, deliveries to add to its `delivered`
+    counter and the newest pull. `add` after each commit (engine thread); a thread of its own folds them into
+    the monitors' rows, each under that monitor's lock, about once a second, and once more at `close`. What a
+    fold could not write is kept for the next one; a server killed outright loses at most the last second's
+    count (never a delivery: the reader's own row, its cursor and high-water mark, is written by the pull)."""
+
+    def __init__(self, open_connection: Callable[[], Any], stop: threading.Event) -> None:
+        self._open = open_connection
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[float]] = {}  # monitor -> [deliveries, newest pull]
+        self._thread: threading.Thread | None = None
+        self.folded = 0  # monitors' rows written by folds (tests and benchmarks)
+
+    def add(self, pulls: list[tuple[str, int, float | None]]) -> None:
+        with self._lock:
+            for monitor_id, delivered, last_pull in pulls:
+                have = self._pending.get(monitor_id)
+                pulled = float("-inf") if last_pull is None else last_pull
+                if have is None:
+                    self._pending[monitor_id] = [delivered, pulled]
+                else:
+                    have[0] += delivered
+                    have[1] = max(have[1], pulled)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mp-pg-counts", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> dict[str, tuple[int, float | None]]:
+        with self._lock:
+            return {m: (int(d), None if p == float("-inf") else p) for m, (d, p) in self._pending.items()}
+
+    def _run(self) -> None:
+        conn: Any = None
+        while True:
+            stopping = self._stop.wait(COUNTS_FLUSH_SECONDS)
+            conn = self.fold(conn)
+            if stopping:
+                break
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def fold(self, conn: Any) -> Any:
+        """Write what is pending (one transaction per monitor); returns the connection to reuse (None: it
+        failed and is closed, what was not written is pending again)."""
+        with self._lock:
+            batch, self._pending = self._pending, {}
+        if not batch:
+            return conn
+        try:
+            if conn is None or conn.closed:
+                conn = self._open()
+            for monitor_id in sorted(batch):
+                delivered, pulled = batch[monitor_id]
+                with conn.transaction():
+                    # The monitor's lock first (its row is read and written whole by the engine's calls).
+                    conn.execute("SELECT mp2_lock(%s, false)", (enc(monitor_id),))
+                    row = conn.execute("SELECT rec FROM monitors WHERE id=%s", (monitor_id,)).fetchone()
+                    if row is not None:
+                        rec = wire.decode_trusted(row[0])
+                        counters = rec.setdefault("counters", {})
+                        counters["delivered"] = int(counters.get("delivered", 0)) + int(delivered)
+                        if pulled != float("-inf"):
+                            last = rec.get("last_pull")
+                            rec["last_pull"] = pulled if last is None else max(float(last), pulled)
+                        conn.execute(
+                            "UPDATE monitors SET rec=%s WHERE id=%s", (wire.encode_text(rec), monitor_id)
+                        )
+                        self.folded += 1
+                del batch[monitor_id]
+        except Exception as exc:  # whatever it was, nothing is lost: what is left waits for the next fold
+            log.warning("storing readers' counts failed (kept for the next attempt): %s", exc)
+            with self._lock:
+                for monitor_id, (delivered, pulled) in batch.items():
+                    have = self._pending.setdefault(monitor_id, [0, float("-inf")])
+                    have[0] += delivered
+                    have[1] = max(have[1], pulled)
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            return None
+        return conn
+
+
+class Peers:
+    """The leader lock and LISTEN, each on a thread and a connection of its own."""
+
+    def __init__(self, url: str, psycopg: Any, instance: str, open_connection: Callable[[], Any]) -> None:
+        self.url = url
+        self.psycopg = psycopg
+        self.instance = instance
+        self._open = open_connection
+        self.leader = False
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start_leader_election(self, poll_seconds: float = LEADER_POLL_SECONDS) -> None:
+        thread = threading.Thread(target=self._lead, args=(poll_seconds,), name="mp-pg-leader", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _lead(self, poll: float) -> None:
+        conn: Any = None
+        while not self.stop.is_set():
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    self.leader = False
+                    conn = self._open()
+                    # The database drops a vanished holder's session (and so the lock) within seconds.
+                    conn.execute(f"SET tcp_keepalives_idle TO {KEEPALIVE_IDLE_SECONDS}")
+                    conn.execute(f"SET tcp_keepalives_interval TO {KEEPALIVE_INTERVAL_SECONDS}")
+                    conn.execute(f"SET tcp_keepalives_count TO {KEEPALIVE_COUNT}")
+                    conn.execute(f"SET tcp_user_timeout TO {TCP_USER_TIMEOUT_MS}")
+                if not self.leader:
+                    got = conn.execute("SELECT pg_try_advisory_lock(%s, 0)", (LOCK_LEADER,)).fetchone()[0]
+                    if got:
+                        log.info("this server now runs the sweeps and push delivery (leader lock taken)")
+                    self.leader = bool(got)
+                else:
+                    conn.execute("SELECT 1")  # still connected: the session, and so the lock, is alive
+            except Exception as exc:  # whatever it was, this thread goes on: without it nobody may lead here
+                if self.leader:
+                    log.warning("lost the leader lock's connection: %s", scrub(str(exc), self.url))
+                self.leader = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                conn = None
+            self.stop.wait(poll)
+        self.leader = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def listen(self, on_append: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
+        thread = threading.Thread(
+            target=self._listen, args=(on_append, on_reconnect), name="mp-pg-listen", daemon=True
+        )
+        self.threads.append(thread)
+        thread.start()
+
+    def _listen(self, on_append: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
+        import select
+
+        delay = 0.1
+        mine = self.instance.encode() + b"\t"
+        while not self.stop.is_set():
+            conn: Any = None
+            try:
+                conn = self._open()
+                conn.execute(f"LISTEN {CHANNEL}")
+                delay = 0.1
+                on_reconnect()
+                # libpq's own calls from here: every append of every server (this one's too) arrives here,
+                # and psycopg's notifies() costs several times what reading them costs.
+                pg = conn.pgconn
+                poll = select.poll()
+                poll.register(pg.socket, select.POLLIN)
+                pinged = time.monotonic()
+
+                def heard(payload: bytes) -> None:
+                    if payload.startswith(mine):
+                        return  # this server's own append: its readers heard it at the commit
+                    head, _, monitor_id = payload.partition(b"\t")[2].partition(b"\t")
+                    if head.isdigit():
+                        try:
+                            on_append(monitor_id.decode(), int(head))
+                        except Exception:
+                            log.exception("an append listener failed")
+
+                while not self.stop.is_set():
+                    if time.monotonic() - pinged >= LISTEN_PING_SECONDS:
+                        conn.execute("SELECT 1")  # a connection that only listens would never notice it died
+                        for note in conn.notifies(timeout=0):  # those psycopg took in meanwhile
+                            heard(note.payload.encode())
+                        pinged = time.monotonic()
+                    if not poll.poll(500):
+                        continue
+                    pg.consume_input()
+                    while (note := pg.notifies()) is not None:
+                        heard(note.extra)
+            except Exception as exc:  # whatever it was, keep listening: a dead listener would wake nobody
+                log.warning(
+                    "LISTEN %s: %s; reconnecting in %.1f s", CHANNEL, scrub(str(exc), self.url), delay
+                )
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+            self.stop.wait(delay)
+            delay = min(delay * 2, 5.0)

@@ -1,0 +1,226 @@
+"""One engine thread's side of the PostgreSQL store: its connection (store/postgres_wire.py), reconnected after
+an outage at most every RECONNECT_SECONDS, and the state of the call it runs: the locks it holds or has asked
+for, what it read under them, the writes it sent. A store serves several engine threads (doors/engines.py
+EngineLanes), each with a session of its own; a call never leaves its thread."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from monitor_protocol.core.records import Monitor, Subscription
+from monitor_protocol.core.store_contract import StorageError
+from monitor_protocol.store.postgres_link import connect, redacted, scrub, storage_failure
+from monitor_protocol.store.postgres_sql import LOCK_MONITOR_SQL, enc
+from monitor_protocol.store.postgres_wire import Row, Wire, rows_of
+
+log = logging.getLogger("monitor_protocol.store.postgres")
+
+LOCK_TIMEOUT_MS = 10_000  # a call waiting longer for a monitor's lock gets 503, retry
+STATEMENT_TIMEOUT_MS = 30_000
+RECONNECT_SECONDS = 0.5
+
+
+class Session:
+    """A connection and the call running on it. `statements` and `round_trips` count over every connection
+    the session had."""
+
+    def __init__(self, where: Any, psycopg: Any, connect_timeout: float) -> None:
+        self._where = where  # the store: its `url` (which may change: tests move the database)
+        self.psycopg = psycopg
+        self.connect_timeout = connect_timeout
+        self.conn: Any = None  # the psycopg connection under `wire`
+        self.wire: Wire | None = None
+        self.retry_at = 0.0
+        self.last_failure = ""
+        # When this session last failed to connect: once another thread's session has connected since, the
+        # database is back, and this one's wait (retry_at) is over.
+        self._failed_at = 0.0
+        self._statements_before = 0
+        self._round_trips_before = 0
+        # The call: its depth (transactions nest into the outer one), its locks (monitor -> taken shared),
+        # the locks asked for and not sent yet (they go with the next statement), what was read under them
+        # (valid to the end of the call), the rows of the log read ahead, and what it sent to write.
+        self.depth = 0
+        self.wrote = False
+        self.locks: dict[str, bool] = {}
+        self.asked: dict[str, bool] = {}
+        self.sub_locks: set[str] = set()
+        self.seen_monitors: dict[str, Monitor | None] = {}
+        self.seen_subs: dict[str, Subscription] = {}
+        self.page: dict[str, tuple[int, list[Any], bool]] = {}  # monitor -> (from seq, rows, to the end)
+        self.pulls: list[tuple[str, int, float | None]] = []
+        self.writes: list[int] = []  # write statements sent (rows each), answered with the commit
+        self.written: list[tuple[Any, list[tuple[Any, ...]], list[Any]]] = []
+        self.fresh_subjects: set[tuple[str, str]] = set()
+        # Monitors this thread locked since `job_monitors` was last taken (doors/engines.py EngineLanes).
+        self.touched: set[str] = set()
+
+    # --- the connection ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._where.url  # type: ignore[no-any-return]
+
+    @property
+    def statements(self) -> int:
+        return self._statements_before + (self.wire.statements if self.wire is not None else 0)
+
+    @property
+    def round_trips(self) -> int:
+        return self._round_trips_before + (self.wire.round_trips if self.wire is not None else 0)
+
+    def open(self) -> None:
+        """Connect now (a store's first connection: a failure is its caller's to report, not logged)."""
+        self._connect()
+
+    def _connect(self) -> None:
+        conn = connect(self.psycopg, self.url, self.connect_timeout, autocommit=True)
+        try:
+            conn.execute("SET synchronous_commit TO on")  # a reply only after the commit is durable
+            conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
+            conn.execute(f"SET statement_timeout TO {STATEMENT_TIMEOUT_MS}")
+        except self.psycopg.Error as exc:
+            conn.close()
+            log.warning("cannot configure the PostgreSQL session: %s", scrub(str(exc), self.url))
+            raise StorageError(
+                "the database refused this server's session settings (see the server log)"
+            ) from None
+        if self.wire is not None:  # what the old connection counted stays counted
+            self._statements_before += self.wire.statements
+            self._round_trips_before += self.wire.round_trips
+        self.conn = conn
+        self.wire = Wire(conn, self.psycopg)
+        self._where.connected_at = time.monotonic()
+
+    def ready(self) -> Wire:
+        conn = self.conn
+        if conn is None or self.wire is None or self.wire.broken:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            self.conn = None
+            # While the database is away, one attempt per RECONNECT_SECONDS: the calls in between get their
+            # 503 at once instead of each waiting out a connection timeout on the engine thread.
+            now = time.monotonic()
+            back = 0 < self._failed_at < self._where.connected_at  # another connected since this one failed
+            if now < self.retry_at and not back:
+                raise StorageError(self.last_failure)
+            try:
+                self._connect()
+            except StorageError as exc:
+                if not self.last_failure:  # once per outage, not once per retry
+                    log.warning("%s; retrying every %.1f s", exc.detail or exc, RECONNECT_SECONDS)
+                self.retry_at, self.last_failure = now + RECONNECT_SECONDS, str(exc)
+                self._failed_at = now
+                raise
+            if self.last_failure:
+                log.warning("reconnected to PostgreSQL at %s", redacted(self.url))
+                self.last_failure = ""
+        assert self.wire is not None
+        return self.wire
+
+    def fail(self, exc: BaseException) -> StorageError:
+        """A driver failure as StorageError; the transaction is gone, and a broken connection is dropped."""
+        if self.wire is not None and self.wire.broken:
+            with contextlib.suppress(Exception):
+                self.wire.close()
+            self.conn = None
+        log.warning("PostgreSQL: %s", scrub(f"{type(exc).__name__}: {exc}", self.url))
+        return StorageError(f"the database failed: {type(exc).__name__}, see the server log")
+
+    def in_call(self) -> Wire:
+        """The connection of the open call; never a new one mid-call (its locks and reads were on the old)."""
+        w = self.wire
+        if w is None or self.conn is None or self.conn.closed:
+            raise StorageError("the connection to PostgreSQL was lost during this call")
+        return w
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            self.conn = None
+
+    # --- statements -------------------------------------------------------------------------------
+    def results(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[Any]:
+        """Statements in one round trip inside the call, each one's result itself (PGresult, or None without
+        rows): the caller reads only the values it needs. The locks asked for go first. A failure of the
+        database is StorageError; the request's own (a unique index) is raised as the driver's error."""
+        w = self.in_call()
+        skip = len(self.asked)
+        if skip:
+            asked, self.asked = self.asked, {}
+            statements = [(LOCK_MONITOR_SQL, (enc(m), s)) for m, s in asked.items()] + statements
+            self.locks.update(asked)
+            self.touched.update(asked)
+        try:
+            return w.results(statements, prepare=prepare)[skip:]
+        except self.psycopg.Error as exc:
+            if storage_failure(self.psycopg, exc):
+                raise self.fail(exc) from exc
+            raise
+
+    def run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:
+        return [rows_of(res) for res in self.results(statements, prepare=prepare)]
+
+    def later(self, sql: str, params: list[Any]) -> None:
+        """A write statement, sent now and answered with the commit."""
+        try:
+            self.in_call().later(sql, params)
+        except self.psycopg.Error as exc:
+            raise self.fail(exc) from exc
+
+    def locked(self, monitor_id: str, shared: bool) -> None:
+        self.locks.setdefault(monitor_id, shared)
+        self.touched.add(monitor_id)
+
+    # --- the end of a call ------------------------------------------------------------------------
+    def begin(self) -> None:
+        self.ready()
+        self.depth = 1
+        self.wrote = False
+
+    def end(self) -> None:
+        """Forget what the call read and asked for (its commit or rollback follows)."""
+        self.depth = 0
+        self.asked.clear()
+        self.locks.clear()
+        self.sub_locks.clear()
+        self.seen_monitors.clear()
+        self.seen_subs.clear()
+        self.page.clear()
+
+    def commit(self) -> bool:
+        """The Sync that ends the call's implicit transaction: its commit (a read-only one writes no WAL), with
+        the answers to its writes. Whether it wrote anything."""
+        w = self.wire
+        writes, self.writes = self.writes, []
+        if w is None or not w.in_tx:
+            return False
+        try:
+            answers = w.sync(wait=bool(writes))  # a read-only call's end is not waited for
+        except self.psycopg.Error as exc:
+            if storage_failure(self.psycopg, exc):
+                # The commit may or may not have reached the database before the connection went: the
+                # caller hears 503 saying so, and retries (a publish with its idempotency key is answered once).
+                failure = self.fail(exc)
+                failure.outcome_unknown = bool(writes)
+                raise failure from exc
+            raise  # the request's own fault (a unique index): nothing of the call was written
+        deleted = sum(int(a.get_value(0, 0)) for a in answers if a is not None and a.ntuples)
+        return any(writes) or deleted > 0
+
+    def rollback(self) -> None:
+        self.fresh_subjects.clear()
+        self.writes = []
+        self.written = []
+        self.pulls = []
+        w = self.wire
+        if w is None:
+            return
+        try:
+            w.rollback()
+        except Exception as exc:  # the connection itself failed: dropped, the next call reconnects
+            self.fail(exc)

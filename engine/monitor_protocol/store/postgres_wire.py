@@ -1,0 +1,285 @@
+"""The PostgreSQL store's engine connection, driven through libpq's own calls (psycopg.pq) in pipeline mode.
+
+Why not psycopg's cursors: a statement through them costs ~25-50 µs of Python per execute (cursor, adapters,
+transaction bookkeeping), several times what libpq itself needs, and a call of the engine is a few statements
+(bench/scaleout.py, docs/bench.md "Scale-out"). Here a statement is one prepared statement (parsed once per
+connection), its parameters sent as text, its rows read as text and converted by the caller who knows the
+columns.
+
+Transactions are implicit: the connection stays in pipeline mode, and everything sent between two Syncs runs
+in one transaction (the extended query protocol's own rule), which commits at the Sync. A call's statements are
+sent each with a flush request (their rows come back at once, the transaction stays open) and the call ends
+with `sync()`, its commit: no BEGIN and no COMMIT statement. `rollback()` ends it without a commit.
+
+Errors keep psycopg's classes (`psycopg.errors.lookup(sqlstate)`), so that a refusal of the database (a unique
+index) is an IntegrityError as with psycopg's cursors, and a failure of the connection is an OperationalError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+Row = tuple[Any, ...]
+
+
+class Wire:
+    """One connection, used by one thread at a time. `statements` counts the statements sent (a regression
+    shows as a count, never as a timing) and `round_trips` the waits for the server's answer."""
+
+    def __init__(self, conn: Any, psycopg: Any) -> None:
+        import select  # here: the engine's pure modules import nothing they do not need on Pyodide
+
+        self._select = select
+        self.conn = conn  # the psycopg.Connection that opened it (autocommit: psycopg never sends BEGIN)
+        self.psycopg = psycopg
+        self.pq = psycopg.pq
+        self.pg = conn.pgconn
+        self._prepared: dict[str, bytes] = {}
+        self.statements = 0
+        self.round_trips = 0
+        self.in_tx = False  # something was sent since the last Sync: an implicit transaction is open
+        self._later: list[int] = []  # results of statements sent by `later`, not read yet
+        self._failure: BaseException | None = None
+        self._syncs_unread = 0  # Syncs sent without waiting (read-only transactions), answers not read yet
+        self._answered: list[Any] = []  # answers to `later` statements read before the Sync
+        self.pg.nonblocking = 1
+        self.pg.enter_pipeline_mode()
+        self._poll = select.poll()
+        self._poll.register(self.pg.socket, select.POLLIN)
+        self._ok = (
+            self.pq.ExecStatus.TUPLES_OK,
+            self.pq.ExecStatus.COMMAND_OK,
+            self.pq.ExecStatus.EMPTY_QUERY,
+        )
+
+    @property
+    def broken(self) -> bool:
+        return self.conn.closed or self.pg.status != self.pq.ConnStatus.OK
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # --- sending -----------------------------------------------------------------------------------
+    def _send(self, sql: str, params: tuple[Any, ...] | list[Any], prepare: bool) -> int:
+        """Queue one statement; how many results it produces (a first use of a prepared one: two)."""
+        values = [encode(v) for v in params]
+        self.statements += 1
+        self.in_tx = True
+        if not prepare:
+            self.pg.send_query_params(sql.encode(), values)
+            return 1
+        name = self._prepared.get(sql)
+        if name is not None:
+            self.pg.send_query_prepared(name, values)
+            return 1
+        name = b"mp_%d" % len(self._prepared)
+        self.pg.send_prepare(name, sql.encode())
+        self.pg.send_query_prepared(name, values)
+        self._prepared[sql] = name
+        return 2
+
+    def query(self, sql: str, params: tuple[Any, ...] | list[Any] = (), *, prepare: bool = True) -> list[Row]:
+        """Run one statement in the open transaction (or open one) and return its rows (text values, None
+        for NULL)."""
+        return self.many([(sql, params)], prepare=prepare)[-1]
+
+    def many(
+        self, statements: list[tuple[str, tuple[Any, ...] | list[Any]]], *, prepare: bool = True
+    ) -> list[list[Row]]:
+        """Several statements in one round trip, each with its rows (those sent by `later` before them are
+        read first). The first failure is raised once every result has been read; the transaction is then
+        aborted (the caller rolls back)."""
+        return [rows_of(res) for res in self.results(statements, prepare=prepare)]
+
+    def results(
+        self, statements: list[tuple[str, tuple[Any, ...] | list[Any]]], *, prepare: bool = True
+    ) -> list[Any]:
+        """As `many`, each statement's result itself (a PGresult, or None when it returns no rows): the
+        caller reads only the values it needs."""
+        with self._sending():
+            expected = [self._send(sql, params, prepare) for sql, params in statements]
+            self.pg.send_flush_request()
+        return self._read(expected)
+
+    def later(self, sql: str, params: tuple[Any, ...] | list[Any], *, prepare: bool = True) -> None:
+        """Send a statement now and read its result with the next round trip (the next `many`, or `sync`):
+        a call's writes travel with its commit."""
+        with self._sending():
+            self._later.append(self._send(sql, params, prepare))
+
+    def sync(self, *, wait: bool = True) -> list[Any]:
+        """End the implicit transaction: its commit (or, after a failure, its abort). Returns the results of
+        the statements sent by `later` (PGresult or None); raises what failed. `wait=False`, for a
+        transaction that wrote nothing and whose results are all read: the Sync is sent (the server ends the
+        transaction and releases its locks on reading it) and its answer read with the next round trip."""
+        with self._sending():
+            self.pg.pipeline_sync()
+        self.in_tx = False
+        if not wait and not self._later and not self._answered:
+            self._syncs_unread += 1
+            return []
+        self._drain_syncs()
+        pending, self._later = self._later, []
+        out, self._answered = [*self._answered, *self._collect(pending)], []
+        while True:
+            res = self._next()
+            if res is not None and res.status == self.pq.ExecStatus.PIPELINE_SYNC:
+                break
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        return out
+
+    def rollback(self) -> None:
+        """Abort the open transaction (nothing of it is committed), then Sync."""
+        if not self.in_tx:
+            return
+        try:
+            self._send("ROLLBACK", (), False)
+            self.statements -= 1  # the end of a transaction, not a statement of a call
+            self._later.append(1)
+            self.sync()
+        except self.psycopg.Error:
+            # The transaction was already aborted by a failure (which the caller heard), or the connection is
+            # gone: either way nothing of it commits.
+            self._failure = None
+        self._answered = []
+
+    @contextlib.contextmanager
+    def _sending(self) -> Iterator[None]:
+        try:
+            yield
+        except self.psycopg.Error:
+            raise
+        except Exception as exc:  # libpq's own failure to send: the connection is gone
+            raise self.psycopg.OperationalError(f"sending to PostgreSQL failed: {exc}") from exc
+
+    def _read(self, expected: list[int]) -> list[Any]:
+        pending, self._later = self._later, []
+        rows = self._collect([*pending, *expected])
+        self._answered.extend(rows[: len(pending)])  # returned by the next sync
+        rows = rows[len(pending) :]
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+        return rows
+
+    # --- receiving ---------------------------------------------------------------------------------
+    def _drain_syncs(self) -> None:
+        """Read the answers of the Syncs sent without waiting (they come before anything sent after them)."""
+        while self._syncs_unread:
+            res = self._next()
+            if res is not None and res.status == self.pq.ExecStatus.PIPELINE_SYNC:
+                self._syncs_unread -= 1
+
+    def _flush(self) -> None:
+        while self.pg.flush() == 1:
+            self._wait(self._select.POLLOUT)
+
+    def _wait(self, events: int) -> None:
+        self._poll.modify(self.pg.socket, events)
+        try:
+            self._poll.poll()  # without a timeout: the session's statement_timeout and TCP's bound it
+        finally:
+            self._poll.modify(self.pg.socket, self._select.POLLIN)
+
+    def _next(self) -> Any:
+        """The next result (None between two statements' results), waiting on the socket, GIL released."""
+        pg = self.pg
+        while pg.is_busy():
+            self._wait(self._select.POLLIN)
+            pg.consume_input()
+        return pg.get_result()
+
+    def _collect(self, expected: list[int]) -> list[Any]:
+        """The results of statements sent, in order (one round trip: flushed, then read); the first failure is
+        kept in `_failure` for the caller to raise once everything sent has been read."""
+        self.round_trips += 1
+        with self._sending():
+            self._flush()
+        self._drain_syncs()
+        out: list[Any] = []
+        tuples = self.pq.ExecStatus.TUPLES_OK
+        for n in expected:
+            found = None
+            for _ in range(n):
+                res = self._next()
+                while res is not None:
+                    if res.status == tuples:
+                        found = res
+                    elif res.status not in self._ok and self._failure is None:
+                        self._failure = self._error(res)
+                    res = self._next()
+            out.append(found)
+        return out
+
+    def _error(self, res: Any) -> BaseException:
+        pq = self.pq
+        if res.status == pq.ExecStatus.PIPELINE_ABORTED:
+            return self.psycopg.OperationalError("the transaction was aborted by an earlier failure")
+        sqlstate = (res.error_field(pq.DiagnosticField.SQLSTATE) or b"").decode()
+        message = (res.error_message or b"").decode(errors="replace").strip()
+        try:
+            cls = self.psycopg.errors.lookup(sqlstate) if sqlstate else self.psycopg.OperationalError
+        except KeyError:
+            cls = self.psycopg.DatabaseError
+        return cls(message or f"PostgreSQL failed ({sqlstate or 'no SQLSTATE'})")
+
+
+def rows_of(res: Any) -> list[Row]:
+    """A result's rows as tuples of text values (None for NULL)."""
+    if res is None:
+        return []
+    get = res.get_value
+    width = range(res.nfields)
+    return [tuple([get(r, c) for c in width]) for r in range(res.ntuples)]
+
+
+def _str(value: str) -> bytes:
+    # libpq sends a text parameter as a C string: U+0000 would cut it. No stored text holds it (written in
+    # the store's prefix code, store/postgres_sql.py), so a lookup by such a value finds nothing.
+    return (_nul_free(value) if "\x00" in value else value).encode()
+
+
+_ENCODE: dict[type, Any] = {
+    str: _str,
+    bool: lambda v: b"t" if v else b"f",
+    int: lambda v: b"%d" % v,
+    float: lambda v: repr(v).encode(),  # the shortest text that reads back as the same float
+    list: lambda v: array_literal(v).encode(),
+    tuple: lambda v: array_literal(v).encode(),
+    type(None): lambda v: None,
+}
+
+
+def encode(value: Any) -> bytes | None:
+    """A parameter in PostgreSQL's text format (the statement's context gives its type)."""
+    try:
+        return _ENCODE[type(value)](value)  # type: ignore[no-any-return]
+    except KeyError:
+        raise TypeError(f"no text form for a {type(value).__name__} parameter") from None
+
+
+def array_literal(values: list[Any] | tuple[Any, ...]) -> str:
+    """A one-dimensional array in PostgreSQL's text form: every element quoted (NULL unquoted)."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        else:
+            text = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
+            if "\x00" in text:
+                text = _nul_free(text)
+            parts.append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return "{" + ",".join(parts) + "}"
+
+
+def _nul_free(value: str) -> str:
+    """The store's prefix code (store/postgres_sql.py enc): U+0001 -> 01 02, U+0000 -> 01 01."""
+    return value.replace("\x01", "\x01\x02").replace("\x00", "\x01\x01")
+
+
+def text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()

@@ -1,0 +1,244 @@
+"""EngineLanes (doors/engines.py), mp serve's engine seat on PostgreSQL: calls run side by side, each on a
+connection of its own, and a reader never misses an append for it: an append that lands while a reader's
+call runs, after its read and before its mark, is told again when that call ends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.engines import EngineLanes
+from monitor_protocol.doors.parking import Waiters
+from monitor_protocol.store.postgres import PostgresStore
+from waiting import eventually
+
+TYPE = "com.example.x"
+
+
+class Store:
+    """What EngineLanes asks of a store besides the engine's calls: the monitors a thread locked."""
+
+    def job_monitors(self) -> set[str]:
+        return set()
+
+
+@pytest.mark.parametrize("lanes", [2, 1])
+def test_calls_run_side_by_side_on_several_lanes_and_one_after_another_on_one(lanes):
+    engine = EngineLanes(Store(), lanes=lanes)
+    inside, release, second = threading.Event(), threading.Event(), threading.Event()
+
+    def blocked() -> str:
+        inside.set()
+        release.wait(30)
+        return "first"
+
+    def other() -> str:
+        second.set()
+        return "second"
+
+    async def main() -> list[str]:
+        first = engine.submit(blocked)
+        then = engine.submit(other)
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 30)
+        if lanes == 2:
+            # the second call runs while the first still waits
+            await asyncio.get_running_loop().run_in_executor(None, second.wait, 30)
+            assert second.is_set() and not release.is_set()
+        else:
+            # positive control, one lane: the second call has not run while the first waits (this short
+            # sleep is the point: nothing may happen meanwhile)
+            await asyncio.sleep(0.3)
+            assert not second.is_set()
+        release.set()
+        return [await first, await then]
+
+    try:
+        assert asyncio.run(main()) == ["first", "second"]
+    finally:
+        release.set()
+        engine.stop()
+
+
+def test_posted_work_runs_again_after_the_calls_running_when_it_was_posted():
+    engine = EngineLanes(Store(), lanes=2)
+    ran: list[str] = []
+    inside, release = threading.Event(), threading.Event()
+    try:
+        engine.post(ran.append, "idle")  # no call running: once
+        eventually(lambda: ran == ["idle"], what="the posted work")
+
+        def held() -> None:
+            inside.set()
+            release.wait(30)
+
+        engine.post(held)
+        assert inside.wait(30)
+        engine.post(ran.append, "busy")  # a call is running: now, and again once it has ended
+        eventually(lambda: ran == ["idle", "busy"], what="the posted work, at once")
+        release.set()
+        eventually(lambda: ran == ["idle", "busy", "busy"], what="the posted work, again after the call")
+    finally:
+        release.set()
+        engine.stop()
+
+
+@pytest.fixture
+def pg(pg_url):
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize("append_meanwhile", [True, False])
+def test_an_append_between_a_readers_pull_and_its_mark_is_told_again(pg, append_meanwhile):
+    service = MonitorService(pg)
+    waiters = Waiters()
+    waiters.attach(service)
+    engine = EngineLanes(pg, service, lanes=2)
+    owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
+    sub = service.subscribe({"monitor": "ci", "subscriber": "agent:r", "from": "head"}, None)
+    sid, token = sub["subscription"]["id"], sub["token"]
+    service.ack(sid, token, {"cursor": service.pull(sid, token)["next"]})  # its own row read: caught up
+    read, release = threading.Event(), threading.Event()
+
+    def reader() -> tuple[dict, int]:
+        # A door's long-poll job: the pull, then (here, after the publish below committed) the mark
+        reply = service.pull(sid, token)
+        read.set()
+        release.wait(30)
+        return reply, waiters.mark("ci")
+
+    async def main() -> tuple[dict, int]:
+        pending = engine.submit(reader)
+        await asyncio.get_running_loop().run_in_executor(None, read.wait, 30)
+        if append_meanwhile:  # on the other lane, while the reader sits between its pull and its mark
+            await engine.call(service.publish, "ci", {"type": TYPE, "subject": "s", "data": {}}, owner)
+        release.set()
+        return await pending
+
+    try:
+        reply, mark = asyncio.run(main())
+    finally:
+        release.set()
+        engine.stop()
+    assert reply["observations"] == []  # the pull ran before the publish
+    if append_meanwhile:
+        # its mark counts the publish it did not see; the append told again moves the count past it, so a
+        # reader parking with that mark is woken at once
+        assert engine.retold == 1 and waiters.mark("ci") != mark
+    else:  # positive control: nothing landed meanwhile, nothing is told again and the mark stays good
+        assert engine.retold == 0 and waiters.mark("ci") == mark
+
+
+def test_each_lane_has_its_own_connection(pg):
+    service = MonitorService(pg)
+    engine = EngineLanes(pg, service, lanes=3)
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    seen: set[int] = set()
+    barrier = threading.Barrier(3, timeout=30)
+
+    def backend() -> int:
+        barrier.wait()  # three calls at once: each lane holds one
+        service.state("ci", None)
+        return pg._s.conn.pgconn.backend_pid  # the session of the thread running this call
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(engine.call(backend) for _ in range(3))))
+
+    try:
+        seen.update(asyncio.run(main()))
+    finally:
+        engine.stop()
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_call_marked_runs_alone_waits_for_the_running_calls_and_holds_up_later_ones(alone):
+    # MonitorApp.close_store is such a call: it closes every lane's connection, never under a call using one
+    engine = EngineLanes(Store(), lanes=3)
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def held() -> None:
+        inside.set()
+        release.wait(30)
+        order.append("held")
+
+    def close() -> None:
+        order.append("close")
+
+    if alone:
+        close.runs_alone = True  # type: ignore[attr-defined]
+
+    def later() -> None:
+        order.append("later")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first = engine.submit(held)
+        await loop.run_in_executor(None, inside.wait, 30)
+        closing = engine.submit(close)
+        if alone:  # the close is on a lane, waiting for the held call: the next call waits behind it
+            await loop.run_in_executor(None, lambda: eventually(lambda: engine._alone == 1, what="the close"))
+            then = engine.submit(later)
+            await asyncio.sleep(0.3)  # nothing may run meanwhile: the point of the test
+            assert order == []
+        else:  # positive control: an ordinary call runs beside the held one, and so does the next
+            then = engine.submit(later)
+            await loop.run_in_executor(None, lambda: eventually(lambda: len(order) == 2, what="both calls"))
+        release.set()
+        await first
+        await closing
+        await then
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        engine.stop()
+    if alone:
+        assert order == ["held", "close", "later"]
+    else:
+        assert order[-1] == "held" and set(order[:2]) == {"close", "later"}
+
+
+@pytest.mark.parametrize("another_reconnected", [True, False])
+def test_a_lane_waiting_to_reconnect_tries_at_once_when_another_lane_has_reconnected(pg, another_reconnected):
+    service = MonitorService(pg)
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    results: list[object] = []
+    other = ThreadPoolExecutor(max_workers=1)  # one thread: one session, as a lane has
+
+    def on_other_thread(fn) -> None:
+        results.append(other.submit(fn).result(30))
+
+    def other_call() -> object:
+        try:
+            service.state("ci", None)
+            return "ok"
+        except ProtocolError as exc:
+            return exc.code
+
+    def lost_and_waiting() -> None:  # this lane's connection was lost and its last attempt failed just now
+        s = pg._s
+        s.close()
+        s.retry_at, s.last_failure = time.monotonic() + 60, "the database is unreachable (OperationalError)"
+        s._failed_at = time.monotonic()
+
+    on_other_thread(other_call)  # the other lane's session, connected
+    on_other_thread(lost_and_waiting)
+    if another_reconnected:  # this lane lost its connection too, and reconnects: the database is back
+        pg._s.close()
+        pg._s.last_failure = "the database is unreachable (OperationalError)"
+        service.state("ci", None)
+        on_other_thread(other_call)
+        assert results[-1] == "ok"  # the other lane did not wait out its minute
+    else:  # positive control: nobody reconnected, so the other lane still waits: a 503 at once
+        on_other_thread(other_call)
+        assert results[-1] == "UNAVAILABLE"
+    other.shutdown()

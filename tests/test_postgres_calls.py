@@ -1,0 +1,187 @@
+"""What one engine call costs PostgreSQL, counted (never timed): the statements and round trips of a publish
+and of an ack+pull, held so that a regression shows as a number; readers of one monitor that do not wait for
+each other (their monitor's lock shared, its row not written by a pull), what a pull counts folded into the
+monitor's row later, and a reader's call that turns out to write more run again with the lock whole."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.store.postgres import PostgresStore
+from waiting import eventually
+
+psycopg = pytest.importorskip("psycopg")
+
+TYPE = "com.example.x"
+
+
+@pytest.fixture
+def pg(pg_url):
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
+
+
+def monitor_with_readers(service: MonitorService, readers: int = 2, entries: int = 20) -> tuple[str, list]:
+    owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
+    subs = [
+        service.subscribe({"monitor": "ci", "subscriber": f"agent:r{i}", "from": "earliest"}, None)
+        for i in range(readers)
+    ]
+    for i in range(entries):
+        service.publish("ci", {"type": TYPE, "subject": f"s{i}", "data": {"i": i}}, owner)
+    return owner, [(s["subscription"]["id"], s["token"]) for s in subs]
+
+
+def cost(store: PostgresStore, call) -> tuple[int, int]:
+    """(statements, round trips) of one call."""
+    s0, r0 = store.statements, store.round_trips
+    call()
+    return store.statements - s0, store.round_trips - r0
+
+
+def test_a_publish_is_two_statements_in_two_round_trips(pg):
+    service = MonitorService(pg)
+    owner, _ = monitor_with_readers(service, readers=0, entries=1)
+    body = {"type": TYPE, "subject": "build-1", "data": {}}
+    # The lock and the monitor's row in one statement; the row, the observation, its subject and the NOTIFY
+    # in one more, sent with the commit.
+    assert cost(pg, lambda: service.publish("ci", body, owner)) == (2, 2)
+    assert cost(pg, lambda: service.publish("ci", body, owner)) == (2, 2)  # a known subject: no more
+    # positive control: the counter counts what is sent (a publish with an idempotency key reads the key too)
+    assert cost(pg, lambda: service.publish("ci", {**body, "idempotency_key": "k1"}, owner)) == (3, 3)
+    assert service.state("ci", None)["head"] == 5
+
+
+def test_an_ack_and_pull_is_two_statements_in_two_round_trips(pg):
+    service = MonitorService(pg)
+    _owner, [(sub, token)] = monitor_with_readers(service, readers=1)
+    first = service.pull(sub, token, limit=1)  # the first pull of the monitor stores its last_pull (below)
+    nxt = first["next"]
+    for _ in range(3):
+        # The subscription with its monitor and the rows after its cursor in one statement; the reader's
+        # row, written with the commit.
+        reply: dict = {}
+        assert cost(
+            pg, lambda nxt=nxt, reply=reply: reply.update(service.pull(sub, token, limit=1, ack=nxt))
+        ) == (2, 2)
+        assert len(reply["observations"]) == 1 and reply["observations"][0]["id"] == str(nxt)
+        nxt = reply["next"]
+    # positive control: a pull past the rows read ahead reads the log again
+    assert cost(pg, lambda: service.pull(sub, token, limit=30)) == (3, 3)
+
+
+def test_an_empty_pull_is_one_statement_and_commits_nothing(pg):
+    service = MonitorService(pg)
+    _owner, [(sub, token)] = monitor_with_readers(service, readers=1, entries=2)
+    drained = service.pull(sub, token, limit=50)
+    service.ack(sub, token, {"cursor": drained["next"]})
+    commits = pg.stats.commits
+    # one round trip: a read-only call's end (its Sync) is not waited for; the next call reads its answer
+    assert cost(pg, lambda: service.pull(sub, token)) == (1, 1)
+    assert service.pull(sub, token)["observations"] == [] and pg.stats.commits == commits
+
+
+def xmin(pg_url: str) -> int:
+    """The transaction that last wrote the monitor's row (PostgreSQL's xmin changes on every update)."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return int(conn.execute("SELECT xmin::text FROM monitors WHERE id='ci'").fetchone()[0])
+
+
+def test_an_ack_and_pull_does_not_write_the_monitors_row_and_its_count_is_folded_in_later(pg, pg_url):
+    service = MonitorService(pg)
+    owner, [(sub, token), (sub2, token2)] = monitor_with_readers(service, readers=2)
+    nxt = service.pull(sub, token, limit=1)["next"]  # the first pull stores the monitor's last_pull
+    before = xmin(pg_url)
+    delivered = service.state("ci", None)["counters"]["delivered"]
+    for _ in range(5):
+        nxt = service.pull(sub, token, limit=1, ack=nxt)["next"]
+    service.pull(sub2, token2, limit=3)
+    assert xmin(pg_url) == before  # five ack+pulls and a pull: the monitor's row untouched
+    # ... what they delivered reaches its counter within about a second (one fold, under the lock)
+    eventually(
+        lambda: service.state("ci", None)["counters"]["delivered"] == delivered + 8,
+        what="the readers' deliveries folded into the monitor's counter",
+    )
+    assert xmin(pg_url) != before
+    # positive control: a publish writes the row at once
+    folded = xmin(pg_url)
+    service.publish("ci", {"type": TYPE, "subject": "s", "data": {}}, owner)
+    assert xmin(pg_url) != folded
+
+
+def test_the_first_pull_of_a_monitor_writes_its_last_pull_at_once(pg):
+    service = MonitorService(pg)
+    _owner, [(sub, token)] = monitor_with_readers(service, readers=1, entries=1)
+    assert service.state("ci", None)["ages"]["since_last_pull_s"] is None
+    # A reader's call may not write the monitor's row: this one would (its first last_pull), so it runs
+    # again with the lock whole, and every server sees at once that the monitor has been pulled.
+    service.pull(sub, token)
+    other = MonitorService(PostgresStore(pg.url))  # another server: its own memory, the same database
+    try:
+        assert other.state("ci", None)["ages"]["since_last_pull_s"] is not None
+    finally:
+        other.store.close()
+
+
+def waiting_on_locks(pg_url: str) -> int:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        return int(
+            conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()[0]
+        )
+
+
+def test_readers_of_one_monitor_do_not_wait_for_each_other_but_a_writer_waits_for_them(pg, pg_url):
+    service = MonitorService(pg)
+    owner, [(sub, token), (sub2, token2)] = monitor_with_readers(service, readers=2)
+    service.pull(sub, token, limit=1)  # the monitor's first pull (which writes its row, see above) is done
+    inside, release = threading.Event(), threading.Event()
+
+    def held_reader() -> None:  # a reader's call that holds its locks until told
+        with pg.transaction():
+            assert pg.locked_subscription(sub, shared=True) is not None
+            inside.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=held_reader)
+    holder.start()
+    try:
+        assert inside.wait(30)
+        # another reader of the same monitor, on another connection (this thread's): not held up
+        assert service.pull(sub2, token2, limit=1)["observations"]
+        # positive control: a publish takes the monitor's lock whole, and waits for the held reader
+        done = threading.Event()
+
+        def publish() -> None:
+            service.publish("ci", {"type": TYPE, "subject": "s", "data": {}}, owner)
+            done.set()
+
+        writer = threading.Thread(target=publish)
+        writer.start()
+        eventually(lambda: waiting_on_locks(pg_url) == 1, what="the publish waiting for the reader's lock")
+        assert not done.is_set()
+    finally:
+        release.set()
+        holder.join(30)
+    writer.join(30)
+    assert done.is_set()
+
+
+def test_a_readers_call_that_would_write_more_runs_again_with_the_lock_whole(pg):
+    service = MonitorService(pg)
+    owner, [(sub, token)] = monitor_with_readers(service, readers=1, entries=5)
+    service.pull(sub, token, limit=1)
+    service.compact("ci", 4)  # rows 1-3 gone: the reader, at 1, is below the floor
+    renewed = service.subscribe(
+        {"monitor": "ci", "subscriber": "agent:r0", "reset_policy": "earliest"}, token
+    )  # a renewal with the earliest policy: its next pull relists and ends with a bookmark
+    token = renewed["token"]
+    head = service.state("ci", None)["head"]
+    # the bookmark is an append: this pull runs as an ordinary call
+    reply = service.pull(sub, token, limit=50)
+    assert reply["observations"][-1]["type"].endswith(".bookmark"), reply["observations"][-1]
+    assert service.state("ci", None)["head"] == head + 1  # the bookmark was written, once
