@@ -262,3 +262,22 @@ def test_the_probes_spool_is_compacted_once_its_confirmed_head_passes_a_threshol
             grown.confirm(1)
     assert (tmp_path / "grown" / "spool.jsonl").stat().st_size > 20000
     grown.close()
+
+
+def test_a_left_behind_group_is_killed_only_when_it_is_this_boots_session():
+    import signal
+    import subprocess
+
+    led = subprocess.Popen(["sleep", "300"], start_new_session=True)  # a command's group, left behind
+    plain = subprocess.Popen(["sleep", "300"])  # a process in someone else's group and session
+    try:
+        assert processes.kill_leftover({"group": led.pid, "boot": "another boot"}) == 0
+        assert processes.kill_leftover({"group": plain.pid, "boot": processes.boot_id()}) == 0
+        assert led.poll() is None and plain.poll() is None  # neither touched
+        # positive control: the group of this boot's session is killed
+        assert processes.kill_leftover({"group": led.pid, "boot": processes.boot_id()}) == 1
+        assert led.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for proc in (led, plain):
+            proc.kill()
+            proc.wait()

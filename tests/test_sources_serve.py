@@ -3,6 +3,8 @@ commands, a real local HTTP server and real files. Each refusal beside its posit
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -561,7 +563,7 @@ def test_one_bad_definition_never_stops_the_others(tmp_path):
 
 LEAVES_A_CHILD = (
     "import subprocess, sys, time\n"
-    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'], {io})\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], {io})\n"
     "open(sys.argv[1], 'a').write(f'{{child.pid}}\\n')\n"
     "print('up', flush=True)\n"
     "{then}"
@@ -672,3 +674,36 @@ def test_feeds_of_each_other_are_refused_and_sigterm_stops_every_source(tmp_path
         for monitor, owner in (("reader", reader), ("runs", runs)):
             assert [p["action"] for p in api.supervision(monitor, owner)][-1] == "stop"
         api.close()
+
+
+def test_what_a_command_started_is_killed_when_the_server_restarts_after_a_kill_9(tmp_path):
+    """A kill -9 of the server kills the command (PR_SET_PDEATHSIG) but cannot signal what the command
+    started: the process group is named in the source's checkpoint, and the next start kills what is left."""
+    pids = tmp_path / "left.pids"
+    quiet = "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
+    staying = follow(LEAVES_A_CHILD.format(io=quiet, then="time.sleep(3600)"))
+    staying["source"]["settings"]["argv"].append(str(pids))
+    args = ("--db", str(tmp_path / "left.db"), "--sources", OPEN, "--allow-source", ALLOW_PY)
+    base, proc = start_server(tmp_path, *args)
+    api = Api(base)
+    owner = api.create("left", **staying)
+    child = eventually(lambda: child_pids(pids), what="the child's pid")[0]
+    eventually(lambda: api.observations("left", owner), what="the command's line")
+    api.close()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    try:
+        assert alive(child)  # positive control: the server's kill -9 alone leaves the child behind
+        with running_server(tmp_path, *args) as (base, _proc):
+            api = Api(base)
+            eventually(lambda: not alive(child), what="the left-behind child killed at the restart")
+            starts = eventually(
+                lambda: [p for p in api.supervision("left", owner) if p["action"] == "start"][1:],
+                what="a new start",
+            )
+            assert starts[0]["killed_left_behind"] == 1
+            api.configure("left", owner, "pause", {"reason": "done"})
+            api.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

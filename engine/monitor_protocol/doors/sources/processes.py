@@ -3,7 +3,8 @@ says so (and the operator allowed `sh`), with stdin closed, the environment it i
 `sources.minimal_env`; `mp probe`: its user's minus tokens, `sources.scrubbed_env`), in a session of its
 own so that stopping it stops its children too (its group is killed after it exits as well), and, on
 Linux, killed with its parent: a `kill -9` of the server leaves the command itself no orphan watching on
-its own (a child it started is in its group, which a killed server can no longer signal).
+its own; a child it started is in its group, which a killed server can no longer signal, so the group is
+kept in the checkpoint and the next start kills what is left (`kill_leftover`).
 
 The child keeps no descriptor of the server's but its stdin, stdout and stderr: every other one is marked
 close-on-exec before the command runs (uvloop's subprocess ignores close_fds, so the listening socket and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import sys
@@ -76,6 +78,53 @@ async def spawn(argv: tuple[str, ...], env: Mapping[str, str]) -> asyncio.subpro
         close_fds=True,
         preexec_fn=_child_setup if sys.platform.startswith("linux") else _close_on_exec,
     )
+
+
+def boot_id() -> str:
+    """This machine's boot, as a digest (Linux; "" elsewhere): a process group named in a checkpoint is this
+    machine's and this boot's only when it matches (a shared store's other server, or a reboot, never)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return hashlib.sha256(f.read().strip()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def group_members(group: int) -> list[int]:
+    """The processes still in the session and process group `group` (what a command started, left behind when
+    the server was killed: the command led a session of its own, so both ids are its pid)."""
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and int(fields[2]) == group and int(fields[3]) == group:
+            found.append(int(name))
+    return found
+
+
+def kill_leftover(saved: Mapping[str, object] | None) -> int:
+    """Kill the process group a checkpoint names (`{"group": pid, "boot": ...}`, written when a long-lived
+    command started) if this boot's processes are still in it: a `kill -9` of the server killed the command
+    (PR_SET_PDEATHSIG) but not what it started. Returns how many were left."""
+    if not saved or not sys.platform.startswith("linux"):
+        return 0
+    group, boot = saved.get("group"), saved.get("boot")
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 1 or boot != boot_id() or not boot:
+        return 0
+    left = group_members(group)
+    if left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    return len(left)
 
 
 def kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -168,6 +168,7 @@ class Runner:
     async def follow(self) -> None:
         """A long-lived process: every stdout line one observation; crashes restarted with backoff."""
         plan, failures, first = self.plan, 0, True
+        left = processes.kill_leftover(self.saved) or None  # what a killed server's last run left behind
         while True:
             run = secrets.token_hex(6)
             try:
@@ -184,10 +185,16 @@ class Runner:
                     return
                 await asyncio.sleep(delay)
                 continue
+            # Where a kill -9 of the server would leave this command's children: the next start kills them.
+            await self.sink.checkpoint({"group": proc.pid, "boot": processes.boot_id()})
             action = "start" if first else "restart"
             await self.sink.event(
-                action, sources.supervision(action, plan, pid=proc.pid, attempt=failures or None)
+                action,
+                sources.supervision(
+                    action, plan, pid=proc.pid, attempt=failures or None, killed_left_behind=left
+                ),
             )
+            left = None
             first = False
             started = time.monotonic()
             err = processes.Tail(proc.stderr)
