@@ -60,9 +60,7 @@ class Options:
     rate: int = DEFAULT_SOURCE_RATE_PER_MINUTE  # the operator's default, when the monitor's budget says none
     ceiling: int | None = None  # the operator's most (the server: --source-rate), whatever the budget says
     ttl: int | None = None  # the monitor's ttl_seconds (on_change keeps contact fresh within it)
-    env: Mapping[str, str] | None = (
-        None  # the command's environment (the server: minimal_env; default: the user's minus tokens)
-    )
+    env: Mapping[str, str] | None = None  # the command's (server: minimal_env; else the user's minus tokens)
     guarded: bool = False  # http through the push sink guard (the server)
     allowed_sinks: tuple[str, ...] = ()
     file_check: Callable[[str], str | None] | None = None  # the operator's policy at each open (the server)

@@ -399,8 +399,8 @@ class Supervisor:
         for feeders in self.feeds_of.values():
             feeders.discard(monitor_id)
         was_running = not running.task.done()
-        # Cancelled again each second (after the first wait) until it ends: a cancellation swallowed once (a wait that finished in
-        # the same turn) must not leave a stop, or the server's shutdown, waiting for ever.
+        # Cancelled again each second (after the first wait) until it ends: a cancellation swallowed once (a
+        # wait that finished in the same turn) must not leave a stop, or the server's shutdown, waiting for ever.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STOP_SECONDS
         wait = STOP_GRACE_SECONDS  # a process's own stop (SIGTERM, then SIGKILL) first, undisturbed
