@@ -639,10 +639,13 @@ def test_feeds_of_each_other_are_refused_and_sigterm_stops_every_source(tmp_path
     base, proc = start_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY)
     try:
         api = Api(base)
-        owners = {
-            "fa": api.create("fa", visibility="public", source={"kind": "feed", "ref": "fb"}),
-            "fb": api.create("fb", visibility="public", source={"kind": "feed", "ref": "fa"}),
-        }
+        owners = {m: api.create(m, visibility="public") for m in ("fa", "fb")}
+        for monitor, other in (
+            ("fa", "fb"),
+            ("fb", "fa"),
+        ):  # both exist, then each becomes a feed of the other
+            patch = {"source": {"kind": "feed", "ref": other}}
+            api.configure(monitor, owners[monitor], "update", {"patch": patch, "reason": "test"})
         for monitor, owner in owners.items():
             source = eventually(
                 lambda m=monitor, o=owner: (s := status_of(api, m, o))["status"] == "refused" and s

@@ -106,7 +106,8 @@ def group_members(group: int) -> list[int]:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) > 3 and int(fields[2]) == group and int(fields[3]) == group:
+        # A zombie (the killed command, not yet reaped by whoever inherited it) watches nothing: not counted.
+        if len(fields) > 3 and fields[0] != b"Z" and int(fields[2]) == group and int(fields[3]) == group:
             found.append(int(name))
     return found
 
