@@ -344,10 +344,12 @@ class Runner:
         plan = self.plan
         follower = FileTail(plan.ref, self.saved, from_start=plan.from_start, check=self.options.file_check)
         problem: str | None = None
-        await self.sink.event("start", sources.supervision("start", plan))
         try:
+            # The first poll before the start row: once it is written, the file is open and its position
+            # taken, so a line appended after "start" is never mistaken for one that was already there.
+            poll = await asyncio.to_thread(follower.poll)
+            await self.sink.event("start", sources.supervision("start", plan))
             while True:
-                poll = await asyncio.to_thread(follower.poll)
                 if poll.opened is not None and not poll.lines:
                     await self.sink.checkpoint(poll.opened)  # a restart resumes here, not at a later end
                 for line in poll.lines:
@@ -363,6 +365,7 @@ class Runner:
                     return
                 if not poll.more:  # a full poll: read on at once, else wait for more to be appended
                     await asyncio.sleep(self.options.poll_seconds)
+                poll = await asyncio.to_thread(follower.poll)
         finally:
             follower.close()
 
