@@ -710,3 +710,28 @@ def test_what_a_command_started_is_killed_when_the_server_restarts_after_a_kill_
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+def test_max_sources_bounds_how_many_run_and_the_rest_say_why(tmp_path):
+    target = Target()
+    try:
+        with running_server(tmp_path, "--sources", "--allow-sink", "127.0.0.1", "--max-sources", "2") as (
+            base,
+            _proc,
+        ):
+            api = Api(base)
+            http = {"source": {"kind": "http", "ref": target.url}, "cadence": {"heartbeat_seconds": 3600}}
+            owners = {m: api.create(m, **http) for m in ("h1", "h2", "h3")}
+
+            def settled() -> dict | None:
+                now = {m: status_of(api, m, o) for m, o in owners.items()}
+                return None if any(s["status"] == "pending" for s in now.values()) else now
+
+            statuses = eventually(settled, what="every source started or refused")
+            # the positive control: two run; the third is refused and says why
+            assert sorted(s["status"] for s in statuses.values()) == ["refused", "running", "running"]
+            refused = next(s for s in statuses.values() if s["status"] == "refused")
+            assert "already runs 2 sources" in refused["reason"]
+            api.close()
+    finally:
+        target.close()
