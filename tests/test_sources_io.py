@@ -281,3 +281,42 @@ def test_a_left_behind_group_is_killed_only_when_it_is_this_boots_session():
         for proc in (led, plain):
             proc.kill()
             proc.wait()
+
+
+class RecordingSink:
+    """Where a Runner's output goes, kept in memory: each publish answers the next outcome given."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = outcomes
+        self.sent: list[tuple[dict, dict | None]] = []
+        self.rows: list[str] = []
+
+    async def publish(self, body: dict, checkpoint: dict | None) -> str:
+        self.sent.append((body, checkpoint))
+        return self.outcomes.pop(0)
+
+    async def checkpoint(self, checkpoint: dict) -> None:
+        pass
+
+    async def event(self, action: str, payload: dict) -> None:
+        self.rows.append(action)
+
+
+async def test_over_budget_waits_for_the_next_day_and_sends_the_same_observation_again(monkeypatch):
+    from monitor_protocol.core import sources
+    from monitor_protocol.doors.sources import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_next_utc_day", lambda now: now)  # the next UTC day comes at once
+    plan = sources.plan_of(
+        {"id": "ci", "source": {"kind": "file", "ref": "/srv/app.log"}, "types": ["com.example.ci.run"]}
+    )
+    body = sources.line_body(plan, b"line", "f:t:0")
+    refused_once = RecordingSink([runner_module.OVER_BUDGET, runner_module.PUBLISHED])
+    outcome = await runner_module.Runner(plan, refused_once).emit(body, {"offset": 5})
+    # the same observation with the same checkpoint, sent again after the wait: nothing dropped
+    assert outcome == runner_module.PUBLISHED
+    assert refused_once.sent == [(body, {"offset": 5})] * 2 and refused_once.rows == ["throttled"]
+    # positive control: a publish that is taken is sent once, and nothing waits
+    taken = RecordingSink([runner_module.PUBLISHED])
+    assert await runner_module.Runner(plan, taken).emit(body, None) == runner_module.PUBLISHED
+    assert len(taken.sent) == 1 and taken.rows == []
