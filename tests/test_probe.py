@@ -330,3 +330,26 @@ def test_mp_builds_its_parser_without_the_modules_pyodide_lacks():
     )
     done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--monitor" in done.stdout, done.stderr
+
+
+def test_a_probe_refused_the_state_directory_leaves_the_buffer_there_untouched(tmp_path):
+    """mp probe takes the state directory's lock before it opens the buffer (which rewrites a torn last line):
+    a second probe on the same directory changes nothing there."""
+    import fcntl
+
+    state = tmp_path / "st"
+    state.mkdir()
+    spool = state / "spool.jsonl"
+    spool.write_bytes(b'{"idempotency_key":"k0"}\n{"idempotency_key": "tor')  # a torn last line
+    base = f"http://127.0.0.1:{free_port()}"  # nothing listens: the probe keeps what it sees and exits 6
+    cmd = ("--base", base, "--monitor", "ci", "--token", "mpo_x", "--state-dir", str(state), "--once")
+    cmd += ("--every", "60", "--type", RUN, "--", PY, "-c", "print(1)")
+    with open(state / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another probe holds the directory
+        done = run_probe(*cmd)
+        assert done.returncode == 2 and "another probe uses" in done.stderr, done
+        assert spool.read_bytes().endswith(b'"tor')  # untouched
+    # positive control: with the lock free, opening the buffer drops the torn line
+    done = run_probe(*cmd)
+    assert done.returncode == 6, done
+    assert b'"tor' not in spool.read_bytes() and b'"k0"' in spool.read_bytes()

@@ -5,6 +5,7 @@ any two writes."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 
@@ -154,3 +155,168 @@ def test_the_probes_buffer_keeps_what_was_not_confirmed_across_a_kill(tmp_path):
     assert len(again) == 0 and (tmp_path / "spool.jsonl").stat().st_size == 0  # emptied when all confirmed
     again.close()
     assert Spool(tmp_path).head(10) == []
+
+
+# ======================================================================================== the security review
+CHILD_FDS = (
+    "import os\nfound = []\nfor fd in range(3, 4096):\n    try:\n        os.fstat(fd)\n"
+    "        found.append(fd)\n    except OSError:\n        pass\nprint(found)"
+)  # fstat, not a listing of /proc/self/fd, which would open a descriptor of its own
+
+
+def test_a_source_child_inherits_no_descriptor_but_its_pipes_even_under_uvloop():
+    import socket
+    import sys
+
+    import uvloop
+
+    # A listening socket left inheritable, as mp serve's is: uvloop's subprocess ignores close_fds.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.set_inheritable(True)
+
+    async def fds_seen(spawned: bool) -> list[int]:
+        argv = (sys.executable, "-c", CHILD_FDS)
+        if spawned:
+            proc = await processes.spawn(argv, processes.environment())
+        else:  # positive control: the loop's own subprocess, close_fds=True, no preexec of ours
+            proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, close_fds=True)
+        out, _ = await proc.communicate()
+        return ast.literal_eval(out.decode())  # the list of descriptors the child printed
+
+    async def cannot_start() -> str | None:
+        run = await processes.run_once(("/nonexistent/cmd",), processes.environment(), 5)
+        return run.failure
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert loop.run_until_complete(fds_seen(True)) == []  # only 0, 1 and 2
+        assert listener.fileno() in loop.run_until_complete(fds_seen(False))  # the leak the fix closes
+        # exec failures are still reported (the error pipe stays open until exec)
+        assert "cannot start" in loop.run_until_complete(cannot_start())
+    finally:
+        loop.close()
+        listener.close()
+    assert asyncio.run(fds_seen(True)) == []  # and under asyncio's own loop
+
+
+def test_a_poll_returns_at_most_100_lines_and_the_next_resumes_after_the_last(tmp_path):
+    path = tmp_path / "app.log"
+    path.write_text("")
+    tail = FileTail(str(path))
+    tail.poll()
+    append(path, "".join(f"{i}\n" for i in range(250)) + "\n" * 1000)
+    first = tail.poll()
+    assert raws(first) == [str(i) for i in range(100)] and first.more
+    assert first.lines[-1].checkpoint["offset"] == tail.offset  # where the next poll starts
+    second = tail.poll()
+    assert raws(second) == [str(i) for i in range(100, 200)] and second.more
+    seen = raws(second)
+    while (poll := tail.poll()).lines:
+        assert len(poll.lines) <= 100
+        seen += raws(poll)
+    assert seen[-1000:] == [""] * 1000 and len(seen) == 1150 and not poll.more
+    # positive control: a restart from the last line's checkpoint sends the same keys, nothing skipped
+    again = FileTail(str(path), first.lines[-1].checkpoint)
+    assert raws(again.poll()) == [str(i) for i in range(100, 200)]
+
+
+def test_a_rotated_file_with_more_unread_than_one_poll_is_read_to_its_end_first(tmp_path):
+    path = tmp_path / "app.log"
+    path.write_text("")
+    tail = FileTail(str(path), max_lines=10)
+    tail.poll()
+    append(path, "".join(f"old {i}\n" for i in range(35)))
+    os.rename(path, tmp_path / "app.log.1")
+    path.write_text("new 0\nnew 1\n")
+    seen: list[str] = []
+    while (poll := tail.poll()).lines:
+        assert len(poll.lines) <= 10
+        seen += raws(poll)
+    # every line of the old file, then the new one's: none lost to the switch
+    assert seen == [f"old {i}" for i in range(35)] + ["new 0", "new 1"]
+
+
+def test_the_probes_spool_is_compacted_once_its_confirmed_head_passes_a_threshold(tmp_path, monkeypatch):
+    from monitor_protocol.doors.sources import spool as spool_module
+
+    monkeypatch.setattr(spool_module, "COMPACT_BYTES", 4096)
+    spool = Spool(tmp_path, max_entries=1000)
+    body = {"idempotency_key": "k", "data": {"line": "x" * 100}}
+    sizes = []
+    for i in range(200):  # one entry always in flight: never empty, so never simply truncated
+        spool.append([{**body, "idempotency_key": f"k{i}"}])
+        if i:
+            spool.confirm(1)
+        sizes.append((tmp_path / "spool.jsonl").stat().st_size)
+    assert max(sizes) < 4096 + 2000 and len(spool) == 1
+    spool.close()
+    assert [b["idempotency_key"] for b in Spool(tmp_path).head(5)] == ["k199"]  # what is left survives
+    # positive control: without compaction the same traffic grows the file past the threshold
+    monkeypatch.setattr(spool_module, "COMPACT_BYTES", 1 << 30)
+    grown = Spool(tmp_path / "grown", max_entries=1000)
+    for i in range(200):
+        grown.append([{**body, "idempotency_key": f"k{i}"}])
+        if i:
+            grown.confirm(1)
+    assert (tmp_path / "grown" / "spool.jsonl").stat().st_size > 20000
+    grown.close()
+
+
+def test_a_left_behind_group_is_killed_only_when_it_is_this_boots_session():
+    import signal
+    import subprocess
+
+    led = subprocess.Popen(["sleep", "300"], start_new_session=True)  # a command's group, left behind
+    plain = subprocess.Popen(["sleep", "300"])  # a process in someone else's group and session
+    try:
+        assert processes.kill_leftover({"group": led.pid, "boot": "another boot"}) == 0
+        assert processes.kill_leftover({"group": plain.pid, "boot": processes.boot_id()}) == 0
+        assert led.poll() is None and plain.poll() is None  # neither touched
+        # positive control: the group of this boot's session is killed
+        assert processes.kill_leftover({"group": led.pid, "boot": processes.boot_id()}) == 1
+        assert led.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for proc in (led, plain):
+            proc.kill()
+            proc.wait()
+
+
+class RecordingSink:
+    """Where a Runner's output goes, kept in memory: each publish answers the next outcome given."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = outcomes
+        self.sent: list[tuple[dict, dict | None]] = []
+        self.rows: list[str] = []
+
+    async def publish(self, body: dict, checkpoint: dict | None) -> str:
+        self.sent.append((body, checkpoint))
+        return self.outcomes.pop(0)
+
+    async def checkpoint(self, checkpoint: dict) -> None:
+        pass
+
+    async def event(self, action: str, payload: dict) -> None:
+        self.rows.append(action)
+
+
+async def test_over_budget_waits_for_the_next_day_and_sends_the_same_observation_again(monkeypatch):
+    from monitor_protocol.core import sources
+    from monitor_protocol.doors.sources import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_next_utc_day", lambda now: now)  # the next UTC day comes at once
+    plan = sources.plan_of(
+        {"id": "ci", "source": {"kind": "file", "ref": "/srv/app.log"}, "types": ["com.example.ci.run"]}
+    )
+    body = sources.line_body(plan, b"line", "f:t:0")
+    refused_once = RecordingSink([runner_module.OVER_BUDGET, runner_module.PUBLISHED])
+    outcome = await runner_module.Runner(plan, refused_once).emit(body, {"offset": 5})
+    # the same observation with the same checkpoint, sent again after the wait: nothing dropped
+    assert outcome == runner_module.PUBLISHED
+    assert refused_once.sent == [(body, {"offset": 5})] * 2 and refused_once.rows == ["throttled"]
+    # positive control: a publish that is taken is sent once, and nothing waits
+    taken = RecordingSink([runner_module.PUBLISHED])
+    assert await runner_module.Runner(plan, taken).emit(body, None) == runner_module.PUBLISHED
+    assert len(taken.sent) == 1 and taken.rows == []

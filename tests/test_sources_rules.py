@@ -116,7 +116,7 @@ def test_shell_sources_run_only_when_the_allow_list_matches_the_first_word():
     none = sources.parse_policy([])
     assert "does not allow" in sources.policy_refusal(plan, none, which=which)
     other = sources.parse_policy(["shell:date"])
-    assert "allowed here: shell:date" in sources.policy_refusal(plan, other, which=which)
+    assert "does not allow" in sources.policy_refusal(plan, other, which=which)
     # positive controls: by the word as written, or by where PATH finds it
     assert sources.policy_refusal(plan, sources.parse_policy(["shell:gh"]), which=which) is None
     assert sources.policy_refusal(plan, sources.parse_policy(["shell:/usr/bin/*"]), which=which) is None
@@ -157,6 +157,109 @@ def test_http_sources_go_through_the_push_sink_guard():
     assert sources.policy_refusal(public, policy, sink_refusal=sink_refusal) is None
     allowed = sources.parse_policy([], sinks=["127.0.0.1"])
     assert sources.policy_refusal(internal, allowed, sink_refusal=sink_refusal) is None
+
+
+def on_path(words: tuple[str, ...]) -> sources.Plan:
+    return sources.plan_of(mon("shell", cadence={"event_driven": True}, argv=list(words)))
+
+
+def test_shell_and_file_sources_run_only_for_attested_monitors_unless_the_operator_says():
+    shell = on_path(("gh", "run", "list"))
+    file = sources.plan_of(mon("file", "/srv/logs/app.log"))
+    policy = sources.parse_policy(["shell:gh", "file:/srv/logs"])
+    for plan in (shell, file):
+        refusal = sources.policy_refusal(plan, policy, attested=False, which=which)
+        assert refusal and "registration token" in refusal and "mp probe" in refusal
+        # positive controls: an attested monitor, or the operator's explicit --allow-unattested-sources
+        assert sources.policy_refusal(plan, policy, attested=True, which=which) is None
+        opened = sources.parse_policy(["shell:gh", "file:/srv/logs"], unattested=True)
+        assert sources.policy_refusal(plan, opened, attested=False, which=which) is None
+    # an http source is not a command: the sink guard judges it, attested or not
+    http = sources.plan_of(mon("http", "https://example.com/health"))
+    assert sources.policy_refusal(http, policy, attested=False) is None
+
+
+def test_a_servers_command_sees_a_minimal_environment_plus_the_names_the_operator_lists():
+    env = {
+        "PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC", "TMPDIR": "/t",
+        "GH_TOKEN": "gh", "AWS_SECRET_ACCESS_KEY": "aws", "MP_ADMIN_TOKEN": "y", "PGPASSWORD": "z",
+    }  # fmt: skip
+    minimal = {"PATH": "/bin", "HOME": "/h", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC", "TMPDIR": "/t"}
+    assert sources.minimal_env(env) == minimal
+    # positive control: a name the operator lists (--source-env GH_TOKEN) is passed on, and only it
+    assert sources.minimal_env(env, sources.parse_policy([], env=["GH_TOKEN"]).env) == {
+        **minimal,
+        "GH_TOKEN": "gh",
+    }
+    with pytest.raises(ValueError, match="--source-env"):
+        sources.parse_policy([], env=["A=B"])
+
+
+def test_an_allowance_may_name_an_argv_prefix_matched_word_by_word():
+    policy = sources.parse_policy(["shell:gh run list"])
+    assert sources.policy_refusal(on_path(("gh", "run", "list", "--limit", "1")), policy, which=which) is None
+    assert sources.policy_refusal(on_path(("gh", "run", "list")), policy, which=which) is None
+    for refused in (
+        ("gh", "api", "/user"),
+        ("gh", "run"),
+        ("gh", "run", "view"),
+        ("gh", "-R", "run", "list"),
+    ):
+        assert sources.policy_refusal(on_path(refused), policy, which=which), refused
+    # a bare first word allows that tool with any arguments (the docs say so)
+    bare = sources.parse_policy(["shell:git"])
+    assert sources.policy_refusal(on_path(("git", "-c", "alias.x=!env", "x")), bare, which=which) is None
+    with pytest.raises(ValueError, match="--allow-source"):
+        sources.parse_policy(["shell:gh 'run"])
+
+
+def test_a_refusal_does_not_tell_the_caller_what_the_operator_allows():
+    policy = sources.parse_policy(["shell:deploy-prod", "file:/srv/secret-logs"])
+    shell = sources.policy_refusal(on_path(("gh",)), policy, which=which)
+    file = sources.policy_refusal(sources.plan_of(mon("file", "/etc/passwd")), policy)
+    for refusal in (shell, file):
+        assert refusal and "deploy-prod" not in refusal and "secret-logs" not in refusal
+    assert "--allow-source shell:<glob>" in shell and "--allow-source file:<directory>" in file
+    # the operator sees the list (the server logs it beside the refusal)
+    assert "shell:deploy-prod" in policy.describe() and "file:/srv/secret-logs" in policy.describe()
+
+
+def test_a_command_given_by_path_is_judged_by_its_real_path_never_its_bare_name():
+    policy = sources.parse_policy(["shell:gh"])
+
+    def realpath(path: str) -> str:
+        return {"/usr/local/bin/gh": "/opt/gh/bin/gh"}.get(path, "/work/" + path.lstrip("./"))
+
+    for sneaky in ("./gh", "tmp/../gh", "bin/gh"):
+        refusal = sources.policy_refusal(on_path((sneaky,)), policy, which=which, realpath=realpath)
+        assert refusal and "relative path" in refusal, sneaky
+    # an absolute path is judged by where it really leads, not by its last word
+    assert sources.policy_refusal(on_path(("/tmp/gh",)), policy, which=which, realpath=realpath)
+    # positive controls: the bare name PATH finds; a path the allowance names, reached through a link
+    assert sources.policy_refusal(on_path(("gh",)), policy, which=which, realpath=realpath) is None
+    by_path = sources.parse_policy(["shell:/opt/gh/bin/gh"])
+    assert sources.policy_refusal(on_path(("/usr/local/bin/gh",)), by_path, realpath=realpath) is None
+    assert sources.policy_refusal(on_path(("/opt/gh/bin/gh",)), by_path, realpath=realpath) is None
+
+
+def test_nul_characters_and_over_long_refs_are_refused_with_a_sentence():
+    for monitor, what in (
+        (mon("file", "/srv/logs/a\x00b.log"), "NUL"),
+        (mon("http", "https://example.com/\x00"), "NUL"),
+        (mon("file", "/srv/logs/" + "a" * sources.MAX_PATH_BYTES), "bytes long"),
+        (mon("file", "/srv/logs/" + "é" * (sources.MAX_PATH_BYTES // 2)), "bytes long"),
+        (mon("http", "https://example.com/" + "a" * sources.MAX_REF_CHARS), "characters long"),
+        (mon("shell", cadence={"event_driven": True}, argv=["gh", "a\x00b"]), "NUL"),
+    ):
+        with pytest.raises(sources.SourceRefused, match=what):
+            sources.plan_of(monitor)
+    # positive controls: the longest path a checkpoint can hold plans, and a plain argv
+    longest = "/srv/logs/" + "a" * (sources.MAX_PATH_BYTES - len("/srv/logs/"))
+    assert sources.plan_of(mon("file", longest)).ref == longest
+    assert sources.plan_of(mon("shell", cadence={"event_driven": True}, argv=["gh", "ab"])).argv == (
+        "gh",
+        "ab",
+    )
 
 
 def test_allow_source_entries_are_checked():
@@ -448,6 +551,66 @@ def test_a_feed_reads_only_a_public_monitor(h):
     with pytest.raises(sources.SourceRefused, match="not public"):
         h.service.feed_step("ci", plan)
     assert [o["type"] for o in h.service.read_log("ci")["observations"]].count(T_REJECTED) == 0
+
+
+def test_a_feed_of_a_feed_is_refused_so_two_feeds_never_echo_each_other(h):
+    h.monitor("fa", visibility="public", source={"kind": "feed", "ref": "fb"})
+    h.monitor("fb", visibility="public", source={"kind": "feed", "ref": "fa"})
+    for monitor, other in (("fa", "fb"), ("fb", "fa")):
+        plan = sources.plan_of({"id": monitor, "source": {"kind": "feed", "ref": other}})
+        with pytest.raises(sources.SourceRefused, match="itself a feed"):
+            h.service.feed_step(monitor, plan)
+    # positive control: a feed of a monitor whose observations are its own reads on
+    h.monitor("plain", visibility="public")
+    h.monitor("fc", source={"kind": "feed", "ref": "plain"})
+    plan = sources.plan_of({"id": "fc", "source": {"kind": "feed", "ref": "plain"}})
+    assert h.service.feed_step("fc", plan)["published"] == 0
+
+
+def test_over_budget_moves_no_checkpoint_and_a_feed_stands_before_the_row(h):
+    tok = http_monitor(h, limits={"observations_per_day": 1})
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    body = sources.fetch_body(plan, 200, 5, b"", 0)
+    h.service.publish_as_source("ci", body, {"offset": 10})
+    with pytest.raises(ProtocolError) as over:
+        h.service.publish_as_source("ci", body, {"offset": 20})
+    assert over.value.code == "OVER_BUDGET"
+    # the line refused for the day is sent again on the next: where the source stands did not move past it
+    assert h.service.sources_view("ci")[0]["checkpoint"] == {"offset": 10}
+    # positive control: another refusal (a claim no source may make) moves it on, its rejected row the record
+    with pytest.raises(ProtocolError) as claimed:
+        h.service.publish_as_source("ci", {**body, "tier": "src"}, {"offset": 30})
+    assert claimed.value.code != "OVER_BUDGET"
+    assert h.service.sources_view("ci")[0]["checkpoint"] == {"offset": 30}
+    # a feed over its budget stops before the row it could not publish, and says so
+    src = h.monitor("builds", visibility="public")
+    h.monitor(
+        "feed",
+        source={"kind": "feed", "ref": "builds", "settings": {"from_start": True}},
+        limits={"observations_per_day": 1},
+    )
+    for n in range(3):
+        assert h.publish("builds", src, subject=f"b{n}").status == 201
+    feed_plan = sources.plan_of(
+        {"id": "feed", "source": {"kind": "feed", "ref": "builds", "settings": {"from_start": True}}}
+    )
+    step = h.service.feed_step("feed", feed_plan)
+    assert step["published"] == 1 and step["over_budget"] is True
+    assert h.service.sources_view("feed")[0]["checkpoint"]["seq"] == step["seq"] < 3
+
+
+def test_a_checkpoint_too_large_to_keep_is_refused_before_anything_is_logged(h):
+    tok = http_monitor(h)
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    head = h.call("GET", "/monitors/ci", token=tok).body["head"]
+    with pytest.raises(ProtocolError) as big:
+        h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0), {"file": "x" * 5000})
+    # no rejected row (the server's runner turns this into the source's refused row, never a silent loss)
+    assert not big.value.extras.get("rejected_seq")
+    assert h.call("GET", "/monitors/ci", token=tok).body["head"] == head
+    # positive control: the same with a checkpoint that fits
+    h.service.publish_as_source("ci", sources.fetch_body(plan, 200, 5, b"", 0), {"file": "x" * 100})
+    assert h.call("GET", "/monitors/ci", token=tok).body["head"] == head + 1
 
 
 def test_a_log_with_a_sources_rows_is_copied_whole_and_a_forged_supervision_row_is_refused(h):

@@ -3,18 +3,24 @@ commands, a real local HTTP server and real files. Each refusal beside its posit
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from serverutil import running_server, start_server, stop_server
+from serverutil import bearer, running_server, start_server, stop_server
 from sourcekit import RUN, Api, Target, alive
 from waiting import eventually
 
 PY = sys.executable
 ALLOW_PY = f"shell:{PY}"
+# Registration is open in these tests (monitors are unattested): the operator says shell and file sources may
+# run for them all the same. test_an_unattested_monitors_command_never_runs_* shows the rule without it.
+OPEN = "--allow-unattested-sources"
 
 
 def follow(code: str, **settings) -> dict:
@@ -38,7 +44,7 @@ def status_of(api: Api, monitor: str, owner: str) -> dict:
 
 def test_a_long_lived_sources_lines_arrive_in_order_one_observation_each(tmp_path):
     code = "import time\nfor i in range(5): print(f'line {i}')\ntime.sleep(3600)"
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
         api = Api(base)
         owner = api.create("ci", **follow(code))
         rows = eventually(lambda: len(o := api.observations("ci", owner)) >= 5 and o, what="five lines")
@@ -59,7 +65,7 @@ def test_a_long_lived_sources_lines_arrive_in_order_one_observation_each(tmp_pat
         assert api.state("ci", owner)["ages"]["since_last_source_contact_s"] is not None
         api.close()
     # A stop is a row too, and a restarted server starts its sources again (a row, a new run).
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
         api = Api(base)
         rows = eventually(
             lambda: len(o := api.observations("ci", owner)) >= 10 and o, what="the second run's lines"
@@ -73,7 +79,7 @@ def test_a_long_lived_sources_lines_arrive_in_order_one_observation_each(tmp_pat
 def test_a_periodic_source_runs_once_per_period_and_on_change_suppresses_repeats(tmp_path):
     runs = {name: tmp_path / f"{name}.runs" for name in ("changing", "steady")}
     code = "import sys\nopen(sys.argv[1], 'a').write('x\\n')\nprint('same output')"
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
         api = Api(base)
         plain = every(1, code)
         plain["source"]["settings"]["argv"].append(str(runs["changing"]))
@@ -104,7 +110,7 @@ def test_a_periodic_source_runs_once_per_period_and_on_change_suppresses_repeats
 def test_a_command_that_cannot_start_and_an_http_500_are_published_as_not_answering(tmp_path):
     target = Target(status=200, body=b'{"checks": {"db": "up"}}')
     try:
-        args = ("--sources", "--allow-source", "shell:/nonexistent/*", "--allow-sink", "127.0.0.1")
+        args = ("--sources", OPEN, "--allow-source", "shell:/nonexistent/*", "--allow-sink", "127.0.0.1")
         with running_server(tmp_path, *args) as (base, _proc):
             api = Api(base)
             gone = api.create(
@@ -152,7 +158,7 @@ def test_a_command_that_cannot_start_and_an_http_500_are_published_as_not_answer
 
 def test_a_crashed_long_lived_process_is_restarted_with_backoff_and_said_not_to_answer(tmp_path):
     code = "import sys\nprint('up', flush=True)\nsys.exit(3)"
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
         api = Api(base)
         owner = api.create("flaky", **follow(code))
         # positive control: an exit status settings.ok_exit lists is an answer, yet the process is restarted
@@ -187,7 +193,7 @@ def test_kill_9_of_mp_serve_sources_loses_no_confirmed_line_and_duplicates_none(
         "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\nprint('up')\ntime.sleep(3600)"
     )
     db = tmp_path / "kill9.db"
-    args = ("--db", str(db), "--sources", "--allow-source", f"file:{logs}", "--allow-source", ALLOW_PY)
+    args = ("--db", str(db), "--sources", OPEN, "--allow-source", f"file:{logs}", "--allow-source", ALLOW_PY)
     base, proc = start_server(tmp_path, *args)
     api = Api(base)
     owner = api.create("app", source={"kind": "file", "ref": str(path)})
@@ -243,11 +249,12 @@ def test_a_shell_source_outside_the_allow_list_never_runs_and_the_state_says_so(
     def marker(name: str) -> str:
         return str(tmp_path / name)
 
-    with running_server(tmp_path, "--sources", "--allow-source", "shell:touch") as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", "shell:touch") as (base, _proc):
         api = Api(base)
         once = {"cadence": {"heartbeat_seconds": 3600}}
         attempts = {
             "wrapped": {"kind": "shell", "ref": f"env touch {marker('wrapped')}"},
+            "relative": {"kind": "shell", "ref": f"./touch {marker('relative')}"},
             "shelled": {"kind": "shell", "ref": f"touch {marker('shelled')}", "settings": {"shell": True}},
             "through-sh": {"kind": "shell", "ref": f"sh -c 'touch {marker('through-sh')}'"},
         }
@@ -260,9 +267,14 @@ def test_a_shell_source_outside_the_allow_list_never_runs_and_the_state_says_so(
             source = eventually(
                 lambda o=owner, n=name: (s := status_of(api, n, o))["status"] == "refused" and s
             )
-            assert "does not allow" in source["reason"] and "shell:touch" in source["reason"]
+            said = "relative path" if name == "relative" else "does not allow"
+            # the caller is told why, never what the operator allows (the server's log says that)
+            assert said in source["reason"] and "shell:touch" not in source["reason"], source
             assert [p["action"] for p in api.supervision(name, owner)] == ["refused"]
             assert not (tmp_path / name).exists()
+        from serverutil import server_log
+
+        assert "this server allows shell:touch" in server_log(_proc)
         api.close()
     # Without --sources nothing runs at all, and the state says it is not run here.
     with running_server(tmp_path, "--db", str(tmp_path / "plain.db")) as (base, _proc):
@@ -320,7 +332,7 @@ def test_pause_stops_the_process_and_resume_starts_it(tmp_path):
     code = "import os, sys, time\nopen(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\nprint('up')\ntime.sleep(3600)"
     src = follow(code)
     src["source"]["settings"]["argv"].append(str(pids))
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
         api = Api(base)
         owner = api.create("ci", **src)
         first = int(eventually(lambda: pids.exists() and pids.read_text().split()[0]))
@@ -340,15 +352,22 @@ def test_pause_stops_the_process_and_resume_starts_it(tmp_path):
         api.close()
 
 
-def test_a_command_sees_the_operators_environment_minus_tokens(tmp_path, monkeypatch):
+def test_a_servers_command_sees_a_minimal_environment_and_only_the_names_the_operator_lists(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("MP_ADMIN_TOKEN", "admin-secret-do-not-leak")
+    monkeypatch.setenv("SOURCE_TEST_SECRET", "cloud-key-do-not-leak")
     monkeypatch.setenv("SOURCE_TEST_VISIBLE", "yes")
-    code = "import json, os\nprint(json.dumps({k: os.environ.get(k) for k in ('MP_ADMIN_TOKEN', 'SOURCE_TEST_VISIBLE')}))"
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    names = ("MP_ADMIN_TOKEN", "SOURCE_TEST_SECRET", "SOURCE_TEST_VISIBLE")
+    code = f"import json, os\nprint(json.dumps({{k: os.environ.get(k) for k in {names!r} + ('PATH',)}}))"
+    args = ("--sources", OPEN, "--allow-source", ALLOW_PY, "--source-env", "SOURCE_TEST_VISIBLE")
+    with running_server(tmp_path, *args) as (base, _proc):
         api = Api(base)
         owner = api.create("env", **every(3600, code))
         seen = eventually(lambda: api.observations("env", owner))[0]["data"]["value"]
-        assert seen == {"MP_ADMIN_TOKEN": None, "SOURCE_TEST_VISIBLE": "yes"}
+        # the secret the operator did not list is not there; the one listed (the positive control) and PATH are
+        assert seen["MP_ADMIN_TOKEN"] is None and seen["SOURCE_TEST_SECRET"] is None
+        assert seen["SOURCE_TEST_VISIBLE"] == "yes" and seen["PATH"]
         api.close()
 
 
@@ -358,7 +377,7 @@ def test_huge_or_non_utf8_output_is_cut_and_says_so_and_the_rate_is_bounded(tmp_
         "out.write(b'x' * 100000 + b'\\n')\nout.write(b'fine\\n')\nout.flush()\ntime.sleep(3600)"
     )
     chatty = "import time\nfor i in range(10): print(i)\ntime.sleep(3600)"
-    with running_server(tmp_path, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
         api = Api(base)
         owner = api.create("bytes", **follow(code))
         rows = eventually(lambda: len(o := api.observations("bytes", owner)) >= 3 and o)
@@ -426,8 +445,11 @@ def test_mp_serve_refuses_an_unusable_allow_source_entry(tmp_path):
     from serverutil import mp_command, mp_env
 
     for args, said in (
-        (["--sources", "--allow-source", "gh"], "shell:<glob"),
-        (["--sources", "--allow-source", "file:relative"], "absolute"),
+        (["--sources", OPEN, "--allow-source", "gh"], "shell:<glob"),
+        (["--sources", OPEN, "--allow-source", "file:relative"], "absolute"),
+        (["--sources", "--allow-source", "shell:gh"], "registration is open"),
+        (["--sources", "--allow-source", f"file:{tmp_path}"], "--allow-unattested-sources"),
+        (["--sources", OPEN, "--max-sources", "0"], "--max-sources"),
         (["--allow-source", "shell:gh"], "add --sources"),
         (["--sources", "--source-rate", "0"], "--source-rate"),
     ):
@@ -441,14 +463,24 @@ def test_mp_serve_refuses_an_unusable_allow_source_entry(tmp_path):
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
     # positive control: usable entries start the server, and it says what it runs
     with running_server(
-        tmp_path, "--sources", "--allow-source", "shell:gh", "--allow-source", f"file:{tmp_path}"
+        tmp_path, "--sources", OPEN, "--allow-source", "shell:gh", "--allow-source", f"file:{tmp_path}"
     ) as (
         _base,
         proc,
     ):
         from serverutil import server_log
 
-        assert f"sources: run by this server (allowed: shell:gh, file:{tmp_path};" in server_log(proc)
+        assert (
+            f"sources: run by this server (allowed: shell:gh, file:{tmp_path}, for any monitor"
+            in server_log(proc)
+        )
+    # and with a registration token the same entries need no --allow-unattested-sources
+    with running_server(
+        tmp_path, "--sources", "--registration-token", "reg-token", "--allow-source", "shell:gh"
+    ) as (_base, proc):
+        from serverutil import server_log
+
+        assert "for monitors made with the registration token" in server_log(proc)
 
 
 def test_sources_run_on_a_shared_postgresql_store(tmp_path, pg_url):
@@ -458,7 +490,10 @@ def test_sources_run_on_a_shared_postgresql_store(tmp_path, pg_url):
     code = "import os, sys, time\nopen(sys.argv[1], 'a').write(f'{os.getpid()}\\n')\nprint('up')\ntime.sleep(3600)"
     src = follow(code)
     src["source"]["settings"]["argv"].append(str(pids))
-    with running_server(tmp_path, "--db", pg_url, "--sources", "--allow-source", ALLOW_PY) as (base, _proc):
+    with running_server(tmp_path, "--db", pg_url, "--sources", OPEN, "--allow-source", ALLOW_PY) as (
+        base,
+        _proc,
+    ):
         api = Api(base)
         owner = api.create("ci", **src)
         assert eventually(lambda: api.observations("ci", owner))[0]["data"]["line"] == "up"
@@ -467,3 +502,236 @@ def test_sources_run_on_a_shared_postgresql_store(tmp_path, pg_url):
         eventually(lambda: not alive(first), what="the process stopped on pause")
         assert status_of(api, "ci", owner)["status"] == "stopped"
         api.close()
+
+
+# ======================================================================================== the security review
+def test_an_unattested_monitors_command_never_runs_and_an_attested_ones_does(tmp_path):
+    """Shell and file sources run only for monitors made with the registration token: one made while
+    registration was open stays refused after the operator sets a token and allows the command."""
+    db = str(tmp_path / "mp.db")
+    marker = tmp_path / "anon-ran"
+    code = "import sys\nopen(sys.argv[1], 'w').write('ran')\nprint('ran')"
+    with running_server(tmp_path, "--db", db) as (base, _proc):
+        api = Api(base)
+        anon = every(3600, code)
+        anon["source"]["settings"]["argv"].append(str(marker))
+        anon_owner = api.create("anon", **anon)
+        api.close()
+    args = ("--db", db, "--registration-token", "reg-token", "--sources", "--allow-source", ALLOW_PY)
+    with running_server(tmp_path, *args) as (base, _proc):
+        api = Api(base)
+        signed = every(3600, code)
+        signed["source"]["settings"]["argv"].append(str(tmp_path / "signed-ran"))
+        r = api.http.post(
+            "/monitors", json={"id": "signed", "types": [RUN], **signed}, headers=bearer("reg-token")
+        )
+        assert r.status_code == 201 and r.json()["monitor"]["attested"] is True, r.text
+        # positive control: the attested monitor's command runs
+        eventually(lambda: (tmp_path / "signed-ran").exists(), what="the attested monitor's command run")
+        source = eventually(lambda: (s := status_of(api, "anon", anon_owner))["status"] == "refused" and s)
+        assert "registration token" in source["reason"] and not marker.exists()
+        api.close()
+
+
+def test_one_bad_definition_never_stops_the_others(tmp_path):
+    """A file ref with a NUL character (which made realpath raise and ended the supervisor) and one too long
+    for a checkpoint (every line vanished) are refused with a sentence; the next monitor's source runs."""
+    logs = tmp_path / "logs"
+    deep = logs
+    while len(str(deep)) < 1200:
+        deep = deep / ("d" * 200)
+    deep.mkdir(parents=True)
+    args = ("--sources", OPEN, "--allow-source", f"file:{logs}", "--allow-source", ALLOW_PY)
+    with running_server(tmp_path, *args) as (base, _proc):
+        api = Api(base)
+        bad = {
+            "nul": (f"{logs}/a\x00b.log", "NUL"),
+            "long": (str(deep / "app.log"), "bytes long"),
+        }
+        owners = {m: api.create(m, source={"kind": "file", "ref": ref}) for m, (ref, _said) in bad.items()}
+        for monitor, (_ref, said) in bad.items():
+            source = eventually(
+                lambda m=monitor: (s := status_of(api, m, owners[m]))["status"] == "refused" and s,
+                what=f"{monitor} refused",
+            )
+            assert said in source["reason"], source
+        # positive control: a source defined after them still runs (the supervisor lives on)
+        good = api.create("good", **follow("import time\nprint('up')\ntime.sleep(3600)"))
+        assert eventually(lambda: api.observations("good", good))[0]["data"]["line"] == "up"
+        api.close()
+
+
+LEAVES_A_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], {io})\n"
+    "open(sys.argv[1], 'a').write(f'{{child.pid}}\\n')\n"
+    "print('up', flush=True)\n"
+    "{then}"
+)
+
+
+def child_pids(path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_what_a_source_started_dies_with_it_on_exit_and_on_pause(tmp_path):
+    exits, paused = tmp_path / "exits.pids", tmp_path / "paused.pids"
+    quiet = "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
+    exiting = follow(LEAVES_A_CHILD.format(io=quiet, then="sys.exit(0)"), ok_exit=[0])
+    exiting["source"]["settings"]["argv"].append(str(exits))
+    staying = follow(LEAVES_A_CHILD.format(io=quiet, then="time.sleep(3600)"))
+    staying["source"]["settings"]["argv"].append(str(paused))
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
+        api = Api(base)
+        owner = api.create("exits", **exiting)
+        first = eventually(lambda: child_pids(exits), what="the first child's pid")[0]
+        # the leader exited normally: the child it left in its group is killed with it
+        eventually(lambda: not alive(first), what="the exited leader's child killed")
+        owner2 = api.create("paused", **staying)
+        child = eventually(lambda: child_pids(paused), what="the child's pid")[0]
+        eventually(lambda: api.observations("paused", owner2), what="the leader's line")
+        assert alive(child)  # positive control: while its source runs, the child lives
+        api.configure("paused", owner2, "pause", {"reason": "maintenance"})
+        eventually(lambda: not alive(child), what="the paused source's child killed")
+        api.configure("exits", owner, "pause", {"reason": "done"})
+        api.close()
+
+
+def test_a_leader_that_exited_is_not_running_while_a_child_holds_its_pipe(tmp_path):
+    pids = tmp_path / "held.pids"
+    holding = follow(LEAVES_A_CHILD.format(io="", then="sys.exit(3)"))  # the child inherits stdout
+    holding["source"]["settings"]["argv"].append(str(pids))
+    with running_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY) as (base, _proc):
+        api = Api(base)
+        owner = api.create("held", **holding)
+        crash = eventually(
+            lambda: next((p for p in api.supervision("held", owner) if p["action"] == "crash"), None),
+            what="the leader's exit seen as a crash",
+        )
+        assert crash["exit"] == 3 and crash["lines"] == 1
+        silent = [o for o in api.observations("held", owner) if o["data"]["answered"] is False]
+        assert silent and silent[0]["data"]["exit"] == 3
+        eventually(lambda: not alive(child_pids(pids)[0]), what="the child holding the pipe killed")
+        api.configure("held", owner, "pause", {"reason": "done"})
+        api.close()
+
+
+def test_the_operators_source_rate_is_a_ceiling_no_budget_raises(tmp_path):
+    code = "import time\nfor i in range(20): print(i)\ntime.sleep(3600)"
+    args = ("--sources", OPEN, "--allow-source", ALLOW_PY, "--source-rate", "5")
+    with running_server(tmp_path, *args) as (base, _proc):
+        api = Api(base)
+        for monitor, budget, expected in (("high", 600, 5), ("low", 2, 2)):  # low: the positive control
+            owner = api.create(monitor, budget={"observations_per_minute": budget}, **follow(code))
+            throttled = eventually(
+                lambda m=monitor, o=owner: next(
+                    (p for p in api.supervision(m, o) if p["action"] == "throttled"), None
+                ),
+                what=f"{monitor} throttled",
+            )
+            assert throttled["per_minute"] == expected
+            assert len(api.observations(monitor, owner)) == expected
+            api.configure(monitor, owner, "pause", {"reason": "done"})
+        api.close()
+
+
+def test_feeds_of_each_other_are_refused_and_sigterm_stops_every_source(tmp_path):
+    base, proc = start_server(tmp_path, "--sources", OPEN, "--allow-source", ALLOW_PY)
+    try:
+        api = Api(base)
+        owners = {m: api.create(m, visibility="public") for m in ("fa", "fb")}
+        for monitor, other in (
+            ("fa", "fb"),
+            ("fb", "fa"),
+        ):  # both exist, then each becomes a feed of the other
+            patch = {"source": {"kind": "feed", "ref": other}}
+            api.configure(monitor, owners[monitor], "update", {"patch": patch, "reason": "test"})
+        for monitor, owner in owners.items():
+            source = eventually(
+                lambda m=monitor, o=owner: (s := status_of(api, m, o))["status"] == "refused" and s
+            )
+            assert "itself a feed" in source["reason"]
+        # positive control: a feed of a plain public monitor runs beside a long-lived process
+        plain = api.create("plain", visibility="public")
+        reader = api.create("reader", source={"kind": "feed", "ref": "plain"})
+        runs = api.create("runs", **follow("import time\nprint('up')\ntime.sleep(3600)"))
+        eventually(lambda: status_of(api, "reader", reader)["status"] == "running")
+        eventually(lambda: api.observations("runs", runs), what="the process's line")
+        for n in range(20):
+            r = api.http.post("/monitors/plain/observations", json={"type": RUN, "subject": f"b{n}"},
+                              headers=bearer(plain))  # fmt: skip
+            assert r.status_code == 201, r.text
+        api.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        # a bounded wait for the exit (the test's guard, not a timing claim): it used to hang for ever
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("mp serve --sources did not exit on SIGTERM") from None
+    assert code == 0
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        for monitor, owner in (("reader", reader), ("runs", runs)):
+            assert [p["action"] for p in api.supervision(monitor, owner)][-1] == "stop"
+        api.close()
+
+
+def test_what_a_command_started_is_killed_when_the_server_restarts_after_a_kill_9(tmp_path):
+    """A kill -9 of the server kills the command (PR_SET_PDEATHSIG) but cannot signal what the command
+    started: the process group is named in the source's checkpoint, and the next start kills what is left."""
+    pids = tmp_path / "left.pids"
+    quiet = "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
+    staying = follow(LEAVES_A_CHILD.format(io=quiet, then="time.sleep(3600)"))
+    staying["source"]["settings"]["argv"].append(str(pids))
+    args = ("--db", str(tmp_path / "left.db"), "--sources", OPEN, "--allow-source", ALLOW_PY)
+    base, proc = start_server(tmp_path, *args)
+    api = Api(base)
+    owner = api.create("left", **staying)
+    child = eventually(lambda: child_pids(pids), what="the child's pid")[0]
+    eventually(lambda: api.observations("left", owner), what="the command's line")
+    api.close()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    try:
+        assert alive(child)  # positive control: the server's kill -9 alone leaves the child behind
+        with running_server(tmp_path, *args) as (base, _proc):
+            api = Api(base)
+            eventually(lambda: not alive(child), what="the left-behind child killed at the restart")
+            starts = eventually(
+                lambda: [p for p in api.supervision("left", owner) if p["action"] == "start"][1:],
+                what="a new start",
+            )
+            assert starts[0]["killed_left_behind"] == 1
+            api.configure("left", owner, "pause", {"reason": "done"})
+            api.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_max_sources_bounds_how_many_run_and_the_rest_say_why(tmp_path):
+    target = Target()
+    try:
+        with running_server(tmp_path, "--sources", "--allow-sink", "127.0.0.1", "--max-sources", "2") as (
+            base,
+            _proc,
+        ):
+            api = Api(base)
+            http = {"source": {"kind": "http", "ref": target.url}, "cadence": {"heartbeat_seconds": 3600}}
+            owners = {m: api.create(m, **http) for m in ("h1", "h2", "h3")}
+
+            def settled() -> dict | None:
+                now = {m: status_of(api, m, o) for m, o in owners.items()}
+                return None if any(s["status"] == "pending" for s in now.values()) else now
+
+            statuses = eventually(settled, what="every source started or refused")
+            # the positive control: two run; the third is refused and says why
+            assert sorted(s["status"] for s in statuses.values()) == ["refused", "running", "running"]
+            refused = next(s for s in statuses.values() if s["status"] == "refused")
+            assert "already runs 2 sources" in refused["reason"]
+            api.close()
+    finally:
+        target.close()

@@ -445,13 +445,15 @@ async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
     source, given = command_line_source(args)
     needed = source is None or "type" not in given["settings"]
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(args.base, args.monitor)
-    spool = Spool(state_dir, max_entries=max(2, args.buffer))
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = open(state_dir / "lock", "w")  # noqa: SIM115 - held for the probe's lifetime
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         print(f"mp probe: another probe uses {state_dir}; give this one its own --state-dir", file=sys.stderr)
         return EXIT_USAGE
+    # Only once the lock is held: opening the spool may rewrite it (a torn last line), under another probe.
+    spool = Spool(state_dir, max_entries=max(2, args.buffer))
     async with AsyncClient(args.base, token) as client:
         definition = await fetch_definition(client, args.monitor, out, args.once, needed)
         monitor = merged(definition or {"id": args.monitor}, source, given)

@@ -28,8 +28,10 @@ from monitor_protocol.cli.serve_config import (
 )
 from monitor_protocol.core.vocab import (
     DEFAULT_MAX_BODY,
+    DEFAULT_MAX_SOURCES,
     DEFAULT_SOURCE_RATE_PER_MINUTE,
     MAX_LIMIT,
+    MAX_SOURCES_PER_OWNER,
     MAX_WAIT_SECONDS,
 )
 from monitor_protocol.doors.http.server import (
@@ -209,9 +211,38 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         action=a,
         default=[],
         metavar="KIND:WHAT",
-        help="let --sources run a shell source whose command's first word matches a glob (shell:gh, "
+        help="let --sources run a shell source whose command's first word matches a glob and whose next "
+        "words are the words given (shell:gh allows gh with any arguments, shell:'gh run list' only that; "
         "shell:/usr/local/bin/*; shell:sh allows settings.shell, so any command) or follow a file inside a "
-        "directory (file:/var/log/app) (repeatable; env MP_ALLOW_SOURCE, comma-separated)",
+        "directory (file:/var/log/app), for monitors made with the registration token (repeatable; env "
+        "MP_ALLOW_SOURCE, comma-separated)",
+    )
+    parser.add_argument(
+        "--allow-unattested-sources",
+        action=TrueGiven,
+        nargs=0,
+        default=False,
+        help="let the shell and file sources --allow-source allows run for any monitor, not only those made "
+        "with the registration token (needed to run them while registration is open; anyone who can "
+        "create a monitor can then run what --allow-source allows) (env MP_ALLOW_UNATTESTED_SOURCES=true)",
+    )
+    parser.add_argument(
+        "--source-env",
+        action=a,
+        default=[],
+        metavar="NAME",
+        help="pass this variable of the server's environment to the commands of shell sources, which see "
+        "only PATH, HOME, LANG, LC_*, TZ and TMPDIR otherwise (repeatable; env MP_SOURCE_ENV, "
+        "comma-separated)",
+    )
+    parser.add_argument(
+        "--max-sources",
+        action=s,
+        type=int,
+        default=DEFAULT_MAX_SOURCES,
+        metavar="N",
+        help=f"sources this server runs at once, at most (env MP_MAX_SOURCES, default {DEFAULT_MAX_SOURCES}; "
+        f"{MAX_SOURCES_PER_OWNER} per declared owner)",
     )
     parser.add_argument(
         "--source-rate",
@@ -422,7 +453,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             max_body=cfg.max_body,
             background_tasks=[
                 delivery_task,
-                *([sources_task(policy, cfg.source_rate)] if cfg.sources else []),
+                *([sources_task(policy, cfg.source_rate, cfg.max_sources)] if cfg.sources else []),
             ],
             on_startup=[_install_reload(reloader), *([_share_store] if shared else [])],
             on_shutdown=[_remove_reload],

@@ -23,7 +23,7 @@ class ConfigError(Exception):
 # Every setting comes from, in this order: its flag, its environment variable, the --config file (TOML, the
 # flag's name as key, `-` or `_`), the default. Tokens can so stay off argv (which `ps` shows to every user).
 
-LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink", "allow_source")
+LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink", "allow_source", "source_env")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # setting -> (environment variable, kind)
 SETTINGS: dict[str, tuple[str, str]] = {
@@ -47,6 +47,9 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "sources": ("MP_SOURCES", "bool"),
     "allow_source": ("MP_ALLOW_SOURCE", "list"),
     "source_rate": ("MP_SOURCE_RATE", "int"),
+    "allow_unattested_sources": ("MP_ALLOW_UNATTESTED_SOURCES", "bool"),
+    "source_env": ("MP_SOURCE_ENV", "list"),
+    "max_sources": ("MP_MAX_SOURCES", "int"),
 }
 CONFIG_ENV = "MP_CONFIG"
 CONFIG_ALIASES = {"admin_token": "allow_admin"}  # the file may say admin_token, like MP_ADMIN_TOKEN
@@ -68,6 +71,9 @@ RESTART_ONLY = (
     "sources",
     "allow_source",
     "source_rate",
+    "allow_unattested_sources",
+    "source_env",
+    "max_sources",
 )
 
 
@@ -269,6 +275,23 @@ def validate(cfg: argparse.Namespace) -> str | None:
         return str(exc)
     if getattr(cfg, "allow_source", None) and not getattr(cfg, "sources", False):
         return "--allow-source says what --sources may run: add --sources (or MP_SOURCES=true)"
+    if getattr(cfg, "max_sources", 1) < 1:
+        return "--max-sources must be a whole number of sources, at least 1"
+    runs_commands = any(
+        str(e).startswith(("shell:", "file:")) for e in getattr(cfg, "allow_source", None) or []
+    )
+    if (
+        getattr(cfg, "sources", False)
+        and runs_commands
+        and not cfg.registration_token
+        and not getattr(cfg, "allow_unattested_sources", False)
+    ):
+        return (
+            "--allow-source shell:/file: lets --sources run commands and read files, and they run only for "
+            "monitors made with the registration token, but registration is open (no --registration-token): "
+            "set --registration-token, or pass --allow-unattested-sources to let any monitor's source run "
+            "what --allow-source allows (anyone who can create a monitor could then run it)"
+        )
     return None
 
 
@@ -276,7 +299,12 @@ def source_policy(cfg: argparse.Namespace) -> Any:
     """The operator's allow-list for --sources (core/sources.py Policy); ValueError naming a bad entry."""
     from monitor_protocol.core.sources import parse_policy
 
-    return parse_policy(getattr(cfg, "allow_source", None) or [], getattr(cfg, "allow_sink", None) or [])
+    return parse_policy(
+        getattr(cfg, "allow_source", None) or [],
+        getattr(cfg, "allow_sink", None) or [],
+        unattested=bool(getattr(cfg, "allow_unattested_sources", False)),
+        env=getattr(cfg, "source_env", None) or [],
+    )
 
 
 def sources_line(cfg: argparse.Namespace) -> str:
@@ -284,9 +312,16 @@ def sources_line(cfg: argparse.Namespace) -> str:
     if not getattr(cfg, "sources", False):
         return "sources: not run (--sources runs the sources of the monitors; mp probe runs one elsewhere)"
     allowed = ", ".join(cfg.allow_source) or "no shell or file source"
+    who = (
+        "for any monitor (--allow-unattested-sources)"
+        if getattr(cfg, "allow_unattested_sources", False)
+        else "for monitors made with the registration token"
+    )
+    env = ", ".join(getattr(cfg, "source_env", None) or []) or "none"
     return (
-        f"sources: run by this server (allowed: {allowed}; http through the push sink guard; feeds of public "
-        f"monitors; at most {cfg.source_rate} observations per minute each unless a monitor's budget says)"
+        f"sources: run by this server (allowed: {allowed}, {who}; commands see PATH, HOME, LANG, LC_*, TZ, "
+        f"TMPDIR and: {env}; http through the push sink guard; feeds of public monitors; at most "
+        f"{getattr(cfg, 'max_sources', 0)} sources, {cfg.source_rate} observations per minute each at most)"
     )
 
 

@@ -48,6 +48,13 @@ DEFAULT_RUN_TIMEOUT = 30.0  # a periodic command, unless settings.timeout_second
 DEFAULT_FETCH_TIMEOUT = 10.0  # an http fetch, unless settings.timeout_seconds
 MAX_ARGV = 64
 MAX_ARG_CHARS = 4096
+MAX_REF_CHARS = 4096  # a command line or a URL
+MAX_PATH_BYTES = (
+    1024  # a file source's path, as JSON: its checkpoint (MAX_SOURCE_CHECKPOINT_BYTES) must hold it
+)
+# What a command run by the server sees of the operator's environment, besides the names the operator lists
+# (--source-env NAME): never the operator's tokens and keys, which an allowed tool could print.
+MINIMAL_ENV = ("PATH", "HOME", "LANG", "TZ", "TMPDIR")
 SHELL_WORD = "sh"  # settings.shell runs `/bin/sh -c ref`, judged as this command: allowing it allows any
 SETTINGS_KEYS = frozenset(
     {
@@ -141,11 +148,12 @@ def _argv(ref: Any, settings: Mapping[str, Any]) -> tuple[str, ...]:
         if (
             not isinstance(given, list)
             or not 1 <= len(given) <= MAX_ARGV
-            or not all(isinstance(a, str) and 0 < len(a) <= MAX_ARG_CHARS for a in given)
+            or not all(isinstance(a, str) and 0 < len(a) <= MAX_ARG_CHARS and "\x00" not in a for a in given)
         ):
             raise _refuse(
-                f"settings.argv must be a list of 1 to {MAX_ARGV} non-empty strings, the command and its "
-                'arguments, e.g. ["gh", "run", "list"].'
+                f"settings.argv must be a list of 1 to {MAX_ARGV} non-empty strings without NUL characters, "
+                f'at most {MAX_ARG_CHARS} characters each: the command and its arguments, e.g. ["gh", "run", '
+                '"list"].'
             )
         return tuple(given)
     if not isinstance(ref, str) or not ref.strip():
@@ -260,6 +268,17 @@ def plan_of(monitor: Mapping[str, Any]) -> Plan:
     if ref is not None and not isinstance(ref, str):
         raise _refuse("source.ref must be a string.")
     ref = ref or ""
+    if "\x00" in ref:
+        raise _refuse("source.ref holds a NUL character, which no command, path or URL can: remove it.")
+    if len(ref) > MAX_REF_CHARS:
+        raise _refuse(f"source.ref is {len(ref)} characters long; a source's ref may have {MAX_REF_CHARS}.")
+    if kind == "file":
+        size = len(json.dumps(ref, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
+        if size > MAX_PATH_BYTES:
+            raise _refuse(
+                f"source.ref is {size} bytes long (as JSON); a file source's path may have {MAX_PATH_BYTES}, "
+                "so that where the source stands fits its checkpoint."
+            )
     argv: tuple[str, ...] = ()
     shell = settings.get("shell", False)
     if not isinstance(shell, bool):
@@ -348,16 +367,33 @@ def plan_of(monitor: Mapping[str, Any]) -> Plan:
 # ======================================================================================== the operator's policy
 @dataclass(frozen=True)
 class Policy:
-    """What `mp serve --sources` may run: `--allow-source shell:<glob>` (matched against the command's first
-    word as written, and against where PATH finds it), `--allow-source file:<directory>` (a file inside it,
-    symbolic links resolved), and http through the push sink guard (`--allow-sink`)."""
+    """What `mp serve --sources` may run.
+
+    * `--allow-source shell:<glob> [word ...]`: a command whose first word matches the glob (as written, or
+      where PATH finds it; a command given by path is judged by its real path only) and whose next words are
+      exactly the words that follow; a bare first word allows that tool with any arguments;
+    * `--allow-source file:<directory>`: a file inside it, symbolic links resolved;
+    * http through the push sink guard (`--allow-sink`).
+
+    Shell and file sources run only for attested monitors (made with the registration token), unless the
+    operator says `--allow-unattested-sources` (`unattested`). `env` names what the commands see of the
+    operator's environment besides MINIMAL_ENV (`--source-env NAME`)."""
 
     shell: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     sinks: tuple[str, ...] = ()
+    unattested: bool = False
+    env: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The allow-list, for the operator's log (never for the caller)."""
+        listed = [f"shell:{g}" for g in self.shell] + [f"file:{d}" for d in self.files]
+        return ", ".join(listed) or "no shell or file source"
 
 
-def parse_policy(entries: Iterable[str], sinks: Iterable[str] = ()) -> Policy:
+def parse_policy(
+    entries: Iterable[str], sinks: Iterable[str] = (), *, unattested: bool = False, env: Iterable[str] = ()
+) -> Policy:
     """`--allow-source` entries into a Policy; ValueError with the operator's sentence for a bad one."""
     shell: list[str] = []
     files: list[str] = []
@@ -365,11 +401,17 @@ def parse_policy(entries: Iterable[str], sinks: Iterable[str] = ()) -> Policy:
         kind, sep, rest = str(entry).partition(":")
         if not sep or not rest.strip():
             raise ValueError(
-                f"--allow-source {entry!r}: write shell:<glob of a command's first word> (e.g. shell:gh) or "
-                "file:<absolute directory> (e.g. file:/var/log/app)"
+                f"--allow-source {entry!r}: write shell:<glob of a command's first word> [next words] (e.g. "
+                "shell:gh, or shell:'gh run list') or file:<absolute directory> (e.g. file:/var/log/app)"
             )
         rest = rest.strip()
         if kind == "shell":
+            try:
+                words = shlex.split(rest)
+            except ValueError as exc:
+                raise ValueError(f"--allow-source {entry!r}: its words cannot be split ({exc})") from None
+            if not words:
+                raise ValueError(f"--allow-source {entry!r}: name a command, e.g. shell:gh")
             shell.append(rest)
         elif kind == "file":
             if not rest.startswith("/"):
@@ -382,38 +424,88 @@ def parse_policy(entries: Iterable[str], sinks: Iterable[str] = ()) -> Policy:
                 f"--allow-source {entry!r}: unknown kind {kind!r}; the allow-list names shell:<glob> and "
                 "file:<directory> (http sources go through the push sink guard, --allow-sink)"
             )
-    return Policy(tuple(shell), tuple(files), tuple(sinks))
+    names: list[str] = []
+    for name in env:
+        name = str(name).strip()
+        if not name or "=" in name or "\x00" in name:
+            raise ValueError(
+                f"--source-env {name!r}: give the name of an environment variable, e.g. GH_TOKEN"
+            )
+        names.append(name)
+    return Policy(tuple(shell), tuple(files), tuple(sinks), unattested, tuple(names))
 
 
 def command_word(plan: Plan) -> str:
     """The word the shell allow-list judges: the command's first word, or `sh` for settings.shell."""
     if plan.shell:
         return SHELL_WORD
-    word = plan.argv[0]
-    return posixpath.normpath(word) if "/" in word else word
+    return plan.argv[0]
+
+
+def command_words(plan: Plan) -> tuple[str, ...]:
+    """The whole command as the allow-list judges it (settings.shell: `sh -c <ref>`)."""
+    return (SHELL_WORD, "-c", plan.ref) if plan.shell else plan.argv
+
+
+def _has_glob(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
+
+
+def _allows(
+    entry: str, words: tuple[str, ...], candidates: list[str], realpath: Callable[[str], str]
+) -> bool:
+    """Whether one `shell:` allowance lets `words` run: its first word (a glob) matches one of the command's
+    candidates, and each of its next words is the command's word at that place, exactly."""
+    allowed = shlex.split(entry)
+    first, rest = allowed[0], allowed[1:]
+    if len(words) < len(allowed) or tuple(words[1 : len(allowed)]) != tuple(rest):
+        return False
+    if any(fnmatch.fnmatchcase(c, first) for c in candidates):
+        return True
+    # An allowance naming one program by its path matches that program however it is reached (a link).
+    return first.startswith("/") and not _has_glob(first) and realpath(first) in candidates
 
 
 def policy_refusal(
     plan: Plan,
     policy: Policy,
     *,
+    attested: bool = True,
     which: Callable[[str], str | None] = lambda word: None,
     realpath: Callable[[str], str] = posixpath.normpath,
     sink_refusal: Callable[[str, tuple[str, ...]], str | None] | None = None,
 ) -> str | None:
-    """None when the operator's policy lets this source run on the server, else the sentence the state shows.
-    `which` finds a command on PATH, `realpath` resolves symbolic links, `sink_refusal` is the push guard."""
+    """None when the operator's policy lets this source run on the server, else the sentence the state shows
+    (it never lists what the operator allows: the server's log does). `attested`: the monitor was made with
+    the registration token. `which` finds a command on PATH, `realpath` resolves symbolic links,
+    `sink_refusal` is the push guard."""
+    if plan.kind in ("shell", "file") and not attested and not policy.unattested:
+        return (
+            f"mp serve runs {plan.kind} sources only for monitors registered with the server's registration "
+            "token (attested), and this monitor is not: register it with the token, or run the source on "
+            "your own machine with mp probe"
+        )
     if plan.kind == "shell":
+        words = command_words(plan)
         word = command_word(plan)
-        found = which(word)
-        candidates = [word] + ([posixpath.normpath(found)] if found else [])
-        if any(fnmatch.fnmatchcase(c, glob) for glob in policy.shell for c in candidates):
+        if "/" in word:
+            # A word with a slash is a path, never the bare name it ends with (./gh is not gh): it must be
+            # absolute, and only where it really leads is judged.
+            if not word.startswith("/"):
+                return (
+                    f"the command {word[:200]!r} is a relative path: give a command name PATH finds, or an "
+                    "absolute path"
+                )
+            candidates = [realpath(word)]
+        else:
+            found = which(word)
+            candidates = [word] + ([posixpath.normpath(found), realpath(found)] if found else [])
+        if any(_allows(entry, words, candidates, realpath) for entry in policy.shell):
             return None
-        allowed = ", ".join(f"shell:{g}" for g in policy.shell) or "none"
         what = "settings.shell runs /bin/sh, which allows any command" if plan.shell else f"command {word!r}"
         return (
-            f"the operator does not allow this shell source ({what}): mp serve runs a command only when "
-            f"--allow-source shell:<glob> matches its first word (allowed here: {allowed})"
+            f"the operator does not allow this shell source ({what[:300]}): mp serve runs a command only "
+            "when an --allow-source shell:<glob> [words] entry matches it"
         )
     if plan.kind == "file":
         if not plan.ref.startswith("/"):
@@ -423,10 +515,9 @@ def policy_refusal(
             root = realpath(directory)
             if real == root or real.startswith(root.rstrip("/") + "/"):
                 return None
-        allowed = ", ".join(f"file:{d}" for d in policy.files) or "none"
         return (
-            f"the operator does not allow reading {plan.ref}: mp serve follows a file only inside a directory "
-            f"given with --allow-source file:<directory> (allowed here: {allowed})"
+            f"the operator does not allow reading {plan.ref[:300]}: mp serve follows a file only inside a "
+            "directory given with --allow-source file:<directory>"
         )
     if plan.kind == "http" and sink_refusal is not None:
         refusal = sink_refusal(plan.ref, policy.sinks)
@@ -436,12 +527,20 @@ def policy_refusal(
 
 
 def scrubbed_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment a source's command sees: the operator's, minus this project's settings and tokens
-    (every `MP_*` variable: owner, reader, admin, registration and metrics tokens, the database URL) and the
-    PostgreSQL password."""
+    """The environment a source's command sees under `mp probe` (run by its user, on their machine): theirs,
+    minus this project's settings and tokens (every `MP_*` variable: owner, reader, admin, registration and
+    metrics tokens, the database URL) and the PostgreSQL password."""
     return {
         k: v for k, v in environ.items() if not k.startswith("MP_") and k not in ("PGPASSWORD", "PGPASSFILE")
     }
+
+
+def minimal_env(environ: Mapping[str, str], names: Iterable[str] = ()) -> dict[str, str]:
+    """The environment a command run by `mp serve --sources` sees: PATH, HOME, LANG, LC_*, TZ and TMPDIR, and
+    only the other names the operator listed (`--source-env`); nothing else of the server's environment (its
+    tokens, cloud keys, database password), which an allowed tool could be asked to print."""
+    keep = set(MINIMAL_ENV) | set(names)
+    return {k: v for k, v in environ.items() if k in keep or k.startswith("LC_")}
 
 
 # ======================================================================================== what is published

@@ -163,5 +163,7 @@ MAX_SOURCE_OUTPUT_BYTES = 16384  # a source's output in one observation (a line,
 MAX_SOURCE_STDERR_BYTES = 2048  # the tail of a failed run's stderr kept beside it
 MAX_SOURCE_CHECKPOINT_BYTES = 4096  # where a source stands (file offset, feed seq, last result), as JSON
 DEFAULT_SOURCE_RATE_PER_MINUTE = 600  # observations a source may publish per minute, unless the operator says
+DEFAULT_MAX_SOURCES = 100  # sources one `mp serve --sources` runs at once, unless the operator says
+MAX_SOURCES_PER_OWNER = 20  # of those, the sources of monitors declaring one owner
 SOURCE_BACKOFF_FIRST_SECONDS = 1.0  # a crashed long-lived process restarts after 1 s, doubling ...
 SOURCE_BACKOFF_MAX_SECONDS = 60.0  # ... up to 60 s

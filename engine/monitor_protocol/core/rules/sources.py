@@ -54,12 +54,15 @@ def publish_as_source(
     core: ServiceCore, tx: Tx, monitor_id: str, body: Any, checkpoint: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Publish `body` as the monitor's own source and commit `checkpoint` with it (also when the body is
-    refused: its rejected row is the evidence, and the source moves on)."""
+    refused: its rejected row is the evidence, and the source moves on; except OVER_BUDGET, which the source
+    waits out and sends again, so where it stands does not move)."""
     rec = _running(tx, monitor_id)
     try:
         _obs, seq, repeated = publishing.publish_one(tx, rec, body, None)
-    except LoggedRefusal:
-        _checkpoint(tx, monitor_id, checkpoint)
+    except LoggedRefusal as refusal:
+        if refusal.error.code != "OVER_BUDGET":
+            _checkpoint(tx, monitor_id, checkpoint)
+        # Over the day's budget the source stands still: it sends the same observation on the next UTC day.
         raise
     _checkpoint(tx, monitor_id, checkpoint)
     return {"seq": seq, "idempotent": bool(repeated)}
@@ -141,6 +144,11 @@ def feed_step(
             f"monitor {plan.ref} is not public: a feed reads only public monitors, since the server cannot "
             "tell that this monitor's owner may read a private or shared one"
         )
+    if (other.source or {}).get("kind") == "feed":
+        raise sources.SourceRefused(
+            f"monitor {plan.ref} is itself a feed: a feed reads only a monitor whose observations are its own "
+            "(feeds of feeds could echo one observation between them for ever)"
+        )
     checkpoint = dict(rec.source_checkpoint or {})
     if checkpoint.get("feed") != other.id:
         start = 0 if plan.from_start else other.head
@@ -158,15 +166,20 @@ def feed_step(
     last = at - 1
     for obs in tx.scan(other.id, at, head, query):
         examined += 1
-        last = obs.seq
         if filters.is_empty(flt) or filters.matches(flt, obs.event):
             body = sources.feed_body(plan, obs.event, f"feed:{other.id}:{obs.seq}")
             if body is not None:
                 try:
                     publishing.publish_one(tx, tx.monitor(rec.id) or rec, body, None)
                     published += 1
-                except LoggedRefusal:  # logged here (P2); the feed goes on past it
+                except LoggedRefusal as refusal:  # logged here (P2); the feed goes on past it ...
+                    if refusal.error.code == "OVER_BUDGET":
+                        # ... except past the day's budget: it stands before this row until the next day
+                        _checkpoint(tx, monitor_id, {"feed": other.id, "seq": last})
+                        return {"published": published, "refused": refused, "more": False, "seq": last,
+                                "over_budget": True}  # fmt: skip
                     refused += 1
+        last = obs.seq
         if examined >= limit:
             break
     if examined < limit:

@@ -11,10 +11,15 @@ the probe's spool and the client for `mp probe`).
 * `feed`: the server's engine reads the other monitor (rules/sources.py `feed_step`), woken by its appends.
 
 Rate: a source publishes at most its monitor's `budget.observations_per_minute` (else the operator's default)
-per minute. Past it the source waits, it is not cut: a process's lines wait in its pipe, a file's in the
+per minute, and on the server never more than the operator's `--source-rate` (a ceiling the owner's budget
+cannot raise). Past it the source waits, it is not cut: a process's lines wait in its pipe, a file's in the
 file, a feed's in the other log; a `throttled` row says so, once per minute at most. Past the monitor's
-`limits.observations_per_day` (a publish refused OVER_BUDGET, logged as for any publisher) it waits for the
-next UTC day the same way."""
+`limits.observations_per_day` (a publish refused OVER_BUDGET, logged as for any publisher, its checkpoint not
+moved) it waits for the next UTC day the same way, then sends the same observation again.
+
+A long-lived process's group (the leader's pid is its process group) is killed whenever the leader exits or
+the source stops, so what the command started does not outlive it; and a leader that exited is seen as
+exited even while a child it left keeps the pipe open."""
 
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ OVER_BUDGET = "over_budget"  # the monitor's day is used up: wait for the next
 STOPPED = "stopped"  # the monitor no longer takes its source's observations (paused, retired)
 STEADY_SECONDS = 10.0  # a process that stayed up this long starts its next crash streak at 1 s again
 FEED_RESCAN_SECONDS = 5.0
+DRAIN_SECONDS = 2.0  # after a long-lived leader exited: what is still in its pipe is read this long at most
 
 
 class Sink(Protocol):
@@ -52,8 +58,9 @@ class Sink(Protocol):
 @dataclass
 class Options:
     rate: int = DEFAULT_SOURCE_RATE_PER_MINUTE  # the operator's default, when the monitor's budget says none
+    ceiling: int | None = None  # the operator's most (the server: --source-rate), whatever the budget says
     ttl: int | None = None  # the monitor's ttl_seconds (on_change keeps contact fresh within it)
-    env: Mapping[str, str] | None = None  # the command's environment (default: the operator's minus tokens)
+    env: Mapping[str, str] | None = None  # the command's (server: minimal_env; else the user's minus tokens)
     guarded: bool = False  # http through the push sink guard (the server)
     allowed_sinks: tuple[str, ...] = ()
     file_check: Callable[[str], str | None] | None = None  # the operator's policy at each open (the server)
@@ -95,7 +102,10 @@ class Runner:
         self.sink = sink
         self.saved = dict(checkpoint or {})
         self.options = options or Options()
-        self.rate = Rate(plan.rate or self.options.rate)
+        per_minute = plan.rate or self.options.rate
+        if self.options.ceiling is not None:
+            per_minute = min(per_minute, self.options.ceiling)
+        self.rate = Rate(per_minute)
         self.run_id = secrets.token_hex(6)
         self.count = 0
         self.throttled_at = float("-inf")  # when the last throttled row was written (one a minute at most)
@@ -117,13 +127,18 @@ class Runner:
             await asyncio.sleep(delay)
             delay = self.rate.wait()
         outcome = await self.sink.publish(body, checkpoint)
-        if outcome == OVER_BUDGET:
+        while outcome == OVER_BUDGET:
+            # Nothing moved (the checkpoint was not committed with the refusal): the same observation is sent
+            # again on the next UTC day, so waiting never drops it.
             until = _next_utc_day(time.time())
             await self._throttled(
                 "limits.observations_per_day is used up: the source waits for the next UTC day",
                 until=_dt.datetime.fromtimestamp(until, _dt.UTC).isoformat().replace("+00:00", "Z"),
             )
             await asyncio.sleep(max(0.0, until - time.time()))
+            if self.options.once:
+                return outcome
+            outcome = await self.sink.publish(body, checkpoint)
         return outcome
 
     async def _throttled(self, reason: str, **extra: Any) -> None:
@@ -151,6 +166,7 @@ class Runner:
     async def follow(self) -> None:
         """A long-lived process: every stdout line one observation; crashes restarted with backoff."""
         plan, failures, first = self.plan, 0, True
+        left = processes.kill_leftover(self.saved) or None  # what a killed server's last run left behind
         while True:
             run = secrets.token_hex(6)
             try:
@@ -167,23 +183,50 @@ class Runner:
                     return
                 await asyncio.sleep(delay)
                 continue
+            # Where a kill -9 of the server would leave this command's children: the next start kills them.
+            await self.sink.checkpoint({"group": proc.pid, "boot": processes.boot_id()})
             action = "start" if first else "restart"
             await self.sink.event(
-                action, sources.supervision(action, plan, pid=proc.pid, attempt=failures or None)
+                action,
+                sources.supervision(
+                    action, plan, pid=proc.pid, attempt=failures or None, killed_left_behind=left
+                ),
             )
+            left = None
             first = False
             started = time.monotonic()
             err = processes.Tail(proc.stderr)
-            n = 0
+            seen = [0, 0]  # the lines read so far, and whether one is being published (the pump says)
+            assert proc.stdout is not None
+            reader = asyncio.ensure_future(self._pump(proc.stdout, run, seen))
+            waiter = asyncio.ensure_future(proc.wait())
             try:
-                assert proc.stdout is not None
-                async for line in processes.lines(proc.stdout):
-                    n += 1
-                    await self.emit(sources.line_body(plan, line.raw, f"s:{run}:{n}", total=line.total), None)
-                status = await proc.wait()
+                await asyncio.wait({reader, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if reader.done():
+                    reader.result()  # its failure is the runner's
+                    status = await waiter
+                else:
+                    # The leader exited, perhaps while something it started still holds the pipe open: end
+                    # the group, then read what is left while it keeps coming (or is being published), and
+                    # stop reading once nothing came for DRAIN_SECONDS.
+                    processes.kill_group(proc)
+                    before = -1
+                    while not reader.done() and (seen[0] != before or seen[1]):
+                        before = seen[0]
+                        await asyncio.wait({reader}, timeout=DRAIN_SECONDS)
+                    if reader.done():
+                        reader.result()
+                    status = waiter.result()
             finally:
-                if proc.returncode is None:  # cancelled (stopped): end the process and its children
-                    await processes.stop(proc)
+                for task in (reader, waiter):
+                    if not task.done():
+                        task.cancel()
+                try:
+                    if proc.returncode is None:  # cancelled (stopped): end the process and its children
+                        await processes.stop(proc)
+                finally:
+                    processes.kill_group(proc)  # whatever it started goes with it, whatever way it ended
+            n = seen[0]
             tail = await err.done()
             if time.monotonic() - started >= STEADY_SECONDS:
                 failures = 0
@@ -208,6 +251,15 @@ class Runner:
                 ),
             )
             await asyncio.sleep(delay)
+
+    async def _pump(self, stdout: asyncio.StreamReader, run: str, seen: list[int]) -> None:
+        """A long-lived process's stdout, one observation per line."""
+        async for line in processes.lines(stdout):
+            seen[0] += 1
+            body = sources.line_body(self.plan, line.raw, f"s:{run}:{seen[0]}", total=line.total)
+            seen[1] = 1
+            await self.emit(body, None)
+            seen[1] = 0
 
     async def periodic(self) -> None:
         """One run or fetch per period, one observation each (on_change applied)."""
@@ -292,10 +344,12 @@ class Runner:
         plan = self.plan
         follower = FileTail(plan.ref, self.saved, from_start=plan.from_start, check=self.options.file_check)
         problem: str | None = None
-        await self.sink.event("start", sources.supervision("start", plan))
         try:
+            # The first poll before the start row: once it is written, the file is open and its position
+            # taken, so a line appended after "start" is never mistaken for one that was already there.
+            poll = await asyncio.to_thread(follower.poll)
+            await self.sink.event("start", sources.supervision("start", plan))
             while True:
-                poll = await asyncio.to_thread(follower.poll)
                 if poll.opened is not None and not poll.lines:
                     await self.sink.checkpoint(poll.opened)  # a restart resumes here, not at a later end
                 for line in poll.lines:
@@ -309,7 +363,9 @@ class Runner:
                     problem = None
                 if self.options.once:
                     return
-                await asyncio.sleep(self.options.poll_seconds)
+                if not poll.more:  # a full poll: read on at once, else wait for more to be appended
+                    await asyncio.sleep(self.options.poll_seconds)
+                poll = await asyncio.to_thread(follower.poll)
         finally:
             follower.close()
 
@@ -333,6 +389,16 @@ class Runner:
                     await asyncio.sleep(delay)
             if step.get("changed"):
                 return  # the definition changed under it: the supervisor starts the new one
+            if step.get("over_budget"):  # the row it stands before is read again on the next UTC day
+                until = _next_utc_day(time.time())
+                await self._throttled(
+                    "limits.observations_per_day is used up: the feed waits for the next UTC day",
+                    until=_dt.datetime.fromtimestamp(until, _dt.UTC).isoformat().replace("+00:00", "Z"),
+                )
+                if self.options.once:
+                    return
+                await asyncio.sleep(max(0.0, until - time.time()))
+                continue
             if step.get("more"):
                 continue
             if self.options.once:
@@ -340,7 +406,10 @@ class Runner:
             if wake is None:
                 await asyncio.sleep(FEED_RESCAN_SECONDS)
             else:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives as
+                # the wake is set, and a stop would never end this loop.
                 try:
-                    await asyncio.wait_for(wake.wait(), FEED_RESCAN_SECONDS)
+                    async with asyncio.timeout(FEED_RESCAN_SECONDS):
+                        await wake.wait()
                 except TimeoutError:
                     pass

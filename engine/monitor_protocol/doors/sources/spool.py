@@ -10,7 +10,12 @@ written after the line it covers is in the spool, so a restart never skips a lin
 The spool is bounded (`max_entries`): past it, new observations are dropped and counted, and the probe
 says so (`DROPPED`), then publishes one observation saying how many were lost once there is room again.
 The count is kept in `spool.dropped`, so a probe that exits full (`--once` for cron against a server that
-stays down) still says it at a later run."""
+stays down) still says it at a later run.
+
+The file does not grow without end: it is emptied when everything was confirmed, and rewritten with only
+what is left once more than COMPACT_BYTES of its head was confirmed (a server that always keeps a few
+entries in flight). The caller holds the state directory's lock before it opens a Spool (which may rewrite
+the file)."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MAX_ENTRIES = 10_000
+COMPACT_BYTES = 1 << 20  # confirmed bytes at the head of spool.jsonl past which it is rewritten without them
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -69,8 +75,10 @@ class Spool:
     def _rewrite(self) -> None:
         self.file.close()
         lines = [json.dumps(body, separators=(",", ":")) + "\n" for body, _ in self.entries]
-        _atomic_write(self.path, "".join(lines))
+        # spool.done first: a kill between the two leaves the old file read from its start (confirmed entries
+        # sent again are repeats, by their keys), never the new file read from an offset past what it holds.
         _atomic_write(self.done_path, "0")
+        _atomic_write(self.path, "".join(lines))
         self.done, at = 0, 0
         kept: deque[tuple[dict[str, Any], int]] = deque()
         for (body, _), line in zip(self.entries, lines, strict=True):
@@ -131,6 +139,9 @@ class Spool:
             self.file.truncate(0)
             self.file.seek(0)
             self.done = 0
+        elif self.done > COMPACT_BYTES:
+            self._rewrite()  # what is left, from offset 0 (spool.done written 0 after the file is replaced)
+            return
         _atomic_write(self.done_path, str(self.done))
 
     def load_checkpoint(self) -> dict[str, Any] | None:

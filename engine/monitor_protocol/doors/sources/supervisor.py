@@ -18,6 +18,12 @@ publish joins the requests' group commits and is durable before the source reads
   committed checkpoint (a file's offset, a feed's seq), and its idempotency keys make a re-sent line a
   repeat, never a duplicate.
 * On a store several servers share, only the server holding the leader lock runs sources.
+* One monitor's definition never stops the others: whatever fails while reconciling one (even an error no
+  rule foresaw) is logged and written as that monitor's refused row, and the loop goes on.
+* At most `max_sources` sources run on this server and `MAX_SOURCES_PER_OWNER` per declared owner; past
+  that a source is refused (and started at a later look, once there is room).
+* Stopping is bounded: a source's task is cancelled again until it ends (STOP_SECONDS at most), and at
+  shutdown every source is stopped at once.
 """
 
 from __future__ import annotations
@@ -34,7 +40,11 @@ from typing import Any
 from monitor_protocol.core import netguard, sources
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.sources import Plan, Policy, SourceRefused
-from monitor_protocol.core.vocab import DEFAULT_SOURCE_RATE_PER_MINUTE
+from monitor_protocol.core.vocab import (
+    DEFAULT_MAX_SOURCES,
+    DEFAULT_SOURCE_RATE_PER_MINUTE,
+    MAX_SOURCES_PER_OWNER,
+)
 from monitor_protocol.doors.sources.runner import OVER_BUDGET, PUBLISHED, REFUSED, STOPPED, Options, Runner
 
 log = logging.getLogger("monitor_protocol.sources")
@@ -44,6 +54,8 @@ RESCAN_SECONDS = 30.0
 STORAGE_RETRY_SECONDS = 1.0
 STORAGE_RETRIES = 30
 WAS_RUNNING = "the server stopped without stopping this source (it crashed or was killed)"
+STOP_GRACE_SECONDS = 8.0  # a stop's first wait: a process's SIGTERM grace and then its SIGKILL
+STOP_SECONDS = 15.0  # how long a stop waits for a source's task in all, cancelling it again each second
 
 
 @dataclass
@@ -52,6 +64,7 @@ class Running:
     plan: Plan
     task: asyncio.Task[None]
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    owner: Any = None
 
 
 class EngineSink:
@@ -76,6 +89,10 @@ class EngineSink:
                     continue
                 if err.code == "UNAVAILABLE":
                     return STOPPED  # paused or retired under it: the supervisor is stopping it
+                if not err.extras.get("rejected_seq"):
+                    # Refused before anything was logged (a checkpoint too large to keep): every line would
+                    # vanish the same way, so the source stops and its refused row says why.
+                    raise SourceRefused(f"an observation could not be published: {err.message}") from None
                 return REFUSED  # refused and logged (P2), as for any publisher; the source goes on
         log.error(
             "source of %s: the store stayed unavailable; an observation was not published", self.monitor_id
@@ -94,7 +111,10 @@ class EngineSink:
             self.note = None
         try:
             await self.sup.call(self.sup.service.source_event, self.monitor_id, action, payload)
-        except ProtocolError as err:
+        except Exception as err:  # a row not written never stops a source, nor a stop
+            if not isinstance(err, ProtocolError):
+                log.exception("source of %s: %s row not written", self.monitor_id, action)
+                return
             log.warning(
                 "source of %s: %s row not written (%s: %s)", self.monitor_id, action, err.code, err.message
             )
@@ -114,6 +134,7 @@ class Supervisor:
         policy: Policy,
         *,
         rate: int = DEFAULT_SOURCE_RATE_PER_MINUTE,
+        max_sources: int = DEFAULT_MAX_SOURCES,
         rescan_seconds: float = RESCAN_SECONDS,
         which: Callable[[str], str | None] = shutil.which,
         realpath: Callable[[str], str] = os.path.realpath,
@@ -122,6 +143,8 @@ class Supervisor:
         self.service = service
         self.policy = policy
         self.rate = rate
+        self.max_sources = max_sources
+        self.env = sources.minimal_env(os.environ, policy.env)
         self.rescan_seconds = rescan_seconds
         self.which = which
         self.realpath = realpath
@@ -180,15 +203,22 @@ class Supervisor:
                 except ProtocolError as err:  # the store is away (503): look again later
                     log.warning("sources: reading the monitors failed (%s): %s", err.code, err.message)
                     full = True
+                except Exception:  # never the end of every source: look again later
+                    log.exception("sources: looking at the monitors failed")
+                    full = True
                 else:
                     full = False
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that arrives as
+                # the event is set, and the server's stop would wait for ever.
                 try:
-                    await asyncio.wait_for(self.wake.wait(), self.rescan_seconds)
+                    async with asyncio.timeout(self.rescan_seconds):
+                        await self.wake.wait()
                 except TimeoutError:
                     full = True
         finally:
-            for monitor_id in list(self.runners):
-                await self.stop(monitor_id, "the server stopped")
+            await asyncio.gather(
+                *(self.stop(m, "the server stopped") for m in list(self.runners)), return_exceptions=True
+            )
             self.service.remove_config_listener(self._configured)
             with contextlib.suppress(Exception):
                 await self.call(self.service.remove_listener, self._appended)
@@ -206,12 +236,24 @@ class Supervisor:
         if not full and not self._first:
             for monitor_id in sorted(dirty):
                 views = await self.call(self.service.sources_view, monitor_id)
-                await self.reconcile(monitor_id, views[0] if views else None)
+                await self.reconcile_one(monitor_id, views[0] if views else None)
             return
         views = {v["monitor"]["id"]: v for v in await self.call(self.service.sources_view)}
         for monitor_id in sorted(set(views) | set(self.runners)):
-            await self.reconcile(monitor_id, views.get(monitor_id))
+            await self.reconcile_one(monitor_id, views.get(monitor_id))
         self._first = False
+
+    async def reconcile_one(self, monitor_id: str, view: dict[str, Any] | None) -> None:
+        """reconcile, with whatever fails for this one monitor logged and said in its log, never raised."""
+        try:
+            await self.reconcile(monitor_id, view)
+        except ProtocolError:
+            raise  # the store is away: the whole look is tried again
+        except Exception as exc:
+            log.exception("source of %s: could not be started or stopped", monitor_id)
+            if view is not None:
+                with contextlib.suppress(Exception):
+                    await self.refuse(view, f"the server could not run this source ({type(exc).__name__})")
 
     async def reconcile(self, monitor_id: str, view: dict[str, Any] | None) -> None:
         running = self.runners.get(monitor_id)
@@ -230,10 +272,26 @@ class Supervisor:
         await self.start(view)
 
     # -- one source ---------------------------------------------------------------------------------
-    def judge(self, plan: Plan) -> str | None:
+    def judge(self, plan: Plan, attested: bool = True) -> str | None:
         return sources.policy_refusal(
-            plan, self.policy, which=self.which, realpath=self.realpath, sink_refusal=netguard.sink_refusal
+            plan,
+            self.policy,
+            attested=attested,
+            which=self.which,
+            realpath=self.realpath,
+            sink_refusal=netguard.sink_refusal,
         )
+
+    def crowded(self, view: dict[str, Any]) -> str | None:
+        """Whether another source may start: at most max_sources on this server, MAX_SOURCES_PER_OWNER per
+        declared owner."""
+        if len(self.runners) >= self.max_sources:
+            return f"this server already runs {self.max_sources} sources, as many as its operator allows"
+        owner = view["monitor"].get("owner")
+        mine = sum(1 for r in self.runners.values() if r.owner == owner)
+        if mine >= MAX_SOURCES_PER_OWNER:
+            return f"the monitors of owner {str(owner)[:100]} already run {MAX_SOURCES_PER_OWNER} sources"
+        return None
 
     async def refuse(self, view: dict[str, Any], reason: str) -> None:
         monitor_id = view["monitor"]["id"]
@@ -255,9 +313,20 @@ class Supervisor:
         except SourceRefused as refused:
             await self.refuse(view, refused.reason)
             return
-        refusal = self.judge(plan)
+        refusal = self.judge(plan, bool(view["monitor"].get("attested")))
         if refusal is not None:
+            log.warning(
+                "source of %s refused: %s (this server allows %s; unattested monitors: %s)",
+                monitor_id,
+                refusal,
+                self.policy.describe(),
+                "allowed" if self.policy.unattested else "refused",
+            )
             await self.refuse(view, refusal)
+            return
+        crowded = self.crowded(view)
+        if crowded is not None:
+            await self.refuse(view, crowded)
             return
         self.refused.pop(monitor_id, None)
         previous = (view.get("source_status") or {}).get("status")
@@ -277,6 +346,8 @@ class Supervisor:
 
         options = Options(
             rate=self.rate,
+            ceiling=self.rate,
+            env=self.env,
             ttl=view.get("ttl_seconds"),
             guarded=True,
             allowed_sinks=self.policy.sinks,
@@ -286,7 +357,7 @@ class Supervisor:
         )
         runner = Runner(plan, sink, view.get("checkpoint"), options)
         task = asyncio.create_task(self._guard(monitor_id, runner, view), name=f"mp-source-{monitor_id}")
-        self.runners[monitor_id] = Running(view["version"], plan, task, wake)
+        self.runners[monitor_id] = Running(view["version"], plan, task, wake, view["monitor"].get("owner"))
         if plan.kind == "feed":
             self.feeds_of.setdefault(plan.ref, set()).add(monitor_id)
 
@@ -328,19 +399,32 @@ class Supervisor:
         for feeders in self.feeds_of.values():
             feeders.discard(monitor_id)
         was_running = not running.task.done()
-        running.task.cancel()
-        await asyncio.gather(running.task, return_exceptions=True)
+        # Cancelled again each second (after the first wait) until it ends: a cancellation swallowed once (a
+        # wait that finished in the same turn) must not leave a stop, or the server's shutdown, waiting for ever.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_SECONDS
+        wait = STOP_GRACE_SECONDS  # a process's own stop (SIGTERM, then SIGKILL) first, undisturbed
+        while not running.task.done():
+            running.task.cancel()
+            await asyncio.wait({running.task}, timeout=wait)
+            wait = 1.0
+            if loop.time() >= deadline:
+                log.error("source of %s did not stop within %g s; left behind", monitor_id, STOP_SECONDS)
+                break
+        if running.task.done() and not running.task.cancelled():
+            with contextlib.suppress(BaseException):
+                running.task.result()  # retrieved, so that asyncio does not log it as never retrieved
         if was_running:
             payload = sources.supervision("stop", running.plan, reason=reason)
             await EngineSink(self, monitor_id).event("stop", payload)
 
 
 def sources_task(
-    policy: Policy, rate: int = DEFAULT_SOURCE_RATE_PER_MINUTE
+    policy: Policy, rate: int = DEFAULT_SOURCE_RATE_PER_MINUTE, max_sources: int = DEFAULT_MAX_SOURCES
 ) -> Callable[[Any], Awaitable[None]]:
     """A `background_tasks` entry for `MonitorApp`: run the sources `policy` allows."""
 
     async def run_sources(app: Any) -> None:
-        await Supervisor(app.engine.call, app.service, policy, rate=rate).run()
+        await Supervisor(app.engine.call, app.service, policy, rate=rate, max_sources=max_sources).run()
 
     return run_sources

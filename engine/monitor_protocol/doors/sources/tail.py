@@ -15,7 +15,11 @@ keys and duplicates nothing, while a new file at the path (rotation) or the same
 * the first start follows from the end (only lines appended from now on), unless `from_start`; a file that
   appears later is read from its start;
 * a line longer than MAX_SOURCE_OUTPUT_BYTES is cut there and says its size (`bytes`, at least that much for
-  a line over READ_BYTES); the rest of it is skipped.
+  a line over READ_BYTES); the rest of it is skipped;
+* a poll returns at most MAX_LINES lines (and reads at most MAX_STEPS * READ_BYTES): the next resumes right
+  after the last line returned, and `Poll.more` says there is more to read now. So a file of a million empty
+  lines is read 100 at a time, never held at once; and a rotated file with more unread than one poll takes is
+  kept open, and read to its end over as many polls as it needs, before the new file is followed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES
 
 READ_BYTES = 1 << 20  # read per step; a poll takes at most MAX_STEPS of them
 MAX_STEPS = 8
+MAX_LINES = 100  # lines one poll returns at most
 MARK_BYTES = 32  # the bytes just before the offset, kept: a file cut short and written past it again
 # (copytruncate) no longer holds them there, which its size alone would not show
 
@@ -49,6 +54,7 @@ class Poll:
     lines: list[FileLine] = field(default_factory=list)
     problem: str | None = None  # why the file cannot be read now (the source is not answering)
     opened: dict[str, Any] | None = None  # a file was (re)opened: the position to commit before any line
+    more: bool = False  # the poll stopped at MAX_LINES (or MAX_STEPS): there is more to read now
 
 
 class FileTail:
@@ -60,9 +66,11 @@ class FileTail:
         from_start: bool = False,
         limit: int = MAX_SOURCE_OUTPUT_BYTES,
         check: Callable[[str], str | None] | None = None,
+        max_lines: int = MAX_LINES,
     ) -> None:
         self.path = path
         self.limit = limit
+        self.max_lines = max(1, max_lines)
         self.check = check  # the operator's policy, judged at every open (a rotation may swap a link in)
         self.fd: int | None = None
         self.ino = self.dev = 0
@@ -156,8 +164,8 @@ class FileTail:
         if os.fstat(self.fd).st_size < self.offset or self._mark(self.offset) != self.mark:
             self.offset, self.skip, self.token = 0, False, secrets.token_hex(6)  # truncated
             out.opened = self.checkpoint()
-        self._read(out, final=moved)
-        if moved:
+        ended = self._read(out, final=moved)
+        if moved and ended:  # the old file read to its end (else it is kept open: the next poll reads on)
             self.close()
             self.missed = True  # the new file is read from its start
             problem = self._open()
@@ -168,15 +176,19 @@ class FileTail:
                 self._read(out, final=False)
         return out
 
-    def _read(self, out: Poll, *, final: bool) -> None:
-        """The complete lines from the offset on (`final`: the file will not grow, its last line counts)."""
+    def _read(self, out: Poll, *, final: bool) -> bool:
+        """The complete lines from the offset on (`final`: the file will not grow, its last line counts), at
+        most `max_lines` in the poll; True when what the file holds now was read to its end."""
         assert self.fd is not None
         for _ in range(MAX_STEPS):
+            if len(out.lines) >= self.max_lines:
+                out.more = True
+                return False
             data = os.pread(self.fd, READ_BYTES, self.offset)
             if not data:
-                return
+                return True
             at = 0
-            while at < len(data):
+            while at < len(data) and len(out.lines) < self.max_lines:
                 nl = data.find(b"\n", at)
                 if self.skip:
                     if nl < 0:
@@ -198,8 +210,13 @@ class FileTail:
                 at = nl + 1
             self.offset += at
             self.mark = self._mark(self.offset)
+            if len(out.lines) >= self.max_lines and (at < len(data) or len(data) == READ_BYTES):
+                out.more = True
+                return False
             if len(data) < READ_BYTES:
-                return
+                return True
+        out.more = True
+        return False
 
     def _line(
         self, out: Poll, data: bytes, at: int, stop: int, total: int, end: int, *, skip: bool = False
