@@ -176,7 +176,7 @@ class Bench(BenchRun):
                     client=c["client"], tasks=c["tasks"], procs=c["procs"],
                 )  # fmt: skip
             # Paired runs: the machine is shared and its speed drifts, so the ratio to the transport limit
-            # is also taken run by run, a bare-ASGI run right before each publish run, same client.
+            # is also taken run by run, a bare-server run right before each publish run, same client.
             with bare_serve() as bare:
                 paired: dict[str, Any] = {}
                 for key, client, tasks in (("1", "sync", 1), ("raw16", "raw", 16)):

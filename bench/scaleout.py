@@ -16,8 +16,8 @@ HTTP/1.1 client on uvloop, each with one keep-alive connection, client i on serv
   competes with the readers inside a window;
 * the same on one `mp serve` on a SQLite file (the reference), and the machine's limits in the same run:
   PostgreSQL's own commit limit (one INSERT per transaction, psycopg AsyncConnection per client, the same
-  cluster and durability: fsync=on, synchronous_commit=on) with 16 and 64 connections, and the bare ASGI
-  endpoint on mp serve's server stack (bench/bare_app.py) with 16 and 64 of the same raw clients.
+  cluster and durability: fsync=on, synchronous_commit=on) with 16 and 64 connections, and the bare
+  endpoint on mp serve's HTTP server (bench/bare_app.py) with 16 and 64 of the same raw clients.
 
 The PostgreSQL cluster is bench/peer_servers.py's throwaway one (initdb as an unprivileged user, fsync on,
 synchronous_commit on), started once for the section; `mp serve` uses a database of its own in it (``mp``),
@@ -136,7 +136,7 @@ SETUPS = (
     Setup(
         "pgcommit", "pgcommit", 0, "PostgreSQL used directly as a queue (one INSERT per commit per publish)"
     ),
-    Setup("bare1", "bare", 1, "bare ASGI endpoint (bench/bare_app.py), 1 server"),
+    Setup("bare1", "bare", 1, "bare endpoint on mp serve's HTTP server (bench/bare_app.py), 1 server"),
 )
 
 
@@ -850,7 +850,7 @@ def markdown(c: dict[str, Any]) -> str:
     ]
     out.append("| PostgreSQL used directly as a queue, publishes/s (one INSERT per commit, 1 connection per client) | "
                + " | ".join(_cell(figs.get(f"pgcommit-commit-{n}c")) for n in CLIENTS) + " |")  # fmt: skip
-    out.append("| bare ASGI endpoint requests/s, 1 server | "
+    out.append("| bare endpoint (mp serve's HTTP server) requests/s, 1 server | "
                + " | ".join(_cell(figs.get(f"bare1-bare-{n}c")) for n in CLIENTS) + " |")  # fmt: skip
     out += [
         "",

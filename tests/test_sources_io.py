@@ -170,7 +170,7 @@ def test_a_source_child_inherits_no_descriptor_but_its_pipes_even_under_uvloop()
 
     import uvloop
 
-    # A listening socket left inheritable, as mp serve's is: uvloop's subprocess ignores close_fds.
+    # A listening socket left inheritable, as mp serve's once was: uvloop's subprocess ignores close_fds.
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -199,6 +199,31 @@ def test_a_source_child_inherits_no_descriptor_but_its_pipes_even_under_uvloop()
         loop.close()
         listener.close()
     assert asyncio.run(fds_seen(True)) == []  # and under asyncio's own loop
+
+
+def test_mp_serves_listening_socket_is_not_inheritable_even_by_uvloops_children():
+    import sys
+
+    import uvloop
+    from monitor_protocol.doors.http.server import bind
+
+    listener = bind("127.0.0.1", 0)  # as mp serve binds its port
+
+    async def fds_seen() -> list[int]:
+        argv = (sys.executable, "-c", CHILD_FDS)
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, close_fds=True)
+        out, _ = await proc.communicate()
+        return ast.literal_eval(out.decode())
+
+    loop = uvloop.new_event_loop()
+    try:
+        assert not listener.get_inheritable()
+        assert listener.fileno() not in loop.run_until_complete(fds_seen())
+        listener.set_inheritable(True)  # positive control: what bind() used to do, and the child holds it
+        assert listener.fileno() in loop.run_until_complete(fds_seen())
+    finally:
+        loop.close()
+        listener.close()
 
 
 def test_a_poll_returns_at_most_100_lines_and_the_next_resumes_after_the_last(tmp_path):

@@ -27,7 +27,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))
         sock.listen(2048)
-        sock.set_inheritable(True)
+        # Not inheritable (Python's default, kept on purpose): nothing mp serve starts (a source's command)
+        # may hold the listening socket, or accept on it, or keep the port open after the server exits.
     except OSError:
         sock.close()
         raise
