@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ log = logging.getLogger("monitor_protocol.http")
 
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
+Deliver = Callable[[bool, Any], None]
 
 
 class EngineThread:
@@ -171,7 +173,40 @@ class EngineThread:
                 pass  # the loop closed meanwhile
 
 
-class EngineLanes:
+class _CallbackSeat(ABC):
+    """What the engines with a callback seat (``submit_to``) share: the loop they answer on, bound at the
+    first call, and ``submit``/``call`` as a future over ``submit_to``."""
+
+    _loop: asyncio.AbstractEventLoop | None
+
+    @abstractmethod
+    def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
+        """Queue ``fn(*args)``; ``deliver(ok, value)`` runs on the loop once its commit is durable."""
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self._bind().create_future()
+
+        def deliver(ok: bool, value: Any) -> None:
+            if not future.done():
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+        self.submit_to(fn, args, deliver)
+        return future
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.submit(fn, *args)
+
+
+class EngineLanes(_CallbackSeat):
     """Engine calls on several threads at once ("lanes"), for a store several servers share (PostgreSQL):
     each lane has a connection of its own (the store's session per thread), so a call waiting on the
     database (a round trip, a lock, a commit) does not hold up the others, and the database runs calls on
@@ -228,12 +263,6 @@ class EngineLanes:
             thread.start()
 
     # -- submitting (from the loop) --------------------------------------------------------------------
-    def _bind(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
-
     def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
         """Queue ``fn(*args)`` for a lane; ``deliver(ok, value)`` runs on the loop once it has committed."""
         if self._stopped:
@@ -243,22 +272,6 @@ class EngineLanes:
             self._flush_scheduled = True
             # What this loop turn submits leaves together, behind everything already runnable in the turn.
             self._bind().call_soon(self._flush)
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = self._bind().create_future()
-
-        def deliver(ok: bool, value: Any) -> None:
-            if not future.done():
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-
-        self.submit_to(fn, args, deliver)
-        return future
-
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self.submit(fn, *args)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -464,10 +477,7 @@ def run_group(
         return [(False, exc)] * len(calls)
 
 
-Deliver = Callable[[bool, Any], None]
-
-
-class LoopEngine:
+class LoopEngine(_CallbackSeat):
     """The engine on the event loop's own thread: the calls of one loop turn share one group commit at the
     end of the turn, and each caller hears its outcome after that commit (see the module's docstring).
 
@@ -483,12 +493,6 @@ class LoopEngine:
         self._stopped = False
         self.on_commit: Callable[[float], None] | None = None
 
-    def _bind(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
-
     def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
         """Queue ``fn(*args)`` for the end of this loop turn; ``deliver(ok, value)`` after its group commit."""
         if self._stopped:
@@ -499,22 +503,6 @@ class LoopEngine:
             # Behind everything already runnable in this turn, so what this turn submits (the requests read
             # from every ready socket, the re-checks of every pull one append woke) commits together.
             self._bind().call_soon(self._flush)
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = self._bind().create_future()
-
-        def deliver(ok: bool, value: Any) -> None:
-            if not future.done():
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-
-        self.submit_to(fn, args, deliver)
-        return future
-
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self.submit(fn, *args)
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` in order with the calls around it, from any thread, without a reply (a shared
