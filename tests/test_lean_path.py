@@ -232,6 +232,35 @@ async def test_a_refused_reader_costs_the_others_nothing(door) -> None:
     assert [o["subject"] for o in service.pull(subs[1][0], subs[1][1])["observations"]] == ["x"]
 
 
+def test_the_woken_readers_count_on_their_monitor_as_their_pulls_one_by_one_would(tmp_path: Path) -> None:
+    """pull_many writes the monitor's delivered count once per call: the same count, and the same last
+    pull, as the readers' pulls made one by one (the control, on a second database fed alike)."""
+
+    def run(many: bool) -> dict[str, Any]:
+        clock = [1_000_000.0]
+        service = MonitorService(SQLiteStore(str(tmp_path / f"count-{many}.db")), clock=lambda: clock[0])
+        owner, subs = feed(service, 4)
+        before = service.state("ci", None)["counters"]["delivered"]
+        for round_ in range(2):  # the second round redelivers (nothing acked): counted as no new rows
+            clock[0] += 10
+            service.publish("ci", {"type": RUN, "subject": f"r{round_}"}, owner)
+            asks = [(sid, token, None, None, None) for sid, token in subs[:3]]
+            if many:
+                service.pull_many(asks)
+            else:
+                for sid, token, *_ in asks:
+                    service.pull(sid, token)
+        stored = service.store.get_monitor("ci")
+        assert stored is not None
+        return {"delivered": stored.counters.delivered - before, "last_pull": stored.last_pull}
+
+    many = run(True)
+    one_by_one = run(False)
+    assert many == one_by_one
+    assert many["delivered"] == 3 + 3  # round 0: one new row each; round 1: one more new row each
+    assert many["last_pull"] == 1_000_020.0  # the second round's pulls
+
+
 # ---------------------------------------------------------------------------------------------- the engine
 
 
@@ -335,6 +364,39 @@ def test_a_readers_usual_write_leaves_the_indexed_columns_alone(tmp_path: Path) 
     service.retire_subscription(sid, token, {"reason": "done"})
     store._db.set_trace_callback(None)
     assert any(s.startswith("INSERT INTO subscriptions") for s in statements)
+
+
+def test_the_readers_one_append_woke_write_their_rows_in_one_statement(tmp_path: Path) -> None:
+    """pull_many's narrow UPDATEs go as one executemany; a row gone behind the store's back makes every one
+    of them an upsert, and every reader's cursor and high-water mark is there after the commit."""
+    store = SQLiteStore(str(tmp_path / "many.db"))
+    service = MonitorService(store)
+    owner, subs = feed(service, 3)
+
+    def woken() -> list[str]:
+        service.publish("ci", {"type": RUN, "subject": "x"}, owner)
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        replies = service.pull_many([(sid, token, None, None, None) for sid, token in subs])
+        store._db.set_trace_callback(None)
+        for (sid, token), reply in zip(subs, replies, strict=True):
+            service.ack(sid, token, {"cursor": reply["next"]})  # type: ignore[index]
+        return [s for s in statements if "subscriptions" in s and s.startswith(("INSERT", "UPDATE"))]
+
+    def hwm(sid: str) -> int:
+        return int(store._db.execute("SELECT hwm FROM subscriptions WHERE id=?", (sid,)).fetchone()[0])
+
+    writes = woken()
+    # sqlite3's trace callback sees each row of an executemany: three narrow UPDATEs, no upsert
+    assert len(writes) == 3 and all(w.startswith("UPDATE subscriptions SET cursor=") for w in writes)
+    head = service.state("ci", None)["head"]
+    assert [hwm(sid) for sid, _ in subs] == [head] * 3
+    # a row gone behind the store's back: the rowcount says so, and every reader's row is upserted whole
+    store._db.execute("DELETE FROM subscriptions WHERE id=?", (subs[1][0],))
+    writes = woken()
+    assert sum(w.startswith("INSERT INTO subscriptions") for w in writes) == 3
+    head = service.state("ci", None)["head"]
+    assert [hwm(sid) for sid, _ in subs] == [head] * 3
 
 
 def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> None:

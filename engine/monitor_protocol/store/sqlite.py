@@ -538,8 +538,21 @@ class SQLiteStore(Store):
     def _write_subscriptions(self, subs: list[Subscription]) -> None:
         """One statement each, in order (the unique index checks each new identity). A row whose indexed
         columns this process wrote last, unchanged, gets the narrow UPDATE; one that turns out not to be
-        there (rowcount 0) gets the upsert, so a stale memory can cost a statement, never a write."""
+        there (rowcount 0) gets the upsert, so a stale memory can cost a statement, never a write. Several
+        narrow UPDATEs (the readers one append woke) go as one executemany; when its rowcount says a row was
+        missing, every one of them gets the upsert too (their values again: nothing else changes)."""
         db, keys = self._db, self._sub_keys
+        if len(subs) > 1:  # the readers one append woke: their narrow UPDATEs as one executemany
+            rows = [row_values(sub.to_row(), SUBSCRIPTION_COLUMNS) for sub in subs]
+            narrow = [values for values in rows if keys.get(values[0]) == values[1:5]]
+            if narrow:
+                moved = db.executemany(_MOVE_SUBSCRIPTION, [(*v[5:], v[0]) for v in narrow])
+                if moved.rowcount == len(narrow):
+                    rows = [values for values in rows if keys.get(values[0]) != values[1:5]]
+            for values in rows:  # the rest, or all of them again when a row was not there (same values)
+                db.execute(_PUT_SUBSCRIPTION, values)
+                keys[values[0]] = values[1:5]
+            return
         for sub in subs:
             values = row_values(sub.to_row(), SUBSCRIPTION_COLUMNS)
             identity = values[1:5]

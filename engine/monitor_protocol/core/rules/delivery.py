@@ -333,11 +333,13 @@ def pull(
     system: bool,
     ack_cursor: Any = None,
     memo: dict[Any, Any] | None = None,
+    delivered: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
     rules, in this same transaction: the pull then reads from the cursor it just committed. A replay
     (`cursor` given) reads from there and records nothing. `memo`: reads shared with other pulls of the
-    same call (pull_many), else those of the group commit."""
+    same call (pull_many), else those of the group commit. `delivered`: what this pull counts on its
+    monitor is added there instead of written (pull_many writes each monitor's count once)."""
     if ack_cursor is not None:
         if cursor is not None:
             raise invalid(
@@ -367,7 +369,7 @@ def pull(
         sub, rec = _bookmark(tx, rec, sub, page, start)
     hwm = sub.hwm
     if not replay:
-        sub = _record_delivery(core, tx, rec, stored, sub, page)
+        sub = _record_delivery(core, tx, rec, stored, sub, page, delivered)
     if memo is not None and rec.id in tx.appended:
         memo = None  # the bookmark was appended by this call
     return _pull_reply(
@@ -499,18 +501,28 @@ def _bookmark(
 
 
 def _record_delivery(
-    core: ServiceCore, tx: Tx, rec: Monitor, stored: Subscription, sub: Subscription, page: _Page
+    core: ServiceCore,
+    tx: Tx,
+    rec: Monitor,
+    stored: Subscription,
+    sub: Subscription,
+    page: _Page,
+    delivered: dict[str, int] | None = None,
 ) -> Subscription:
     """What a (non-replay) pull records: the delivered high-water mark and the monitor's delivered count
     when new rows went out or the reader's record changed, else only a remembered sign of life (the lazy
-    mute clock, runtime.MUTE_FLUSH_SECONDS) unless it is due to be written."""
+    mute clock, runtime.MUTE_FLUSH_SECONDS) unless it is due to be written. With `delivered`, the
+    monitor's count is added there, for the caller to write once (see count_deliveries)."""
     now = tx.now
     hwm = sub.hwm
     new_hwm = max(hwm, page.batch[-1].seq) if page.batch else hwm
     fresh = sum(1 for obs in page.batch if obs.seq > hwm)
     if new_hwm != hwm or fresh or page.changed or core.must_store_life(rec, stored, now):
         sub = tx.put_subscription(evolve(sub, hwm=new_hwm, last_pull=now, mute_since=now))
-        tx.put_monitor(evolve(rec, counters=rec.counters.bump(delivered=fresh), last_pull=now))
+        if delivered is None:
+            count_deliveries(tx, rec, fresh)
+        else:
+            delivered[rec.id] = delivered.get(rec.id, 0) + fresh
     else:
         tx.life[sub.id] = now  # remembered, not written
         tx.monitor_pulls[rec.id] = now
@@ -569,13 +581,35 @@ def pull_many(core: ServiceCore, tx: Tx, asks: list[PullAsk]) -> list[dict[str, 
     once, their deliveries are written in one apply; each gets its own reply, or its own refusal (a refusal
     comes before its pull stages anything, so it costs the others nothing)."""
     memo: dict[Any, Any] = {}
+    delivered: dict[str, int] = {}  # monitor -> rows its readers got for the first time, written once
     out: list[dict[str, Any] | ProtocolError] = []
     for sub_id, token, cursor, limit, inline in asks:
         try:
-            out.append(pull(core, tx, sub_id, token, cursor, limit, inline, system=False, memo=memo))
+            out.append(
+                pull(
+                    core,
+                    tx,
+                    sub_id,
+                    token,
+                    cursor,
+                    limit,
+                    inline,
+                    system=False,
+                    memo=memo,
+                    delivered=delivered,
+                )
+            )
         except ProtocolError as err:
             out.append(err)
+    for monitor_id, fresh in delivered.items():
+        count_deliveries(tx, monitor_of(tx, monitor_id), fresh)
     return out
+
+
+def count_deliveries(tx: Tx, rec: Monitor, fresh: int) -> None:
+    """A pull that wrote its reader's record counts on its monitor: `fresh` rows delivered for the first
+    time, and the time of the last pull (one new version of the monitor per call, however many readers)."""
+    tx.put_monitor(evolve(rec, counters=rec.counters.bump(delivered=fresh), last_pull=tx.now))
 
 
 # ===================================================================================== ack, seek, renew, retire
