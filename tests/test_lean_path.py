@@ -241,7 +241,7 @@ def test_the_woken_readers_count_on_their_monitor_as_their_pulls_one_by_one_woul
         service = MonitorService(SQLiteStore(str(tmp_path / f"count-{many}.db")), clock=lambda: clock[0])
         owner, subs = feed(service, 4)
         before = service.state("ci", None)["counters"]["delivered"]
-        for round_ in range(2):  # the second round redelivers (nothing acked): counted as no new rows
+        for round_ in range(2):  # nothing acked: the second round redelivers round 0's row, not counted again
             clock[0] += 10
             service.publish("ci", {"type": RUN, "subject": f"r{round_}"}, owner)
             asks = [(sid, token, None, None, None) for sid, token in subs[:3]]
@@ -367,36 +367,65 @@ def test_a_readers_usual_write_leaves_the_indexed_columns_alone(tmp_path: Path) 
 
 
 def test_the_readers_one_append_woke_write_their_rows_in_one_statement(tmp_path: Path) -> None:
-    """pull_many's narrow UPDATEs go as one executemany; a row gone behind the store's back makes every one
-    of them an upsert, and every reader's cursor and high-water mark is there after the commit."""
+    """pull_many's narrow UPDATEs go as one executemany (counted at the connection: one call, not one per
+    reader); a row gone behind the store's back makes every one of them an upsert, and every reader's cursor
+    and high-water mark is there after the commit."""
     store = SQLiteStore(str(tmp_path / "many.db"))
     service = MonitorService(store)
     owner, subs = feed(service, 3)
 
-    def woken() -> list[str]:
+    class Counting:
+        """The store's connection, counting the statements sent to it about subscriptions."""
+
+        def __init__(self, db: Any) -> None:
+            self.db, self.calls = db, []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.db, name)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
+                self.calls.append(("execute", sql.split(" ")[0]))
+            return self.db.execute(sql, *args)
+
+        def executemany(self, sql: str, rows: Any) -> Any:
+            rows = list(rows)
+            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
+                self.calls.append(("executemany", sql.split(" ")[0], len(rows)))
+            return self.db.executemany(sql, rows)
+
+    def woken() -> list[tuple[Any, ...]]:
         service.publish("ci", {"type": RUN, "subject": "x"}, owner)
-        statements: list[str] = []
-        store._db.set_trace_callback(statements.append)
-        replies = service.pull_many([(sid, token, None, None, None) for sid, token in subs])
-        store._db.set_trace_callback(None)
+        real, counting = store._db, Counting(store._db)
+        store._db = counting  # type: ignore[assignment]
+        try:
+            replies = service.pull_many([(sid, token, None, None, None) for sid, token in subs])
+        finally:
+            store._db = real
         for (sid, token), reply in zip(subs, replies, strict=True):
             service.ack(sid, token, {"cursor": reply["next"]})  # type: ignore[index]
-        return [s for s in statements if "subscriptions" in s and s.startswith(("INSERT", "UPDATE"))]
+        return counting.calls
 
     def hwm(sid: str) -> int:
         return int(store._db.execute("SELECT hwm FROM subscriptions WHERE id=?", (sid,)).fetchone()[0])
 
-    writes = woken()
-    # sqlite3's trace callback sees each row of an executemany: three narrow UPDATEs, no upsert
-    assert len(writes) == 3 and all(w.startswith("UPDATE subscriptions SET cursor=") for w in writes)
+    assert woken() == [("executemany", "UPDATE", 3)]  # one call for the three readers, no upsert
     head = service.state("ci", None)["head"]
     assert [hwm(sid) for sid, _ in subs] == [head] * 3
     # a row gone behind the store's back: the rowcount says so, and every reader's row is upserted whole
     store._db.execute("DELETE FROM subscriptions WHERE id=?", (subs[1][0],))
-    writes = woken()
-    assert sum(w.startswith("INSERT INTO subscriptions") for w in writes) == 3
+    assert woken() == [("executemany", "UPDATE", 3)] + [("execute", "INSERT")] * 3
     head = service.state("ci", None)["head"]
     assert [hwm(sid) for sid, _ in subs] == [head] * 3
+    # control: one reader alone is one narrow UPDATE of its own, as before
+    service.publish("ci", {"type": RUN, "subject": "y"}, owner)
+    real, counting = store._db, Counting(store._db)
+    store._db = counting  # type: ignore[assignment]
+    try:
+        service.pull(subs[0][0], subs[0][1])
+    finally:
+        store._db = real
+    assert counting.calls == [("execute", "UPDATE")]
 
 
 def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> None:

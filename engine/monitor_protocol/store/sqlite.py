@@ -536,11 +536,12 @@ class SQLiteStore(Store):
             db.execute("DELETE FROM publish_keys WHERE at<?", (float(changes.purge_keys_before),))
 
     def _write_subscriptions(self, subs: list[Subscription]) -> None:
-        """One statement each, in order (the unique index checks each new identity). A row whose indexed
-        columns this process wrote last, unchanged, gets the narrow UPDATE; one that turns out not to be
-        there (rowcount 0) gets the upsert, so a stale memory can cost a statement, never a write. Several
-        narrow UPDATEs (the readers one append woke) go as one executemany; when its rowcount says a row was
-        missing, every one of them gets the upsert too (their values again: nothing else changes)."""
+        """A row whose indexed columns this process wrote last, unchanged, gets the narrow UPDATE; one that
+        turns out not to be there (rowcount 0) gets the upsert, so a stale memory can cost a statement, never
+        a write. The upserts go one statement each, in order (the unique index checks each new identity).
+        Several narrow UPDATEs (the readers one append woke) go first, as one executemany (they touch no
+        indexed column, so their order against the upserts changes nothing); when its rowcount says a row
+        was missing, every one of them gets the upsert too (their values again: nothing else changes)."""
         db, keys = self._db, self._sub_keys
         if len(subs) > 1:  # the readers one append woke: their narrow UPDATEs as one executemany
             rows = [row_values(sub.to_row(), SUBSCRIPTION_COLUMNS) for sub in subs]
