@@ -242,3 +242,36 @@ def test_a_lane_waiting_to_reconnect_tries_at_once_when_another_lane_has_reconne
         on_other_thread(other_call)
         assert results[-1] == "UNAVAILABLE"
     other.shutdown()
+
+
+def test_every_engine_runs_a_call_for_another_thread_and_hands_back_its_result_or_its_error():
+    """run_sync, the same on the three engine seats (one wait, doors/engines._wait_for): the call's result
+    comes back to the calling thread, and its exception is raised there."""
+    from monitor_protocol.doors.engines import EngineThread, LoopEngine
+    from monitor_protocol.store.memory import MemoryStore
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    def check(engine: object) -> None:
+        assert engine.run_sync(lambda a, b: a + b, 2, 3) == 5  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="boom"):
+            engine.run_sync(boom)  # type: ignore[attr-defined]
+
+    thread, lanes = EngineThread(MemoryStore()), EngineLanes(MemoryStore(), lanes=2)
+    try:
+        check(thread)
+        check(lanes)
+    finally:
+        thread.stop()
+        lanes.stop()
+
+    async def on_the_loop() -> None:
+        engine = LoopEngine(MemoryStore())
+        engine._bind()  # the loop it answers on, as the first call from the loop binds it
+        with ThreadPoolExecutor(1) as side:
+            await asyncio.get_running_loop().run_in_executor(side, check, engine)
+        with pytest.raises(RuntimeError, match="not running"):
+            LoopEngine(MemoryStore()).run_sync(boom)  # never bound to a loop: refused, not hung
+
+    asyncio.run(on_the_loop())

@@ -35,6 +35,24 @@ Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None
 Deliver = Callable[[bool, Any], None]
 
 
+def _wait_for(send: Callable[[Deliver], object]) -> Any:
+    """Hand a call to an engine with ``send(deliver)`` and block this thread until ``deliver`` has its
+    outcome: the result, or its exception raised here (every engine's ``run_sync``)."""
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+
+    def deliver(ok: bool, value: Any) -> None:
+        box.append((ok, value))
+        done.set()
+
+    send(deliver)
+    done.wait()
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 class EngineThread:
     """Enters the engine for everyone, on this class's own thread only (SQLite has one writer; the engine
     is not thread-safe), so no engine call ever runs on the event loop.
@@ -99,21 +117,9 @@ class EngineThread:
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on the engine thread from any other thread, blocking until it is done."""
-        done = threading.Event()
-        box: list[Any] = []
-
-        def deliver(ok: bool, value: Any) -> None:
-            box.append((ok, value))
-            done.set()
-
         if self._stopped:
             raise RuntimeError("the engine thread has stopped")
-        self._queue.put([(fn, args, None, deliver)])
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        return _wait_for(lambda deliver: self._queue.put([(fn, args, None, deliver)]))
 
     def stop(self) -> None:
         if not self._stopped:
@@ -297,19 +303,7 @@ class EngineLanes(_CallbackSeat):
         """Run ``fn`` on a lane from any other thread, blocking until it is done."""
         if self._stopped:
             raise RuntimeError("the engine has stopped")
-        done = threading.Event()
-        box: list[tuple[bool, Any]] = []
-
-        def deliver(ok: bool, value: Any) -> None:
-            box.append((ok, value))
-            done.set()
-
-        self._queue.put((fn, args, None, deliver))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        return _wait_for(lambda deliver: self._queue.put((fn, args, None, deliver)))
 
     def stop(self) -> None:
         if self._stopped:
@@ -524,19 +518,7 @@ class LoopEngine(_CallbackSeat):
         loop = self._loop
         if loop is None or self._stopped:
             raise RuntimeError("the engine is not running on a loop")
-        done = threading.Event()
-        box: list[tuple[bool, Any]] = []
-
-        def deliver(ok: bool, value: Any) -> None:
-            box.append((ok, value))
-            done.set()
-
-        loop.call_soon_threadsafe(self.submit_to, fn, args, deliver)
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        return _wait_for(lambda deliver: loop.call_soon_threadsafe(self.submit_to, fn, args, deliver))
 
     def stop(self) -> None:
         """No more calls: what is queued still runs at the end of this turn."""
