@@ -872,3 +872,52 @@ def test_subscribe_refuses_a_sink_spelled_with_ideographic_full_stops() -> None:
         "sink": "https://example。com/hook",
     }
     assert h.call("POST", "/subscriptions", public, tok).status == 201  # positive control: a public name
+
+
+async def test_a_rescan_reads_the_push_targets_again_only_when_they_may_have_changed(tmp_path: Path) -> None:
+    """One server on its own file sees every change of its subscriptions (push_epoch moves with them): a
+    rescan with nothing changed reads nothing (no scan of every subscription on the loop every 5 s). A new
+    push subscription, a stopped worker and a store several servers share each make it read again."""
+    service = MonitorService(SQLiteStore(str(tmp_path / "rescan.db")))
+    owner = service.create_monitor({"id": "ci", "types": ["com.a.x"]}, None)["owner_token"]
+    for i in range(3):
+        service.subscribe({"monitor": "ci", "subscriber": f"agent:r{i}"}, owner)  # not push: never targets
+    reads: list[int] = []
+    original = service.push_targets
+
+    def counted() -> list[dict[str, Any]]:
+        found = original()
+        reads.append(len(found))
+        return found
+
+    service.push_targets = counted  # type: ignore[method-assign]
+
+    async def call(fn, *args):
+        return fn(*args)
+
+    pusher = Pusher(call, service, resolve=lambda host: ["93.184.216.34"])
+    try:
+        await pusher.rescan()
+        await pusher.rescan()
+        assert reads == [0]  # read once; the second rescan had nothing to read again
+        service.subscribe(
+            {"monitor": "ci", "subscriber": "hook:ci", "protocol": "http", "sink": "https://example.com/h"},
+            owner,
+        )
+        await pusher.rescan()
+        assert reads == [0, 1] and len(pusher.workers) == 1  # the new target was read, its worker started
+        await pusher.rescan()
+        assert reads == [0, 1]
+        (worker,) = pusher.workers.values()
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        await pusher.rescan()
+        assert reads == [0, 1, 1]  # a worker that stopped: read again
+        pusher._sees_every_change = lambda: False  # type: ignore[method-assign]  # a shared store: every time
+        await pusher.rescan()
+        await pusher.rescan()
+        assert reads == [0, 1, 1, 1, 1]
+    finally:
+        for task in pusher.workers.values():
+            task.cancel()
+        await asyncio.gather(*pusher.workers.values(), return_exceptions=True)
