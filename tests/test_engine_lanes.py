@@ -275,3 +275,50 @@ def test_every_engine_runs_a_call_for_another_thread_and_hands_back_its_result_o
             LoopEngine(MemoryStore()).run_sync(boom)  # never bound to a loop: refused, not hung
 
     asyncio.run(on_the_loop())
+
+
+def test_every_engine_tells_its_hook_the_cpu_its_calls_took_not_their_wall_time():
+    """on_commit(wall, cpu, calls), the same on the three seats: `cpu` is the thread's CPU time, so a call that
+    burns CPU shows it and a call that only waits (the positive control) shows its wait in `wall` alone; the
+    calls of one loop turn on LoopEngine are one batch, counted as such (mp serve's /metrics sums these)."""
+    from monitor_protocol.doors.engines import EngineThread, LoopEngine
+    from monitor_protocol.store.memory import MemoryStore
+
+    def burn() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    def wait() -> None:
+        time.sleep(0.1)
+
+    def record(engine: object) -> list[tuple[float, float, int]]:
+        seen: list[tuple[float, float, int]] = []
+        engine.on_commit = lambda wall, cpu, calls: seen.append((wall, cpu, calls))  # type: ignore[attr-defined]
+        return seen
+
+    thread, lanes = EngineThread(MemoryStore()), EngineLanes(MemoryStore(), lanes=2)
+    try:
+        for engine in (thread, lanes):
+            seen = record(engine)
+            engine.run_sync(burn)
+            engine.run_sync(wait)
+            (burn_wall, burn_cpu, burn_calls), (wait_wall, wait_cpu, wait_calls) = eventually(
+                lambda seen=seen: seen if len(seen) == 2 else None, what="two batches told"
+            )
+            assert burn_cpu >= 0.04 and burn_wall >= burn_cpu * 0.9 and burn_calls == 1
+            assert wait_wall >= 0.09 and wait_cpu < 0.05 and wait_calls == 1
+    finally:
+        thread.stop()
+        lanes.stop()
+
+    async def on_the_loop() -> list[tuple[float, float, int]]:
+        engine = LoopEngine(MemoryStore())
+        seen = record(engine)
+        await asyncio.gather(engine.call(burn), engine.call(burn), engine.call(lambda: None))
+        await engine.call(wait)
+        return seen
+
+    (group_wall, group_cpu, group_calls), (wait_wall, wait_cpu, wait_calls) = asyncio.run(on_the_loop())
+    assert group_calls == 3 and group_cpu >= 0.09
+    assert wait_calls == 1 and wait_wall >= 0.09 and wait_cpu < 0.05

@@ -427,6 +427,10 @@ def test_metrics_count_what_the_server_does(tmp_path):
     assert metric(text, "mp_engine_commit_seconds_bucket", le="+Inf") == metric(
         text, "mp_engine_commit_seconds_count"
     )
+    # Every engine call counted once (a group commit's calls each), and the CPU they took (never negative, and
+    # not nothing: the server ran publishes, pulls and an ack on the engine's seat).
+    assert metric(text, "mp_engine_calls_total") >= max(6, metric(text, "mp_engine_commit_seconds_count"))
+    assert 0 < metric(text, "mp_engine_cpu_seconds_total") < 60
     backlog = metric(text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
     assert backlog < metric(before.text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
     # Ids never become route labels: the label set stays bounded.

@@ -33,6 +33,25 @@ log = logging.getLogger("monitor_protocol.http")
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
 Deliver = Callable[[bool, Any], None]
+# What a seat tells ``on_commit`` after each batch, on the thread that ran it: its wall seconds, the CPU seconds
+# that thread spent on it (the calls and their commit, the fsync's system time included), and its calls.
+CommitHook = Callable[[float, float, int], None]
+
+
+def _thread_cpu_clock() -> Callable[[], float]:
+    """This thread's CPU time, where the platform has a clock for it; else one that stays at 0, so that the
+    engine's CPU reads 0 rather than wall time passed off as CPU."""
+    clock = getattr(time, "thread_time", None)
+    try:
+        if clock is not None:
+            clock()
+            return clock
+    except OSError:
+        pass
+    return lambda: 0.0
+
+
+thread_cpu = _thread_cpu_clock()
 
 
 def _wait_for(send: Callable[[Deliver], object]) -> Any:
@@ -73,8 +92,8 @@ class EngineThread:
         self._thread = threading.Thread(target=self._run, name="mp-engine", daemon=True)
         self._thread.start()
         self._stopped = False
-        # Called as on_commit(seconds) on the engine thread after every batch (its calls and their commit).
-        self.on_commit: Callable[[float], None] | None = None
+        # Called as on_commit(seconds, cpu_seconds, calls) on the engine thread after every batch.
+        self.on_commit: CommitHook | None = None
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await self.submit(fn, *args)
@@ -150,13 +169,13 @@ class EngineThread:
 
     def _commit(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
         """Run the calls, as one group commit where the store has one (engine thread only)."""
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), thread_cpu()
         try:
             return self._commit_batch(jobs)
         finally:
             hook = self.on_commit
             if hook is not None:
-                hook(time.perf_counter() - started)
+                hook(time.perf_counter() - started, thread_cpu() - cpu, len(jobs))
 
     def _commit_batch(self, jobs: list[Job]) -> list[tuple[bool, Any]]:
         return run_group(self._batch, [(fn, args) for fn, args, _loop, _deliver in jobs])
@@ -236,7 +255,7 @@ class EngineLanes(_CallbackSeat):
         self._store = store
         self._service = service
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.on_commit: Callable[[float], None] | None = None
+        self.on_commit: CommitHook | None = None
         self._stopped = False
         self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], Any, Deliver]] = []
         self._flush_scheduled = False
@@ -375,12 +394,12 @@ class EngineLanes(_CallbackSeat):
         if touched is not None:
             touched()  # from now on: the monitors this call locks
         self._telling.call = call
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), thread_cpu()
         outcome = _outcome(fn, args)
         self._telling.call = None
         hook = self.on_commit
         if hook is not None:
-            hook(time.perf_counter() - started)
+            hook(time.perf_counter() - started, thread_cpu() - cpu, 1)
         self._ended(call, touched() if touched is not None else None)
         return outcome
 
@@ -485,7 +504,7 @@ class LoopEngine(_CallbackSeat):
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
-        self.on_commit: Callable[[float], None] | None = None
+        self.on_commit: CommitHook | None = None
 
     def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
         """Queue ``fn(*args)`` for the end of this loop turn; ``deliver(ok, value)`` after its group commit."""
@@ -529,11 +548,11 @@ class LoopEngine(_CallbackSeat):
         jobs, self._pending = self._pending, []
         while jobs:
             group, jobs = jobs[: self.max_batch], jobs[self.max_batch :]
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), thread_cpu()
             outcomes = run_group(self._batch, [(fn, args) for fn, args, _deliver in group])
             hook = self.on_commit
             if hook is not None:
-                hook(time.perf_counter() - started)
+                hook(time.perf_counter() - started, thread_cpu() - cpu, len(group))
             for (_fn, _args, deliver), (ok, value) in zip(group, outcomes, strict=True):
                 try:
                     deliver(ok, value)

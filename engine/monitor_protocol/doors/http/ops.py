@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import math
 import re
+import threading
 import time
 from typing import Any
 
@@ -57,8 +58,8 @@ class Metrics:
 
     Every label set is bounded: routes are the router's templates (ids replaced by ``{id}``; anything else is
     ``other``), methods the HTTP ones, and per-subscription backlog only for the METRICS_TOP_SUBSCRIPTIONS
-    active subscriptions with the largest backlog. Counters are bumped on the event loop; commit times on
-    the engine thread.
+    active subscriptions with the largest backlog. Counters are bumped on the event loop; commit times and the
+    engine's CPU on the engine's threads (several at once with EngineLanes: under a lock).
     """
 
     def __init__(self) -> None:
@@ -67,6 +68,9 @@ class Metrics:
         self.commit_buckets = [0] * (len(COMMIT_BUCKETS) + 1)
         self.commit_sum = 0.0
         self.commit_count = 0
+        self.engine_cpu = 0.0  # CPU seconds of the engine's threads running calls and their commits
+        self.engine_calls = 0
+        self._engine_lock = threading.Lock()
         self.parked_polls = 0
         self.open_streams = 0
         self._routes = _route_templates()
@@ -89,15 +93,19 @@ class Metrics:
         key = (label, method if method in KNOWN_METHODS else "OTHER", status)
         self.requests[key] = self.requests.get(key, 0) + 1
 
-    def observe_commit(self, seconds: float) -> None:
-        for i, bound in enumerate(COMMIT_BUCKETS):
-            if seconds <= bound:
-                self.commit_buckets[i] += 1
-                break
-        else:
-            self.commit_buckets[-1] += 1
-        self.commit_sum += seconds
-        self.commit_count += 1
+    def observe_commit(self, seconds: float, cpu_seconds: float = 0.0, calls: int = 1) -> None:
+        """One engine batch: its wall time, its thread's CPU time, its calls (doors/engines.py CommitHook)."""
+        with self._engine_lock:
+            for i, bound in enumerate(COMMIT_BUCKETS):
+                if seconds <= bound:
+                    self.commit_buckets[i] += 1
+                    break
+            else:
+                self.commit_buckets[-1] += 1
+            self.commit_sum += seconds
+            self.commit_count += 1
+            self.engine_cpu += cpu_seconds
+            self.engine_calls += calls
 
     def _routed(self, suffix: str, method: str) -> int:
         return sum(
@@ -156,6 +164,17 @@ class Metrics:
             lines.append(f'mp_engine_commit_seconds_bucket{{le="{le}"}} {running}')
         lines.append(f"mp_engine_commit_seconds_sum {self.commit_sum:.6f}")
         lines.append(f"mp_engine_commit_seconds_count {self.commit_count}")
+        family(
+            "mp_engine_cpu_seconds_total",
+            "counter",
+            "CPU time the engine's threads spent running calls and committing them (the fsync's system time "
+            "included; 0 where the platform has no per-thread CPU clock).",
+        )
+        lines.append(f"mp_engine_cpu_seconds_total {self.engine_cpu:.6f}")
+        family(
+            "mp_engine_calls_total", "counter", "Engine calls run (each call of a group commit counts once)."
+        )
+        lines.append(f"mp_engine_calls_total {self.engine_calls}")
         family("mp_store_up", "gauge", "1 when the store answered the scrape's reads, else 0.")
         lines.append(f"mp_store_up {1 if store is not None else 0}")
         if store is not None:
