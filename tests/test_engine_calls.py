@@ -99,6 +99,24 @@ def test_records_are_frozen_and_evolve_checks_its_fields():
     with pytest.raises(TypeError, match="no field"):
         evolve(m, _head=3)
     assert not hasattr(n, "__dict__")  # slots: no stray attribute can hide a private field
+    # Every field is copied, whichever were changed (the copier sets each through its slot's setter).
+    full = dataclasses.replace(m, description="d", types=["com.example.x"], head=7, actors=("agent:a",))
+    again = evolve(full, version=2)
+    assert again == dataclasses.replace(full, version=2) and again.types is full.types
+
+
+def test_evolve_copies_a_frozen_record_without_slots_too():
+    """The copier falls back to object.__setattr__ for a field with no slot of its own (a frozen dataclass
+    without __slots__), so a record class written without them still evolves whole."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:
+        a: int
+        b: str = "b"
+
+    p = Plain(1)
+    q = evolve(p, a=2)
+    assert (q, p) == (Plain(2, "b"), Plain(1, "b"))
 
 
 def test_the_lifecycle_tables():

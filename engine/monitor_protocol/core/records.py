@@ -22,19 +22,31 @@ _EVOLVERS: dict[tuple[type, tuple[str, ...]], Any] = {}
 
 def _evolver(cls: type, changed: tuple[str, ...]) -> Any:
     """A copier written once per record class and set of changed fields: one line per field, no loop, no
-    `__init__` (the values come from a record that was already valid, or are the changes)."""
+    `__init__` (the values come from a record that was already valid, or are the changes). Each field is set
+    through its slot's own setter: the frozen class refuses `setattr`, and `object.__setattr__` looks the
+    slot up again on every call (a third slower on a Monitor's 36 fields)."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(changed) - set(names))
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
     body = "\n".join(
-        f"    put(new, {n!r}, changes[{n!r}])" if n in changed else f"    put(new, {n!r}, rec.{n})"
-        for n in names
+        f"    set_{i}(new, changes[{n!r}])" if n in changed else f"    set_{i}(new, rec.{n})"
+        for i, n in enumerate(names)
     )
     src = f"def evolve(rec, changes):\n    new = make(cls)\n{body}\n    return new\n"
-    scope: dict[str, Any] = {"make": object.__new__, "put": object.__setattr__, "cls": cls}
+    scope: dict[str, Any] = {"make": object.__new__, "cls": cls}
+    for i, n in enumerate(names):
+        slot = cls.__dict__.get(n)
+        scope[f"set_{i}"] = (
+            slot.__set__ if slot is not None and hasattr(slot, "__set__") else _setter(n)  # type: ignore[union-attr]
+        )
     exec(src, scope)  # noqa: S102 - generated from the dataclass's own field names
     return scope["evolve"]
+
+
+def _setter(name: str) -> Any:
+    """A field without a slot of its own (a class without __slots__): set through object.__setattr__."""
+    return lambda obj, value: object.__setattr__(obj, name, value)
 
 
 def evolve(rec: R, **changes: Any) -> R:
@@ -62,6 +74,9 @@ class Counters:
     contradictions_resolved: int = 0
 
     def bump(self, **by: int) -> Counters:
+        if len(by) == 1:  # the usual call (one publish, one pull's deliveries): no comprehension
+            ((name, n),) = by.items()
+            return evolve(self, **{name: getattr(self, name) + n})
         return evolve(self, **{name: getattr(self, name) + n for name, n in by.items()})
 
     def to_row(self) -> dict[str, int]:
