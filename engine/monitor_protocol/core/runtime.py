@@ -223,8 +223,8 @@ class ServiceCore(ABC):
         self._notify({monitor_id: head})
 
     def _maybe_sweep(self) -> None:
-        if not self.sweeps_here():
-            return
+        if not self.sweeps_here() or getattr(self.store, "restricted", False):
+            return  # not this engine's; or a later call of a group commit, which may take no other lock
         if not self._deadline_known or (
             self._next_deadline is not None and self._now() >= self._next_deadline
         ):

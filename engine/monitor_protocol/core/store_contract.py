@@ -158,6 +158,13 @@ class StoreStats:
     read_only: int = 0
 
 
+class GroupConflict(BaseException):
+    """A call of a shared store's group commit (PostgresStore.batch, run by doors/engines.py EngineLanes)
+    asked for a lock the group does not hold: nothing of that call was sent. The group is rolled back and
+    each of its calls runs again by itself. A BaseException, so that no door's `except Exception` answers it
+    as the request's own failure."""
+
+
 class Store(ABC):
     stats: StoreStats
     writes_at_commit = False  # see the module's docstring

@@ -20,6 +20,7 @@ runs it from several, on a store that keeps each thread's call apart (store/post
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -27,6 +28,9 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
+
+from monitor_protocol.core.errors import storage_unavailable
+from monitor_protocol.core.store_contract import GroupConflict, StorageError
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -251,11 +255,18 @@ class EngineLanes(_CallbackSeat):
     engine's memory (the lazily stored mute clock, the sweep deadline) is written under its own care
     (core/runtime.py). A call marked ``runs_alone`` (closing the store) runs with no other call running."""
 
-    def __init__(self, store: Any, service: Any = None, lanes: int = 4) -> None:
+    def __init__(self, store: Any, service: Any = None, lanes: int = 4, max_group: int = 32) -> None:
         self._store = store
         self._service = service
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.on_commit: CommitHook | None = None
+        # Group commit (a store with `batch`, PostgreSQL): a lane that takes a job whose key is a monitor takes
+        # the jobs queued right behind it with the same key too, and runs them in one transaction (their
+        # monitor's lock taken once, its row read once, one commit). The door says which jobs may join:
+        # group_key(fn, args) -> the monitor, or None (doors/http/app.py: a REST publish).
+        self.group_key: Callable[[Callable[..., Any], tuple[Any, ...]], str | None] | None = None
+        self.max_group = max_group
+        self.grouped = 0  # calls that joined a group after its first (tests, benchmarks)
         self._stopped = False
         self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], Any, Deliver]] = []
         self._flush_scheduled = False
@@ -346,24 +357,88 @@ class EngineLanes(_CallbackSeat):
 
     def _run(self) -> None:
         touched = getattr(self._store, "job_monitors", None)
+        held: list[Any] = []  # a job taken while gathering a group that did not join it: it runs next
         while True:
-            job = self._queue.get()
+            job = held.pop() if held else self._queue.get()
             if job is None:
                 return
-            fn, args, loop, deliver = job
+            jobs = [job]
+            key = self._key(job)
+            if key is not None:
+                self._gather(jobs, key, held)
+            fn, args = job[0], job[1]
             alone = bool(getattr(fn, "runs_alone", False))
             self._enter(alone)
             try:
-                outcome = self._job(fn, args, touched)
+                if len(jobs) == 1:
+                    outcomes = [self._job(fn, args, touched)]
+                else:
+                    outcomes = self._numbered(functools.partial(self._grouped, jobs), len(jobs), touched)
             finally:
                 self._leave(alone)
-            if loop is None:
-                deliver(*outcome)
-                continue
+            for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
+                if loop is None:
+                    deliver(*outcome)
+                    continue
+                try:
+                    loop.call_soon_threadsafe(deliver, *outcome)
+                except RuntimeError:
+                    pass  # the loop closed meanwhile: nobody is waiting any more
+
+    # -- group commit ----------------------------------------------------------------------------------
+    def _key(self, job: Any) -> str | None:
+        fn, args, loop, _deliver = job
+        if loop is None or self.group_key is None or getattr(fn, "runs_alone", False):
+            return None
+        if getattr(self._store, "batch", None) is None:
+            return None
+        return self.group_key(fn, args)
+
+    def _gather(self, jobs: list[Any], key: str, held: list[Any]) -> None:
+        """The jobs queued right behind the first with the same key join it; the first that does not is held
+        for next (at most one job waits for a group it is not part of; the other lanes take the rest)."""
+        while len(jobs) < self.max_group:
             try:
-                loop.call_soon_threadsafe(deliver, *outcome)
-            except RuntimeError:
-                pass  # the loop closed meanwhile: nobody is waiting any more
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and self._key(job) == key:
+                jobs.append(job)
+                continue
+            held.append(job)
+            return
+
+    def _grouped(self, jobs: list[Any]) -> list[tuple[bool, Any]]:
+        """Run the jobs as one group commit (PostgresStore.batch): each job's outcome, told only after the
+        commit. A job asking for a lock the group does not hold (GroupConflict: nothing of it was sent), or a
+        commit the database refuses for one of them (a unique index), rolls the group back and runs every job
+        again by itself; a failure of the database fails them all with 503, as it fails a call alone."""
+        store = self._store
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            with store.batch():
+                outcomes.append(_outcome(jobs[0][0], jobs[0][1]))
+                if store.groupable():
+                    store.restrict_group()
+                    for fn, args, _loop, _deliver in jobs[1:]:
+                        ok, value = _outcome(fn, args)
+                        if not ok and isinstance(value, GroupConflict):
+                            raise value
+                        outcomes.append((ok, value))
+        except GroupConflict:
+            return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+        except StorageError as exc:  # the calls that ran in the group are failed; any left run by themselves
+            failure = storage_unavailable(
+                str(exc) or type(exc).__name__, outcome_unknown=getattr(exc, "outcome_unknown", False)
+            )
+            ran = len(outcomes)
+            return [(False, failure)] * ran + [_outcome(fn, args) for fn, args, _loop, _deliver in jobs[ran:]]
+        except Exception as exc:  # the database refused the group's commit for one call: each call alone
+            log.info("a group commit of %d calls was refused (%s); running them one by one", len(jobs), exc)
+            return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+        self.grouped += len(outcomes) - 1
+        # After a first call that took no monitor lock whole (a reader), the others run by themselves.
+        return outcomes + [_outcome(fn, args) for fn, args, _loop, _deliver in jobs[len(outcomes) :]]
 
     def _enter(self, alone: bool) -> None:
         with self._gate:
@@ -387,6 +462,16 @@ class EngineLanes(_CallbackSeat):
         self, fn: Callable[..., Any], args: tuple[Any, ...], touched: Callable[[], set[str]] | None
     ) -> tuple[bool, Any]:
         """One call: numbered, run, and the appends it may have missed told again."""
+        return self._numbered(lambda: [_outcome(fn, args)], 1, touched)[0]
+
+    def _numbered(
+        self,
+        run: Callable[[], list[tuple[bool, Any]]],
+        calls: int,
+        touched: Callable[[], set[str]] | None,
+    ) -> list[tuple[bool, Any]]:
+        """A unit of work (one call, or a group commit's calls) numbered as one call: run, and the appends it
+        may have missed told again."""
         with self._lock:
             call = self._next_call
             self._next_call += 1
@@ -395,13 +480,13 @@ class EngineLanes(_CallbackSeat):
             touched()  # from now on: the monitors this call locks
         self._telling.call = call
         started, cpu = time.perf_counter(), thread_cpu()
-        outcome = _outcome(fn, args)
+        outcomes = run()
         self._telling.call = None
         hook = self.on_commit
         if hook is not None:
-            hook(time.perf_counter() - started, thread_cpu() - cpu, 1)
+            hook(time.perf_counter() - started, thread_cpu() - cpu, calls)
         self._ended(call, touched() if touched is not None else None)
-        return outcome
+        return outcomes
 
     def _ended(self, call: int, monitors: set[str] | None) -> None:
         """Tell again the appends this call may have read before and marked after; run the posted work that

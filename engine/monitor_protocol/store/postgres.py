@@ -14,9 +14,11 @@ serial across every server, and what a call reads after its lock is what the las
 only reads and writes its own subscription (a pull, an ack: core/tx.py's reader mode) takes the monitor's
 lock shared and the subscription's own lock, so readers of one monitor do not wait for each other. A record
 that names its monitor only inside (a subscription looked up by id or token) is found, its monitor locked and
-read again, in one server-side function. There is no group commit across calls: two servers batching calls on
-several monitors could take those locks in opposite orders; PostgreSQL groups concurrent commits in its WAL
-itself.
+read again, in one server-side function. Group commit (`batch`, run by doors/engines.py EngineLanes) is for
+the publishes a server has queued for one monitor: the group's first call takes the locks it needs, and a
+later call asking for any other lock raises GroupConflict before anything of it is sent (the group is rolled
+back and its calls run alone), so a group never waits for a lock it did not start with and two servers'
+groups cannot take locks in opposite orders.
 
 What a call sends (bench/scaleout.py counts it; tests/test_postgres_store.py holds the count): the lock and
 the reads under it in one statement, a log read when the rule reads the log, and every write of the call in
@@ -47,7 +49,9 @@ from monitor_protocol.core import wire
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
 from monitor_protocol.core.store_contract import (
     Changes,
+    GroupConflict,
     LogQuery,
+    StorageError,
     Store,
     StoreStats,
     chunked_rows,
@@ -364,6 +368,53 @@ class PostgresStore(Store):
         if pulls:
             self.counts.add(pulls)
 
+    # --- group commit (doors/engines.py EngineLanes) ---------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group commit for the publishes an engine lane finds queued for one monitor: the calls share one
+        transaction, and with it the monitor's lock, the read of its row and the commit. The first call locks
+        what it needs, as it would alone; once `restrict_group()` is called, a call asking for any lock the
+        group does not hold raises GroupConflict before anything of it is sent, so a group never waits for a
+        lock it did not start with (no deadlock with another server's group). A failure of the database during
+        any call fails the whole group (StorageError here, the transaction rolled back): a door may have
+        answered that call's 503 and gone on, and none of the group may be reported done. A statement the
+        database refused (a unique index) is raised here as the driver's error: the caller runs each call again
+        by itself, as each would have run."""
+        s = self._s
+        if s.depth:
+            yield
+            return
+        s.group, s.group_broken, s.group_refused = 1, False, None
+        try:
+            with self.transaction():
+                yield
+                if s.group_broken:
+                    raise StorageError("the database failed during this group commit; nothing in it was kept")
+                if s.group_refused is not None:
+                    raise s.group_refused
+        finally:
+            s.group, s.group_broken, s.group_refused = 0, False, None
+
+    def groupable(self) -> bool:
+        """After a group's first call: whether later calls may join it, which takes a monitor lock held
+        whole and no reader's lock (a shared monitor lock or a subscription's)."""
+        s = self._s
+        held = {**s.locks, **s.asked}
+        return bool(held) and not any(held.values()) and not s.sub_locks
+
+    def restrict_group(self) -> None:
+        """From now on the group's calls may only use the locks it holds (see batch)."""
+        self._s.group = 2
+
+    @property
+    def restricted(self) -> bool:
+        """A later call of a group is running: the engine leaves its lazy sweep (which locks every monitor it
+        sweeps) to a call of its own."""
+        return self._s.group == 2
+
+    def _conflict(self, what: str) -> GroupConflict:
+        return GroupConflict(f"{what}: not held by this group commit")
+
     def lock_monitor(self, monitor_id: str, *, shared: bool = False) -> None:
         """Asked now, sent with the call's next statement (its read of what it locked): the lock is held
         before that statement runs, since the server runs a pipeline's statements in order."""
@@ -372,12 +423,16 @@ class PostgresStore(Store):
             self._rows(LOCK_MONITOR_SQL, (enc(monitor_id), shared))
             return
         if monitor_id not in s.locks and monitor_id not in s.asked:
+            if s.group == 2:
+                raise self._conflict(f"the lock of monitor {monitor_id!r}")
             s.asked[monitor_id] = shared
 
     def lock_subscription(self, sub_id: str) -> None:
         s = self._s
         if sub_id in s.sub_locks:
             return
+        if s.group == 2:
+            raise self._conflict(f"the lock of subscription {sub_id!r}")
         self._rows(LOCK_SUBSCRIPTION_SQL, (sub_id,))
         if s.depth:
             s.sub_locks.add(sub_id)
@@ -393,6 +448,8 @@ class PostgresStore(Store):
             return super().locked_subscription(key, by_token=by_token, shared=shared)
         if not by_token and key in s.seen_subs and (not shared or key in s.sub_locks):
             return s.seen_subs[key]
+        if s.group == 2:
+            raise self._conflict("a subscription's monitor lock")
         page = PAGE_AHEAD if shared else 0
         (res,) = s.results([(SUBSCRIPTION_SQL["token" if by_token else "id"], (key, shared, page))])
         if res is None or not res.ntuples:
@@ -448,10 +505,15 @@ class PostgresStore(Store):
             s.writes.append(rows)
             s.written.append((self._monitor, written["monitors"], changes.monitors))
             s.written.append((self._subscription, written["subscriptions"], changes.subscriptions))
-        # What was read under the lock is what this call now wrote: read again if the call goes on.
+        # What was read under the lock is what this call now wrote: read again if the call goes on. In a
+        # group commit, a monitor it holds whole is known as written (the next call needs no read of it).
         s.seen_monitors.clear()
         s.seen_subs.clear()
         s.page.clear()
+        if s.group:
+            for m in changes.monitors:
+                if s.locks.get(m.id) is False:
+                    s.seen_monitors[m.id] = m
         s.fresh_subjects.update(fresh)
         s.pulls.extend(changes.pulls)
 

@@ -57,6 +57,11 @@ class Session:
         self.fresh_subjects: set[tuple[str, str]] = set()
         # Monitors this thread locked since `job_monitors` was last taken (doors/engines.py EngineLanes).
         self.touched: set[str] = set()
+        # A group commit (PostgresStore.batch): 0 none, 1 its first call running, 2 a later call (which may
+        # take no lock the group does not hold); and whether a call of it met a failure of the database.
+        self.group = 0
+        self.group_broken = False
+        self.group_refused: BaseException | None = None  # the database refused a statement of the group
 
     # --- the connection ---------------------------------------------------------------------------
     @property
@@ -123,6 +128,8 @@ class Session:
 
     def fail(self, exc: BaseException) -> StorageError:
         """A driver failure as StorageError; the transaction is gone, and a broken connection is dropped."""
+        if self.group:
+            self.group_broken = True  # a door may answer this call's 503 and go on: the group must not commit
         if self.wire is not None and self.wire.broken:
             with contextlib.suppress(Exception):
                 self.wire.close()
@@ -134,6 +141,7 @@ class Session:
         """The connection of the open call; never a new one mid-call (its locks and reads were on the old)."""
         w = self.wire
         if w is None or self.conn is None or self.conn.closed:
+            self.group_broken = bool(self.group)
             raise StorageError("the connection to PostgreSQL was lost during this call")
         return w
 
@@ -160,6 +168,8 @@ class Session:
         except self.psycopg.Error as exc:
             if storage_failure(self.psycopg, exc):
                 raise self.fail(exc) from exc
+            if self.group and self.group_refused is None:
+                self.group_refused = exc  # the transaction is aborted, whatever the call answers
             raise
 
     def run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:

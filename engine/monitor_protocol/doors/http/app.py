@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
-from monitor_protocol.api.rest import parked_reply
+from monitor_protocol.api.rest import PREFIX, parked_reply
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY
 from monitor_protocol.doors import parking
@@ -55,6 +55,7 @@ log = logging.getLogger("monitor_protocol.http")
 
 SWEEP_INTERVAL_SECONDS = 1.0
 STREAM_PATH = re.compile(r"^/mp/v0/subscriptions/([^/]+)/stream/?$")
+_MONITORS, _OBSERVATIONS = f"{PREFIX}/monitors/", "/observations"  # a REST publish's path, around its monitor
 
 BackgroundTask = Callable[["MonitorApp"], Awaitable[None]]
 Hook = Callable[["MonitorApp"], Awaitable[None] | None]
@@ -120,6 +121,10 @@ class MonitorApp:
         self._woken_scheduled = False
         if self.engine.on_commit is None:
             self.engine.on_commit = self.metrics.observe_commit
+        if (
+            getattr(self.engine, "group_key", False) is None
+        ):  # EngineLanes: publishes to one monitor, one commit
+            self.engine.group_key = self._group_key
 
     # -- the engine thread ------------------------------------------------------------------------
 
@@ -140,6 +145,19 @@ class MonitorApp:
         its reply is about read right after it ran (a long poll parks past it)."""
         response = self.router.handle(request)
         return response, self.waiters.mark(_monitor_of(response))
+
+    def _group_key(self, fn: Any, args: tuple[Any, ...]) -> str | None:
+        """The monitor a REST publish names (POST /mp/v0/monitors/{id}/observations), for the engine to run
+        publishes queued together for one monitor as one group commit; None for any other job."""
+        if fn != self.handle_job or len(args) != 1 or not isinstance(args[0], Request):
+            return None
+        request = args[0]
+        if request.method != "POST" or not request.path.endswith(_OBSERVATIONS):
+            return None
+        monitor_id = request.path[len(_MONITORS) : -len(_OBSERVATIONS)]
+        if not request.path.startswith(_MONITORS) or not monitor_id or "/" in monitor_id:
+            return None
+        return monitor_id
 
     def _submit_marked(self, request: Request) -> asyncio.Future[tuple[Response, int]]:
         return self.engine.submit(self.handle_job, request)

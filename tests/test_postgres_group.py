@@ -1,0 +1,222 @@
+"""Group commit on PostgreSQL (doors/engines.py EngineLanes with PostgresStore.batch): publishes queued together
+for one monitor run in one transaction, taking its lock and reading its row once and committing once; a call
+of the group that asks for a lock the group does not hold rolls the group back and every call runs alone; a
+commit the database refuses for one call runs them all alone; a failure of the database during any call
+fails the whole group. Nothing is ever reported done that was not committed, and nothing is done twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from monitor_protocol.api.messages import Request
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.records import Observation
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.store_contract import Changes
+from monitor_protocol.doors.engines import EngineLanes
+from monitor_protocol.store.postgres import PostgresStore
+
+psycopg = pytest.importorskip("psycopg")
+
+TYPE = "com.example.x"
+
+
+@pytest.fixture
+def pg(pg_url):
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
+
+
+def setup(store: PostgresStore) -> tuple[MonitorService, dict[str, str]]:
+    service = MonitorService(store)
+    owners = {
+        m: service.create_monitor({"id": m, "visibility": "public", "types": [TYPE]}, None)["owner_token"]
+        for m in ("m1", "m2")
+    }
+    return service, owners
+
+
+def run_queued(engine: EngineLanes, jobs: list[tuple[Any, tuple[Any, ...]]]) -> list[tuple[bool, Any]]:
+    """Submit `jobs` while the one lane is held busy, so that they wait in the queue together; then let it go
+    and collect each job's (ok, value)."""
+    gate = threading.Event()
+
+    async def main() -> list[tuple[bool, Any]]:
+        blocker = engine.submit(gate.wait, 30)
+        await asyncio.sleep(0.05)  # the lane has taken the blocker: what follows queues behind it
+        futures = [engine.submit(fn, *args) for fn, args in jobs]
+        await asyncio.sleep(0.05)  # every job has left the loop for the queue
+        gate.set()
+        await blocker
+        out: list[tuple[bool, Any]] = []
+        for future in futures:
+            try:
+                out.append((True, await future))
+            except BaseException as exc:  # noqa: BLE001 - the outcome is what is checked
+                out.append((False, exc))
+        return out
+
+    return asyncio.run(main())
+
+
+def keyed(engine: EngineLanes, key_of: dict[Any, str]) -> None:
+    """Group the jobs whose function is in `key_of` by the key given there (the HTTP door keys publishes)."""
+    engine.group_key = lambda fn, args: key_of.get(fn)
+
+
+def publisher(service: MonitorService, monitor: str, owner: str):
+    def publish(i: int) -> dict[str, Any]:
+        return service.publish(monitor, {"type": TYPE, "subject": f"s{i % 3}", "data": {"i": i}}, owner)
+
+    return publish
+
+
+def test_publishes_queued_for_one_monitor_share_one_commit_and_each_gets_its_own_seq(pg):
+    service, owners = setup(pg)
+    engine = EngineLanes(pg, service, lanes=1)
+    publish = publisher(service, "m1", owners["m1"])
+    keyed(engine, {publish: "m1"})
+    try:
+        commits, trips = pg.stats.commits, pg.round_trips
+        out = run_queued(engine, [(publish, (i,)) for i in range(10)])
+        assert all(ok for ok, _ in out), out
+        assert sorted(v["seq"] for _, v in out) == list(range(2, 12))  # dense, each once (1: configured)
+        assert engine.grouped == 9
+        # One commit for the ten (the blocker wrote nothing), and far fewer round trips than ten alone (2 each):
+        # the lock and the row once, the writes pipelined, the commit once.
+        assert pg.stats.commits - commits == 1
+        assert pg.round_trips - trips <= 4
+    finally:
+        engine.stop()
+    assert service.state("m1", None)["head"] == 11
+    assert [o["data"]["i"] for o in service.read_log("m1", 2, 20)["observations"]] == list(range(10))
+    # positive control: without a key nothing groups, and each publish commits by itself
+    engine = EngineLanes(pg, service, lanes=1)
+    try:
+        commits = pg.stats.commits
+        out = run_queued(engine, [(publish, (i,)) for i in range(3)])
+        assert all(ok for ok, _ in out) and engine.grouped == 0 and pg.stats.commits - commits == 3
+    finally:
+        engine.stop()
+
+
+def test_a_call_that_asks_for_another_lock_rolls_the_group_back_and_every_call_runs_alone(pg):
+    service, owners = setup(pg)
+    engine = EngineLanes(pg, service, lanes=1)
+    to_m1 = publisher(service, "m1", owners["m1"])
+    to_m2 = publisher(service, "m2", owners["m2"])  # keyed as m1: it needs m2's lock, which the group lacks
+    keyed(engine, {to_m1: "m1", to_m2: "m1"})
+    try:
+        out = run_queued(engine, [(to_m1, (0,)), (to_m1, (1,)), (to_m2, (2,)), (to_m1, (3,))])
+    finally:
+        engine.stop()
+    assert all(ok for ok, _ in out), out
+    assert engine.grouped == 0  # the group was given up
+    # Each call once: nothing of the rolled-back group stayed, nothing was done twice.
+    assert service.state("m1", None)["head"] == 4 and service.state("m2", None)["head"] == 2
+    assert [v["seq"] for _, v in out] == [2, 3, 2, 4]
+
+
+def test_a_commit_refused_for_one_call_runs_every_call_of_the_group_alone(pg):
+    service, owners = setup(pg)
+    engine = EngineLanes(pg, service, lanes=1)
+    publish = publisher(service, "m1", owners["m1"])
+
+    def duplicate_seq() -> None:
+        # seq 1 again (the monitor's configured row): PostgreSQL refuses it only at the commit
+        def write(tx: Any) -> None:
+            tx.monitor("m1")
+            pg.apply(Changes(observations=[Observation.of("m1", 1, {"id": "1", "type": TYPE})]))
+
+        service._call(write)
+
+    keyed(engine, {publish: "m1", duplicate_seq: "m1"})
+    try:
+        out = run_queued(engine, [(publish, (0,)), (duplicate_seq, ()), (publish, (1,))])
+    finally:
+        engine.stop()
+    assert out[0][0] and out[2][0], out
+    assert not out[1][0] and isinstance(out[1][1], psycopg.IntegrityError)  # as it fails alone
+    assert service.state("m1", None)["head"] == 3  # the configured row and the two publishes, once each
+    assert engine.grouped == 0
+
+
+FAILURES = {
+    # the transaction aborted under the call (the wire also refuses to commit it)
+    "statement timeout": [
+        ("SELECT set_config('statement_timeout', '1', true)", ()),
+        ("SELECT pg_sleep(0.2)", ()),
+    ],
+    # the connection gone: nothing is left to commit, and the group must not take that for a commit
+    "connection lost": [("SELECT pg_terminate_backend(pg_backend_pid())", ())],
+}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_a_database_failure_in_one_call_fails_the_whole_group_and_nothing_of_it_is_kept(pg, failure):
+    service, owners = setup(pg)
+    engine = EngineLanes(pg, service, lanes=1)
+    publish = publisher(service, "m1", owners["m1"])
+
+    def fails_in_the_database() -> Any:
+        # The call holds the group's lock (m1) and the database fails under it: the door answers this call's
+        # 503 and goes on, but the group's transaction is gone and none of it may be reported done.
+        def read(tx: Any) -> Any:
+            tx.monitor("m1")
+            return pg._run(FAILURES[failure], prepare=False)
+
+        try:
+            return service._call(read)
+        except ProtocolError as err:
+            return f"answered {err.status}"  # a door that answers and goes on
+
+    keyed(engine, {publish: "m1", fails_in_the_database: "m1"})
+    try:
+        out = run_queued(engine, [(publish, (0,)), (fails_in_the_database, ()), (publish, (1,))])
+        assert [ok for ok, _ in out] == [False, False, False], out
+        for _, err in out:
+            assert isinstance(err, ProtocolError) and err.code == "UNAVAILABLE" and err.status == 503
+        assert service.state("m1", None)["head"] == 1  # nothing of the group was kept
+    finally:
+        engine.stop()
+    # positive control: the same publishes without the failing call are kept, in one commit
+    engine = EngineLanes(pg, service, lanes=1)
+    keyed(engine, {publish: "m1"})
+    try:
+        commits = pg.stats.commits
+        out = run_queued(engine, [(publish, (0,)), (publish, (1,))])
+        assert all(ok for ok, _ in out) and service.state("m1", None)["head"] == 3
+        assert pg.stats.commits - commits == 1
+    finally:
+        engine.stop()
+
+
+def test_the_http_door_keys_only_a_rest_publish_by_its_monitor(tmp_path):
+    from monitor_protocol.api.rest import RestRouter
+    from monitor_protocol.doors.http.app import MonitorApp
+    from monitor_protocol.store.memory import MemoryStore
+
+    store = MemoryStore()
+    service = MonitorService(store)
+    engine = EngineLanes(store, service, lanes=1)
+    app = MonitorApp(service, RestRouter(service, allowed_hosts=None), store=store, engine=engine)
+    try:
+        assert engine.group_key == app._group_key
+
+        def key(method: str, path: str, fn: Any = None) -> str | None:
+            return app._group_key(fn or app.handle_job, (Request(method, path),))
+
+        assert key("POST", "/mp/v0/monitors/ci/observations") == "ci"
+        assert key("POST", "/mp/v0/monitors/a%2Fb/observations") == "a%2Fb"
+        assert key("GET", "/mp/v0/monitors/ci/observations") is None
+        assert key("POST", "/mp/v0/monitors/ci/state") is None
+        assert key("POST", "/mp/v0/monitors//observations") is None
+        assert key("POST", "/mp/v0/monitors/a/b/observations") is None
+        assert key("POST", "/mp/v0/subscriptions/s/pull") is None
+        assert key("POST", "/mp/v0/monitors/ci/observations", fn=print) is None  # not the door's own job
+    finally:
+        engine.stop()
