@@ -115,13 +115,16 @@ def test_a_call_that_asks_for_another_lock_rolls_the_group_back_and_every_call_r
     finally:
         engine.stop()
     assert all(ok for ok, _ in out), out
-    assert engine.grouped == 0  # the group was given up
+    assert engine.grouped == 0 and engine.given_up == 1  # the group was rolled back, not just left short
     # Each call once: nothing of the rolled-back group stayed, nothing was done twice.
     assert service.state("m1", None)["head"] == 4 and service.state("m2", None)["head"] == 2
     assert [v["seq"] for _, v in out] == [2, 3, 2, 4]
 
 
-def test_a_commit_refused_for_one_call_runs_every_call_of_the_group_alone(pg):
+@pytest.mark.parametrize("where", [1, 3], ids=["then-two-more", "last"])
+def test_a_statement_refused_for_one_call_runs_every_call_of_the_group_alone(pg, where):
+    """The refusal reaches whichever call reads next (the pipeline's answers come in order) or the commit:
+    either way the group stops there, is rolled back, and each call runs once, alone."""
     service, owners = setup(pg)
     engine = EngineLanes(pg, service, lanes=1)
     publish = publisher(service, "m1", owners["m1"])
@@ -135,14 +138,18 @@ def test_a_commit_refused_for_one_call_runs_every_call_of_the_group_alone(pg):
         service._call(write)
 
     keyed(engine, {publish: "m1", duplicate_seq: "m1"})
+    jobs: list[tuple[Any, tuple[Any, ...]]] = [(publish, (i,)) for i in range(3)]
+    jobs.insert(where, (duplicate_seq, ()))
     try:
-        out = run_queued(engine, [(publish, (0,)), (duplicate_seq, ()), (publish, (1,))])
+        out = run_queued(engine, jobs)
     finally:
         engine.stop()
-    assert out[0][0] and out[2][0], out
-    assert not out[1][0] and isinstance(out[1][1], psycopg.IntegrityError)  # as it fails alone
-    assert service.state("m1", None)["head"] == 3  # the configured row and the two publishes, once each
-    assert engine.grouped == 0
+    refused = out.pop(where)
+    assert not refused[0] and isinstance(refused[1], psycopg.IntegrityError), refused  # as it fails alone
+    assert all(ok for ok, _ in out), out
+    assert sorted(v["seq"] for _, v in out) == [2, 3, 4]  # the three publishes, once each
+    assert service.state("m1", None)["head"] == 4
+    assert engine.grouped == 0 and engine.given_up == 1
 
 
 FAILURES = {
@@ -156,8 +163,9 @@ FAILURES = {
 }
 
 
+@pytest.mark.parametrize("where", [1, 2], ids=["middle", "last"])
 @pytest.mark.parametrize("failure", sorted(FAILURES))
-def test_a_database_failure_in_one_call_fails_the_whole_group_and_nothing_of_it_is_kept(pg, failure):
+def test_a_database_failure_in_one_call_fails_the_whole_group_and_nothing_of_it_is_kept(pg, failure, where):
     service, owners = setup(pg)
     engine = EngineLanes(pg, service, lanes=1)
     publish = publisher(service, "m1", owners["m1"])
@@ -175,8 +183,10 @@ def test_a_database_failure_in_one_call_fails_the_whole_group_and_nothing_of_it_
             return f"answered {err.status}"  # a door that answers and goes on
 
     keyed(engine, {publish: "m1", fails_in_the_database: "m1"})
+    jobs: list[tuple[Any, tuple[Any, ...]]] = [(publish, (0,)), (publish, (1,))]
+    jobs.insert(where, (fails_in_the_database, ()))
     try:
-        out = run_queued(engine, [(publish, (0,)), (fails_in_the_database, ()), (publish, (1,))])
+        out = run_queued(engine, jobs)
         assert [ok for ok, _ in out] == [False, False, False], out
         for _, err in out:
             assert isinstance(err, ProtocolError) and err.code == "UNAVAILABLE" and err.status == 503
@@ -211,7 +221,6 @@ def test_the_http_door_keys_only_a_rest_publish_by_its_monitor(tmp_path):
             return app._group_key(fn or app.handle_job, (Request(method, path),))
 
         assert key("POST", "/mp/v0/monitors/ci/observations") == "ci"
-        assert key("POST", "/mp/v0/monitors/a%2Fb/observations") == "a%2Fb"
         assert key("GET", "/mp/v0/monitors/ci/observations") is None
         assert key("POST", "/mp/v0/monitors/ci/state") is None
         assert key("POST", "/mp/v0/monitors//observations") is None
@@ -220,3 +229,33 @@ def test_the_http_door_keys_only_a_rest_publish_by_its_monitor(tmp_path):
         assert key("POST", "/mp/v0/monitors/ci/observations", fn=print) is None  # not the door's own job
     finally:
         engine.stop()
+
+
+def test_a_groups_appends_are_told_only_once_committed_and_it_runs_no_lazy_sweep(pg, pg_url):
+    """A listener (a parked reader's wake, a feed source's next step) hears a grouped publish only once
+    another connection can read it; a group rolled back tells nothing; and the lazy sweep, which locks every
+    monitor it sweeps, never runs inside a group (it would wait for locks the group did not start with)."""
+    service, owners = setup(pg)
+    other = PostgresStore(pg_url)  # a second server's view: what is committed
+    heard: list[tuple[str, int, int]] = []
+    service.add_listener(lambda m, head: heard.append((m, head, other.get_monitor(m).head)))
+    swept: list[bool] = []
+    real_sweep = service.sweep
+    service.sweep = lambda now=None: swept.append(pg.grouping) or real_sweep(now)  # type: ignore[method-assign]
+    service.sweeps_here = lambda: True  # type: ignore[method-assign]  # as on the leader
+    engine = EngineLanes(pg, service, lanes=1)
+    publish = publisher(service, "m1", owners["m1"])
+    keyed(engine, {publish: "m1"})
+    try:
+        service._deadline_known = False  # a sweep is due: the next call alone would run it
+        out = run_queued(engine, [(publish, (i,)) for i in range(4)])
+    finally:
+        engine.stop()
+        other.close()
+    assert all(ok for ok, _ in out) and engine.grouped == 3
+    assert [h for _m, h, _ in heard] == [2, 3, 4, 5]
+    assert all(committed >= head for _m, head, committed in heard), heard  # each told once readable
+    assert True not in swept  # no sweep inside the group
+    # positive control: the sweep that was due runs in a call of its own
+    service.publish("m1", {"type": TYPE}, owners["m1"])
+    assert swept and swept[-1] is False

@@ -112,6 +112,9 @@ class ServiceCore(ABC):
         # Reads the calls of one group commit share (see group_memo), and the group they belong to.
         self._memo: dict[Any, Any] = {}
         self._memo_group: int | None = None
+        # Appends of calls run inside a shared store's group commit (PostgresStore.batch), per engine thread:
+        # told to the listeners once the group has committed (release_appends), or dropped with it.
+        self._held_appends = threading.local()
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -158,10 +161,27 @@ class ServiceCore(ABC):
         self._remember_life(tx)
         if self._push_targets is not None and changes.subscriptions:
             self._track_push_targets(changes.subscriptions)
-        self._notify(tx.appended)
+        if tx.appended and getattr(self.store, "grouping", False):
+            held = getattr(self._held_appends, "appends", None)
+            if held is None:
+                held = self._held_appends.appends = []
+            held.append(dict(tx.appended))  # not committed yet: told by release_appends
+        else:
+            self._notify(tx.appended)
         if deferred is not None:
             raise deferred
         return result
+
+    def release_appends(self) -> None:
+        """The group commit this thread ran has committed: tell the listeners what its calls appended."""
+        held = getattr(self._held_appends, "appends", None)
+        self._held_appends.appends = []
+        for appended in held or ():
+            self._notify(appended)
+
+    def drop_appends(self) -> None:
+        """The group commit this thread ran was rolled back: what its calls appended never was."""
+        self._held_appends.appends = []
 
     def _now(self) -> float:
         return float(self.clock())
@@ -223,8 +243,8 @@ class ServiceCore(ABC):
         self._notify({monitor_id: head})
 
     def _maybe_sweep(self) -> None:
-        if not self.sweeps_here() or getattr(self.store, "restricted", False):
-            return  # not this engine's; or a later call of a group commit, which may take no other lock
+        if not self.sweeps_here() or getattr(self.store, "grouping", False):
+            return  # not this engine's; or a call of a group commit, which takes no lock it did not start with
         if not self._deadline_known or (
             self._next_deadline is not None and self._now() >= self._next_deadline
         ):

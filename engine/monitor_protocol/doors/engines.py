@@ -240,7 +240,8 @@ class EngineLanes(_CallbackSeat):
     each lane has a connection of its own (the store's session per thread), so a call waiting on the
     database (a round trip, a lock, a commit) does not hold up the others, and the database runs calls on
     different monitors, and readers of one monitor, side by side. Same interface as EngineThread, plus
-    ``submit_to`` (the lean door's callback seat). Replies go back after each call's own commit.
+    ``submit_to`` (the lean door's callback seat). Replies go back after each call's own commit, or after
+    its group's (``group_key``: the publishes queued together for one monitor share one transaction).
 
     Calls run side by side, so the rule a door relies on, that a reader's mark (parking.Waiters) is read
     right after its pull and in order with every append heard, is kept another way: each append heard
@@ -267,6 +268,7 @@ class EngineLanes(_CallbackSeat):
         self.group_key: Callable[[Callable[..., Any], tuple[Any, ...]], str | None] | None = None
         self.max_group = max_group
         self.grouped = 0  # calls that joined a group after its first (tests, benchmarks)
+        self.given_up = 0  # groups rolled back for a lock they did not hold or a refused statement
         self._stopped = False
         self._pending: list[tuple[Callable[..., Any], tuple[Any, ...], Any, Deliver]] = []
         self._flush_scheduled = False
@@ -414,28 +416,47 @@ class EngineLanes(_CallbackSeat):
         commit the database refuses for one of them (a unique index), rolls the group back and runs every job
         again by itself; a failure of the database fails them all with 503, as it fails a call alone."""
         store = self._store
+        told = getattr(self._service, "release_appends", None)  # the listeners hear a group after its commit
+        dropped = getattr(self._service, "drop_appends", None)
         outcomes: list[tuple[bool, Any]] = []
         try:
             with store.batch():
-                outcomes.append(_outcome(jobs[0][0], jobs[0][1]))
-                if store.groupable():
-                    store.restrict_group()
-                    for fn, args, _loop, _deliver in jobs[1:]:
-                        ok, value = _outcome(fn, args)
-                        if not ok and isinstance(value, GroupConflict):
-                            raise value
-                        outcomes.append((ok, value))
-        except GroupConflict:
+                for fn, args, _loop, _deliver in jobs:
+                    if outcomes:
+                        if len(outcomes) == 1 and not store.groupable():
+                            break  # a first call that took no monitor lock whole: the others run alone
+                        store.restrict_group()
+                    ok, value = _outcome(fn, args)
+                    if not ok and isinstance(value, GroupConflict):
+                        raise value
+                    outcomes.append((ok, value))
+        except GroupConflict as conflict:  # rolled back, nothing of it kept: every call once more, alone
+            if dropped is not None:
+                dropped()
+            self.given_up += 1
+            log.debug(
+                "a group commit of %d calls was given up (%s); running them one by one", len(jobs), conflict
+            )
             return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
         except StorageError as exc:  # the calls that ran in the group are failed; any left run by themselves
+            if dropped is not None:
+                dropped()
             failure = storage_unavailable(
                 str(exc) or type(exc).__name__, outcome_unknown=getattr(exc, "outcome_unknown", False)
             )
             ran = len(outcomes)
             return [(False, failure)] * ran + [_outcome(fn, args) for fn, args, _loop, _deliver in jobs[ran:]]
-        except Exception as exc:  # the database refused the group's commit for one call: each call alone
-            log.info("a group commit of %d calls was refused (%s); running them one by one", len(jobs), exc)
-            return [_outcome(fn, args) for fn, args, _loop, _deliver in jobs]
+        except Exception as exc:  # noqa: BLE001 - after the commit, perhaps: never run again, outcome unknown
+            log.exception("a group commit of %d calls failed at its end", len(jobs))
+            if told is not None:
+                told()
+            failure = storage_unavailable(
+                f"{type(exc).__name__} at the end of a group commit", outcome_unknown=True
+            )
+            ran = len(outcomes)
+            return [(False, failure)] * ran + [_outcome(fn, args) for fn, args, _loop, _deliver in jobs[ran:]]
+        if told is not None:
+            told()
         self.grouped += len(outcomes) - 1
         # After a first call that took no monitor lock whole (a reader), the others run by themselves.
         return outcomes + [_outcome(fn, args) for fn, args, _loop, _deliver in jobs[len(outcomes) :]]

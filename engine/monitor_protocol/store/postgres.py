@@ -378,8 +378,8 @@ class PostgresStore(Store):
         lock it did not start with (no deadlock with another server's group). A failure of the database during
         any call fails the whole group (StorageError here, the transaction rolled back): a door may have
         answered that call's 503 and gone on, and none of the group may be reported done. A statement the
-        database refused (a unique index) is raised here as the driver's error: the caller runs each call again
-        by itself, as each would have run."""
+        database refused (a unique index), met by whichever call reads next or by the commit, raises
+        GroupConflict at once (the pipeline is aborted): the caller runs each call again by itself."""
         s = self._s
         if s.depth:
             yield
@@ -388,10 +388,12 @@ class PostgresStore(Store):
         try:
             with self.transaction():
                 yield
+                if s.group_refused is not None:  # before any failure it caused (the pipeline aborted)
+                    raise GroupConflict("the database refused a statement of this group commit")
                 if s.group_broken:
                     raise StorageError("the database failed during this group commit; nothing in it was kept")
-                if s.group_refused is not None:
-                    raise s.group_refused
+        except self.psycopg.Error as exc:  # the commit refused (a unique index): each call runs alone
+            raise GroupConflict(f"the database refused this group commit: {type(exc).__name__}") from exc
         finally:
             s.group, s.group_broken, s.group_refused = 0, False, None
 
@@ -407,10 +409,10 @@ class PostgresStore(Store):
         self._s.group = 2
 
     @property
-    def restricted(self) -> bool:
-        """A later call of a group is running: the engine leaves its lazy sweep (which locks every monitor it
-        sweeps) to a call of its own."""
-        return self._s.group == 2
+    def grouping(self) -> bool:
+        """A call of a group commit is running on this thread: the engine holds its appends for the listeners
+        until the commit, and leaves its lazy sweep (which locks every monitor it sweeps) to a call alone."""
+        return self._s.group != 0
 
     def _conflict(self, what: str) -> GroupConflict:
         return GroupConflict(f"{what}: not held by this group commit")

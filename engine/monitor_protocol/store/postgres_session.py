@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from monitor_protocol.core.records import Monitor, Subscription
-from monitor_protocol.core.store_contract import StorageError
+from monitor_protocol.core.store_contract import GroupConflict, StorageError
 from monitor_protocol.store.postgres_link import connect, redacted, scrub, storage_failure
 from monitor_protocol.store.postgres_sql import LOCK_MONITOR_SQL, enc
 from monitor_protocol.store.postgres_wire import Row, Wire, rows_of
@@ -168,8 +168,11 @@ class Session:
         except self.psycopg.Error as exc:
             if storage_failure(self.psycopg, exc):
                 raise self.fail(exc) from exc
-            if self.group and self.group_refused is None:
-                self.group_refused = exc  # the transaction is aborted, whatever the call answers
+            if self.group:  # the group's transaction is aborted: none of it may go on; each call runs alone
+                self.group_refused = exc
+                raise GroupConflict(
+                    f"the database refused a statement of this group: {type(exc).__name__}"
+                ) from exc
             raise
 
     def run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:
