@@ -259,3 +259,67 @@ def test_a_groups_appends_are_told_only_once_committed_and_it_runs_no_lazy_sweep
     # positive control: the sweep that was due runs in a call of its own
     service.publish("m1", {"type": TYPE}, owners["m1"])
     assert swept and swept[-1] is False
+
+
+def test_one_loop_turns_publishes_to_one_monitor_go_to_one_lane_as_one_group_of_at_most_max_group(pg):
+    """With several lanes idle, the publishes one loop turn submits for a monitor travel as one bundle, so
+    one lane takes them together (not one each, queueing on the monitor's lock); a bundle holds at most
+    max_group calls, and each of its groups commits once."""
+    service, owners = setup(pg)
+    publish = publisher(service, "m1", owners["m1"])
+
+    def submit_together(engine: EngineLanes, n: int) -> list[Any]:
+        async def main() -> list[Any]:
+            return await asyncio.gather(*(engine.submit(publish, i) for i in range(n)))
+
+        return asyncio.run(main())
+
+    for max_group, n, groups in ((32, 12, 1), (5, 12, 3)):
+        engine = EngineLanes(pg, service, lanes=4, max_group=max_group)
+        keyed(engine, {publish: "m1"})
+        try:
+            commits = pg.stats.commits
+            out = submit_together(engine, n)
+        finally:
+            engine.stop()
+        assert len({r["seq"] for r in out}) == n
+        assert pg.stats.commits - commits == groups and engine.grouped == n - groups
+
+
+def test_publishes_for_a_monitor_whose_group_is_running_are_handed_to_that_lane(pg):
+    """Other lanes do not start groups of their own on a monitor a lane is running a group for (they would
+    only queue on its lock): they hand the jobs over, and that lane runs them as its next group."""
+    service, owners = setup(pg)
+    publish = publisher(service, "m1", owners["m1"])
+    inside, gate = threading.Event(), threading.Event()
+
+    def holds_the_lock() -> None:  # a call of m1 that holds m1's lock until the gate opens
+        def hold(tx: Any) -> None:
+            tx.monitor("m1")
+            inside.set()
+            gate.wait(30)
+
+        service._call(hold)
+
+    engine = EngineLanes(pg, service, lanes=4)
+    keyed(engine, {publish: "m1", holds_the_lock: "m1"})
+
+    async def main() -> list[Any]:
+        first = engine.submit(holds_the_lock)
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 30)
+        later = []
+        for i in range(6):  # one loop turn each: six separate items for the idle lanes to take
+            later.append(engine.submit(publish, i))
+            await asyncio.sleep(0.02)
+        commits = pg.stats.commits
+        gate.set()
+        await first
+        out = await asyncio.gather(*later)
+        return [pg.stats.commits - commits, out]
+
+    try:
+        commits, out = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert sorted(r["seq"] for r in out) == list(range(2, 8))
+    assert commits == 1 and engine.grouped == 5  # the six in one group, on the lane that held m1

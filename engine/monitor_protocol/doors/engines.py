@@ -241,7 +241,8 @@ class EngineLanes(_CallbackSeat):
     database (a round trip, a lock, a commit) does not hold up the others, and the database runs calls on
     different monitors, and readers of one monitor, side by side. Same interface as EngineThread, plus
     ``submit_to`` (the lean door's callback seat). Replies go back after each call's own commit, or after
-    its group's (``group_key``: the publishes queued together for one monitor share one transaction).
+    its group's (``group_key``: the publishes queued together for one monitor share one transaction; while
+    a lane runs a key's group, the other lanes hand that key's jobs to it rather than wait on the same lock).
 
     Calls run side by side, so the rule a door relies on, that a reader's mark (parking.Waiters) is read
     right after its pull and in order with every append heard, is kept another way: each append heard
@@ -267,6 +268,11 @@ class EngineLanes(_CallbackSeat):
         # group_key(fn, args) -> the monitor, or None (doors/http/app.py: a REST publish).
         self.group_key: Callable[[Callable[..., Any], tuple[Any, ...]], str | None] | None = None
         self.max_group = max_group
+        # The keys a lane is running a group for, each with the jobs of that key other lanes took meanwhile
+        # and handed over: the lane runs them as its next group, so one monitor's publishes gather on one
+        # lane (bigger groups) instead of several lanes queueing on its lock.
+        self._keyed: dict[str, list[Any]] = {}
+        self._keys_lock = threading.Lock()
         self.grouped = 0  # calls that joined a group after its first (tests, benchmarks)
         self.given_up = 0  # groups rolled back for a lock they did not hold or a refused statement
         self._stopped = False
@@ -314,8 +320,16 @@ class EngineLanes(_CallbackSeat):
     def _flush(self) -> None:
         self._flush_scheduled = False
         jobs, self._pending = self._pending, []
+        bundles: dict[str, list[Any]] = {}
         for job in jobs:
-            self._queue.put(job)
+            key = self._key(job)
+            if key is None:
+                self._queue.put(job)
+            elif key in bundles and len(bundles[key]) < self.max_group:
+                bundles[key].append(job)  # behind the first of its key: one lane takes them together
+            else:
+                bundles[key] = [job]
+                self._queue.put(bundles[key])
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on a lane, from any thread, without a reply. An append heard from another
@@ -359,33 +373,56 @@ class EngineLanes(_CallbackSeat):
 
     def _run(self) -> None:
         touched = getattr(self._store, "job_monitors", None)
-        held: list[Any] = []  # a job taken while gathering a group that did not join it: it runs next
         while True:
-            job = held.pop() if held else self._queue.get()
-            if job is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            jobs = [job]
-            key = self._key(job)
-            if key is not None:
-                self._gather(jobs, key, held)
-            fn, args = job[0], job[1]
-            alone = bool(getattr(fn, "runs_alone", False))
-            self._enter(alone)
-            try:
-                if len(jobs) == 1:
-                    outcomes = [self._job(fn, args, touched)]
-                else:
-                    outcomes = self._numbered(functools.partial(self._grouped, jobs), len(jobs), touched)
-            finally:
-                self._leave(alone)
-            for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
-                if loop is None:
-                    deliver(*outcome)
+            # A job, or the jobs of one key that one loop turn submitted (a bundle, see _flush).
+            jobs = list(item) if isinstance(item, list) else [item]
+            key = self._key(jobs[0])
+            if key is None:
+                self._run_jobs(jobs, touched)
+                continue
+            with self._keys_lock:
+                waiting = self._keyed.get(key)
+                if waiting is not None:  # a lane is running this monitor's group: it takes these next
+                    waiting.extend(jobs)
                     continue
-                try:
-                    loop.call_soon_threadsafe(deliver, *outcome)
-                except RuntimeError:
-                    pass  # the loop closed meanwhile: nobody is waiting any more
+                self._keyed[key] = []
+            while jobs:  # this lane runs the key's groups until nothing more came for it meanwhile
+                jobs, rest = jobs[: self.max_group], jobs[self.max_group :]
+                self._gather(jobs, key)
+                self._run_jobs(jobs, touched)
+                with self._keys_lock:
+                    jobs = rest + self._keyed[key]
+                    if jobs:
+                        self._keyed[key] = []
+                    else:
+                        del self._keyed[key]
+
+    def _run_jobs(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> None:
+        """One call, or a group commit of several; then their outcomes, in one hop back to the loop."""
+        fn, args = jobs[0][0], jobs[0][1]
+        alone = bool(getattr(fn, "runs_alone", False))
+        self._enter(alone)
+        try:
+            if len(jobs) == 1:
+                outcomes = [self._job(fn, args, touched)]
+            else:
+                outcomes = self._numbered(functools.partial(self._grouped, jobs), len(jobs), touched)
+        finally:
+            self._leave(alone)
+        replies: list[tuple[Deliver, tuple[bool, Any]]] = []
+        for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
+            if loop is None:
+                deliver(*outcome)
+            else:
+                replies.append((deliver, outcome))
+        if replies:
+            try:  # one hop back to the loop for a whole group
+                jobs[0][2].call_soon_threadsafe(_deliver_all, replies)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: nobody is waiting any more
 
     # -- group commit ----------------------------------------------------------------------------------
     def _key(self, job: Any) -> str | None:
@@ -396,18 +433,20 @@ class EngineLanes(_CallbackSeat):
             return None
         return self.group_key(fn, args)
 
-    def _gather(self, jobs: list[Any], key: str, held: list[Any]) -> None:
-        """The jobs queued right behind the first with the same key join it; the first that does not is held
-        for next (at most one job waits for a group it is not part of; the other lanes take the rest)."""
+    def _gather(self, jobs: list[Any], key: str) -> None:
+        """The jobs queued behind the first with the same key join it, up to max_group; the first item that
+        does not is put back for any lane (the queue keeps no order between requests of different
+        connections, and a connection has one request in flight)."""
         while len(jobs) < self.max_group:
             try:
-                job = self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if job is not None and self._key(job) == key:
-                jobs.append(job)
+            first = item[0] if isinstance(item, list) else item
+            if first is not None and self._key(first) == key:
+                jobs.extend(item if isinstance(item, list) else [item])
                 continue
-            held.append(job)
+            self._queue.put(item)
             return
 
     def _grouped(self, jobs: list[Any]) -> list[tuple[bool, Any]]:
