@@ -322,3 +322,23 @@ def test_every_engine_tells_its_hook_the_cpu_its_calls_took_not_their_wall_time(
     (group_wall, group_cpu, group_calls), (wait_wall, wait_cpu, wait_calls) = asyncio.run(on_the_loop())
     assert group_calls == 3 and group_cpu >= 0.09
     assert wait_calls == 1 and wait_wall >= 0.09 and wait_cpu < 0.05
+
+
+def test_a_job_left_in_the_queue_when_the_lanes_stop_is_told_the_engine_stopped():
+    """A job no lane will run (behind the stop sentinels) gets an answer instead of leaving its caller
+    waiting for ever; a job queued before the stop still runs (the positive control)."""
+    engine = EngineLanes(Store(), lanes=1)
+    heard: list[tuple[bool, object]] = []
+    done = threading.Event()
+
+    def deliver(ok: bool, value: object) -> None:
+        heard.append((ok, value))
+        done.set()
+
+    engine._queue.put((lambda: "ran", (), None, deliver))
+    assert done.wait(10) and heard == [(True, "ran")]
+    engine._queue.put(None)  # the lane stops here...
+    engine._threads[0].join(10)
+    engine._queue.put((lambda: "never", (), None, deliver))  # ...so this is behind every sentinel
+    engine.stop()
+    assert heard[1][0] is False and "stopped" in str(heard[1][1])

@@ -323,3 +323,52 @@ def test_publishes_for_a_monitor_whose_group_is_running_are_handed_to_that_lane(
         engine.stop()
     assert sorted(r["seq"] for r in out) == list(range(2, 8))
     assert commits == 1 and engine.grouped == 5  # the six in one group, on the lane that held m1
+
+
+def test_a_job_taken_while_gathering_runs_right_after_the_group_not_after_every_later_publish(pg):
+    """With one lane, a reader's call that waits behind a monitor's group runs as soon as that group ends;
+    the publishes for the monitor that keep coming go back into the queue behind it."""
+    service, owners = setup(pg)
+    publish = publisher(service, "m1", owners["m1"])
+    inside, gate = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def holds_the_lock() -> None:
+        def hold(tx: Any) -> None:
+            tx.monitor("m1")
+            inside.set()
+            gate.wait(30)
+
+        service._call(hold)
+        order.append("held")
+
+    def other() -> None:
+        order.append("other")
+
+    def logged(i: int) -> dict[str, Any]:
+        out = publish(i)
+        order.append(f"p{i}")
+        return out
+
+    engine = EngineLanes(pg, service, lanes=1)
+    keyed(engine, {logged: "m1", holds_the_lock: "m1"})
+
+    async def main() -> None:
+        first = engine.submit(holds_the_lock)
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 30)
+        jobs = [engine.submit(logged, 0)]
+        await asyncio.sleep(0.02)
+        jobs.append(engine.submit(other))
+        await asyncio.sleep(0.02)
+        jobs += [engine.submit(logged, i) for i in (1, 2)]
+        await asyncio.sleep(0.02)
+        gate.set()
+        await first
+        await asyncio.gather(*jobs)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()
+    # p0 (queued first) starts the next group; `other`, taken while gathering it, runs right after; then p1, p2.
+    assert order == ["held", "p0", "other", "p1", "p2"], order

@@ -361,6 +361,22 @@ class EngineLanes(_CallbackSeat):
         for thread in self._threads:
             if thread is not me:
                 thread.join()
+        # A job a lane put back behind the stop sentinels (a key's jobs handed back, see _run) ran on no lane:
+        # its caller hears that the engine stopped rather than waiting for ever.
+        stopped = RuntimeError("the engine has stopped")
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            for _fn, _args, loop, deliver in item if isinstance(item, list) else [item] if item else []:
+                try:
+                    if loop is None:
+                        deliver(False, stopped)
+                    else:
+                        loop.call_soon_threadsafe(deliver, False, stopped)
+                except Exception:  # noqa: BLE001 - a closed loop: nobody is waiting any more
+                    pass
 
     # -- the lanes --------------------------------------------------------------------------------------
     def _heard(self, monitor_id: str, head: int) -> None:
@@ -373,12 +389,15 @@ class EngineLanes(_CallbackSeat):
 
     def _run(self) -> None:
         touched = getattr(self._store, "job_monitors", None)
+        item: Any = _NOTHING
         while True:
-            item = self._queue.get()
+            if item is _NOTHING:
+                item = self._queue.get()
             if item is None:
                 return
             # A job, or the jobs of one key that one loop turn submitted (a bundle, see _flush).
             jobs = list(item) if isinstance(item, list) else [item]
+            item = _NOTHING
             key = self._key(jobs[0])
             if key is None:
                 self._run_jobs(jobs, touched)
@@ -391,14 +410,19 @@ class EngineLanes(_CallbackSeat):
                 self._keyed[key] = []
             while jobs:  # this lane runs the key's groups until nothing more came for it meanwhile
                 jobs, rest = jobs[: self.max_group], jobs[self.max_group :]
-                self._gather(jobs, key)
+                other = self._gather(jobs, key)
                 self._run_jobs(jobs, touched)
                 with self._keys_lock:
-                    jobs = rest + self._keyed[key]
-                    if jobs:
+                    jobs = rest + self._keyed.pop(key)
+                    if other is _NOTHING and jobs:
                         self._keyed[key] = []
-                    else:
-                        del self._keyed[key]
+                        continue
+                # Something else was waiting (taken while gathering): it runs next, and what came for this
+                # key meanwhile goes back to the queue behind it, so no key keeps a lane to itself.
+                if jobs:
+                    self._queue.put(jobs)
+                item = other
+                break
 
     def _run_jobs(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> None:
         """One call, or a group commit of several; then their outcomes, in one hop back to the loop."""
@@ -433,21 +457,23 @@ class EngineLanes(_CallbackSeat):
             return None
         return self.group_key(fn, args)
 
-    def _gather(self, jobs: list[Any], key: str) -> None:
-        """The jobs queued behind the first with the same key join it, up to max_group; the first item that
-        does not is put back for any lane (the queue keeps no order between requests of different
-        connections, and a connection has one request in flight)."""
+    def _gather(self, jobs: list[Any], key: str) -> Any:
+        """The jobs queued behind the first with the same key join it, up to max_group. Returns the first item
+        taken that does not (run next by this lane, after this group), or _NOTHING."""
         while len(jobs) < self.max_group:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return
+                return _NOTHING
+            if item is None:  # a lane's stop sentinel: left for after this lane's groups
+                self._queue.put(None)
+                return _NOTHING
             first = item[0] if isinstance(item, list) else item
-            if first is not None and self._key(first) == key:
+            if self._key(first) == key:
                 jobs.extend(item if isinstance(item, list) else [item])
                 continue
-            self._queue.put(item)
-            return
+            return item
+        return _NOTHING
 
     def _grouped(self, jobs: list[Any]) -> list[tuple[bool, Any]]:
         """Run the jobs as one group commit (PostgresStore.batch): each job's outcome, told only after the
@@ -592,6 +618,9 @@ class EngineLanes(_CallbackSeat):
 def _ignore(ok: bool, value: Any) -> None:
     if not ok:
         log.error("an engine job posted without a reply failed: %r", value)
+
+
+_NOTHING = object()  # no item taken (None is the queue's stop sentinel)
 
 
 def _deliver_all(replies: list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]) -> None:
