@@ -5,9 +5,13 @@ call runs, after its read and before its mark, is told again when that call ends
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 from monitor_protocol.core.errors import ProtocolError
@@ -342,3 +346,167 @@ def test_a_job_left_in_the_queue_when_the_lanes_stop_is_told_the_engine_stopped(
     engine._queue.put((lambda: "never", (), None, deliver))  # ...so this is behind every sentinel
     engine.stop()
     assert heard[1][0] is False and "stopped" in str(heard[1][1])
+
+
+class GroupingStore(Store):
+    """A store with a group commit that does nothing, for EngineLanes' own bookkeeping of groups."""
+
+    @contextlib.contextmanager
+    def batch(self):
+        yield
+
+    def groupable(self) -> bool:
+        return True
+
+    def restrict_group(self) -> None:
+        pass
+
+
+def keyed_lanes(lanes: int, **kw) -> tuple[EngineLanes, Callable[..., str]]:
+    def pub(tag: str, gate: threading.Event | None = None) -> str:
+        if gate is not None:
+            gate.wait(10)
+        return tag
+
+    engine = EngineLanes(GroupingStore(), lanes=lanes, **kw)
+    engine.group_key = lambda fn, args: "K" if fn is pub else None
+    return engine, pub
+
+
+def test_every_job_of_a_loop_turn_is_answered_however_the_lanes_interleave_with_the_queueing():
+    """A bundle is queued only whole: a lane that takes it the moment it is queued has every job of it (with
+    a switch interval of a microsecond, lanes run between the loop's puts)."""
+    engine, pub = keyed_lanes(4)
+
+    def key(fn: Callable[..., Any], args: tuple[Any, ...]) -> str | None:
+        sum(range(200))  # a little Python, as a door's key takes: room for a lane to run in between
+        return "K" if fn is pub else None
+
+    engine.group_key = key
+    busy = threading.Event()
+
+    def spin() -> None:  # another thread wanting the interpreter, so that the switches happen
+        while not busy.is_set():
+            sum(range(1000))
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    async def main() -> int:
+        answered = 0
+        for turn in range(300):
+            futures = [engine.submit(pub, f"{turn}.{i}") for i in range(32)]
+            done, pending = await asyncio.wait(futures, timeout=10)
+            answered += len(done)
+            assert not pending, f"turn {turn}: {len(pending)} of 32 never answered"
+        return answered
+
+    try:
+        assert asyncio.run(main()) == 300 * 32
+    finally:
+        sys.setswitchinterval(before)
+        busy.set()
+        spinner.join(5)
+        engine.stop()
+
+
+def test_a_jobs_handed_to_a_lane_that_then_runs_something_else_go_back_to_the_queue():
+    """Lane A runs K's group and took X while gathering; lane B hands K's j1 to A meanwhile: A runs X next
+    and puts j1 back in the queue, where a lane runs it. Every job is answered once."""
+    engine, pub = keyed_lanes(2)
+    g1, g2, inside = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def first(tag: str) -> str:
+        inside.set()
+        g1.wait(10)
+        order.append(tag)
+        return tag
+
+    engine.group_key = lambda fn, args: "K" if fn in (pub, first) else None
+
+    def other() -> str:
+        order.append("X")
+        return "X"
+
+    def blocker() -> str:
+        g2.wait(10)
+        order.append("Y")
+        return "Y"
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        y = engine.submit(blocker)
+        await asyncio.sleep(0.05)  # lane B is busy
+        j0, x = engine.submit(first, "j0"), engine.submit(other)  # one turn: [j0], then X behind it
+        await loop.run_in_executor(None, inside.wait, 5)  # lane A runs j0 and holds X
+        j1 = engine.submit(pub, "j1")
+        await asyncio.sleep(0.02)
+        g2.set()
+        await asyncio.sleep(0.05)  # lane B, free again, takes j1 and hands it to A
+        g1.set()
+        return list(await asyncio.wait_for(asyncio.gather(y, j0, x, j1), 10))
+
+    try:
+        assert asyncio.run(main()) == ["Y", "j0", "X", "j1"]
+    finally:
+        engine.stop()
+    assert order == ["Y", "j0", "X"] and not engine._keyed  # X right after j0's group; j1 was answered
+
+
+def test_stop_ends_every_lane_even_when_one_meets_a_stop_sentinel_while_gathering():
+    """A lane that takes another lane's stop sentinel while gathering its group puts it back: every lane
+    ends, and stop() returns."""
+    engine, pub = keyed_lanes(2)
+    gate, inside = threading.Event(), threading.Event()
+
+    def first(tag: str) -> str:
+        inside.set()
+        gate.wait(10)
+        return tag
+
+    engine.group_key = lambda fn, args: "K" if fn in (pub, first) else None
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        j0 = engine.submit(first, "j0")
+        await loop.run_in_executor(None, inside.wait, 5)
+        j1 = engine.submit(pub, "j1")  # lane B hands it to lane A, which runs K
+        await asyncio.sleep(0.05)
+        stopper = threading.Thread(target=engine.stop)
+        stopper.start()  # B takes one sentinel and ends; the other waits in the queue for A's gathering
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = list(await asyncio.wait_for(asyncio.gather(j0, j1), 10))
+        await loop.run_in_executor(None, stopper.join, 10)
+        assert not stopper.is_alive(), "stop() did not return"
+        return out
+
+    assert asyncio.run(main()) == ["j0", "j1"]
+    assert not any(t.is_alive() for t in engine._threads)
+
+
+def test_a_failing_hook_or_key_costs_no_job_and_leaves_no_key_held():
+    engine, pub = keyed_lanes(2)
+    fails = {"hook": 1}
+
+    def hook(wall: float, cpu: float, calls: int) -> None:
+        if fails["hook"]:
+            fails["hook"] -= 1
+            raise RuntimeError("a broken metrics hook")
+
+    engine.on_commit = hook
+
+    async def main() -> list[str]:
+        first = await asyncio.wait_for(asyncio.gather(*(engine.submit(pub, f"a{i}") for i in range(3))), 10)
+        engine.group_key = lambda fn, args: 1 / 0  # a door that cannot say a key: each job by itself
+        second = await asyncio.wait_for(asyncio.gather(*(engine.submit(pub, f"b{i}") for i in range(3))), 10)
+        return [*first, *second]
+
+    try:
+        assert asyncio.run(main()) == ["a0", "a1", "a2", "b0", "b1", "b2"]
+    finally:
+        engine.stop()
+    assert fails["hook"] == 0 and not engine._keyed

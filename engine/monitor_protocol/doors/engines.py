@@ -273,6 +273,7 @@ class EngineLanes(_CallbackSeat):
         # lane (bigger groups) instead of several lanes queueing on its lock.
         self._keyed: dict[str, list[Any]] = {}
         self._keys_lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # stop() against a put: nothing is queued behind its drain
         self.grouped = 0  # calls that joined a group after its first (tests, benchmarks)
         self.given_up = 0  # groups rolled back for a lock they did not hold or a refused statement
         self._stopped = False
@@ -320,16 +321,29 @@ class EngineLanes(_CallbackSeat):
     def _flush(self) -> None:
         self._flush_scheduled = False
         jobs, self._pending = self._pending, []
+        items: list[Any] = []
         bundles: dict[str, list[Any]] = {}
         for job in jobs:
             key = self._key(job)
             if key is None:
-                self._queue.put(job)
+                items.append(job)
             elif key in bundles and len(bundles[key]) < self.max_group:
                 bundles[key].append(job)  # behind the first of its key: one lane takes them together
             else:
                 bundles[key] = [job]
-                self._queue.put(bundles[key])
+                items.append(bundles[key])
+        for item in items:  # only whole: a lane may take an item the moment it is queued
+            if not self._put(item):
+                _answer(item if isinstance(item, list) else [item], RuntimeError("the engine has stopped"))
+
+    def _put(self, item: Any) -> bool:
+        """Queue an item unless the engine has stopped (checked and queued under stop's own lock, so nothing
+        lands behind the drain of stop())."""
+        with self._stop_lock:
+            if self._stopped:
+                return False
+            self._queue.put(item)
+            return True
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on a lane, from any thread, without a reply. An append heard from another
@@ -343,20 +357,26 @@ class EngineLanes(_CallbackSeat):
                 running = set(self._running)
                 if running:
                     self._after.append((running, fn, args))
-        self._queue.put((fn, args, None, _ignore))
+        self._put((fn, args, None, _ignore))
 
     def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` on a lane from any other thread, blocking until it is done."""
         if self._stopped:
             raise RuntimeError("the engine has stopped")
-        return _wait_for(lambda deliver: self._queue.put((fn, args, None, deliver)))
+
+        def send(deliver: Deliver) -> None:
+            if not self._put((fn, args, None, deliver)):
+                deliver(False, RuntimeError("the engine has stopped"))
+
+        return _wait_for(send)
 
     def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        for _ in self._threads:
-            self._queue.put(None)
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for _ in self._threads:
+                self._queue.put(None)
         me = threading.current_thread()
         for thread in self._threads:
             if thread is not me:
@@ -369,14 +389,8 @@ class EngineLanes(_CallbackSeat):
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            for _fn, _args, loop, deliver in item if isinstance(item, list) else [item] if item else []:
-                try:
-                    if loop is None:
-                        deliver(False, stopped)
-                    else:
-                        loop.call_soon_threadsafe(deliver, False, stopped)
-                except Exception:  # noqa: BLE001 - a closed loop: nobody is waiting any more
-                    pass
+            if item is not None:
+                _answer(item if isinstance(item, list) else [item], stopped)
 
     # -- the lanes --------------------------------------------------------------------------------------
     def _heard(self, monitor_id: str, head: int) -> None:
@@ -397,32 +411,46 @@ class EngineLanes(_CallbackSeat):
                 return
             # A job, or the jobs of one key that one loop turn submitted (a bundle, see _flush).
             jobs = list(item) if isinstance(item, list) else [item]
-            item = _NOTHING
-            key = self._key(jobs[0])
-            if key is None:
-                self._run_jobs(jobs, touched)
-                continue
-            with self._keys_lock:
-                waiting = self._keyed.get(key)
-                if waiting is not None:  # a lane is running this monitor's group: it takes these next
-                    waiting.extend(jobs)
-                    continue
-                self._keyed[key] = []
-            while jobs:  # this lane runs the key's groups until nothing more came for it meanwhile
-                jobs, rest = jobs[: self.max_group], jobs[self.max_group :]
-                other = self._gather(jobs, key)
-                self._run_jobs(jobs, touched)
+            try:
+                item = self._serve(jobs, touched)
+            except BaseException as exc:  # noqa: BLE001 - a lane outlives any failure; the jobs in hand hear it
+                log.exception("an engine lane failed running %d jobs", len(jobs))
+                _answer(jobs, exc)
+                item = _NOTHING
+
+    def _serve(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> Any:
+        """Run an item's jobs; for a key, as its owner: its groups until nothing more came for it. Returns the
+        item to run next (taken while gathering), or _NOTHING."""
+        key = self._key(jobs[0])
+        if key is None:
+            self._run_jobs(jobs, touched)
+            return _NOTHING
+        with self._keys_lock:
+            waiting = self._keyed.get(key)
+            if waiting is not None:  # a lane is running this monitor's group: it takes these next
+                waiting.extend(jobs)
+                return _NOTHING
+            self._keyed[key] = []
+        other: Any = _NOTHING
+        try:
+            while jobs:
+                group, jobs = jobs[: self.max_group], jobs[self.max_group :]
+                other = self._gather(group, key)
+                self._run_jobs(group, touched)
                 with self._keys_lock:
-                    jobs = rest + self._keyed.pop(key)
-                    if other is _NOTHING and jobs:
-                        self._keyed[key] = []
-                        continue
-                # Something else was waiting (taken while gathering): it runs next, and what came for this
-                # key meanwhile goes back to the queue behind it, so no key keeps a lane to itself.
-                if jobs:
-                    self._queue.put(jobs)
-                item = other
-                break
+                    jobs += self._keyed[key]
+                    self._keyed[key] = []
+                if other is not _NOTHING:
+                    break
+        finally:
+            # Released on every way out. What is left for the key (more came meanwhile, something else was
+            # taken while gathering, or a failure) goes back to the queue behind what waits there, so no key
+            # keeps a lane to itself, and nothing stays handed to a lane that no longer runs the key.
+            with self._keys_lock:
+                jobs += self._keyed.pop(key)
+            for start in range(0, len(jobs), self.max_group):
+                self._queue.put(jobs[start : start + self.max_group])
+        return other
 
     def _run_jobs(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> None:
         """One call, or a group commit of several; then their outcomes, in one hop back to the loop."""
@@ -439,7 +467,10 @@ class EngineLanes(_CallbackSeat):
         replies: list[tuple[Deliver, tuple[bool, Any]]] = []
         for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
             if loop is None:
-                deliver(*outcome)
+                try:
+                    deliver(*outcome)
+                except Exception:  # one caller's broken delivery must not cost the others theirs
+                    log.exception("delivering an engine call's outcome failed")
             else:
                 replies.append((deliver, outcome))
         if replies:
@@ -455,7 +486,11 @@ class EngineLanes(_CallbackSeat):
             return None
         if getattr(self._store, "batch", None) is None:
             return None
-        return self.group_key(fn, args)
+        try:
+            return self.group_key(fn, args)
+        except Exception:  # a key the door cannot say: the job runs by itself
+            log.exception("group_key failed; the job runs by itself")
+            return None
 
     def _gather(self, jobs: list[Any], key: str) -> Any:
         """The jobs queued behind the first with the same key join it, up to max_group. Returns the first item
@@ -470,7 +505,12 @@ class EngineLanes(_CallbackSeat):
                 return _NOTHING
             first = item[0] if isinstance(item, list) else item
             if self._key(first) == key:
-                jobs.extend(item if isinstance(item, list) else [item])
+                more = item if isinstance(item, list) else [item]
+                room = self.max_group - len(jobs)
+                jobs.extend(more[:room])
+                if len(more) > room:
+                    self._queue.put(more[room:])  # the rest: a group of its own
+                    return _NOTHING
                 continue
             return item
         return _NOTHING
@@ -569,9 +609,14 @@ class EngineLanes(_CallbackSeat):
         outcomes = run()
         self._telling.call = None
         hook = self.on_commit
-        if hook is not None:
-            hook(time.perf_counter() - started, thread_cpu() - cpu, calls)
-        self._ended(call, touched() if touched is not None else None)
+        try:
+            if hook is not None:
+                hook(time.perf_counter() - started, thread_cpu() - cpu, calls)
+            self._ended(call, touched() if touched is not None else None)
+        except (
+            Exception
+        ):  # the calls have run (and committed): their outcomes stand, whatever the bookkeeping
+            log.exception("an engine lane's bookkeeping after %d calls failed", calls)
         return outcomes
 
     def _ended(self, call: int, monitors: set[str] | None) -> None:
@@ -621,6 +666,20 @@ def _ignore(ok: bool, value: Any) -> None:
 
 
 _NOTHING = object()  # no item taken (None is the queue's stop sentinel)
+
+
+def _answer(jobs: list[Any], failure: BaseException) -> None:
+    """Tell each job's caller that it failed (posted jobs, which nobody waits for, are only dropped)."""
+    for _fn, _args, loop, deliver in jobs:
+        if deliver is _ignore:
+            continue
+        try:
+            if loop is None:
+                deliver(False, failure)
+            else:
+                loop.call_soon_threadsafe(deliver, False, failure)
+        except Exception:  # noqa: BLE001 - a closed loop: nobody is waiting any more
+            pass
 
 
 def _deliver_all(replies: list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]) -> None:

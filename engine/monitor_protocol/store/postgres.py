@@ -6,7 +6,8 @@ every text column that a filter compares in the "C" collation (code point order,
 compare), a few server-side functions, and a format version in `mp_meta`; it is created (or brought to this
 version) on first start, and a server refuses a schema newer than it knows. SQL: store/postgres_sql.py.
 
-Isolation (core/store_contract.py). Every call is its own transaction at READ COMMITTED, with
+Isolation (core/store_contract.py). Every call is its own transaction at READ COMMITTED (but the publishes of
+a group commit, see batch), with
 `synchronous_commit = on`: a commit reported is durable, and a reply is sent only after it. The engine
 locks a monitor before it reads what it will change (`lock_monitor`: a transaction-scoped advisory lock on
 the monitor's id, which also exists before the monitor row does), so calls that write one monitor are
