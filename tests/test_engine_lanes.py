@@ -510,3 +510,46 @@ def test_a_failing_hook_or_key_costs_no_job_and_leaves_no_key_held():
     finally:
         engine.stop()
     assert fails["hook"] == 0 and not engine._keyed
+
+
+def test_a_failure_in_a_lanes_own_bookkeeping_answers_the_jobs_once_and_the_lane_goes_on():
+    """The key's owner runs j0, then the jobs another lane handed to it; its gate fails for that second
+    group: those jobs hear the failure (they were left unanswered before), j0's answer stands, and the lanes
+    go on serving."""
+    engine, pub = keyed_lanes(2)
+    gate, inside = threading.Event(), threading.Event()
+
+    def first(tag: str) -> str:
+        inside.set()
+        gate.wait(10)
+        return tag
+
+    engine.group_key = lambda fn, args: "K" if fn in (pub, first) else None
+    real_enter, calls = engine._enter, []
+
+    def enter(alone: bool) -> None:
+        calls.append(alone)
+        if len(calls) == 2:
+            raise RuntimeError("a broken gate")
+        real_enter(alone)
+
+    engine._enter = enter  # type: ignore[method-assign]
+
+    async def main() -> tuple[list[Any], list[str]]:
+        loop = asyncio.get_running_loop()
+        j0 = engine.submit(first, "j0")
+        await loop.run_in_executor(None, inside.wait, 5)
+        handed = [engine.submit(pub, f"j{i}") for i in (1, 2)]  # the other lane hands them to the owner
+        await asyncio.sleep(0.05)
+        gate.set()
+        got = await asyncio.wait_for(asyncio.gather(j0, *handed, return_exceptions=True), 10)
+        after = await asyncio.wait_for(asyncio.gather(*(engine.submit(pub, f"b{i}") for i in range(3))), 10)
+        return list(got), list(after)
+
+    try:
+        got, after = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert got[0] == "j0"
+    assert all(isinstance(x, RuntimeError) and "broken gate" in str(x) for x in got[1:]), got
+    assert after == ["b0", "b1", "b2"] and not engine._keyed

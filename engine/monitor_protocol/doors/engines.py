@@ -413,9 +413,8 @@ class EngineLanes(_CallbackSeat):
             jobs = list(item) if isinstance(item, list) else [item]
             try:
                 item = self._serve(jobs, touched)
-            except BaseException as exc:  # noqa: BLE001 - a lane outlives any failure; the jobs in hand hear it
-                log.exception("an engine lane failed running %d jobs", len(jobs))
-                _answer(jobs, exc)
+            except BaseException:  # noqa: BLE001 - a lane outlives any failure (the jobs run were answered)
+                log.exception("an engine lane failed serving %d jobs", len(jobs))
                 item = _NOTHING
 
     def _serve(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> Any:
@@ -453,17 +452,22 @@ class EngineLanes(_CallbackSeat):
         return other
 
     def _run_jobs(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> None:
-        """One call, or a group commit of several; then their outcomes, in one hop back to the loop."""
+        """One call, or a group commit of several; then their outcomes, in one hop back to the loop. Every job
+        is answered once, whatever fails."""
         fn, args = jobs[0][0], jobs[0][1]
         alone = bool(getattr(fn, "runs_alone", False))
-        self._enter(alone)
         try:
-            if len(jobs) == 1:
-                outcomes = [self._job(fn, args, touched)]
-            else:
-                outcomes = self._numbered(functools.partial(self._grouped, jobs), len(jobs), touched)
-        finally:
-            self._leave(alone)
+            self._enter(alone)
+            try:
+                if len(jobs) == 1:
+                    outcomes = [self._job(fn, args, touched)]
+                else:
+                    outcomes = self._numbered(functools.partial(self._grouped, jobs), len(jobs), touched)
+            finally:
+                self._leave(alone)
+        except BaseException as exc:  # noqa: BLE001 - a bug in the lane's own bookkeeping: the callers hear it
+            log.exception("an engine lane failed running %d jobs", len(jobs))
+            outcomes = [(False, exc)] * len(jobs)
         replies: list[tuple[Deliver, tuple[bool, Any]]] = []
         for (_fn, _args, loop, deliver), outcome in zip(jobs, outcomes, strict=True):
             if loop is None:
