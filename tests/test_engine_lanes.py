@@ -373,6 +373,21 @@ def keyed_lanes(lanes: int, **kw) -> tuple[EngineLanes, Callable[..., str]]:
     return engine, pub
 
 
+def holding(
+    engine: EngineLanes, pub: Callable[..., str]
+) -> tuple[Callable[[str], str], threading.Event, threading.Event]:
+    """A job of key K that holds its lane until `gate` opens (`inside` says it is running), keyed with `pub`."""
+    gate, inside = threading.Event(), threading.Event()
+
+    def first(tag: str) -> str:
+        inside.set()
+        gate.wait(10)
+        return tag
+
+    engine.group_key = lambda fn, args: "K" if fn in (pub, first) else None
+    return first, gate, inside
+
+
 def test_every_job_of_a_loop_turn_is_answered_however_the_lanes_interleave_with_the_queueing():
     """A bundle is queued only whole: a lane that takes it the moment it is queued has every job of it (with
     a switch interval of a microsecond, lanes run between the loop's puts)."""
@@ -460,14 +475,7 @@ def test_stop_ends_every_lane_even_when_one_meets_a_stop_sentinel_while_gatherin
     """A lane that takes another lane's stop sentinel while gathering its group puts it back: every lane
     ends, and stop() returns."""
     engine, pub = keyed_lanes(2)
-    gate, inside = threading.Event(), threading.Event()
-
-    def first(tag: str) -> str:
-        inside.set()
-        gate.wait(10)
-        return tag
-
-    engine.group_key = lambda fn, args: "K" if fn in (pub, first) else None
+    first, gate, inside = holding(engine, pub)
 
     async def main() -> list[str]:
         loop = asyncio.get_running_loop()
@@ -517,14 +525,7 @@ def test_a_failure_in_a_lanes_own_bookkeeping_answers_the_jobs_once_and_the_lane
     group: those jobs hear the failure (they were left unanswered before), j0's answer stands, and the lanes
     go on serving."""
     engine, pub = keyed_lanes(2)
-    gate, inside = threading.Event(), threading.Event()
-
-    def first(tag: str) -> str:
-        inside.set()
-        gate.wait(10)
-        return tag
-
-    engine.group_key = lambda fn, args: "K" if fn in (pub, first) else None
+    first, gate, inside = holding(engine, pub)
     real_enter, calls = engine._enter, []
 
     def enter(alone: bool) -> None:
