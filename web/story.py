@@ -356,6 +356,35 @@ def into_view(node, centre: bool = False) -> None:
     r = node.getBoundingClientRect()
     if centre or r.top < 0 or r.bottom > js.window.innerHeight - DOCK_PX:
         node.scrollIntoView(ui.js_options(block="center", inline="nearest"))
+    track_to_where_it_goes(node)
+
+
+def still_to_glide(node) -> float:
+    """How far right `node` has still to travel: a reader's marker glides to its cursor (a transition on
+    `left`), so right after a redraw it is drawn where it was, not where it is going."""
+    going, now = str(node.style.left or ""), str(js.window.getComputedStyle(node).left or "")
+    if not (going.endswith("px") and now.endswith("px")):
+        return 0.0
+    try:
+        return float(going[:-2]) - float(now[:-2])
+    except ValueError:
+        return 0.0
+
+
+def track_to_where_it_goes(node) -> None:
+    """Scroll the log's track sideways so that a gliding marker ends on screen (the start of its label
+    first, when it cannot all fit); scrollIntoView could only aim at where it was."""
+    shift = still_to_glide(node)
+    scroller = node.closest(".track")
+    if not shift or not scroller:
+        return
+    r, box = node.getBoundingClientRect(), scroller.getBoundingClientRect()
+    left, right = r.left + shift, r.right + shift
+    by = max(0.0, right - box.right)
+    if left - by < box.left:
+        by = left - box.left
+    if by:
+        scroller.scrollLeft = scroller.scrollLeft + by
 
 
 def bring_looked_into_view() -> None:
