@@ -12,6 +12,7 @@ import os
 import secrets
 import urllib.parse
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pgcluster import ci_is_true
@@ -64,6 +65,16 @@ def pg_url(pg_admin_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Any]:
+    """A PostgresStore on a fresh database (`pg_url`), closed after the test."""
+    from monitor_protocol.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    yield store
+    store.close()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

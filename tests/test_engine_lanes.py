@@ -18,7 +18,6 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.engines import EngineLanes
 from monitor_protocol.doors.parking import Waiters
-from monitor_protocol.store.postgres import PostgresStore
 from waiting import eventually
 
 TYPE = "com.example.x"
@@ -89,13 +88,6 @@ def test_posted_work_runs_again_after_the_calls_running_when_it_was_posted():
     finally:
         release.set()
         engine.stop()
-
-
-@pytest.fixture
-def pg(pg_url):
-    store = PostgresStore(pg_url)
-    yield store
-    store.close()
 
 
 @pytest.mark.parametrize("append_meanwhile", [True, False])

@@ -17,13 +17,6 @@ psycopg = pytest.importorskip("psycopg")
 TYPE = "com.example.x"
 
 
-@pytest.fixture
-def pg(pg_url):
-    store = PostgresStore(pg_url)
-    yield store
-    store.close()
-
-
 def monitor_with_readers(service: MonitorService, readers: int = 2, entries: int = 20) -> tuple[str, list]:
     owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
     subs = [

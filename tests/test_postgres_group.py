@@ -24,13 +24,6 @@ psycopg = pytest.importorskip("psycopg")
 TYPE = "com.example.x"
 
 
-@pytest.fixture
-def pg(pg_url):
-    store = PostgresStore(pg_url)
-    yield store
-    store.close()
-
-
 def setup(store: PostgresStore) -> tuple[MonitorService, dict[str, str]]:
     service = MonitorService(store)
     owners = {

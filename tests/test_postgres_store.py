@@ -23,13 +23,6 @@ psycopg = pytest.importorskip(
 )  # the test extra installs it; conftest's pg_url fails in CI without it
 
 
-@pytest.fixture
-def pg(pg_url):
-    store = PostgresStore(pg_url)
-    yield store
-    store.close()
-
-
 def test_a_schema_newer_than_this_release_is_refused(pg_url):
     PostgresStore(pg_url).close()  # positive control: a fresh database gets the schema and opens
     PostgresStore(pg_url).close()  # and opens again as it is
