@@ -1,5 +1,5 @@
 """Typed records: what the engine keeps about monitors, observations, subscriptions, leases and publish
-keys. Frozen (a rule computes a new record with `dataclasses.replace`, the transaction stages it), with
+keys. Frozen (a rule computes a new record with `evolve`, the transaction stages it), with
 slots, each fact stored once (times as float seconds, formatted only at the edge by `to_wire()`).
 
 One other shape lives here, and only here: `to_row()` / `from_row()`, a record as plain JSON values, for
@@ -22,26 +22,41 @@ _EVOLVERS: dict[tuple[type, tuple[str, ...]], Any] = {}
 
 def _evolver(cls: type, changed: tuple[str, ...]) -> Any:
     """A copier written once per record class and set of changed fields: one line per field, no loop, no
-    `__init__` (the values come from a record that was already valid, or are the changes). Each field is set
-    through its slot's own setter: the frozen class refuses `setattr`, and `object.__setattr__` looks the
-    slot up again on every call (a third slower on a Monitor's 36 fields)."""
+    `__init__` (the values come from a record that was already valid, or are the changes)."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(changed) - set(names))
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
-    body = "\n".join(
-        f"    set_{i}(new, changes[{n!r}])" if n in changed else f"    set_{i}(new, rec.{n})"
-        for i, n in enumerate(names)
-    )
-    src = f"def evolve(rec, changes):\n    new = make(cls)\n{body}\n    return new\n"
-    scope: dict[str, Any] = {"make": object.__new__, "cls": cls}
+    values = [f"changes[{n!r}]" if n in changed else f"rec.{n}" for n in names]
+    return _written(cls, "rec, changes", values)
+
+
+def builder(cls: type[R]) -> Any:
+    """A constructor for values already known valid (a stored row, what a rule just computed): every
+    field in declaration order, positionally, no checks and no defaults. The hot paths (an append, a
+    stored row read) build a record per observation."""
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    taken = [n for n in names if n in ("new", "new_", "cls") or n.startswith("set_")]
+    if taken:  # the written function's own names: a field called so would be shadowed
+        raise TypeError(f"builder cannot write {cls.__name__}: field(s) {taken}")
+    return _written(cls, ", ".join(names), names)
+
+
+def _written(cls: type, params: str, values: list[str]) -> Any:
+    """`def make(params)`: a new `cls` whose i-th field is the expression values[i], set through its
+    slot's own setter. The frozen class refuses `setattr`, its `__init__` and `object.__setattr__` look
+    the slot up again for every field (a third slower on a Monitor's 36 fields)."""
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    body = "\n".join(f"    set_{i}(new, {v})" for i, v in enumerate(values))
+    src = f"def make({params}):\n    new = new_(cls)\n{body}\n    return new\n"
+    scope: dict[str, Any] = {"new_": object.__new__, "cls": cls}
     for i, n in enumerate(names):
         slot = cls.__dict__.get(n)
         scope[f"set_{i}"] = (
             slot.__set__ if slot is not None and hasattr(slot, "__set__") else _setter(n)  # type: ignore[union-attr]
         )
     exec(src, scope)  # noqa: S102 - generated from the dataclass's own field names
-    return scope["evolve"]
+    return scope["make"]
 
 
 def _setter(name: str) -> Any:
@@ -73,6 +88,13 @@ class Counters:
     contradictions: int = 0
     contradictions_resolved: int = 0
 
+    def observed(self) -> Counters:
+        """One more accepted observation: every publish's bump, without bump's keyword dispatch."""
+        return _new_counters(
+            self.observations + 1, self.delivered, self.acted, self.rejected, self.contradictions,
+            self.contradictions_resolved,
+        )  # fmt: skip
+
     def bump(self, **by: int) -> Counters:
         if len(by) == 1:  # the usual call (one publish, one pull's deliveries): no comprehension
             ((name, n),) = by.items()
@@ -92,6 +114,9 @@ class Counters:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Counters:
         return cls(**{k: int(row.get(k, 0)) for k in cls.__dataclass_fields__})
+
+
+_new_counters = builder(Counters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,24 +290,22 @@ class Observation:
     horizon: str
     event: dict[str, Any]
 
-    @classmethod
-    def of(cls, monitor: str, seq: int, event: dict[str, Any]) -> Observation:
-        return cls(
-            monitor=monitor,
-            seq=seq,
-            type=event["type"],
-            subject=event.get("subject"),
-            actor=event.get("actor") or "",
-            origin=event.get("origin") or "",
-            tier=event.get("tier") or "",
-            horizon=event.get("horizon") or "",
-            event=event,
-        )
+    @staticmethod
+    def of(monitor: str, seq: int, event: dict[str, Any]) -> Observation:
+        get = event.get
+        return new_observation(
+            monitor, seq, event["type"], get("subject"), get("actor") or "", get("origin") or "",
+            get("tier") or "", get("horizon") or "", event,
+        )  # fmt: skip
 
     def to_wire(self, *, redelivered: bool = False) -> dict[str, Any]:
         if redelivered:
             return {**self.event, "redelivered": True}
         return dict(self.event)
+
+
+# The stores build one per row they read, the ledger one per append: positional, every field, no checks.
+new_observation = builder(Observation)
 
 
 # ===================================================================================== subscriptions

@@ -47,7 +47,14 @@ from typing import Any
 
 from monitor_protocol import __version__
 from monitor_protocol.core import wire
-from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+from monitor_protocol.core.records import (
+    Lease,
+    Monitor,
+    Observation,
+    PublishKey,
+    Subscription,
+    new_observation,
+)
 from monitor_protocol.core.store_contract import (
     Changes,
     GroupConflict,
@@ -189,7 +196,7 @@ def _lease(r: Row) -> Lease:
 
 
 def _observation(monitor: str, r: Row) -> Observation:
-    return Observation(
+    return new_observation(
         monitor, int(r[0]), dec(text(r[1])), dec(text(r[2])), dec(text(r[3])), dec(text(r[4])), dec(text(r[5])),
         dec(text(r[6])), wire.decode_trusted(r[7].decode()),
     )  # fmt: skip

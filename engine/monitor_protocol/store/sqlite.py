@@ -23,7 +23,14 @@ from typing import Any
 
 from monitor_protocol import __version__
 from monitor_protocol.core import wire
-from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
+from monitor_protocol.core.records import (
+    Lease,
+    Monitor,
+    Observation,
+    PublishKey,
+    Subscription,
+    new_observation,
+)
 from monitor_protocol.core.store_contract import (
     Changes,
     LogQuery,
@@ -131,7 +138,7 @@ MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to th
 
 
 def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
-    return Observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(r[7]))
+    return new_observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(r[7]))
 
 
 class SQLiteStore(Store):

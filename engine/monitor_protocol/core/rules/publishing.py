@@ -49,7 +49,7 @@ def check_idempotency_key(value: Any) -> str:
 
 def counted(counters: Counters, obs_type: str) -> Counters:
     """What one accepted publish of `obs_type` adds to a monitor's counters (an import recounts with it)."""
-    counters = counters.bump(observations=1)
+    counters = counters.observed()
     if obs_type.endswith(".contradiction"):
         return counters.bump(contradictions=1)
     if obs_type.endswith(".contradiction_resolved"):
