@@ -181,7 +181,7 @@ def test_every_story_step_shows_what_it_talks_about(any_browser):
 def test_a_gliding_marker_is_followed_to_where_it_goes(phone_browser):
     """Step 7's ack moves reader-a's marker from the first card to past the head, gliding there. The track
     is scrolled for where the marker ends, not for where it was when the step finished: the glide is
-    slowed to 5 s here so that the step's last redraw always finds it still on its way (on CI it
+    slowed to 15 s here so that the step's last redraw always finds it still on its way (on CI it
     sometimes did at the normal .45 s, and the marker glided off the phone's screen)."""
     page = open_page(phone_browser)
     for n in range(1, 7):  # steps 1-6, each done, then on to the next
@@ -190,7 +190,7 @@ def test_a_gliding_marker_is_followed_to_where_it_goes(phone_browser):
         nxt = "#story-dock-next" if page.is_visible("#story-dock-next") else "#story-next"
         act(page, nxt)
     assert page.inner_text("#story-count") == "Step 7 of 13"
-    page.add_style_tag(content=".lane .mark { transition-duration: 5s !important; }")
+    page.add_style_tag(content=".lane .mark { transition-duration: 15s !important; }")
     page.evaluate("window.scrollTo(0, 0)")
     act(page, "#story-do")
     moving = page.evaluate(f"document.querySelector({MARKER!r}).getAnimations().length")

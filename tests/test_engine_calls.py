@@ -171,6 +171,22 @@ def test_a_record_built_positionally_is_the_record_its_constructor_makes():
     with pytest.raises(TypeError, match="cannot write Clash"):
         builder(Clash)  # a field named like the written function's own local is refused, not shadowed
 
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Fine:
+        set_at: float
+
+    assert builder(Fine)(1.5) == Fine(1.5)  # only set_<n> is the written function's own
+
+
+def test_the_positional_builders_callers_name_the_fields_in_their_order():
+    """new_observation and Counters.observed pass every field by position (records.builder): a field
+    added or two swapped would put a value in the wrong field, so the order they are written for is held
+    here."""
+    observation = ("monitor", "seq", "type", "subject", "actor", "origin", "tier", "horizon", "event")
+    assert tuple(f.name for f in dataclasses.fields(Observation)) == observation
+    counters = ("observations", "delivered", "acted", "rejected", "contradictions", "contradictions_resolved")
+    assert tuple(f.name for f in dataclasses.fields(Counters)) == counters
+
 
 def test_the_lifecycle_tables():
     assert states.monitor_next(MonitorStatus.ACTIVE, "pause") is MonitorStatus.PAUSED

@@ -344,6 +344,7 @@ async def story_reload(_el) -> None:
 # ---------------------------------------------------------------------------------------- in view
 LOOK: dict[str, str] = {"pending": ""}
 DOCK_PX = 64  # the height the phone's step dock takes at the bottom of the screen
+EDGE_PX = 4  # how far inside the track's visible edge a marker followed there stops
 RELOADED_KEY = "mp-story-reloaded" + (f"--{js.MP.ns}" if str(js.MP.ns or "") else "")
 
 
@@ -380,9 +381,11 @@ def track_to_where_it_goes(node) -> None:
         return
     r, box = node.getBoundingClientRect(), scroller.getBoundingClientRect()
     left, right = r.left + shift, r.right + shift
-    by = max(0.0, right - box.right)
-    if left - by < box.left:
-        by = left - box.left
+    seen_left = box.left + scroller.clientLeft + EDGE_PX  # inside its border, a little clear of it
+    seen_right = box.left + scroller.clientLeft + scroller.clientWidth - EDGE_PX
+    by = max(0.0, right - seen_right)
+    if left - by < seen_left:
+        by = left - seen_left
     if by:
         scroller.scrollLeft = scroller.scrollLeft + by
 

@@ -9,6 +9,7 @@ is hidden by a naming convention.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -36,7 +37,7 @@ def builder(cls: type[R]) -> Any:
     field in declaration order, positionally, no checks and no defaults. The hot paths (an append, a
     stored row read) build a record per observation."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    taken = [n for n in names if n in ("new", "new_", "cls") or n.startswith("set_")]
+    taken = [n for n in names if n in ("new", "new_", "cls") or re.fullmatch(r"set_\d+", n)]
     if taken:  # the written function's own names: a field called so would be shadowed
         raise TypeError(f"builder cannot write {cls.__name__}: field(s) {taken}")
     return _written(cls, ", ".join(names), names)
