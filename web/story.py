@@ -361,8 +361,8 @@ def into_view(node, centre: bool = False) -> None:
 
 
 def still_to_glide(node) -> float:
-    """How far right `node` has still to travel: a reader's marker glides to its cursor (a transition on
-    `left`), so right after a redraw it is drawn where it was, not where it is going."""
+    """How far `node` has still to travel, in px (negative: to the left): a reader's marker glides to its
+    cursor (a transition on `left`), so right after a redraw it is drawn where it was, not where it goes."""
     going, now = str(node.style.left or ""), str(js.window.getComputedStyle(node).left or "")
     if not (going.endswith("px") and now.endswith("px")):
         return 0.0
