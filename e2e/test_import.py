@@ -135,6 +135,10 @@ def test_an_8_mib_import_shows_progress_takes_clicks_and_cancels(any_browser, tm
     path, lines = big_file(tmp_path)
     page = open_playground(any_browser)
     page.set_input_files("#share-file", str(path))
+    # The page's CPU slowed 4x while it checks, until Cancel is pressed: the check then outlasts the clicks
+    # below on any machine (CI once saw it end first, the cancel then finding nothing to cancel).
+    slow = page.context.new_cdp_session(page)
+    slow.send("Emulation.setCPUThrottlingRate", {"rate": 4})
     before = start(page, "#btn-share-import")
     # A slice at a time: the progress bar moves, short of the end.
     page.wait_for_function(
@@ -150,6 +154,7 @@ def test_an_8_mib_import_shows_progress_takes_clicks_and_cancels(any_browser, tm
     page.wait_for_selector("#tab-playground.view.active", timeout=ACT_MS)
     assert page.is_visible("#share-progress"), "the check ended before the page took the clicks"
     page.click("#btn-share-cancel")
+    slow.send("Emulation.setCPUThrottlingRate", {"rate": 1})
     finished(page, before, BIG_MS)
     answer = page.locator("#share-answer")
     assert answer.get_attribute("data-cancelled") == "1", answer.inner_text()
