@@ -667,13 +667,27 @@ MUTANTS = [
 ]  # fmt: skip
 
 
+def _forget_what_the_rules_remembered() -> None:
+    """The engine remembers names and claims its rules found good (validation._GOOD_ACTORS,
+    provenance._RESOLVED). What a mutant's broken rule let in must not be remembered as good by the next
+    mutant, or by the tests that run after these in the same process (a 257-character subscriber name)."""
+    validation_mod._GOOD_ACTORS.clear()
+    provenance_mod._RESOLVED.clear()
+
+
 async def _run(mutant: Mutant, monkeypatch: pytest.MonkeyPatch) -> Any:
-    with monkeypatch.context() as mp:
-        if mutant.patch is not None:
-            mutant.patch(mp)
-        cls = mutant.service
-        transport = InProcessTransport.create(service_factory=lambda store, clock: cls(store, clock=clock))
-        return await run_suite(transport)
+    _forget_what_the_rules_remembered()
+    try:
+        with monkeypatch.context() as mp:
+            if mutant.patch is not None:
+                mutant.patch(mp)
+            cls = mutant.service
+            transport = InProcessTransport.create(
+                service_factory=lambda store, clock: cls(store, clock=clock)
+            )
+            return await run_suite(transport)
+    finally:
+        _forget_what_the_rules_remembered()
 
 
 async def test_the_unbroken_engine_passes_every_check():
