@@ -192,3 +192,43 @@ def test_loads_refuses_exactly_what_the_walk_refuses(value: Any, depth: int) -> 
         else:
             assert expected is None, (raw, expected)
             assert got == parsed
+
+
+# The fast parse's two pre-checks (wire._has_long_number, wire._deeper_than) are judged against the plain
+# definitions they replace: a run of sixteen ASCII digits, and a container more than `levels` deep.
+def _depth(value: Any) -> int:
+    if type(value) is dict:
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if type(value) is list:
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=60) | st.text("0123456789 .,-e\u0660", max_size=60).map(str.encode))
+@example(b"1234567890123456")  # exactly sixteen
+@example(b"123456789012345 6")  # fifteen, then one more apart
+@example("٠١٢٣٤٥٦٧٨٩٠١٢٣٤٥".encode())  # Arabic-Indic digits are not JSON's: never a long number
+def test_a_long_number_is_a_run_of_sixteen_ascii_digits(raw: bytes) -> None:
+    import re
+
+    assert wire._has_long_number(raw) is (re.search(rb"[0-9]{16}", raw) is not None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(VALUES, st.integers(0, 40), st.integers(0, 40))
+def test_deeper_than_is_the_depth_of_the_value(value: Any, wrap: int, levels: int) -> None:
+    for _ in range(wrap):
+        value = [value] if wrap % 2 else {"k": value}
+    assert wire._deeper_than(value, levels) is (_depth(value) > levels)
+    assert wire._deeper_than([value, 1], levels) is (_depth(value) + 1 > levels)  # positive control: one more
+
+
+def test_a_fast_parse_refuses_a_long_integer_and_a_deep_batch(fast: wire.Codec) -> None:
+    with pytest.raises(wire.ProtocolError, match="2\\^53"):
+        wire.loads(b'[{"n": 1}, {"n": 12345678901234567}]')
+    assert wire.loads(b'[{"n": 1}, {"n": 1234567890123456}]')[1]["n"] == 1234567890123456  # below 2^53
+    deep = b"[" + b"{}," * 40 + b'{"a":' * 40 + b"1" + b"}" * 40 + b"]"
+    with pytest.raises(wire.ProtocolError, match="deeper"):
+        wire.loads(deep)
+    assert len(wire.loads(b"[" + b"{}," * 40 + b'{"a":' * 30 + b"1" + b"}" * 30 + b"]")) == 41
