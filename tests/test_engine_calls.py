@@ -14,6 +14,7 @@ from monitor_protocol.core.records import (
     Monitor,
     Observation,
     builder,
+    copier,
     evolve,
     new_observation,
 )
@@ -176,6 +177,23 @@ def test_a_record_built_positionally_is_the_record_its_constructor_makes():
         set_at: float
 
     assert builder(Fine)(1.5) == Fine(1.5)  # only set_<n> is the written function's own
+
+
+def test_a_record_copied_positionally_is_the_record_evolve_makes():
+    """copier(cls, names): a copy with `names` set from its arguments in that order (not the fields'
+    order), every other field as it was; what evolve makes with the same changes."""
+    m = Monitor(id="ci", owner="agent:o", owner_hash="h", created=1.0, updated=2.0, name="ci", head=3)
+    publish = copier(Monitor, ("head", "counters", "actors", "budget_used"))
+    changed = publish(m, 4, Counters(observations=4), ("agent:a",), 9)
+    assert changed == evolve(m, head=4, counters=Counters(observations=4), actors=("agent:a",), budget_used=9)
+    assert changed != evolve(m, head=4, counters=Counters(observations=4), actors=("agent:a",), budget_used=8)
+    assert (changed.name, changed.created, changed.updated, m.head) == ("ci", 1.0, 2.0, 3)  # m untouched
+    swapped = copier(Monitor, ("budget_used", "head"))(m, 4, 9)  # the names' order, not the fields'
+    assert (swapped.budget_used, swapped.head) == (4, 9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        changed.head = 5  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field"):
+        copier(Monitor, ("heads",))
 
 
 def test_the_positional_builders_callers_name_the_fields_in_their_order():

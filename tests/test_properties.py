@@ -105,3 +105,23 @@ def run_script(script):
     assert not owed  # and whatever a crashed reader held came back
     final = h.pull(sub, rt).body
     assert final["lag"] == 0 and final["observations"] == []
+
+
+# timefmt.iso remembers the second and the exact time it formatted last (a batch's items share one `now`):
+# whatever order times come in, its text is datetime's own, to the millisecond.
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 253402300799.0) | st.integers(0, 253402300799), min_size=1, max_size=8))
+@example([1.0, 1, 1.0])  # an int equal to the float before it
+@example([1.9999999, 1.9999999, 2.0])  # rounds up into the next second
+def test_a_time_is_formatted_as_datetime_formats_it(times: list[float]) -> None:
+    from datetime import UTC, datetime
+
+    from monitor_protocol.core import timefmt
+
+    for ts in [*times, *reversed(times)]:
+        dt = datetime.fromtimestamp(ts, tz=UTC)
+        expected = (
+            f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
+            f".{dt.microsecond // 1000:03d}Z"
+        )
+        assert timefmt.iso(ts) == expected

@@ -43,6 +43,19 @@ def builder(cls: type[R]) -> Any:
     return _written(cls, ", ".join(names), names)
 
 
+def copier(cls: type[R], changed: tuple[str, ...]) -> Any:
+    """`make(rec, *values)`: a copy of `rec` with the fields `changed` set, in that order, positionally. The
+    evolver's work without its keyword dict, for a rule that makes the same change on every call (a
+    publish's new version of its monitor). Fields appear only as `rec.<name>`: no name can shadow."""
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(changed) - set(names))
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
+    params = [f"v_{i}" for i in range(len(changed))]
+    values = [params[changed.index(n)] if n in changed else f"rec.{n}" for n in names]
+    return _written(cls, ", ".join(["rec", *params]), values)
+
+
 def _written(cls: type, params: str, values: list[str]) -> Any:
     """`def make(params)`: a new `cls` whose i-th field is the expression values[i], set through its
     slot's own setter. The frozen class refuses `setattr`, its `__init__` and `object.__setattr__` look

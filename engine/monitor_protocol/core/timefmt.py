@@ -10,25 +10,36 @@ from typing import Any
 RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
 
 
-_last_second: list[Any] = [None, ""]  # the second last formatted, and its "YYYY-MM-DDTHH:MM:SS"
+# The second last formatted with its "YYYY-MM-DDTHH:MM:SS", and the time last formatted with its text (a
+# batch's items share one `now`). Each is one tuple, replaced whole: engine threads (PostgreSQL's lanes)
+# may format at once, and a reader must never pair one time with another's text.
+_last_second: tuple[Any, str] = (None, "")
+_last: tuple[Any, str] = (None, "")
 
 
 def iso(ts: float) -> str:
     """`ts` as RFC 3339 UTC with milliseconds. The date and time of a second are formatted once (times come
     in runs: every observation of a burst shares its second); the microseconds round as datetime rounds
     them (half to even), so the text is the one datetime.fromtimestamp gives."""
+    global _last_second, _last
+    last_ts, last_text = _last
+    if last_ts == ts and type(ts) is float:
+        return last_text
     second = math.floor(ts)
     micro = round((ts - second) * 1e6)
     if micro >= 1_000_000:
         second += 1
         micro -= 1_000_000
-    cached = _last_second
-    if cached[0] != second:
+    cached_second, date_time = _last_second
+    if cached_second != second:
         dt = datetime.fromtimestamp(second, tz=UTC)
         # Four-digit year always (strftime's %Y gives "1" for year 1 on glibc, which is not RFC 3339).
-        cached[1] = f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
-        cached[0] = second
-    return f"{cached[1]}.{micro // 1000:03d}Z"
+        date_time = f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}"
+        _last_second = (second, date_time)
+    text = f"{date_time}.{micro // 1000:03d}Z"
+    if type(ts) is float:
+        _last = (ts, text)
+    return text
 
 
 def parse(value: str) -> float | None:

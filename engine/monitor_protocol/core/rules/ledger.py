@@ -10,7 +10,7 @@ from typing import Any
 from monitor_protocol.core import filters, timefmt, wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import COUNTS_AS_ATTEMPT, LeaseState, lease_next, subscription_next
-from monitor_protocol.core.records import Lease, Monitor, Observation, Subscription, evolve
+from monitor_protocol.core.records import Lease, Monitor, Observation, Subscription, copier, evolve
 from monitor_protocol.core.rules import events
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
@@ -30,10 +30,11 @@ def append(
     tx: Tx,
     monitor_id: str,
     build: Callable[[Monitor, int], dict[str, Any]],
-    also: Callable[[Monitor, Observation], dict[str, Any]] | None = None,
+    next_version: Callable[[Monitor, Observation], Monitor] | None = None,
 ) -> Observation:
-    """Append the event `build(monitor, seq)` at the next seq of this monitor's log. `also(monitor, obs)`
-    names other monitor fields this append changes, so the monitor gets one new version, not two."""
+    """Append the event `build(monitor, seq)` at the next seq of this monitor's log. The monitor's new
+    version is `next_version(monitor, obs)` (its head at obs.seq and whatever else this append changes:
+    one new version, not two), or the monitor with its head moved."""
     rec = tx.monitor(monitor_id)
     assert rec is not None
     seq = rec.head + 1
@@ -42,8 +43,13 @@ def append(
     tx.append(obs)
     if obs.subject is not None and not obs.type.startswith(PROTOCOL_PREFIX):
         tx.add_subject(rec.id, obs.subject)
-    tx.put_monitor(evolve(rec, head=seq, **(also(rec, obs) if also is not None else {})))
+    new = next_version(rec, obs) if next_version is not None else _with_head(rec, seq)
+    assert new.head == seq, "an append's new version of its monitor has its head at the new seq"
+    tx.put_monitor(new)
     return obs
+
+
+_with_head = copier(Monitor, ("head",))
 
 
 def append_protocol(

@@ -7,7 +7,7 @@ from typing import Any
 
 from monitor_protocol.core import timefmt, wire
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.records import Counters, LastSeen, Monitor, Observation, PublishKey, evolve
+from monitor_protocol.core.records import Counters, LastSeen, Monitor, Observation, PublishKey, copier, evolve
 from monitor_protocol.core.rules import events, provenance, state
 from monitor_protocol.core.rules.ledger import append, reject
 from monitor_protocol.core.rules.lookups import owner_monitor
@@ -173,21 +173,19 @@ def publish_one(
     # the last contact goes on growing, so stale_source means what it says.
     answered = not (prov.origin == "probe" and event_kwargs["data"].get("answered") is False)
 
-    def bookkeeping(m: Monitor, obs: Observation) -> dict[str, Any]:
+    def bookkeeping(m: Monitor, obs: Observation) -> Monitor:
         # Freshness is the server's: the publisher's `time` is its claim, kept on the event only. The day's
         # budget is spent in the same new version of the monitor.
-        contact = (
-            {"source_contact": now, "quiet_since": None}
-            if answered
-            else {"quiet_since": m.quiet_since if m.quiet_since is not None else now}
+        return _published(
+            m,
+            obs.seq,
+            counted(m.counters, obs.type),
+            LastSeen(obs.seq, now, obs.type),
+            with_actor(m.actors, prov.actor),
+            now if answered else m.source_contact,
+            None if answered else m.quiet_since if m.quiet_since is not None else now,
+            *(budget or (m.budget_day, m.budget_used)),
         )
-        return {
-            "counters": counted(m.counters, obs.type),
-            "last": LastSeen(obs.seq, now, obs.type),
-            "actors": with_actor(m.actors, prov.actor),
-            **contact,
-            **budget,
-        }
 
     obs = append(
         tx,
@@ -228,12 +226,20 @@ def idempotency_key(body: Any, header_key: str | None) -> str | None:
     return body_key if body_key is not None else header_key
 
 
-def spend_budget(rec: Monitor, now: float) -> dict[str, Any]:
+# What one accepted publish changes in its monitor, in this order (`_published(monitor, *values)`).
+_published = copier(
+    Monitor,
+    ("head", "counters", "last", "actors", "source_contact", "quiet_since", "budget_day", "budget_used"),
+)
+
+
+def spend_budget(rec: Monitor, now: float) -> tuple[str, int] | None:
     """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it): the
-    monitor's fields one more accepted observation changes (none without a cap)."""
+    monitor's budget_day and budget_used once one more observation is accepted (None without a cap: they
+    do not change)."""
     cap = (rec.limits or {}).get("observations_per_day") if rec.limits else None
     if not isinstance(cap, int) or isinstance(cap, bool):
-        return {}
+        return None
     day = timefmt.iso(now)[:10]
     count = rec.budget_used if rec.budget_day == day else 0
     if count >= cap:
@@ -245,7 +251,7 @@ def spend_budget(rec: Monitor, now: float) -> dict[str, Any]:
             window="day",
             day=day,
         )
-    return {"budget_day": day, "budget_used": count + 1}
+    return day, count + 1
 
 
 PUBLISH_FIELDS = frozenset(
@@ -312,8 +318,8 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, An
         data = {}
     if not isinstance(data, dict):
         raise invalid("data must be a JSON object (your fields stay at its top level).")
-    reserved = sorted({"tags", "provenance"} & set(data))
-    if reserved:
+    if "tags" in data or "provenance" in data:
+        reserved = sorted({"tags", "provenance"} & set(data))
         raise invalid(f"data may not carry {reserved}: send tags in the request's tags field.")
     tags = body.get("tags", {})
     if tags is None:
