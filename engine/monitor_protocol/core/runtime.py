@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
-from monitor_protocol.core.records import Monitor, Subscription, evolve
+from monitor_protocol.core.records import Monitor, Subscription, copier
 from monitor_protocol.core.store_contract import StorageError, Store
 from monitor_protocol.core.tx import ExclusiveNeeded, Tx
 from monitor_protocol.core.vocab import (
@@ -57,6 +57,9 @@ SHARED_EXACT_MUTE_SECONDS = 600.0
 
 Listener = Callable[[str, int], None]
 T = TypeVar("T")
+
+
+_alive = copier(Subscription, ("mute_since", "last_pull"))  # a pending sign of life, applied
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,7 +289,7 @@ class ServiceCore(ABC):
             return sub
         # Pending signs of life come from pulls only (touch and subscribe store theirs at once).
         last = seen if sub.last_pull is None else max(seen, sub.last_pull)
-        return evolve(sub, mute_since=seen, last_pull=last)
+        return _alive(sub, seen, last)
 
     def last_pull_of(self, monitor: Monitor) -> float | None:
         seen = self._monitor_pulls.get(monitor.id)

@@ -13,7 +13,7 @@ from typing import Any
 from monitor_protocol.core import filters, netguard, tokens
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import SubscriptionState
-from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscription, evolve
+from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscription, copier, evolve
 from monitor_protocol.core.rules.ledger import (
     append_protocol,
     lag,
@@ -48,8 +48,16 @@ from monitor_protocol.core.vocab import (
     T_SUBSCRIBED,
 )
 
+# A reader's usual changes, made on every pull and ack (records.copier: positional, no keyword dicts).
+_delivered = copier(Subscription, ("hwm", "last_pull", "mute_since"))
+_seen = copier(Subscription, ("last_pull", "mute_since"))
+_moved = copier(Subscription, ("cursor",))
+_acked = copier(Subscription, ("last_ack",))
+
 
 # ===================================================================================== subscribe
+
+
 def _grant_of(
     rec: Monitor, existing: Subscription | None, token: str | None, asked: Any
 ) -> tuple[list[str], str]:
@@ -518,7 +526,7 @@ def _record_delivery(
     new_hwm = max(hwm, page.batch[-1].seq) if page.batch else hwm
     fresh = sum(1 for obs in page.batch if obs.seq > hwm)
     if new_hwm != hwm or fresh or page.changed or core.must_store_life(rec, stored, now):
-        sub = tx.put_subscription(evolve(sub, hwm=new_hwm, last_pull=now, mute_since=now))
+        sub = tx.put_subscription(_delivered(sub, new_hwm, now, now))
         if delivered is None:
             count_deliveries(tx, rec, fresh)
         else:
@@ -526,7 +534,7 @@ def _record_delivery(
     else:
         tx.life[sub.id] = now  # remembered, not written
         tx.monitor_pulls[rec.id] = now
-        sub = evolve(sub, last_pull=now, mute_since=now)
+        sub = _seen(sub, now, now)
     core.schedule(now + core.mute_seconds(rec, sub))
     return sub
 
@@ -642,9 +650,9 @@ def ack(
         )
     if max(target, 1) == max(current, 1) and sub.last_ack is not None and sub.last_ack.cursor == current:
         return dict(sub.last_ack.reply)  # an identical ack returns the prior result (C20)
-    sub = evolve(sub, cursor=target)
+    sub = _moved(sub, target)
     reply = {"subscription": sub.id, "cursor": target, "head": head, "lag": lag(tx, rec, sub)}
-    tx.put_subscription(evolve(sub, last_ack=AckMemo(target, reply)))
+    tx.put_subscription(_acked(sub, AckMemo(target, reply)))
     return dict(reply)
 
 
