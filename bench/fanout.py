@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="200 readers, 2 rounds")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
     path = RESULTS / "fanout.json"
     if args.markdown:
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     n, rounds = (200, 2) if args.quick else (args.n, args.runs)
     result = {"machine": machine(), **run(n, rounds)}
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.no_write:
+        path.write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
     return 0
 

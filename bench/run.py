@@ -773,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
         forward = ["--quick"] if args.quick else []
         forward += ["--runs", str(args.runs)] if args.runs else []
         forward += ["--markdown"] if args.markdown else []
+        forward += ["--no-write"] if args.no_write else []
         return int(module.main(forward))
     if args.peers and args.only:
         ap.error("--peers runs on its own; it does not combine with --only")

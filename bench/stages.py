@@ -434,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--markdown", action="store_true", help="print the last result as a table")
+    ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
     path = RESULTS / "stages.json"
     if args.markdown:
@@ -447,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_after": round(os.getloadavg()[0], 2),
         "stages": stages,
     }
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    if not args.no_write:
+        path.write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
     return 0
 

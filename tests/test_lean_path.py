@@ -218,6 +218,58 @@ async def test_readers_woken_together_are_rechecked_in_one_call_that_reads_once(
         assert [o["subject"] for o in body["observations"]] == ["build-9"]
 
 
+async def test_woken_readers_replies_are_written_from_the_engines_answer(door) -> None:
+    """The readers one append woke get their replies in the engine's answer callback, before any of their
+    waits winds down (each would take its own chain of task steps: 30 of the 100 ms 1,000 readers took)."""
+    server, service, _store = door
+    owner, subs = feed(service, 5)
+    held_at_write: list[int] = []
+
+    class Watching(Transport):
+        def write(self, data: bytes) -> None:
+            held_at_write.append(server.app.metrics.parked_polls)  # the long polls still held
+            super().write(data)
+
+    readers = []
+    for sid, token in subs:
+        conn, transport = HttpConnection(server), Watching()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(get(f"/mp/v0/subscriptions/{sid}/pull?wait=30&limit=10", token))
+        readers.append(transport)
+    await until(lambda: server.app.waiters.parked_on("ci") == len(subs), "every poll to park")
+    writer, _ = connect(server)
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "b-1"}, owner))
+    await until(lambda: all(t.replies() for t in readers), "every reader's reply")
+    assert held_at_write == [len(subs)] * len(subs)  # every reply written while all five still waited
+    await until(lambda: server.app.metrics.parked_polls == 0, "the waits to wind down")
+    for transport, (sid, _token) in zip(readers, subs, strict=True):
+        [(status, body)] = transport.replies()  # one reply each, not a second from the wait's end
+        assert status == 200 and body["subscription"] == sid
+        assert [o["subject"] for o in body["observations"]] == ["b-1"]
+    # control: a reader whose re-check still finds nothing for it (another subject) is not answered now;
+    # it waits on, and its reply comes through the wait when its own observation arrives
+    odd = service.subscribe(
+        {"monitor": "ci", "subscriber": "agent:odd", "filter": {"types": [RUN], "subjects": ["mine"]}}, None
+    )
+    sid, token = odd["subscription"]["id"], odd["token"]
+    service.ack(sid, token, {"cursor": service.pull(sid, token)["next"]})
+    conn, transport = connect(server)
+    conn.data_received(get(f"/mp/v0/subscriptions/{sid}/pull?wait=30", token))
+    await until(lambda: server.app.waiters.parked_on("ci") == 1, "the odd poll to park")
+    rechecks: list[int] = []
+    original = service.pull_many
+    service.pull_many = lambda asks: rechecks.append(len(asks)) or original(asks)  # type: ignore[method-assign]
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "other"}, owner))
+    await until(
+        lambda: rechecks == [1] and server.app.waiters.parked_on("ci") == 1, "the re-check, parked again"
+    )
+    assert transport.replies() == [] and server.app.metrics.parked_polls == 1
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "mine"}, owner))
+    await until(lambda: transport.replies(), "the odd reader's reply")
+    [(status, body)] = transport.replies()
+    assert status == 200 and [o["subject"] for o in body["observations"]] == ["mine"]
+
+
 async def test_a_refused_reader_costs_the_others_nothing(door) -> None:
     _server, service, _store = door
     owner, subs = feed(service, 3)

@@ -50,6 +50,10 @@ class LongPoll:
     pull: tuple[Any, ...] | None = None
     headers: dict[str, str] = field(default_factory=dict)
     route: str | None = None
+    # Where the door writes the final reply of a woken re-check at once, from the engine's answer (the HTTP
+    # door's connection): the 1,000 readers one append woke get their replies in that one callback, not
+    # each after its own chain of task steps. None: the reply comes back through the wait (parking.hold).
+    reply_now: Callable[[Response], None] | None = None
 
 
 @dataclass

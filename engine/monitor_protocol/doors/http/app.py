@@ -205,7 +205,7 @@ class MonitorApp:
         def answered(done: asyncio.Future[list[tuple[Response, int]]]) -> None:
             exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
             replies = None if exc is not None else done.result()
-            for i, (_poll, outcome) in enumerate(woken):
+            for i, (poll, outcome) in enumerate(woken):
                 if outcome.done():
                     continue
                 if replies is None:
@@ -213,6 +213,8 @@ class MonitorApp:
                 else:
                     response, mark = replies[i]
                 waiting = response.long_poll.monitor if response.long_poll is not None else None
+                if waiting is None and poll.reply_now is not None:
+                    poll.reply_now(response)  # the answer: written now, the wait winds down after
                 outcome.set_result((response, waiting, mark))
 
         try:

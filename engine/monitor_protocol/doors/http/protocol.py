@@ -709,7 +709,24 @@ class HttpServer:
             await asyncio.shield(conn.gone)  # a waiter cancelled must not cancel the connection's own
             return {"type": "http.disconnect"}
 
+        replied = False
+
+        def reply_now(answer: Response) -> None:
+            # A woken re-check's final reply, written from the engine's answer (MonitorApp._recheck_woken).
+            nonlocal replied
+            replied = True
+            answer.long_poll = None
+            try:
+                conn.reply(pending, answer)
+            except Exception:  # the reply could not be made: say so and end the connection, never hang it
+                log.exception("answering a woken long poll failed (%s)", pending.request.path)
+                conn.unanswerable(pending)
+
+        assert response.long_poll is not None
+        response.long_poll.reply_now = reply_now
         held = await self.app.hold_long_poll(pending.request, response, mark, receive)
+        if replied:
+            return
         if held is None:
             conn.done(close=True)  # the client left while waiting
         else:
