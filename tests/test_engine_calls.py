@@ -194,6 +194,27 @@ def test_a_record_copied_positionally_is_the_record_evolve_makes():
         changed.head = 5  # type: ignore[misc]
     with pytest.raises(TypeError, match="no field"):
         copier(Monitor, ("heads",))
+    with pytest.raises(TypeError, match="named twice"):
+        copier(Monitor, ("head", "head"))  # its second value would be dropped
+
+
+def test_a_pending_sign_of_life_moves_the_mute_clock_and_never_back_the_last_pull():
+    """ServiceCore.alive applies a pull's remembered sign of life (the lazy mute clock): mute_since moves
+    to it; last_pull to it too, unless the stored last_pull is later (it never goes back)."""
+    from monitor_protocol.core.records import Subscription
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store.memory import MemoryStore
+
+    core = MonitorService(MemoryStore())
+    sub = Subscription(
+        id="s", monitor="ci", subscriber="agent:a", token_hash="h", created=0.0, mute_since=1.0
+    )
+    core._life["s"] = 5.0
+    assert (core.alive(sub).mute_since, core.alive(sub).last_pull) == (5.0, 5.0)
+    later = evolve(sub, last_pull=9.0)
+    assert (core.alive(later).mute_since, core.alive(later).last_pull) == (5.0, 9.0)
+    core._life["s"] = 0.5  # control: a sign of life older than the stored clock changes nothing
+    assert core.alive(later) is later
 
 
 def test_the_positional_builders_callers_name_the_fields_in_their_order():

@@ -256,6 +256,13 @@ def test_budget_and_evidence_limits(h):
     over = h.publish("ci", tok, actor="probe:ci")
     assert over.status == 429 and over.body["code"] == "OVER_BUDGET" and over.body["limit"] == 2
     assert "rejected_seq" in over.body
+    # a cap lifted for a while and set again the same day: the day's count was kept, not restarted
+    assert h.service.configure("ci", "update", {"patch": {"limits": {"require_evidence": True}}}, tok)
+    assert h.publish("ci", tok, actor="probe:ci").status == 201  # no cap: accepted, the count untouched
+    assert h.service.configure(
+        "ci", "update", {"patch": {"limits": {"observations_per_day": 2, "require_evidence": True}}}, tok
+    )
+    assert h.publish("ci", tok, actor="probe:ci").body["code"] == "OVER_BUDGET"
     h.clock.advance(86400)
     assert h.publish("ci", tok, actor="probe:ci").status == 201  # control: a new day, a new budget
     sub, rt = h.subscribe("ci", tok, capabilities=["act"])

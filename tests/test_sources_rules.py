@@ -397,9 +397,12 @@ def test_a_non_answer_is_kept_but_is_no_contact_and_stale_source_becomes_real(h)
     st = state(h, tok)
     assert st["ages"]["since_last_source_contact_s"] == 30 and "stale_source" not in st["confidence"]["gaps"]
     assert st["source"]["answering"] is True
+    since = []
     for _ in range(4):  # not answering, every 20 s: each kept in the log, none of them contact
         h.clock.advance(20)
         h.service.publish_as_source("ci", sources.fetch_body(plan, 503, 5, b"", 0))
+        since.append(state(h, tok)["source"]["not_answering_since"])
+    assert since == [since[0]] * 4  # not answering since the first non-answer, not since the last
     st = state(h, tok)
     assert st["ages"]["since_last_observation_s"] == 0
     assert st["ages"]["since_last_source_contact_s"] == 110

@@ -51,6 +51,8 @@ def copier(cls: type[R], changed: tuple[str, ...]) -> Any:
     unknown = sorted(set(changed) - set(names))
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {unknown}")
+    if len(set(changed)) != len(changed):  # the second value of a name given twice would be dropped
+        raise TypeError(f"copier of {cls.__name__}: a field named twice in {changed}")
     params = [f"v_{i}" for i in range(len(changed))]
     values = [params[changed.index(n)] if n in changed else f"rec.{n}" for n in names]
     return _written(cls, ", ".join(["rec", *params]), values)

@@ -121,8 +121,10 @@ def _has_long_number(raw: bytes) -> bool:
     return _SIXTEEN_DIGITS in raw.translate(_DIGITS_AS_ZERO)
 
 
-_vetted: Any = None  # the last value `loads` returned, checked whole: `check` knows it (see there)
-_vetted_items: frozenset[int] = frozenset()  # and, when it is an array (a batch), the ids of its items
+# The last value `loads` returned, checked whole, and when it is an array (a batch) the ids of its items:
+# `check` knows them (see there). One tuple, replaced whole: a door may parse on one thread while the engine
+# checks on another, and the ids are only theirs while the tuple holds the value they belong to.
+_vetted: tuple[Any, frozenset[int]] = (None, frozenset())
 
 
 def loads(raw: bytes | str) -> Any:
@@ -171,9 +173,8 @@ def _as_utf8(raw: bytes | str) -> bytes:
 
 def _vet(value: Any) -> Any:
     """Remember a value `loads` checked whole (and a batch's items), so `check` does not walk it again."""
-    global _vetted, _vetted_items
-    _vetted = value
-    _vetted_items = frozenset(map(id, value)) if type(value) is list else frozenset()
+    global _vetted
+    _vetted = (value, frozenset(map(id, value)) if type(value) is list else frozenset())
     return value
 
 
@@ -304,7 +305,8 @@ def check(value: Any) -> Any:
     """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise. The value
     `loads` last returned was checked whole as it was parsed and is not walked again (a door hands the
     engine what it just parsed; nothing changes it in between)."""
-    if value is not None and (value is _vetted or id(value) in _vetted_items):
+    vetted, items = _vetted
+    if value is not None and (value is vetted or id(value) in items):
         return value  # _vetted holds the batch, so its items' ids are theirs alone while it is there
     reason = problem(value)
     if reason is not None:
