@@ -270,6 +270,27 @@ async def test_woken_readers_replies_are_written_from_the_engines_answer(door) -
     assert status == 200 and [o["subject"] for o in body["observations"]] == ["mine"]
 
 
+async def test_a_request_pipelined_behind_a_woken_long_poll_is_answered_after_it(door) -> None:
+    """The woken poll's reply, written from the engine's answer, frees its connection for the request
+    pipelined behind it: both are answered, in order, on a connection that stays open."""
+    server, service, _store = door
+    owner, [(sid, token)] = feed(service, 1)
+    conn, transport = connect(server)
+    conn.data_received(
+        get(f"/mp/v0/subscriptions/{sid}/pull?wait=30", token) + get("/mp/v0/monitors/ci/state", owner)
+    )
+    await until(lambda: server.app.waiters.parked_on("ci") == 1, "the poll to park")
+    assert transport.replies() == []  # the state waits its turn behind the poll
+    writer, _ = connect(server)
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "p-1"}, owner))
+    await until(lambda: len(transport.replies()) == 2, "both replies")
+    await until(lambda: server.app.metrics.parked_polls == 0, "the wait to wind down")
+    (s1, b1), (s2, b2) = transport.replies()
+    assert s1 == 200 and [o["subject"] for o in b1["observations"]] == ["p-1"]
+    assert s2 == 200 and b2["head"] == int(b1["observations"][0]["id"])  # read after the publish
+    assert len(transport.replies()) == 2 and not transport.closing  # nothing written twice, still open
+
+
 async def test_a_refused_reader_costs_the_others_nothing(door) -> None:
     _server, service, _store = door
     owner, subs = feed(service, 3)
