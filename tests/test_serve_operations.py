@@ -435,6 +435,32 @@ def test_metrics_count_what_the_server_does(tmp_path):
     assert backlog < metric(before.text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
     # Ids never become route labels: the label set stays bounded.
     assert "metered" not in "".join(line for line in text.splitlines() if line.startswith("mp_http_requests"))
+    # What startup made is kept out of the collector's walks, and the collector's pauses are reported per
+    # generation (counted while watched: test_the_collector_pauses_are_counted_while_watched).
+    assert metric(text, "mp_gc_frozen_objects") > 10_000
+    for g in ("0", "1", "2"):
+        assert metric(text, "mp_gc_pauses_total", generation=g) >= 0
+        assert (
+            0
+            <= metric(text, "mp_gc_pause_seconds_max", generation=g)
+            <= metric(text, "mp_gc_pause_seconds_total", generation=g)
+        )
+
+
+def test_the_collector_pauses_are_counted_while_watched():
+    import gc
+
+    from monitor_protocol.doors.http.ops import CollectorPauses
+
+    pauses = CollectorPauses()
+    pauses.watch()
+    try:
+        gc.collect()
+        assert pauses.count[2] == 1 and pauses.seconds[2] == pauses.longest[2] > 0
+    finally:
+        pauses.unwatch()
+    gc.collect()  # control: no longer watched, no longer counted
+    assert pauses.count[2] == 1 and pauses._phase not in gc.callbacks
 
 
 def test_metrics_refuse_browsers_and_rebinding(tmp_path):

@@ -91,6 +91,7 @@ def serve(
     """Run the app on `sock` until SIGINT or SIGTERM: its startup, the server, then a drain (idle connections
     closed, long polls answered, streams ended, busy connections given GRACEFUL_SHUTDOWN_SECONDS) and its
     shutdown (background tasks stopped, the store closed)."""
+    from monitor_protocol.doors.http.ops import GC_PAUSES, settle_heap
     from monitor_protocol.doors.http.protocol import HttpServer
 
     log = logging.getLogger("monitor_protocol.http")
@@ -101,6 +102,8 @@ def serve(
         for sig in stop_signals:
             loop.add_signal_handler(sig, stop.set)
         await app.startup()
+        GC_PAUSES.watch()
+        log.debug("%d objects of startup kept out of the collector's walks", settle_heap())
         server = HttpServer(
             app,
             header_timeout=header_timeout,
@@ -116,6 +119,7 @@ def serve(
             log.info("Shutting down")
             await server.shutdown(GRACEFUL_SHUTDOWN_SECONDS)
             await app.shutdown()
+            GC_PAUSES.unwatch()
             for sig in stop_signals:
                 loop.remove_signal_handler(sig)
 
