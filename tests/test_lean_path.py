@@ -291,6 +291,38 @@ async def test_a_request_pipelined_behind_a_woken_long_poll_is_answered_after_it
     assert len(transport.replies()) == 2 and not transport.closing  # nothing written twice, still open
 
 
+async def test_a_woken_polls_task_ending_late_leaves_the_next_request_its_connection(door) -> None:
+    """The poll answered from the engine's answer still has a task winding down; if that task is cancelled
+    then (a shutdown's sweep, say), the connection now serving the request pipelined behind it stays open."""
+    server, service, _store = door
+    owner, [(sid, token)] = feed(service, 1)
+    tasks: list[asyncio.Task[Any]] = []
+
+    class Cancelling(Transport):
+        def write(self, data: bytes) -> None:
+            super().write(data)
+            for task in tasks:  # the first poll's task, cancelled as its reply is written
+                assert not task.done()
+                task.cancel()
+            tasks.clear()
+
+    conn, transport = HttpConnection(server), Cancelling()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.data_received(
+        get(f"/mp/v0/subscriptions/{sid}/pull?wait=30", token) + get("/mp/v0/monitors/ci/state", owner)
+    )
+    await until(lambda: server.app.waiters.parked_on("ci") == 1, "the first poll to park")
+    tasks.extend(t for t in asyncio.all_tasks() if "_long_poll" in repr(t.get_coro()))
+    assert len(tasks) == 1
+    writer, _ = connect(server)
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "c-1"}, owner))
+    await until(lambda: len(transport.replies()) == 2, "both replies")
+    await asyncio.sleep(0.01)  # the cancelled task's end has run
+    (s1, b1), (s2, b2) = transport.replies()
+    assert (s1, s2) == (200, 200) and [o["subject"] for o in b1["observations"]] == ["c-1"]
+    assert not transport.closing  # before the fix, the late cancel closed the connection of the second
+
+
 async def test_a_refused_reader_costs_the_others_nothing(door) -> None:
     _server, service, _store = door
     owner, subs = feed(service, 3)

@@ -213,9 +213,12 @@ class MonitorApp:
                 else:
                     response, mark = replies[i]
                 waiting = response.long_poll.monitor if response.long_poll is not None else None
+                outcome.set_result((response, waiting, mark))  # its waiter resumes on a later loop step
                 if waiting is None and poll.reply_now is not None:
-                    poll.reply_now(response)  # the answer: written now, the wait winds down after
-                outcome.set_result((response, waiting, mark))
+                    try:
+                        poll.reply_now(response)  # the answer: written now, the wait winds down after
+                    except Exception:  # one reader's failed write must not strand the others' replies
+                        log.exception("writing a woken long poll's reply failed")
 
         try:
             self.engine.submit(job).add_done_callback(answered)

@@ -115,7 +115,7 @@ class _Pending:
     """One parsed request waiting for its turn on its connection, with what only the bridge needs; or, with
     ``refusal`` set, the connection's own 400 for what could not be parsed, written in its turn."""
 
-    __slots__ = ("request", "keep_alive", "too_large", "http_version", "query_string", "refusal")
+    __slots__ = ("request", "keep_alive", "too_large", "http_version", "query_string", "refusal", "answered")
 
     def __init__(
         self,
@@ -132,6 +132,7 @@ class _Pending:
         self.http_version = http_version
         self.query_string = query_string
         self.refusal = refusal
+        self.answered = False  # its reply was written (HttpConnection.reply)
 
 
 class HttpConnection(asyncio.Protocol):
@@ -481,6 +482,7 @@ class HttpConnection(asyncio.Protocol):
             data = data[: data.index(b"\r\n\r\n") + 4]
         transport.write(data)
         self._answered = pending
+        pending.answered = True
         if self.server.access_log:
             self._log_access(pending, response.status)
         self.done(close=close)
@@ -686,8 +688,12 @@ class HttpServer:
         task = self.loop.create_task(work)
 
         def finished(done: asyncio.Task[Any]) -> None:
+            # A request already answered (a woken long poll's reply is written from the engine's answer, and
+            # its task winds down after) leaves its connection alone: it may be serving the next request.
+            answered = pending.answered
             if done.cancelled():
-                conn.done(close=True)
+                if not answered:
+                    conn.done(close=True)
                 return
             exc = done.exception()
             if exc is not None:
@@ -697,7 +703,7 @@ class HttpServer:
                     pending.request.path,
                     exc_info=exc,
                 )
-                if conn.transport is not None:
+                if conn.transport is not None and not answered:
                     conn.transport.close()
 
         task.add_done_callback(finished)
@@ -715,7 +721,6 @@ class HttpServer:
             # A woken re-check's final reply, written from the engine's answer (MonitorApp._recheck_woken).
             nonlocal replied
             replied = True
-            answer.long_poll = None
             try:
                 conn.reply(pending, answer)
             except Exception:  # the reply could not be made: say so and end the connection, never hang it

@@ -102,23 +102,25 @@ def serve(
         for sig in stop_signals:
             loop.add_signal_handler(sig, stop.set)
         await app.startup()
-        GC_PAUSES.watch()
-        log.debug("%d objects of startup kept out of the collector's walks", settle_heap())
-        server = HttpServer(
-            app,
-            header_timeout=header_timeout,
-            body_timeout=body_timeout,
-            keep_alive=keep_alive,
-            access_log=access_log,
-        )
-        await server.listen(sock)
-        log.info("Application startup complete.")
+        GC_PAUSES.watch()  # from here on (settle_heap's own full collection is the first it counts)
         try:
-            await stop.wait()
+            log.debug("%d objects of startup kept out of the collector's walks", settle_heap())
+            server = HttpServer(
+                app,
+                header_timeout=header_timeout,
+                body_timeout=body_timeout,
+                keep_alive=keep_alive,
+                access_log=access_log,
+            )
+            await server.listen(sock)
+            log.info("Application startup complete.")
+            try:
+                await stop.wait()
+            finally:
+                log.info("Shutting down")
+                await server.shutdown(GRACEFUL_SHUTDOWN_SECONDS)
+                await app.shutdown()
         finally:
-            log.info("Shutting down")
-            await server.shutdown(GRACEFUL_SHUTDOWN_SECONDS)
-            await app.shutdown()
             GC_PAUSES.unwatch()
             for sig in stop_signals:
                 loop.remove_signal_handler(sig)
