@@ -14,7 +14,7 @@ from monitor_protocol.api.operations import Operation, Param
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.service import MonitorService
-from monitor_protocol.core.store_contract import StorageError
+from monitor_protocol.core.store_contract import GroupConflict, StorageError
 from monitor_protocol.core.vocab import JSONRPC_CODE, MAX_RPC_BATCH
 
 log = logging.getLogger("monitor_protocol.jsonrpc")
@@ -122,11 +122,19 @@ def handle(service: MonitorService, raw: bytes, bearer: str | None) -> Response:
         try:
             with group() if group is not None else contextlib.nullcontext():
                 replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
+        except GroupConflict:
+            # Rolled back, nothing of it kept (a shared store found a row it remembered changed, or refused
+            # one call's statement): every call once more, each in a transaction of its own.
+            service.drop_appends()
+            replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
         except StorageError as exc:  # the group commit itself failed: nothing of the batch was written
             from monitor_protocol.core.errors import storage_unavailable
 
+            service.drop_appends()
             err = storage_unavailable(str(exc) or type(exc).__name__)
             return Response(503, err.body(), dict(err.headers))
+        else:
+            service.release_appends()  # a shared store's group holds its appends for after its commit
         return Response(200, replies) if replies else Response(204, None)
     reply = call_one(service, payload, bearer)
     return Response(200, reply) if reply is not None else Response(204, None)

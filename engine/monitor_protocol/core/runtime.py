@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
 from monitor_protocol.core.records import Monitor, Subscription, copier
-from monitor_protocol.core.store_contract import StorageError, Store
+from monitor_protocol.core.store_contract import StaleRead, StorageError, Store
 from monitor_protocol.core.tx import ExclusiveNeeded, Tx
 from monitor_protocol.core.vocab import (
     DEFAULT_LEASE_SECONDS,
@@ -156,6 +156,8 @@ class ServiceCore(ABC):
                     self.store.apply(changes)
         except ExclusiveNeeded:  # rolled back before anything was written: again, its monitor's lock whole
             return self._call(fn, lazy_sweep=False)
+        except StaleRead:  # a row the store remembered had changed: nothing written, again, reading it
+            return self._call(fn, lazy_sweep=False, reader=reader)
         except StorageError as exc:  # rolled back: nothing half-written, and the client should retry
             detail = str(exc) or type(exc).__name__
             raise storage_unavailable(

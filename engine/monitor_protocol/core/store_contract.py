@@ -165,6 +165,14 @@ class GroupConflict(BaseException):
     as the request's own failure."""
 
 
+class StaleRead(GroupConflict):
+    """A shared store answered a read under a lock from its memory of the row (PostgresStore: the monitor's
+    row as this server last read or wrote it), and the database, checking that memory when the lock was
+    taken, found the row changed by another writer: the call's transaction is aborted, nothing of it was
+    written, and the engine runs the call again, this time reading the row (core/runtime.py). In a group
+    commit it is the group's conflict: the group is rolled back and each call runs again by itself."""
+
+
 class Store(ABC):
     stats: StoreStats
     writes_at_commit = False  # see the module's docstring

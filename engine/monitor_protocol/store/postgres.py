@@ -21,10 +21,13 @@ later call asking for any other lock raises GroupConflict before anything of it 
 back and its calls run alone), so a group never waits for a lock it did not start with and two servers'
 groups cannot take locks in opposite orders.
 
-What a call sends (bench/scaleout.py counts it; tests/test_postgres_store.py holds the count): the lock and
+What a call sends (bench/scaleout.py counts it; tests/test_postgres_calls.py holds the count): the lock and
 the reads under it in one statement, a log read when the rule reads the log, and every write of the call in
 one more, in an implicit transaction ended by a Sync (store/postgres_wire.py): a publish is two statements, an
-ack+pull three. Within a call, what was read under a lock is not read twice.
+ack+pull two. Within a call, what was read under a lock is not read twice. A monitor locked whole whose row
+this server remembers is not read at all: its lock goes with the call's next statement, carrying the row for
+the database to compare under the lock (get_monitor, LOCK_AS_READ_SQL), so a publish is one round trip; a row
+changed meanwhile aborts the transaction before any write of it runs, and the call runs again (StaleRead).
 
 Between servers (store/postgres_link.py): appends are announced with NOTIFY `mp_append` (delivered at commit)
 and heard by a LISTEN connection of each other server, which wakes its parked readers; sweeps and HTTP push
@@ -42,6 +45,7 @@ import contextlib
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +63,7 @@ from monitor_protocol.core.store_contract import (
     Changes,
     GroupConflict,
     LogQuery,
+    StaleRead,
     StorageError,
     Store,
     StoreStats,
@@ -77,6 +82,7 @@ from monitor_protocol.store.postgres_link import (
 )
 from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
 from monitor_protocol.store.postgres_sql import (
+    AS_READ_FUNCTION,
     CHANNEL,
     GET_LEASE,
     GET_MONITOR,
@@ -123,6 +129,10 @@ MAX_SEQ = 2**63 - 1
 KNOWN_SUBJECTS_MAX = (
     100_000  # (monitor, subject) pairs remembered as stored: a subject seen again costs nothing
 )
+# After a monitor's row was found changed under this server's memory of it (another server wrote it, or the
+# readers' counts were folded in), its row is read with its lock for this long before memory is trusted again:
+# a monitor two servers write in turn costs at most a few wasted round trips a second, not one per call.
+DOUBT_SECONDS = 0.2
 
 # The tests' names for the prefix code (store/postgres_sql.py).
 _enc, _dec = enc, dec
@@ -167,6 +177,13 @@ class _Decoded:
         if len(self._seen) >= self._limit:
             self._seen.clear()
         self._seen[r[0]] = (r, rec)
+
+    def known(self, key: bytes) -> tuple[Row, Any] | None:
+        """The row last read or written under `key` (its first column's text) and its record, if any."""
+        return self._seen.get(key)
+
+    def forget(self, key: bytes) -> None:
+        self._seen.pop(key, None)
 
 
 def _as_text(values: tuple[Any, ...]) -> Row:
@@ -228,6 +245,12 @@ class PostgresStore(Store):
         self._monitor = _Decoded(_monitor)
         self._subscription = _Decoded(_subscription)
         self._known_subjects: set[tuple[str, str]] = set()
+        # A publish (any call locking a monitor whole) takes the monitor's row from `_monitor`'s memory and
+        # sends it with the lock for the database to check (get_monitor): one round trip instead of two.
+        # False: every such call reads the row with its lock (the tests' and benchmarks' control).
+        self.believe_memory = True
+        self._doubted: dict[str, float] = {}  # monitor -> until when its row is read, not believed
+        self.stale = 0  # calls whose remembered row the database found changed (tests, benchmarks)
         self._peers = Peers(url, self.psycopg, self.instance, self._side_connection)
         self.counts = Counts(self._side_connection, self._peers.stop)
         self._s.open()
@@ -281,6 +304,17 @@ class PostgresStore(Store):
         touched, s.touched = s.touched, set()
         return touched
 
+    def doubt(self, monitors: set[str]) -> None:
+        """These monitors' rows were not what this server remembered: forget them, and read them with their
+        lock for DOUBT_SECONDS (postgres_session.py Session.if_stale)."""
+        until = time.monotonic() + DOUBT_SECONDS
+        self.stale += 1
+        if len(self._doubted) > 10_000:
+            self._doubted.clear()
+        for m in monitors:
+            self._monitor.forget(_key(m))
+            self._doubted[m] = until
+
     def _side_connection(self) -> Any:
         conn = connect(self.psycopg, self.url, self.connect_timeout, autocommit=True)
         conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
@@ -319,6 +353,13 @@ class PostgresStore(Store):
                 if present:  # read first: a read-only standby with the schema opens (and serves reads)
                     row = self._rows("SELECT value FROM mp_meta WHERE key='schema_version'", prepare=False)
                 version = int(row[0][0]) if row else None
+                if version == SCHEMA_VERSION:  # a function added to this version later: created if missing
+                    found = self._rows(  # (a read-only standby serves reads without it)
+                        f"SELECT to_regproc('{AS_READ_FUNCTION}') IS NOT NULL OR pg_is_in_recovery()",
+                        prepare=False,
+                    )
+                    if found[0][0] != b"t":
+                        version = None
                 if version is not None and version > SCHEMA_VERSION:
                     raise StoreVersionError(
                         f"The database {redacted(self.url)} holds schema version {version}, and this "
@@ -351,7 +392,9 @@ class PostgresStore(Store):
             yield
             if s.asked:  # a lock taken and nothing read after it still orders this call
                 s.run([])
-        except BaseException:
+        except BaseException as exc:
+            if s.believed_unsent() and not isinstance(exc, GroupConflict | StorageError):
+                self._check_belief(exc)
             s.end()
             s.rollback()
             raise
@@ -375,6 +418,19 @@ class PostgresStore(Store):
             known.update(fresh)
         if pulls:
             self.counts.add(pulls)
+
+    def _check_belief(self, refusal: BaseException) -> None:
+        """A call that failed (a rule refused the request, say) after reading a monitor from memory, with its
+        lock not sent yet: its lock and check now, so that a refusal made from a row another server has
+        changed is not the answer (StaleRead: the call runs again, reading the row)."""
+        try:
+            self._s.run([])
+        except StaleRead:
+            self._s.end()
+            self._s.rollback()
+            raise
+        except BaseException:  # noqa: BLE001 - the check's own failure: the refusal stands
+            log.debug("checking a believed row after %r failed", refusal, exc_info=True)
 
     # --- group commit (doors/engines.py EngineLanes) ---------------------------------------------------
     @contextlib.contextmanager
@@ -508,8 +564,8 @@ class PostgresStore(Store):
             changes = Changes(**{**_fields(changes), "subjects": fresh})
         rows = _rows_written(changes)
         if rows or changes.compactions or changes.purge_keys_before is not None:
-            if s.asked:
-                s.run([])
+            if s.asked:  # locks asked for and not sent: with the write when each carries its row's check
+                s.lock_later() if s.only_believed_asked() else s.run([])
             sql, params, written = write_statement(changes, self.instance)
             s.later(sql, params)
             s.writes.append(rows)
@@ -532,7 +588,12 @@ class PostgresStore(Store):
         s = self._s
         if s.depth and monitor_id in s.seen_monitors:
             return s.seen_monitors[monitor_id]
-        shared = s.asked.pop(monitor_id, None)
+        shared = s.asked.get(monitor_id)
+        if shared is False and s.depth and self.believe_memory:
+            found = self._believed(monitor_id)
+            if found is not None:
+                return found
+        s.asked.pop(monitor_id, None)
         if shared is not None:  # its lock and the read under it: one statement
             rows = s.run([(MONITOR_SQL, (enc(monitor_id), shared))])[0]
             s.locked(monitor_id, shared)
@@ -542,6 +603,25 @@ class PostgresStore(Store):
         if s.depth and monitor_id in s.locks:
             s.seen_monitors[monitor_id] = found
         return found
+
+    def _believed(self, monitor_id: str) -> Monitor | None:
+        """The monitor as this server last read or wrote its row, for a call that asked for its lock whole and
+        has not sent it: the lock goes with the call's next statement (its write, usually) carrying the row,
+        and the database checks it under the lock (postgres_sql.py LOCK_AS_READ_SQL). A row another server
+        changed meanwhile aborts the call before anything of it is written (StaleRead: it runs again, reading
+        the row). None when there is no memory of the row, or it was found stale less than DOUBT_SECONDS ago."""
+        hit = self._monitor.known(_key(monitor_id))
+        if hit is None:
+            return None
+        doubted = self._doubted.get(monitor_id)
+        if doubted is not None:
+            if time.monotonic() < doubted:
+                return None
+            self._doubted.pop(monitor_id, None)
+        s = self._s
+        s.believed[monitor_id] = hit[0]
+        s.seen_monitors[monitor_id] = hit[1]
+        return hit[1]  # type: ignore[no-any-return]
 
     def list_monitors(self) -> list[Monitor]:
         return [self._monitor(r) for r in self._rows(f"{GET_MONITOR} ORDER BY id")]
@@ -698,6 +778,11 @@ class _PageRow:
 
     def __getitem__(self, column: int) -> Any:
         return self.seq if column == 0 else self._res.get_value(self._i, column + 1)
+
+
+def _key(monitor_id: str) -> bytes:
+    """A monitor's key in the memory of rows (`_Decoded`): its id column's text."""
+    return enc(monitor_id).encode()
 
 
 def _seq_first(rows: list[Row]) -> list[Row]:

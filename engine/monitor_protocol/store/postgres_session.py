@@ -11,10 +11,10 @@ import time
 from typing import Any
 
 from monitor_protocol.core.records import Monitor, Subscription
-from monitor_protocol.core.store_contract import GroupConflict, StorageError
+from monitor_protocol.core.store_contract import GroupConflict, StaleRead, StorageError
 from monitor_protocol.store.postgres_link import connect, redacted, scrub, storage_failure
-from monitor_protocol.store.postgres_sql import LOCK_MONITOR_SQL, enc
-from monitor_protocol.store.postgres_wire import Row, Wire, rows_of
+from monitor_protocol.store.postgres_sql import LOCK_AS_READ_SQL, LOCK_MONITOR_SQL, STALE_SQLSTATE, enc
+from monitor_protocol.store.postgres_wire import Row, Wire, rows_of, sqlstate, text
 
 log = logging.getLogger("monitor_protocol.store.postgres")
 
@@ -47,6 +47,11 @@ class Session:
         self.wrote = False
         self.locks: dict[str, bool] = {}
         self.asked: dict[str, bool] = {}
+        # Monitors locked whole whose row the call took from the store's memory (PostgresStore.get_monitor):
+        # the row as remembered, sent with the lock for the database to compare (LOCK_AS_READ_SQL); and the
+        # monitors whose lock went with such a check in this call.
+        self.believed: dict[str, Row] = {}
+        self.guarded: set[str] = set()
         self.sub_locks: set[str] = set()
         self.seen_monitors: dict[str, Monitor | None] = {}
         self.seen_subs: dict[str, Subscription] = {}
@@ -159,15 +164,13 @@ class Session:
         w = self.in_call()
         skip = len(self.asked)
         if skip:
-            asked, self.asked = self.asked, {}
-            statements = [(LOCK_MONITOR_SQL, (enc(m), s)) for m, s in asked.items()] + statements
-            self.locks.update(asked)
-            self.touched.update(asked)
+            statements = self._take_asked() + statements
         try:
             return w.results(statements, prepare=prepare)[skip:]
         except self.psycopg.Error as exc:
             if storage_failure(self.psycopg, exc):
                 raise self.fail(exc) from exc
+            self.if_stale(exc)
             if self.group:  # the group's transaction is aborted: none of it may go on; each call runs alone
                 self.group_refused = exc
                 raise GroupConflict(
@@ -177,6 +180,49 @@ class Session:
 
     def run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:
         return [rows_of(res) for res in self.results(statements, prepare=prepare)]
+
+    def _take_asked(self) -> list[tuple[str, Any]]:
+        """The locks asked for, as statements to send first (taken from now on): a monitor whose row the
+        call believed from memory is locked with that row's check."""
+        asked, self.asked = self.asked, {}
+        out: list[tuple[str, Any]] = []
+        for m, shared in asked.items():
+            row = self.believed.get(m)
+            if row is None:
+                out.append((LOCK_MONITOR_SQL, (enc(m), shared)))
+            else:
+                out.append(
+                    (LOCK_AS_READ_SQL, (enc(m), text(row[1]), text(row[2]), text(row[3]), text(row[4])))
+                )
+                self.guarded.add(m)
+        self.locks.update(asked)
+        self.touched.update(asked)
+        return out
+
+    def believed_unsent(self) -> bool:
+        return any(m in self.believed for m in self.asked)
+
+    def only_believed_asked(self) -> bool:
+        return all(m in self.believed for m in self.asked)
+
+    def lock_later(self) -> None:
+        """Send the locks asked for, each with its row's check, without waiting for their answer: they run
+        before the write sent behind them, and a check that fails aborts it (read with the commit)."""
+        for sql, params in self._take_asked():
+            self.later(sql, list(params))
+
+    def if_stale(self, exc: BaseException) -> None:
+        """A row believed from memory was not the database's: forget it (the call runs again reading it; a
+        group's calls run again alone) and raise StaleRead, or GroupConflict in a group."""
+        if sqlstate(exc) != STALE_SQLSTATE:
+            return
+        what = f"a monitor changed since this server last read it: {', '.join(sorted(self.guarded))}"
+        self._where.doubt(self.guarded)
+        self.guarded = set()
+        if self.group:  # not StaleRead: the engine must not run a call again inside the aborted group
+            self.group_refused = exc
+            raise GroupConflict(what)
+        raise StaleRead(what)
 
     def later(self, sql: str, params: list[Any]) -> None:
         """A write statement, sent now and answered with the commit."""
@@ -199,6 +245,7 @@ class Session:
         """Forget what the call read and asked for (its commit or rollback follows)."""
         self.depth = 0
         self.asked.clear()
+        self.believed.clear()
         self.locks.clear()
         self.sub_locks.clear()
         self.seen_monitors.clear()
@@ -221,11 +268,15 @@ class Session:
                 failure = self.fail(exc)
                 failure.outcome_unknown = bool(writes)
                 raise failure from exc
+            self.if_stale(exc)
             raise  # the request's own fault (a unique index): nothing of the call was written
+        finally:
+            self.guarded = set()
         deleted = sum(int(a.get_value(0, 0)) for a in answers if a is not None and a.ntuples)
         return any(writes) or deleted > 0
 
     def rollback(self) -> None:
+        self.guarded = set()
         self.fresh_subjects.clear()
         self.writes = []
         self.written = []

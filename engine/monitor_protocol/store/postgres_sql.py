@@ -27,6 +27,12 @@ CHANNEL = "mp_append"
 # of a 64-bit hash for a monitor's lock and a subscription's (key spaces of their own: never the same key).
 LOCK_MONITOR, LOCK_LEADER, LOCK_SCHEMA, LOCK_SUBSCRIPTION = 0x4D50, 0x4D51, 0x4D52, 0x4D53
 
+# A monitor's lock taken with a check that its row is still what this server remembers (FUNCTIONS below): added
+# to schema version 2 without a new version (a server that does not know it never calls it), created by a
+# server that finds it missing.
+AS_READ_FUNCTION = "mp2_lock_as_read"
+STALE_SQLSTATE = "MP001"
+
 T = 'TEXT COLLATE "C"'
 TABLES = (
     "CREATE TABLE IF NOT EXISTS mp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -79,6 +85,24 @@ FUNCTIONS = (
     DECLARE v_monitor TEXT := p_monitor;
     BEGIN {_LOCK_BODY}
     END $$""",
+    # The lock of a monitor this server read from its memory of the row (PostgresStore.get_monitor): taken,
+    # then the row compared with that memory, column by column in their text form; a difference raises
+    # STALE_SQLSTATE, which aborts the call's pipeline (its writes, sent behind this, run not at all). It
+    # answers 0: sent with a call's writes, its answer is summed with theirs (the rows they deleted).
+    f"""CREATE OR REPLACE FUNCTION {AS_READ_FUNCTION}(p_monitor TEXT, p_status TEXT, p_head TEXT, p_floor TEXT,
+        p_rec TEXT) RETURNS INT
+    LANGUAGE plpgsql VOLATILE AS $$
+    DECLARE v_monitor TEXT := p_monitor;
+    BEGIN
+      PERFORM pg_advisory_xact_lock(hashtextextended(v_monitor, {LOCK_MONITOR}));
+      PERFORM 1 FROM monitors m WHERE m.id = p_monitor AND m.status = p_status AND m.head::text = p_head
+          AND m.floor::text = p_floor AND m.rec = p_rec;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION 'monitor % changed since this server last read it', p_monitor
+            USING ERRCODE = '{STALE_SQLSTATE}';
+      END IF;
+      RETURN 0;
+    END $$""",
     f"""CREATE OR REPLACE FUNCTION mp2_monitor(p_monitor TEXT, p_shared BOOLEAN) RETURNS TABLE ({_MON_OUT})
     LANGUAGE plpgsql VOLATILE AS $$
     #variable_conflict use_column
@@ -118,6 +142,7 @@ FUNCTIONS = (
 SCHEMA = (*TABLES, *FUNCTIONS)
 
 LOCK_MONITOR_SQL = "SELECT mp2_lock($1, $2)"
+LOCK_AS_READ_SQL = f"SELECT {AS_READ_FUNCTION}($1, $2, $3, $4, $5)"
 LOCK_SUBSCRIPTION_SQL = f"SELECT pg_advisory_xact_lock(hashtextextended($1, {LOCK_SUBSCRIPTION}))"
 MONITOR_SQL = "SELECT * FROM mp2_monitor($1, $2)"
 SUBSCRIPTION_SQL = {by: f"SELECT * FROM mp2_subscription_by_{by}($1, $2, $3)" for by in ("id", "token")}

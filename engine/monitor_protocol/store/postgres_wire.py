@@ -37,6 +37,11 @@ class Wire:
         self.pq = psycopg.pq
         self.pg = conn.pgconn
         self._prepared: dict[str, bytes] = {}
+        # Statements prepared since the last round trip read without a failure: a failure aborts the rest of
+        # the pipeline, preparations included, so these are forgotten then (prepared again on next use, under
+        # a new name: the old one may or may not exist on the server).
+        self._fresh: list[str] = []
+        self._names = 0
         self.statements = 0
         self.round_trips = 0
         self.in_tx = False  # something was sent since the last Sync: an implicit transaction is open
@@ -74,10 +79,12 @@ class Wire:
         if name is not None:
             self.pg.send_query_prepared(name, values)
             return 1
-        name = b"mp_%d" % len(self._prepared)
+        name = b"mp_%d" % self._names
+        self._names += 1
         self.pg.send_prepare(name, sql.encode())
         self.pg.send_query_prepared(name, values)
         self._prepared[sql] = name
+        self._fresh.append(sql)
         return 2
 
     def query(self, sql: str, params: tuple[Any, ...] | list[Any] = (), *, prepare: bool = True) -> list[Row]:
@@ -213,6 +220,10 @@ class Wire:
                         self._failure = self._error(res)
                     res = self._next()
             out.append(found)
+        if self._failure is not None:
+            for sql in self._fresh:
+                self._prepared.pop(sql, None)
+        self._fresh = []
         return out
 
     def _error(self, res: Any) -> BaseException:
@@ -225,7 +236,16 @@ class Wire:
             cls = self.psycopg.errors.lookup(sqlstate) if sqlstate else self.psycopg.OperationalError
         except KeyError:
             cls = self.psycopg.DatabaseError
-        return cls(message or f"PostgreSQL failed ({sqlstate or 'no SQLSTATE'})")
+        error = cls(message or f"PostgreSQL failed ({sqlstate or 'no SQLSTATE'})")
+        error.mp_sqlstate = (
+            sqlstate  # psycopg's own `sqlstate` is read from a result this error was not made from
+        )
+        return error
+
+
+def sqlstate(exc: BaseException) -> str:
+    """The SQLSTATE of an error raised by a Wire ('' for any other)."""
+    return getattr(exc, "mp_sqlstate", "") or ""
 
 
 def rows_of(res: Any) -> list[Row]:
