@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
-from monitor_protocol.doors.engines import EngineLanes
+from monitor_protocol.doors.engines import EngineLanes, LastIdleFirst
 from monitor_protocol.doors.parking import Waiters
 from waiting import eventually
 
@@ -546,3 +546,76 @@ def test_a_failure_in_a_lanes_own_bookkeeping_answers_the_jobs_once_and_the_lane
     assert got[0] == "j0"
     assert all(isinstance(x, RuntimeError) and "broken gate" in str(x) for x in got[1:]), got
     assert after == ["b0", "b1", "b2"] and not engine._keyed
+
+
+def _waiting(q: LastIdleFirst, n: int) -> None:
+    eventually(lambda: len(q._idle) == n, what=f"{n} takers waiting")
+
+
+def test_the_lanes_queue_hands_an_item_to_the_lane_that_went_idle_last_and_loses_none():
+    q = LastIdleFirst()
+    got: dict[str, list[Any]] = {"first": [], "second": []}
+
+    def taker(name: str) -> None:
+        while (item := q.get()) is not None:
+            got[name].append(item)
+
+    first = threading.Thread(target=taker, args=("first",))
+    first.start()
+    _waiting(q, 1)
+    second = threading.Thread(target=taker, args=("second",))
+    second.start()
+    _waiting(q, 2)
+    q.put(1)  # the last to wait takes it (a plain queue would wake the one asleep longest)
+    eventually(lambda: got["second"] == [1], what="the item taken by the last to wait")
+    _waiting(q, 2)
+    q.put(2)
+    eventually(lambda: got["second"] == [1, 2], what="the same taker again")
+    assert got["first"] == []
+    # positive control, and nothing lost: items put faster than one taker takes them reach both, each once
+    _waiting(q, 2)
+    for i in range(3, 2003):
+        q.put(i)
+    q.put(None)
+    q.put(None)
+    first.join(10)
+    second.join(10)
+    assert sorted(got["first"] + got["second"]) == list(range(1, 2003))
+
+
+def test_a_taker_is_registered_idle_before_its_on_idle_runs():
+    """What EngineLanes relies on to send a call's reply from `on_idle`: the next request that reply
+    prompts is handed to the same lane, even while another lane has been idle longer."""
+    q = LastIdleFirst()
+    got: dict[str, list[Any]] = {"other": [], "lane": []}
+
+    def taker(name: str, on_idle: Callable[[], None] | None = None) -> None:
+        item = q.get(on_idle)
+        while item is not None:
+            got[name].append(item)
+            item = q.get()
+
+    other = threading.Thread(target=taker, args=("other",))
+    other.start()
+    _waiting(q, 1)
+    waiting_then: list[int] = []
+
+    def on_idle() -> None:
+        waiting_then.append(len(q._idle))  # this taker already among them
+        q.put("next request")
+        waiting_then.append(len(q._idle))  # and it was the one chosen: the other still waits
+
+    lane = threading.Thread(target=taker, args=("lane", on_idle))
+    lane.start()
+    eventually(lambda: got["lane"] == ["next request"], what="the item put from on_idle, taken by that taker")
+    assert got["other"] == [] and waiting_then == [2, 1]
+    # positive control: with an item already there, on_idle still runs once and the item is returned at once
+    ran: list[int] = []
+    q2 = LastIdleFirst()
+    q2.put("ready")
+    assert q2.get(lambda: ran.append(1)) == "ready" and ran == [1]
+    _waiting(q, 2)
+    q.put(None)
+    q.put(None)
+    other.join(10)
+    lane.join(10)
