@@ -619,3 +619,34 @@ def test_a_taker_is_registered_idle_before_its_on_idle_runs():
     q.put(None)
     other.join(10)
     lane.join(10)
+
+
+def test_a_keys_group_is_answered_before_the_lane_runs_the_keys_next_group():
+    """A lane sends its calls' replies at its next step: when that step is the same key's next group (handed
+    over by another lane while the first ran), the first group's callers hear their outcome before it runs."""
+    engine, pub = keyed_lanes(2)
+    first, gate, inside = holding(engine, pub)
+    answered = threading.Event()
+    seen: list[bool] = []
+
+    def second(tag: str) -> str:
+        seen.append(answered.wait(5))  # the first group's reply reached the loop meanwhile
+        return tag
+
+    engine.group_key = lambda fn, args: "K" if fn in (first, second) else None
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        one = engine.submit(first, "g1")
+        one.add_done_callback(lambda _f: answered.set())
+        await loop.run_in_executor(None, inside.wait, 5)  # lane A runs K's first group
+        two = engine.submit(second, "g2")
+        await asyncio.sleep(0.05)  # lane B takes it and hands it to A, K's lane
+        gate.set()
+        return list(await asyncio.wait_for(asyncio.gather(one, two), 10))
+
+    try:
+        assert asyncio.run(main()) == ["g1", "g2"]
+    finally:
+        engine.stop()
+    assert seen == [True]

@@ -457,6 +457,7 @@ class EngineLanes(_CallbackSeat):
     def _run_jobs(self, jobs: list[Any], touched: Callable[[], set[str]] | None) -> None:
         """One call, or a group commit of several; then their outcomes, in one hop back to the loop. Every job
         is answered once, whatever fails."""
+        self._send_replies()  # the last group's (a key's groups run one after another): before this one runs
         fn, args = jobs[0][0], jobs[0][1]
         alone = bool(getattr(fn, "runs_alone", False))
         try:
@@ -480,10 +481,7 @@ class EngineLanes(_CallbackSeat):
                     log.exception("delivering an engine call's outcome failed")
             else:
                 replies.append((deliver, outcome))
-        if (
-            replies
-        ):  # one hop back to the loop for a whole group: sent by the lane's next step (_send_replies)
-            self._send_replies()
+        if replies:  # one hop back to the loop for the whole group, by the lane's next step
             self._telling.replies = (jobs[0][2], replies)
 
     def _send_replies(self) -> None:
