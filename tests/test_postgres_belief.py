@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
-from monitor_protocol.core.store_contract import StaleRead
+from monitor_protocol.core.store_contract import StaleRead, StorageError
 from monitor_protocol.doors.engines import EngineLanes
 from monitor_protocol.store import postgres
 from monitor_protocol.store.postgres import PostgresStore
@@ -91,9 +91,9 @@ def test_a_refusal_is_never_made_from_a_stale_row(two):
     a, b, owner = two
     a.configure("ci", "update", {"patch": {"visibility": "shared"}}, owner)  # A remembers it shared
     b.configure("ci", "update", {"patch": {"visibility": "public"}}, owner)
-    # From its memory A would refuse a subscriber without the subscribe token, a refusal that writes
-    # nothing; the check of that memory, made before the refusal is answered, finds the row changed, and the
-    # call runs again on the row as it is.
+    # From its memory A would refuse a subscriber without the subscribe token; the call's next read (its
+    # subscriber's row) carries the lock and the check of that memory, which finds the row changed, and the
+    # call runs again on the row as it is. (A refusal made before any read: the test below.)
     a.subscribe({"monitor": "ci", "subscriber": "agent:a"}, None)
     assert a.store.stale == 1
     # positive control: the same refusal made from a current row stands
@@ -227,3 +227,102 @@ def test_a_json_rpc_batch_from_a_stale_row_runs_each_call_again_and_tells_its_ap
     reply = jsonrpc.handle(a, json.dumps([rpc_publish(i, owner) for i in range(3, 5)]).encode(), None)
     assert [r["result"]["seq"] for r in reply.body] == [7, 8] and a.store.stats.commits == commits + 1
     assert heard == [("ci", 7), ("ci", 8)] and a.store.stale == 1
+
+
+def test_a_database_of_this_schema_version_without_the_check_gets_it_and_a_role_that_cannot_add_it_reads(
+    pg_url,
+):
+    from monitor_protocol.store.postgres_sql import AS_READ_FUNCTION
+
+    PostgresStore(pg_url).close()  # the schema, as a release before the check created it ...
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP FUNCTION {AS_READ_FUNCTION}")
+        user = "mp_limited_" + pg_url.rsplit("_", 1)[-1][:8]
+        conn.execute(f"CREATE ROLE {user} LOGIN")
+        for table in (
+            "mp_meta",
+            "monitors",
+            "observations",
+            "subjects",
+            "subscriptions",
+            "leases",
+            "publish_keys",
+        ):
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {user}")
+        conn.execute(f"REVOKE CREATE ON SCHEMA public FROM {user}, PUBLIC")
+    limited_url = pg_url.replace("://mp@", f"://{user}@", 1)
+    try:
+        # ... opened by a role that may not create it: it opens, and reads each row with its lock
+        limited = PostgresStore(limited_url)
+        try:
+            assert limited.believe_memory is False
+            service = MonitorService(limited)
+            owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)[
+                "owner_token"
+            ]
+            service.publish("ci", body(0), owner)
+            assert cost(limited, lambda: service.publish("ci", body(1), owner)) == (2, 2)
+        finally:
+            limited.close()
+        # ... opened by the owner: the function alone is added, and publishes believe memory again
+        store = PostgresStore(pg_url)
+        try:
+            assert store.believe_memory is True
+            service = MonitorService(store)
+            service.publish("ci", body(2), owner)
+            assert cost(store, lambda: service.publish("ci", body(3), owner)) == (2, 1)
+        finally:
+            store.close()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {user}")
+            conn.execute(f"DROP ROLE {user}")
+
+
+def test_a_refusal_from_memory_whose_check_fails_is_not_told_the_failure_is(two, pg_url):
+    a, b, owner = two
+    a.publish("ci", body(0), owner)
+    store = a.store
+    b.publish("ci", body(1), owner)  # A's memory is stale, and its connection is about to go
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND application_name = 'mp serve' AND backend_type = 'client backend'"
+        )
+    with pytest.raises(StorageError), store.transaction():  # (Refused, made from memory, is never told)
+        store.lock_monitor("ci")
+        assert store.get_monitor("ci") is not None
+        raise Refused
+
+
+def test_a_call_run_again_after_a_stale_row_reads_every_row_whatever_memory_holds(two, monkeypatch):
+    a, b, owner = two
+    a.publish("ci", body(0), owner)
+    store = a.store
+    # As if another lane remembered the stale row again at once, and no doubt were kept: only the rerun's
+    # own rule (it believes nothing) ends the reruns.
+    monkeypatch.setattr(store._monitor, "forget", lambda key: None)
+    monkeypatch.setattr(postgres, "DOUBT_SECONDS", 0.0)
+    b.publish("ci", body(1), owner)
+    assert cost(store, lambda: a.publish("ci", body(2), owner)) == (
+        4,
+        3,
+    )  # the check, then once again, reading
+    assert store.stale == 1 and a.state("ci", None)["head"] == 4
+
+
+def test_a_group_run_by_run_group_from_a_stale_row_runs_each_call_alone(two):
+    from monitor_protocol.doors.engines import run_group
+
+    a, b, owner = two
+    a.publish("ci", body(0), owner)
+    b.publish("ci", body(1), owner)  # A's memory of the row is now stale
+    calls = [(a.publish, ("ci", body(i), owner)) for i in range(2, 5)]
+    outcomes = run_group(a.store.batch, calls)
+    assert all(ok for ok, _ in outcomes), outcomes  # (GroupConflict was every call's outcome before)
+    assert sorted(v["seq"] for _, v in outcomes) == [4, 5, 6] and a.store.stale == 1
+    # positive control: from a current row, one group, one commit
+    a.store._doubted.clear()
+    commits = a.store.stats.commits
+    outcomes = run_group(a.store.batch, [(a.publish, ("ci", body(i), owner)) for i in range(5, 7)])
+    assert [v["seq"] for _, v in outcomes] == [7, 8] and a.store.stats.commits == commits + 1

@@ -778,6 +778,8 @@ def run_group(
     try:
         with batch():
             return [_outcome(fn, args) for fn, args in calls]
+    except GroupConflict:  # rolled back, nothing of it kept (a shared store's row found changed): each alone
+        return [_outcome(fn, args) for fn, args in calls]
     except BaseException as exc:
         log.exception("group commit of %d engine calls failed", len(calls))
         return [(False, exc)] * len(calls)

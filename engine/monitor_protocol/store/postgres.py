@@ -83,6 +83,7 @@ from monitor_protocol.store.postgres_link import (
 from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
 from monitor_protocol.store.postgres_sql import (
     AS_READ_FUNCTION,
+    AS_READ_FUNCTION_SQL,
     CHANNEL,
     GET_LEASE,
     GET_MONITOR,
@@ -253,6 +254,7 @@ class PostgresStore(Store):
         self.stale = 0  # calls whose remembered row the database found changed (tests, benchmarks)
         self._peers = Peers(url, self.psycopg, self.instance, self._side_connection)
         self.counts = Counts(self._side_connection, self._peers.stop)
+        self.counts.on_written = lambda monitor_id: self._monitor.forget(_key(monitor_id))
         self._s.open()
         self._open_schema()
         self.stats = StoreStats()  # what the engine's calls cost, not the schema's check
@@ -308,7 +310,8 @@ class PostgresStore(Store):
         """These monitors' rows were not what this server remembered: forget them, and read them with their
         lock for DOUBT_SECONDS (postgres_session.py Session.if_stale)."""
         until = time.monotonic() + DOUBT_SECONDS
-        self.stale += 1
+        with self._stats_lock:
+            self.stale += 1
         if len(self._doubted) > 10_000:
             self._doubted.clear()
         for m in monitors:
@@ -353,13 +356,6 @@ class PostgresStore(Store):
                 if present:  # read first: a read-only standby with the schema opens (and serves reads)
                     row = self._rows("SELECT value FROM mp_meta WHERE key='schema_version'", prepare=False)
                 version = int(row[0][0]) if row else None
-                if version == SCHEMA_VERSION:  # a function added to this version later: created if missing
-                    found = self._rows(  # (a read-only standby serves reads without it)
-                        f"SELECT to_regproc('{AS_READ_FUNCTION}') IS NOT NULL OR pg_is_in_recovery()",
-                        prepare=False,
-                    )
-                    if found[0][0] != b"t":
-                        version = None
                 if version is not None and version > SCHEMA_VERSION:
                     raise StoreVersionError(
                         f"The database {redacted(self.url)} holds schema version {version}, and this "
@@ -376,9 +372,31 @@ class PostgresStore(Store):
                         prepare=False,
                     )
                     self._s.wrote = True
+                elif version == SCHEMA_VERSION:
+                    self._add_as_read_function()
         except BaseException:
             self.close()
             raise
+
+    def _add_as_read_function(self) -> None:
+        """The check of a remembered row (LOCK_AS_READ_SQL) was added to schema version 2 after it was first
+        released: created here when missing, alone (nothing else of the schema is touched, no table lock). A
+        server that cannot create it (a read-only standby, a role without CREATE) reads every row with its
+        lock instead of believing its memory, as before."""
+        s = self._s
+        found = self._rows(f"SELECT to_regproc('{AS_READ_FUNCTION}') IS NOT NULL", prepare=False)
+        if found[0][0] == b"t":
+            return
+        try:  # the last statement of the schema's transaction: a refusal aborts nothing else
+            s.run([(AS_READ_FUNCTION_SQL, ())], prepare=False)
+            s.wrote = True
+        except (self.psycopg.Error, StorageError) as exc:
+            self.believe_memory = False
+            log.warning(
+                "cannot create the function %s (%s): this server reads each monitor's row with its lock",
+                AS_READ_FUNCTION,
+                scrub(f"{type(exc).__name__}: {exc}", self.url),
+            )
 
     # --- transactions -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -429,8 +447,14 @@ class PostgresStore(Store):
             self._s.end()
             self._s.rollback()
             raise
-        except BaseException:  # noqa: BLE001 - the check's own failure: the refusal stands
-            log.debug("checking a believed row after %r failed", refusal, exc_info=True)
+        except BaseException as exc:  # unconfirmed: the refusal is not told, the database's failure is (503)
+            self._s.end()
+            self._s.rollback()
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(
+                f"the database could not confirm the monitor's row ({type(exc).__name__})"
+            ) from refusal
 
     # --- group commit (doors/engines.py EngineLanes) ---------------------------------------------------
     @contextlib.contextmanager
@@ -613,12 +637,12 @@ class PostgresStore(Store):
         hit = self._monitor.known(_key(monitor_id))
         if hit is None:
             return None
-        doubted = self._doubted.get(monitor_id)
-        if doubted is not None:
-            if time.monotonic() < doubted:
-                return None
-            self._doubted.pop(monitor_id, None)
         s = self._s
+        if not s.believing:
+            return None
+        doubted = self._doubted.get(monitor_id)
+        if doubted is not None and time.monotonic() < doubted:
+            return None
         s.believed[monitor_id] = hit[0]
         s.seen_monitors[monitor_id] = hit[1]
         return hit[1]  # type: ignore[no-any-return]

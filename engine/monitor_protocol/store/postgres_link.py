@@ -136,6 +136,8 @@ class Counts:
         self._pending: dict[str, list[float]] = {}  # monitor -> [deliveries, newest pull]
         self._thread: threading.Thread | None = None
         self.folded = 0  # monitors' rows written by folds (tests and benchmarks)
+        # Told each monitor whose row a fold rewrote (PostgresStore forgets its memory of that row).
+        self.on_written: Callable[[str], None] | None = None
 
     def add(self, pulls: list[tuple[str, int, float | None]]) -> None:
         with self._lock:
@@ -197,6 +199,8 @@ class Counts:
                             "UPDATE monitors SET rec=%s WHERE id=%s", (wire.encode_text(rec), monitor_id)
                         )
                         self.folded += 1
+                if row is not None and self.on_written is not None:
+                    self.on_written(monitor_id)
                 del batch[monitor_id]
         except Exception as exc:  # whatever it was, nothing is lost: what is left waits for the next fold
             log.warning("storing readers' counts failed (kept for the next attempt): %s", exc)

@@ -52,6 +52,10 @@ class Session:
         # monitors whose lock went with such a check in this call.
         self.believed: dict[str, Row] = {}
         self.guarded: set[str] = set()
+        # Whether this call may believe remembered rows: not the call run again after a StaleRead (so that
+        # reruns end, whatever another lane remembers meanwhile).
+        self.believing = True
+        self._rerun = False
         self.sub_locks: set[str] = set()
         self.seen_monitors: dict[str, Monitor | None] = {}
         self.seen_subs: dict[str, Subscription] = {}
@@ -222,6 +226,7 @@ class Session:
         if self.group:  # not StaleRead: the engine must not run a call again inside the aborted group
             self.group_refused = exc
             raise GroupConflict(what)
+        self._rerun = True  # the next call on this thread is that call again: it reads every row
         raise StaleRead(what)
 
     def later(self, sql: str, params: list[Any]) -> None:
@@ -240,6 +245,7 @@ class Session:
         self.ready()
         self.depth = 1
         self.wrote = False
+        self.believing, self._rerun = not self._rerun, False
 
     def end(self) -> None:
         """Forget what the call read and asked for (its commit or rollback follows)."""

@@ -143,6 +143,7 @@ SCHEMA = (*TABLES, *FUNCTIONS)
 
 LOCK_MONITOR_SQL = "SELECT mp2_lock($1, $2)"
 LOCK_AS_READ_SQL = f"SELECT {AS_READ_FUNCTION}($1, $2, $3, $4, $5)"
+AS_READ_FUNCTION_SQL = next(f for f in FUNCTIONS if f"FUNCTION {AS_READ_FUNCTION}(" in f)
 LOCK_SUBSCRIPTION_SQL = f"SELECT pg_advisory_xact_lock(hashtextextended($1, {LOCK_SUBSCRIPTION}))"
 MONITOR_SQL = "SELECT * FROM mp2_monitor($1, $2)"
 SUBSCRIPTION_SQL = {by: f"SELECT * FROM mp2_subscription_by_{by}($1, $2, $3)" for by in ("id", "token")}
