@@ -18,8 +18,9 @@ NATS JetStream, interleaved round by round -> bench/results/peers.json; ``--peer
 ``--stages`` runs only the stage profile (bench/stages.py): where the server's CPU goes per durable publish (1 and 16
 clients) and per pull(1)+ack, stage by stage (transport, door, rules, SQL, loop) against issue 23's budgets ->
 bench/results/stages.json. ``--fanout`` runs only the wake fan-out (bench/fanout.py): N long polls parked on one
-monitor, one publish, p50/p99 beside a bare asyncio floor -> bench/results/fanout.json. With ``--markdown``, each
-prints its last result.
+monitor, one publish, p50/p99 beside a bare asyncio floor -> bench/results/fanout.json. ``--client`` runs only the
+client's own cost (bench/client_cpu.py): client CPU per keep-alive publish for Client and AsyncClient beside a raw
+socket and a raw asyncio floor -> bench/results/client.json. With ``--markdown``, each prints its last result.
 
 ``--scale-out`` runs only the scale-out section (bench/scaleout.py): publish and ack+pull against 1, 2 and 3
 ``mp serve`` on one PostgreSQL database, beside PostgreSQL's own commit limit and mp serve on SQLite, with the
@@ -761,15 +762,23 @@ def main(argv: list[str] | None = None) -> int:
         help="only the wake fan-out (bench/fanout.py: 1,000 parked long polls, one publish, beside a bare floor) "
         "-> fanout.json; with --markdown, print it",
     )  # fmt: skip
+    ap.add_argument(
+        "--client", action="store_true",
+        help="only the client's own cost (bench/client_cpu.py: client CPU per keep-alive publish, Client and "
+        "AsyncClient beside raw floors) -> client.json; with --markdown, print it",
+    )  # fmt: skip
     args = ap.parse_args(argv)
-    alone = [flag for flag in ("peers", "scale_out", "stages", "fanout") if getattr(args, flag)]
+    alone = [flag for flag in ("peers", "scale_out", "stages", "fanout", "client") if getattr(args, flag)]
     if len(alone) > 1 or (alone and args.only):
-        ap.error("--peers, --scale-out, --stages and --fanout each run on their own, without --only")
-    if args.stages or args.fanout:
+        ap.error(
+            "--peers, --scale-out, --stages, --fanout and --client each run on their own, without --only"
+        )
+    if args.stages or args.fanout or args.client:
+        import client_cpu
         import fanout
         import stages
 
-        module = stages if args.stages else fanout
+        module = stages if args.stages else fanout if args.fanout else client_cpu
         forward = ["--quick"] if args.quick else []
         forward += ["--runs", str(args.runs)] if args.runs else []
         forward += ["--markdown"] if args.markdown else []
