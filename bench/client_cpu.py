@@ -1,8 +1,8 @@
 """The client's own cost: CPU of the calling process per keep-alive publish against a local `mp serve`, for
 `Client` (sync), `AsyncClient` on asyncio's own event loop and on uvloop, beside two floors measured the same
 way in the same run: a raw blocking socket sending prebuilt request bytes and reading the reply (what any sync
-client pays here: the two syscalls and the wake-up), and a raw asyncio protocol doing the same (what any
-asyncio client pays). ``python build.py bench --client [--quick] [--runs N]``.
+client pays here: the two syscalls and the wake-up), and a raw asyncio protocol doing the same on each event
+loop (what any client on that loop pays). ``python build.py bench --client [--quick] [--runs N]``.
 
 Every figure is the client process's CPU time (user + system, `time.process_time`) over N requests after a
 warm-up, the median of ``--runs`` interleaved rounds (min and max beside it), with the load average. The
@@ -41,8 +41,15 @@ MODES = (
     "Client",
     "raw asyncio (floor)",
     "AsyncClient (asyncio)",
+    "raw uvloop (floor)",
     "AsyncClient (uvloop)",
 )
+# each client beside the floor measured on its own kind of I/O
+FLOORS = {
+    "Client": "raw socket (floor)",
+    "AsyncClient (asyncio)": "raw asyncio (floor)",
+    "AsyncClient (uvloop)": "raw uvloop (floor)",
+}
 
 
 def _new_loop(kind: str) -> asyncio.AbstractEventLoop | None:
@@ -160,6 +167,7 @@ def measure(port: int, token: str, n: int, warm: int) -> dict[str, float | None]
 
     out["raw asyncio (floor)"] = on_loop("asyncio", raw_async)
     out["AsyncClient (asyncio)"] = on_loop("asyncio", client_async)
+    out["raw uvloop (floor)"] = on_loop("uvloop", raw_async)
     out["AsyncClient (uvloop)"] = on_loop("uvloop", client_async)
     return out
 
@@ -211,9 +219,8 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     figs = result["us_per_request"]
-    floors = {"Client": "raw socket (floor)"}
     for mode, fig in figs.items():
-        floor = floors.get(mode) or ("raw asyncio (floor)" if mode.startswith("AsyncClient") else None)
+        floor = FLOORS.get(mode)
         ratio = f"{fig['median'] / figs[floor]['median']:.2f}x" if floor in figs else ""
         lines.append(f"| {mode} | {fig['median']:.1f} | {fig['min']:.1f}-{fig['max']:.1f} | {ratio} |")
     lines.append("")
