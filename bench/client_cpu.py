@@ -88,8 +88,12 @@ class _Reply(asyncio.Protocol):
         at = self.buf.find(b"content-length: ", 0, end)
         length = int(self.buf[at + 16 : self.buf.index(b"\r\n", at)]) if at >= 0 else 0
         if len(self.buf) >= end + 4 + length:
+            status = self.buf[9:12]
             self.buf = self.buf[end + 4 + length :]
-            self.waiter.set_result(None)
+            if status != b"201":  # a refused publish costs less: the floor must be the same work
+                self.waiter.set_exception(RuntimeError(f"the floor's publish got HTTP {status!r}"))
+            else:
+                self.waiter.set_result(None)
 
 
 def measure(port: int, token: str, n: int, warm: int) -> dict[str, float | None]:
@@ -116,6 +120,8 @@ def measure(port: int, token: str, n: int, warm: int) -> dict[str, float | None]
             length = int(buf[at + 16 : buf.index(b"\r\n", at)])
             while len(buf) < end + 4 + length:
                 buf += sock.recv(65536)
+            if buf[9:12] != b"201":  # a refused publish costs less: the floor must be the same work
+                raise RuntimeError(f"the floor's publish got HTTP {buf[9:12]!r}")
 
     out["raw socket (floor)"] = cpu_us(raw, n, warm)
     sock.close()

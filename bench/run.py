@@ -19,8 +19,8 @@ NATS JetStream, interleaved round by round -> bench/results/peers.json; ``--peer
 clients) and per pull(1)+ack, stage by stage (transport, door, rules, SQL, loop) against issue 23's budgets ->
 bench/results/stages.json. ``--fanout`` runs only the wake fan-out (bench/fanout.py): N long polls parked on one
 monitor, one publish, p50/p99 beside a bare asyncio floor -> bench/results/fanout.json. ``--client`` runs only the
-client's own cost (bench/client_cpu.py): client CPU per keep-alive publish for Client and AsyncClient beside a raw
-socket and a raw asyncio floor -> bench/results/client.json. With ``--markdown``, each prints its last result.
+client's own cost (bench/client_cpu.py): client CPU per keep-alive publish for Client and AsyncClient beside raw
+floors (a blocking socket, an asyncio and a uvloop protocol) -> bench/results/client.json. With ``--markdown``, each prints its last result.
 
 ``--scale-out`` runs only the scale-out section (bench/scaleout.py): publish and ack+pull against 1, 2 and 3
 ``mp serve`` on one PostgreSQL database, beside PostgreSQL's own commit limit and mp serve on SQLite, with the
