@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
 
-from common import RESULTS, machine, mp_serve  # noqa: E402
+from common import machine, mp_serve, report  # noqa: E402
 from monitor_protocol.client import AsyncClient, Client  # noqa: E402
 
 TARGET_US = 60.0
@@ -244,17 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
-    path = RESULTS / "client.json"
-    if args.markdown:
-        print(markdown(json.loads(path.read_text())))
-        return 0
     n, rounds = (500, 2) if args.quick else (args.n, args.runs)
-    result = {"machine": machine(), **run(n, rounds)}
-    if not args.no_write:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-    print(markdown(result))
-    return 0
+    return report(args, "client", lambda: {"machine": machine(), **run(n, rounds)}, markdown)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -331,3 +331,23 @@ class BenchRun:
             + (f", {errors} errors: {first_error}" if errors else "")
         )
         return out
+
+
+def report(
+    args: argparse.Namespace,
+    name: str,
+    produce: Callable[[], dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+) -> int:
+    """A section run on its own (--stages, --fanout, --client): with --markdown, print its last stored result;
+    otherwise run it, store it as bench/results/<name>.json (unless --no-write) and print its table."""
+    path = RESULTS / f"{name}.json"
+    if args.markdown:
+        print(markdown(json.loads(path.read_text())))
+        return 0
+    result = produce()
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(result))
+    return 0

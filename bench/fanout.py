@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import BENCH, PY, RESULTS, ROOT, _stop, _wait_ready, free_port, machine, mp_serve  # noqa: E402
+from common import BENCH, PY, ROOT, _stop, _wait_ready, free_port, machine, mp_serve, report  # noqa: E402
 
 TYPE = "com.example.fan.tick"
 
@@ -246,16 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
-    path = RESULTS / "fanout.json"
-    if args.markdown:
-        print(markdown(json.loads(path.read_text())))
-        return 0
     n, rounds = (200, 2) if args.quick else (args.n, args.runs)
-    result = {"machine": machine(), **run(n, rounds)}
-    if not args.no_write:
-        path.write_text(json.dumps(result, indent=2) + "\n")
-    print(markdown(result))
-    return 0
+    return report(args, "fanout", lambda: {"machine": machine(), **run(n, rounds)}, markdown)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
 
-from common import RESULTS, machine, mp_serve  # noqa: E402
+from common import machine, mp_serve, report  # noqa: E402
 from monitor_protocol.api.messages import Request, Response  # noqa: E402
 from monitor_protocol.api.rest import RestRouter  # noqa: E402
 from monitor_protocol.core.service import MonitorService  # noqa: E402
@@ -436,22 +436,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the last result as a table")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/results")
     args = ap.parse_args(argv)
-    path = RESULTS / "stages.json"
-    if args.markdown:
-        print(markdown(json.loads(path.read_text())))
-        return 0
-    load_before = round(os.getloadavg()[0], 2)
-    stages = profile(args.quick, 3 if args.quick else args.runs)
-    result = {
-        "machine": machine(),
-        "load_before": load_before,
-        "load_after": round(os.getloadavg()[0], 2),
-        "stages": stages,
-    }
-    if not args.no_write:
-        path.write_text(json.dumps(result, indent=2) + "\n")
-    print(markdown(result))
-    return 0
+
+    def produce() -> dict[str, Any]:
+        load_before = round(os.getloadavg()[0], 2)
+        stages = profile(args.quick, 3 if args.quick else args.runs)
+        return {
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": round(os.getloadavg()[0], 2),
+            "stages": stages,
+        }
+
+    return report(args, "stages", produce, markdown)
 
 
 if __name__ == "__main__":
