@@ -366,6 +366,105 @@ def test_the_woken_readers_count_on_their_monitor_as_their_pulls_one_by_one_woul
     assert many["last_pull"] == 1_000_020.0  # the second round's pulls
 
 
+# What a reader can be, before an append wakes it: where it acked to, whether it pulled past that without
+# acking (its high-water mark), its filter, the limit its parked request asked, and whether the token it
+# sends is its own. Readers with the same of all these share one reply in pull_many (delivery._Alike).
+READER = st.tuples(
+    st.integers(0, 3),  # rows acked of the 3 already published
+    st.booleans(),  # pulled once more without acking (the hwm runs ahead of the cursor)
+    st.sampled_from(["all", "types", "subject"]),
+    st.sampled_from([None, 1, "2", 10]),
+    st.booleans(),  # sends a wrong token
+)
+FILTERS = {"all": {}, "types": {"types": [RUN]}, "subject": {"subjects": ["b1", "woken"]}}
+
+
+@settings(max_examples=30, deadline=None)
+@given(readers=st.lists(READER, min_size=1, max_size=8))
+def test_woken_readers_in_one_call_are_told_and_recorded_as_their_pulls_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, readers: list[tuple[int, bool, str, Any, bool]]
+) -> None:
+    """pull_many hands readers in the same place the reply the first of them got (their own id in it) and
+    records each one's delivery itself: every reply, every stored subscription and the monitor's row are
+    the same as the same pulls made one by one on a copy of the database (the control), readers alike or
+    not, refused or not."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("alike")
+    clock = [1_000_000.0]
+    store = SQLiteStore(str(tmp / "a.db"), synchronous="OFF")
+    service = MonitorService(store, clock=lambda: clock[0])
+    owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [RUN]}, None)["owner_token"]
+    seqs = [service.publish("ci", {"type": RUN, "subject": s}, owner)["seq"] for s in ("b0", "b1", "b2")]
+    asks = []
+    for i, (acked, ahead, flt, limit, wrong) in enumerate(readers):
+        made = service.subscribe({"monitor": "ci", "subscriber": f"agent:r{i}", "filter": FILTERS[flt]}, None)
+        sid, token = made["subscription"]["id"], made["token"]
+        if acked:
+            service.ack(sid, token, {"cursor": seqs[acked - 1] + 1})
+        if ahead:
+            service.pull(sid, token, limit=1)
+        asks.append((sid, "mpr_not-this-readers-token" if wrong else token, None, limit, None))
+    store.close()
+    shutil.copy(tmp / "a.db", tmp / "b.db")
+
+    def woken(name: str, many: bool) -> tuple[list[Any], list[Any], Any]:
+        clock[0] = 1_000_100.0
+        copy = MonitorService(SQLiteStore(str(tmp / name), synchronous="OFF"), clock=lambda: clock[0])
+        copy.publish("ci", {"type": RUN, "subject": "woken"}, owner)
+        if many:
+            replies = copy.pull_many(asks)
+        else:
+            replies = []
+            for sid, token, cursor, limit, inline in asks:
+                try:
+                    replies.append(copy.pull(sid, token, cursor=cursor, limit=limit, filter=inline))
+                except ProtocolError as err:
+                    replies.append(err)
+        told = [(r.code, r.message) if isinstance(r, ProtocolError) else r for r in replies]
+        subs = [copy.store.get_subscription(sid).to_row() for sid, *_ in asks]  # type: ignore[union-attr]
+        monitor = copy.store.get_monitor("ci")
+        copy.store.close()
+        return told, subs, monitor
+
+    many = woken("a.db", True)
+    one_by_one = woken("b.db", False)
+    assert many == one_by_one
+    for (sid, *_), told in zip(asks, many[0], strict=True):
+        if isinstance(told, dict):
+            assert told["subscription"] == sid  # each reader's reply names its own subscription
+
+
+def test_woken_readers_in_one_place_share_the_first_ones_page_and_reply(tmp_path: Path) -> None:
+    """Readers in the same place are answered from the first one's pull: one page read, every reply the
+    same but for the reader's id, and each reader's own delivery written. Control: a reader elsewhere
+    (another cursor) gets its own pull."""
+    store = CountingStore(str(tmp_path / "place.db"))
+    service = MonitorService(store)
+    owner, subs = feed(service, 6)
+    service.publish("ci", {"type": RUN, "subject": "early"}, owner)
+    behind = subs[-1]  # the control: it has not acked "early"
+    for sid, token in subs[:-1]:
+        service.ack(sid, token, {"cursor": service.pull(sid, token)["next"]})
+    service.publish("ci", {"type": RUN, "subject": "woken"}, owner)
+    scans = store.scans
+    replies = service.pull_many([(sid, token, None, 10, None) for sid, token in subs])
+    assert store.scans - scans == 2  # one page for the five alike, one for the reader behind them
+    first = replies[0]
+    assert isinstance(first, dict)
+    for (sid, _token), reply in zip(subs[:-1], replies[:-1], strict=True):
+        assert isinstance(reply, dict)
+        assert {**reply, "subscription": first["subscription"]} == first and reply["subscription"] == sid
+        assert [o["subject"] for o in reply["observations"]] == ["woken"]
+        assert service.store.get_subscription(sid).hwm == reply["next"] - 1  # its own delivery, written
+        # built once: the first reader's observation objects, not a copy made again per reader
+        assert all(a is b for a, b in zip(reply["observations"], first["observations"], strict=True))
+    control = replies[-1]
+    assert isinstance(control, dict) and control["subscription"] == behind[0]
+    assert [o["subject"] for o in control["observations"]] == ["early", "woken"]
+    assert control["observations"][-1] is not first["observations"][-1]  # its own pull built its own
+
+
 # ---------------------------------------------------------------------------------------------- the engine
 
 

@@ -358,6 +358,23 @@ def pull(
     stored = _reader(tx, sub_id, token, system)  # what the store holds: the lazy mute clock is measured on it
     sub = core.alive(stored)
     rec = monitor_of(tx, sub.monitor)
+    reply, _page = _pull(core, tx, stored, sub, rec, cursor, limit, inline, memo, delivered)
+    return reply
+
+
+def _pull(
+    core: ServiceCore,
+    tx: Tx,
+    stored: Subscription,
+    sub: Subscription,
+    rec: Monitor,
+    cursor: Any,
+    limit: Any,
+    inline: Any,
+    memo: dict[Any, Any] | None,
+    delivered: dict[str, int] | None,
+) -> tuple[dict[str, Any], _Page]:
+    """pull's work once the reader is known: its reply, and the page it read."""
     replay = cursor is not None
     inline_flt = _inline_filter(rec, sub, inline)
     lim = _pull_limit(limit, sub.filter, inline_flt)
@@ -380,9 +397,10 @@ def pull(
         sub = _record_delivery(core, tx, rec, stored, sub, page, delivered)
     if memo is not None and rec.id in tx.appended:
         memo = None  # the bookmark was appended by this call
-    return _pull_reply(
+    reply = _pull_reply(
         tx, rec, sub, page, hwm, lag_exact=not (page.capped and not replay and not inline_flt), memo=memo
     )
+    return reply, page
 
 
 def _reader(tx: Tx, sub_id: str, token: str | None, system: bool) -> Subscription:
@@ -587,31 +605,90 @@ PullAsk = tuple[str, str | None, Any, Any, Any]  # (subscription, token, cursor,
 def pull_many(core: ServiceCore, tx: Tx, asks: list[PullAsk]) -> list[dict[str, Any] | ProtocolError]:
     """The pulls of readers one append woke, in one call: what they read alike (the page, the lag) is read
     once, their deliveries are written in one apply; each gets its own reply, or its own refusal (a refusal
-    comes before its pull stages anything, so it costs the others nothing)."""
+    comes before its pull stages anything, so it costs the others nothing). Readers in the same place (see
+    _Alike) get the reply the first of them got, with their own id: only what is theirs is done again."""
     memo: dict[Any, Any] = {}
     delivered: dict[str, int] = {}  # monitor -> rows its readers got for the first time, written once
+    alike: dict[Any, _Alike] = {}
     out: list[dict[str, Any] | ProtocolError] = []
     for sub_id, token, cursor, limit, inline in asks:
         try:
-            out.append(
-                pull(
-                    core,
-                    tx,
-                    sub_id,
-                    token,
-                    cursor,
-                    limit,
-                    inline,
-                    system=False,
-                    memo=memo,
-                    delivered=delivered,
-                )
-            )
+            out.append(_pull_alike(core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike))
         except ProtocolError as err:
             out.append(err)
     for monitor_id, fresh in delivered.items():
         count_deliveries(tx, monitor_of(tx, monitor_id), fresh)
     return out
+
+
+@dataclass(slots=True)
+class _Alike:
+    """A woken pull's outcome, for the next readers in the same place: what they read and what they are told
+    are the same, only the reader's own record and id differ."""
+
+    rec: Monitor
+    page: _Page
+    reply: dict[str, Any]
+
+
+def _place(rec: Monitor, sub: Subscription, limit: Any) -> Any:
+    """Where a reader stands, as far as a pull (no replay, no inline filter) can tell: two readers in the
+    same place read the same rows and take the same branches, and their replies differ only in their id.
+    What decides each part of _pull: the log's bounds (the floor's reset, the page, the lag), the cursor
+    (where the page starts), the high-water mark (which rows come back marked redelivered), the scan mark
+    (rows known not to match), relist (the bookmark), the reset policy, the filter and the limit asked
+    (the page). None: a limit no other reader will send alike (not a number or its text), pulled alone."""
+    if limit is not None and type(limit) not in (int, str):
+        return None
+    return (
+        rec.id,
+        rec.head,
+        rec.floor,
+        sub.cursor,
+        sub.hwm,
+        sub.scan_mark,
+        sub.relist,
+        sub.reset_policy,
+        filters.key_of(sub.filter),
+        limit,
+    )
+
+
+def _pull_alike(
+    core: ServiceCore,
+    tx: Tx,
+    sub_id: str,
+    token: str | None,
+    cursor: Any,
+    limit: Any,
+    inline: Any,
+    memo: dict[Any, Any],
+    delivered: dict[str, int],
+    alike: dict[Any, _Alike],
+) -> dict[str, Any]:
+    """One woken reader's pull in pull_many. Its token, its capability and its record are its own, always;
+    in the place of a reader already answered in this call it gets that reply, its delivery recorded."""
+    if cursor is not None or inline is not None:  # a replay or an inline filter: the whole pull
+        return pull(
+            core, tx, sub_id, token, cursor, limit, inline, system=False, memo=memo, delivered=delivered
+        )
+    stored = _reader(tx, sub_id, token, False)
+    sub = core.alive(stored)
+    rec = monitor_of(tx, sub.monitor)
+    place = _place(rec, sub, limit)
+    known = None if place is None else alike.get(place)
+    if known is None or known.rec is not rec:  # (another version of the monitor: read it afresh)
+        reply, page = _pull(core, tx, stored, sub, rec, None, limit, None, memo, delivered)
+        # Only a plain pull is shared: one that reset the reader, marked rows examined in vain or appended
+        # a bookmark changed the reader's record on the way, which is that reader's alone.
+        if place is not None and not page.changed and rec.id not in tx.appended:
+            alike[place] = _Alike(rec, page, reply)
+        return reply
+    _record_delivery(core, tx, rec, stored, sub, known.page, delivered)
+    reply = dict(known.reply)
+    reply["subscription"] = sub.id
+    reply["observations"] = list(known.reply["observations"])  # the rows' objects shared, never changed
+    return reply
 
 
 def count_deliveries(tx: Tx, rec: Monitor, fresh: int) -> None:
