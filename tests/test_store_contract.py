@@ -29,7 +29,7 @@ from monitor_protocol.core.store_contract import LOG_COLUMNS, Changes, LogQuery,
 from monitor_protocol.store.indexeddb import decode_records, encode_changes, record_key
 from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
 from monitor_protocol.store.sql import next_prefix
-from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked
+from monitor_protocol.store.sqlite import COUNT_ACTIVE_SQL, SQLiteStore, StoreLocked, StoreVersionError
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick
@@ -782,7 +782,7 @@ def test_sqlite_commit_survives_reopen_and_rollback_does_not(tmp_path):
     assert [m.id for m in again.list_monitors()] == ["kept"] and again.get_observation("kept", 1) == obs(
         "kept", 1
     )
-    assert again._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert again._db.execute("PRAGMA user_version").fetchone()[0] == 3
     assert again._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert again._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     again.close()
@@ -844,13 +844,11 @@ def test_sqlite_columns_are_the_records_fields(tmp_path):
     )
     db = s._db
     assert db.execute("SELECT status, head, floor FROM monitors").fetchone() == ("paused", 42, 7)
-    assert db.execute("SELECT state, cursor, hwm, mute_since, token_hash FROM subscriptions").fetchone() == (
-        "retired",
-        12,
-        15,
-        1790000050.5,
-        "th",
-    )
+    assert db.execute(
+        "SELECT state, cursor, hwm, mute_since, token_hash, last_pull FROM subscriptions"
+    ).fetchone() == ("retired", 12, 15, 1790000050.5, "th", 1790000060.0)
+    sub_rest = json.loads(db.execute("SELECT rec FROM subscriptions").fetchone()[0])
+    assert "last_pull" not in sub_rest and "hwm" not in sub_rest and sub_rest["grant"] == "owner"
     assert db.execute("SELECT state, holder, renewed, duration FROM leases").fetchone() == (
         "dead_lettered",
         None,
@@ -865,6 +863,119 @@ def test_sqlite_columns_are_the_records_fields(tmp_path):
         "agent:a",
     )
     s.close()
+
+
+def test_sqlite_a_version_2_file_is_brought_to_version_3_with_its_last_pulls(tmp_path):
+    """Version 2 kept a subscription's last pull in its JSON rest; opening such a file moves it to the column
+    (one transaction) and every record reads back as it was. Control: a file of an unknown version is still
+    refused, and left as it was."""
+    path = tmp_path / "v2.db"
+    s = SQLiteStore(str(path))
+    put(s, monitors=[FULL_MONITOR], subscriptions=[FULL_SUBSCRIPTION, sub("sub-never")])
+    s.close()
+    raw = sqlite3.connect(path)  # the same file as version 2 wrote it
+    for sid, last_pull, text in raw.execute("SELECT id, last_pull, rec FROM subscriptions").fetchall():
+        rest = json.loads(text)
+        rest["last_pull"] = last_pull
+        raw.execute("UPDATE subscriptions SET rec=? WHERE id=?", (json.dumps(rest), sid))
+    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
+    raw.execute("PRAGMA user_version=2")
+    raw.commit()
+    raw.close()
+    again = SQLiteStore(str(path))
+    assert again._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert again.get_subscription("sub-full") == FULL_SUBSCRIPTION
+    assert again.get_subscription("sub-never") == sub("sub-never")  # never pulled: None, as before
+    assert again._db.execute("SELECT last_pull FROM subscriptions WHERE id='sub-full'").fetchone() == (
+        1790000060.0,
+    )
+    assert "last_pull" not in json.loads(again._db.execute("SELECT rec FROM subscriptions").fetchone()[0])
+    again.close()
+    # control: a version this store does not know is refused, and the file keeps its version
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version=9")
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreVersionError, match="version 9"):
+        SQLiteStore(str(path))
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 9
+    raw.close()
+
+
+# A subscription's next version: a pull's delivery (its own columns only, every other field the same
+# object), an ack (its reply memo, in the JSON rest, too), or a change of another part of the rest.
+SUB_STEP = st.one_of(
+    st.tuples(st.just("deliver"), st.integers(0, 50), st.floats(1e9, 2e9)),
+    st.tuples(st.just("ack"), st.integers(0, 50), st.floats(1e9, 2e9)),
+    st.tuples(st.just("rest"), st.sampled_from(["relist", "scan_mark", "filter", "revoked"]), st.booleans()),
+    st.tuples(st.just("rolled back"), st.integers(0, 50), st.floats(1e9, 2e9)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(SUB_STEP, min_size=1, max_size=12))
+def test_sqlite_a_subscriptions_row_reads_back_as_its_last_version_whatever_wrote_it(tmp_path, steps):
+    """Whether a version is written as its columns alone (a delivery: no JSON), with its JSON rest (an ack,
+    another change) or rolled back, the file opened again holds the last version committed, field for
+    field."""
+    path = tmp_path / f"steps-{abs(hash(tuple(steps)))}.db"
+    s = SQLiteStore(str(path), synchronous="OFF")
+    current = sub("sub-1")
+    put(s, subscriptions=[current])
+    for kind, a, b in steps:
+        if kind in ("deliver", "rolled back"):
+            nxt = replace(current, cursor=a, hwm=a + 1, mute_since=b, last_pull=b)
+        elif kind == "ack":
+            nxt = replace(current, cursor=a, last_ack=AckMemo(a, {"cursor": a, "lag": 0}), mute_since=b)
+        else:
+            nxt = replace(
+                current,
+                relist=b if a == "relist" else current.relist,
+                scan_mark=(1, 5) if a == "scan_mark" and b else current.scan_mark,
+                filter={"types": ["x"]} if a == "filter" and b else current.filter,
+                revoked=b if a == "revoked" else current.revoked,
+            )
+        if kind == "rolled back":
+            with pytest.raises(RuntimeError), s.transaction():
+                s.apply(Changes(subscriptions=[nxt]))
+                raise RuntimeError
+        else:
+            put(s, subscriptions=[nxt])
+            current = nxt
+        assert s.get_subscription("sub-1") == current
+    s.close()
+    again = SQLiteStore(str(path))
+    assert again.get_subscription("sub-1") == current
+    again.close()
+
+
+def test_sqlite_a_delivery_writes_the_readers_columns_and_no_json(tmp_path):
+    """A pull's delivery changes the reader's cursor columns alone: its write is the UPDATE of those columns,
+    with no `rec`. Control: an ack changes the reply memo in the JSON rest, and its write carries `rec`."""
+    s = SQLiteStore(str(tmp_path / "step.db"))
+    first = sub("sub-1")
+    put(s, subscriptions=[first])
+    statements: list[str] = []
+    s._db.set_trace_callback(statements.append)
+    delivered = replace(first, hwm=3, last_pull=1790000001.0, mute_since=1790000001.0)
+    put(s, subscriptions=[delivered])
+    writes = [x for x in statements if "subscriptions" in x and x.startswith(("INSERT", "UPDATE"))]
+    assert (
+        len(writes) == 1
+        and writes[0].startswith("UPDATE subscriptions SET cursor=")
+        and "rec=" not in writes[0]
+    )
+    statements.clear()
+    acked = replace(delivered, cursor=4, last_ack=AckMemo(4, {"cursor": 4, "lag": 0}))
+    put(s, subscriptions=[acked])
+    s._db.set_trace_callback(None)
+    writes = [x for x in statements if "subscriptions" in x and x.startswith(("INSERT", "UPDATE"))]
+    assert len(writes) == 1 and "rec=" in writes[0]
+    s.close()
+    again = SQLiteStore(str(tmp_path / "step.db"))
+    assert again.get_subscription("sub-1") == acked
+    again.close()
 
 
 def _plan(s: SQLiteStore, sql: str, args: tuple) -> str:

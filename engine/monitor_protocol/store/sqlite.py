@@ -5,16 +5,19 @@ section 10), a `quick_check` at open, and every storage failure raised as `Stora
 One writer per file, and which driver errors are the storage's fault: sqlite_file.py. A LogQuery as SQL:
 sqlite_query.py. What the SQL stores share: sql.py.
 
-The schema (format version 2, in `PRAGMA user_version`) is columnar: what a read selects or a filter tests
+The schema (format version 3, in `PRAGMA user_version`) is columnar: what a read selects or a filter tests
 is a column, indexed where a read needs it, and the rest of a record is one JSON column (`rec`), so each
-fact is stored once. The log keeps the event as served (`event`) beside copies of its filterable attributes,
-and `scan`/`count` push a LogQuery into SQL. A file of another version is refused at open.
+fact is stored once. What a reader's pull changes (its cursor, high-water mark, mute clock and last pull)
+is columns too, so that writing a delivery encodes no JSON. The log keeps the event as served (`event`)
+beside copies of its filterable attributes, and `scan`/`count` push a LogQuery into SQL. A version 2 file
+is brought to version 3 at open, in one transaction; a file of another version is refused.
 
 A transaction that writes nothing (no apply, an empty Changes, or one that changed no row) is rolled back,
 not committed: it costs no fsync. `stats` counts durable commits with writes and those read-only calls."""
 
 from __future__ import annotations
 
+import operator
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -76,7 +79,9 @@ __all__ = [
     "is_storage_failure",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# What a reader's pull or ack changes, as columns of their own (SQLite's schema; PostgreSQL keeps its own).
+SUBSCRIPTION_ROW = (*SUBSCRIPTION_COLUMNS, "last_pull")
 
 # Statements, not a script: `executescript` would commit the migration's open transaction first.
 SCHEMA = (
@@ -99,7 +104,7 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS subscriptions (
         id TEXT PRIMARY KEY, monitor TEXT NOT NULL, subscriber TEXT NOT NULL, token_hash TEXT NOT NULL,
         state TEXT NOT NULL, cursor INTEGER NOT NULL, hwm INTEGER NOT NULL, mute_since REAL NOT NULL,
-        rec TEXT NOT NULL
+        rec TEXT NOT NULL, last_pull REAL
     )""",
     "CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_name ON subscriptions (monitor, subscriber)",
     "CREATE INDEX IF NOT EXISTS subscriptions_by_token ON subscriptions (token_hash)",
@@ -116,10 +121,15 @@ SCHEMA = (
 )
 
 _PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id")
-_PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_COLUMNS, "id")
+_PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_ROW, "id")
 # A reader's usual write (an ack, a pull's delivery): only the columns no index holds. Setting the indexed
 # ones too (the upsert) rewrites all four index entries even when their values are the same.
-_MOVE_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, rec=? WHERE id=?"
+_MOVE_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, last_pull=?, rec=? WHERE id=?"
+# A delivery's write, when the rest of the record (`rec`) is what the row already holds: no JSON at all.
+_STEP_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, last_pull=? WHERE id=?"
+# The fields of a Subscription that live in `rec` (every field not in SUBSCRIPTION_ROW), read at once. Tuples
+# compare item by item, each the same object first (a delivery's copy shares them all) and then equal.
+_SUB_REST = operator.attrgetter(*(f for f in Subscription.__dataclass_fields__ if f not in SUBSCRIPTION_ROW))
 _PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject")
 _PUT_OBSERVATION = (
     f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
@@ -222,9 +232,13 @@ class SQLiteStore(Store):
 
     # --- the format version -----------------------------------------------------------------------
     def _open_schema(self, real: str) -> None:
-        """A file of this version opens as it is; an empty one gets the schema, in one transaction."""
+        """A file of this version opens as it is; an empty one gets the schema, and a version 2 file the
+        change to version 3, each in one transaction."""
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
         if version == SCHEMA_VERSION:
+            return
+        if version == 2:
+            self._migrate_from_2(real)
             return
         if version != 0:
             raise StoreVersionError(
@@ -244,6 +258,29 @@ class SQLiteStore(Store):
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             self._rollback()
+            raise
+        self._commit()
+
+    def _migrate_from_2(self, real: str) -> None:
+        """Version 2 kept a subscription's last pull in `rec`; version 3 keeps it in a column of its own, so
+        that a delivery's write encodes no JSON. One transaction: a failure leaves the file as it was."""
+        self._begin()
+        try:
+            self._db.execute("ALTER TABLE subscriptions ADD COLUMN last_pull REAL")
+            moved = []
+            for sub_id, text in self._db.execute("SELECT id, rec FROM subscriptions").fetchall():
+                rest = wire.decode_trusted(text)
+                moved.append((rest.pop("last_pull", None), wire.encode_text(rest), sub_id))
+            self._db.executemany("UPDATE subscriptions SET last_pull=?, rec=? WHERE id=?", moved)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException as exc:
+            self._rollback()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreVersionError(
+                    f"The database {real} is in format version 2 and could not be brought to version "
+                    f"{SCHEMA_VERSION} ({exc}); it was left as it was. Nothing will be served from it: free "
+                    "what failed (disk space, permissions) and start again, or start with another --db."
+                ) from exc
             raise
         self._commit()
 
@@ -543,33 +580,53 @@ class SQLiteStore(Store):
             db.execute("DELETE FROM publish_keys WHERE at<?", (float(changes.purge_keys_before),))
 
     def _write_subscriptions(self, subs: list[Subscription]) -> None:
-        """A row whose indexed columns this process wrote last, unchanged, gets the narrow UPDATE; one that
-        turns out not to be there (rowcount 0) gets the upsert, so a stale memory can cost a statement, never
-        a write. The upserts go one statement each, in order (the unique index checks each new identity).
-        Several narrow UPDATEs (the readers one append woke) go first, as one executemany (they touch no
-        indexed column, so their order against the upserts changes nothing); when its rowcount says a row
-        was missing, every one of them gets the upsert too (their values again: nothing else changes)."""
+        """A row whose indexed columns this process wrote last, unchanged, gets a narrow UPDATE: of its own
+        columns alone (`_STEP_SUBSCRIPTION`, no JSON) when the rest of the record is what the row holds (a
+        pull's delivery), else with `rec` too. One that turns out not to be there (rowcount 0) gets the
+        upsert, so a stale memory can cost a statement, never a write. The upserts go one statement each,
+        in order (the unique index checks each new identity); the narrow UPDATEs go first, each kind as one
+        executemany (they touch no indexed column, so their order against the upserts changes nothing), and
+        when a rowcount says a row was missing, every one of them gets the upsert too (their values again:
+        nothing else changes). A subscription named twice takes the upserts, in order."""
         db, keys = self._db, self._sub_keys
-        if len(subs) > 1:  # the readers one append woke: their narrow UPDATEs as one executemany
-            rows = [row_values(sub.to_row(), SUBSCRIPTION_COLUMNS) for sub in subs]
-            narrow = [values for values in rows if keys.get(values[0]) == values[1:5]]
-            if narrow:
-                moved = db.executemany(_MOVE_SUBSCRIPTION, [(*v[5:], v[0]) for v in narrow])
-                if moved.rowcount == len(narrow):
-                    rows = [values for values in rows if keys.get(values[0]) != values[1:5]]
-            for values in rows:  # the rest, or all of them again when a row was not there (same values)
-                db.execute(_PUT_SUBSCRIPTION, values)
-                keys[values[0]] = values[1:5]
-            return
+        steps: list[tuple[Any, ...]] = []
+        others: list[Subscription] = []
+        seen: set[str] = set()
         for sub in subs:
-            values = row_values(sub.to_row(), SUBSCRIPTION_COLUMNS)
-            identity = values[1:5]
-            if keys.get(sub.id) == identity:
-                moved = db.execute(_MOVE_SUBSCRIPTION, (*values[5:], values[0]))
-                if moved.rowcount == 1:
-                    continue
+            if sub.id in seen:  # two versions in one apply: the last wins, so write them all in order
+                steps, others = [], list(subs)
+                break
+            seen.add(sub.id)
+            if keys.get(sub.id) == (sub.monitor, sub.subscriber, sub.token_hash, sub.state.value) and (
+                self._rest_stored(sub)
+            ):
+                steps.append((sub.cursor, sub.hwm, sub.mute_since, sub.last_pull, sub.id))
+            else:
+                others.append(sub)
+        upsert_all = bool(steps) and not self._narrow(_STEP_SUBSCRIPTION, steps)
+        if upsert_all:
+            others = list(subs)  # a row was not there: the upsert for every one (same values)
+        if not others:
+            return
+        rows = [row_values(sub.to_row(), SUBSCRIPTION_ROW) for sub in others]
+        narrow = [] if upsert_all else [(*v[5:], v[0]) for v in rows if keys.get(v[0]) == v[1:5]]
+        if narrow and self._narrow(_MOVE_SUBSCRIPTION, narrow):
+            rows = [v for v in rows if keys.get(v[0]) != v[1:5]]
+        for values in rows:  # the rest, or all of them again when a row was not there (same values)
             db.execute(_PUT_SUBSCRIPTION, values)
-            keys[sub.id] = identity
+            keys[values[0]] = values[1:5]
+
+    def _narrow(self, sql: str, params: list[tuple[Any, ...]]) -> bool:
+        """Run a narrow UPDATE for each row; False when one of the rows was not there."""
+        moved = self._db.execute(sql, params[0]) if len(params) == 1 else self._db.executemany(sql, params)
+        return moved.rowcount == len(params)
+
+    def _rest_stored(self, sub: Subscription) -> bool:
+        """Whether the row already holds `sub`'s `rec`: the version this process last wrote or read for it
+        (the cache holds nothing a rollback took back) has the same fields outside the columns. A pull's
+        delivery is a copy that changes columns alone, so its fields are the very same objects."""
+        old = self._subs.get(sub.id)
+        return old is not None and _SUB_REST(old) == _SUB_REST(sub)
 
     # --- monitors ---------------------------------------------------------------------------------
     _GET_MONITOR = f"SELECT {', '.join(MONITOR_COLUMNS)}, rec FROM monitors"
@@ -738,11 +795,11 @@ class SQLiteStore(Store):
         return [r[0] for r in rows]
 
     # --- subscriptions ----------------------------------------------------------------------------
-    _GET_SUBSCRIPTION = f"SELECT {', '.join(SUBSCRIPTION_COLUMNS)}, rec FROM subscriptions"
+    _GET_SUBSCRIPTION = f"SELECT {', '.join(SUBSCRIPTION_ROW)}, rec FROM subscriptions"
 
     def _subscription(self, where: str, args: tuple[Any, ...]) -> Subscription | None:
         row = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE {where}", args).fetchone()
-        return Subscription.from_row(row_of(row, SUBSCRIPTION_COLUMNS)) if row else None
+        return Subscription.from_row(row_of(row, SUBSCRIPTION_ROW)) if row else None
 
     @guarded
     def get_subscription(self, sub_id: str) -> Subscription | None:
@@ -768,7 +825,7 @@ class SQLiteStore(Store):
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} ORDER BY id")
         else:
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE monitor=? ORDER BY id", (monitor_id,))
-        return [Subscription.from_row(row_of(r, SUBSCRIPTION_COLUMNS)) for r in rows]
+        return [Subscription.from_row(row_of(r, SUBSCRIPTION_ROW)) for r in rows]
 
     @guarded
     def count_active_subscriptions(self, monitor_id: str) -> int:

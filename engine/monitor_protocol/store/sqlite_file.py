@@ -134,7 +134,7 @@ def _read_note(note_path: str, inode: tuple[int, int]) -> dict[str, Any] | None:
 
 class StoreVersionError(StoreCorrupt):
     """The file's format version is not one this store reads or migrates (a newer one, most likely), or a
-    version 1 file failed to migrate (and was left as it was). A StoreCorrupt, so that every door that
+    version 2 file failed to migrate (and was left as it was). A StoreCorrupt, so that every door that
     refuses a damaged file at open refuses this one too, with this message."""
 
 
