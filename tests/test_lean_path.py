@@ -28,7 +28,9 @@ from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.store_contract import StorageError
 from monitor_protocol.doors.engines import LoopEngine
+from monitor_protocol.doors.http import app as app_module
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.doors.http.protocol import HttpConnection, HttpServer
 from monitor_protocol.store.sqlite import SQLiteStore
@@ -216,6 +218,72 @@ async def test_readers_woken_together_are_rechecked_in_one_call_that_reads_once(
         status, body = transport.replies()[-1]
         assert status == 200 and body["subscription"] == sid  # each reply its own reader's
         assert [o["subject"] for o in body["observations"]] == ["build-9"]
+
+
+async def park_all(server: HttpServer, subs: list[tuple[str, str]]) -> list[tuple[HttpConnection, Transport]]:
+    readers = [connect(server) for _ in subs]
+    for (conn, _t), (sid, token) in zip(readers, subs, strict=True):
+        conn.data_received(get(f"/mp/v0/subscriptions/{sid}/pull?wait=30&limit=10", token))
+    await until(lambda: server.app.waiters.parked_on("ci") == len(subs), "every poll to park")
+    return readers
+
+
+async def test_the_long_polls_an_append_wakes_are_rechecked_in_its_own_commit(door, monkeypatch) -> None:
+    """A publish that wakes a few parked long polls re-checks them inside its own group commit: one fsync for
+    the append and their deliveries (each reader's high-water mark durable with it), every reply after it.
+    Control: more readers than app.JOIN_WOKEN_MAX take a group of their own, after it."""
+    server, service, store = door
+    owner, subs = feed(service, 3)
+    readers = await park_all(server, subs)
+    commits = store.stats.commits
+    writer, publisher = connect(server)
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "joined"}, owner))
+    await until(lambda: all(t.replies() for _c, t in readers) and publisher.replies(), "every reply")
+    assert store.stats.commits - commits == 1  # the append and the three deliveries, one commit
+    for (_conn, transport), (sid, _token) in zip(readers, subs, strict=True):
+        status, body = transport.replies()[-1]
+        assert status == 200 and [o["subject"] for o in body["observations"]] == ["joined"]
+        assert store.get_subscription(sid).hwm == body["next"] - 1  # delivered, and committed
+    assert publisher.replies()[-1][0] == 201
+    # control: a fan-out larger than the joiner takes re-checks its readers in a commit of its own
+    for (sid, token), (_conn, transport) in zip(subs, readers, strict=True):
+        service.ack(sid, token, {"cursor": transport.replies()[-1][1]["next"]})
+    monkeypatch.setattr(app_module, "JOIN_WOKEN_MAX", 2)
+    readers = await park_all(server, subs)
+    commits = store.stats.commits
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "alone"}, owner))
+    await until(lambda: all(t.replies() for _c, t in readers), "every reply")
+    assert store.stats.commits - commits == 2
+
+
+async def test_readers_joined_to_a_commit_that_fails_are_rechecked_on_their_own(door, monkeypatch) -> None:
+    """When the group a woken re-check joined fails (here its commit), the publisher hears the failure but
+    the readers do not: they are re-checked in a group of their own, find the append rolled back, and wait
+    on; the next append reaches them. Without that they would be answered with the group's 503."""
+    server, service, store = door
+    owner, subs = feed(service, 2)
+    readers = await park_all(server, subs)
+    commit, failed = store._commit, []
+
+    def failing_once() -> None:
+        if not failed:
+            failed.append(True)
+            store._rollback()
+            raise StorageError("the disk is full (a test)")
+        commit()
+
+    monkeypatch.setattr(store, "_commit", failing_once)
+    writer, publisher = connect(server)
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "lost"}, owner))
+    await until(lambda: publisher.replies(), "the publisher's reply")
+    assert publisher.replies()[-1][0] == 503 and failed == [True]
+    await until(lambda: server.app.waiters.parked_on("ci") == 2, "the readers to wait again")
+    assert [t.replies() for _c, t in readers] == [[], []]  # nobody was told the group's failure
+    writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "kept"}, owner))
+    await until(lambda: all(t.replies() for _c, t in readers), "every reply")
+    for _conn, transport in readers:
+        status, body = transport.replies()[-1]
+        assert status == 200 and [o["subject"] for o in body["observations"]] == ["kept"]
 
 
 async def test_woken_readers_replies_are_written_from_the_engines_answer(door) -> None:

@@ -28,7 +28,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from monitor_protocol.core.errors import storage_unavailable
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
@@ -38,6 +38,20 @@ log = logging.getLogger("monitor_protocol.http")
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
 Deliver = Callable[[bool, Any], None]
+
+
+class Joiner(Protocol):
+    """Calls that want to join a LoopEngine group before its commit (see LoopEngine)."""
+
+    def wanted(self) -> bool:
+        """Whether there may be any (cheap: asked before every group)."""
+        ...
+
+    def take(self) -> list[tuple[Callable[..., Any], tuple[Any, ...], Deliver]]:
+        """The calls to run now, in the group, each with its deliver(ok, value) for after the commit."""
+        ...
+
+
 # What a seat tells ``on_commit`` after each batch, on the thread that ran it: its wall seconds, the CPU seconds
 # that thread spent on it (the calls and their commit, the fsync's system time included), and its calls.
 CommitHook = Callable[[float, float, int], None]
@@ -754,13 +768,19 @@ def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
         return False, exc
 
 
+Calls = list[tuple[Callable[..., Any], tuple[Any, ...]]]
+
+
 def run_group(
-    batch: Callable[[], Any] | None, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]
+    batch: Callable[[], Any] | None, calls: Calls, join: Callable[[], Calls] | None = None
 ) -> list[tuple[bool, Any]]:
     """Run the calls, inside one ``batch()`` (one group commit) when the store has one and there is more
-    than one call; each outcome is (True, result) or (False, exception). When the group commit fails,
-    nothing in it may be reported as done: every call gets the failure."""
-    if len(calls) == 1 or batch is None:
+    than one call, or a ``join``; each outcome is (True, result) or (False, exception). When the group
+    commit fails, nothing in it may be reported as done: every call gets the failure. ``join`` is asked,
+    once the calls have run and before their commit, for more calls to run in the same group (the re-checks
+    of readers the calls' appends woke: one fsync for the append and the deliveries); their outcomes follow
+    the calls'."""
+    if batch is None or (len(calls) == 1 and join is None):
         return [_outcome(fn, args) for fn, args in calls]
     if any(getattr(fn, "runs_alone", False) for fn, _args in calls):
         # A call marked runs_alone (closing the store) must not run inside a group whose commit follows it:
@@ -775,14 +795,19 @@ def run_group(
             else:
                 run.append(call)
         return outcomes + (run_group(batch, run) if run else [])
+    joined: Calls = []
     try:
         with batch():
-            return [_outcome(fn, args) for fn, args in calls]
+            outcomes = [_outcome(fn, args) for fn, args in calls]
+            if join is not None:
+                joined = join()
+                outcomes += [_outcome(fn, args) for fn, args in joined]
+            return outcomes
     except GroupConflict:  # rolled back, nothing of it kept (a shared store's row found changed): each alone
-        return [_outcome(fn, args) for fn, args in calls]
+        return [_outcome(fn, args) for fn, args in [*calls, *joined]]
     except BaseException as exc:
-        log.exception("group commit of %d engine calls failed", len(calls))
-        return [(False, exc)] * len(calls)
+        log.exception("group commit of %d engine calls failed", len(calls) + len(joined))
+        return [(False, exc)] * (len(calls) + len(joined))
 
 
 class LoopEngine(_CallbackSeat):
@@ -790,7 +815,12 @@ class LoopEngine(_CallbackSeat):
     end of the turn, and each caller hears its outcome after that commit (see the module's docstring).
 
     ``submit_to(fn, args, deliver)`` is the lean form for a door that answers from a callback (no future):
-    ``deliver(ok, value)`` runs on the loop once the group has committed."""
+    ``deliver(ok, value)`` runs on the loop once the group has committed.
+
+    ``joiner``: what a door has to join a group before its commit (``Joiner``: the HTTP door's re-checks of
+    the long polls a group's appends woke), so that they share its fsync instead of taking one of their own
+    in the next group; asked only while ``joiner.wanted()`` (someone is parked), since it makes even a lone
+    call run inside a batch."""
 
     def __init__(self, store: Any = None, max_batch: int = 256) -> None:
         self._batch = getattr(store, "batch", None)
@@ -800,6 +830,7 @@ class LoopEngine(_CallbackSeat):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
         self.on_commit: CommitHook | None = None
+        self.joiner: Joiner | None = None
 
     def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
         """Queue ``fn(*args)`` for the end of this loop turn; ``deliver(ok, value)`` after its group commit."""
@@ -844,7 +875,15 @@ class LoopEngine(_CallbackSeat):
         while jobs:
             group, jobs = jobs[: self.max_batch], jobs[self.max_batch :]
             started, cpu = time.perf_counter(), thread_cpu()
-            outcomes = run_group(self._batch, [(fn, args) for fn, args, _deliver in group])
+            joiner, join = self.joiner, None
+            if joiner is not None and self._batch is not None and joiner.wanted():
+
+                def join(joiner: Joiner = joiner, group: list[Any] = group) -> Calls:
+                    joined = joiner.take()
+                    group.extend(joined)  # delivered after the group's own calls, once it has committed
+                    return [(fn, args) for fn, args, _deliver in joined]
+
+            outcomes = run_group(self._batch, [(fn, args) for fn, args, _deliver in group], join)
             hook = self.on_commit
             if hook is not None:
                 hook(time.perf_counter() - started, thread_cpu() - cpu, len(group))

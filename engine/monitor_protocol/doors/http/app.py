@@ -71,6 +71,39 @@ def _failure(request: Request, exc: BaseException) -> tuple[Response, int]:
     return error_response(internal_failure(incident)), -1
 
 
+# The long polls an append wakes are re-checked in the append's own group commit (one fsync for the append and
+# their deliveries, instead of one each in turn) when at most this many wait: the re-check (~20 µs a reader)
+# delays the reply of every call in that group, so a larger fan-out takes a group of its own, just after.
+JOIN_WOKEN_MAX = 32
+
+
+class JoinWoken:
+    """The HTTP door's joiner for a LoopEngine (doors/engines.Joiner): the re-check of the long polls woken by
+    the appends of the group that is running, as one more call of that group."""
+
+    def __init__(self, app: MonitorApp) -> None:
+        self.app = app
+
+    def wanted(self) -> bool:
+        return self.app.waiters.parked > 0 or bool(self.app._woken)
+
+    def take(self) -> list[tuple[Callable[..., Any], tuple[Any, ...], Callable[[bool, Any], None]]]:
+        app = self.app
+        woken = app._woken
+        if not woken or len(woken) > JOIN_WOKEN_MAX:
+            return []
+        app._woken = []
+        job, answer = app._woken_job(woken)
+
+        def joined(ok: bool, value: Any) -> None:
+            if ok:
+                answer(ok, value)
+            else:  # the group failed, or the re-check in it: re-checked on their own, as if never joined
+                app._requeue_woken(woken)
+
+        return [(job, (), joined)]
+
+
 class MonitorApp:
     """An ASGI 3 application serving the Monitor Protocol over HTTP.
 
@@ -125,6 +158,8 @@ class MonitorApp:
             getattr(self.engine, "group_key", False) is None
         ):  # EngineLanes: publishes to one monitor, one commit
             self.engine.group_key = self._group_key
+        if getattr(self.engine, "joiner", False) is None:  # LoopEngine: woken readers join the append's group
+            self.engine.joiner = JoinWoken(self)
 
     # -- the engine thread ------------------------------------------------------------------------
 
@@ -171,7 +206,8 @@ class MonitorApp:
 
     def _woken_pull(self, poll: LongPoll) -> asyncio.Future[parking.Outcome]:
         """Queue a woken reader's re-check: the readers of one loop turn (those one append woke) are
-        re-checked in one engine call, MonitorService.pull_many, which reads what they share once."""
+        re-checked in one engine call, MonitorService.pull_many, which reads what they share once. Woken
+        inside an engine group (the append's own), they join that group when few (JoinWoken)."""
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[parking.Outcome] = loop.create_future()
         self._woken.append((poll, outcome))
@@ -180,9 +216,39 @@ class MonitorApp:
             loop.call_soon(self._recheck_woken)
         return outcome
 
+    def _requeue_woken(self, woken: list[tuple[LongPoll, asyncio.Future[parking.Outcome]]]) -> None:
+        """Readers whose re-check failed inside another call's group: re-checked again in a group of their own
+        (what that group appended was rolled back with it, or was kept: their own pull finds out)."""
+        self._woken.extend(woken)
+        if not self._woken_scheduled:
+            self._woken_scheduled = True
+            asyncio.get_running_loop().call_soon(self._recheck_woken)
+
     def _recheck_woken(self) -> None:
         self._woken_scheduled = False
         woken, self._woken = self._woken, []
+        if not woken:
+            return  # (re-checked in the group whose appends woke them)
+        job, answer = self._woken_job(woken)
+        try:
+            submitted = self.engine.submit(job)
+        except RuntimeError as exc:  # the engine has stopped
+            for _poll, outcome in woken:
+                if not outcome.done():
+                    response, mark = _failure(Request("GET", "(woken pulls)"), exc)
+                    outcome.set_result((response, None, mark))
+            return
+
+        def answered(done: asyncio.Future[list[tuple[Response, int]]]) -> None:
+            exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
+            answer(exc is None, exc if exc is not None else done.result())
+
+        submitted.add_done_callback(answered)
+
+    def _woken_job(
+        self, woken: list[tuple[LongPoll, asyncio.Future[parking.Outcome]]]
+    ) -> tuple[Callable[[], list[tuple[Response, int]]], Callable[[bool, Any], None]]:
+        """The engine call that re-checks these woken readers, and what answers them with its outcome."""
         polls = [poll for poll, _ in woken]
 
         def job() -> list[tuple[Response, int]]:
@@ -202,14 +268,13 @@ class MonitorApp:
                 out.append((response, mark))
             return out
 
-        def answered(done: asyncio.Future[list[tuple[Response, int]]]) -> None:
-            exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
-            replies = None if exc is not None else done.result()
+        def answer(ok: bool, value: Any) -> None:
+            replies = value if ok else None
             for i, (poll, outcome) in enumerate(woken):
                 if outcome.done():
                     continue
                 if replies is None:
-                    response, mark = _failure(Request("GET", "(woken pulls)"), exc)  # type: ignore[arg-type]
+                    response, mark = _failure(Request("GET", "(woken pulls)"), value)
                 else:
                     response, mark = replies[i]
                 waiting = response.long_poll.monitor if response.long_poll is not None else None
@@ -220,13 +285,7 @@ class MonitorApp:
                     except Exception:  # one reader's failed write must not strand the others' replies
                         log.exception("writing a woken long poll's reply failed")
 
-        try:
-            self.engine.submit(job).add_done_callback(answered)
-        except RuntimeError as exc:  # the engine has stopped
-            for _poll, outcome in woken:
-                if not outcome.done():
-                    response, mark = _failure(Request("GET", "(woken pulls)"), exc)
-                    outcome.set_result((response, None, mark))
+        return job, answer
 
     def _ensure_listening(self) -> None:
         if self._listening:
