@@ -99,6 +99,7 @@ from monitor_protocol.store.postgres_sql import (
     SUBSCRIPTION_SQL,
     dec,
     enc,
+    last_versions,
     log_where,
     numbered,
     write_statement,
@@ -586,6 +587,7 @@ class PostgresStore(Store):
         fresh = [pair for pair in changes.subjects if pair not in self._known_subjects]
         if len(fresh) != len(changes.subjects):  # a subject stored before costs no row
             changes = Changes(**{**_fields(changes), "subjects": fresh})
+        changes = last_versions(changes)
         rows = _rows_written(changes)
         if rows or changes.compactions or changes.purge_keys_before is not None:
             if s.asked:  # locks asked for and not sent: with the write when each carries its row's check

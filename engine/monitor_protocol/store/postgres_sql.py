@@ -6,7 +6,10 @@ libpq's `$n` placeholders (store/postgres_wire.py sends them prepared, parameter
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import re
+from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.core import wire
@@ -336,6 +339,32 @@ def write_statement(
     if sql is None:
         sql = _STATEMENTS[shape] = _statement(shape)
     return sql, params, tables
+
+
+def _last_versions(records: list[Any], key: Callable[[Any], Any]) -> list[Any] | None:
+    """Each record's last version, in the order of those versions, when a Changes names one twice (else
+    None): one upsert statement cannot touch a row twice."""
+    if len(records) < 2:
+        return None
+    last = {key(r): i for i, r in enumerate(records)}
+    if len(last) == len(records):
+        return None
+    return [r for i, r in enumerate(records) if last[key(r)] == i]
+
+
+def last_versions(changes: Changes) -> Changes:
+    """`changes` with one version of each monitor, subscription and lease, its last (the engine stages one;
+    a store takes any Changes, and the last version named is the one kept, as on every store)."""
+    fixed = {
+        name: kept
+        for name, records, key in (
+            ("monitors", changes.monitors, operator.attrgetter("id")),
+            ("subscriptions", changes.subscriptions, operator.attrgetter("id")),
+            ("leases", changes.leases, operator.attrgetter("monitor", "subject")),
+        )
+        if (kept := _last_versions(records, key)) is not None
+    }
+    return dataclasses.replace(changes, **fixed) if fixed else changes
 
 
 def _rows_of(changes: Changes) -> dict[str, list[tuple[Any, ...]]]:

@@ -275,7 +275,7 @@ class SQLiteStore(Store):
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException as exc:
             self._rollback()
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, Exception):  # a storage failure, or a row whose JSON rest cannot be read
                 raise StoreVersionError(
                     f"The database {real} is in format version 2 and could not be brought to version "
                     f"{SCHEMA_VERSION} ({exc}); it was left as it was. Nothing will be served from it: free "
@@ -592,9 +592,10 @@ class SQLiteStore(Store):
         steps: list[tuple[Any, ...]] = []
         others: list[Subscription] = []
         seen: set[str] = set()
+        in_order = False
         for sub in subs:
-            if sub.id in seen:  # two versions in one apply: the last wins, so write them all in order
-                steps, others = [], list(subs)
+            if sub.id in seen:  # two versions in one apply: the last wins, so the upserts, all, in order
+                in_order = True
                 break
             seen.add(sub.id)
             if keys.get(sub.id) == (sub.monitor, sub.subscriber, sub.token_hash, sub.state.value) and (
@@ -603,9 +604,10 @@ class SQLiteStore(Store):
                 steps.append((sub.cursor, sub.hwm, sub.mute_since, sub.last_pull, sub.id))
             else:
                 others.append(sub)
-        upsert_all = bool(steps) and not self._narrow(_STEP_SUBSCRIPTION, steps)
+        # A row that was not there (a short rowcount): the upsert for every one (the same values again).
+        upsert_all = in_order or (bool(steps) and not self._narrow(_STEP_SUBSCRIPTION, steps))
         if upsert_all:
-            others = list(subs)  # a row was not there: the upsert for every one (same values)
+            others = list(subs)
         if not others:
             return
         rows = [row_values(sub.to_row(), SUBSCRIPTION_ROW) for sub in others]
