@@ -25,6 +25,10 @@ os.environ.setdefault("MP_SERVE_QUIET", "1")
 CHROMIUM = build.CHROMIUM
 ARGS = build.CHROMIUM_ARGS
 ARTIFACTS = ROOT / "test-artifacts"
+# How long a page may take to become ready: two cores shared with other e2e runs, a cold Pyodide start.
+BOOT_MS = 120_000
+# What Playwright says when the page's renderer died (the `crash` event is not always heard first).
+CRASH_SIGNS = ("Page crashed", "Target crashed")
 # Context options of a Browser: the default desktop window, and a phone (about an iPhone 12-15's CSS size).
 DESKTOP = {"viewport": {"width": 1280, "height": 800}}
 PHONE = {
@@ -101,6 +105,7 @@ class Browser:
         self.device = dict(device or DESKTOP)
         self.guard = Guard(site_url)
         self.context = None
+        self.crashed_loads = 0  # loads retried after the renderer crashed (Browser.open)
         self.start()
 
     def start(self) -> None:
@@ -129,6 +134,26 @@ class Browser:
         if viewport is not None:
             page.set_viewport_size(viewport)
         return page
+
+    def open(self, path: str = "/", page=None, *, timeout: float = BOOT_MS, ready: str = "body.ready"):
+        """`path` of the site in `page` (or a new page), once `ready` matches. A renderer that crashes while
+        the page loads (BROWSER.md: Chromium's rare "Target crashed", also seen as "Page crashed" during a
+        Pyodide start on two shared cores) costs one more load in a new page, never the test; anything
+        else (a timeout, a page that never gets ready) fails at once."""
+        for attempt in range(2):
+            page = page if page is not None else self.new_page()
+            crashed: list[bool] = []
+            page.on("crash", lambda _page, crashed=crashed: crashed.append(True))
+            try:
+                page.goto(self.site_url + path)
+                page.wait_for_selector(ready, timeout=timeout)
+                return page
+            except PlaywrightError as exc:
+                if attempt or not (crashed or any(sign in str(exc) for sign in CRASH_SIGNS)):
+                    raise
+                self.crashed_loads += 1
+                page = None  # the crashed renderer's page is dead: load again in a new one
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self.context is not None:

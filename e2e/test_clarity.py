@@ -17,10 +17,7 @@ CI_TYPE = "com.example.ci.run"
 
 # ---------------------------------------------------------------------------------------- helpers
 def open_page(browser, path: str = "/", page=None):
-    page = page or browser.new_page()
-    page.goto(browser.site_url + path)
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
-    return page
+    return browser.open(path, page, timeout=BOOT_MS)
 
 
 def counter(page) -> int:

@@ -37,9 +37,7 @@ LIVE = [(n, s) for n, s in PAGES if any(b.kind != "show" for b in blocks_of(s))]
 
 
 def open_doc(browser, name: str, page=None):
-    page = page or browser.new_page()
-    page.goto(f"{browser.site_url}/docs/{name}.html")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    page = browser.open(f"/docs/{name}.html", page, timeout=BOOT_MS)
     assert page.evaluate("MP.errors") == []
     return page
 

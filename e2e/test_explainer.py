@@ -23,10 +23,7 @@ RACE_SEED = 32  # with this seed the notification reader is down at tick 1 and t
 # ---------------------------------------------------------------------------------------- helpers
 def open_page(browser, query: str = "", page=None):
     """A new page of `browser` (a conftest Browser), or `page`, on the playground, once it is ready."""
-    page = page or browser.new_page()
-    page.goto(browser.site_url + "/" + query)
-    page.wait_for_selector("body.ready", timeout=60_000)
-    return page
+    return browser.open("/" + query, page, timeout=60_000)
 
 
 def counter(page) -> int:

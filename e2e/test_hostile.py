@@ -143,10 +143,7 @@ def hostile(any_browser):
 
 # ---------------------------------------------------------------------------------------- the page
 def open_playground(browser):
-    page = browser.new_page()
-    page.goto(browser.site_url + "/")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
-    return page
+    return browser.open("/", timeout=BOOT_MS)
 
 
 def act(page, selector: str) -> None:

@@ -37,9 +37,7 @@ def history() -> list[dict]:
 
 
 def open_playground(browser):
-    page = browser.new_page()
-    page.goto(browser.site_url + "/")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    page = browser.open("/", timeout=BOOT_MS)
     page.click("#tabs button[data-tab='playground']")
     page.wait_for_selector("#tab-playground.view.active", timeout=ACT_MS)
     page.click("#share-import-box summary")

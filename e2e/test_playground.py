@@ -19,10 +19,7 @@ RACE_SEED = 3  # with this seed the notification reader is down for some builds 
 
 # ---------------------------------------------------------------------------------------- helpers
 def open_playground(browser, page=None, path: str = "/"):
-    page = page or browser.new_page()
-    page.goto(browser.site_url + path)
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
-    return page
+    return browser.open(path, page, timeout=BOOT_MS)
 
 
 def actions_count(page) -> int:

@@ -91,10 +91,7 @@ def seed(srv: Server) -> dict:
 
 # ---------------------------------------------------------------------------------------- the page
 def open_playground(browser, page=None):
-    page = page or browser.new_page()
-    page.goto(browser.site_url + "/")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
-    return page
+    return browser.open("/", page, timeout=BOOT_MS)
 
 
 def wait_actions(page, before: int) -> None:

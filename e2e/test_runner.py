@@ -71,9 +71,7 @@ def open_with_runner(browser) -> tuple[object, str, list[str]]:
     browser requested (pages, workers and the service worker alike)."""
     requests: list[str] = []
     browser.context.on("request", lambda r: requests.append(r.url))
-    page = browser.new_page()
-    page.goto(browser.site_url + "/")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    page = browser.open("/", timeout=BOOT_MS)
     assert page.evaluate("MP.ns") == ""
     assert page.evaluate(HARNESS, RUN_MS)
     return page, page.evaluate("location.origin"), requests

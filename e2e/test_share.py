@@ -22,10 +22,7 @@ OBSERVATION = schemas.validator("observation")
 
 
 def open_playground(browser, path: str = "/"):
-    page = browser.new_page()
-    page.goto(browser.site_url + path)
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
-    return page
+    return browser.open(path, timeout=BOOT_MS)
 
 
 def act(page, selector: str) -> None:
