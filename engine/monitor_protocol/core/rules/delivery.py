@@ -534,15 +534,16 @@ def _record_delivery(
     sub: Subscription,
     page: _Page,
     delivered: dict[str, int] | None = None,
+    news: tuple[int, int] | None = None,
 ) -> Subscription:
     """What a (non-replay) pull records: the delivered high-water mark and the monitor's delivered count
     when new rows went out or the reader's record changed, else only a remembered sign of life (the lazy
     mute clock, runtime.MUTE_FLUSH_SECONDS) unless it is due to be written. With `delivered`, the
-    monitor's count is added there, for the caller to write once (see count_deliveries)."""
+    monitor's count is added there, for the caller to write once (see count_deliveries). `news`: what
+    `_news(page, sub.hwm)` gives, when the caller knows it already (readers in one place)."""
     now = tx.now
     hwm = sub.hwm
-    new_hwm = max(hwm, page.batch[-1].seq) if page.batch else hwm
-    fresh = sum(1 for obs in page.batch if obs.seq > hwm)
+    new_hwm, fresh = _news(page, hwm) if news is None else news
     if new_hwm != hwm or fresh or page.changed or core.must_store_life(rec, stored, now):
         sub = tx.put_subscription(_delivered(sub, new_hwm, now, now))
         if delivered is None:
@@ -555,6 +556,18 @@ def _record_delivery(
         sub = _seen(sub, now, now)
     core.schedule(now + core.mute_seconds(rec, sub))
     return sub
+
+
+def _news(page: _Page, hwm: int) -> tuple[int, int]:
+    """What a page is to a reader whose high-water mark is `hwm`: the mark after it, and its rows not
+    delivered before."""
+    batch = page.batch
+    if not batch:
+        return hwm, 0
+    last = batch[-1].seq
+    if last <= hwm:
+        return hwm, 0
+    return last, sum(1 for obs in batch if obs.seq > hwm)
 
 
 def _pull_reply(
@@ -610,10 +623,13 @@ def pull_many(core: ServiceCore, tx: Tx, asks: list[PullAsk]) -> list[dict[str, 
     memo: dict[Any, Any] = {}
     delivered: dict[str, int] = {}  # monitor -> rows its readers got for the first time, written once
     alike: dict[Any, _Alike] = {}
+    recs: dict[str, Monitor] = {}  # monitor id -> its version as this call last read it (see _pull_alike)
     out: list[dict[str, Any] | ProtocolError] = []
     for sub_id, token, cursor, limit, inline in asks:
         try:
-            out.append(_pull_alike(core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike))
+            out.append(
+                _pull_alike(core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike, recs)
+            )
         except ProtocolError as err:
             out.append(err)
     for monitor_id, fresh in delivered.items():
@@ -629,6 +645,7 @@ class _Alike:
     rec: Monitor
     page: _Page
     reply: dict[str, Any]
+    news: tuple[int, int]  # _news(page, hwm): the same for every reader in the place (the hwm is in it)
 
 
 def _place(rec: Monitor, sub: Subscription, limit: Any) -> Any:
@@ -665,26 +682,34 @@ def _pull_alike(
     memo: dict[Any, Any],
     delivered: dict[str, int],
     alike: dict[Any, _Alike],
+    recs: dict[str, Monitor],
 ) -> dict[str, Any]:
     """One woken reader's pull in pull_many. Its token, its capability and its record are its own, always;
-    in the place of a reader already answered in this call it gets that reply, its delivery recorded."""
+    in the place of a reader already answered in this call it gets that reply, its delivery recorded.
+    `recs` holds the monitors as this call last read them: only a whole pull may write a new version of
+    one (a reset, a bookmark), so it is emptied after each; a reader in a known place writes only its own
+    subscription (its monitor's count is written once, after every reader)."""
     if cursor is not None or inline is not None:  # a replay or an inline filter: the whole pull
+        recs.clear()
         return pull(
             core, tx, sub_id, token, cursor, limit, inline, system=False, memo=memo, delivered=delivered
         )
     stored = _reader(tx, sub_id, token, False)
     sub = core.alive(stored)
-    rec = monitor_of(tx, sub.monitor)
+    rec = recs.get(sub.monitor)
+    if rec is None:
+        rec = recs[sub.monitor] = monitor_of(tx, sub.monitor)
     place = _place(rec, sub, limit)
     known = None if place is None else alike.get(place)
     if known is None or known.rec is not rec:  # (another version of the monitor: read it afresh)
+        recs.clear()
         reply, page = _pull(core, tx, stored, sub, rec, None, limit, None, memo, delivered)
         # Only a plain pull is shared: one that reset the reader, marked rows examined in vain or appended
         # a bookmark changed the reader's record on the way, which is that reader's alone.
         if place is not None and not page.changed and rec.id not in tx.appended:
-            alike[place] = _Alike(rec, page, reply)
+            alike[place] = _Alike(rec, page, reply, _news(page, sub.hwm))
         return reply
-    _record_delivery(core, tx, rec, stored, sub, known.page, delivered)
+    _record_delivery(core, tx, rec, stored, sub, known.page, delivered, known.news)
     reply = dict(known.reply)
     reply["subscription"] = sub.id
     reply["observations"] = list(known.reply["observations"])  # the rows' objects shared, never changed
