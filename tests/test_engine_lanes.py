@@ -419,6 +419,85 @@ def test_every_job_of_a_loop_turn_is_answered_however_the_lanes_interleave_with_
         engine.stop()
 
 
+@pytest.mark.parametrize("running", [True, False])
+def test_a_keys_jobs_submitted_while_a_lane_runs_its_group_go_to_that_lane_and_wake_no_other(running):
+    """While lane A runs key K's group, K's next jobs go straight to A's next group (_hand_over): no other lane
+    takes them off the queue only to hand them over (a wake-up and the interpreter's lock for nothing). The
+    control, no group of K running: the job is queued, and another lane takes it."""
+    engine, pub = keyed_lanes(3)
+    first, gate, inside = holding(engine, pub)
+    taken: list[str] = []  # which lane took each item off the queue
+    original = engine._serve
+
+    def serve(jobs, touched):
+        taken.append(threading.current_thread().name)
+        return original(jobs, touched)
+
+    engine._serve = serve  # type: ignore[method-assign]
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        if running:
+            j0 = engine.submit(first, "j0")
+            await loop.run_in_executor(None, inside.wait, 5)  # lane A runs K's group, held
+            assert len(taken) == 1
+        j1, j2 = engine.submit(pub, "j1"), engine.submit(pub, "j2")
+        await asyncio.sleep(0.1)  # time for an idle lane to take them, were they queued
+        if running:
+            assert len(taken) == 1, taken  # no other lane took K's jobs
+            assert engine._keyed["K"] and [job[1] for job in engine._keyed["K"]] == [("j1",), ("j2",)]
+            gate.set()
+            return list(await asyncio.wait_for(asyncio.gather(j0, j1, j2), 10))
+        assert len(taken) == 1  # the control: queued, and a lane took them
+        return list(await asyncio.wait_for(asyncio.gather(j1, j2), 10))
+
+    try:
+        assert asyncio.run(main()) == (["j0", "j1", "j2"] if running else ["j1", "j2"])
+    finally:
+        gate.set()
+        engine.stop()
+    assert not engine._keyed
+    if running:
+        assert len(set(taken)) == 1 and engine.grouped >= 1  # A ran j1 and j2 as its next group
+
+
+def test_a_keys_jobs_do_not_overtake_what_waits_in_the_queue_before_them():
+    """One lane runs K's group; a call of another kind waits in the queue; K's next job is queued behind it,
+    not handed over ahead of it (a monitor's stream of publishes must not starve a lone lane's other
+    calls): the call runs before it."""
+    engine, pub = keyed_lanes(1)
+    first, gate, inside = holding(engine, pub)
+    order: list[str] = []
+
+    def other() -> str:
+        order.append("other")
+        return "other"
+
+    def logged(tag: str) -> str:
+        order.append(tag)
+        return tag
+
+    engine.group_key = lambda fn, args: "K" if fn in (first, logged) else None
+
+    async def main() -> list[str]:
+        j0 = engine.submit(first, "j0")
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 5)
+        x = engine.submit(other)
+        await asyncio.sleep(0.02)
+        j1 = engine.submit(logged, "j1")
+        await asyncio.sleep(0.02)
+        assert engine._keyed["K"] == [] and len(engine._queue) == 2  # queued behind `other`
+        gate.set()
+        return list(await asyncio.wait_for(asyncio.gather(j0, x, j1), 10))
+
+    try:
+        assert asyncio.run(main()) == ["j0", "other", "j1"]
+    finally:
+        gate.set()
+        engine.stop()
+    assert order == ["other", "j1"]
+
+
 def test_a_jobs_handed_to_a_lane_that_then_runs_something_else_go_back_to_the_queue():
     """Lane A runs K's group and took X while gathering; lane B hands K's j1 to A meanwhile: A runs X next
     and puts j1 back in the queue, where a lane runs it. Every job is answered once."""

@@ -257,7 +257,8 @@ class EngineLanes(_CallbackSeat):
     different monitors, and readers of one monitor, side by side. Same interface as EngineThread, plus
     ``submit_to`` (the lean door's callback seat). Replies go back after each call's own commit, or after
     its group's (``group_key``: the publishes queued together for one monitor share one transaction; while
-    a lane runs a key's group, the other lanes hand that key's jobs to it rather than wait on the same lock).
+    a lane runs a key's group, that key's next jobs go to it, handed over by the loop as it submits them, rather
+    than wake another lane to wait on the same lock).
 
     Calls run side by side, so the rule a door relies on, that a reader's mark (parking.Waiters) is read
     right after its pull and in order with every append heard, is kept another way: each append heard
@@ -348,8 +349,26 @@ class EngineLanes(_CallbackSeat):
                 bundles[key] = [job]
                 items.append(bundles[key])
         for item in items:  # only whole: a lane may take an item the moment it is queued
+            if isinstance(item, list) and self._hand_over(item):
+                continue
             if not self._put(item):
                 _answer(item if isinstance(item, list) else [item], RuntimeError("the engine has stopped"))
+
+    def _hand_over(self, bundle: list[Any]) -> bool:
+        """A bundle whose key a lane is running a group for goes straight to that lane's next group: queued,
+        it would wake another lane only for that lane to hand it over (what `_serve` does with a key it
+        finds taken), a thread's wake-up and the GIL for nothing. False: no lane runs the key, or something
+        submitted before it still waits in the queue (it must not be overtaken: a monitor's stream of
+        publishes would starve a lone lane's other calls); queue it."""
+        if len(self._queue):
+            return False
+        key = self._key(bundle[0])
+        with self._keys_lock:
+            waiting = self._keyed.get(key) if key is not None else None
+            if waiting is None:
+                return False
+            waiting.extend(bundle)
+            return True
 
     def _put(self, item: Any) -> bool:
         """Queue an item unless the engine has stopped (checked and queued under stop's own lock, so nothing
@@ -450,6 +469,9 @@ class EngineLanes(_CallbackSeat):
         other: Any = _NOTHING
         try:
             while jobs:
+                with self._keys_lock:  # what was handed over meanwhile (_hand_over), behind what came first
+                    jobs += self._keyed[key]
+                    self._keyed[key] = []
                 group, jobs = jobs[: self.max_group], jobs[self.max_group :]
                 other = self._gather(group, key)
                 self._run_jobs(group, touched)
@@ -709,6 +731,9 @@ class LastIdleFirst:
             self._items.append(item)
             if self._idle:
                 self._idle.pop().release()
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get_nowait(self) -> Any:
         with self._lock:
