@@ -5,12 +5,14 @@ pinned axe-core injected from .cache/, never fetched by the page) and layout (`h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -136,23 +138,33 @@ class Browser:
         return page
 
     def open(self, path: str = "/", page=None, *, timeout: float = BOOT_MS, ready: str = "body.ready"):
-        """`path` of the site in `page` (or a new page), once `ready` matches. A renderer that crashes while
-        the page loads (BROWSER.md: Chromium's rare "Target crashed", also seen as "Page crashed" during a
-        Pyodide start on two shared cores) costs one more load in a new page, never the test; anything
+        """`path` of the site (or a whole URL) in `page` (or a new page), once `ready` matches; returns the
+        page to use. A renderer that crashes while the page loads (BROWSER.md: Chromium's rare "Target
+        crashed", also seen as "Page crashed" during a Pyodide start on two shared cores) costs one more load
+        in a new page of the same size, never the test, and says so (a warning in pytest's summary); anything
         else (a timeout, a page that never gets ready) fails at once."""
+        url = path if "://" in path else self.site_url + path
         for attempt in range(2):
             page = page if page is not None else self.new_page()
             crashed: list[bool] = []
             page.on("crash", lambda _page, crashed=crashed: crashed.append(True))
             try:
-                page.goto(self.site_url + path)
+                page.goto(url)
                 page.wait_for_selector(ready, timeout=timeout)
                 return page
             except PlaywrightError as exc:
                 if attempt or not (crashed or any(sign in str(exc) for sign in CRASH_SIGNS)):
                     raise
                 self.crashed_loads += 1
-                page = None  # the crashed renderer's page is dead: load again in a new one
+                warnings.warn(
+                    f"Chromium's renderer crashed loading {url}; loading it again ({exc})", stacklevel=2
+                )
+                size = page.viewport_size
+                with contextlib.suppress(PlaywrightError):
+                    page.close()
+                page = self.new_page(
+                    viewport=size
+                )  # the crashed renderer's page is dead: a new one, same size
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -364,7 +364,7 @@ def test_an_embed_from_a_last_visit_offers_to_start_over(any_browser):
 
 def test_the_race_embed_shows_its_log_at_640_by_480(browser):
     page = browser.new_page(viewport={"width": 640, "height": 480})
-    open_page(browser, "/embed.html?scene=race&seed=3", page)
+    page = open_page(browser, "/embed.html?scene=race&seed=3", page)
     page.wait_for_selector("#log li.obs", timeout=ACT_MS)
     for selector in ("#log-panel", "#race-btn", "#race-notify", "#race-cursor"):
         box = page.eval_on_selector(selector, "e => e.getBoundingClientRect().toJSON()")

@@ -124,9 +124,7 @@ def test_every_block_of_the_page_runs_as_it_says(browser, name, source):
         assert fetch_status(page, "../mp/v0/monitors/ci") == 200  # public: anyone on this page's engine
     screenshot(page, f"docs-{name}")
     # The playground's own engine never saw any of it.
-    play = browser.new_page()
-    play.goto(browser.site_url + "/")
-    play.wait_for_selector("body.ready", timeout=BOOT_MS)
+    play = browser.open("/", timeout=BOOT_MS)
     assert play.evaluate("MP.ns") == ""
     assert not {k for t, k in idb_keys(play) if t == "monitors"} & set(made)
     assert fetch_status(play, "./mp/v0/monitors/ci") == 404
@@ -168,9 +166,7 @@ def test_a_second_tab_of_a_page_runs_on_the_first_tabs_engine(browser):
 
 
 def test_index_links_and_the_playground_link_to_the_docs(browser):
-    page = browser.new_page()
-    page.goto(browser.site_url + "/")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    page = browser.open("/", timeout=BOOT_MS)
     page.click("#docs-link")
     page.wait_for_url("**/docs/index.html")
     for name, source in PAGES:
@@ -193,8 +189,7 @@ def test_index_links_and_the_playground_link_to_the_docs(browser):
 def test_readable_on_a_phone_and_accessible(phone_browser):
     for name in ("readme", "doors"):
         page = phone_browser.new_page(viewport={"width": 360, "height": 780})
-        page.goto(f"{phone_browser.site_url}/docs/{name}.html")
-        page.wait_for_selector("body.ready", timeout=BOOT_MS)
+        page = phone_browser.open(f"/docs/{name}.html", page, timeout=BOOT_MS)
         info = horizontal_overflow(page)
         assert not info["overflows"], info
         code = page.locator("pre.code").first
@@ -206,8 +201,7 @@ def test_readable_on_a_phone_and_accessible(phone_browser):
 
 def test_the_protocol_page_loads_without_an_engine_and_links_land_on_their_headings(browser, phone_browser):
     assert ("protocol", "docs/protocol.md") in PAGES and ("protocol", "docs/protocol.md") not in LIVE
-    page = browser.new_page()
-    open_doc(browser, "readme", page)
+    page = open_doc(browser, "readme")
     page.click("main a[href='protocol.html#11-conformance']")
     page.wait_for_url("**/docs/protocol.html#11-conformance")
     heading = page.locator("h2[id='11-conformance']")

@@ -194,9 +194,7 @@ def test_two_embeds_in_one_page_never_mix_and_survive_a_reload(browser):
     screenshot(page, "embeds-two")
 
     # the playground opened afterwards sees neither monitor (and the embeds' databases are unchanged)
-    play = browser.new_page()
-    play.goto(browser.site_url + "/")
-    play.wait_for_selector("body.ready", timeout=BOOT_MS)
+    play = browser.open("/", timeout=BOOT_MS)
     assert play.evaluate("MP.ns") == ""
     assert play.inner_text("#monitor-pick") == "no monitor yet"
     assert play.evaluate(MONITORS_IN, DB) == []

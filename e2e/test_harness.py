@@ -31,12 +31,15 @@ def crash(browser, page) -> None:
 
 
 def test_a_renderer_that_crashes_while_the_page_loads_costs_one_more_load(browser) -> None:
-    page = browser.new_page()
+    """...in a new page of the caller's page's size, and says so (a warning in pytest's summary)."""
+    small = {"width": 640, "height": 480}
+    page = browser.new_page(viewport=small)
     page.goto(browser.site_url + "/docs/")
     crash(browser, page)
-    ready = browser.open("/", page)
+    with pytest.warns(UserWarning, match="renderer crashed"):
+        ready = browser.open("/", page)
     assert browser.crashed_loads == 1
-    assert ready is not page
+    assert ready is not page and ready.viewport_size == small
     assert ready.evaluate("document.body.classList.contains('ready')")
 
 

@@ -230,9 +230,7 @@ def test_runner_runs_the_mp_cli_against_the_page_engine(browser):
 
 def test_a_runner_that_cannot_start_says_why_instead_of_hanging(browser):
     browser.guard.expect_http_refusals = True  # the refused build-info.json below is on purpose
-    page = browser.new_page()
-    page.goto(browser.site_url + "/")
-    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    page = browser.open("/", timeout=BOOT_MS)
     # the site's build-info.json (which names the engine wheel) fails for this context from now on
     browser.context.route("**/build-info.json", lambda route: route.fulfill(status=500, body="broken"))
     assert page.evaluate(HARNESS, RUN_MS)

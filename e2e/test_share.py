@@ -165,9 +165,7 @@ def test_a_share_link_replays_in_a_fresh_browser(browser, playwright_driver, sit
     profile = Path(tempfile.mkdtemp(prefix="mp-e2e-share-"))
     other = Browser(playwright_driver, site_url, profile)
     try:
-        fresh = other.new_page()
-        fresh.goto(link)
-        fresh.wait_for_selector("body.ready", timeout=BOOT_MS)
+        fresh = other.open(link, timeout=BOOT_MS)
         fresh.wait_for_selector("#tab-playground.view.active", timeout=ACT_MS)
         assert fresh.get_attribute("#share-open", "data-state") == "ready"
         assert fresh.inner_text("#share-describe") == (
@@ -232,8 +230,7 @@ def test_the_share_panel_on_a_phone(phone_page, phone_browser):
     scroll and no serious accessibility violation."""
     steps = [["ci"], ["pub", {"actor": "probe:ci"}], ["sub", "reader-a"]]
     link = _fragment({"v": 1, "steps": steps})
-    phone_page.goto(f"{phone_browser.site_url}/#scenario={link}")
-    phone_page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    phone_page = phone_browser.open(f"/#scenario={link}", phone_page, timeout=BOOT_MS)
     assert phone_page.get_attribute("#share-open", "data-state") == "ready"
     act(phone_page, "#btn-share-replay")
     act(phone_page, "#btn-share-link")

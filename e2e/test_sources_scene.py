@@ -43,8 +43,7 @@ def primary(page) -> str:
 
 
 def test_a_source_that_stops_answering_goes_stale_while_its_rows_keep_coming(browser):
-    page = browser.new_page()
-    page.goto(browser.site_url + "/embed.html?scene=stale-source")
+    page = browser.open("/embed.html?scene=stale-source", timeout=BOOT_MS)
     ready(page)
     assert page.inner_text("#scene-title") == "A source that stops answering"
     assert "simulated in this page" in page.inner_text("#scene-text")

@@ -360,7 +360,7 @@ class EngineLanes(_CallbackSeat):
         finds taken), a thread's wake-up and the GIL for nothing. False: no lane runs the key, or something
         submitted before it still waits in the queue (it must not be overtaken: a monitor's stream of
         publishes would starve a lone lane's other calls); queue it."""
-        if len(self._queue):
+        if self._stopped or len(self._queue):  # (stopped: `_put` refuses it, as any call after stop())
             return False
         key = self._key(bundle[0])
         with self._keys_lock:
