@@ -20,7 +20,6 @@ runs it from several, on a store that keeps each thread's call apart (store/post
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import logging
 import queue
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 
 from monitor_protocol.core.errors import storage_unavailable
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
+from monitor_protocol.doors.lane_queue import NO_ITEM, LastIdleFirst
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -715,56 +715,12 @@ class EngineLanes(_CallbackSeat):
             _outcome(fn, args)
 
 
-class LastIdleFirst:
-    """The lanes' queue: items in the order they came, handed to the lane that went idle LAST (a plain queue
-    wakes its waiting threads in turn). Under light load one lane then serves call after call with its
-    caches warm, instead of each call waking the lane that has been asleep longest: with one client on
-    PostgreSQL, four lanes in turn cost ~50 µs more per publish than one (docs/bench.md)."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque[Any] = collections.deque()
-        self._lock = threading.Lock()
-        self._idle: list[threading.Lock] = []  # each waiting lane's lock, held; the last to wait at the end
-
-    def put(self, item: Any) -> None:
-        with self._lock:
-            self._items.append(item)
-            if self._idle:
-                self._idle.pop().release()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get_nowait(self) -> Any:
-        with self._lock:
-            if self._items:
-                return self._items.popleft()
-        raise queue.Empty
-
-    def get(self, on_idle: Callable[[], None] | None = None) -> Any:
-        """The next item, waiting for one. `on_idle` runs once, after this lane is registered as waiting (or
-        has its item), and before it sleeps."""
-        waiter = threading.Lock()
-        waiter.acquire()
-        while True:
-            with self._lock:
-                item = self._items.popleft() if self._items else _NOTHING
-                if item is _NOTHING:
-                    self._idle.append(waiter)  # checked and registered under one lock: no put is missed
-            if on_idle is not None:
-                on_idle()
-                on_idle = None
-            if item is not _NOTHING:
-                return item
-            waiter.acquire()  # released by the put that chose this lane (another lane may take its item first)
-
-
 def _ignore(ok: bool, value: Any) -> None:
     if not ok:
         log.error("an engine job posted without a reply failed: %r", value)
 
 
-_NOTHING = object()  # no item taken (None is the queue's stop sentinel)
+_NOTHING = NO_ITEM  # no item taken (None is the queue's stop sentinel)
 
 
 def _answer(jobs: list[Any], failure: BaseException) -> None:
