@@ -337,24 +337,24 @@ class EngineLanes(_CallbackSeat):
     def _flush(self) -> None:
         self._flush_scheduled = False
         jobs, self._pending = self._pending, []
-        items: list[Any] = []
+        items: list[tuple[str | None, Any]] = []  # (a bundle's key, the bundle) or (None, a lone job)
         bundles: dict[str, list[Any]] = {}
         for job in jobs:
             key = self._key(job)
             if key is None:
-                items.append(job)
+                items.append((None, job))
             elif key in bundles and len(bundles[key]) < self.max_group:
                 bundles[key].append(job)  # behind the first of its key: one lane takes them together
             else:
                 bundles[key] = [job]
-                items.append(bundles[key])
-        for item in items:  # only whole: a lane may take an item the moment it is queued
-            if isinstance(item, list) and self._hand_over(item):
+                items.append((key, bundles[key]))
+        for key, item in items:  # only whole: a lane may take an item the moment it is queued
+            if key is not None and self._hand_over(key, item):
                 continue
             if not self._put(item):
-                _answer(item if isinstance(item, list) else [item], RuntimeError("the engine has stopped"))
+                _answer(item if key is not None else [item], RuntimeError("the engine has stopped"))
 
-    def _hand_over(self, bundle: list[Any]) -> bool:
+    def _hand_over(self, key: str, bundle: list[Any]) -> bool:
         """A bundle whose key a lane is running a group for goes straight to that lane's next group: queued,
         it would wake another lane only for that lane to hand it over (what `_serve` does with a key it
         finds taken), a thread's wake-up and the GIL for nothing. False: no lane runs the key, or something
@@ -362,9 +362,8 @@ class EngineLanes(_CallbackSeat):
         publishes would starve a lone lane's other calls); queue it."""
         if self._stopped or len(self._queue):  # (stopped: `_put` refuses it, as any call after stop())
             return False
-        key = self._key(bundle[0])
         with self._keys_lock:
-            waiting = self._keyed.get(key) if key is not None else None
+            waiting = self._keyed.get(key)
             if waiting is None:
                 return False
             waiting.extend(bundle)
