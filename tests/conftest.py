@@ -8,6 +8,7 @@ where they fail: they are never silently skipped in CI.
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import urllib.parse
@@ -18,6 +19,16 @@ import pytest
 from pgcluster import ci_is_true
 
 PG_ENV = "MP_TEST_POSTGRES"
+
+
+@pytest.fixture(autouse=True)
+def _collector_left_on() -> Iterator[None]:
+    """The HTTP door holds the garbage collector off while a wake's replies are written
+    (doors/collector.py): no test may leave it off for the tests after it."""
+    yield
+    if not gc.isenabled():
+        gc.enable()
+        pytest.fail("the test left the garbage collector disabled", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -139,29 +139,9 @@ class RestRouter:
             resp.headers.update(self._cors(origin))
         parked = resp.long_poll
         if parked is not None and parked.rerun is not None:
-            parked.rerun = self._rerun(parked.rerun, dict(resp.headers), resp.route)
+            parked.rerun = _Dressed(parked.rerun, dict(resp.headers), resp.route)
             parked.headers, parked.route = dict(resp.headers), resp.route
         return resp
-
-    @staticmethod
-    def _rerun(
-        pull: Callable[[], Response], headers: dict[str, str], label: str | None
-    ) -> Callable[[], Response]:
-        """A parked pull's re-check: the engine call again, its reply dressed as this request's (headers,
-        route), a refusal as a reply too; never the router again."""
-
-        def rerun() -> Response:
-            try:
-                resp = pull()
-            except ProtocolError as err:
-                resp = error_response(err)
-            resp.headers.update(headers)
-            resp.route = label
-            if resp.long_poll is not None:
-                resp.long_poll.rerun = rerun
-            return resp
-
-        return rerun
 
     def _cors(self, origin: str) -> dict[str, str]:
         return {
@@ -338,18 +318,10 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Resp
     cursor = _single(req.query, "cursor")
     sub_id, token, limit, flt = p["id"], bearer(req), _single(req.query, "limit"), _inline_filter(req.query)
     body = r.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)
-
-    def again() -> Response:
-        return _maybe_parked(
-            Response(200, r.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)),
-            1,
-            req,
-            again,
-        )
-
+    again = _Repull(r.service, (sub_id, token, cursor, limit, flt), req)
     resp = _maybe_parked(Response(200, body), wait, req, again)
     if resp.long_poll is not None:
-        resp.long_poll.pull = (sub_id, token, cursor, limit, flt)
+        resp.long_poll.pull = again.args
     return resp
 
 
@@ -360,6 +332,45 @@ def parked_reply(body: dict[str, Any], poll: LongPoll) -> Response:
     if not body["observations"] and not body.get("scan_capped"):
         resp.long_poll = poll
     return resp
+
+
+# A parked pull's re-checks are objects, not closures that name themselves: such a closure is a reference
+# cycle per parked pull, garbage that only a full collection frees, and a full collection landing inside the
+# wake of 1,000 readers cost it 60-90 ms (docs/bench.md, "Issue 10's targets, measured again").
+class _Repull:
+    """The engine call of a parked pull again, with the arguments its request parsed (subscription, token,
+    cursor, limit, filter), parked once more while it holds nothing."""
+
+    __slots__ = ("service", "args", "again")
+
+    def __init__(self, service: MonitorService, args: tuple[Any, ...], again: Request) -> None:
+        self.service, self.args, self.again = service, args, again
+
+    def __call__(self) -> Response:
+        sub_id, token, cursor, limit, flt = self.args
+        body = self.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)
+        return _maybe_parked(Response(200, body), 1, self.again, self)
+
+
+class _Dressed:
+    """A parked pull's re-check: the engine call again, its reply dressed as this request's (headers,
+    route), a refusal as a reply too; never the router again."""
+
+    __slots__ = ("pull", "headers", "label")
+
+    def __init__(self, pull: Callable[[], Response], headers: dict[str, str], label: str | None) -> None:
+        self.pull, self.headers, self.label = pull, headers, label
+
+    def __call__(self) -> Response:
+        try:
+            resp = self.pull()
+        except ProtocolError as err:
+            resp = error_response(err)
+        resp.headers.update(self.headers)
+        resp.route = self.label
+        if resp.long_poll is not None:
+            resp.long_poll.rerun = self
+        return resp
 
 
 def _maybe_parked(
@@ -415,16 +426,10 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
     if flt is not None:
         again.append(("filter", json.dumps(flt, separators=(",", ":"), ensure_ascii=False)))
     recheck = Request("GET", req.path, again, {k: v for k, v in req.headers.items() if k != "content-length"})
-    sub_id, token = p["id"], bearer(req)
-
-    def rerun() -> Response:
-        return _maybe_parked(
-            Response(200, r.service.pull(sub_id, token, limit=limit, filter=flt)), 1, recheck, rerun
-        )
-
+    rerun = _Repull(r.service, (p["id"], bearer(req), None, limit, flt), recheck)
     resp = _maybe_parked(Response(200, body), wait, recheck, rerun)
     if resp.long_poll is not None:
-        resp.long_poll.pull = (sub_id, token, None, limit, flt)
+        resp.long_poll.pull = rerun.args
     return resp
 
 

@@ -33,7 +33,7 @@ from monitor_protocol.api.messages import LongPoll, Request, Response, error_res
 from monitor_protocol.api.rest import PREFIX, parked_reply
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY
-from monitor_protocol.doors import parking
+from monitor_protocol.doors import collector, parking
 from monitor_protocol.doors.engines import EngineThread
 from monitor_protocol.doors.http import ops, sse
 from monitor_protocol.doors.http.asgi import (
@@ -152,6 +152,7 @@ class MonitorApp:
         # Woken readers waiting for their re-check, gathered over one loop turn (see _woken_pull).
         self._woken: list[tuple[LongPoll, asyncio.Future[parking.Outcome]]] = []
         self._woken_scheduled = False
+        self._collector_holds = 0  # this app's holds on the garbage collector (_schedule_recheck)
         if self.engine.on_commit is None:
             self.engine.on_commit = self.metrics.observe_commit
         if (
@@ -211,37 +212,55 @@ class MonitorApp:
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[parking.Outcome] = loop.create_future()
         self._woken.append((poll, outcome))
-        if not self._woken_scheduled:
-            self._woken_scheduled = True
-            loop.call_soon(self._recheck_woken)
+        self._schedule_recheck(loop)
         return outcome
+
+    def _schedule_recheck(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._woken_scheduled:
+            loop.call_soon(self._recheck_woken)
+            self._woken_scheduled = True
+            # No automatic garbage collection until their replies have left (_recheck_woken releases it):
+            # a full one inside the wake of 1,000 readers would hold every one of them (doors/collector.py).
+            self._collector_holds += 1
+            collector.HOLD.acquire()
+
+    def _release_collector(self) -> None:
+        if self._collector_holds > 0:
+            self._collector_holds -= 1
+            collector.HOLD.release()
 
     def _requeue_woken(self, woken: list[tuple[LongPoll, asyncio.Future[parking.Outcome]]]) -> None:
         """Readers whose re-check failed inside another call's group: re-checked again in a group of their own
         (what that group appended was rolled back with it, or was kept: their own pull finds out)."""
         self._woken.extend(woken)
-        if not self._woken_scheduled:
-            self._woken_scheduled = True
-            asyncio.get_running_loop().call_soon(self._recheck_woken)
+        self._schedule_recheck(asyncio.get_running_loop())
 
     def _recheck_woken(self) -> None:
         self._woken_scheduled = False
         woken, self._woken = self._woken, []
         if not woken:
+            self._release_collector()
             return  # (re-checked in the group whose appends woke them)
-        job, answer = self._woken_job(woken)
         try:
+            job, answer = self._woken_job(woken)
             submitted = self.engine.submit(job)
         except RuntimeError as exc:  # the engine has stopped
+            self._release_collector()
             for _poll, outcome in woken:
                 if not outcome.done():
                     response, mark = _failure(Request("GET", "(woken pulls)"), exc)
                     outcome.set_result((response, None, mark))
             return
+        except BaseException:
+            self._release_collector()
+            raise
 
         def answered(done: asyncio.Future[list[tuple[Response, int]]]) -> None:
-            exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
-            answer(exc is None, exc if exc is not None else done.result())
+            try:
+                exc = RuntimeError("the engine call was cancelled") if done.cancelled() else done.exception()
+                answer(exc is None, exc if exc is not None else done.result())
+            finally:
+                self._release_collector()  # the replies have been written
 
         submitted.add_done_callback(answered)
 
@@ -269,21 +288,26 @@ class MonitorApp:
             return out
 
         def answer(ok: bool, value: Any) -> None:
-            replies = value if ok else None
+            settled: list[tuple[asyncio.Future[parking.Outcome], parking.Outcome]] = []
             for i, (poll, outcome) in enumerate(woken):
                 if outcome.done():
                     continue
-                if replies is None:
-                    response, mark = _failure(Request("GET", "(woken pulls)"), value)
+                if ok:
+                    response, mark = value[i]
                 else:
-                    response, mark = replies[i]
+                    response, mark = _failure(Request("GET", "(woken pulls)"), value)
                 waiting = response.long_poll.monitor if response.long_poll is not None else None
-                outcome.set_result((response, waiting, mark))  # its waiter resumes on a later loop step
+                settled.append((outcome, (response, waiting, mark)))
                 if waiting is None and poll.reply_now is not None:
                     try:
                         poll.reply_now(response)  # the answer: written now, the wait winds down after
                     except Exception:  # one reader's failed write must not strand the others' replies
                         log.exception("writing a woken long poll's reply failed")
+            # Every reply first, then the waiters (each resumes on a later loop step): the last reader's reply
+            # does not wait behind the others' bookkeeping.
+            for outcome, result in settled:
+                if not outcome.done():
+                    outcome.set_result(result)
 
         return job, answer
 
@@ -489,6 +513,8 @@ class MonitorApp:
         finally:
             self.waiters.detach()
             self.engine.stop()
+            while self._collector_holds:  # a re-check the loop will never run: the collector back on
+                self._release_collector()
 
     def close_store(self) -> None:
         """Close the store once (runs on the engine thread when called through ``call``, by itself: never
