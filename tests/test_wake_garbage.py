@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_lean_path
 from monitor_protocol.api.messages import Request, Response
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.service import MonitorService
@@ -31,6 +32,8 @@ from monitor_protocol.store.sqlite import SQLiteStore
 from test_lean_path import RUN, Transport, connect, feed, get, post, until
 
 pytestmark = pytest.mark.quick
+
+door = test_lean_path.door  # the in-process HTTP door on SQLite (LoopEngine): (server, service, store)
 
 HEADERS = {"host": "127.0.0.1"}
 
@@ -100,17 +103,6 @@ def test_a_parked_pull_and_its_rechecks_leave_no_reference_cycle(tmp_path: Path,
 # ------------------------------------------------------------------------------------- the collector held
 
 
-@pytest.fixture()
-async def door(tmp_path: Path):
-    store = SQLiteStore(str(tmp_path / "wake.db"))
-    service = MonitorService(store)
-    app = MonitorApp(service, RestRouter(service), store=store, engine=LoopEngine(store), sweep_interval=None)
-    await app.startup()
-    server = HttpServer(app, header_timeout=10, body_timeout=30, keep_alive=65)
-    yield server, service, app
-    await app.shutdown()
-
-
 class Recording(Transport):
     """A transport that notes whether the collector was on when each reply was written."""
 
@@ -135,7 +127,8 @@ async def park(server: HttpServer, subs: list[tuple[str, str]], seen: list[bool]
 
 
 async def test_woken_readers_replies_are_written_with_the_collector_held(door) -> None:
-    server, service, app = door
+    server, service, _store = door
+    app = server.app
     owner, subs = feed(service, JOIN_WOKEN_MAX + 8)  # more than join the append's own group
     seen: list[bool] = []
     # control: a reply that no wake made is written with the collector on
@@ -159,7 +152,8 @@ async def test_woken_readers_replies_are_written_with_the_collector_held(door) -
 async def test_a_few_woken_readers_joined_to_the_append_leave_the_collector_on(door) -> None:
     """Readers few enough to join the append's own group (JOIN_WOKEN_MAX) are answered with its commit; the
     hold taken at their wake-up is given back either way."""
-    server, service, app = door
+    server, service, _store = door
+    app = server.app
     owner, subs = feed(service, 3)
     readers = await park(server, subs, [])
     writer, _ = connect(server)
