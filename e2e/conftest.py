@@ -224,6 +224,18 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
+def pick_monitor(page, monitor: str, timeout: int = 60_000) -> None:
+    """Choose a monitor in the Playground's picker and wait until the log shows it. It waits on what the
+    person sees, not on the action counter: another action (a curl run's refresh) may finish in between."""
+    page.select_option("#monitor-pick", monitor)
+    page.wait_for_function(
+        "m => (document.querySelector('#log-head')?.textContent || '').startsWith(m + ' ·')",
+        arg=monitor,
+        timeout=timeout,
+    )
+    assert page.evaluate("MP.actionsFailed") == 0, page.inner_text("#page-error")
+
+
 # ------------------------------------------------------------------------------------- accessibility, layout
 
 

@@ -9,7 +9,7 @@ import json
 import re
 import sys
 
-from conftest import ROOT, screenshot
+from conftest import ROOT, pick_monitor, screenshot
 
 BOOT_MS = 120_000  # two cores shared with another e2e run: a cold Pyodide start can take a while
 ACT_MS = 60_000
@@ -498,9 +498,7 @@ def test_curl_console_runs_the_readme_quickstart_verbatim(browser):
     # One engine, one view: the tokens the console was given are in the page's keyring, so the Playground
     # can act on what curl made (the monitor is not read-only, the reader has its buttons).
     tab(page, "playground")
-    picked = actions_count(page)
-    page.select_option("#monitor-pick", "ci")
-    wait_actions(page, picked)
+    pick_monitor(page, "ci")
     assert page.inner_text("#log-head") == f"ci · head {state['head']}"
     assert "read-only" not in page.inner_text("#monitor-pick option[value='ci']")
     assert "read-only" not in page.inner_text("#monitor-pick option[value='builds']")

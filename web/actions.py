@@ -154,9 +154,9 @@ async def define_form(_el) -> Reply:
     return await define(body)
 
 
-@action("pick", exclusive=False)
-async def pick(_el) -> None:
-    value = el("monitor-pick").value
+async def pick(value: str) -> None:
+    """Show the monitor chosen in the picker. The value is the one the change event carried: read later,
+    a redraw in between (the timer's, another action's) could have put the old choice back."""
     select(value or None)
     m.S.shown_token = None
     await save()

@@ -182,7 +182,9 @@ async def main() -> None:
     await remote.setup()
     story.setup()
     doc.addEventListener("click", create_proxy(on_click))
-    el("monitor-pick").addEventListener("change", create_proxy(lambda e: ui.run_task(actions.pick(None))))
+    el("monitor-pick").addEventListener(
+        "change", create_proxy(lambda e: ui.run_task(actions.pick(str(e.target.value))))
+    )
     el("lease-subject").addEventListener("input", create_proxy(lambda e: panels.render_workers()))
     el("tabs").addEventListener("keydown", create_proxy(on_tab_key))
     # a #scenario= link opens where Replay is (at start, or pasted into this tab later)
