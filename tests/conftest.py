@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from monitor_protocol.doors import collector
 from pgcluster import ci_is_true
 
 PG_ENV = "MP_TEST_POSTGRES"
@@ -26,9 +27,14 @@ def _collector_left_on() -> Iterator[None]:
     """The HTTP door holds the garbage collector off while a wake's replies are written
     (doors/collector.py): no test may leave it off for the tests after it."""
     yield
+    held = collector.HOLD.held
+    while collector.HOLD.held:
+        collector.HOLD.release()
     if not gc.isenabled():
         gc.enable()
         pytest.fail("the test left the garbage collector disabled", pytrace=False)
+    if held:
+        pytest.fail("the test left a hold on the garbage collector (doors/collector.py)", pytrace=False)
 
 
 @pytest.fixture(scope="session")

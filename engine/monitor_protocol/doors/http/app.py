@@ -289,25 +289,36 @@ class MonitorApp:
 
         def answer(ok: bool, value: Any) -> None:
             settled: list[tuple[asyncio.Future[parking.Outcome], parking.Outcome]] = []
-            for i, (poll, outcome) in enumerate(woken):
-                if outcome.done():
-                    continue
-                if ok:
-                    response, mark = value[i]
-                else:
-                    response, mark = _failure(Request("GET", "(woken pulls)"), value)
-                waiting = response.long_poll.monitor if response.long_poll is not None else None
-                settled.append((outcome, (response, waiting, mark)))
-                if waiting is None and poll.reply_now is not None:
-                    try:
-                        poll.reply_now(response)  # the answer: written now, the wait winds down after
-                    except Exception:  # one reader's failed write must not strand the others' replies
-                        log.exception("writing a woken long poll's reply failed")
-            # Every reply first, then the waiters (each resumes on a later loop step): the last reader's reply
-            # does not wait behind the others' bookkeeping.
-            for outcome, result in settled:
-                if not outcome.done():
-                    outcome.set_result(result)
+            failed: BaseException | None = None
+            try:
+                for i, (poll, outcome) in enumerate(woken):
+                    if outcome.done():
+                        continue
+                    if ok:
+                        response, mark = value[i]
+                    else:
+                        response, mark = _failure(Request("GET", "(woken pulls)"), value)
+                    waiting = response.long_poll.monitor if response.long_poll is not None else None
+                    settled.append((outcome, (response, waiting, mark)))
+                    if waiting is None and poll.reply_now is not None:
+                        try:
+                            poll.reply_now(response)  # the answer: written now, the wait winds down after
+                        except Exception:  # one reader's failed write must not strand the others' replies
+                            log.exception("writing a woken long poll's reply failed")
+            except BaseException as exc:
+                failed = exc
+                raise
+            finally:
+                # Every reply first, then the waiters (each resumes on a later loop step): the last reader's
+                # reply does not wait behind the others' bookkeeping. Also when answering failed part way:
+                # the readers not answered yet get that failure, none is left waiting for nothing.
+                for outcome, result in settled:
+                    if not outcome.done():
+                        outcome.set_result(result)
+                for _poll, outcome in woken:
+                    if not outcome.done():
+                        response, mark = _failure(Request("GET", "(woken pulls)"), failed or RuntimeError())
+                        outcome.set_result((response, None, mark))
 
         return job, answer
 
@@ -495,25 +506,27 @@ class MonitorApp:
             )
 
     async def shutdown(self) -> None:
-        self.begin_shutdown()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks.clear()
-        for hook in self.on_shutdown:
-            result = hook(self)
-            if asyncio.iscoroutine(result):
-                await result
         try:
-            await self.engine.call(self.close_store)
-        finally:
+            self.begin_shutdown()
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+            self._tasks.clear()
+            try:
+                for hook in self.on_shutdown:
+                    result = hook(self)
+                    if asyncio.iscoroutine(result):
+                        await result
+            finally:  # a hook that raised still leaves the store closed
+                await self.engine.call(self.close_store)
+        finally:  # and whatever raised: the store's thread stopped, the collector back on
             self.waiters.detach()
             self.engine.stop()
-            while self._collector_holds:  # a re-check the loop will never run: the collector back on
+            while self._collector_holds:  # a re-check the loop will never run
                 self._release_collector()
 
     def close_store(self) -> None:
