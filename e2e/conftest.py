@@ -225,11 +225,16 @@ def screenshot(page, name: str) -> Path:
 
 
 def pick_monitor(page, monitor: str, timeout: int = 60_000) -> None:
-    """Choose a monitor in the Playground's picker and wait until the log shows it. It waits on what the
-    person sees, not on the action counter: another action (a curl run's refresh) may finish in between."""
+    """Choose a monitor in the Playground's picker and wait until the pick is done and the log shows it.
+    Not on the action counter: another action (a redraw's, a curl run's) may finish in between."""
+    page.evaluate("MP.picked = null")
     page.select_option("#monitor-pick", monitor)
+    wait_picked(page, monitor, timeout)
+
+
+def wait_picked(page, monitor: str, timeout: int = 60_000) -> None:
     page.wait_for_function(
-        "m => (document.querySelector('#log-head')?.textContent || '').startsWith(m + ' ·')",
+        "m => MP.picked === m && (document.querySelector('#log-head')?.textContent || '').startsWith(m + ' ·')",
         arg=monitor,
         timeout=timeout,
     )

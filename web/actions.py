@@ -161,6 +161,7 @@ async def pick(value: str) -> None:
     m.S.shown_token = None
     await save()
     await ui.refresh()
+    js.MP.picked = value  # done (tests wait on it: another action may finish while this one runs)
 
 
 async def configure(act: str, reason: str, answer: str = "define-answer") -> Reply:

@@ -27,6 +27,7 @@ import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
@@ -290,14 +291,19 @@ class MonitorApp:
         def answer(ok: bool, value: Any) -> None:
             settled: list[tuple[asyncio.Future[parking.Outcome], parking.Outcome]] = []
             failed: BaseException | None = None
+            # A failed engine call is logged once (one incident), each reader answered with its own copy.
+            failure = None if ok else _failure(Request("GET", "(woken pulls)"), value)
             try:
                 for i, (poll, outcome) in enumerate(woken):
                     if outcome.done():
                         continue
-                    if ok:
-                        response, mark = value[i]
+                    if failure is not None:
+                        response, mark = replace(failure[0], headers=dict(failure[0].headers)), failure[1]
                     else:
-                        response, mark = _failure(Request("GET", "(woken pulls)"), value)
+                        try:
+                            response, mark = value[i]
+                        except Exception as exc:  # a result that does not fit: this reader's failure only
+                            response, mark = _failure(Request("GET", "(woken pull)"), exc)
                     waiting = response.long_poll.monitor if response.long_poll is not None else None
                     settled.append((outcome, (response, waiting, mark)))
                     if waiting is None and poll.reply_now is not None:
@@ -315,10 +321,12 @@ class MonitorApp:
                 for outcome, result in settled:
                     if not outcome.done():
                         outcome.set_result(result)
-                for _poll, outcome in woken:
-                    if not outcome.done():
-                        response, mark = _failure(Request("GET", "(woken pulls)"), failed or RuntimeError())
-                        outcome.set_result((response, None, mark))
+                left = [outcome for _poll, outcome in woken if not outcome.done()]
+                if left:
+                    exc = failed or RuntimeError("answering the woken readers failed")
+                    response, mark = _failure(Request("GET", "(woken pulls)"), exc)
+                    for outcome in left:
+                        outcome.set_result((replace(response, headers=dict(response.headers)), None, mark))
 
         return job, answer
 
@@ -521,8 +529,9 @@ class MonitorApp:
                     result = hook(self)
                     if asyncio.iscoroutine(result):
                         await result
-            finally:  # a hook that raised still leaves the store closed
-                await self.engine.call(self.close_store)
+            finally:  # a hook that raised still leaves the store closed (once: shutdown may run twice)
+                if not self.closed:
+                    await self.engine.call(self.close_store)
         finally:  # and whatever raised: the store's thread stopped, the collector back on
             self.waiters.detach()
             self.engine.stop()
