@@ -10,7 +10,8 @@ it off (an embedding program that turned it off keeps it off).
 Holds are bounded in time: one slow re-check (a PostgreSQL round trip that stalls), or holds that follow one
 another without a gap (appends back to back, each waking readers), would otherwise keep the collector off,
 and the garbage with it, for as long as they last. While holds last, a timer on the event loop turns the
-collector on every MAX_HELD_S for MAX_HELD_S, then off again, until the last hold is released.
+collector on every MAX_HELD_S for MAX_HELD_S, then off again, until the last hold is released. (At the loop's
+first turn after MAX_HELD_S: one callback that runs longer is not cut.)
 """
 
 from __future__ import annotations
