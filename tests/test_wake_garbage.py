@@ -411,3 +411,10 @@ def test_the_default_turns_run_on_the_event_loop() -> None:
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_hold_taken_off_the_loop_is_refused_and_changes_nothing() -> None:
+    hold = CollectorHold()
+    with pytest.raises(RuntimeError):
+        hold.acquire()  # no running loop for its turns
+    assert gc.isenabled() and not hold.held

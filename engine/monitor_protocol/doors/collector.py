@@ -48,10 +48,10 @@ class CollectorHold:
         return self._holds > 0
 
     def acquire(self) -> None:
-        self._holds += 1
-        if self._holds == 1:
+        if self._holds == 0:
+            self._timer = self.call_later(self.max_held, self._take_turns)  # first: it raises off the loop
             self._turn_off()
-            self._timer = self.call_later(self.max_held, self._take_turns)
+        self._holds += 1
 
     def release(self) -> None:
         if self._holds == 0:
