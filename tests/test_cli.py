@@ -121,8 +121,14 @@ def test_exit_status_by_kind_of_failure(base: str) -> None:
         ["publish", "codes", TYPE, "--tag", "no-equals-sign"],
         ["publish", "codes", TYPE, "--data", "[1, 2]"],
         ["publish", "codes", TYPE, "--data", "{not json"],
+        ["publish", "codes", TYPE, "--data", '{"n": NaN}'],  # JSON's grammar has no NaN nor Infinity,
+        ["publish", "codes", TYPE, "--data", '{"n": -Infinity}'],
+        ["publish", "codes", TYPE, "--data", '{"n": 1e999}'],  # nor a number that is infinite as a float
         ["publish", "codes", TYPE, "--retries", "-1"],
         ["ack", a.subscription.id, "three"],
+        ["pull", a.subscription.id, "--limit", "0"],  # the protocol's bounds, checked before sending
+        ["pull", a.subscription.id, "--wait", "51"],
+        ["pull", a.subscription.id, "--wait", "-1"],
         ["no-such-command"],
     ):
         bad = mp(base, *usage, env=env)

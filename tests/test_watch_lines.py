@@ -108,6 +108,12 @@ def seed(base: str) -> tuple[str, str, str, list[dict[str, Any]]]:
     return owner, sid, reader, published
 
 
+def publisher_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """What a line's data shows: the observation's data without the provenance and empty tags."""
+    assert "provenance" in data, "control: the server's data carries it"
+    return {k: v for k, v in data.items() if k != "provenance" and not (k == "tags" and not v)}
+
+
 def check_obs_lines(lines: list[str], published: list[dict[str, Any]]) -> None:
     obs_lines = [line for line in lines if line.startswith("OBS ")]
     assert len(obs_lines) == len(published), lines
@@ -125,9 +131,9 @@ def check_obs_lines(lines: list[str], published: list[dict[str, Any]]) -> None:
             else:
                 assert unquote(word) == value
         if isinstance(data, dict):
-            assert data == obs["data"]
+            assert data == publisher_fields(obs["data"])
         else:  # cut: a JSON string, the start of the data's JSON, then "..."
-            full = json.dumps(obs["data"], separators=(",", ":"))
+            full = json.dumps(publisher_fields(obs["data"]), separators=(",", ":"))
             assert isinstance(data, str) and data.endswith("...") and full.startswith(data[:-3])
 
 
@@ -207,8 +213,8 @@ def test_jsonl_is_one_bounded_ascii_object_per_line(tmp_path: Path) -> None:
                     assert event[key] == obs.get(key)
             if "data" in cut:
                 assert isinstance(event["data"], str) and event["data"].endswith("...")
-            else:
-                assert event["data"] == obs["data"]
+            else:  # the data without its provenance (the line's tier, origin, actor) and empty tags
+                assert event["data"] == publisher_fields(obs["data"])
         assert set(events[1]["cut"]) == {"subject", "data"} and {"subject", "actor"} <= set(events[2]["cut"])
         # The other events are objects too.
         again = watch(sid, "--token", "wrong", "--base", base, "--format", "jsonl")
@@ -218,6 +224,34 @@ def test_jsonl_is_one_bounded_ascii_object_per_line(tmp_path: Path) -> None:
         ]
         manual = watch(sid, "--token", reader, "--base", base, "--once", "--manual-ack", "--format", "jsonl")
         assert manual.returncode == 0 and manual.stdout == b""  # all acked above: nothing waits
+    finally:
+        stop_server(proc)
+
+
+def test_data_shows_what_the_publisher_sent_not_the_provenance_the_line_already_has(tmp_path: Path) -> None:
+    """A 190-character payload is printed whole, as an object: the provenance the server adds to every
+    observation's data (~290 characters: tier, origin and actor again, verification, ...) is left out,
+    tags are kept; an observation whose data is too long is still cut (control)."""
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        sent = {"status": "failed", "log_tail": "E" * 120, "url": "https://ci.example.com/runs/412"}
+        with Client(base, owner) as c:
+            c.publish("ci", TYPE, subject="build-412", data=sent, tags={"env": "ci"})
+            c.publish("ci", TYPE, subject="build-413", data={"log_tail": "E" * 500})
+        with Client(base, reader) as c:
+            [obs, long] = c.pull(sid).observations
+        assert len(json.dumps(obs["data"], separators=(",", ":"))) > 400, (
+            "control: the whole data is too long"
+        )
+        _fields, data = parse_obs(obs_text(obs))
+        assert data == {**sent, "tags": {"env": "ci"}}
+        assert json.loads(obs_jsonl(obs))["data"] == data and "cut" not in json.loads(obs_jsonl(obs))
+        _fields, cut = parse_obs(obs_text(long))
+        assert isinstance(cut, str) and cut.endswith("...") and json.loads(obs_jsonl(long))["cut"] == ["data"]
+        ran = watch(sid, "--token", reader, "--base", base, "--once")
+        assert ran.returncode == 0, ran.stderr
+        assert parse_obs(split_every_way(ran.stdout)[0])[1] == data
     finally:
         stop_server(proc)
 
@@ -278,6 +312,20 @@ def test_protocol_failures_print_an_error_line_and_exit_non_zero(tmp_path: Path)
         assert b"NOT_FOUND" in missing.stderr
     finally:
         stop_server(proc)
+
+
+def test_no_token_prints_the_error_line_a_wrong_token_gets_and_sends_nothing() -> None:
+    """No reader token at all: the same ERROR line and exit status as a token the server refuses, on stdout
+    (where a Monitor tool looks), without a request (the base is a port nobody listens on)."""
+    no_token = {"MP_READER_TOKEN": "", "MP_TOKEN": ""}
+    for fmt, line in (
+        ("text", "ERROR 401 UNAUTHORIZED"),
+        ("jsonl", '{"kind":"ERROR","status":401,"code":"UNAUTHORIZED"}'),
+    ):
+        ran = watch("sub-1", "--base", "http://127.0.0.1:9", "--format", fmt, env=no_token)
+        assert ran.returncode == client_cmds.EXIT_UNAUTHORIZED, ran.stderr
+        assert split_every_way(ran.stdout) == [line]
+        assert b"--token or env MP_READER_TOKEN" in ran.stderr and b"DOWN" not in ran.stdout
 
 
 def test_once_on_a_server_that_is_down_prints_down_and_exits_non_zero() -> None:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.cli.lines import obs_text
+from monitor_protocol.core.vocab import MAX_LIMIT, MAX_WAIT_SECONDS
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # anything else: a reply that is not the protocol's (e.g. a proxy's error page)
@@ -126,11 +128,38 @@ def read_arg_text(text: str) -> str:
     return text
 
 
+def whole_number(text: str, option: str, low: int, high: int) -> int:
+    """A whole number low..high in ASCII digits, checked before anything is sent (argparse: exit 2)."""
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise argparse.ArgumentTypeError(f"{option} takes whole numbers {low}..{high}, not {text!r}")
+    return int(text)
+
+
+def _pull_limit(text: str) -> int:
+    return whole_number(text, "--limit", 1, MAX_LIMIT)
+
+
+def _pull_wait(text: str) -> int:
+    return whole_number(text, "--wait (seconds)", 0, MAX_WAIT_SECONDS)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number; send a finite number or a string")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is too large for a JSON number here (it would be infinite)")
+    return value
+
+
 def json_arg(text: str) -> Any:
-    """JSON given inline, as `@FILE` or as `-` (stdin)."""
+    """JSON given inline, as `@FILE` or as `-` (stdin); strict: NaN, Infinity and numbers too large to be
+    finite are refused here, as the server would refuse them, before anything is sent."""
     source = read_arg_text(text)
     try:
-        return json.loads(source)
+        return json.loads(source, parse_constant=_no_constant, parse_float=_finite)
     except ValueError as exc:
         where = "stdin" if text == "-" else text[1:] if text.startswith("@") else "the argument"
         raise argparse.ArgumentTypeError(f"not JSON ({where}): {exc}") from exc
@@ -308,8 +337,10 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "pull":
         parser.add_argument("subscription", help="subscription id (sub-...)")
         parser.add_argument("--cursor", type=cursor_arg, help="read-only replay from this seq")
-        parser.add_argument("--limit", type=int, help="1..200 (server default 50)")
-        parser.add_argument("--wait", type=int, help="long poll up to this many whole seconds (0..50)")
+        parser.add_argument("--limit", type=_pull_limit, help=f"1..{MAX_LIMIT} (server default 50)")
+        parser.add_argument(
+            "--wait", type=_pull_wait, help=f"long poll up to this many whole seconds (0..{MAX_WAIT_SECONDS})"
+        )
         parser.add_argument("--filter", type=json_object_arg, help="inline filter (narrows, never widens)")
     elif name == "ack":
         parser.add_argument("subscription", help="subscription id")

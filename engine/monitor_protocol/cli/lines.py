@@ -74,6 +74,15 @@ def encode_data(data: Any) -> tuple[str, bool]:
     return encode_json_string(text, DATA_MAX_CHARS)
 
 
+def shown_data(data: Any) -> Any:
+    """What `data=` shows: the observation's data without its `provenance` (tier, origin and actor are the
+    line's own words; the rest stays in the observation: `mp pull --json` prints it whole) and without empty
+    `tags`, so that what the publisher sent fits the 400 characters."""
+    if not isinstance(data, dict):
+        return data
+    return {k: v for k, v in data.items() if k != "provenance" and not (k == "tags" and not v)}
+
+
 def free_text(value: Any) -> str:
     """A free sentence (DOWN reason, UP URL): spaces kept, anything else outside 0x20..0x7E percent-encoded."""
     out = "".join(ch if 0x20 <= ord(ch) <= 0x7E else percent(ch) for ch in str(value))
@@ -106,7 +115,7 @@ def obs_text(obs: dict[str, Any]) -> str:
         word, _cut = encode_word(value, WORD_MAX_CHARS.get(key, OTHER_WORD_MAX_CHARS))
         parts.append(f"{key}={word}")
     parts.append("redelivered=" + ("true" if obs.get("redelivered") else "false"))
-    parts.append("data=" + encode_data(obs.get("data"))[0])
+    parts.append("data=" + encode_data(shown_data(obs.get("data")))[0])
     return " ".join(parts)
 
 
@@ -130,7 +139,7 @@ def obs_jsonl(obs: dict[str, Any]) -> str:
         if was_cut:
             cut.append(key)
     fields.append('"redelivered":' + ("true" if obs.get("redelivered") else "false"))
-    data, was_cut = encode_data(obs.get("data"))
+    data, was_cut = encode_data(shown_data(obs.get("data")))
     fields.append(f'"data":{data}')
     if was_cut:
         cut.append("data")

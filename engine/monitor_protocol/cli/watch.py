@@ -60,7 +60,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from monitor_protocol.cli import client_cmds
-from monitor_protocol.cli.client_cmds import DEFAULT_BASE, EXIT_PIPE, READER, resolve_token
+from monitor_protocol.cli.client_cmds import (
+    DEFAULT_BASE,
+    EXIT_PIPE,
+    EXIT_UNAUTHORIZED,
+    READER,
+    resolve_token,
+    whole_number,
+)
 from monitor_protocol.cli.lines import (
     CUT,
     LINE_MAX_BYTES,
@@ -72,30 +79,23 @@ from monitor_protocol.cli.lines import (
     percent,
     seq_of,
 )
+from monitor_protocol.core.vocab import MAX_LIMIT, MAX_WAIT_SECONDS
 
 HELP = "follow a subscription: one OBS line per observation, for an agent's Monitor tool"
 
 MAX_BACKOFF_SECONDS = 10.0
 FIRST_BACKOFF_SECONDS = 0.25
-MAX_WAIT_SECONDS = 50
-MAX_LIMIT = 200
 
 
 # ---------------------------------------------------------------------------------------------- arguments
 
 
-def _whole(text: str, option: str, low: int, high: int) -> int:
-    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
-        raise argparse.ArgumentTypeError(f"{option} takes whole numbers {low}..{high}, not {text!r}")
-    return int(text)
-
-
 def _wait_seconds(text: str) -> int:
-    return _whole(text, "--wait (seconds)", 1, MAX_WAIT_SECONDS)
+    return whole_number(text, "--wait (seconds)", 1, MAX_WAIT_SECONDS)
 
 
 def _batch_limit(text: str) -> int:
-    return _whole(text, "--limit", 1, MAX_LIMIT)
+    return whole_number(text, "--limit", 1, MAX_LIMIT)
 
 
 def _base_url(text: str) -> str:
@@ -522,9 +522,10 @@ def run(name: str, args: argparse.Namespace) -> int:
             "use one of them"
         )
     token = resolve_token(args)
-    if not token:
+    if not token:  # nothing sent; said as the server would, where a Monitor tool looks (stdout)
         _stderr("error: UNAUTHORIZED: mp watch needs the reader token: --token or env MP_READER_TOKEN")
-        return 1
+        _Out(getattr(args, "format", "text")).error(401, "UNAUTHORIZED")
+        return EXIT_UNAUTHORIZED
     with Client(args.base, token) as client:
         try:
             return Watch(client, args).run()
