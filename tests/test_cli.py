@@ -96,6 +96,10 @@ def test_exit_status_by_kind_of_failure(base: str) -> None:
     assert missing.returncode == 5 and missing.stderr.startswith("error: NOT_FOUND: ")
     unauthorized = mp(base, "publish", "codes", TYPE, "--token", "wrong")
     assert unauthorized.returncode == 4 and unauthorized.stderr.startswith("error: UNAUTHORIZED: ")
+    assert "no token was given" not in unauthorized.stderr  # control: a token was given, a wrong one
+    none = mp(base, "publish", "codes", TYPE, env={"MP_OWNER_TOKEN": "", "MP_TOKEN": ""})
+    assert none.returncode == 4 and none.stderr.startswith("error: UNAUTHORIZED: ")
+    assert "no token was given: pass it with --token or env MP_OWNER_TOKEN" in none.stderr, none.stderr
     refused = mp(base, "publish", "codes", TYPE, "--tier", "golden", env=env)
     assert refused.returncode == 3 and refused.stderr.startswith("error: UNKNOWN_VOCABULARY: ")
 

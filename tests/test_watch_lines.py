@@ -336,6 +336,7 @@ def test_once_on_a_server_that_is_down_prints_down_and_exits_non_zero() -> None:
     assert ran.returncode == getattr(client_cmds, "EXIT_UNREACHABLE", 1) != 0
     lines = split_every_way(ran.stdout)
     assert len(lines) == 1 and lines[0].startswith("DOWN ")
+    assert lines[0].endswith(f"(http://127.0.0.1:{port}/mp/v0)"), "it names the server it cannot reach"
 
 
 @pytest.mark.parametrize(

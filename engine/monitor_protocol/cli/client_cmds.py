@@ -246,12 +246,16 @@ def unreachable_sentence(exc: Any) -> str:
     return f"{where}{exc.reason} ({outcome})"
 
 
-def report_error(exc: Exception, as_json: bool = False) -> int:
-    """Print a failure (one sentence on stderr; with `as_json` its JSON on stdout); return its exit status."""
+def report_error(exc: Exception, as_json: bool = False, token_from: tuple[str, ...] | None = None) -> int:
+    """Print a failure (one sentence on stderr; with `as_json` its JSON on stdout); return its exit status.
+    `token_from`: the command was given no token, and these environment variables would have given one."""
     from monitor_protocol.client import ConnectionFailed, MonitorProtocolError
 
     if isinstance(exc, MonitorProtocolError):
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        if exc.code == "UNAUTHORIZED" and token_from is not None:  # the server's hint is HTTP's: say ours
+            where = " or ".join(["--token", *(f"env {name}" for name in token_from)])
+            print(f"error: no token was given: pass it with {where}", file=sys.stderr)
     elif isinstance(exc, ConnectionFailed):
         print(f"error: {UNREACHABLE}: {unreachable_sentence(exc)}", file=sys.stderr)
     else:
@@ -585,11 +589,12 @@ def _lease(args: argparse.Namespace, c: Any, action: str) -> Any:
 def run(name: str, args: argparse.Namespace) -> int:
     from monitor_protocol.client import Client, ConnectionFailed, MonitorProtocolError
 
+    token = resolve_token(args)
     try:
-        with Client(args.base, resolve_token(args)) as c:
+        with Client(args.base, token) as c:
             result = _call(name, args, c)
     except (MonitorProtocolError, ConnectionFailed, ValueError, TypeError) as exc:
-        return report_error(exc, args.json)
+        return report_error(exc, args.json, None if token else tuple(getattr(args, "_token_env", ())))
     if args.json:
         print_json([m.raw for m in result] if isinstance(result, list) else result.raw)
     else:

@@ -42,7 +42,7 @@ from monitor_protocol.doors.http.server import (
     serve,
 )
 
-HELP = "run the Monitor Protocol HTTP server on a SQLite database"
+HELP = "run the Monitor Protocol HTTP server (SQLite by default, or PostgreSQL: --db postgresql://...)"
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8130

@@ -341,7 +341,7 @@ class Watch:
                 target = int(self._pull(cursor=int(floor), wait=0, limit=1).head) + 1
             self.c.seek(self.sub, target, f"watch: cursor expired, reset_policy {policy}")
         except ConnectionFailed as exc:
-            self._went_down(exc.reason)
+            self._went_down(f"{exc.reason} ({self.c.base})")  # which server: a typo is not an outage
         self.position = None
         return None
 
@@ -452,7 +452,7 @@ class Watch:
                     self._flush_ack()
                     return 0
             except ConnectionFailed as exc:
-                self._went_down(exc.reason)
+                self._went_down(f"{exc.reason} ({self.c.base})")  # which server: a typo is not an outage
                 if self.once:
                     return _failure_status(exc)
             except MonitorProtocolError as err:
