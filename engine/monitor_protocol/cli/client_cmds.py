@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.cli.lines import obs_text
+from monitor_protocol.core import wire
+from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.vocab import MAX_LIMIT, MAX_WAIT_SECONDS
 
 EXIT_OK = 0
@@ -143,26 +144,21 @@ def _pull_wait(text: str) -> int:
     return whole_number(text, "--wait (seconds)", 0, MAX_WAIT_SECONDS)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number; send a finite number or a string")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"{text} is too large for a JSON number here (it would be infinite)")
-    return value
-
-
 def json_arg(text: str) -> Any:
-    """JSON given inline, as `@FILE` or as `-` (stdin); strict: NaN, Infinity and numbers too large to be
-    finite are refused here, as the server would refuse them, before anything is sent."""
+    """JSON given inline, as `@FILE` or as `-` (stdin), held to the server's own rules for a body (core/wire:
+    no NaN or Infinity, no number that overflows, bounded depth) before anything is sent."""
     source = read_arg_text(text)
     try:
-        return json.loads(source, parse_constant=_no_constant, parse_float=_finite)
-    except ValueError as exc:
+        return wire.loads(source)
+    except ProtocolError as refused:
         where = "stdin" if text == "-" else text[1:] if text.startswith("@") else "the argument"
-        raise argparse.ArgumentTypeError(f"not JSON ({where}): {exc}") from exc
+        try:
+            json.loads(source)
+        except ValueError as exc:  # not JSON at all: the parser's sentence says where
+            reason = str(exc)
+        else:  # JSON, refused by the protocol's rules
+            reason = refused.message
+        raise argparse.ArgumentTypeError(f"not JSON ({where}): {reason}") from None
 
 
 def json_object_arg(text: str) -> dict[str, Any]:
