@@ -607,7 +607,7 @@ def test_a_monitor_definition_and_its_configured_rows_are_bounded(h):
     too_big = h.call(
         "POST",
         "/monitors/ci/update",
-        {"patch": {"rules": [{"id": "r" * 9000, "when": {}, "then": "x"}]}},
+        {"patch": {"rules": [{"id": "r", "when": {}, "then": "log", "reason": "r" * 9000}]}},
         tok,
     )
     assert too_big.status == 400 and "8192" in too_big.body["error"]

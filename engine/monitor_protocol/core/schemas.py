@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from monitor_protocol.core import jsonregex
+
 SCHEMA_NAMES = ("monitor", "observation", "state", "subscription", "lease", "error", "filter")
 SCHEMA_BASE = "https://monitor-protocol.dev/schemas/0.1/"
 
@@ -50,28 +52,79 @@ def registry(directory: str | Path | None = None):
     return Registry().with_resources(resources)
 
 
+def ecma_validator_class():
+    """Draft 2020-12 with its regular expressions read as the draft says (ECMA-262: core/jsonregex.py),
+    not as Python's `re` reads them: jsonschema would take "ci\\n" for a monitor id, which a validator in
+    any other language refuses. `pattern`, `patternProperties` and `additionalProperties` (which asks
+    which keys the patterns cover) are the keywords that read them in these schemas."""
+    global _ECMA_VALIDATOR
+    if _ECMA_VALIDATOR is None:
+        from jsonschema import Draft202012Validator, ValidationError, validators
+
+        def pattern(v: Any, regex: str, instance: Any, schema: dict[str, Any]) -> Any:
+            if v.is_type(instance, "string") and not jsonregex.search(regex, instance):
+                yield ValidationError(f"{instance!r} does not match {regex!r}")
+
+        def pattern_properties(
+            v: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
+        ) -> Any:
+            if v.is_type(instance, "object"):
+                for regex, subschema in patterns.items():
+                    for key, value in instance.items():
+                        if jsonregex.search(regex, key):
+                            yield from v.descend(value, subschema, path=key, schema_path=regex)
+
+        def additional_properties(v: Any, allowed: Any, instance: Any, schema: dict[str, Any]) -> Any:
+            if not v.is_type(instance, "object"):
+                return
+            known, regexes = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+            extras = sorted(
+                k for k in instance if k not in known and not any(jsonregex.search(r, k) for r in regexes)
+            )
+            if v.is_type(allowed, "object"):
+                for key in extras:
+                    yield from v.descend(instance[key], allowed, path=key)
+            elif allowed is False and extras:
+                yield ValidationError(
+                    f"Additional properties are not allowed ({', '.join(map(repr, extras))})"
+                )
+
+        _ECMA_VALIDATOR = validators.extend(
+            Draft202012Validator,
+            {
+                "pattern": pattern,
+                "patternProperties": pattern_properties,
+                "additionalProperties": additional_properties,
+            },
+        )
+    return _ECMA_VALIDATOR
+
+
+_ECMA_VALIDATOR: Any = None
+
+
 def validator(name: str, schema_dir: str | Path | None = None):
-    """A Draft202012Validator for schema `name` of `schema_dir` (default: the project's), with every
-    sibling schema reachable by `$ref` through its `$id`; formats are checked where jsonschema can."""
-    from jsonschema import Draft202012Validator, FormatChecker
+    """A Draft 2020-12 validator (ECMA-262 patterns) for schema `name` of `schema_dir` (default: the
+    project's), with every sibling schema reachable by `$ref` through its `$id`; formats are checked where
+    jsonschema can."""
+    from jsonschema import FormatChecker
 
     schemas = load_schemas(schema_dir)
     if name not in schemas:
         raise KeyError(f"no schema {name!r} in {schema_dir or 'the project schemas'}; have {sorted(schemas)}")
-    return Draft202012Validator(schemas[name], registry=registry(schema_dir), format_checker=FormatChecker())
+    cls = ecma_validator_class()
+    return cls(schemas[name], registry=registry(schema_dir), format_checker=FormatChecker())
 
 
 def validators(schema_dir: str | Path | None = None) -> dict[str, Any]:
     """One validator per schema of `schema_dir`, sharing one registry."""
-    from jsonschema import Draft202012Validator, FormatChecker
+    from jsonschema import FormatChecker
 
     schemas = load_schemas(schema_dir)
     reg = registry(schema_dir)
     checker = FormatChecker()
-    return {
-        name: Draft202012Validator(schema, registry=reg, format_checker=checker)
-        for name, schema in schemas.items()
-    }
+    cls = ecma_validator_class()
+    return {name: cls(schema, registry=reg, format_checker=checker) for name, schema in schemas.items()}
 
 
 def errors_of(name: str, instance: Any, schema_dir: str | Path | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.vocab import MAX_INTEGER, MAX_NAME_CHARS, MAX_REASON_BYTES
+from monitor_protocol.core.vocab import MAX_INTEGER, MAX_NAME_CHARS, MAX_REASON_BYTES, MONITOR_ID_PATTERN
 
 
 def invalid(message: str, **extras: Any) -> ProtocolError:
@@ -78,6 +78,23 @@ def check_name(value: Any, name: str, example: str) -> str:
             limit=MAX_NAME_CHARS,
         )
     return value
+
+
+def check_monitor_id(value: Any, name: str, example: str) -> str:
+    """A new monitor's id (section 3): 2-64 ASCII letters, digits, '_', '.' or '-'. A missing id and a
+    malformed one are told apart, so the caller knows whether to add it or to change it."""
+    if isinstance(value, str) and MONITOR_ID_PATTERN.match(value):
+        return value
+    rule = f"2-64 letters, digits, '_', '.' or '-' (e.g. {example})"
+    if value is None or value == "":
+        raise invalid(f"{name} is required: {rule}.")
+    if not isinstance(value, str):
+        raise invalid(f"{name} must be a string of {rule}, not {type(value).__name__}.")
+    bad = next(
+        (f"U+{ord(ch):04X}" for ch in value if not (ch.isascii() and (ch.isalnum() or ch in "_.-"))), None
+    )
+    found = f"it holds {bad}" if bad is not None else f"it is {len(value)} characters long"
+    raise invalid(f"{name} {value[:64]!r} is not a monitor id ({found}): use {rule}.", invalid=value[:64])
 
 
 _GOOD_ACTORS: dict[str, None] = {}  # names already found good: the same few publish again and again

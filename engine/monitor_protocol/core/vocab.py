@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from monitor_protocol.core import jsonregex
 
 PROTOCOL_VERSION = "0.1"
 EXTENSION_ID = "ai.mentu/monitors"
@@ -27,9 +27,16 @@ RESET_POLICIES = ("earliest", "latest", "none")
 PROTOCOLS = ("pull", "http", "mcp")
 ACTOR_PREFIXES = ("human", "agent", "system", "hook", "probe", "webhook")
 
-TYPE_PATTERN = re.compile(r"^[a-z0-9]+(\.[a-z0-9_-]+)+$")
-MONITOR_ID_PATTERN = re.compile(r"^[\w.-]{2,64}$")
-TAG_KEY_PATTERN = re.compile(r"^#[A-Za-z_][A-Za-z0-9_-]*$")
+# The published patterns (their JSON Schemas' text), matched as a JSON Schema validator matches them: `\w` is
+# ASCII and `$` is the end of the text, so "ci\n" or "été" is no monitor id here either.
+TYPE_REGEX = r"^[a-z0-9]+(\.[a-z0-9_-]+)+$"
+MONITOR_ID_REGEX = r"^[\w.-]{2,64}$"
+TAG_KEY_REGEX = r"^#[A-Za-z_][A-Za-z0-9_-]*$"
+TYPE_PATTERN = jsonregex.compile(TYPE_REGEX)
+MONITOR_ID_PATTERN = jsonregex.compile(MONITOR_ID_REGEX)
+TAG_KEY_PATTERN = jsonregex.compile(TAG_KEY_REGEX)
+RULE_ACTION_REGEX = r"^(log|annotate|label|escalate:.+|run:.+|notify:human)$"  # a rule's `then`
+RULE_ACTION_PATTERN = jsonregex.compile(RULE_ACTION_REGEX)
 
 # The protocol's own observation types.
 T_CONFIGURED = PROTOCOL_PREFIX + "configured"

@@ -69,13 +69,12 @@ published rows say their source did not answer is copied as not answering since 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from monitor_protocol.core import schemas, timefmt, tokens, wire
+from monitor_protocol.core import jsonregex, schemas, timefmt, tokens, wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import MonitorStatus, monitor_next
 from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, LastSeen, Monitor, Observation
@@ -91,11 +90,10 @@ from monitor_protocol.core.rules.publishing import (
 )
 from monitor_protocol.core.runtime import ServiceCore
 from monitor_protocol.core.tx import Tx
-from monitor_protocol.core.validation import check_name, invalid
+from monitor_protocol.core.validation import check_monitor_id, check_name, invalid
 from monitor_protocol.core.vocab import (
     MAX_FUTURE_SECONDS,
     MAX_JSON_DEPTH,
-    MONITOR_ID_PATTERN,
     PROTOCOL_PREFIX,
     SERVER_TYPES,
     T_CONFIGURED,
@@ -121,7 +119,7 @@ def server_row(kind: str) -> bool:
 
 
 _SERVER_PROVENANCE = {"origin": "system", "tier": "measured", "verified": "machine_verified"}
-_SOURCE = re.compile(r"^monitor:([\w.-]{2,64})$")
+_SOURCE = jsonregex.compile(r"^monitor:([\w.-]{2,64})$")
 
 
 # ===================================================================================== export
@@ -182,7 +180,7 @@ def schema_error(schema: dict[str, Any], value: Any, path: str = "") -> str | No
             if value != rule:
                 return f"{where}: {_short(value)} should be {rule!r}"
         elif key == "pattern":
-            if isinstance(value, str) and not re.search(rule, value):
+            if isinstance(value, str) and not jsonregex.search(rule, value):
                 return f"{where}: {_short(value)} does not match {rule!r}"
         elif key == "format":
             if rule == "date-time" and isinstance(value, str) and timefmt.parse(value) is None:
@@ -631,11 +629,7 @@ def import_log(
     """Write a checked log as the new monitor `monitor_id` (one transaction), or refuse all of it. `source`
     is the file (text, bytes, lines or events), or what LogCheck found in it."""
     attested = registration_attested(core, token, "create (or import) a monitor")
-    if not isinstance(monitor_id, str) or not MONITOR_ID_PATTERN.match(monitor_id):
-        raise invalid(
-            "The new monitor id is required: 2-64 letters, digits, '_', '.' or '-' (e.g. \"ci-import\").",
-            invalid=monitor_id if isinstance(monitor_id, str) else None,
-        )
+    monitor_id = check_monitor_id(monitor_id, "The new monitor id", '"ci-import"')
     if tx.monitor(monitor_id) is not None:
         raise ProtocolError(
             "DUPLICATE",

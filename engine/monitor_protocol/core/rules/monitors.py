@@ -19,6 +19,7 @@ from monitor_protocol.core.validation import (
     as_int,
     check_actor,
     check_json_size,
+    check_monitor_id,
     check_name,
     check_reason,
     check_vocab,
@@ -30,10 +31,12 @@ from monitor_protocol.core.vocab import (
     CAPABILITIES,
     HORIZONS,
     MAX_DEFINITION_BYTES,
-    MONITOR_ID_PATTERN,
+    RULE_ACTION_PATTERN,
+    RULE_ACTION_REGEX,
     SOURCE_KINDS,
     T_CONFIGURED,
     TYPE_PATTERN,
+    TYPE_REGEX,
     VISIBILITIES,
 )
 
@@ -102,9 +105,7 @@ def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, 
             if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
                 raise invalid("rules must be an array of objects with id, when and then.")
             for r in value:
-                if not isinstance(r.get("id"), str) or "when" not in r or not isinstance(r.get("then"), str):
-                    raise invalid("Each rule needs a string id, a when filter and a then action.")
-                filters.validate(r["when"], body.get("types", rec.get("types", [])))
+                check_rule(r, body.get("types", rec.get("types", [])))
         elif key == "types":
             if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
                 raise invalid("types must be an array of reverse-DNS strings.")
@@ -117,7 +118,7 @@ def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, 
                     f"Type(s) {bad} are not reverse-DNS; send names like com.example.ci.run.",
                     field="types",
                     invalid=bad,
-                    known=["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
+                    known=[TYPE_REGEX],
                 )
             value = list(dict.fromkeys(value))
         elif key == "limits":
@@ -152,14 +153,32 @@ def registration_attested(core: ServiceCore, token: str | None, what: str = "cre
     return True
 
 
+def check_rule(rule: dict[str, Any], types: list[str]) -> None:
+    """One of a monitor's rules as the published schema has it: {id, when, then, version?, derived_from?,
+    reason?}. It is stored, never run (P9), but it is served, so it must be what readers can parse."""
+    if not isinstance(rule.get("id"), str) or "when" not in rule or not isinstance(rule.get("then"), str):
+        raise invalid("Each rule needs a string id, a when filter and a then action.")
+    check_name(rule["id"], "rules[].id", '"page-on-fail"')
+    if not RULE_ACTION_PATTERN.match(rule["then"]):
+        raise invalid(
+            f"A rule's then is one of log, annotate, label, escalate:<who>, run:<what> or notify:human, not "
+            f"{rule['then'][:64]!r}.",
+            invalid=rule["then"][:64],
+            known=[RULE_ACTION_REGEX],
+        )
+    for name in ("version", "reason"):
+        if name in rule and not isinstance(rule[name], str):
+            raise invalid(f"A rule's {name} is a string when given.")
+    derived = rule.get("derived_from", [])
+    if not isinstance(derived, list) or not all(isinstance(d, str) for d in derived):
+        raise invalid("A rule's derived_from is an array of strings when given.")
+    filters.validate(rule["when"], types)
+
+
 def create_monitor(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
     body = require_object(body, "monitor")
     attested = registration_attested(core, token)
-    monitor_id = body.get("id")
-    if not isinstance(monitor_id, str) or not MONITOR_ID_PATTERN.match(monitor_id):
-        raise invalid(
-            "id is required: 2-64 letters, digits, '_', '.' or '-' (e.g. \"ci\").", invalid=monitor_id
-        )
+    monitor_id = check_monitor_id(body.get("id"), "id", '"ci"')
     if tx.monitor(monitor_id) is not None:
         raise ProtocolError("DUPLICATE", f"A monitor {monitor_id!r} already exists.", monitor=monitor_id)
     unknown = sorted(

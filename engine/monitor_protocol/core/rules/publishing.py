@@ -25,6 +25,7 @@ from monitor_protocol.core.vocab import (
     T_CONTRADICTION,
     T_CONTRADICTION_RESOLVED,
     TYPE_PATTERN,
+    TYPE_REGEX,
 )
 
 MAX_REFERENCES = 64
@@ -281,7 +282,7 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, An
             "e.g. com.example.ci.run.",
             field="type",
             invalid=type_[:MAX_NAME_CHARS] if isinstance(type_, str) else None,
-            known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
+            known=declared or [TYPE_REGEX],
         )
     if type_.startswith(PROJECT_PREFIX):
         raise ProtocolError(
@@ -290,7 +291,7 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, An
             "reverse-DNS type.",
             field="type",
             invalid=type_,
-            known=declared or ["^[a-z0-9]+(\\.[a-z0-9_-]+)+$"],
+            known=declared or [TYPE_REGEX],
         )
     if type_.startswith(PROTOCOL_PREFIX) and type_ not in PUBLISHABLE_PROTOCOL_TYPES:
         raise ProtocolError(

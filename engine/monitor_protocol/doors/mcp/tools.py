@@ -53,6 +53,8 @@ class ToolSpec:
     ) -> None:
         from jsonschema import Draft202012Validator
 
+        from monitor_protocol.core.schemas import ecma_validator_class
+
         self.name = name
         self.title = title or name.replace("_", " ")
         self.description = description
@@ -64,7 +66,7 @@ class ToolSpec:
         self.read_only, self.destructive, self.idempotent, self.open_world = hints
         Draft202012Validator.check_schema(self.schema)
         Draft202012Validator.check_schema(self.output)
-        self.validator = Draft202012Validator(self.schema)
+        self.validator = ecma_validator_class()(self.schema)  # patterns as the schema means them
 
     def tool(self) -> types.Tool:
         return types.Tool(

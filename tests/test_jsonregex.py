@@ -1,0 +1,196 @@
+"""The protocol's patterns are read as JSON Schema reads them (ECMA-262), in the engine, in the import
+check and in every schema validator the project builds, so a value the server accepts is one any other
+language's validator accepts too (core/jsonregex.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from monitor_protocol.core import jsonregex
+from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.rules import importing
+from monitor_protocol.core.schemas import validators
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.vocab import (
+    MONITOR_ID_REGEX,
+    RULE_ACTION_REGEX,
+    TAG_KEY_REGEX,
+    TYPE_REGEX,
+)
+from monitor_protocol.store.memory import MemoryStore
+
+from tests.pgcluster import ci_is_true
+
+pytestmark = pytest.mark.quick
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
+PUBLISHED = (MONITOR_ID_REGEX, TYPE_REGEX, TAG_KEY_REGEX, RULE_ACTION_REGEX)
+# What each of Python's differences from ECMA-262 turns on: line ends, non-ASCII letters and digits, spaces.
+TRICKY = "ab_.-#:\n\r\u2028\u2029\u00e9\u0663\u00a0 \t\x00Z9"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "python_says", "ecma_says"),
+    [
+        (MONITOR_ID_REGEX, "ci\n", True, False),  # `$` before a final newline
+        (MONITOR_ID_REGEX, "\u00e9t\u00e9", True, False),  # \w is ASCII
+        (MONITOR_ID_REGEX, "\u0663\u0663", True, False),  # ... and so is \d's part of it
+        (TYPE_REGEX, "com.example.run\n", True, False),
+        (RULE_ACTION_REGEX, "run:\r", True, False),  # `.` stops at every line terminator
+        (RULE_ACTION_REGEX, "run:\u2028", True, False),
+        (r"^\s$", "\u00a0", True, True),  # \s stays Unicode, as in ECMA
+        (r"^[^\s]$", "\u3000", False, False),
+        (r"^a[]$", "a", None, False),  # the empty class (Python: an unterminated set)
+        (r"^[^]$", "\n", None, True),  # any character
+    ],
+)
+def test_each_difference_from_python_is_translated(pattern, text, python_says, ecma_says):
+    if python_says is None:
+        with pytest.raises(re.error):
+            re.compile(pattern)
+    else:
+        assert (re.search(pattern, text) is not None) is python_says  # the difference is real
+    assert jsonregex.search(pattern, text) is ecma_says
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [
+        (MONITOR_ID_REGEX, "ci"),
+        (MONITOR_ID_REGEX, "build_7.prod-eu"),
+        (TYPE_REGEX, "com.example.ci.run"),
+        (TAG_KEY_REGEX, "#env"),
+        (RULE_ACTION_REGEX, "escalate:human:oncall"),
+        (RULE_ACTION_REGEX, "notify:human"),
+        (r"\d{4}", "in 2026"),  # unanchored: found anywhere, as JSON Schema says
+    ],
+)
+def test_ordinary_values_still_match(pattern, text):
+    assert jsonregex.search(pattern, text)
+
+
+def test_python_only_escapes_in_a_class_are_refused_not_guessed():
+    with pytest.raises(ValueError, match="not supported"):
+        jsonregex.translate(r"[\S]")
+
+
+def _node_verdicts(cases: list[tuple[str, str]]) -> list[bool]:
+    script = (
+        "const cases = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
+        "process.stdout.write(JSON.stringify(cases.map(([p, t]) => new RegExp(p).test(t))));"
+    )
+    out = subprocess.run(
+        ["node", "-e", script],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.text(alphabet=TRICKY, max_size=8), min_size=1, max_size=40))
+def test_the_published_patterns_agree_with_a_javascript_engine(texts):
+    """A differential test: node's RegExp (an ECMA-262 engine) and jsonregex give the same verdict on every
+    published pattern, for strings made of the characters where Python's `re` would differ."""
+    if shutil.which("node") is None:
+        if ci_is_true():
+            pytest.fail("node is required in CI (.ci/run installs it) for the ECMA-262 comparison")
+        pytest.skip("node is not installed: the comparison with a JavaScript regex engine is skipped")
+    cases = [(p, t) for p in PUBLISHED for t in [*texts, "ab", "com.ab", "#a", "log"]]
+    assert [jsonregex.search(p, t) for p, t in cases] == _node_verdicts(cases)
+
+
+def test_the_engine_refuses_what_the_schemas_refuse():
+    """Positive control first: a plain id and type pass; then the values Python's `re` would let through."""
+    service = MonitorService(MemoryStore())
+    owner = service.create_monitor({"id": "ci"}, None)["owner_token"]
+    assert service.publish("ci", {"type": "com.example.run"}, owner)["seq"] >= 1
+    for bad in ("ci2\n", "\u00e9t\u00e9", "\u0663\u0663"):
+        with pytest.raises(ProtocolError) as refused:
+            service.create_monitor({"id": bad}, None)
+        assert refused.value.code == "INVALID" and "is not a monitor id" in refused.value.message
+    with pytest.raises(ProtocolError) as refused:
+        service.publish("ci", {"type": "com.example.run\n"}, owner)
+    assert refused.value.code == "UNKNOWN_VOCABULARY"
+    with pytest.raises(ProtocolError) as refused:
+        service.create_monitor({"id": "ci3", "types": ["com.example.run\n"]}, None)
+    assert refused.value.code == "UNKNOWN_VOCABULARY"
+
+
+def test_a_missing_id_and_a_malformed_one_say_different_things():
+    service = MonitorService(MemoryStore())
+    for body, says in (
+        ({}, "id is required"),
+        ({"id": ""}, "id is required"),
+        ({"id": 7}, "must be a string"),
+        ({"id": "has space"}, "'has space' is not a monitor id (it holds U+0020)"),
+        ({"id": "x" * 65}, "is not a monitor id (it is 65 characters long)"),
+    ):
+        with pytest.raises(ProtocolError) as refused:
+            service.create_monitor(body, None)
+        assert refused.value.code == "INVALID" and says in refused.value.message, (
+            body,
+            refused.value.message,
+        )
+    with pytest.raises(ProtocolError) as refused:
+        service.import_log("has space", [])
+    assert "The new monitor id 'has space' is not a monitor id" in refused.value.message
+
+
+def test_a_rule_is_served_only_in_the_published_form():
+    service = MonitorService(MemoryStore())
+    good = {
+        "id": "page",
+        "when": {"types": ["com.example.run"]},
+        "then": "escalate:human:oncall",
+        "reason": "r",
+    }
+    created = service.create_monitor({"id": "ci", "rules": [good]}, None)
+    assert created["monitor"]["rules"] == [good]  # control
+    for rule, says in (
+        ({"id": "r", "when": {}, "then": "bogus"}, "then is one of"),
+        ({"id": "r", "when": {}, "then": "run:\n"}, "then is one of"),
+        ({"id": "r", "when": {}, "then": "log", "reason": 5}, "reason is a string"),
+        ({"id": "r", "when": {}, "then": "log", "version": 2}, "version is a string"),
+        ({"id": "r", "when": {}, "then": "log", "derived_from": [1]}, "derived_from is an array of strings"),
+        ({"id": "", "when": {}, "then": "log"}, "rules[].id must be a non-empty string"),
+    ):
+        with pytest.raises(ProtocolError) as refused:
+            service.create_monitor({"id": "ci2", "rules": [rule]}, None)
+        assert refused.value.code == "INVALID" and says in refused.value.message, (
+            rule,
+            refused.value.message,
+        )
+
+
+def test_the_import_check_reads_patterns_as_ecma():
+    assert importing.schema_error({"pattern": TYPE_REGEX}, "com.example.run") is None  # control
+    assert importing.schema_error({"pattern": TYPE_REGEX}, "com.example.run\n") is not None
+
+
+def test_the_schema_validators_read_patterns_as_ecma():
+    """The project's validators (and the conformance suite's, which compares with the reference schemas)
+    refuse "ci\\n" as an id and "#a\\n" as a tag key, which plain jsonschema would pass."""
+    project = validators()
+    monitor = project["monitor"]
+    served = MonitorService(MemoryStore()).create_monitor({"id": "ci"}, None)["monitor"]
+    assert monitor.is_valid(served)  # control
+    assert not monitor.is_valid({**served, "id": "ci\n"})
+    assert project["filter"].is_valid({"#env": ["prod"]})
+    assert not project["filter"].is_valid({"#env\n": ["prod"]})  # additionalProperties false
+    if not REFERENCE.is_dir():
+        pytest.skip(f"{REFERENCE} is absent: the comparison with the reference schemas is skipped")
+    reference = validators(REFERENCE)
+    assert reference["monitor"].is_valid(served)
+    assert not reference["monitor"].is_valid({**served, "id": "\u00e9t\u00e9"})
+    assert not reference["monitor"].is_valid({**served, "rules": [{"id": "r", "when": {}, "then": "bogus"}]})
