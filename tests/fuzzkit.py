@@ -12,6 +12,10 @@ subscribe token, published subjects) when sent, so most generated requests get p
 contract says must be refused (bare NaN, a lone surrogate, nesting past 32, an integer past 2^53, a
 subject past 256 characters, an Origin the operator did not allow...) carries `must_refuse`, and a 2xx
 answer to it is a failure.
+
+Every protocol object a response carries (monitors, observations, subscriptions, states, leases, error
+bodies) must also validate against the project's schemas and, when they are beside the repository, the
+protocol's reference schemas, with patterns read as JSON Schema reads them (`SchemaCheck`).
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from hypothesis import strategies as st
 from monitor_protocol.conformance import checks as conformance_checks
+from monitor_protocol.conformance.checks.base import Seen, classify
 
 # --------------------------------------------------------------------------------- the contract (sec. 3)
 # The suite's own copy of section 3, written from docs/protocol.md rather than imported from the engine.
@@ -455,6 +461,25 @@ def filters() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+# A monitor's rules: the published actions, and what the published schema refuses (served, it would fail it).
+RULES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "id": st.sampled_from(["r1", "page-on-fail"]),
+            "when": st.sampled_from([{}, {"types": ["com.example.ci.run"]}]),
+            "then": st.sampled_from(
+                ["bogus", "log", "run:\n", "label", "escalate:human:oncall", "notify:human"]
+            ),
+        },
+        optional={
+            "reason": st.one_of(st.text(max_size=20), st.integers()),
+            "derived_from": st.just(["x", 1]),
+        },
+    ),
+    max_size=2,
+)
+
+
 def create_body() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {"id": st.just(Ref("fresh")), "types": st.just([RUN, OTHER])},
@@ -476,6 +501,7 @@ def create_body() -> st.SearchStrategy[dict[str, Any]]:
             "budget": st.one_of(
                 st.none(), st.fixed_dictionaries({"max_observations_per_minute": st.integers(0, 5)})
             ),
+            "rules": RULES,
         },
     )
 
@@ -559,6 +585,7 @@ def update_body() -> st.SearchStrategy[dict[str, Any]]:
             "default_grant": st.lists(st.sampled_from(["observe", "react"]), max_size=2),
             "filter": filters(),
             "cadence": st.one_of(st.just({}), JSON_VALUES),
+            "rules": RULES,
         },
     )
     return st.fixed_dictionaries({"patch": patch}, optional={"reason": TEXT, "rule": TEXT})
@@ -1070,13 +1097,78 @@ class SetupFailed(AssertionError):
 Sender = Callable[[Sent], tuple[int, bytes, list[str]]]
 
 
+REFERENCE_SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "reference-schemas"
+
+
+class SchemaCheck:
+    """Whether the objects of a response validate against the project's schemas and the reference ones
+    (skipped, and said so in the report, when ../shared/ is not beside the repository). A verdict is kept
+    per distinct object: a pull serves the same observations again and again."""
+
+    MAX_VERDICTS = 50_000
+
+    def __init__(self) -> None:
+        from monitor_protocol.core.schemas import validators
+
+        self.sets: list[tuple[str, dict[str, Any]]] = [("project", validators())]
+        if REFERENCE_SCHEMAS.is_dir():
+            self.sets.append(("reference", validators(REFERENCE_SCHEMAS)))
+        self.verdicts: dict[str, list[str]] = {}
+        self.validated = 0
+
+    def note(self) -> str:
+        if len(self.sets) == 1:
+            return f"\n  served objects checked against the project's schemas only: {REFERENCE_SCHEMAS} is absent"
+        return (
+            f"\n  served objects validated against the project's and the reference schemas: {self.validated}"
+        )
+
+    def problems(self, status: int, body: Any) -> list[str]:
+        seen = Seen()
+        if 200 <= status < 300:
+            classify(body, seen)
+        elif isinstance(body, dict) and "code" in body and "jsonrpc" not in body:
+            seen.add("error", body)
+        out: list[str] = []
+        for key, item in seen.objects.items():
+            verdict = self.verdicts.get(key)
+            if verdict is None:
+                verdict = []
+                for label, vals in self.sets:
+                    v = vals.get(item["kind"])
+                    for e in list(v.iter_errors(item["obj"]))[:1] if v is not None else []:
+                        path = "/".join(map(str, e.absolute_path)) or "<root>"
+                        verdict.append(
+                            f"served {item['kind']} fails the {label} schema at {path}: {e.message[:160]}"
+                        )
+                if len(self.verdicts) >= self.MAX_VERDICTS:
+                    self.verdicts.clear()
+                self.verdicts[key] = verdict
+                self.validated += 1
+            out.extend(verdict)
+        return out
+
+
+SCHEMAS: SchemaCheck | None = None
+
+
+def schema_check() -> SchemaCheck:
+    global SCHEMAS
+    if SCHEMAS is None:
+        SCHEMAS = SchemaCheck()
+    return SCHEMAS
+
+
 def exchange(send: Sender, sent: Sent, record: Callable) -> tuple[int, bytes, Any]:
-    """Send one request, check its response, record the problems; returns (status, raw, parsed body)."""
+    """Send one request, check its response and the objects it serves, record the problems; returns
+    (status, raw, parsed body)."""
     status, raw, transport = send(sent)
     if transport:  # the connection failed or the encoder crashed: nothing more to check
         record(sent, status, raw, transport)
         return status, raw, None
     problems, parsed = check_response(sent, status, raw)
+    if not problems:
+        problems = schema_check().problems(status, parsed)
     record(sent, status, raw, problems)
     return status, raw, parsed
 

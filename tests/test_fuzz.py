@@ -33,6 +33,7 @@ import pytest
 from fuzzkit import (
     DESTRUCTIVE,
     Collector,
+    SchemaCheck,
     Sent,
     World,
     any_spec,
@@ -41,6 +42,7 @@ from fuzzkit import (
     check_rpc_reply,
     dumps_raw,
     exchange,
+    schema_check,
     strict_loads,
 )
 from hypothesis import HealthCheck, Phase, given, settings
@@ -120,6 +122,16 @@ def test_checkers_flag_what_the_contract_forbids() -> None:
     refused = _sent("POST", "/mp/v0/monitors/m/observations", must_refuse="bare NaN")
     assert _problems(201, b'{"ok":true}', refused)
     assert _problems(400, good_error, refused) == []
+
+
+def test_schema_check_flags_served_objects_the_schemas_refuse() -> None:
+    served = MonitorService(MemoryStore()).create_monitor({"id": "ci"}, None)
+    check = SchemaCheck()
+    assert check.problems(201, served) == []  # control
+    assert check.problems(201, {**served, "monitor": {**served["monitor"], "id": "ci\n"}})
+    assert check.problems(200, [{"jsonrpc": "2.0", "id": 1, "result": {**served["monitor"], "head": -1}}])
+    assert check.problems(400, {"code": "INVALID", "error": "send an object", "done": []}) == []
+    assert check.problems(400, {"code": "INVALID", "error": "send an object"})  # `done` is required
 
 
 def test_rpc_checker_flags_bad_error_objects() -> None:
@@ -250,7 +262,8 @@ def test_fuzz_router_in_process() -> None:
     finish(
         collector,
         f"in-process router ({time.monotonic() - started:.1f}s, {world.rebuilds} world rebuilds, {world.repairs} repairs)",
-        "\n  engine tracebacks caught by the router (informational):" + tracebacks if tracebacks else "",
+        ("\n  engine tracebacks caught by the router (informational):" + tracebacks if tracebacks else "")
+        + schema_check().note(),
     )
 
 
@@ -303,7 +316,7 @@ def test_fuzz_http_server(server) -> None:
         sender.close()
     log = server_log(proc)
     incidents = [line for line in log.splitlines() if "incident" in line or "Traceback" in line]
-    extra = f"\n  connections closed by the server, by status: {sender.closes}"
+    extra = f"\n  connections closed by the server, by status: {sender.closes}" + schema_check().note()
     if incidents:
         extra += (
             f"\n  server log: {len(incidents)} incident/traceback lines (informational), first ones:\n    "
