@@ -265,3 +265,45 @@ def test_pull_and_json_output_are_ascii_lines_under_any_stdout_encoding(base: st
     assert all(len(line.encode()) <= 4096 for line in lines)
     as_json = mp(base, "monitors", "get", "caf\u00e9", "--json", env=ascii_env)
     assert as_json.returncode == 5 and json.loads(as_json.stdout)["code"] == "NOT_FOUND"
+
+
+def test_an_ack_past_the_head_says_it_was_clamped(base: str) -> None:
+    owner = monitor(base, "cli-clamp")
+    with Client(base) as c:
+        c.publish("cli-clamp", TYPE, token=owner)
+        sub = c.subscribe("cli-clamp", "agent:clamp", token=owner)
+    sid, reader = sub.subscription.id, sub.token
+    exact = mp(base, "ack", sid, "2", "--token", reader)  # control: an ack within the log says nothing more
+    assert exact.returncode == 0 and "clamped" not in exact.stdout, exact.stdout
+    past = mp(base, "ack", sid, "999", "--token", reader)
+    assert past.returncode == 0, past.stderr
+    cursor = int(re.search(r"cursor=(\d+)", past.stdout).group(1))  # type: ignore[union-attr]
+    head_now = int(re.search(r"head=(\d+)", past.stdout).group(1))  # type: ignore[union-attr]
+    assert cursor == head_now + 1 and "(asked 999: past the head, clamped to head + 1)" in past.stdout
+
+
+def test_an_empty_monitor_list_says_why_on_stderr(tmp_path: Path) -> None:
+    with running_server(tmp_path) as (url, _proc):
+        empty = mp(url, "monitors", "list")
+        assert empty.returncode == 0 and empty.stdout == ""
+        assert "no monitors: this server shows public monitors (no token was given)" in empty.stderr
+        monitor(url, "cli-public", visibility="public")
+        listed = mp(url, "monitors", "list")  # control: something to list, nothing said on stderr
+        assert listed.stdout.startswith("cli-public\t") and "no monitors" not in listed.stderr
+
+
+def test_serve_on_a_taken_port_says_it_did_not_start(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = subprocess.run(
+            mp_command("serve", "--db", str(tmp_path / "t.db"), "--port", port),
+            capture_output=True,
+            text=True,
+            env=mp_env(),
+            timeout=60,
+        )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "did not start, database closed" in done.stderr and "stopped" not in done.stderr

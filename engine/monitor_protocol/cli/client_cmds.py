@@ -446,7 +446,10 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
             print(obs_line(obs))
         print(f"NEXT {result.next} head={result.head} lag={result.lag} cursor={result.cursor}")
     elif name == "ack":
-        print(f"acked cursor={result.cursor} head={result.head} lag={result.lag}")
+        # The protocol clamps an ack past the log to head + 1 (section 5): say so, or a typo looks acked.
+        asked = args.cursor
+        clamped = f" (asked {asked}: past the head, clamped to head + 1)" if asked > result.cursor else ""
+        print(f"acked cursor={result.cursor} head={result.head} lag={result.lag}{clamped}")
     elif name == "seek":
         print(f"cursor={result.cursor}")
     elif name == "state":
@@ -461,6 +464,13 @@ def _human(name: str, args: argparse.Namespace, result: Any) -> None:
     elif name == "monitors" and action == "list":
         for m in result:
             print(f"{m.id}\thead={m.head}\tactive={str(m.active).lower()}\t{m.visibility}\t{m.name}")
+        if not result:  # stdout stays empty for scripts; a person is told why
+            seen = (
+                "public monitors and the token's own"
+                if resolve_token(args)
+                else "public monitors (no token was given)"
+            )
+            print(f"no monitors: this server shows {seen}", file=sys.stderr)
     elif name == "monitors" and action == "get":
         print_json(result.raw)
     elif name == "monitors" and action == "create":

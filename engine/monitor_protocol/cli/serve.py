@@ -390,6 +390,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     store: Any = None
     app = None
     token_file = None
+    listened = False  # whether it ever served: "stopped" after a refused port would suggest it had
     try:
         try:
             store = open_postgres(db) if shared else SQLiteStore(db)
@@ -439,6 +440,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(f"mp serve: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         port = sock.getsockname()[1]
+        listened = True
         reloader = Reloader(args, cfg, router, None)
         # HTTP push (protocol: http subscriptions) runs beside the server; idle while there are none.
         # The engine's seat: on the loop for a store of its own (SQLite: every call bounded and local), on
@@ -568,4 +570,5 @@ def run(name: str, args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if store is not None:
-            print("mp serve: stopped, database closed", file=sys.stderr)
+            said = "stopped" if listened else "did not start"
+            print(f"mp serve: {said}, database closed", file=sys.stderr)
