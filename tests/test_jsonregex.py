@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from monitor_protocol.core import jsonregex
+from monitor_protocol.core import jsonregex, uri
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.records import evolve
 from monitor_protocol.core.rules import importing
 from monitor_protocol.core.schemas import validators
 from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.store_contract import Changes
 from monitor_protocol.core.vocab import (
     MONITOR_ID_REGEX,
     RULE_ACTION_REGEX,
@@ -194,3 +196,60 @@ def test_the_schema_validators_read_patterns_as_ecma():
     assert reference["monitor"].is_valid(served)
     assert not reference["monitor"].is_valid({**served, "id": "\u00e9t\u00e9"})
     assert not reference["monitor"].is_valid({**served, "rules": [{"id": "r", "when": {}, "then": "bogus"}]})
+
+
+# ---------------------------------------------------------------------------------------------- the sink's URI
+URI_ALPHABET = "ab:/?#[]@!$&'()*+,;=%2fF.-_~ 1v\u00e9"
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("https://example.com/hook", True),
+        ("mailto:ops@example.com", True),
+        ("urn:example:feed", True),
+        ("http://[::1]:8080/x?q=1#f", True),
+        ("http://[v1.x]/", True),
+        ("ÅO$4+e©", False),
+        ("a b", False),
+        ("/relative/path", False),
+        ("https://exämple.com/", False),
+        ("http://host:port/", False),
+        ("http://[::1%25eth0]/", False),  # a zone id is RFC 6874, not RFC 3986
+        ("http://x/%zz", False),
+    ],
+)
+def test_is_uri_is_rfc_3986(text, ok):
+    assert uri.is_uri(text) is ok
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=URI_ALPHABET, max_size=16), st.booleans())
+def test_is_uri_never_passes_what_the_schema_format_refuses(text, with_scheme):
+    """Differential, against the validator jsonschema uses for the `uri` format: whatever is_uri accepts,
+    it accepts too. (is_uri is stricter in one place: an IPv4 part with a leading zero inside an IPv6
+    literal, which RFC 3986's dec-octet refuses.)"""
+    validate_rfc3986 = pytest.importorskip("rfc3986_validator").validate_rfc3986
+    text = "http:" + text if with_scheme else text
+    theirs = validate_rfc3986(text, rule="URI") is not None
+    assert uri.is_uri(text) <= theirs, text
+    if "[" not in text:
+        assert uri.is_uri(text) == theirs, text
+
+
+def test_a_sink_is_a_uri_when_given_and_an_old_one_does_not_stop_a_resubscribe():
+    service = MonitorService(MemoryStore())
+    owner = service.create_monitor({"id": "ci"}, None)["owner_token"]
+    ok = service.subscribe({"monitor": "ci", "subscriber": "agent:a", "sink": "urn:example:feed"}, owner)
+    assert ok["subscription"]["sink"] == "urn:example:feed"  # control
+    for bad in ("\u00c5O$4+e\u00a9", "not a uri", "https://ex\u00e4mple.com/"):
+        with pytest.raises(ProtocolError) as refused:
+            service.subscribe({"monitor": "ci", "subscriber": "agent:b", "sink": bad}, owner)
+        assert refused.value.code == "INVALID" and "is not a URI" in refused.value.message
+    # A sink stored before the rule (written straight to the store) still re-subscribes, unchanged.
+    store = service.store
+    sub = store.get_subscription(ok["subscription"]["id"])
+    with store.transaction():
+        store.apply(Changes(subscriptions=[evolve(sub, sink="legacy sink")]))
+    again = service.subscribe({"monitor": "ci", "subscriber": "agent:a"}, owner)
+    assert again["subscription"]["sink"] == "legacy sink"

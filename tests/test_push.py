@@ -869,9 +869,12 @@ def test_subscribe_refuses_a_sink_spelled_with_ideographic_full_stops() -> None:
         "monitor": "ci",
         "subscriber": "agent:x",
         "protocol": "http",
-        "sink": "https://example。com/hook",
+        "sink": "https://example.com/hook",
     }
     assert h.call("POST", "/subscriptions", public, tok).status == 201  # positive control: a public name
+    # Spelled with U+3002 it is not a URI (RFC 3986, the published schema's `uri`): send the ASCII form.
+    r = h.call("POST", "/subscriptions", {**public, "sink": "https://example。com/hook"}, tok)
+    assert r.status == 400 and "is not a URI" in r.body["error"], r.body
 
 
 async def test_a_rescan_reads_the_push_targets_again_only_when_they_may_have_changed(tmp_path: Path) -> None:

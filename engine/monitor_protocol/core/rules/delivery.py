@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from monitor_protocol.core import filters, netguard, tokens
+from monitor_protocol.core import filters, netguard, tokens, uri
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import SubscriptionState
 from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscription, copier, evolve
@@ -149,14 +149,27 @@ def _sink_of(
         if not isinstance(sink, str) or not sink.startswith(("http://", "https://")):
             raise invalid('protocol "http" needs a sink URL such as "https://example.com/hook".')
         check_name(sink, "sink", '"https://example.com/hook"')
-        refusal = netguard.sink_refusal(sink, core.allowed_sinks)
+        refusal = netguard.sink_refusal(sink, core.allowed_sinks)  # first: it names the address refused
         if refusal is not None:
             raise invalid(refusal, sink=sink)
+        _check_sink(sink, given="sink" in body)
     elif sink is not None:
         if not isinstance(sink, str):
             raise invalid("sink must be a URL string or null.")
-        check_name(sink, "sink", '"https://example.com/hook"')
+        _check_sink(sink, given="sink" in body)
     return sink
+
+
+def _check_sink(sink: str, *, given: bool) -> None:
+    """A sink is served as the published schema's `uri` (RFC 3986). Only a sink sent now is judged: one a
+    subscription already holds (stored before this rule) does not stop its re-subscribe."""
+    check_name(sink, "sink", '"https://example.com/hook"')
+    if given and not uri.is_uri(sink):
+        raise invalid(
+            f"sink {sink[:80]!r} is not a URI (RFC 3986: a scheme, then ASCII, non-ASCII and spaces "
+            'percent-encoded), e.g. "https://example.com/hook".',
+            sink=sink[:256],
+        )
 
 
 def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
