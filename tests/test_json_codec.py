@@ -232,3 +232,78 @@ def test_a_fast_parse_refuses_a_long_integer_and_a_deep_batch(fast: wire.Codec) 
     with pytest.raises(wire.ProtocolError, match="deeper"):
         wire.loads(deep)
     assert len(wire.loads(b"[" + b"{}," * 40 + b'{"a":' * 30 + b"1" + b"}" * 30 + b"]")) == 41
+
+
+# ---------------------------------------------------------------------------------------------- repeated names
+NAMES = st.sampled_from(["a", "b", "tier", 'x":', "\\u0061", "\u00e9", 'q\\"'])
+
+
+def _escaped(name: str) -> str:
+    """`name` as a JSON string with every character written as a \\uXXXX escape."""
+    return '"' + "".join(f"\\u{ord(c):04x}" for c in name) + '"'
+
+
+def _write(value: Any, repeat: bool, draw: Any) -> tuple[str, bool]:
+    """JSON text of `value`, with (when `repeat` allows) an object that names one member twice: the text and
+    whether it does. Names are written escaped as JSON writes them, so `"\\u0061"` is a second `a`."""
+    if isinstance(value, dict):
+        parts, repeated = [], False
+        items = list(value.items())
+        for name, item in items:
+            text, inner = _write(item, repeat, draw)
+            repeated |= inner
+            parts.append(f"{wire.encode_text(name)}:{text}")
+        if repeat and items and draw(st.booleans()):
+            name, item = draw(st.sampled_from(items))
+            spelled = draw(st.sampled_from([wire.encode_text(name), _escaped(name)]))
+            parts.insert(draw(st.integers(0, len(parts))), f"{spelled} :{_write(item, False, draw)[0]}")
+            repeated = True
+        return "{" + ",".join(parts) + "}", repeated
+    if isinstance(value, list):
+        written = [_write(item, repeat, draw) for item in value]
+        return "[" + ",".join(t for t, _ in written) + "]", any(r for _, r in written)
+    return wire.encode_text(value), False
+
+
+OBJECTS = st.recursive(
+    st.none() | st.integers(0, 9) | st.sampled_from(['x":', 'say \\":', "plain"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAMES, inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(OBJECTS, st.booleans(), st.data())
+def test_loads_refuses_exactly_the_texts_that_repeat_a_name(value: Any, fast_first: bool, data: Any) -> None:
+    """Whatever the names hold (an escaped quote and a colon, a `\\u0061` spelling of `a`), a text is refused
+    iff one of its objects names a member twice, on both parse paths (orjson first, the standard library)."""
+    text, repeated = _write(value, True, data.draw)
+    wire.use_codec(
+        wire.Codec("orjson", orjson.dumps, orjson.loads, parse=orjson.loads)
+        if fast_first
+        else wire.STDLIB_CODEC
+    )
+    try:
+        if repeated:
+            with pytest.raises(wire.ProtocolError, match="twice; send each member name once"):
+                wire.loads(text.encode())
+        else:
+            assert wire.loads(text.encode()) == value
+    finally:
+        wire.use_codec(wire.STDLIB_CODEC)
+
+
+def test_a_repeated_name_is_refused_over_http_and_logged(servers: tuple[str, str, str, str]) -> None:
+    """Through mp serve: 400 INVALID with the sentence, and the publish is not applied (control: once)."""
+    for base in (servers[0], servers[2]):
+        owner = httpx.post(f"{base}/mp/v0/monitors", json={"id": "dup"}).json()["owner_token"]
+        headers = {"authorization": f"Bearer {owner}", "content-type": "application/json"}
+        once = httpx.post(
+            f"{base}/mp/v0/monitors/dup/observations", content=b'{"type":"com.example.a"}', headers=headers
+        )
+        assert once.status_code == 201, once.text
+        twice = b'{"type":"com.example.a","tier":"src","tier":"unverified"}'
+        r = httpx.post(f"{base}/mp/v0/monitors/dup/observations", content=twice, headers=headers)
+        assert r.status_code == 400 and r.json()["code"] == "INVALID" and "'tier' twice" in r.json()["error"]
+        state = httpx.get(f"{base}/mp/v0/monitors/dup/state", headers=headers).json()
+        assert state["counters"]["observations"] == 1 and state["counters"]["rejected"] == 1, state

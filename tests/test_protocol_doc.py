@@ -147,8 +147,8 @@ def test_the_vocabularies_are_the_codes(doc):
     assert rows["source.kind"] == list(vocab.SOURCE_KINDS)
     assert rows["reset_policy"] == list(vocab.RESET_POLICIES)
     assert rows["subscription protocol"] == list(vocab.PROTOCOLS)
-    assert rows["observation type"] == [vocab.TYPE_PATTERN.pattern]
-    assert rows["monitor id"] == [vocab.MONITOR_ID_PATTERN.pattern]
+    assert rows["observation type"] == [vocab.TYPE_REGEX]
+    assert rows["monitor id"] == [vocab.MONITOR_ID_REGEX]
     assert [p.rstrip(":") for p in rows["actor"] if p.endswith(":")] == list(vocab.ACTOR_PREFIXES)
 
 

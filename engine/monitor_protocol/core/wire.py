@@ -1,6 +1,7 @@
 """The wire is RFC 8259 JSON (docs/protocol.md section 10): parse strictly, and check any value a door hands the
 engine. No NaN or Infinity, no number that overflows a double, no integer beyond 2^53, no lone surrogate, at
-most 32 levels of nesting. One place for these rules; every door and the engine use it."""
+most 32 levels of nesting, no member name twice in one object (I-JSON, RFC 7493). One place for these
+rules; every door and the engine use it."""
 
 from __future__ import annotations
 
@@ -140,6 +141,7 @@ def loads(raw: bytes | str) -> Any:
         else:
             if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
                 raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
+            _refuse_repeated_names(raw, value)
             return _vet(value)
     if nests_too_deep(_as_utf8(raw)):  # before a recursive parser goes into it
         raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
@@ -155,7 +157,47 @@ def loads(raw: bytes | str) -> Any:
         ) from None
     if _needs_walk(raw):
         check(value)
+    _refuse_repeated_names(_as_utf8(raw), value)
     return _vet(value)
+
+
+# A member name ends with its closing quote and a colon; so does nothing else in JSON but a string holding
+# `\":`. Counted in the text, they are at least the names the parsed value holds, and exactly as many when
+# no object repeats a name (a parser keeps one of the two, and which one differs between parsers: a proxy
+# judging the first `tier` and this server the last would disagree on what was published).
+_NAME_END = re.compile(rb'"[ \t\n\r]*:')
+
+
+def _refuse_repeated_names(raw: bytes, value: Any) -> None:
+    if type(value) is not dict and type(value) is not list:
+        return
+    if len(_NAME_END.findall(raw)) == _count_names(value):
+        return
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        if not repeated and len({name for name, _ in items}) != len(items):
+            seen: set[str] = set()
+            repeated.append(next(name for name, _ in items if name in seen or seen.add(name)))  # type: ignore[func-returns-value]
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=pairs)  # the text parsed already: this only finds the name
+    if repeated:
+        raise _refuse(
+            f"An object names {repeated[0][:64]!r} twice; send each member name once (JSON parsers disagree on "
+            "which of the two they keep)."
+        )
+
+
+def _count_names(value: Any) -> int:
+    count, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        items = node.values() if type(node) is dict else node
+        if type(node) is dict:
+            count += len(node)
+        stack.extend(item for item in items if type(item) is dict or type(item) is list)
+    return count
 
 
 def _as_utf8(raw: bytes | str) -> bytes:
