@@ -225,6 +225,8 @@ def check_response(
                 problems.append(f"HTTP {status}")
         else:
             problems.extend(check_error_body(status, body, allow_storage_503))
+    elif status == 207 and sent.route == "publish" and sent.body.lstrip().startswith(b"["):
+        problems.extend(_check_batch_reply(body, allow_storage_503))
     elif status not in SUCCESS_STATUSES:
         problems.append(f"HTTP {status} is neither a success nor a protocol error")
     elif status == 204:
@@ -246,6 +248,23 @@ def check_response(
         elif _has_result(body):
             problems.append(f"JSON-RPC executed a call the contract refuses: {sent.must_refuse}")
     return problems, body
+
+
+def _check_batch_reply(body: Any, allow_storage_503: bool) -> list[str]:
+    """A batch publish (a JSON array body, docs/serve.md) answers 207 `{monitor, published, refused,
+    results}`: one result per item, each a seq or a refusal with its own status and error body."""
+    if not isinstance(body, dict) or not isinstance(body.get("results"), list):
+        return [f"HTTP 207 without a results list: {str(body)[:200]}"]
+    problems: list[str] = []
+    refused = [r for r in body["results"] if isinstance(r, dict) and "error" in r]
+    if body.get("refused") != len(refused) or body.get("published") != len(body["results"]) - len(refused):
+        problems.append(f"HTTP 207 counts do not match its results: {str(body)[:200]}")
+    for r in refused:
+        if not isinstance(r.get("status"), int) or isinstance(r.get("status"), bool):
+            problems.append(f"HTTP 207 result without an integer status: {str(r)[:200]}")
+            continue
+        problems.extend(check_error_body(r["status"], r["error"], allow_storage_503, where="results[].error"))
+    return problems
 
 
 def _has_result(body: Any) -> bool:

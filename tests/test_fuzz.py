@@ -124,6 +124,27 @@ def test_checkers_flag_what_the_contract_forbids() -> None:
     assert _problems(400, good_error, refused) == []
 
 
+def test_a_batch_publish_may_answer_207_with_a_result_per_item() -> None:
+    batch = Sent("POST", "/mp/v0/monitors/ci/observations", body=b"[1]", route="publish")
+    good = {
+        "monitor": "ci",
+        "published": 0,
+        "refused": 1,
+        "results": [
+            {"index": 0, "status": 400, "error": {"code": "INVALID", "error": "send an object", "done": []}}
+        ],
+    }
+    assert check_response(batch, 207, json.dumps(good).encode())[0] == []  # control
+    bad_code = {**good, "results": [{**good["results"][0], "error": {"code": "OOPS", "error": "x"}}]}
+    assert check_response(batch, 207, json.dumps(bad_code).encode())[0]
+    assert check_response(batch, 207, json.dumps({**good, "refused": 0}).encode())[0]
+    assert check_response(batch, 207, json.dumps({**good, "results": [{"index": 0, "error": {}}]}).encode())[
+        0
+    ]
+    single = Sent("POST", "/mp/v0/monitors/ci/observations", body=b"{}", route="publish")
+    assert check_response(single, 207, json.dumps(good).encode())[0]  # 207 is a batch's answer only
+
+
 def test_schema_check_flags_served_objects_the_schemas_refuse() -> None:
     served = MonitorService(MemoryStore()).create_monitor({"id": "ci"}, None)
     check = SchemaCheck()
