@@ -253,3 +253,35 @@ def test_a_sink_is_a_uri_when_given_and_an_old_one_does_not_stop_a_resubscribe()
         store.apply(Changes(subscriptions=[evolve(sub, sink="legacy sink")]))
     again = service.subscribe({"monitor": "ci", "subscriber": "agent:a"}, owner)
     assert again["subscription"]["sink"] == "legacy sink"
+
+
+# ---------------------------------------------------------------------------------------------- filter types
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab0.-_*A \n\u00e9", max_size=10))
+def test_a_filter_type_the_engine_accepts_is_one_the_schemas_accept(text):
+    """Whatever `types` entry a subscription's filter is accepted with, the filter it serves validates
+    against the project's filter schema: "Foo*", "com..*", "*" alone were accepted and served."""
+    service = MonitorService(MemoryStore())
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    try:
+        served = service.subscribe(
+            {"monitor": "ci", "subscriber": "agent:f", "filter": {"types": [text]}}, None
+        )
+    except ProtocolError as refused:
+        assert refused.code in ("INVALID_FILTER", "INVALID"), refused
+        return
+    assert validators()["filter"].is_valid(served["subscription"]["filter"]), text
+
+
+@pytest.mark.parametrize("prefix", ["Foo*", "a b*", "*", "com..*", "com.Ex*", "com.ex\n*"])
+def test_a_type_prefix_no_type_can_start_with_is_refused(prefix):
+    service = MonitorService(MemoryStore())
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    for good in ("com.*", "com*", "com.example.ci.r*"):  # control
+        service.subscribe({"monitor": "ci", "subscriber": f"agent:{good}", "filter": {"types": [good]}}, None)
+    with pytest.raises(ProtocolError) as refused:
+        service.subscribe({"monitor": "ci", "subscriber": "agent:f", "filter": {"types": [prefix]}}, None)
+    assert (
+        refused.value.code == "INVALID_FILTER"
+        and "not the start of a reverse-DNS type" in refused.value.message
+    )

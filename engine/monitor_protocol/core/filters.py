@@ -20,6 +20,7 @@ from monitor_protocol.core.vocab import (
     TAG_KEY_PATTERN,
     TIERS,
     TYPE_PATTERN,
+    TYPE_PREFIX_PATTERN,
 )
 
 LIST_KEYS = ("types", "sources", "subjects", "actors", "tiers", "origins", "horizons")
@@ -147,7 +148,6 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
 def _check_types(values: list[str], declared: list[str] | tuple[str, ...]) -> None:
     known = [*declared, *SERVER_TYPES]
     for pattern in values:
-        bare = pattern[:-1].rstrip(".") if pattern.endswith("*") else pattern
         if not pattern.endswith("*") and not TYPE_PATTERN.match(pattern):
             raise ProtocolError(
                 "INVALID_FILTER",
@@ -155,10 +155,13 @@ def _check_types(values: list[str], declared: list[str] | tuple[str, ...]) -> No
                 invalid=pattern,
                 known_types=known,
             )
-        if pattern.endswith("*") and bare and not all(part for part in bare.split(".")):
+        bare = pattern[:-2] if pattern.endswith(".*") else pattern[:-1]
+        if pattern.endswith("*") and not TYPE_PREFIX_PATTERN.match(bare):
+            # A prefix no reverse-DNS type starts with ("Foo*", "a b*", "com..*", "*" alone) matches nothing.
             raise ProtocolError(
                 "INVALID_FILTER",
-                f"Filter type prefix {pattern!r} is malformed.",
+                f"Filter type prefix {pattern!r} is not the start of a reverse-DNS type: send lower-case "
+                "segments and a trailing * (e.g. com.example.* or com.example.ci.r*).",
                 invalid=pattern,
                 known_types=known,
             )

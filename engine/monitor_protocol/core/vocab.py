@@ -35,6 +35,8 @@ TAG_KEY_REGEX = r"^#[A-Za-z_][A-Za-z0-9_-]*$"
 TYPE_PATTERN = jsonregex.compile(TYPE_REGEX)
 MONITOR_ID_PATTERN = jsonregex.compile(MONITOR_ID_REGEX)
 TAG_KEY_PATTERN = jsonregex.compile(TAG_KEY_REGEX)
+# A filter's type prefix without its `*` (and the dot before it): the start of a reverse-DNS type.
+TYPE_PREFIX_PATTERN = jsonregex.compile(r"^[a-z0-9]+(\.[a-z0-9_-]+)*$")
 RULE_ACTION_REGEX = r"^(log|annotate|label|escalate:.+|run:.+|notify:human)$"  # a rule's `then`
 RULE_ACTION_PATTERN = jsonregex.compile(RULE_ACTION_REGEX)
 
