@@ -465,7 +465,10 @@ def filters() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {},
         optional={
-            "types": st.lists(st.sampled_from([RUN, OTHER, "ai.mentu.monitor.lease"]), max_size=2),
+            "types": st.lists(
+                st.sampled_from([RUN, OTHER, "ai.mentu.monitor.lease", "com.example.*", "Foo*", "*"]),
+                max_size=2,
+            ),
             "subjects": st.lists(st.sampled_from(SUBJECTS), max_size=2),
             "actors": st.lists(NAMES, max_size=2),
             "tiers": st.lists(st.sampled_from(["src", "measured", "derived", "bogus"]), max_size=2),
