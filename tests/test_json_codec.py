@@ -256,7 +256,10 @@ def _write(value: Any, repeat: bool, draw: Any) -> tuple[str, bool]:
         if repeat and items and draw(st.booleans()):
             name, item = draw(st.sampled_from(items))
             spelled = draw(st.sampled_from([wire.encode_text(name), _escaped(name)]))
-            parts.insert(draw(st.integers(0, len(parts))), f"{spelled} :{_write(item, False, draw)[0]}")
+            parts.insert(
+                draw(st.integers(0, len(parts))),
+                f"{spelled}{draw(st.sampled_from([':', ' :']))}{_write(item, False, draw)[0]}",
+            )
             repeated = True
         return "{" + ",".join(parts) + "}", repeated
     if isinstance(value, list):
@@ -307,3 +310,25 @@ def test_a_repeated_name_is_refused_over_http_and_logged(servers: tuple[str, str
         assert r.status_code == 400 and r.json()["code"] == "INVALID" and "'tier' twice" in r.json()["error"]
         state = httpx.get(f"{base}/mp/v0/monitors/dup/state", headers=headers).json()
         assert state["counters"]["observations"] == 1 and state["counters"]["rejected"] == 1, state
+
+
+def test_a_filter_query_parameter_says_which_wire_rule_it_broke() -> None:
+    from monitor_protocol.api.messages import Request
+    from monitor_protocol.api.rest import RestRouter
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store.memory import MemoryStore
+
+    service = MonitorService(MemoryStore())
+    service.create_monitor({"id": "ci", "visibility": "public"}, None)
+    sub = service.subscribe({"monitor": "ci", "subscriber": "agent:q"}, None)
+    router = RestRouter(service, allowed_hosts=None)
+
+    def pull(flt: str) -> Any:
+        headers = {"host": "127.0.0.1", "authorization": f"Bearer {sub['token']}"}
+        path = f"/mp/v0/subscriptions/{sub['subscription']['id']}/pull"
+        return router.handle(Request("GET", path, [("filter", flt)], headers, b""))
+
+    assert pull('{"types":["com.example.a"]}').status == 200  # control
+    refused = pull('{"types":["com.example.a"],"types":["com.example.b"]}')
+    assert refused.status == 400 and refused.body["code"] == "INVALID_FILTER"
+    assert "must be a JSON object: An object names 'types' twice" in refused.body["error"]

@@ -78,9 +78,11 @@ def test_ordinary_values_still_match(pattern, text):
     assert jsonregex.search(pattern, text)
 
 
-def test_python_only_escapes_in_a_class_are_refused_not_guessed():
-    with pytest.raises(ValueError, match="not supported"):
-        jsonregex.translate(r"[\S]")
+@pytest.mark.parametrize("pattern", [r"[\S]", r"\A", r"\Z", r"\k<a>", r"\cJ", r"a{,2}"])
+def test_syntax_the_dialects_read_differently_is_refused_not_guessed(pattern):
+    with pytest.raises(ValueError):
+        jsonregex.translate(pattern)
+    assert jsonregex.translate(r"\x41\u0041\/\.\d{2,}") == r"\x41\u0041\/\.\d{2,}"  # control
 
 
 def _node_verdicts(cases: list[tuple[str, str]]) -> list[bool]:
@@ -149,6 +151,14 @@ def test_a_missing_id_and_a_malformed_one_say_different_things():
     assert "The new monitor id 'has space' is not a monitor id" in refused.value.message
 
 
+def test_a_rules_when_is_stored_normalised_as_a_filter_is():
+    service = MonitorService(MemoryStore())
+    rule = {"id": "r", "when": {"types": "com.example.run"}, "then": "log"}
+    served = service.create_monitor({"id": "ci", "rules": [rule]}, None)["monitor"]
+    assert served["rules"] == [{**rule, "when": {"types": ["com.example.run"]}}]
+    assert validators()["monitor"].is_valid(served)
+
+
 def test_a_rule_is_served_only_in_the_published_form():
     service = MonitorService(MemoryStore())
     good = {
@@ -190,12 +200,20 @@ def test_the_schema_validators_read_patterns_as_ecma():
     assert not monitor.is_valid({**served, "id": "ci\n"})
     assert project["filter"].is_valid({"#env": ["prod"]})
     assert not project["filter"].is_valid({"#env\n": ["prod"]})  # additionalProperties false
+    # Through a $ref too (filter.json declares its own $schema, which must not bring the stock class back).
+    assert monitor.is_valid({**served, "filter": {"#env": ["prod"], "types": ["com.ex"]}})  # control
+    assert not monitor.is_valid({**served, "filter": {"#env\n": ["prod"]}})
+    assert not monitor.is_valid({**served, "filter": {"types": ["com.ex\n"]}})
     if not REFERENCE.is_dir():
         pytest.skip(f"{REFERENCE} is absent: the comparison with the reference schemas is skipped")
     reference = validators(REFERENCE)
     assert reference["monitor"].is_valid(served)
     assert not reference["monitor"].is_valid({**served, "id": "\u00e9t\u00e9"})
     assert not reference["monitor"].is_valid({**served, "rules": [{"id": "r", "when": {}, "then": "bogus"}]})
+    assert not reference["monitor"].is_valid({**served, "filter": {"#env\n": ["prod"]}})
+    rule = {"id": "r", "when": {"#env": ["prod"]}, "then": "log"}
+    assert reference["monitor"].is_valid({**served, "rules": [rule]})  # control
+    assert not reference["monitor"].is_valid({**served, "rules": [{**rule, "when": {"#env\n": ["prod"]}}]})
 
 
 # ---------------------------------------------------------------------------------------------- the sink's URI

@@ -33,6 +33,7 @@ import ui
 from door import ENGINE
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.rules import importing
+from monitor_protocol.core.vocab import MONITOR_ID_PATTERN
 from monitor_protocol.doors.browser import Reply
 from pyodide.ffi import to_js
 from ui import action, el, esc, note
@@ -41,8 +42,7 @@ FRAGMENT_KEY = "scenario="
 MAX_FRAGMENT_CHARS = 4096  # the base64url text after #scenario=; a typical link is far shorter
 MAX_STEPS = 60
 MAX_STRING = 256
-READER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
-MONITOR_ID = re.compile(r"^[\w.-]{2,64}$")
+READER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")  # fullmatch: `$` would let a final newline through
 WORKERS = ("worker-a", "worker-b")
 LEASE_ACTS = ("claim", "complete", "release", "reject")
 LIFECYCLE = ("pause", "resume", "retire")
@@ -110,7 +110,7 @@ def _step_problem(step: Any) -> str | None:
         body = args[0] if len(args) == 1 else None
         if not isinstance(body, dict) or set(body) - set(DEFINE_KEYS):
             return f"mon takes one object with {', '.join(DEFINE_KEYS)}"
-        if not MONITOR_ID.match(str(body.get("id", ""))):
+        if not MONITOR_ID_PATTERN.match(str(body.get("id", ""))):
             return "mon needs an id of 2-64 letters, digits, '_', '.' or '-'"
         for k, v in body.items():
             if k in ("capabilities", "types"):
@@ -135,7 +135,7 @@ def _step_problem(step: Any) -> str | None:
             return 'sub\'s filter is {"types": [a short list of type names]}'
         args = args[:1]
     if kind == "sub" or kind in READER_STEPS:
-        if len(args) != 1 or not isinstance(args[0], str) or not READER_NAME.match(args[0]):
+        if len(args) != 1 or not isinstance(args[0], str) or not READER_NAME.fullmatch(args[0]):
             return f"{kind} takes one reader name such as reader-a"
         return None
     if kind == "lease":

@@ -234,9 +234,9 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
         if key == "filter":
             try:
                 extra = wire.loads(value)
-            except ProtocolError:
+            except ProtocolError as err:  # the wire rule's own sentence: not JSON, too deep, a name twice...
                 raise ProtocolError(
-                    "INVALID_FILTER", "The filter query parameter must be a JSON object."
+                    "INVALID_FILTER", f"The filter query parameter must be a JSON object: {err.message}"
                 ) from None
             if not isinstance(extra, dict):
                 raise ProtocolError("INVALID_FILTER", "The filter query parameter must be a JSON object.")

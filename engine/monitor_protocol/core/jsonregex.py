@@ -5,8 +5,9 @@ value this server accepts must match them in every language that validates it. P
 text differently in four ways that let values through: `$` also matches before a final newline, `\\w`,
 `\\d` and `\\b` take any Unicode letter or digit, `.` matches `\\r`, U+2028 and U+2029, and `[]` / `[^]` are
 not the empty / any-character classes. `translate` rewrites those; the rest of the syntax the protocol uses
-means the same in both. Lookbehind, named groups and other Python-only syntax are not ECMA and are not
-given meaning here.
+means the same in both. An escape outside that shared part (`\\A`, `\\Z`, `\\k`, `\\c`: literal letters in
+ECMA, anchors or errors in Python) and a `{,n}` quantifier (literal text in ECMA) are refused with ValueError
+rather than given Python's meaning.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import re
 # ECMA-262 WhiteSpace and LineTerminator: what `\s` means there (with re.ASCII it would be ASCII only).
 _SPACES = "\\t\\n\\v\\f\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
 _LINE_TERMINATORS = "\\n\\r\\u2028\\u2029"
+# The escapes that mean the same in both dialects (with re.ASCII), besides \s and \S translated below.
+_SHARED_ESCAPES = frozenset("\\/.-^$*+?()[]{}|dDwWbBnrtfv0123456789xu")
 
 
 def translate(pattern: str) -> str:
@@ -33,8 +36,12 @@ def translate(pattern: str) -> str:
                 out.append(f"[^{_SPACES}]")
             elif escape == "\\S":
                 raise ValueError(f"\\S inside a character class is not supported: {pattern!r}")
-            else:
+            elif escape[1] in _SHARED_ESCAPES:
                 out.append(escape)
+            else:
+                raise ValueError(
+                    f"the escape {escape} means different things in ECMA-262 and Python: {pattern!r}"
+                )
             i += 2
             continue
         if in_class:
@@ -54,6 +61,8 @@ def translate(pattern: str) -> str:
             if pattern.startswith("^", i + 1):  # a leading ']' after '[^' would be ECMA's '[^]', above
                 out.append("^")
                 i += 1
+        elif pattern.startswith("{,", i):
+            raise ValueError(f"{{,n}} is literal text in ECMA-262 and a quantifier in Python: {pattern!r}")
         elif ch == "$":
             out.append("\\Z")  # the end of the text, never before a final newline
         elif ch == ".":

@@ -41,14 +41,17 @@ def load_schemas(directory: str | Path | None = None) -> dict[str, dict[str, Any
 
 
 def registry(directory: str | Path | None = None):
-    """A referencing.Registry holding every schema of `directory` under its own `$id`."""
-    from referencing import Registry, Resource
+    """A referencing.Registry holding every schema of `directory` under its own `$id`. Each is held as a
+    Draft 2020-12 resource without its `$schema`: jsonschema picks the validator class of a `$ref`'s target
+    by its `$schema`, and would leave the ECMA-262 class below for its stock one there (a subscription's
+    `filter` would be read with Python's patterns again)."""
+    from referencing import Registry
     from referencing.jsonschema import DRAFT202012
 
     resources = []
     for schema in load_schemas(directory).values():
-        resource = Resource.from_contents(schema, default_specification=DRAFT202012)
-        resources.append((schema.get("$id", ""), resource))
+        contents = {k: v for k, v in schema.items() if k != "$schema"}
+        resources.append((schema.get("$id", ""), DRAFT202012.create_resource(contents)))
     return Registry().with_resources(resources)
 
 

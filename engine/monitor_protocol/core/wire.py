@@ -1,7 +1,8 @@
 """The wire is RFC 8259 JSON (docs/protocol.md section 10): parse strictly, and check any value a door hands the
 engine. No NaN or Infinity, no number that overflows a double, no integer beyond 2^53, no lone surrogate, at
 most 32 levels of nesting, no member name twice in one object (I-JSON, RFC 7493). One place for these
-rules; every door and the engine use it."""
+rules; every door and the engine use it (MCP tool arguments arrive parsed by the MCP SDK, which keeps the
+last of a repeated name: `check` judges the rest of them)."""
 
 from __future__ import annotations
 

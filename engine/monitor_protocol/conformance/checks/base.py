@@ -76,7 +76,7 @@ GAPS_ORDER = (
     "no_subscribers",
     "unattested_origin",
 )
-TIME_MS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+TIME_MS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z", re.ASCII)
 
 A = "com.example.conf.a"
 B = "com.example.conf.b"
@@ -402,7 +402,7 @@ def check(
     return deco
 
 
-ACTOR = re.compile(r"^[^\s\x00-\x1f\x7f-\x9f]{1,256}$")
+ACTOR = re.compile(r"^[^\s\x00-\x1f\x7f-\x9f]{1,256}\Z")  # \Z: `$` would pass a final newline
 
 
 def actor_ok(v: Any) -> bool:

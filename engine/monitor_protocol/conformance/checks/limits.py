@@ -516,7 +516,7 @@ async def x38(ctx: Context) -> str:
     m = await ctx.create("x38", visibility="public")
     subs = [await ctx.sub(m, token=None if i % 2 else ...) for i in range(24)]
     ids = [s.id for s in subs]
-    bad = [i for i in ids if not re.match(r"^sub-[0-9a-f]{8,}$", i)]
+    bad = [i for i in ids if not re.fullmatch(r"sub-[0-9a-f]{8,}", i)]
     need(not bad, f"subscription ids not sub- + at least 8 hex digits: {bad[:3]}")
     need(len(set(ids)) == len(ids), f"a subscription id was minted twice: {ids}")
     for s in subs:

@@ -104,8 +104,7 @@ def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, 
         elif key == "rules":
             if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
                 raise invalid("rules must be an array of objects with id, when and then.")
-            for r in value:
-                check_rule(r, body.get("types", rec.get("types", [])))
+            value = [check_rule(r, body.get("types", rec.get("types", []))) for r in value]
         elif key == "types":
             if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
                 raise invalid("types must be an array of reverse-DNS strings.")
@@ -153,9 +152,10 @@ def registration_attested(core: ServiceCore, token: str | None, what: str = "cre
     return True
 
 
-def check_rule(rule: dict[str, Any], types: list[str]) -> None:
+def check_rule(rule: dict[str, Any], types: list[str]) -> dict[str, Any]:
     """One of a monitor's rules as the published schema has it: {id, when, then, version?, derived_from?,
-    reason?}. It is stored, never run (P9), but it is served, so it must be what readers can parse."""
+    reason?}, with `when` normalised as a monitor's filter is (`{"types": "a.b"}` is stored as a list). It
+    is stored, never run (P9), but it is served, so it must be what readers can parse."""
     if not isinstance(rule.get("id"), str) or "when" not in rule or not isinstance(rule.get("then"), str):
         raise invalid("Each rule needs a string id, a when filter and a then action.")
     check_name(rule["id"], "rules[].id", '"page-on-fail"')
@@ -172,7 +172,7 @@ def check_rule(rule: dict[str, Any], types: list[str]) -> None:
     derived = rule.get("derived_from", [])
     if not isinstance(derived, list) or not all(isinstance(d, str) for d in derived):
         raise invalid("A rule's derived_from is an array of strings when given.")
-    filters.validate(rule["when"], types)
+    return {**rule, "when": filters.validate(rule["when"], types)}
 
 
 def create_monitor(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
