@@ -148,20 +148,21 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
 def _check_types(values: list[str], declared: list[str] | tuple[str, ...]) -> None:
     known = [*declared, *SERVER_TYPES]
     for pattern in values:
-        if not pattern.endswith("*") and not TYPE_PATTERN.match(pattern):
+        if pattern.endswith("*"):
+            bare = pattern[:-2] if pattern.endswith(".*") else pattern[:-1]
+            if not TYPE_PREFIX_PATTERN.match(bare):
+                # A prefix no reverse-DNS type starts with ("Foo*", "a b*", "com..*", "*" alone) matches nothing.
+                raise ProtocolError(
+                    "INVALID_FILTER",
+                    f"Filter type prefix {pattern!r} is not the start of a reverse-DNS type: send lower-case "
+                    "segments and a trailing * (e.g. com.example.* or com.example.ci.r*).",
+                    invalid=pattern,
+                    known_types=known,
+                )
+        elif not TYPE_PATTERN.match(pattern):
             raise ProtocolError(
                 "INVALID_FILTER",
                 f"Filter type {pattern!r} is not reverse-DNS (e.g. com.example.ci.run, or a prefix ending in *).",
-                invalid=pattern,
-                known_types=known,
-            )
-        bare = pattern[:-2] if pattern.endswith(".*") else pattern[:-1]
-        if pattern.endswith("*") and not TYPE_PREFIX_PATTERN.match(bare):
-            # A prefix no reverse-DNS type starts with ("Foo*", "a b*", "com..*", "*" alone) matches nothing.
-            raise ProtocolError(
-                "INVALID_FILTER",
-                f"Filter type prefix {pattern!r} is not the start of a reverse-DNS type: send lower-case "
-                "segments and a trailing * (e.g. com.example.* or com.example.ci.r*).",
                 invalid=pattern,
                 known_types=known,
             )

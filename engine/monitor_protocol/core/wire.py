@@ -144,7 +144,8 @@ def loads(raw: bytes | str) -> Any:
                 raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
             _refuse_repeated_names(raw, value)
             return _vet(value)
-    if nests_too_deep(_as_utf8(raw)):  # before a recursive parser goes into it
+    text = _as_utf8(raw)
+    if nests_too_deep(text):  # before a recursive parser goes into it
         raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
     try:
         value = json.loads(raw, parse_constant=_constant, parse_float=_float, parse_int=_int)
@@ -158,7 +159,7 @@ def loads(raw: bytes | str) -> Any:
         ) from None
     if _needs_walk(raw):
         check(value)
-    _refuse_repeated_names(_as_utf8(raw), value)
+    _refuse_repeated_names(text, value)
     return _vet(value)
 
 
@@ -199,7 +200,7 @@ def _names_in_text(raw: bytes) -> int:
 
 
 def _count_names(value: Any) -> int:
-    """The member names of every object in a parsed value (a batch of 100 small objects: ~40 µs)."""
+    """The member names of every object in a parsed value (a batch of 100 two-level objects: ~65 µs)."""
     count, stack = 0, [value]
     pop, push = stack.pop, stack.append
     while stack:

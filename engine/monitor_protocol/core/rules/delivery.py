@@ -152,18 +152,18 @@ def _sink_of(
         refusal = netguard.sink_refusal(sink, core.allowed_sinks)  # first: it names the address refused
         if refusal is not None:
             raise invalid(refusal, sink=sink)
-        _check_sink(sink, given="sink" in body)
+        _check_sink_uri(sink, given="sink" in body)
     elif sink is not None:
         if not isinstance(sink, str):
             raise invalid("sink must be a URL string or null.")
-        _check_sink(sink, given="sink" in body)
+        check_name(sink, "sink", '"https://example.com/hook"')
+        _check_sink_uri(sink, given="sink" in body)
     return sink
 
 
-def _check_sink(sink: str, *, given: bool) -> None:
+def _check_sink_uri(sink: str, *, given: bool) -> None:
     """A sink is served as the published schema's `uri` (RFC 3986). Only a sink sent now is judged: one a
     subscription already holds (stored before this rule) does not stop its re-subscribe."""
-    check_name(sink, "sink", '"https://example.com/hook"')
     if given and not uri.is_uri(sink):
         raise invalid(
             f"sink {sink[:80]!r} is not a URI (RFC 3986: a scheme, then ASCII, non-ASCII and spaces "
