@@ -1,5 +1,6 @@
 """The stage profile of mp serve's hot calls: where the server's CPU goes per durable publish and per
-pull(1)+ack, against issue 23's budgets. ``python build.py bench --stages [--quick]``.
+pull(1)+ack, and per item of a 100-item batched publish, against issue 23's budgets.
+``python build.py bench --stages [--quick]``.
 
 Each stage is measured alone, in this process, as CPU time (user + system: the commit's fsync is system time)
 per operation over many operations, the median of ``--runs`` repeats:
@@ -16,7 +17,8 @@ per operation over many operations, the median of ``--runs`` repeats:
               keep-alive client drives it): the event loop, the socket reads and writes, the wake-ups
 
 The real run drives `mp serve` from this tree's venv with 1 and with 16 raw keep-alive connections (prebuilt
-request bytes, one request in flight per connection). Results: bench/results/stages.json.
+request bytes, one request in flight per connection), and with 1 connection sending 100-item batches
+(`batch_100`: every figure of that row is per item). Results: bench/results/stages.json.
 """
 
 from __future__ import annotations
@@ -52,11 +54,14 @@ BUDGETS = {
     "publish_1": {"transport": 30, "door": 20, "rules": 80, "sql": 40, "total": 250},
     "publish_16": {"total": 80},
     "ackpull_1": {"total": 300},
+    "batch_100": {"total": 20},  # per item of a 100-item batch (issue 23, item 4)
 }
 MONITOR = "stages"
 TYPE = "com.example.ci.run"
 OBS = {"type": TYPE, "subject": "build-412", "actor": "probe:ci", "data": {"status": "failed"}}
 OBS_BYTES = json.dumps(OBS, separators=(",", ":")).encode()
+BATCH = 100  # items per batched publish; its figures are per item
+BATCH_BYTES = json.dumps([OBS] * BATCH, separators=(",", ":")).encode()
 
 
 def cpu_us_per_op(fn: Callable[[], None], n: int) -> float:
@@ -91,11 +96,14 @@ class Setup:
     def publish(self) -> None:
         self.service.publish(MONITOR, dict(OBS), self.owner)
 
+    def publish_batch(self) -> None:
+        self.service.publish_many(MONITOR, [dict(OBS) for _ in range(BATCH)], self.owner)
+
     def ack_pull(self) -> None:
         body = self.service.pull(self.sub, self.sub_token, limit=1, ack=self.next)
         self.next = body["next"]
 
-    def publish_request(self) -> Request:
+    def publish_request(self, body: bytes = OBS_BYTES) -> Request:
         return Request(
             "POST",
             f"/mp/v0/monitors/{MONITOR}/observations",
@@ -105,7 +113,7 @@ class Setup:
                 "authorization": f"Bearer {self.owner}",
                 "content-type": "application/json",
             },
-            OBS_BYTES,
+            body,
         )
 
     def ack_pull_request(self) -> Request:
@@ -125,6 +133,10 @@ class Setup:
     def job_publish(self) -> None:
         response, _mark = self.app.handle_job(self.publish_request())
         assert response.status == 201, response.body
+
+    def job_publish_batch(self) -> None:
+        response, _mark = self.app.handle_job(self.publish_request(BATCH_BYTES))
+        assert response.status == 207 and response.body["refused"] == 0, response.body
 
     def job_ack_pull(self) -> None:
         response, _mark = self.app.handle_job(self.ack_pull_request())
@@ -249,11 +261,12 @@ def real_run(clients: int, secs: float, workload: str) -> dict[str, Any]:
             count = 0
             nxt = 1
             while time.monotonic() < stop:
-                if workload == "publish":
+                if workload in ("publish", "batch"):
+                    sent = OBS_BYTES if workload == "publish" else BATCH_BYTES
                     req = (
                         f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {owner}\r\n"
-                        f"content-type: application/json\r\ncontent-length: {len(OBS_BYTES)}\r\n\r\n"
-                    ).encode() + OBS_BYTES
+                        f"content-type: application/json\r\ncontent-length: {len(sent)}\r\n\r\n"
+                    ).encode() + sent
                 else:
                     sub, token = subs[i]
                     body = b'{"ack":%d,"limit":1}' % nxt
@@ -266,11 +279,13 @@ def real_run(clients: int, secs: float, workload: str) -> dict[str, Any]:
                 head = await reader.readuntil(b"\r\n\r\n")
                 at = head.lower().find(b"content-length:")
                 payload = await reader.readexactly(int(head[at + 15 : head.index(b"\r\n", at)]))
-                if head[9:12] not in (b"200", b"201"):
+                if head[9:12] not in (b"200", b"201", b"207"):
                     raise RuntimeError(head[:200] + payload[:200])
                 if workload == "ackpull":
                     nxt = json.loads(payload)["next"]
-                count += 1
+                if workload == "batch" and json.loads(payload)["refused"]:
+                    raise RuntimeError(payload[:400])
+                count += BATCH if workload == "batch" else 1
             writer.close()
             return count
 
@@ -350,11 +365,21 @@ def profile(quick: bool, runs: int) -> dict[str, Any]:
             "rules_and_sql": median_of(runs, lambda: cpu_us_per_op(disk.ack_pull, n)),
         }
         out["ackpull_1"] = ack
+        nb = max(10, n // 20)  # batches per measure; every figure below is per item
+        reply_batch = Response(207, mem.service.publish_many(MONITOR, [dict(OBS)] * BATCH, mem.owner))
+        batch_request = raw_request(mem.publish_request(BATCH_BYTES))
+        out["batch_100"] = {
+            "transport": median_of(runs, lambda: transport_us(mem, batch_request, reply_batch, nb) / BATCH),
+            "door_and_rules": median_of(runs, lambda: cpu_us_per_op(mem.job_publish_batch, nb) / BATCH),
+            "rules": median_of(runs, lambda: cpu_us_per_op(mem.publish_batch, nb) / BATCH),
+            "rules_and_sql": median_of(runs, lambda: cpu_us_per_op(disk.publish_batch, nb) / BATCH),
+        }
 
     real = {
         "publish_1": real_run(1, secs, "publish"),
         "publish_16": real_run(16, secs, "publish"),
         "ackpull_1": real_run(1, secs, "ackpull"),
+        "batch_100": real_run(1, secs, "batch"),
     }
     table: dict[str, Any] = {}
     for key, stages in out.items():
@@ -422,7 +447,7 @@ def markdown(result: dict[str, Any]) -> str:
             )
     lines.append(
         f"| budget (publish, 1 client) | {budgets['transport']} | {budgets['door']} | {budgets['rules']} | "
-        f"{budgets['sql']} | | ≤250 (16 clients ≤80; pull+ack ≤300) | |"
+        f"{budgets['sql']} | | ≤250 (16 clients ≤80; pull+ack ≤300; a batch's item ≤20) | |"
     )
     if len(inside) > 6:
         lines += inside

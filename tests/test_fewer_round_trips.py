@@ -4,12 +4,21 @@ has a positive control beside its refusal; every store runs them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from enginekit import STORE_KINDS, Harness, make_store
-from monitor_protocol.core.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from monitor_protocol.core.vocab import (
+    EXT_ACK_PULL,
+    EXT_PUBLISH_BATCH,
+    MAX_PUBLISH_BATCH,
+    T_CONTRADICTION,
+    T_CONTRADICTION_RESOLVED,
+)
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
 pytestmark = pytest.mark.quick
@@ -309,3 +318,84 @@ def test_jsonrpc_feeds_pull_refuses_ack_with_a_replay_cursor(h: Harness) -> None
     assert h.call("GET", f"/subscriptions/{sub}", token=reader).body["cursor"] == 0  # nothing committed
     replay = h.call("POST", "/rpc", {**call, "params": {"subscription": sub, "cursor": 1}}, reader).body
     assert "result" in replay  # control
+
+
+# ---------------------------------------------------------------------------------------------- a batch is its items
+# Items as a batch meets them: good ones, and each kind of refusal, with what one accepted publish changes in its
+# monitor (its counters, tracked actors, a source's contact, the day's budget) and what reads what the items before
+# it did (an idempotency key repeated, a reference to the seq just appended).
+_ACTORS = [f"probe:p{i}" for i in range(20)] + ["agent:bot"]
+_GOOD = st.fixed_dictionaries(
+    {"type": st.sampled_from([TYPE, TYPE, T_CONTRADICTION, T_CONTRADICTION_RESOLVED])},
+    optional={
+        "subject": st.sampled_from(["a", "b", "c"]),
+        "actor": st.sampled_from(_ACTORS),
+        "idempotency_key": st.sampled_from(["k1", "k2", "k3"]),
+        "supersedes": st.integers(min_value=0, max_value=8),
+        "data": st.sampled_from([{"n": 1}, {"answered": False, "reason": "timed out"}]),
+        "tier": st.sampled_from(["unverified", "unverified", "src"]),  # a machine asserting src is refused
+    },
+)
+_BAD = st.sampled_from([{"type": "com.example.undeclared"}, "not an object", {"type": TYPE, "colour": "red"}])
+_ITEM = st.one_of(_GOOD, _GOOD, _GOOD, _BAD)  # mostly accepted: runs of several items between refusals
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=st.lists(_ITEM, max_size=4),
+    items=st.lists(_ITEM, min_size=1, max_size=30),
+    per_day=st.one_of(st.none(), st.integers(min_value=1, max_value=8)),
+    kind=st.sampled_from(STORE_KINDS),
+)
+# A reference to the item just before, in the same run (the monitor's head is 1 once created).
+@example(before=[], items=[{"type": TYPE}, {"type": TYPE, "supersedes": 2}], per_day=None, kind="memory")
+def test_a_batch_is_its_items_published_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory,
+    before: list[Any],
+    items: list[Any],
+    per_day: int | None,
+    kind: str,
+) -> None:
+    """A batch folds its accepted items into one new version of their monitor per run (publishing.Run): its
+    replies, its log and its monitor are exactly those of the same items published alone, in order, at the
+    same time, after the same history (`before`, published a minute earlier); and its counters are what its
+    log holds."""
+    limits = {} if per_day is None else {"limits": {"observations_per_day": per_day}}
+    apart = Harness(make_store(kind, tmp_path_factory.mktemp("apart")))
+    together = Harness(make_store(kind, tmp_path_factory.mktemp("together")))
+    owner_apart, owner_together = apart.monitor(**limits), together.monitor(**limits)
+    for h, owner in ((apart, owner_apart), (together, owner_together)):
+        for item in before:
+            h.call("POST", "/monitors/ci/observations", item, owner)
+        h.clock.advance(60)
+    alone = [
+        together_item_form(apart.call("POST", "/monitors/ci/observations", item, owner_apart))
+        for item in items
+    ]
+    batch = publish_batch(together, owner_together, items)
+    assert batch.status == 207, batch.body
+    assert [{k: v for k, v in r.items() if k != "index"} for r in batch.body["results"]] == alone
+    assert batch.body["published"] == sum(1 for r in alone if "seq" in r)
+    mine, theirs = together.store.get_monitor("ci"), apart.store.get_monitor("ci")
+    assert replace(mine, owner_hash="") == replace(theirs, owner_hash="")
+    log = [o.event for o in together.store.scan("ci", 1, mine.head)]
+    assert log == [o.event for o in apart.store.scan("ci", 1, theirs.head)]
+    types = [e["type"] for e in log]
+    counters = mine.counters
+    assert counters.contradictions == types.count(T_CONTRADICTION)
+    assert counters.contradictions_resolved == types.count(T_CONTRADICTION_RESOLVED)
+    assert counters.rejected == types.count(REJECTED)
+    assert counters.observations == sum(
+        1 for t in types if not t.startswith("ai.mentu.monitor.") or "contra" in t
+    )
+
+
+def together_item_form(reply: Any) -> dict[str, Any]:
+    """A single publish's reply as a batch states the same item's result (its seq and id, or its error)."""
+    if reply.status >= 400:
+        return {"status": reply.status, "error": reply.body}
+    assert reply.status in (200, 201), reply.body
+    out = {"seq": reply.body["seq"], "id": reply.body["observation"]["id"]}
+    if "idempotent" in reply.body:
+        out["idempotent"] = reply.body["idempotent"]
+    return out

@@ -106,7 +106,7 @@ class Counters:
 
     def observed(self) -> Counters:
         """One more accepted observation: every publish's bump, without bump's keyword dispatch."""
-        return _new_counters(
+        return new_counters(
             self.observations + 1, self.delivered, self.acted, self.rejected, self.contradictions,
             self.contradictions_resolved,
         )  # fmt: skip
@@ -132,7 +132,8 @@ class Counters:
         return cls(**{k: int(row.get(k, 0)) for k in cls.__dataclass_fields__})
 
 
-_new_counters = builder(Counters)
+# A new Counters from every field, positionally (a publish run folds its counts into one)
+new_counters = builder(Counters)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,7 @@ def append(
     seq = rec.head + 1
     event = build(rec, seq)
     obs = Observation.of(rec.id, seq, event)
-    tx.append(obs)
-    if obs.subject is not None and not obs.type.startswith(PROTOCOL_PREFIX):
-        tx.add_subject(rec.id, obs.subject)
+    stage(tx, obs)
     new = next_version(rec, obs) if next_version is not None else _with_head(rec, seq)
     assert new.head == seq, "an append's new version of its monitor has its head at the new seq"
     tx.put_monitor(new)
@@ -50,6 +48,14 @@ def append(
 
 
 _with_head = copier(Monitor, ("head",))
+
+
+def stage(tx: Tx, obs: Observation) -> None:
+    """Stage `obs` in its log, and its subject among the monitor's subjects (a protocol row's subject, a
+    subscription or a lease, is not one of the publishers'). The caller moves the monitor's head."""
+    tx.append(obs)
+    if obs.subject is not None and not obs.type.startswith(PROTOCOL_PREFIX):
+        tx.add_subject(obs.monitor, obs.subject)
 
 
 def append_protocol(

@@ -7,9 +7,18 @@ from typing import Any
 
 from monitor_protocol.core import timefmt, wire
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.records import Counters, LastSeen, Monitor, Observation, PublishKey, copier, evolve
+from monitor_protocol.core.records import (
+    Counters,
+    LastSeen,
+    Monitor,
+    Observation,
+    PublishKey,
+    copier,
+    evolve,
+    new_counters,
+)
 from monitor_protocol.core.rules import events, provenance, state
-from monitor_protocol.core.rules.ledger import append, reject
+from monitor_protocol.core.rules.ledger import reject, stage
 from monitor_protocol.core.rules.lookups import owner_monitor
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
@@ -48,12 +57,23 @@ def check_idempotency_key(value: Any) -> str:
     return value
 
 
+def _kind(obs_type: str) -> int:
+    """What an accepted observation of `obs_type` counts besides itself: 1 a contradiction, 2 its
+    resolution, 0 nothing more (the one place for it: a publish, a batch's run and an import's recount)."""
+    if obs_type.endswith(".contradiction"):
+        return 1
+    if obs_type.endswith(".contradiction_resolved"):
+        return 2
+    return 0
+
+
 def counted(counters: Counters, obs_type: str) -> Counters:
     """What one accepted publish of `obs_type` adds to a monitor's counters (an import recounts with it)."""
     counters = counters.observed()
-    if obs_type.endswith(".contradiction"):
+    kind = _kind(obs_type)
+    if kind == 1:
         return counters.bump(contradictions=1)
-    if obs_type.endswith(".contradiction_resolved"):
+    if kind == 2:
         return counters.bump(contradictions_resolved=1)
     return counters
 
@@ -61,6 +81,74 @@ def counted(counters: Counters, obs_type: str) -> Counters:
 def with_actor(actors: tuple[str, ...], actor: str) -> tuple[str, ...]:
     """The monitor's tracked actors once `actor` has published (the first MAX_TRACKED_ACTORS are kept)."""
     return actors if actor in actors or len(actors) >= MAX_TRACKED_ACTORS else (*actors, actor)
+
+
+class Run:
+    """Accepted publishes of one call not yet written into their monitor. Each publish is judged in order
+    as if alone, against what the ones before it changed (the head a reference may name, the day's budget);
+    the new version of the monitor is written once per run, when the run is flushed: at the call's end, and
+    before a refusal, whose own log row and bookkeeping read the monitor. A lone publish is a run of one,
+    so one rule writes both."""
+
+    __slots__ = (
+        "base", "now", "head", "added", "contradictions", "resolved", "last", "actors", "source_contact",
+        "quiet_since", "budget_day", "budget_used",
+    )  # fmt: skip
+
+    def __init__(self, base: Monitor, now: float) -> None:
+        self.now = now
+        self.rebase(base)
+
+    def rebase(self, base: Monitor) -> None:
+        """Start again from `base`, the monitor as the transaction now holds it."""
+        self.base = base
+        self.head = base.head
+        self.added = self.contradictions = self.resolved = 0
+        self.last = base.last
+        self.actors = base.actors
+        self.source_contact = base.source_contact
+        self.quiet_since = base.quiet_since
+        self.budget_day = base.budget_day
+        self.budget_used = base.budget_used
+
+    def accepted(self, obs: Observation, actor: str, answered: bool, budget: tuple[str, int] | None) -> None:
+        """What one accepted publish changes. Freshness is the server's: the publisher's `time` is its claim,
+        kept on the event only; the day's budget is spent in the same new version of the monitor."""
+        self.head = obs.seq
+        self.added += 1
+        kind = _kind(obs.type)
+        if kind == 1:
+            self.contradictions += 1
+        elif kind == 2:
+            self.resolved += 1
+        self.last = LastSeen(obs.seq, self.now, obs.type)
+        self.actors = with_actor(self.actors, actor)
+        # A source that did not answer (section 12) is no contact with it: the age of the last contact goes
+        # on growing, so stale_source means what it says.
+        if answered:
+            self.source_contact = self.now
+            self.quiet_since = None
+        elif self.quiet_since is None:
+            self.quiet_since = self.now
+        if budget is not None:
+            self.budget_day, self.budget_used = budget
+
+    def flush(self, tx: Tx) -> Monitor:
+        """Write the run's new version of the monitor (nothing when nothing was accepted since the last)."""
+        if not self.added:
+            return self.base
+        c = self.base.counters
+        counters = new_counters(
+            c.observations + self.added, c.delivered, c.acted, c.rejected,
+            c.contradictions + self.contradictions, c.contradictions_resolved + self.resolved,
+        )  # fmt: skip
+        new = _published(
+            self.base, self.head, counters, self.last, self.actors, self.source_contact, self.quiet_since,
+            self.budget_day, self.budget_used,
+        )  # fmt: skip
+        tx.put_monitor(new)
+        self.rebase(new)
+        return new
 
 
 def publish(
@@ -99,13 +187,19 @@ def publish_many(
             items,
             rec.owner,
         )
+    run = Run(tx.monitor(rec.id) or rec, tx.now)
     results: list[dict[str, Any]] = []
+    published = 0
     for index, item in enumerate(items):
         try:
-            obs, seq, repeated = publish_one(tx, tx.monitor(rec.id) or rec, item, None)
+            obs, seq, repeated = publish_item(tx, run, item, None)
         except LoggedRefusal as refusal:  # its rejected row stays staged: it commits with the batch
             results.append({"index": index, "status": refusal.error.status, "error": refusal.error.body()})
+            current = tx.monitor(rec.id)
+            assert current is not None
+            run.rebase(current)
             continue
+        published += 1
         one: dict[str, Any] = {
             "index": index,
             "seq": seq,
@@ -114,7 +208,7 @@ def publish_many(
         if repeated is not None:
             one["idempotent"] = repeated
         results.append(one)
-    published = sum(1 for r in results if "seq" in r)
+    run.flush(tx)
     return {
         "monitor": rec.id,
         "published": published,
@@ -136,24 +230,33 @@ def publish_one(
     """Publish one observation for an owner already authenticated, or for the monitor's own source run by
     the server (rules/sources.py): (the observation, its seq, whether a key made it a repeat: None without a
     key). A refusal is logged and raised as LoggedRefusal."""
-    monitor_id = rec.id
-    now = tx.now
+    run = Run(tx.monitor(rec.id) or rec, tx.now)
+    out = publish_item(tx, run, body, header_key)
+    run.flush(tx)
+    return out
+
+
+def publish_item(
+    tx: Tx, run: Run, body: Any, header_key: str | None
+) -> tuple[Observation | None, int, bool | None]:
+    """One publish of a run (its monitor's new version is the run's to write): publish_one's answer."""
+    rec = run.base
+    now = run.now
     try:
         key = idempotency_key(body, header_key)
     except ProtocolError as err:
+        run.flush(tx)
         raise reject(tx, rec.id, err, body, rec.owner) from None
     if key is not None:
         seen = tx.publish_key(rec.id, key)
         if seen is not None and now - seen.at < IDEMPOTENCY_WINDOW_SECONDS:
             # The first reply again: same seq, nothing appended (a retry after a lost reply).
             return tx.observation(rec.id, seen.seq), seen.seq, True
-    claimed_actor = body.get("actor") if isinstance(body, dict) else None
-    actor_for_log = claimed_actor if isinstance(claimed_actor, str) else rec.owner
     try:
         if not rec.active:
             raise ProtocolError(
                 "UNAVAILABLE",
-                f"Monitor {monitor_id} is {rec.status.value}; it accepts no observations until resumed.",
+                f"Monitor {rec.id} is {rec.status.value}; it accepts no observations until resumed.",
                 live=state.live_of(rec),
             )
         if not isinstance(body, dict):
@@ -161,39 +264,24 @@ def publish_one(
                 'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
             )
         wire.check(body)
-        event_kwargs = validate_publish(tx, rec, body)
-        budget = spend_budget(rec, now)
+        event_kwargs = validate_publish(tx, rec, body, head=run.head)
+        budget = spend_budget(rec, now, run.budget_day, run.budget_used)
     except ProtocolError as err:
-        current = tx.monitor(rec.id)
-        assert current is not None
+        current = run.flush(tx)
         if not says_no_answer(body):
             tx.put_monitor(evolve(current, source_contact=now))  # the source was heard from, even refused
-        raise reject(tx, rec.id, err, body, actor_for_log) from None
+        claimed_actor = body.get("actor") if isinstance(body, dict) else None
+        raise reject(
+            tx, rec.id, err, body, claimed_actor if isinstance(claimed_actor, str) else rec.owner
+        ) from None
     prov = event_kwargs.pop("prov")
-    # A source that did not answer (section 12) is published as such, and is no contact with it: the age of
-    # the last contact goes on growing, so stale_source means what it says.
-    answered = not (prov.origin == "probe" and event_kwargs["data"].get("answered") is False)
-
-    def bookkeeping(m: Monitor, obs: Observation) -> Monitor:
-        # Freshness is the server's: the publisher's `time` is its claim, kept on the event only. The day's
-        # budget is spent in the same new version of the monitor.
-        return _published(
-            m,
-            obs.seq,
-            counted(m.counters, obs.type),
-            LastSeen(obs.seq, now, obs.type),
-            with_actor(m.actors, prov.actor),
-            now if answered else m.source_contact,
-            None if answered else m.quiet_since if m.quiet_since is not None else now,
-            *(budget or (m.budget_day, m.budget_used)),
-        )
-
-    obs = append(
-        tx,
+    seq = run.head + 1
+    obs = Observation.of(
         rec.id,
-        lambda m, s: events.build(
-            monitor=m,
-            seq=s,
+        seq,
+        events.build(
+            monitor=rec,
+            seq=seq,
             actor=prov.actor,
             origin=prov.origin,
             tier=prov.tier,
@@ -201,12 +289,18 @@ def publish_one(
             on_behalf_of=prov.on_behalf_of,
             **event_kwargs,
         ),
-        bookkeeping,
+    )
+    stage(tx, obs)
+    run.accepted(
+        obs,
+        prov.actor,
+        not (prov.origin == "probe" and event_kwargs["data"].get("answered") is False),
+        budget,
     )
     if key is None:
-        return obs, obs.seq, None
-    tx.put_publish_key(PublishKey(rec.id, key, obs.seq, now))
-    return obs, obs.seq, False
+        return obs, seq, None
+    tx.put_publish_key(PublishKey(rec.id, key, seq, now))
+    return obs, seq, False
 
 
 def refuse_publish(tx: Tx, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
@@ -234,15 +328,17 @@ _published = copier(
 )
 
 
-def spend_budget(rec: Monitor, now: float) -> tuple[str, int] | None:
+def spend_budget(
+    rec: Monitor, now: float, budget_day: str | None, budget_used: int
+) -> tuple[str, int] | None:
     """limits.observations_per_day caps accepted observations per UTC day (429 OVER_BUDGET past it): the
-    monitor's budget_day and budget_used once one more observation is accepted (None without a cap: they
-    do not change)."""
-    cap = (rec.limits or {}).get("observations_per_day") if rec.limits else None
+    monitor's budget_day and budget_used once one more observation is accepted, from what they are now (None
+    without a cap: they do not change)."""
+    cap = rec.limits.get("observations_per_day") if rec.limits else None
     if not isinstance(cap, int) or isinstance(cap, bool):
         return None
     day = timefmt.iso(now)[:10]
-    count = rec.budget_used if rec.budget_day == day else 0
+    count = budget_used if budget_day == day else 0
     if count >= cap:
         raise ProtocolError(
             "OVER_BUDGET",
@@ -263,7 +359,11 @@ PUBLISH_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, Any]:
+def validate_publish(
+    tx: Tx, rec: Monitor, body: dict[str, Any], *, head: int | None = None
+) -> dict[str, Any]:
+    """The event's fields from a publish's body, judged for monitor `rec` whose log's head is `head` (what
+    a reference may name: rec.head unless a run has appended since)."""
     known_fields = PUBLISH_FIELDS
     unknown = [] if body.keys() <= known_fields else sorted(set(body) - known_fields)
     if unknown:
@@ -348,10 +448,10 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, An
         raise invalid(
             f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
         )
-    derived = [_reference(rec, item, "wasDerivedFrom", must_exist=False) for item in derived]
+    derived = [_reference(rec, item, "wasDerivedFrom") for item in derived]
     supersedes = body.get("supersedes")
     if supersedes is not None:
-        supersedes = _reference(rec, supersedes, "supersedes", must_exist=True)
+        supersedes = _reference(rec, supersedes, "supersedes", head=rec.head if head is None else head)
     return {
         "prov": prov,
         "type_": type_,
@@ -366,8 +466,9 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any]) -> dict[str, An
     }
 
 
-def _reference(rec: Monitor, value: Any, name: str, *, must_exist: bool) -> dict[str, str]:
-    """A {source, id} reference; a bare seq (int or decimal string) names this monitor's log."""
+def _reference(rec: Monitor, value: Any, name: str, *, head: int | None = None) -> dict[str, str]:
+    """A {source, id} reference; a bare seq (int or decimal string) names this monitor's log. With `head`,
+    one of this monitor's observations must exist at it (1..head)."""
     own = events.source_of(rec.id)
     if isinstance(value, bool):
         raise invalid(f'{name} must be a seq or {{"source", "id"}}.')
@@ -384,9 +485,9 @@ def _reference(rec: Monitor, value: Any, name: str, *, must_exist: bool) -> dict
         "source": check_name(value["source"], f"{name}.source", '"monitor:ci"'),
         "id": check_name(str(value["id"]), f"{name}.id", '"4"'),
     }
-    if must_exist and ref["source"] == own:
+    if head is not None and ref["source"] == own:
         seq = int(ref["id"]) if ref["id"].isascii() and ref["id"].isdigit() and len(ref["id"]) < 17 else -1
-        if not 1 <= seq <= rec.head:
+        if not 1 <= seq <= head:
             raise ProtocolError(
                 "NOT_FOUND",
                 f"{name} names observation {ref['id']} of {own}, which does not exist.",
