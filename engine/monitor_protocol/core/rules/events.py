@@ -25,7 +25,6 @@ def canonical_digest(obj: Any) -> str:
 
 
 def build(
-    *,
     monitor: Monitor,
     seq: int,
     type_: str,

@@ -16,6 +16,7 @@ from monitor_protocol.core.records import (
     copier,
     evolve,
     new_counters,
+    new_observation,
 )
 from monitor_protocol.core.rules import events, provenance, state
 from monitor_protocol.core.rules.ledger import reject, stage
@@ -264,7 +265,7 @@ def publish_item(
                 'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
             )
         wire.check(body)
-        event_kwargs = validate_publish(tx, rec, body, head=run.head)
+        judged = validate_publish(tx, rec, body, head=run.head)
         budget = spend_budget(rec, now, run.budget_day, run.budget_used)
     except ProtocolError as err:
         current = run.flush(tx)
@@ -274,29 +275,18 @@ def publish_item(
         raise reject(
             tx, rec.id, err, body, claimed_actor if isinstance(claimed_actor, str) else rec.owner
         ) from None
-    prov = event_kwargs.pop("prov")
+    prov, type_, subject, t, data, tags, source_ref, rule, derived, supersedes = judged
     seq = run.head + 1
-    obs = Observation.of(
-        rec.id,
-        seq,
-        events.build(
-            monitor=rec,
-            seq=seq,
-            actor=prov.actor,
-            origin=prov.origin,
-            tier=prov.tier,
-            verification=prov.verification,
-            on_behalf_of=prov.on_behalf_of,
-            **event_kwargs,
-        ),
+    actor, origin = prov.actor, prov.origin
+    event = events.build(
+        rec, seq, type_, subject, t, actor, origin, prov.tier, prov.verification, data, tags, prov.on_behalf_of,
+        source_ref, rule, derived, supersedes,
+    )  # fmt: skip
+    obs = new_observation(
+        rec.id, seq, type_, subject, actor, origin, prov.tier, event["horizon"] or "", event
     )
     stage(tx, obs)
-    run.accepted(
-        obs,
-        prov.actor,
-        not (prov.origin == "probe" and event_kwargs["data"].get("answered") is False),
-        budget,
-    )
+    run.accepted(obs, actor, not (origin == "probe" and data.get("answered") is False), budget)
     if key is None:
         return obs, seq, None
     tx.put_publish_key(PublishKey(rec.id, key, seq, now))
@@ -359,9 +349,15 @@ PUBLISH_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def validate_publish(
-    tx: Tx, rec: Monitor, body: dict[str, Any], *, head: int | None = None
-) -> dict[str, Any]:
+# What a publish's body says once judged, in events.build's order: (provenance, type, subject, time, data,
+# tags, source_ref, rule, wasDerivedFrom, supersedes).
+Judged = tuple[
+    provenance.Provenance, str, str | None, float, dict[str, Any], dict[str, Any], str | None, str | None,
+    list[dict[str, str]], dict[str, str] | None,
+]  # fmt: skip
+
+
+def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any], *, head: int | None = None) -> Judged:
     """The event's fields from a publish's body, judged for monitor `rec` whose log's head is `head` (what
     a reference may name: rec.head unless a run has appended since)."""
     known_fields = PUBLISH_FIELDS
@@ -440,30 +436,24 @@ def validate_publish(
                 server_time=timefmt.iso(now),
                 limit=MAX_FUTURE_SECONDS,
             )
-    for name in ("source_ref", "rule"):
-        if body.get(name) is not None:
-            check_name(body[name], name, '"build-412"')
+    source_ref, rule = body.get("source_ref"), body.get("rule")
+    if source_ref is not None:
+        check_name(source_ref, "source_ref", '"build-412"')
+    if rule is not None:
+        check_name(rule, "rule", '"build-412"')
     derived = body.get("wasDerivedFrom") or []
-    if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
-        raise invalid(
-            f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
-        )
-    derived = [_reference(rec, item, "wasDerivedFrom") for item in derived]
+    if derived:
+        if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
+            raise invalid(
+                f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
+            )
+        derived = [_reference(rec, item, "wasDerivedFrom") for item in derived]
+    else:
+        derived = []
     supersedes = body.get("supersedes")
     if supersedes is not None:
         supersedes = _reference(rec, supersedes, "supersedes", head=rec.head if head is None else head)
-    return {
-        "prov": prov,
-        "type_": type_,
-        "subject": subject,
-        "time": t,
-        "data": data,
-        "tags": tags,
-        "source_ref": body.get("source_ref"),
-        "rule": body.get("rule"),
-        "was_derived_from": derived,
-        "supersedes": supersedes,
-    }
+    return prov, type_, subject, t, data, tags, source_ref, rule, derived, supersedes
 
 
 def _reference(rec: Monitor, value: Any, name: str, *, head: int | None = None) -> dict[str, str]:
