@@ -92,7 +92,7 @@ class Run:
     so one rule writes both."""
 
     __slots__ = (
-        "base", "now", "head", "added", "contradictions", "resolved", "last", "actors", "source_contact",
+        "base", "now", "head", "added", "contradictions", "resolved", "last_type", "actors", "source_contact",
         "quiet_since", "budget_day", "budget_used",
     )  # fmt: skip
 
@@ -105,7 +105,7 @@ class Run:
         self.base = base
         self.head = base.head
         self.added = self.contradictions = self.resolved = 0
-        self.last = base.last
+        self.last_type = ""  # the type of the run's newest observation (its seq is the head)
         self.actors = base.actors
         self.source_contact = base.source_contact
         self.quiet_since = base.quiet_since
@@ -117,12 +117,13 @@ class Run:
         kept on the event only; the day's budget is spent in the same new version of the monitor."""
         self.head = obs.seq
         self.added += 1
-        kind = _kind(obs.type)
-        if kind == 1:
-            self.contradictions += 1
-        elif kind == 2:
-            self.resolved += 1
-        self.last = LastSeen(obs.seq, self.now, obs.type)
+        self.last_type = type_ = obs.type
+        if ".contradiction" in type_:  # the usual observation is neither: one test, not two
+            kind = _kind(type_)
+            if kind == 1:
+                self.contradictions += 1
+            elif kind == 2:
+                self.resolved += 1
         self.actors = with_actor(self.actors, actor)
         # A source that did not answer (section 12) is no contact with it: the age of the last contact goes
         # on growing, so stale_source means what it says.
@@ -144,8 +145,8 @@ class Run:
             c.contradictions + self.contradictions, c.contradictions_resolved + self.resolved,
         )  # fmt: skip
         new = _published(
-            self.base, self.head, counters, self.last, self.actors, self.source_contact, self.quiet_since,
-            self.budget_day, self.budget_used,
+            self.base, self.head, counters, LastSeen(self.head, self.now, self.last_type), self.actors,
+            self.source_contact, self.quiet_since, self.budget_day, self.budget_used,
         )  # fmt: skip
         tx.put_monitor(new)
         self.rebase(new)
