@@ -336,7 +336,14 @@ _GOOD = st.fixed_dictionaries(
         "tier": st.sampled_from(["unverified", "unverified", "src"]),  # a machine asserting src is refused
     },
 )
-_BAD = st.sampled_from([{"type": "com.example.undeclared"}, "not an object", {"type": TYPE, "colour": "red"}])
+_BAD = st.sampled_from(
+    [
+        {"type": "com.example.undeclared"},
+        "not an object",
+        {"type": TYPE, "colour": "red"},
+        {"type": TYPE, "idempotency_key": ""},
+    ]
+)
 _ITEM = st.one_of(_GOOD, _GOOD, _GOOD, _BAD)  # mostly accepted: runs of several items between refusals
 
 
@@ -346,25 +353,35 @@ _ITEM = st.one_of(_GOOD, _GOOD, _GOOD, _BAD)  # mostly accepted: runs of several
     items=st.lists(_ITEM, min_size=1, max_size=30),
     per_day=st.one_of(st.none(), st.integers(min_value=1, max_value=8)),
     kind=st.sampled_from(STORE_KINDS),
+    midnight=st.booleans(),
 )
 # A reference to the item just before, in the same run (the monitor's head is 1 once created).
-@example(before=[], items=[{"type": TYPE}, {"type": TYPE, "supersedes": 2}], per_day=None, kind="memory")
+@example(
+    before=[],
+    items=[{"type": TYPE}, {"type": TYPE, "supersedes": 2}],
+    per_day=None,
+    kind="memory",
+    midnight=False,
+)
 def test_a_batch_is_its_items_published_one_by_one(
     tmp_path_factory: pytest.TempPathFactory,
     before: list[Any],
     items: list[Any],
     per_day: int | None,
     kind: str,
+    midnight: bool,
 ) -> None:
     """A batch folds its accepted items into one new version of their monitor per run (publishing.Run): its
     replies, its log and its monitor are exactly those of the same items published alone, in order, at the
-    same time, after the same history (`before`, published a minute earlier); and its counters are what its
-    log holds."""
+    same time, after the same history (`before`, published a minute earlier: with `midnight`, the day before,
+    so the day's budget starts again); and its counters are what its log holds."""
     limits = {} if per_day is None else {"limits": {"observations_per_day": per_day}}
     apart = Harness(make_store(kind, tmp_path_factory.mktemp("apart")))
     together = Harness(make_store(kind, tmp_path_factory.mktemp("together")))
     owner_apart, owner_together = apart.monitor(**limits), together.monitor(**limits)
     for h, owner in ((apart, owner_apart), (together, owner_together)):
+        if midnight:
+            h.clock.t = (h.clock.t // 86_400 + 1) * 86_400 - 30
         for item in before:
             h.call("POST", "/monitors/ci/observations", item, owner)
         h.clock.advance(60)

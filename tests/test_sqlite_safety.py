@@ -560,3 +560,67 @@ def test_a_first_writer_refused_while_the_call_goes_on_leaves_nothing_of_it(stor
             store.apply(Changes(observations=[obs("m1", 2), obs("m1", 1)], monitors=[monitor("m1", head=9)]))
         store.apply(Changes(observations=[obs("m1", 2), obs("m1", 3)], monitors=[monitor("m1", head=3)]))
     assert [o.seq for o in store.scan("m1", 1, 10)] == [1, 2, 3] and store.get_monitor("m1").head == 3
+
+
+def test_a_groups_first_writer_that_writes_again_after_a_refusal_and_then_fails_leaves_nothing(store):
+    with store.batch():
+        with pytest.raises(RuntimeError), store.transaction():
+            with pytest.raises(sqlite3.IntegrityError):
+                store.apply(Changes(observations=[obs("m1", 2), obs("m1", 1)]))
+            store.apply(Changes(observations=[obs("m1", 7), obs("m1", 8)]))  # the first writer again
+            raise RuntimeError("the call fails after writing again")
+        put(
+            store, observations=[obs("m1", 2)], monitors=[monitor("m1", head=2)]
+        )  # control: the group goes on
+    assert [o.seq for o in store.scan("m1", 1, 10)] == [1, 2]
+
+
+class BusyBegin:
+    """The store's connection, except that BEGIN IMMEDIATE fails once, busy, after it is armed."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._real = db
+        self.armed = False
+        self.statements: list[str] = []
+
+    def execute(self, sql: str, *args):
+        self.statements.append(sql)
+        if self.armed and sql == "BEGIN IMMEDIATE":
+            self.armed = False
+            exc = sqlite3.OperationalError("database is locked")
+            exc.sqlite_errorcode = 5
+            exc.sqlite_errorname = "SQLITE_BUSY"
+            raise exc
+        return self._real.execute(sql, *args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+def test_a_group_that_cannot_begin_again_fails_whole_and_the_writer_hears_its_own_refusal(store):
+    real = store._db
+    store._db = conn = BusyBegin(real)
+    try:
+        with pytest.raises(StorageError, match="nothing in it was kept"), store.batch():
+            conn.armed = True
+            with pytest.raises(sqlite3.IntegrityError):  # a bug's signal stays one: not a 503
+                put(store, observations=[obs("m1", 2), obs("m1", 1)])
+            with pytest.raises(StorageError, match="retry the call"):  # no transaction to write in
+                put(store, observations=[obs("m1", 2)])
+    finally:
+        store._db = real
+    assert [o.seq for o in store.scan("m1", 1, 10)] == [1] and not real.in_transaction
+    put(store, observations=[obs("m1", 2)])  # control: the store is usable
+    assert [o.seq for o in store.scan("m1", 1, 10)] == [1, 2]
+
+
+def test_a_lone_first_writer_refused_begins_again_only_if_its_call_writes_again(store):
+    real = store._db
+    store._db = conn = BusyBegin(real)
+    try:
+        with pytest.raises(sqlite3.IntegrityError):
+            put(store, observations=[obs("m1", 2), obs("m1", 1)])
+        assert "BEGIN IMMEDIATE" not in conn.statements[1:]  # rolled back, and not begun for nothing
+    finally:
+        store._db = real
+    assert [o.seq for o in store.scan("m1", 1, 10)] == [1] and not real.in_transaction

@@ -173,9 +173,9 @@ class SQLiteStore(Store):
         self._sub_keys: dict[str, tuple[Any, ...]] = {}
         self._uncommitted = False
         self._applied = False  # the call in hand has applied its changes
-        # How the call in hand's writes are taken back if it fails: None (nothing to take back), "savepoint"
-        # (ROLLBACK TO call) or "restart" (the transaction's first writer: `_restart`).
+        # How the call in hand is taken back if it fails: None (nothing to), "savepoint" or "restart".
         self._undo_by: str | None = None
+        self._restarted = False  # a lone transaction rolled back by `_restart`, to begin again if it writes
         self._staged_monitors = False  # and among them a monitor, staged for the commit
         # Monitors this transaction changed, not yet in their table (written once, before the COMMIT).
         self._dirty: dict[str, Monitor] = {}
@@ -396,6 +396,7 @@ class SQLiteStore(Store):
             self._begin()
         self._applied = False
         self._undo_by = None
+        self._restarted = False
         self._staged_monitors = False
         # Whether the call wrote: rows changed since it began, or a monitor staged for the commit.
         mark = self._db.total_changes
@@ -442,8 +443,6 @@ class SQLiteStore(Store):
         self._subs.clear()
         self._sub_keys.clear()
         undo_by, self._undo_by = self._undo_by, None
-        if undo_by is None:  # its apply failed and took itself back already
-            return
         if undo_by == "restart":  # it was the group's first writer: nothing of the others is lost
             self._restart()
             return
@@ -458,15 +457,18 @@ class SQLiteStore(Store):
             self._rollback()
 
     def _restart(self) -> None:
-        """Take back the writes of the transaction's first writer, the only ones it holds: roll it back and
-        begin it again (a group goes on in the new one). If it cannot begin again, a group is broken."""
+        """Take back the transaction's first writer, the only writes it holds: roll it back. A group begins
+        again at once; a lone transaction only if its call writes again (`apply`). A group that cannot begin
+        again is broken (its later calls and its commit fail); this call still hears its own failure."""
         self._rollback()
+        self._applied = False  # nothing of the call is left: a write after this is the first again
+        if not self._batch:
+            self._restarted = True
+            return
         try:
             self._run("BEGIN IMMEDIATE")
-        except BaseException:
-            if self._batch:
-                self._batch_broken = True
-            raise
+        except (StorageError, sqlite3.Error):
+            self._batch_broken = True
 
     @property
     def in_batch(self) -> bool:
@@ -508,17 +510,17 @@ class SQLiteStore(Store):
             return
         if changes.empty():
             return
+        if self._restarted:  # a lone call's first write was taken back (`_restart`) and it writes again
+            self._restarted = False
+            self._begin()
         known = self._known_subjects
         subjects = [s for s in changes.subjects if s not in known] if changes.subjects else []
         first = not self._applied and not self._dirty and not (self._batch and self._batch_wrote)
-        if first:
-            # The transaction's first write: a failure takes it back by starting the transaction again
-            # (_restart), so no savepoint journals the pages it changes (~1 us per row of a batch).
+        if first:  # taken back by `_restart`: no savepoint journals its pages (~1 us per row of a batch)
             self._undo_by = "restart"
         elif self._batch and not self._applied:
-            # In a group, a call that writes after others takes a savepoint, kept until it ends: a failure
-            # after its apply, or a refused statement within it, takes back what it wrote and the group goes
-            # on. A call that only reads takes none.
+            # A group's later writer takes a savepoint, kept until the call ends: a failure after its apply,
+            # or a refused statement within it, takes back what it wrote and the group goes on.
             self._db.execute("SAVEPOINT call")
             self._undo_by = "savepoint"
         self._uncommitted = True
@@ -532,8 +534,7 @@ class SQLiteStore(Store):
             try:
                 self._write(changes, subjects)
             except BaseException:
-                self._undo_by = None  # taken back here: the call's failure has nothing more to undo
-                self._restart()
+                self._restart()  # and the call's own failure path has nothing left to undo
                 raise
         else:
             # A savepoint of its own, so that a refused statement (a taken subscriber, a duplicate seq)
