@@ -62,9 +62,9 @@ def _skip_ceiling(mp: pytest.MonkeyPatch) -> None:
     """P1 broken: publishing never checks the provenance ceilings (only vocabulary)."""
 
     def make(real: Wrapper) -> Wrapper:
-        def validate_publish(tx, rec, body):
+        def validate_publish(tx, rec, body, **kw):
             try:
-                return real(tx, rec, body)
+                return real(tx, rec, body, **kw)
             except ProtocolError as exc:
                 if exc.code not in ("PROVENANCE_CEILING", "TIER_NOT_ASSERTABLE"):
                     raise
@@ -72,7 +72,7 @@ def _skip_ceiling(mp: pytest.MonkeyPatch) -> None:
                     k: v for k, v in body.items() if k not in ("on_behalf_of", "origin", "verification")
                 }
                 trimmed["tier"] = "measured"
-                return real(tx, rec, trimmed)
+                return real(tx, rec, trimmed, **kw)
 
         return validate_publish
 
