@@ -166,19 +166,32 @@ def test_disk_full_in_a_group_commit_keeps_nothing_of_the_group(store):
     assert _seqs(store) == [1, 2, 3]
 
 
-class FailingCommit:
-    """The store's connection, except that COMMIT fails once as a full disk would."""
+class FailingStatement:
+    """The store's connection, except that one statement fails once, while armed, as SQLite would fail it
+    (by default COMMIT on a full disk). Every statement run through it is recorded."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        statement: str = "COMMIT",
+        error: tuple[str, int, str] = ("database or disk is full", 13, "SQLITE_FULL"),
+        *,
+        armed: bool = True,
+    ) -> None:
         self._real = db
-        self.armed = True
+        self.statement = statement
+        self.error = error
+        self.armed = armed
+        self.statements: list[str] = []
 
     def execute(self, sql: str, *args):
-        if self.armed and sql == "COMMIT":
+        self.statements.append(sql)
+        if self.armed and sql == self.statement:
             self.armed = False
-            exc = sqlite3.OperationalError("database or disk is full")
-            exc.sqlite_errorcode = 13
-            exc.sqlite_errorname = "SQLITE_FULL"
+            message, code, name = self.error
+            exc = sqlite3.OperationalError(message)
+            exc.sqlite_errorcode = code
+            exc.sqlite_errorname = name
             raise exc
         return self._real.execute(sql, *args)
 
@@ -189,7 +202,7 @@ class FailingCommit:
 @pytest.mark.parametrize("group", [False, True], ids=["transaction", "batch"])
 def test_a_failed_commit_rolls_back_and_the_store_stays_usable(store, group):
     real = store._db
-    store._db = FailingCommit(real)
+    store._db = FailingStatement(real)
     try:
         with pytest.raises(StorageError, match="SQLITE_FULL"):
             if group:
@@ -271,7 +284,7 @@ def _disk_full_in_apply(store, m2, s2):
 
 def _failing_commit(store, m2, s2, *, group: bool):
     real = store._db
-    store._db = FailingCommit(real)
+    store._db = FailingStatement(real)
     try:
         with pytest.raises(StorageError, match="SQLITE_FULL"):
             if group:
@@ -301,7 +314,7 @@ def _disk_full_later_in_the_group(store, m2, s2):
 
 def _read_after_a_failed_call_in_the_group(store, m2, s2):
     real = store._db
-    store._db = FailingCommit(real)
+    store._db = FailingStatement(real)
     try:
         with pytest.raises(StorageError, match="SQLITE_FULL"), store.batch():
             put(store, monitors=[m2], subscriptions=[s2])
@@ -575,31 +588,14 @@ def test_a_groups_first_writer_that_writes_again_after_a_refusal_and_then_fails_
     assert [o.seq for o in store.scan("m1", 1, 10)] == [1, 2]
 
 
-class BusyBegin:
+def busy_begin(db: sqlite3.Connection) -> FailingStatement:
     """The store's connection, except that BEGIN IMMEDIATE fails once, busy, after it is armed."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._real = db
-        self.armed = False
-        self.statements: list[str] = []
-
-    def execute(self, sql: str, *args):
-        self.statements.append(sql)
-        if self.armed and sql == "BEGIN IMMEDIATE":
-            self.armed = False
-            exc = sqlite3.OperationalError("database is locked")
-            exc.sqlite_errorcode = 5
-            exc.sqlite_errorname = "SQLITE_BUSY"
-            raise exc
-        return self._real.execute(sql, *args)
-
-    def __getattr__(self, name: str):
-        return getattr(self._real, name)
+    return FailingStatement(db, "BEGIN IMMEDIATE", ("database is locked", 5, "SQLITE_BUSY"), armed=False)
 
 
 def test_a_group_that_cannot_begin_again_fails_whole_and_the_writer_hears_its_own_refusal(store):
     real = store._db
-    store._db = conn = BusyBegin(real)
+    store._db = conn = busy_begin(real)
     try:
         with pytest.raises(StorageError, match="nothing in it was kept"), store.batch():
             conn.armed = True
@@ -616,7 +612,7 @@ def test_a_group_that_cannot_begin_again_fails_whole_and_the_writer_hears_its_ow
 
 def test_a_lone_first_writer_refused_begins_again_only_if_its_call_writes_again(store):
     real = store._db
-    store._db = conn = BusyBegin(real)
+    store._db = conn = busy_begin(real)
     try:
         with pytest.raises(sqlite3.IntegrityError):
             put(store, observations=[obs("m1", 2), obs("m1", 1)])
