@@ -189,7 +189,7 @@ def publish_many(
             items,
             rec.owner,
         )
-    run = Run(tx.monitor(rec.id) or rec, tx.now)
+    run = Run(rec, tx.now)  # owner_monitor read it from this transaction
     results: list[dict[str, Any]] = []
     published = 0
     for index, item in enumerate(items):
