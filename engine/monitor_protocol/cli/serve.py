@@ -13,6 +13,7 @@ from typing import Any
 
 from monitor_protocol.cli.serve_config import (
     CONFIG_ENV,
+    DB_LANES,
     LOG_LEVELS,
     AppendGiven,
     ConfigError,
@@ -182,6 +183,15 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         f"(env MP_DB_CONNECTIONS, default {DEFAULT_DB_CONNECTIONS}; SQLite has one writer and ignores it)",
     )
     parser.add_argument(
+        "--db-lanes",
+        action=s,
+        choices=DB_LANES,
+        default=None,
+        help="on a postgresql:// database, where engine calls run while they wait on it: green (greenlets "
+        "on the event loop's thread, no thread hop; needs greenlet, installed by the postgres extra) or "
+        "threads (env MP_DB_LANES, default green when greenlet is installed)",
+    )
+    parser.add_argument(
         "--access-log",
         action=TrueGiven,
         nargs=0,
@@ -269,6 +279,23 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         choices=LOG_LEVELS,
         help="log level of the server and the engine (env MP_LOG_LEVEL, default info)",
     )
+
+
+def _db_lanes(chosen: str | None) -> str:
+    """Green lanes when asked for or, unasked, when greenlet is installed; else threads (said, when asked)."""
+    from monitor_protocol.doors.green_lanes import available
+
+    if chosen == "threads":
+        return "threads"
+    if available():
+        return "green"
+    if chosen == "green":
+        print(
+            "mp serve: --db-lanes green needs greenlet (pip install 'monitor-protocol[postgres]'); "
+            "running the engine's calls on threads",
+            file=sys.stderr,
+        )
+    return "threads"
 
 
 def _url(host: str, port: int) -> str:
@@ -446,7 +473,13 @@ def run(name: str, args: argparse.Namespace) -> int:
         # The engine's seat: on the loop for a store of its own (SQLite: every call bounded and local), on
         # threads of their own, each with its own connection, for a shared store whose calls wait on the
         # network (PostgreSQL): a call waiting on the database holds up no other.
-        engine = EngineLanes(store, service, cfg.db_connections) if shared else LoopEngine(store)
+        lanes = _db_lanes(cfg.db_lanes) if shared else None
+        if lanes == "green":
+            from monitor_protocol.doors.green_lanes import GreenLanes
+
+            engine: Any = GreenLanes(store, service, cfg.db_connections)
+        else:
+            engine = EngineLanes(store, service, cfg.db_connections) if shared else LoopEngine(store)
         app = MonitorApp(
             service,
             router,
@@ -471,7 +504,8 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(
                 f"database: {shown} (PostgreSQL, shared: other servers may use it; "
                 "sweeps and push run on the one holding the leader lock; "
-                f"{cfg.db_connections} engine connection{'s' if cfg.db_connections != 1 else ''})"
+                f"{cfg.db_connections} engine connection{'s' if cfg.db_connections != 1 else ''}, "
+                f"{'on greenlets of the event loop' if lanes == 'green' else 'on threads'})"
             )
         else:
             print(

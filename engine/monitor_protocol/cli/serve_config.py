@@ -25,6 +25,8 @@ class ConfigError(Exception):
 
 LIST_SETTINGS = ("allow_origin", "allow_host", "allow_sink", "allow_source", "source_env")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# Where a shared store's engine calls run: greenlets on the event loop's thread, or threads (doors/green_lanes.py).
+DB_LANES = ("green", "threads")
 # setting -> (environment variable, kind)
 SETTINGS: dict[str, tuple[str, str]] = {
     "host": ("MP_HOST", "str"),
@@ -41,6 +43,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "body_timeout": ("MP_BODY_TIMEOUT", "float"),
     "keep_alive": ("MP_KEEP_ALIVE", "float"),
     "db_connections": ("MP_DB_CONNECTIONS", "int"),
+    "db_lanes": ("MP_DB_LANES", "lanes"),
     "retire_after_mute": ("MP_RETIRE_AFTER_MUTE", "int"),
     "log_level": ("MP_LOG_LEVEL", "level"),
     "access_log": ("MP_ACCESS_LOG", "bool"),
@@ -65,6 +68,7 @@ RESTART_ONLY = (
     "body_timeout",
     "keep_alive",
     "db_connections",
+    "db_lanes",
     "retire_after_mute",
     "log_level",
     "access_log",
@@ -144,6 +148,11 @@ def _convert(name: str, kind: str, value: Any, where: str) -> Any:
             if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
                 raise ValueError("expected true or false (1/0, yes/no, on/off)")
             return word in ("1", "true", "yes", "on")
+        if kind == "lanes":
+            lanes = str(value).lower() if text else None
+            if lanes not in DB_LANES:
+                raise ValueError(f"expected one of {', '.join(DB_LANES)}")
+            return lanes
         if kind == "level":
             level = str(value).lower() if text else None
             if level not in LOG_LEVELS:

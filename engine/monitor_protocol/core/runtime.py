@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
+from monitor_protocol.core.lanes import LaneLocal
 from monitor_protocol.core.records import Monitor, Subscription, copier
 from monitor_protocol.core.store_contract import StaleRead, StorageError, Store
 from monitor_protocol.core.tx import ExclusiveNeeded, Tx
@@ -115,9 +116,9 @@ class ServiceCore(ABC):
         # Reads the calls of one group commit share (see group_memo), and the group they belong to.
         self._memo: dict[Any, Any] = {}
         self._memo_group: int | None = None
-        # Appends of calls run inside a shared store's group commit (PostgresStore.batch), per engine thread:
+        # Appends of calls run inside a shared store's group commit (PostgresStore.batch), per engine lane:
         # told to the listeners once the group has committed (release_appends), or dropped with it.
-        self._held_appends = threading.local()
+        self._held_appends = LaneLocal()
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:

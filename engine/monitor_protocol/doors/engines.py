@@ -212,7 +212,7 @@ class EngineThread:
             if loop.is_closed():
                 continue  # nobody is waiting any more
             try:
-                loop.call_soon_threadsafe(_deliver_all, replies)
+                loop.call_soon_threadsafe(deliver_all, replies)
             except RuntimeError:
                 pass  # the loop closed meanwhile
 
@@ -316,12 +316,20 @@ class EngineLanes(_CallbackSeat):
         self._alone = 0  # calls that run alone, waiting or running
         if service is not None:
             service.add_listener(self._heard)
+        self.lanes = max(1, lanes)
+        self._threads: list[threading.Thread] = []
+        self._start_lanes()
+
+    def _start_lanes(self) -> None:
         self._threads = [
-            threading.Thread(target=self._run, name=f"mp-engine-{i}", daemon=True)
-            for i in range(max(1, lanes))
+            threading.Thread(target=self._run, name=f"mp-engine-{i}", daemon=True) for i in range(self.lanes)
         ]
         for thread in self._threads:
             thread.start()
+
+    def _cpu(self) -> float:
+        """CPU seconds of the running lane so far (its thread's)."""
+        return thread_cpu()
 
     # -- submitting (from the loop) --------------------------------------------------------------------
     def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
@@ -352,7 +360,7 @@ class EngineLanes(_CallbackSeat):
             if key is not None and self._hand_over(key, item):
                 continue
             if not self._put(item):
-                _answer(item if key is not None else [item], RuntimeError("the engine has stopped"))
+                answer_failed(item if key is not None else [item], RuntimeError("the engine has stopped"))
 
     def _hand_over(self, key: str, bundle: list[Any]) -> bool:
         """A bundle whose key a lane is running a group for goes straight to that lane's next group: queued,
@@ -423,7 +431,7 @@ class EngineLanes(_CallbackSeat):
             except queue.Empty:
                 return
             if item is not None:
-                _answer(item if isinstance(item, list) else [item], stopped)
+                answer_failed(item if isinstance(item, list) else [item], stopped)
 
     # -- the lanes --------------------------------------------------------------------------------------
     def _heard(self, monitor_id: str, head: int) -> None:
@@ -529,7 +537,7 @@ class EngineLanes(_CallbackSeat):
         self._telling.replies = None
         loop, replies = pending
         try:
-            loop.call_soon_threadsafe(_deliver_all, replies)
+            loop.call_soon_threadsafe(deliver_all, replies)
         except RuntimeError:
             pass  # the loop closed meanwhile: nobody is waiting any more
 
@@ -659,13 +667,13 @@ class EngineLanes(_CallbackSeat):
         if touched is not None:
             touched()  # from now on: the monitors this call locks
         self._telling.call = call
-        started, cpu = time.perf_counter(), thread_cpu()
+        started, cpu = time.perf_counter(), self._cpu()
         outcomes = run()
         self._telling.call = None
         hook = self.on_commit
         try:
             if hook is not None:
-                hook(time.perf_counter() - started, thread_cpu() - cpu, calls)
+                hook(time.perf_counter() - started, self._cpu() - cpu, calls)
             self._ended(call, touched() if touched is not None else None)
         except (
             Exception
@@ -722,7 +730,7 @@ def _ignore(ok: bool, value: Any) -> None:
 _NOTHING = NO_ITEM  # no item taken (None is the queue's stop sentinel)
 
 
-def _answer(jobs: list[Any], failure: BaseException) -> None:
+def answer_failed(jobs: list[Any], failure: BaseException) -> None:
     """Tell each job's caller that it failed (posted jobs, which nobody waits for, are only dropped)."""
     for _fn, _args, loop, deliver in jobs:
         if deliver is _ignore:
@@ -736,7 +744,7 @@ def _answer(jobs: list[Any], failure: BaseException) -> None:
             pass
 
 
-def _deliver_all(replies: list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]) -> None:
+def deliver_all(replies: list[tuple[Callable[[bool, Any], None], tuple[bool, Any]]]) -> None:
     for deliver, outcome in replies:
         deliver(*outcome)
 

@@ -51,6 +51,7 @@ from typing import Any
 
 from monitor_protocol import __version__
 from monitor_protocol.core import wire
+from monitor_protocol.core.lanes import LaneLocal
 from monitor_protocol.core.records import (
     Lease,
     Monitor,
@@ -239,7 +240,11 @@ class PostgresStore(Store):
         self.stats = StoreStats()
         self._stats_lock = threading.Lock()
         self.instance = secrets.token_hex(8)  # this server's name in its own notifications
-        self._local = threading.local()
+        # One session per engine lane: a thread, or a greenlet of the event loop's thread (green lanes). greenlet
+        # is imported first, when installed, so that a thread's key does not change under a session it holds.
+        with contextlib.suppress(ImportError):
+            import greenlet  # noqa: F401
+        self._local = LaneLocal()
         self._sessions: list[Session] = []
         self._sessions_lock = threading.Lock()
         # Shared by the threads: records decoded from rows (used again while a row's text is the same) and
@@ -263,7 +268,7 @@ class PostgresStore(Store):
     # --- sessions ---------------------------------------------------------------------------------
     @property
     def _s(self) -> Session:
-        """This thread's session (created at its first call)."""
+        """This lane's session (created at its first call)."""
         try:
             return self._local.session  # type: ignore[no-any-return]
         except AttributeError:

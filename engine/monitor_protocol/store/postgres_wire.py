@@ -21,6 +21,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from monitor_protocol.core.lanes import lane_wait
+
 Row = tuple[Any, ...]
 
 
@@ -186,6 +188,10 @@ class Wire:
             self._wait(self._select.POLLOUT)
 
     def _wait(self, events: int) -> None:
+        green = lane_wait()
+        if green is not None:  # a green lane (doors/green_lanes.py): the event loop runs while it waits
+            green(self.pg.socket, events == self._select.POLLOUT)
+            return
         self._poll.modify(self.pg.socket, events)
         try:
             self._poll.poll()  # without a timeout: the session's statement_timeout and TCP's bound it

@@ -1,0 +1,58 @@
+"""What an engine call keeps to itself while other calls run beside it, on other threads or, with green
+lanes (doors/green_lanes.py), on other greenlets of the event loop's own thread.
+
+Standard library only: greenlet is looked up in ``sys.modules`` (imported by whoever runs green lanes, and by
+the PostgreSQL store when it opens, so that a thread's key never changes under a session it holds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_names = itertools.count()
+
+# A lane greenlet's attribute: wait(fd, writable) returns once the socket is ready, running the loop meanwhile.
+WAIT_ATTRIBUTE = "mp_wait"
+
+
+class LaneLocal:
+    """Like ``threading.local``, and per greenlet as well once greenlet is imported: each engine lane, thread
+    or greenlet, sees its own attributes (the PostgreSQL store's session, the appends a group holds)."""
+
+    __slots__ = ("_thread", "_name")
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_thread", threading.local())
+        object.__setattr__(self, "_name", f"_mp_lane_local_{next(_names)}")
+
+    def _space(self) -> dict[str, Any]:
+        green = sys.modules.get("greenlet")
+        here: Any = self._thread if green is None else green.getcurrent()
+        try:
+            return here.__dict__[self._name]  # type: ignore[no-any-return]
+        except KeyError:
+            space: dict[str, Any] = {}
+            setattr(here, self._name, space)
+            return space
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._space()[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._space()[name] = value
+
+
+def lane_wait() -> Callable[[int, bool], None] | None:
+    """How the running lane waits for a socket without blocking its thread (a green lane's), or None (a
+    thread: block on the socket)."""
+    green = sys.modules.get("greenlet")
+    if green is None:
+        return None
+    return getattr(green.getcurrent(), WAIT_ATTRIBUTE, None)  # type: ignore[no-any-return]
