@@ -22,6 +22,7 @@ greenlet is a C extension (the `postgres` extra installs it); without it `mp ser
 from __future__ import annotations
 
 import collections
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from typing import Any
 from monitor_protocol.core.lanes import WAIT_ATTRIBUTE, LaneLocal
 from monitor_protocol.doors.engines import EngineLanes, answer_failed, deliver_all, thread_cpu
 from monitor_protocol.doors.lane_queue import NO_ITEM
+
+log = logging.getLogger("monitor_protocol.http")
 
 AWAY = "mp_away"  # a lane greenlet's attribute: CPU seconds the thread spent elsewhere while it waited
 
@@ -145,18 +148,21 @@ class GreenLanes(EngineLanes):
         finally:
             lanes, self._switch_now = self._switch_now, None
         for lane in lanes:
-            lane.switch()
+            try:
+                lane.switch()
+            except Exception:  # a lane that died of a bug: the others still run what they were given
+                log.exception("an engine lane ended with an error")
 
     def _wake(self, lane: Any) -> None:
         loop = self._loop
         if loop is None:
             return  # no lane runs yet: the first ones find the item when they start
-        if self._switch_now is not None:
-            self._switch_now.append(lane)
-            return
         try:
             if threading.get_ident() == self._loop_thread:
-                loop.call_soon(lane.switch)
+                if self._switch_now is not None:  # _flush is queueing: it runs the lane once it has
+                    self._switch_now.append(lane)
+                else:
+                    loop.call_soon(lane.switch)
             else:
                 loop.call_soon_threadsafe(lane.switch)
         except RuntimeError:
