@@ -308,8 +308,9 @@ def run_threads(targets: list[Callable[[], None]], seconds: float) -> list[str]:
 SERVERS_1, THREADS_PER_SERVER, PUBLISHES_PER_THREAD = 3, 4, 50
 
 
-def test_seqs_stay_dense_and_unique_under_concurrent_publishes_through_three_servers(tmp_path, pg_url):
-    with servers(tmp_path, pg_url, SERVERS_1) as nodes:
+@pytest.mark.parametrize("lanes", ["threads", "green"])  # --db-lanes: engine calls on threads or greenlets
+def test_seqs_stay_dense_and_unique_under_concurrent_publishes_through_three_servers(tmp_path, pg_url, lanes):
+    with servers(tmp_path, pg_url, SERVERS_1, "--db-lanes", lanes) as nodes:
         a, b, c = nodes
         owner = create_monitor(a.api, "dense")
         sub_id, reader = subscribe(b.api, "dense", owner, "agent:auditor")
@@ -466,8 +467,9 @@ def test_two_servers_racing_a_lease_claim_have_exactly_one_winner(tmp_path, pg_u
 WAKE_WAIT = 30
 
 
-def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(tmp_path, pg_url):
-    with servers(tmp_path, pg_url, 2) as nodes:
+@pytest.mark.parametrize("lanes", ["threads", "green"])  # --db-lanes: engine calls on threads or greenlets
+def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(tmp_path, pg_url, lanes):
+    with servers(tmp_path, pg_url, 2, "--db-lanes", lanes) as nodes:
         a, b = nodes
         owner = create_monitor(a.api, "wake")
         sub_id, reader = subscribe(a.api, "wake", owner, "agent:waiter", filter={"types": [TYPE]})
@@ -805,8 +807,9 @@ def test_sweeps_run_on_exactly_one_server_and_another_takes_over_when_it_dies(tm
 PUBLISHERS_6, KEYS_PER_PUBLISHER, KILL_AFTER = 6, 40, 80
 
 
-def test_kill9_of_one_server_under_load_loses_nothing_and_retries_elsewhere_finish(tmp_path, pg_url):
-    with servers(tmp_path, pg_url, 3) as nodes:
+@pytest.mark.parametrize("lanes", ["threads", "green"])  # --db-lanes: engine calls on threads or greenlets
+def test_kill9_of_one_server_under_load_loses_nothing_and_retries_elsewhere_finish(tmp_path, pg_url, lanes):
+    with servers(tmp_path, pg_url, 3, "--db-lanes", lanes) as nodes:
         victim = nodes[2]
         owner = create_monitor(nodes[0].api, "load")
         auditor = subscribe(nodes[1].api, "load", owner, "agent:auditor")

@@ -150,8 +150,8 @@ def test_db_lanes_comes_from_a_flag_or_the_environment_and_a_wrong_word_is_named
     assert cfg.db_lanes == "threads" and sources["db_lanes"] == "MP_DB_LANES"
     cfg, _ = serve_config.resolve_settings(parse("--db-lanes", "green"), {})
     assert cfg.db_lanes == "green"
-    assert serve._db_lanes("threads") == "threads"
-    assert serve._db_lanes(None) == "green"  # greenlet is installed with the test extra
+    assert serve._db_lanes("threads") == "threads" and serve._db_lanes(None) == "threads"  # the default
+    assert serve._db_lanes("green") == "green"  # greenlet is installed with the test extra
     with pytest.raises(serve_config.ConfigError, match="expected one of green, threads"):
         serve_config.resolve_settings(parse(), {"MP_DB_LANES": "fibers"})
 
