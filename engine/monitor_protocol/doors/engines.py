@@ -424,6 +424,10 @@ class EngineLanes(_CallbackSeat):
                 thread.join()
         # A job a lane put back behind the stop sentinels (a key's jobs handed back, see _run) ran on no lane:
         # its caller hears that the engine stopped rather than waiting for ever.
+        self._answer_queued()
+
+    def _answer_queued(self) -> None:
+        """Tell the caller of every job still queued that the engine stopped (the queue is left empty)."""
         stopped = RuntimeError("the engine has stopped")
         while True:
             try:

@@ -21,16 +21,14 @@ greenlet is a C extension (the `postgres` extra installs it); without it `mp ser
 
 from __future__ import annotations
 
-import collections
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.core.lanes import WAIT_ATTRIBUTE, LaneLocal
-from monitor_protocol.doors.engines import EngineLanes, answer_failed, deliver_all, thread_cpu
-from monitor_protocol.doors.lane_queue import NO_ITEM
+from monitor_protocol.doors.engines import EngineLanes, deliver_all, thread_cpu
+from monitor_protocol.doors.lane_queue import LastIdleFirst
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -45,49 +43,25 @@ def available() -> bool:
     return True
 
 
-class GreenQueue:
+class GreenQueue(LastIdleFirst):
     """LastIdleFirst (doors/lane_queue.py) for lanes that are greenlets: a waiting lane gives the thread back
-    to the loop, and the put that chooses it (the lane that went idle last) schedules its return on the loop.
+    to the loop, and the put that chooses it (the lane that went idle last) has the loop switch back to it.
     ``put`` may come from any thread (a LISTEN connection's heard append, run_sync)."""
 
     def __init__(self, wake: Callable[[Any], None]) -> None:
-        self._items: collections.deque[Any] = collections.deque()
-        self._lock = threading.Lock()  # against puts from other threads; never held across a switch
-        self._idle: list[Any] = []  # the waiting lanes, the last to wait at the end
-        self._wake = wake
+        super().__init__()
+        self._wake_lane = wake
 
-    def put(self, item: Any) -> None:
-        with self._lock:
-            self._items.append(item)
-            lane = self._idle.pop() if self._idle else None
-        if lane is not None:
-            self._wake(lane)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get_nowait(self) -> Any:
-        with self._lock:
-            if self._items:
-                return self._items.popleft()
-        raise queue.Empty
-
-    def get(self, on_idle: Callable[[], None] | None = None) -> Any:
-        """The next item; while there is none, the loop runs. Only from a lane greenlet."""
+    def _waiter(self) -> Any:
         import greenlet
 
-        me = greenlet.getcurrent()
-        while True:
-            with self._lock:
-                item = self._items.popleft() if self._items else NO_ITEM
-                if item is NO_ITEM:
-                    self._idle.append(me)
-            if on_idle is not None:
-                on_idle()
-                on_idle = None
-            if item is not NO_ITEM:
-                return item
-            me.parent.switch()  # back when a put chose this lane (another may have taken the item first)
+        return greenlet.getcurrent()
+
+    def _wake(self, waiter: Any) -> None:
+        self._wake_lane(waiter)  # scheduled, never a switch: this runs under the queue's lock
+
+    def _sleep(self, waiter: Any) -> None:
+        waiter.parent.switch()
 
 
 class GreenLanes(EngineLanes):
@@ -205,13 +179,6 @@ class GreenLanes(EngineLanes):
             if self._stopped:
                 return
             self._stopped = True
-            stopped = RuntimeError("the engine has stopped")
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    answer_failed(item if isinstance(item, list) else [item], stopped)
+            self._answer_queued()
             for _ in self._lanes:
                 self._queue.put(None)

@@ -21,13 +21,26 @@ class LastIdleFirst:
     def __init__(self) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._lock = threading.Lock()
-        self._idle: list[threading.Lock] = []  # each waiting lane's lock, held; the last to wait at the end
+        self._idle: list[Any] = []  # each waiting lane's waiter (_waiter); the last to wait at the end
+
+    # How a lane waits (a thread here: a lock it holds, released by the put that chooses it; greenlets in
+    # doors/green_lanes.py). `_wake` runs under the queue's lock.
+    def _waiter(self) -> Any:
+        waiter = threading.Lock()
+        waiter.acquire()
+        return waiter
+
+    def _wake(self, waiter: Any) -> None:
+        waiter.release()
+
+    def _sleep(self, waiter: Any) -> None:
+        waiter.acquire()
 
     def put(self, item: Any) -> None:
         with self._lock:
             self._items.append(item)
             if self._idle:
-                self._idle.pop().release()
+                self._wake(self._idle.pop())
 
     def __len__(self) -> int:
         return len(self._items)
@@ -41,8 +54,7 @@ class LastIdleFirst:
     def get(self, on_idle: Callable[[], None] | None = None) -> Any:
         """The next item, waiting for one. `on_idle` runs once, after this lane is registered as waiting (or
         has its item), and before it sleeps."""
-        waiter = threading.Lock()
-        waiter.acquire()
+        waiter = self._waiter()
         while True:
             with self._lock:
                 item = self._items.popleft() if self._items else NO_ITEM
@@ -53,4 +65,6 @@ class LastIdleFirst:
                 on_idle = None
             if item is not NO_ITEM:
                 return item
-            waiter.acquire()  # released by the put that chose this lane (another lane may take its item first)
+            self._sleep(
+                waiter
+            )  # woken by the put that chose this lane (another lane may take its item first)
