@@ -1,4 +1,4 @@
-"""GreenLanes (doors/green_lanes.py), mp serve's default engine seat on PostgreSQL: EngineLanes whose lanes are
+"""GreenLanes (doors/green_lanes.py), mp serve's engine seat on PostgreSQL with --db-lanes green: EngineLanes whose lanes are
 greenlets on the event loop's thread. A call waiting on the database gives the thread back to the loop, so it
 holds up neither the loop nor a call on another lane; each lane keeps its own connection; a call that runs
 alone waits for the running ones; stopping answers what is still queued."""
@@ -188,3 +188,57 @@ def test_lane_local_keeps_apart_greenlets_and_threads():
     worker.join()
     assert seen == {"greenlet before": None, "greenlet after": "greenlet", "thread": None}
     assert local.value == "main"  # positive control: what this lane set is still its own
+
+
+FRESH_PROCESS = """
+import sys, threading
+from monitor_protocol.cli.serve import _db_lanes
+from monitor_protocol.core.lanes import LaneLocal, lane_local
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.store.memory import MemoryStore
+import monitor_protocol.store.postgres  # noqa: F401 - opening it must not import greenlet either
+
+seen = {"threads lanes": _db_lanes("threads"), "greenlet imported": "greenlet" in sys.modules}
+before = lane_local()
+service = MonitorService(MemoryStore())
+before.value = "this thread's"
+seen["before is threading.local"] = type(before) is threading.local
+seen["green lanes"] = _db_lanes("green")  # imports greenlet, as mp serve does before opening the store
+import greenlet
+from monitor_protocol.doors.green_lanes import GreenLanes
+
+seen["after is LaneLocal"] = isinstance(lane_local(), LaneLocal)
+seen["before keeps its key"] = before.value
+seen["in a greenlet, before"] = greenlet.greenlet(lambda: getattr(before, "value", None)).switch()
+try:
+    GreenLanes(MemoryStore(), service, lanes=1)
+except RuntimeError as exc:
+    seen["refused"] = str(exc)
+GreenLanes(MemoryStore(), MonitorService(MemoryStore()), lanes=1)  # control: made after the import
+seen["control made"] = True
+print(repr(seen))
+"""
+
+
+def test_lane_locals_are_decided_when_made_and_green_lanes_refuse_state_made_per_thread():
+    """Thread lanes never import greenlet and keep threading.local (a key that cannot change under a session);
+    green lanes import it before the store and the service are made, and refuse a service made before."""
+    import ast
+    import subprocess
+    import sys
+
+    from serverutil import mp_env
+
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS], env=mp_env(), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    seen = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert seen["threads lanes"] == "threads" and seen["greenlet imported"] is False
+    assert seen["before is threading.local"] and seen["green lanes"] == "green"
+    assert seen["after is LaneLocal"] and seen["before keeps its key"] == "this thread's"
+    assert (
+        seen["in a greenlet, before"] == "this thread's"
+    )  # per thread: the greenlets of one thread share it
+    assert "MonitorService was made before greenlet was imported" in seen["refused"]
+    assert seen["control made"] is True

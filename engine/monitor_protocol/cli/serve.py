@@ -420,6 +420,9 @@ def run(name: str, args: argparse.Namespace) -> int:
     token_file = None
     listened = False  # whether it ever served: "stopped" after a refused port would suggest it had
     try:
+        # Chosen before the store opens: green lanes import greenlet first, so that what the store and the
+        # service keep per lane is kept per greenlet (core/lanes.py); thread lanes never import it.
+        lanes = _db_lanes(cfg.db_lanes) if shared else None
         try:
             store = open_postgres(db) if shared else SQLiteStore(db)
         except StoreLocked as exc:
@@ -474,7 +477,6 @@ def run(name: str, args: argparse.Namespace) -> int:
         # The engine's seat: on the loop for a store of its own (SQLite: every call bounded and local), on
         # threads of their own, each with its own connection, for a shared store whose calls wait on the
         # network (PostgreSQL): a call waiting on the database holds up no other.
-        lanes = _db_lanes(cfg.db_lanes) if shared else None
         if lanes == "green":
             from monitor_protocol.doors.green_lanes import GreenLanes
 

@@ -1,8 +1,10 @@
 """What an engine call keeps to itself while other calls run beside it, on other threads or, with green
 lanes (doors/green_lanes.py), on other greenlets of the event loop's own thread.
 
-Standard library only: greenlet is looked up in ``sys.modules`` (imported by whoever runs green lanes, and by
-the PostgreSQL store when it opens, so that a thread's key never changes under a session it holds).
+Standard library only: greenlet is looked up in ``sys.modules``. Whoever runs green lanes imports it before
+the store and the service are made (``mp serve --db-lanes green`` does): ``lane_local()`` decides once, when
+it is called, whether its attributes are per thread or per greenlet, so a lane's key never changes under a
+session it holds, and thread lanes keep ``threading.local``'s speed (0.05 µs an access, against 0.65).
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ class LaneLocal:
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._space()[name] = value
+
+
+def lane_local() -> Any:
+    """Attributes of each engine lane's own: a ``threading.local`` when greenlet is not imported (thread lanes),
+    a ``LaneLocal`` (per greenlet too) when it is."""
+    return threading.local() if sys.modules.get("greenlet") is None else LaneLocal()
+
+
+def per_greenlet(*locals_: Any) -> bool:
+    """Whether every one of these lane locals keeps greenlets apart (green lanes need it of every one)."""
+    return all(isinstance(local, LaneLocal) for local in locals_)
 
 
 def lane_wait() -> Callable[[int, bool], None] | None:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
-from monitor_protocol.core.lanes import LaneLocal
+from monitor_protocol.core.lanes import lane_local
 from monitor_protocol.core.records import Monitor, Subscription, copier
 from monitor_protocol.core.store_contract import StaleRead, StorageError, Store
 from monitor_protocol.core.tx import ExclusiveNeeded, Tx
@@ -118,7 +118,7 @@ class ServiceCore(ABC):
         self._memo_group: int | None = None
         # Appends of calls run inside a shared store's group commit (PostgresStore.batch), per engine lane:
         # told to the listeners once the group has committed (release_appends), or dropped with it.
-        self._held_appends = LaneLocal()
+        self._held_appends = lane_local()
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -177,6 +177,10 @@ class ServiceCore(ABC):
         if deferred is not None:
             raise deferred
         return result
+
+    def lane_locals(self) -> list[Any]:
+        """What this service keeps per engine lane (core/lanes.py; green lanes check it is per greenlet)."""
+        return [self._held_appends]
 
     def release_appends(self) -> None:
         """The group commit this thread ran has committed: tell the listeners what its calls appended."""

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from monitor_protocol.core.lanes import WAIT_ATTRIBUTE, LaneLocal
+from monitor_protocol.core.lanes import WAIT_ATTRIBUTE, LaneLocal, per_greenlet
 from monitor_protocol.doors.engines import EngineLanes, deliver_all, thread_cpu
 from monitor_protocol.doors.lane_queue import LastIdleFirst
 
@@ -36,6 +36,8 @@ AWAY = "mp_away"  # a lane greenlet's attribute: CPU seconds the thread spent el
 
 
 def available() -> bool:
+    """Whether greenlet is installed; it is imported here, so call this before the store and the service are
+    made (their per-lane state is then per greenlet, core/lanes.py)."""
     try:
         import greenlet  # noqa: F401
     except ImportError:
@@ -71,6 +73,12 @@ class GreenLanes(EngineLanes):
     def __init__(self, store: Any, service: Any = None, lanes: int = 4, max_group: int = 32) -> None:
         import greenlet
 
+        for holder in (store, service):
+            if not per_greenlet(*getattr(holder, "lane_locals", list)()):
+                raise RuntimeError(
+                    f"{type(holder).__name__} was made before greenlet was imported: its lanes' state is per "
+                    "thread, and green lanes share one thread (import greenlet before opening the store)"
+                )
         self._greenlet = greenlet
         self._lanes: list[Any] = []
         self._loop_thread: int | None = None

@@ -51,7 +51,7 @@ from typing import Any
 
 from monitor_protocol import __version__
 from monitor_protocol.core import wire
-from monitor_protocol.core.lanes import LaneLocal
+from monitor_protocol.core.lanes import lane_local
 from monitor_protocol.core.records import (
     Lease,
     Monitor,
@@ -240,11 +240,9 @@ class PostgresStore(Store):
         self.stats = StoreStats()
         self._stats_lock = threading.Lock()
         self.instance = secrets.token_hex(8)  # this server's name in its own notifications
-        # One session per engine lane: a thread, or a greenlet of the event loop's thread (green lanes). greenlet
-        # is imported first, when installed, so that a thread's key does not change under a session it holds.
-        with contextlib.suppress(ImportError):
-            import greenlet  # noqa: F401
-        self._local = LaneLocal()
+        # One session per engine lane: a thread, or a greenlet of the event loop's thread (green lanes, which
+        # import greenlet before the store opens: core/lanes.py).
+        self._local = lane_local()
         self._sessions: list[Session] = []
         self._sessions_lock = threading.Lock()
         # Shared by the threads: records decoded from rows (used again while a row's text is the same) and
@@ -339,6 +337,10 @@ class PostgresStore(Store):
 
     def _rows(self, sql: str, params: Any = (), *, prepare: bool = True) -> list[Row]:
         return self._run([(sql, params)], prepare=prepare)[0]
+
+    def lane_locals(self) -> list[Any]:
+        """What this store keeps per engine lane: its sessions (core/lanes.py; green lanes check them)."""
+        return [self._local]
 
     def close(self) -> None:
         self._peers.stop.set()
