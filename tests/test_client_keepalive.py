@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,11 +53,11 @@ class CountingForwarder:
 
 
 def _pipe(src: socket.socket, dst: socket.socket, on_eof: Callable[[], None] | None = None) -> None:
+    ended = False
     try:
         while data := src.recv(65536):
             dst.sendall(data)
-        if on_eof is not None:
-            on_eof()
+        ended = True
     except OSError:
         pass
     finally:
@@ -65,6 +66,8 @@ def _pipe(src: socket.socket, dst: socket.socket, on_eof: Callable[[], None] | N
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+    if ended and on_eof is not None:  # counted once the client's side is shut too: a test then sees it closed
+        on_eof()
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +215,25 @@ def test_the_async_client_reuses_connections_and_replaces_a_closed_one(forwarder
             done = await asyncio.gather(*(c.publish("areuse", TYPE, token=owner) for _ in range(16)))
             assert len({d.seq for d in done}) == 16
             assert forwarder.accepted <= 2 + 16
+
+    asyncio.run(main())
+
+
+def test_the_async_client_sees_a_close_its_loop_has_not_read_yet(forwarder: CountingForwarder) -> None:
+    """A caller that has not yielded to the loop since the server closed an idle connection: the loop has not
+    read the close, and the pool must not send the next request into it (the socket itself is asked)."""
+
+    async def main() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{forwarder.port}") as c:
+            owner = (await c.create_monitor("aunread", types=[TYPE])).owner_token
+            assert (await c.publish("aunread", TYPE, token=owner)).seq > 0
+            assert forwarder.accepted == 1
+            deadline = time.monotonic() + 15
+            while forwarder.ended < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)  # blocking on purpose: the loop does not run, so it cannot read the close
+            assert forwarder.ended == 1, "the server's keep-alive (1 s) did not close the idle connection"
+            assert (await c.publish("aunread", TYPE, token=owner)).seq > 0
+            assert forwarder.accepted == 2  # control: the request went on a new connection
 
     asyncio.run(main())
 

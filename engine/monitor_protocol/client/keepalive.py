@@ -24,6 +24,7 @@ import socket
 import ssl
 import threading
 import urllib.request
+from typing import Any
 from urllib.parse import urlsplit
 
 from monitor_protocol.client.httpreply import Reply, SendFailed
@@ -226,16 +227,7 @@ class _Conn:
         return Reply(head.status, content, head.headers), head.keep_alive and not self.buf
 
     def usable(self) -> bool:
-        """An idle keep-alive connection is usable when the server has sent nothing on it: a readable
-        socket means it was closed (EOF) or carries bytes nobody asked for."""
-        try:  # poll, not select: select cannot watch a descriptor above 1023
-            poller = self.poller
-            if poller is None:
-                poller = self.poller = select.poll()
-                poller.register(self.sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
-            return not poller.poll(0)
-        except (OSError, ValueError):
-            return False
+        return _silent(self, self.sock)
 
     def close(self) -> None:
         try:
@@ -318,6 +310,19 @@ class Pool:
             conn.close()
 
 
+def _silent(conn: Any, sock: Any) -> bool:
+    """Whether the server has sent nothing on an idle keep-alive connection: a readable socket means it was
+    closed (EOF) or carries bytes nobody asked for. ``conn.poller`` keeps the connection's poll object."""
+    try:  # poll, not select: select cannot watch a descriptor above 1023
+        poller = conn.poller
+        if poller is None:
+            poller = conn.poller = select.poll()
+            poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.timeout | TimeoutError):
         return f"{type(exc).__name__}: the server did not answer in time"
@@ -341,6 +346,7 @@ class _AsyncConnection(asyncio.Protocol):
         self.parts: list[bytes] = []  # a chunked body's chunks so far
         self.size: int | None = None  # the chunk being read (None: its size line comes next; -1: trailers)
         self.waiter: asyncio.Future[tuple[Reply, bool]] | None = None
+        self.poller: select.poll | None = None  # `_silent`'s
 
     # -- asyncio's callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -365,7 +371,12 @@ class _AsyncConnection(asyncio.Protocol):
     # -- a request
     def usable(self) -> bool:
         transport = self.transport
-        return not self.eof and not self.buf and transport is not None and not transport.is_closing()
+        if self.eof or self.buf or transport is None or transport.is_closing():
+            return False
+        # A close the server sent while the connection was idle is read by the loop only when it next polls (a
+        # caller that has not yielded since would send into it): the socket itself says.
+        sock = transport.get_extra_info("socket")
+        return sock is None or _silent(self, sock.fileno())
 
     async def exchange(self, data: bytes, method: str, timeout: float) -> tuple[Reply, bool]:
         transport = self.transport
