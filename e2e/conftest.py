@@ -232,6 +232,16 @@ def pick_monitor(page, monitor: str, timeout: int = 60_000) -> None:
     wait_picked(page, monitor, timeout)
 
 
+def choose_file(page, selector: str, path: str, timeout: int = 60_000) -> None:
+    """Set a file input and wait for the page's change handler, an action the counter counts, to finish: an
+    action started next then waits on the counter for itself, not for this one. The input is emptied first
+    (no event): the same file chosen again would fire no change."""
+    page.eval_on_selector(selector, "e => { e.value = '' }")
+    before = page.evaluate("MP.actionsDone + MP.actionsFailed")
+    page.set_input_files(selector, path)
+    page.wait_for_function(f"MP.actionsDone + MP.actionsFailed > {before}", timeout=timeout)
+
+
 def wait_picked(page, monitor: str, timeout: int = 60_000) -> None:
     page.wait_for_function(
         "m => MP.picked === m && (document.querySelector('#log-head')?.textContent || '').startsWith(m + ' ·')",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, choose_file
 
 sys.path.insert(0, str(ROOT / "tests"))
 from enginekit import Harness  # noqa: E402
@@ -82,7 +82,7 @@ def test_an_edited_export_that_launders_claims_is_refused_line_by_line(any_brows
     deep = "[" * 100_000 + "]" * 100_000  # nested past any parser: in Pyodide it would take the page down
     file.write_text(importing.to_jsonl([*edited, big]) + deep + "\n")
 
-    page.set_input_files("#share-file", str(file))
+    choose_file(page, "#share-file", str(file))
     finished(page, start(page, "#btn-share-import"))
     answer = page.locator("#share-answer")
     assert answer.get_attribute("data-code") == "INVALID", answer.inner_text()
@@ -105,7 +105,7 @@ def test_an_edited_export_that_launders_claims_is_refused_line_by_line(any_brows
 
     # The positive control: the same log, unedited, imports (and the page is still whole).
     file.write_text(importing.to_jsonl(rows))
-    page.set_input_files("#share-file", str(file))
+    choose_file(page, "#share-file", str(file))
     finished(page, start(page, "#btn-share-import"))
     assert answer.get_attribute("data-status") == "201", answer.inner_text()
     assert monitors(page) == ["ci-import"]
@@ -132,7 +132,7 @@ def big_file(tmp_path):
 def test_an_8_mib_import_shows_progress_takes_clicks_and_cancels(any_browser, tmp_path):
     path, lines = big_file(tmp_path)
     page = open_playground(any_browser)
-    page.set_input_files("#share-file", str(path))
+    choose_file(page, "#share-file", str(path))
     # The page's CPU slowed 4x while it checks, until Cancel is pressed: the check then outlasts the clicks
     # below on any machine (CI once saw it end first, the cancel then finding nothing to cancel).
     slow = page.context.new_cdp_session(page)
@@ -161,7 +161,7 @@ def test_an_8_mib_import_shows_progress_takes_clicks_and_cancels(any_browser, tm
     assert monitors(page) == []
 
     # Again, to the end: written whole, in one transaction.
-    page.set_input_files("#share-file", str(path))
+    choose_file(page, "#share-file", str(path))
     finished(page, start(page, "#btn-share-import"), BIG_MS)
     assert answer.get_attribute("data-status") == "201", answer.inner_text()
     assert monitors(page) == ["big-import"]

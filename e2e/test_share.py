@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from conftest import Browser, axe_violations, format_violations, horizontal_overflow
+from conftest import Browser, axe_violations, choose_file, format_violations, horizontal_overflow
 from monitor_protocol.core import schemas
 
 BOOT_MS = 120_000
@@ -86,7 +86,7 @@ def test_export_then_import_makes_the_same_log(browser, tmp_path):
     for r in rows:
         assert OBSERVATION.is_valid(r), next(OBSERVATION.iter_errors(r)).message
     page.click("#share-import-box summary")
-    page.set_input_files("#share-file", str(tmp_path / name))
+    choose_file(page, "#share-file", str(tmp_path / name))
     act(page, "#btn-share-import")
     answer = page.locator("#share-answer")
     assert answer.get_attribute("data-status") == "201", answer.inner_text()
