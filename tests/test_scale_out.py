@@ -187,6 +187,23 @@ def metric(node: Node, name: str) -> float:
     return float(found.group(1)) if found else float("nan")
 
 
+def link(nodes: list[Node]) -> str:
+    """Each server's link to the others as its /metrics says (LISTEN up, LISTENs made, appends heard,
+    leader), for a failure message."""
+    lines = []
+    for n in nodes:
+        try:
+            text = httpx.get(n.base + "/metrics", timeout=TIMEOUT).text
+        except httpx.HTTPError as exc:
+            lines.append(f"{n.name}: /metrics failed: {exc!r}")
+            continue
+        found = re.findall(
+            r"^(mp_store_(?:listening|listen_connects_total|appends_heard_total|leader)) (\S+)$", text, re.M
+        )
+        lines.append(f"{n.name}: " + ", ".join(f"{k} {v}" for k, v in found))
+    return "\n--- the servers' links: " + "; ".join(lines)
+
+
 def body_of(text: str) -> dict[str, Any]:
     """A reply's JSON object, or {} when it is not one (a plain-text 500 must fail the test readably)."""
     try:
@@ -474,6 +491,7 @@ def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(
         owner = create_monitor(a.api, "wake")
         sub_id, reader = subscribe(a.api, "wake", owner, "agent:waiter", filter={"types": [TYPE]})
 
+        heard_before = (metric(a, "mp_store_appends_heard_total"), metric(b, "mp_store_appends_heard_total"))
         # Long poll parked on A, publish through B.
         for round_no in range(3):
             w = long_poll_round(a, b, "wake", owner, (sub_id, reader), f"wake-{round_no}", wait=WAKE_WAIT)
@@ -487,6 +505,12 @@ def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(
                 f"sent, its whole wait of {w.wait} s: its deadline answered it, B's publish never woke it"
                 f"{logs(nodes)}"
             )
+        # The link as /metrics shows it: A heard B's three appends; B did not count its own as heard.
+        assert [metric(n, "mp_store_listening") for n in nodes] == [1, 1], link(nodes)
+        assert [metric(n, "mp_store_listen_connects_total") for n in nodes] == [1, 1], link(nodes)
+        assert metric(a, "mp_store_appends_heard_total") - heard_before[0] >= 3, link(nodes)
+        assert metric(b, "mp_store_appends_heard_total") == heard_before[1], link(nodes)
+        assert sorted(metric(n, "mp_store_leader") for n in nodes) == [0, 1], link(nodes)
 
         # An SSE stream on A, publishes through B.
         events: queue.Queue[tuple[float, str, dict[str, str]]] = queue.Queue()
@@ -1074,12 +1098,24 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
                             detail=lambda: logs(nodes),
                         )
                         before = len(confirmed)
+                        listens = [metric(n, "mp_store_listen_connects_total") for n in nodes]
                         cluster.stop_server(mode)
                         stopped = time.monotonic()
                         time.sleep(seconds)  # the point: PostgreSQL stays away this long
                         cluster.start_server()
                         down.append((stopped, time.monotonic()))
                         assert before > 0, "nothing was confirmed before the outage"
+                        # Each server LISTENs again by itself (other servers' appends wake its readers again).
+                        eventually(
+                            lambda listens=listens: all(
+                                metric(n, "mp_store_listening") == 1
+                                and metric(n, "mp_store_listen_connects_total") > made
+                                for n, made in zip(nodes, listens, strict=True)
+                            ),
+                            timeout=60,
+                            what=f"both servers LISTEN again after the {mode} restart",
+                            detail=lambda: f"{link(nodes)}{logs(nodes)}",
+                        )
                     # Both servers reconnect by themselves: each confirms publishes after the last restart.
                     eventually(
                         lambda: serving_since(down[-1][1]),
@@ -1167,7 +1203,7 @@ def test_postgres_restart_under_load_is_503_with_retry_after_then_reconnects_and
                 timeout=90,
                 interval=0,
                 what="a long poll on A woken by a publish through B again (before its wait of 10 s ran out)",
-                detail=lambda: logs(nodes),
+                detail=lambda: f"{rounds[-3:]}{link(nodes)}{logs(nodes)}",
             )
             print(
                 f"{len(confirmed)} publishes confirmed ({len(idempotent)} of them 200 idempotent: a retry after a "

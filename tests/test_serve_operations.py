@@ -444,6 +444,8 @@ def test_metrics_count_what_the_server_does(tmp_path):
     assert 0 < metric(text, "mp_engine_cpu_seconds_total") < 60
     backlog = metric(text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
     assert backlog < metric(before.text, "mp_subscription_backlog", monitor="metered", subscription=sub_id)
+    # A store of its own has no other servers to hear: the link's metrics are PostgreSQL's (tests/test_scale_out.py).
+    assert "mp_store_listening" not in text and "mp_store_leader" not in text
     # Ids never become route labels: the label set stays bounded.
     assert "metered" not in "".join(line for line in text.splitlines() if line.startswith("mp_http_requests"))
     # What startup made is kept out of the collector's walks, and the collector's pauses are counted per

@@ -786,6 +786,18 @@ class PostgresStore(Store):
         return [PublishKey(monitor_id, r[0].decode(), int(r[1]), float(r[2])) for r in rows]
 
     # --- between servers: appends heard, one leader, readers' counts ------------------------------
+    def link_stats(self) -> dict[str, int]:
+        """How this server is linked to the others, for /metrics: its LISTEN connection up (1) or not, the
+        LISTENs made (the first, then one per reconnection), other servers' appends heard, and whether it
+        holds the leader lock."""
+        peers = self._peers
+        return {
+            "listening": int(peers.listening),
+            "listen_connects": peers.listen_connects,
+            "heard": peers.heard,
+            "leader": int(peers.leader),
+        }
+
     def leading(self) -> bool:
         """Whether this server holds the leader lock (sweeps and push run here)."""
         return self._peers.leader

@@ -29,6 +29,10 @@ LEADER_POLL_SECONDS = 1.0
 KEEPALIVE_IDLE_SECONDS, KEEPALIVE_INTERVAL_SECONDS, KEEPALIVE_COUNT = 5, 2, 3
 TCP_USER_TIMEOUT_MS = 15_000  # unacknowledged data for this long: the connection is dead
 LISTEN_PING_SECONDS = 5.0
+# While the database is away, one connection attempt per this, per connection (the engine's sessions, LISTEN):
+# an attempt is cheap for the database, and a LISTEN not made again is a server whose readers other servers'
+# appends do not wake (re-checked at the reconnection, so late, never lost).
+RECONNECT_SECONDS = 0.5
 COUNTS_FLUSH_SECONDS = 1.0  # how late a monitor's delivered count and last pull may be stored
 
 _PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:/@]*:([^@/]*)@")
@@ -227,6 +231,10 @@ class Peers:
         self.leader = False
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
+        # What /metrics says of the link (read from other threads: each a plain value, written by one thread).
+        self.listening = False  # the LISTEN connection is up
+        self.listen_connects = 0  # LISTENs made: the first, then one per reconnection
+        self.heard = 0  # other servers' appends heard
 
     def start_leader_election(self, poll_seconds: float = LEADER_POLL_SECONDS) -> None:
         thread = threading.Thread(target=self._lead, args=(poll_seconds,), name="mp-pg-leader", daemon=True)
@@ -276,14 +284,22 @@ class Peers:
     def _listen(self, on_append: Callable[[str, int], None], on_reconnect: Callable[[], None]) -> None:
         import select
 
-        delay = 0.1
         mine = self.instance.encode() + b"\t"
+        lost_at: float | None = None  # when the connection was lost (or first refused), while it stays lost
         while not self.stop.is_set():
             conn: Any = None
             try:
                 conn = self._open()
                 conn.execute(f"LISTEN {CHANNEL}")
-                delay = 0.1
+                self.listening = True
+                self.listen_connects += 1
+                if lost_at is not None:
+                    log.info(
+                        "LISTEN %s again after %.1f s away; every parked reader re-checks",
+                        CHANNEL,
+                        time.monotonic() - lost_at,
+                    )
+                    lost_at = None
                 on_reconnect()
                 # libpq's own calls from here: every append of every server (this one's too) arrives here,
                 # and psycopg's notifies() costs several times what reading them costs.
@@ -297,6 +313,7 @@ class Peers:
                         return  # this server's own append: its readers heard it at the commit
                     head, _, monitor_id = payload.partition(b"\t")[2].partition(b"\t")
                     if head.isdigit():
+                        self.heard += 1
                         try:
                             on_append(monitor_id.decode(), int(head))
                         except Exception:
@@ -314,12 +331,18 @@ class Peers:
                     while (note := pg.notifies()) is not None:
                         heard(note.extra)
             except Exception as exc:  # whatever it was, keep listening: a dead listener would wake nobody
-                log.warning(
-                    "LISTEN %s: %s; reconnecting in %.1f s", CHANNEL, scrub(str(exc), self.url), delay
-                )
+                if lost_at is None:  # said once per outage, not at every attempt
+                    lost_at = time.monotonic()
+                    log.warning(
+                        "LISTEN %s: %s; trying again every %.1f s (until then other servers' appends wake "
+                        "nobody here)",
+                        CHANNEL,
+                        scrub(str(exc), self.url),
+                        RECONNECT_SECONDS,
+                    )
             finally:
+                self.listening = False
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         conn.close()
-            self.stop.wait(delay)
-            delay = min(delay * 2, 5.0)
+            self.stop.wait(RECONNECT_SECONDS)

@@ -12,7 +12,7 @@ from typing import Any
 
 from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.store_contract import GroupConflict, StaleRead, StorageError
-from monitor_protocol.store.postgres_link import connect, redacted, scrub, storage_failure
+from monitor_protocol.store.postgres_link import RECONNECT_SECONDS, connect, redacted, scrub, storage_failure
 from monitor_protocol.store.postgres_sql import LOCK_AS_READ_SQL, LOCK_MONITOR_SQL, STALE_SQLSTATE, enc
 from monitor_protocol.store.postgres_wire import Row, Wire, rows_of, sqlstate, text
 
@@ -20,7 +20,6 @@ log = logging.getLogger("monitor_protocol.store.postgres")
 
 LOCK_TIMEOUT_MS = 10_000  # a call waiting longer for a monitor's lock gets 503, retry
 STATEMENT_TIMEOUT_MS = 30_000
-RECONNECT_SECONDS = 0.5
 
 
 class Session:

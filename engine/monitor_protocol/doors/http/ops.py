@@ -163,7 +163,7 @@ class Metrics:
             if route.endswith(suffix) and m == method and 200 <= status < 300
         )
 
-    def render(self, appended: int, store: dict[str, Any] | None) -> str:
+    def render(self, appended: int, store: dict[str, Any] | None, link: dict[str, int] | None = None) -> str:
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> None:
@@ -243,6 +243,31 @@ class Metrics:
                 )
             family("mp_subscription_backlog_total", "gauge", "Backlog summed over every active subscription.")
             lines.append(f"mp_subscription_backlog_total {store['total']}")
+        if link is not None:  # a store shared by several servers (PostgreSQL)
+            family(
+                "mp_store_listening",
+                "gauge",
+                "1 while this server's LISTEN connection to the shared store is up (other servers' appends "
+                "wake its readers), else 0.",
+            )
+            lines.append(f"mp_store_listening {link['listening']}")
+            family(
+                "mp_store_listen_connects_total",
+                "counter",
+                "LISTEN connections made to the shared store: the first, then one per reconnection (after "
+                "each, every parked reader re-checks).",
+            )
+            lines.append(f"mp_store_listen_connects_total {link['listen_connects']}")
+            family(
+                "mp_store_appends_heard_total", "counter", "Other servers' appends heard on the shared store."
+            )
+            lines.append(f"mp_store_appends_heard_total {link['heard']}")
+            family(
+                "mp_store_leader",
+                "gauge",
+                "1 while this server holds the shared store's leader lock (it runs the sweeps and push delivery).",
+            )
+            lines.append(f"mp_store_leader {link['leader']}")
         family("mp_gc_pauses_total", "counter", "Garbage collections, by generation (mp serve watches them).")
         for g in range(3):
             lines.append(f'mp_gc_pauses_total{{generation="{g}"}} {GC_PAUSES.count[g]}')
@@ -343,7 +368,8 @@ async def metrics_text(app: Any) -> bytes:
             )
         except Exception as exc:  # the scrape still answers, with mp_store_up 0
             log.warning("metrics: the store summary failed: %s", exc)
-    return app.metrics.render(app.waiters.appended, summary).encode()
+    link = getattr(app.store, "link_stats", None)
+    return app.metrics.render(app.waiters.appended, summary, link() if link is not None else None).encode()
 
 
 async def answer(app: Any, request: Request, client_host: str | None) -> Response | bytes:
