@@ -240,6 +240,28 @@ def test_a_lane_waiting_to_reconnect_tries_at_once_when_another_lane_has_reconne
     other.shutdown()
 
 
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_the_next_call(pg, pg_url, closed):
+    """A lane seldom used keeps its connection through a database restart or past an idle timeout; its next
+    call finds the connection gone before it starts, connects again, and does not fail (no 503)."""
+    import select
+
+    import psycopg
+
+    service = MonitorService(pg)
+    owner = service.create_monitor({"id": "ci", "visibility": "public"}, None)["owner_token"]
+    service.publish("ci", {"type": "com.example.x", "subject": "s", "data": {}}, owner)
+    pid = pg._s.conn.pgconn.backend_pid
+    if closed:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        # The goodbye reaches the idle socket (waited for on the socket itself, not slept).
+        assert select.select([pg._s.conn.pgconn.socket], [], [], 30)[0]
+    out = service.publish("ci", {"type": "com.example.x", "subject": "s", "data": {}}, owner)
+    assert out["seq"] == 3
+    assert (pg._s.conn.pgconn.backend_pid != pid) is closed  # control: a live connection is kept
+
+
 def test_every_engine_runs_a_call_for_another_thread_and_hands_back_its_result_or_its_error():
     """run_sync, the same on the three engine seats (one wait, doors/engines._wait_for): the call's result
     comes back to the calling thread, and its exception is raised there."""

@@ -109,7 +109,12 @@ class Session:
 
     def ready(self) -> Wire:
         conn = self.conn
-        if conn is None or self.wire is None or self.wire.broken:
+        # Found before the call, not by it: a new connection now, and the call does not fail (a lane seldom
+        # used keeps its connection through an outage, or past an idle timeout, until it is used).
+        gone = conn is not None and self.wire is not None and self.wire.closed_while_idle()
+        if gone:
+            log.info("the connection to PostgreSQL was closed while idle; connecting again")
+        if conn is None or self.wire is None or gone or self.wire.broken:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     conn.close()

@@ -65,6 +65,20 @@ class Wire:
     def broken(self) -> bool:
         return self.conn.closed or self.pg.status != self.pq.ConnStatus.OK
 
+    def closed_while_idle(self) -> bool:
+        """Whether the server ended this connection while it was idle between calls (a restart, an idle
+        timeout, a terminated backend): its socket then has something to read, the goodbye and the end of
+        the stream. What is read stays in libpq's buffer (a Sync's answer sent earlier is read by the next
+        round trip); a healthy idle connection has nothing to read, and costs one poll."""
+        try:
+            for _ in range(3):  # a FATAL message, then the end of the stream
+                if not self._poll.poll(0):
+                    break
+                self.pg.consume_input()
+        except Exception:  # libpq could not read: the connection is gone
+            return True
+        return self.broken
+
     def close(self) -> None:
         self.conn.close()
 
