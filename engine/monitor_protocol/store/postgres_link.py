@@ -286,15 +286,17 @@ class Peers:
 
         mine = self.instance.encode() + b"\t"
         lost_at: float | None = None  # when the connection was lost (or first refused), while it stays lost
+        said = ""  # the reason last logged while it stays lost: logged again only when it changes
         while not self.stop.is_set():
             conn: Any = None
             try:
                 conn = self._open()
                 conn.execute(f"LISTEN {CHANNEL}")
+                self.listen_connects += 1  # counted first: a scrape that reads `listening` 1 counts it
                 self.listening = True
-                self.listen_connects += 1
                 if lost_at is not None:
-                    log.info(
+                    said = ""
+                    log.warning(
                         "LISTEN %s again after %.1f s away; every parked reader re-checks",
                         CHANNEL,
                         time.monotonic() - lost_at,
@@ -331,13 +333,16 @@ class Peers:
                     while (note := pg.notifies()) is not None:
                         heard(note.extra)
             except Exception as exc:  # whatever it was, keep listening: a dead listener would wake nobody
-                if lost_at is None:  # said once per outage, not at every attempt
+                if lost_at is None:
                     lost_at = time.monotonic()
+                reason = scrub(str(exc), self.url)
+                if reason != said:  # once per outage, and again when the reason changes, not every attempt
+                    said = reason
                     log.warning(
                         "LISTEN %s: %s; trying again every %.1f s (until then other servers' appends wake "
                         "nobody here)",
                         CHANNEL,
-                        scrub(str(exc), self.url),
+                        reason,
                         RECONNECT_SECONDS,
                     )
             finally:
