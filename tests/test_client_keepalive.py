@@ -219,20 +219,29 @@ def test_the_async_client_reuses_connections_and_replaces_a_closed_one(forwarder
     asyncio.run(main())
 
 
-def test_the_async_client_sees_a_close_its_loop_has_not_read_yet(forwarder: CountingForwarder) -> None:
+@pytest.mark.parametrize("poll", [True, False])  # False: as on Windows, where select has no poll
+def test_the_async_client_sees_a_close_its_loop_has_not_read_yet(
+    forwarder: CountingForwarder, poll: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A caller that has not yielded to the loop since the server closed an idle connection: the loop has not
     read the close, and the pool must not send the next request into it (the socket itself is asked)."""
+    if not poll:
+        import select
+
+        monkeypatch.delattr(select, "poll")
+
+    monitor = f"aunread-{'poll' if poll else 'select'}"
 
     async def main() -> None:
         async with AsyncClient(f"http://127.0.0.1:{forwarder.port}") as c:
-            owner = (await c.create_monitor("aunread", types=[TYPE])).owner_token
-            assert (await c.publish("aunread", TYPE, token=owner)).seq > 0
+            owner = (await c.create_monitor(monitor, types=[TYPE])).owner_token
+            assert (await c.publish(monitor, TYPE, token=owner)).seq > 0
             assert forwarder.accepted == 1
             deadline = time.monotonic() + 15
             while forwarder.ended < 1 and time.monotonic() < deadline:
                 time.sleep(0.05)  # blocking on purpose: the loop does not run, so it cannot read the close
             assert forwarder.ended == 1, "the server's keep-alive (1 s) did not close the idle connection"
-            assert (await c.publish("aunread", TYPE, token=owner)).seq > 0
+            assert (await c.publish(monitor, TYPE, token=owner)).seq > 0
             assert forwarder.accepted == 2  # control: the request went on a new connection
 
     asyncio.run(main())

@@ -311,10 +311,13 @@ class Pool:
 
 
 def _silent(conn: Any, sock: Any) -> bool:
-    """Whether the server has sent nothing on an idle keep-alive connection: a readable socket means it was
-    closed (EOF) or carries bytes nobody asked for. ``conn.poller`` keeps the connection's poll object."""
-    try:  # poll, not select: select cannot watch a descriptor above 1023
-        poller = conn.poller
+    """Whether the server has sent nothing on an idle keep-alive connection (``sock``: its socket or
+    descriptor): a readable socket means it was closed (EOF) or carries bytes nobody asked for.
+    ``conn.poller`` keeps the connection's poll object."""
+    try:
+        if not hasattr(select, "poll"):  # Windows: select, which takes any socket there
+            return not select.select([sock], [], [], 0)[0]
+        poller = conn.poller  # poll, not select: select cannot watch a descriptor above 1023 on POSIX
         if poller is None:
             poller = conn.poller = select.poll()
             poller.register(sock, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
