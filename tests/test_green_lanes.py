@@ -242,3 +242,40 @@ def test_lane_locals_are_decided_when_made_and_green_lanes_refuse_state_made_per
     )  # per thread: the greenlets of one thread share it
     assert "MonitorService was made before greenlet was imported" in seen["refused"]
     assert seen["control made"] is True
+
+
+OPENED_STORE = """
+import sys, threading
+from monitor_protocol.store.postgres import PostgresStore
+
+store = PostgresStore(sys.argv[1])  # as mp serve opens it for thread lanes: greenlet not imported before
+seen = {
+    "per thread": type(store.lane_locals()[0]) is threading.local,
+    "greenlet imported": "greenlet" in sys.modules,
+}
+import greenlet  # noqa: F401
+from monitor_protocol.doors.green_lanes import GreenLanes
+
+try:
+    GreenLanes(store, None, lanes=1)
+except RuntimeError as exc:
+    seen["refused"] = str(exc)
+store.close()
+print(repr(seen))
+"""
+
+
+def test_a_postgres_store_opened_for_thread_lanes_keeps_threading_local_and_green_lanes_refuse_it(pg_url):
+    import ast
+    import subprocess
+    import sys
+
+    from serverutil import mp_env
+
+    out = subprocess.run(
+        [sys.executable, "-c", OPENED_STORE, pg_url], env=mp_env(), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    seen = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert seen["per thread"] is True and seen["greenlet imported"] is False
+    assert "PostgresStore was made before greenlet was imported" in seen["refused"]

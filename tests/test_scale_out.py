@@ -188,7 +188,7 @@ def metric(node: Node, name: str) -> float:
 
 
 def link(nodes: list[Node]) -> str:
-    """Each server's link to the others as its /metrics says (LISTEN up, LISTENs made, appends heard,
+    """Each server's link to the others as its /metrics says (LISTEN up, LISTENs made, notifications heard,
     leader), for a failure message."""
     lines = []
     for n in nodes:
@@ -198,7 +198,9 @@ def link(nodes: list[Node]) -> str:
             lines.append(f"{n.name}: /metrics failed: {exc!r}")
             continue
         found = re.findall(
-            r"^(mp_store_(?:listening|listen_connects_total|appends_heard_total|leader)) (\S+)$", text, re.M
+            r"^(mp_store_(?:listening|listen_connects_total|notifications_heard_total|leader)) (\S+)$",
+            text,
+            re.M,
         )
         lines.append(f"{n.name}: " + ", ".join(f"{k} {v}" for k, v in found))
     return "\n--- the servers' links: " + "; ".join(lines)
@@ -510,7 +512,10 @@ def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(
         owner = create_monitor(a.api, "wake")
         sub_id, reader = subscribe(a.api, "wake", owner, "agent:waiter", filter={"types": [TYPE]})
 
-        heard_before = (metric(a, "mp_store_appends_heard_total"), metric(b, "mp_store_appends_heard_total"))
+        heard_before = (
+            metric(a, "mp_store_notifications_heard_total"),
+            metric(b, "mp_store_notifications_heard_total"),
+        )
         # Long poll parked on A, publish through B.
         for round_no in range(3):
             w = long_poll_round(a, b, "wake", owner, (sub_id, reader), f"wake-{round_no}", wait=WAKE_WAIT)
@@ -524,11 +529,11 @@ def test_long_poll_and_sse_on_one_server_are_woken_by_a_publish_through_another(
                 f"sent, its whole wait of {w.wait} s: its deadline answered it, B's publish never woke it"
                 f"{logs(nodes)}"
             )
-        # The link as /metrics shows it: A heard B's three appends; B did not count its own as heard.
+        # The link as /metrics shows it: A heard B's three commits; B did not count its own as heard.
         assert [metric(n, "mp_store_listening") for n in nodes] == [1, 1], link(nodes)
         assert [metric(n, "mp_store_listen_connects_total") for n in nodes] == [1, 1], link(nodes)
-        assert metric(a, "mp_store_appends_heard_total") - heard_before[0] >= 3, link(nodes)
-        assert metric(b, "mp_store_appends_heard_total") == heard_before[1], link(nodes)
+        assert metric(a, "mp_store_notifications_heard_total") - heard_before[0] >= 3, link(nodes)
+        assert metric(b, "mp_store_notifications_heard_total") == heard_before[1], link(nodes)
         assert sorted(metric(n, "mp_store_leader") for n in nodes) == [0, 1], link(nodes)
 
         # An SSE stream on A, publishes through B.

@@ -73,7 +73,7 @@ class GreenLanes(EngineLanes):
     def __init__(self, store: Any, service: Any = None, lanes: int = 4, max_group: int = 32) -> None:
         import greenlet
 
-        for holder in (store, service):
+        for holder in (store, service):  # what each keeps per lane (lane_locals(); nothing when it has none)
             if not per_greenlet(*getattr(holder, "lane_locals", list)()):
                 raise RuntimeError(
                     f"{type(holder).__name__} was made before greenlet was imported: its lanes' state is per "

@@ -259,9 +259,12 @@ class Metrics:
             )
             lines.append(f"mp_store_listen_connects_total {link['listen_connects']}")
             family(
-                "mp_store_appends_heard_total", "counter", "Other servers' appends heard on the shared store."
+                "mp_store_notifications_heard_total",
+                "counter",
+                "Notifications of other servers' appends heard on the shared store (one per commit and monitor: "
+                "a group commit of many publishes is one).",
             )
-            lines.append(f"mp_store_appends_heard_total {link['heard']}")
+            lines.append(f"mp_store_notifications_heard_total {link['heard']}")
             family(
                 "mp_store_leader",
                 "gauge",
