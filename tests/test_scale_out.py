@@ -272,18 +272,22 @@ def long_poll_round(
     What an earlier round left unread (a pull that came back without its publish) is read and acked first,
     so the pull has nothing to return at once and waits for this round's publish."""
     pull = f"{parked_on.api}/subscriptions/{sub[0]}/pull"
+
+    def ack(cursor: Any) -> None:
+        r = httpx.post(
+            f"{parked_on.api}/subscriptions/{sub[0]}/ack",
+            json={"cursor": cursor},
+            headers=bearer(sub[1]),
+            timeout=TIMEOUT,
+        )
+        assert r.status_code == 200, r.text
+
     for _ in range(100):
         left = httpx.get(pull, params={"limit": 100}, headers=bearer(sub[1]), timeout=TIMEOUT)
         assert left.status_code == 200, left.text
         if not left.json()["observations"]:
             break
-        acked = httpx.post(
-            f"{parked_on.api}/subscriptions/{sub[0]}/ack",
-            json={"cursor": left.json()["next"]},
-            headers=bearer(sub[1]),
-            timeout=TIMEOUT,
-        )
-        assert acked.status_code == 200, acked.text
+        ack(left.json()["next"])
     out: dict[str, Any] = {}
 
     def park() -> None:
@@ -305,13 +309,7 @@ def long_poll_round(
     poller.join(timeout=wait + 35)
     reply = out.get("reply")
     if reply is not None and reply.status_code == 200:
-        ack = httpx.post(
-            f"{parked_on.api}/subscriptions/{sub[0]}/ack",
-            json={"cursor": reply.json()["next"]},
-            headers=bearer(sub[1]),
-            timeout=TIMEOUT,
-        )
-        assert ack.status_code == 200, ack.text
+        ack(reply.json()["next"])
     got = (
         [int(o["id"]) for o in reply.json()["observations"]]
         if reply is not None and reply.status_code == 200
