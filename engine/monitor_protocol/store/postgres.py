@@ -788,8 +788,8 @@ class PostgresStore(Store):
     # --- between servers: appends heard, one leader, readers' counts ------------------------------
     def link_stats(self) -> dict[str, int]:
         """How this server is linked to the others, for /metrics: its LISTEN connection up (1) or not, the
-        LISTENs made (the first, then one per reconnection), other servers' appends heard, and whether it
-        holds the leader lock."""
+        LISTENs made (the first, then one per reconnection), the notifications of other servers' appends
+        heard (one per commit and monitor), and whether it holds the leader lock."""
         peers = self._peers
         return {
             "listening": int(peers.listening),

@@ -234,7 +234,7 @@ class Peers:
         # What /metrics says of the link (read from other threads: each a plain value, written by one thread).
         self.listening = False  # the LISTEN connection is up
         self.listen_connects = 0  # LISTENs made: the first, then one per reconnection
-        self.heard = 0  # other servers' appends heard
+        self.heard = 0  # notifications of other servers' appends heard (one per commit and monitor)
 
     def start_leader_election(self, poll_seconds: float = LEADER_POLL_SECONDS) -> None:
         thread = threading.Thread(target=self._lead, args=(poll_seconds,), name="mp-pg-leader", daemon=True)
