@@ -70,6 +70,10 @@ class Wire:
         timeout, a terminated backend): its socket then has something to read, the goodbye and the end of
         the stream. What is read stays in libpq's buffer (a Sync's answer sent earlier is read by the next
         round trip); a healthy idle connection has nothing to read, and costs one poll."""
+        if not self._poll.poll(0):
+            return self.broken
+        if not self._syncs_unread and not self._later:
+            return True  # the server sent something nobody asked for: its goodbye (the end may follow later)
         try:
             for _ in range(3):  # a FATAL message, then the end of the stream
                 if not self._poll.poll(0):
