@@ -18,6 +18,7 @@ from monitor_protocol.api.operations import Operation
 from monitor_protocol.core import tokens, wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.filters import LIST_KEYS
+from monitor_protocol.core.rules import publishing
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.validation import as_int
 from monitor_protocol.core.vocab import (
@@ -74,6 +75,10 @@ def route(method: str, pattern: str) -> Callable[[Handler], Handler]:
         return fn
 
     return register
+
+
+_PUBLISH_LABEL = PREFIX + operations.BY_NAME["publish"].route
+_PUBLISH_HEAD, _PUBLISH_TAIL = _PUBLISH_LABEL.split("{id}")  # /mp/v0/monitors/, /observations
 
 
 class _Routed(Exception):
@@ -134,6 +139,70 @@ class RestRouter:
             incident = uuid.uuid4().hex[:12]
             log.exception("incident %s: unexpected error handling %s %s", incident, req.method, req.path)
             resp = error_response(internal_failure(incident))
+        return self._dressed(req, resp)
+
+    def lone_publish(self, req: Request) -> publishing.Lone | None:
+        """What `handle` would hand `MonitorService.publish` for this request (monitor id, body, token,
+        Idempotency-Key header) when it is one REST publish of a JSON object that passes the request's
+        checks; None for any other request (a batch, a body that does not parse, a refused Origin), which
+        `handle` answers whole. Nothing is written or logged here."""
+        method, path = req.method.upper(), req.path
+        if method != "POST" or not path.startswith(_PUBLISH_HEAD) or not path.endswith(_PUBLISH_TAIL):
+            return None
+        path = path[len(PREFIX) :].rstrip("/") or "/"
+        for m, regex, _fn in _candidates(path):  # the route `_handle` would take, in its order
+            match = regex.match(path) if m == method else None
+            if match is not None:
+                if _LABELS[regex] != _PUBLISH_LABEL:
+                    return None
+                break
+        else:
+            return None
+        try:
+            self.check_request(req)
+            body = parse_json_body(req)
+        except ProtocolError:
+            return None
+        if not isinstance(body, dict):
+            return None
+        return match["id"], body, bearer(req), req.header("idempotency-key")
+
+    def handle_publishes(self, reqs: list[Request]) -> list[Response]:
+        """Several requests in order, each answered as `handle` answers it: each run of lone publishes among
+        them through one engine call (`MonitorService.publish_each`), any other request by itself."""
+        answers: list[Response] = []
+        run: list[tuple[Request, publishing.Lone]] = []
+        for req in reqs:
+            parts = self.lone_publish(req)
+            if parts is not None:
+                run.append((req, parts))
+                continue
+            answers += self._publish_each(run)
+            run = []
+            answers.append(self.handle(req))
+        return answers + self._publish_each(run)
+
+    def _publish_each(self, run: list[tuple[Request, publishing.Lone]]) -> list[Response]:
+        if not run:
+            return []
+        try:
+            outcomes = self.service.publish_each([parts for _req, parts in run])
+        except ProtocolError as err:  # the call failed whole (its store): each of them hears it
+            outcomes = [(False, err)] * len(run)
+        except Exception:  # a bug is not bad input: 503 naming the logged incident, never a 500 or a 400
+            incident = uuid.uuid4().hex[:12]
+            log.exception("incident %s: unexpected error handling %d publishes", incident, len(run))
+            outcomes = [(False, internal_failure(incident))] * len(run)
+        status_for = operations.BY_NAME["publish"].result.status_for
+        answers = []
+        for (req, _parts), (ok, value) in zip(run, outcomes, strict=True):
+            resp = Response(status_for(value), value) if ok else error_response(value)
+            resp.route = _PUBLISH_LABEL
+            answers.append(self._dressed(req, resp))
+        return answers
+
+    def _dressed(self, req: Request, resp: Response) -> Response:
+        """A response as every route's leaves: CORS for an allowed Origin, a parked poll's rerun dressed alike."""
         origin = req.header("origin")
         if origin and origin.rstrip("/") in self.allowed_origins:
             resp.headers.update(self._cors(origin))

@@ -55,6 +55,13 @@ class MonitorService(ServiceCore):
             lambda tx: publishing.publish_many(self, tx, monitor_id, items, token, idempotency_key)
         )
 
+    def publish_each(self, entries: list[publishing.Lone]) -> list[tuple[bool, Any]]:
+        """Lone publishes of several requests (monitor id, body, token, Idempotency-Key header each) in one
+        engine call: each judged as if it were a call of its own, each its outcome, (True, the reply
+        `publish` gives) or (False, its ProtocolError). A door that has several at once (the HTTP door's
+        group commit) spends one call's overhead on all of them."""
+        return self._call(lambda tx: publishing.publish_each(self, tx, entries))
+
     def refuse_publish(self, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
         self._call(lambda tx: publishing.refuse_publish(tx, monitor_id, token, error, raw))
 

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from monitor_protocol.core.errors import storage_unavailable
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
 from monitor_protocol.doors.lane_queue import NO_ITEM, LastIdleFirst
+from monitor_protocol.doors.merging import Merge, merged
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -284,6 +285,7 @@ class EngineLanes(_CallbackSeat):
         # group_key(fn, args) -> the monitor, or None (doors/http/app.py: a REST publish).
         self.group_key: Callable[[Callable[..., Any], tuple[Any, ...]], str | None] | None = None
         self.max_group = max_group
+        self.merge: Merge | None = None  # a group's neighbours that run as one call (see `merged`)
         # The keys a lane is running a group for, each with the jobs of that key other lanes took meanwhile
         # and handed over: the lane runs them as its next group, so one monitor's publishes gather on one
         # lane (bigger groups) instead of several lanes queueing on its lock.
@@ -505,6 +507,7 @@ class EngineLanes(_CallbackSeat):
         """One call, or a group commit of several; then their outcomes, in one hop back to the loop. Every job
         is answered once, whatever fails."""
         self._send_replies()  # the last group's (a key's groups run one after another): before this one runs
+        jobs = merged(jobs, self.merge)
         fn, args = jobs[0][0], jobs[0][1]
         alone = bool(getattr(fn, "runs_alone", False))
         try:
@@ -823,6 +826,7 @@ class LoopEngine(_CallbackSeat):
         self._stopped = False
         self.on_commit: CommitHook | None = None
         self.joiner: Joiner | None = None
+        self.merge: Merge | None = None  # a group's neighbours that run as one call (see `merged`)
 
     def submit_to(self, fn: Callable[..., Any], args: tuple[Any, ...], deliver: Deliver) -> None:
         """Queue ``fn(*args)`` for the end of this loop turn; ``deliver(ok, value)`` after its group commit."""
@@ -865,7 +869,7 @@ class LoopEngine(_CallbackSeat):
         self._flush_scheduled = False
         jobs, self._pending = self._pending, []
         while jobs:
-            group, jobs = jobs[: self.max_batch], jobs[self.max_batch :]
+            group, jobs = merged(jobs[: self.max_batch], self.merge), jobs[self.max_batch :]
             started, cpu = time.perf_counter(), thread_cpu()
             joiner, join = self.joiner, None
             if joiner is not None and self._batch is not None and joiner.wanted():

@@ -157,11 +157,50 @@ def publish(
     core: ServiceCore, tx: Tx, monitor_id: str, body: Any, token: str | None, header_key: str | None = None
 ) -> dict[str, Any]:
     rec = owner_monitor(tx, monitor_id, token)
-    obs, seq, repeated = publish_one(tx, rec, body, header_key)
+    return _reply(*publish_one(tx, rec, body, header_key))
+
+
+def _reply(obs: Observation | None, seq: int, repeated: bool | None) -> dict[str, Any]:
+    """A lone publish's reply: the observation and its seq (and, with a key, whether it was a repeat)."""
     out: dict[str, Any] = {"observation": obs.to_wire() if obs is not None else None, "seq": seq}
     if repeated is not None:
         out["idempotent"] = repeated
     return out
+
+
+# One lone publish of several (publish_each): monitor id, body, bearer token, Idempotency-Key header.
+Lone = tuple[str, Any, "str | None", "str | None"]
+
+
+def publish_each(core: ServiceCore, tx: Tx, entries: list[Lone]) -> list[tuple[bool, Any]]:
+    """Several lone publishes, each its own request, in one call: each is judged in order as if it were a
+    call of its own in the same group commit (its token checked, refused and logged on its own, P2), and each
+    monitor's new version is written once (one Run per monitor, as a batch's). Each entry's outcome is
+    (True, its reply) or (False, its ProtocolError); a refusal never costs the others theirs."""
+    runs: dict[str, Run] = {}
+    owned: dict[tuple[str, str | None], Monitor] = {}  # a token already found to own its monitor here
+    outcomes: list[tuple[bool, Any]] = []
+    for monitor_id, body, token, header_key in entries:
+        rec = owned.get((monitor_id, token))
+        if rec is None:
+            try:
+                rec = owned[(monitor_id, token)] = owner_monitor(tx, monitor_id, token)
+            except ProtocolError as err:  # a refusal here stages nothing
+                outcomes.append((False, err))
+                continue
+        run = runs.get(rec.id)
+        if run is None:
+            run = runs[rec.id] = Run(rec, tx.now)  # owner_monitor read it from this transaction
+        try:
+            outcomes.append((True, _reply(*publish_item(tx, run, body, header_key))))
+        except LoggedRefusal as refusal:  # its rejected row stays staged: it commits with the others
+            outcomes.append((False, refusal.error))
+            current = tx.monitor(rec.id)
+            assert current is not None
+            run.rebase(current)
+    for run in runs.values():
+        run.flush(tx)
+    return outcomes
 
 
 def publish_many(

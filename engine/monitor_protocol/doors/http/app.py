@@ -162,6 +162,8 @@ class MonitorApp:
             self.engine.group_key = self._group_key
         if getattr(self.engine, "joiner", False) is None:  # LoopEngine: woken readers join the append's group
             self.engine.joiner = JoinWoken(self)
+        if getattr(self.engine, "merge", False) is None and hasattr(router, "handle_publishes"):
+            self.engine.merge = self._merge  # a group's lone publishes: one engine call
 
     # -- the engine thread ------------------------------------------------------------------------
 
@@ -195,6 +197,19 @@ class MonitorApp:
         if not request.path.startswith(_MONITORS) or not monitor_id or "/" in monitor_id:
             return None
         return monitor_id
+
+    def _merge(self, fn: Any, args: tuple[Any, ...]) -> Callable[[list[tuple[Any, ...]]], list[Any]] | None:
+        """For the engine (doors/engines.merged): a REST publish of one JSON object runs with its neighbours
+        of the same kind as one call (`handle_publishes`); None for any other job."""
+        if self._group_key(fn, args) is None or args[0].body[:64].lstrip()[:1] != b"{":
+            return None
+        return self.handle_publishes
+
+    def handle_publishes(self, calls: list[tuple[Any, ...]]) -> list[tuple[bool, tuple[Response, int]]]:
+        """`handle_job` for several requests (each call's args: its request) as one engine call: each one's
+        outcome, (True, its response and mark), the response the one `handle_job` gives it."""
+        responses = self.router.handle_publishes([args[0] for args in calls])
+        return [(True, (response, self.waiters.mark(_monitor_of(response)))) for response in responses]
 
     def _submit_marked(self, request: Request) -> asyncio.Future[tuple[Response, int]]:
         return self.engine.submit(self.handle_job, request)
