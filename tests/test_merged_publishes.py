@@ -416,3 +416,15 @@ def test_a_lanes_group_of_publishes_on_postgresql_is_one_engine_call(pg: Any, me
     assert statuses == [(201, 2), (201, 3), (201, 4), (401, None), (201, 5), (201, 6), (201, 7), (201, 8)]
     assert pg.stats.commits - commits == 1
     assert (each[0], lone[0]) == ((1, 0) if merge else (0, 8))  # the refused one is a call too
+
+
+async def test_the_metrics_count_each_merged_publish_as_a_call_of_its_commit(tmp_path: Path) -> None:
+    """`mp_engine_calls_total` over the commits still says how many requests shared each commit."""
+    server, app, _store, owners = await serve(tmp_path, "metrics.db", True)
+    try:
+        calls, commits = app.metrics.engine_calls, app.metrics.commit_count
+        body = json.dumps({"type": RUN}).encode()
+        await one_turn(server, [request("POST", "/mp/v0/monitors/ci/observations", body, owners["ci"])] * 5)
+        assert (app.metrics.engine_calls - calls, app.metrics.commit_count - commits) == (5, 1)
+    finally:
+        await app.shutdown()

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from monitor_protocol.core.errors import storage_unavailable
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
 from monitor_protocol.doors.lane_queue import NO_ITEM, LastIdleFirst
-from monitor_protocol.doors.merging import Merge, merged
+from monitor_protocol.doors.merging import Merge, calls_in, merged
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -514,9 +514,9 @@ class EngineLanes(_CallbackSeat):
             self._enter(alone)
             try:
                 if len(jobs) == 1:
-                    outcomes = [self._job(fn, args, touched)]
+                    outcomes = [self._job(fn, args, touched, calls_in(jobs))]
                 else:
-                    outcomes = self._numbered(functools.partial(self._grouped, jobs), len(jobs), touched)
+                    outcomes = self._numbered(functools.partial(self._grouped, jobs), calls_in(jobs), touched)
             finally:
                 self._leave(alone)
         except BaseException as exc:  # noqa: BLE001 - a bug in the lane's own bookkeeping: the callers hear it
@@ -654,10 +654,15 @@ class EngineLanes(_CallbackSeat):
             self._gate.notify_all()
 
     def _job(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], touched: Callable[[], set[str]] | None
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        touched: Callable[[], set[str]] | None,
+        calls: int = 1,
     ) -> tuple[bool, Any]:
-        """One call: numbered, run, and the appends it may have missed told again."""
-        return self._numbered(lambda: [_outcome(fn, args)], 1, touched)[0]
+        """One call (`calls` callers, when it is a merged one): numbered, run, and the appends it may have
+        missed told again."""
+        return self._numbered(lambda: [_outcome(fn, args)], calls, touched)[0]
 
     def _numbered(
         self,
@@ -882,7 +887,7 @@ class LoopEngine(_CallbackSeat):
             outcomes = run_group(self._batch, [(fn, args) for fn, args, _deliver in group], join)
             hook = self.on_commit
             if hook is not None:
-                hook(time.perf_counter() - started, thread_cpu() - cpu, len(group))
+                hook(time.perf_counter() - started, thread_cpu() - cpu, calls_in(group))
             for (_fn, _args, deliver), (ok, value) in zip(group, outcomes, strict=True):
                 try:
                     deliver(ok, value)

@@ -53,6 +53,12 @@ def _merge_run(out: list[Any], run: list[Any], many: Many | None) -> None:
         out.append((many, ([job[1] for job in run],), *run[0][2:-1], _fanned([job[-1] for job in run])))
 
 
+def calls_in(jobs: list[Any]) -> int:
+    """The callers behind ``jobs`` (a merged job counts each of its own): what the seats report as calls, so
+    that the metrics' calls per commit still say how many requests shared it."""
+    return sum(getattr(job[-1], "calls", 1) for job in jobs)
+
+
 def _fanned(delivers: list[Deliver]) -> Deliver:
     def deliver(ok: bool, value: Any) -> None:
         outcomes = value if ok else [(False, value)] * len(delivers)
@@ -62,4 +68,5 @@ def _fanned(delivers: list[Deliver]) -> Deliver:
             except Exception:  # one caller's broken reply must not cost the others theirs
                 log.exception("delivering an engine call's outcome failed")
 
+    deliver.calls = len(delivers)  # type: ignore[attr-defined]
     return deliver
