@@ -29,6 +29,7 @@ from monitor_protocol.doors.http.protocol import HttpConnection, HttpServer
 from monitor_protocol.doors.merging import merged
 from monitor_protocol.store.memory import MemoryStore
 from monitor_protocol.store.sqlite import SQLiteStore
+from test_lean_path import Transport as LeanTransport
 
 pytestmark = pytest.mark.quick
 
@@ -193,34 +194,8 @@ def test_publish_each_is_one_transaction_and_one_write_of_each_monitor(tmp_path:
 
 
 # ---------------------------------------------------------------------------------------------- the door
-class Transport:
-    def __init__(self) -> None:
-        self.out: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 5555) if name == "peername" else default
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+class Transport(LeanTransport):
+    """The lean path tests' transport, its replies read with their headers."""
 
     def replies(self) -> list[tuple[int, dict[str, str], Any]]:
         data = b"".join(self.out)
