@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,11 +22,15 @@ pytestmark = pytest.mark.quick
 
 class Scripted:
     """A server that answers each request on a connection with the next scripted reply, written in pieces
-    (`split` bytes at a time); None closes the connection instead."""
+    (`split` bytes at a time), after that reply's delay in seconds (`delays`); None closes the connection
+    instead."""
 
-    def __init__(self, replies: list[bytes | None], split: int = 0) -> None:
+    def __init__(
+        self, replies: list[bytes | None], split: int = 0, delays: list[float] | None = None
+    ) -> None:
         self.replies = replies
         self.split = split
+        self.delays = delays or []
         self.connections = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.base = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -33,6 +38,7 @@ class Scripted:
 
     def _serve(self) -> None:
         replies = iter(self.replies)
+        delays = iter(self.delays)
         while True:
             try:
                 conn, _ = self.listener.accept()
@@ -46,9 +52,13 @@ class Scripted:
                         break
                     if reply is None:
                         break
+                    time.sleep(next(delays, 0.0))
                     step = self.split or len(reply)
-                    for i in range(0, len(reply), step):
-                        conn.sendall(reply[i : i + step])
+                    try:
+                        for i in range(0, len(reply), step):
+                            conn.sendall(reply[i : i + step])
+                    except OSError:  # the client gave up on this reply and closed the connection
+                        break
                     if reply.endswith(b"#close") or b"connection: close" in reply:
                         break
 
@@ -75,14 +85,14 @@ def _read_request(conn: socket.socket) -> bool:
 
 
 def _sync(
-    base: str, requests: list[tuple[str, bytes | None]], timeout: float = 5
+    base: str, requests: list[tuple[str, bytes | None]], timeout: float | list[float] = 5
 ) -> list[Reply | SendFailed]:
     pool = Pool(base)
     out: list[Reply | SendFailed] = []
     try:
-        for method, body in requests:
+        for (method, body), limit in zip(requests, _timeouts(timeout, requests), strict=True):
             try:
-                out.append(pool.request(method, "/mp/v0/x", body, {"accept": "application/json"}, timeout))
+                out.append(pool.request(method, "/mp/v0/x", body, {"accept": "application/json"}, limit))
             except SendFailed as exc:
                 out.append(exc)
     finally:
@@ -91,16 +101,16 @@ def _sync(
 
 
 def _async(
-    base: str, requests: list[tuple[str, bytes | None]], timeout: float = 5
+    base: str, requests: list[tuple[str, bytes | None]], timeout: float | list[float] = 5
 ) -> list[Reply | SendFailed]:
     async def run() -> list[Reply | SendFailed]:
         pool = AsyncPool(base)
         out: list[Reply | SendFailed] = []
         try:
-            for method, body in requests:
+            for (method, body), limit in zip(requests, _timeouts(timeout, requests), strict=True):
                 try:
                     out.append(
-                        await pool.request(method, "/mp/v0/x", body, {"accept": "application/json"}, timeout)
+                        await pool.request(method, "/mp/v0/x", body, {"accept": "application/json"}, limit)
                     )
                 except SendFailed as exc:
                     out.append(exc)
@@ -109,6 +119,11 @@ def _async(
         return out
 
     return asyncio.run(run())
+
+
+def _timeouts(timeout: float | list[float], requests: list[Any]) -> list[float]:
+    """One timeout for every request, or each request's own."""
+    return timeout if isinstance(timeout, list) else [timeout] * len(requests)
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -125,8 +140,8 @@ def split(request: pytest.FixtureRequest) -> int:
 def scripted() -> Iterator[Any]:
     made: list[Scripted] = []
 
-    def make(replies: list[bytes | None], split: int = 0) -> Scripted:
-        server = Scripted(replies, split)
+    def make(replies: list[bytes | None], split: int = 0, delays: list[float] | None = None) -> Scripted:
+        server = Scripted(replies, split, delays)
         made.append(server)
         return server
 
@@ -234,3 +249,27 @@ def test_a_connection_closed_after_its_reply_is_not_reused(exchange, scripted) -
     replies = exchange(server.base, [("GET", None), ("GET", None)])
     assert [r.status_code for r in replies] == [200, 200]  # type: ignore[union-attr]
     assert server.connections == 2  # the second request on a new connection
+
+
+def test_a_shorter_timeout_on_a_reused_connection_still_ends_in_time(exchange, scripted) -> None:
+    """A connection's timeout follows each request: the sync pool sets the kernel's per-socket timeouts again,
+    the async one moves its connection's timer earlier. The control is the same connection's first request,
+    answered within its longer timeout."""
+    server = scripted([OK, OK], delays=[0.0, 3.0])
+    started = time.monotonic()
+    first, second = exchange(server.base, [("GET", None), ("GET", None)], timeout=[5, 0.3])
+    assert isinstance(first, Reply) and first.status_code == 200  # the control
+    assert isinstance(second, SendFailed) and second.sent and "in time" in second.reason
+    assert time.monotonic() - started < 2.5  # the 0.3 s limit ended it, not the 5 s one or the reply
+    assert server.connections == 1
+
+
+def test_a_longer_timeout_is_not_cut_short_by_an_earlier_one(exchange, scripted) -> None:
+    """A request whose timeout is longer than the one before it on the same connection gets all of it: the
+    async connection's timer, armed for the first request, fires during the second and waits again. The
+    control is the first request, answered within its own short timeout."""
+    server = scripted([OK, OK], delays=[0.0, 1.0])
+    first, second = exchange(server.base, [("GET", None), ("GET", None)], timeout=[0.3, 5])
+    assert isinstance(first, Reply) and first.status_code == 200  # the control
+    assert isinstance(second, Reply) and second.status_code == 200, second  # answered after 1 s, within 5
+    assert server.connections == 1

@@ -5,6 +5,8 @@ sent / may have been sent). httpx stays where a proxy applies or a transport is 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 import socket
 import threading
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid, clients
 from serverutil import running_server
 from waiting import eventually, eventually_async
 
@@ -321,3 +325,37 @@ def test_connections_are_reused_above_descriptor_1023(forwarder: CountingForward
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_a_request_body_is_what_the_json_module_writes(value: object) -> None:
+    """The client writes a body with the C encoder made once (clients._encode_fast), not through
+    JSONEncoder.encode: the bytes must be json.dumps's for the same settings, surrogates and all."""
+    expected = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        wanted = expected.encode()
+    except UnicodeEncodeError:  # a lone surrogate: sent escaped
+        wanted = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+    assert clients._json_body(value) == wanted
+
+
+def test_a_body_json_cannot_write_is_refused_as_json_refuses_it() -> None:
+    assert clients._encode_fast is not None  # the fast path is the one under test here
+    circular: dict[str, object] = {}
+    circular["self"] = circular
+    for bad, error, words in [
+        ({"x": math.nan}, ValueError, "Out of range float"),
+        ({"x": object()}, TypeError, "not JSON serializable"),
+        (circular, ValueError, "Circular reference"),
+    ]:
+        with pytest.raises(error, match=words):
+            clients._json_body(bad)
+    assert clients._json_body({"x": 1.5, "y": [None]}) == b'{"x":1.5,"y":[null]}'  # the control

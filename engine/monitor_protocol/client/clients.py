@@ -63,20 +63,57 @@ P = ParamSpec("P")
 
 def pooled_request(prefix: str, call: Call[Any]) -> tuple[str, bytes | None, dict[str, str]]:
     """The request target, body and headers the client's own layers send for `call` (both clients): a
-    keep-alive pool takes the base's path as `prefix`, the browser (webhttp) the whole base URL."""
+    keep-alive pool takes the base's path as `prefix`, the browser (webhttp) the whole base URL. The headers
+    are shared between calls: read them, never change them."""
     target = prefix + call.path
     if call.params:
         target += "?" + urlencode(call.params, quote_via=quote)
-    headers = _headers(call.token)
-    body = None
-    if call.body is not None:
-        body = _json_body(call.body)
-        headers["content-type"] = "application/json"
-    return target, body, headers
+    if call.body is None:
+        return target, None, _shared_headers(call.token, False)
+    return target, _json_body(call.body), _shared_headers(call.token, True)
 
 
-_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+def _shared_headers(token: str | None, json_body: bool) -> dict[str, str]:
+    """A call's headers, made once per token: a client sends the same few again and again."""
+    found = _HEADERS.get((token, json_body))
+    if found is None:
+        found = _headers(token)
+        if json_body:
+            found["content-type"] = "application/json"
+        if len(_HEADERS) >= 256:
+            _HEADERS.clear()
+        _HEADERS[(token, json_body)] = found
+    return found
+
+
+_HEADERS: dict[tuple[str | None, bool], dict[str, str]] = {}
+
+_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _encode_ascii = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_encode_fast: Callable[[Any, int], Any] | None = None
+try:  # the standard library's own C encoder, made once, called without JSONEncoder.encode's Python steps
+    from json.encoder import c_make_encoder, encode_basestring
+
+    if c_make_encoder is not None:
+        # JSONEncoder.iterencode's arguments for these settings (Python 3.11-3.13) but no circular-reference
+        # guard (it is state: one encoder is shared by threads); a circular body recurses until
+        # RecursionError, and `_encode` then lets json's own encoder say what it is.
+        _encode_fast = c_make_encoder(
+            None, _encoder.default, encode_basestring, None, ":", ",", False, False, False
+        )
+        if "".join(_encode_fast({"a": [1, 2.5, None, "é"]}, 0)) != '{"a":[1,2.5,null,"é"]}':
+            _encode_fast = None  # pragma: no cover - another Python's arguments: json's own path
+except (ImportError, TypeError):  # pragma: no cover - no _json accelerator, or other arguments
+    _encode_fast = None
+
+
+def _encode(body: Any) -> str:
+    if _encode_fast is None or isinstance(body, str):  # pragma: no cover - json's own path
+        return _encoder.encode(body)
+    try:
+        return "".join(_encode_fast(body, 0))
+    except RecursionError:
+        return _encoder.encode(body)  # ValueError: Circular reference detected (or its RecursionError)
 
 
 def _json_body(body: Any) -> bytes:

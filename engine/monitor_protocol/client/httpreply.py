@@ -16,7 +16,7 @@ class SendFailed(Exception):
         self.sent = sent
 
 
-@dataclass
+@dataclass(slots=True)
 class Reply:
     """What the client reads of a response (the names httpx.Response uses)."""
 

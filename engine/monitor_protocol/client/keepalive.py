@@ -22,6 +22,8 @@ import re
 import select
 import socket
 import ssl
+import struct
+import sys
 import threading
 import urllib.request
 from typing import Any
@@ -33,6 +35,8 @@ MAX_IDLE = 8  # idle connections kept per client (a client used from several thr
 MAX_ASYNC_IDLE = 64
 MAX_HEAD_BYTES = 64 << 10  # a reply's status line and headers
 CHUNK = 65536
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux")
+_TIMER_SLACK = 0.001  # a loop may run a timer this early (libuv counts in milliseconds)
 
 # What a request line and headers may not hold (as http.client refuses them): a target with a space or a
 # control character, a header name that is not a token, a value with a bare line break.
@@ -108,22 +112,23 @@ class _Head:
     __slots__ = ("status", "headers", "length", "chunked", "keep_alive")
 
     def __init__(self, raw: bytes, method: str) -> None:
-        text = raw.decode("latin-1")
-        first, _, rest = text.partition("\r\n")
-        parts = first.split(" ", 2)
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise ValueError(f"not an HTTP reply: {first[:80]!r}")
+            raise ValueError(f"not an HTTP reply: {lines[0][:80]!r}")
         self.status = status = int(parts[1])
         headers: dict[str, str] = {}
-        for line in rest.split("\r\n") if rest else ():
+        for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep:
                 if not line:
                     continue
                 raise ValueError(f"not a header line: {line[:80]!r}")
             key = name.strip().lower()
-            value = value.strip()
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            if key in headers:
+                headers[key] = f"{headers[key]}, {value.strip()}"
+            else:
+                headers[key] = value.strip()
         self.headers = headers
         connection = headers.get("connection")
         if connection is None:
@@ -152,13 +157,29 @@ class _Head:
 
 
 class _Conn:
-    __slots__ = ("sock", "buf", "timeout", "poller")
+    __slots__ = ("sock", "buf", "timeout", "poller", "kernel_timeout")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = b""
         self.timeout: float | None = sock.gettimeout()
         self.poller: select.poll | None = None
+        # On Linux a plain TCP socket is left blocking and the kernel keeps its timeout (SO_RCVTIMEO,
+        # SO_SNDTIMEO): a Python socket timeout costs a poll() before every send and every recv.
+        self.kernel_timeout = _KERNEL_TIMEOUTS and type(sock) is socket.socket
+        if self.kernel_timeout:
+            timeout = self.timeout
+            sock.settimeout(None)
+            self.set_timeout(timeout)
+
+    def set_timeout(self, timeout: float | None) -> None:
+        if self.kernel_timeout:
+            value = _timeval(timeout)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        else:
+            self.sock.settimeout(timeout)
+        self.timeout = timeout
 
     def _fill(self) -> None:
         data = self.sock.recv(CHUNK)
@@ -290,8 +311,7 @@ class Pool:
                 raise SendFailed(_reason(exc), sent=False) from exc
         try:
             if conn.timeout != timeout:
-                conn.sock.settimeout(timeout)
-                conn.timeout = timeout
+                conn.set_timeout(timeout)
             reply, reusable = conn.exchange(data, method)
         except (OSError, ValueError, ssl.SSLError) as exc:
             conn.close()
@@ -326,8 +346,18 @@ def _silent(conn: Any, sock: Any) -> bool:
         return False
 
 
+def _timeval(timeout: float | None) -> bytes:
+    """A `struct timeval` for SO_RCVTIMEO/SO_SNDTIMEO; zero means no timeout, so a positive timeout is at
+    least a microsecond."""
+    if timeout is None:
+        return struct.pack("ll", 0, 0)
+    micros = max(1, round(timeout * 1_000_000))
+    return struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
+
+
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, socket.timeout | TimeoutError):
+    # BlockingIOError: a kernel-kept timeout ran out (EAGAIN on a blocking socket)
+    if isinstance(exc, socket.timeout | TimeoutError | BlockingIOError):
         return f"{type(exc).__name__}: the server did not answer in time"
     detail = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {detail}" if detail != type(exc).__name__ else detail
@@ -350,10 +380,15 @@ class _AsyncConnection(asyncio.Protocol):
         self.size: int | None = None  # the chunk being read (None: its size line comes next; -1: trailers)
         self.waiter: asyncio.Future[tuple[Reply, bool]] | None = None
         self.poller: select.poll | None = None  # `_silent`'s
+        self.fd: int | None = None  # the socket's descriptor, for `_silent`
+        self.deadline = 0.0  # when the request in flight times out (the loop's clock)
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- asyncio's callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        self.fd = sock.fileno() if sock is not None else None
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -378,8 +413,7 @@ class _AsyncConnection(asyncio.Protocol):
             return False
         # A close the server sent while the connection was idle is read by the loop only when it next polls (a
         # caller that has not yielded since would send into it): the socket itself says.
-        sock = transport.get_extra_info("socket")
-        return sock is None or _silent(self, sock.fileno())
+        return self.fd is None or _silent(self, self.fd)
 
     async def exchange(self, data: bytes, method: str, timeout: float) -> tuple[Reply, bool]:
         transport = self.transport
@@ -387,19 +421,33 @@ class _AsyncConnection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.method, self.head, self.parts, self.size = method, None, [], None
         waiter = self.waiter = loop.create_future()
-        timer = loop.call_later(timeout, self._timed_out, waiter)
+        # One timer per connection, not one per request (making and cancelling a timer costs more than a
+        # small request's parsing): it is moved only when this request must end before it fires, and a
+        # timer that fires early finds the request's own deadline and waits again.
+        self.deadline = deadline = loop.time() + timeout
+        timer = self.timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self.timer = loop.call_at(deadline, self._check_deadline)
         try:
             transport.write(data)
             if self.buf or self.eof:
                 self._advance()
             return await waiter
         finally:
-            timer.cancel()
             self.waiter = None
 
-    def _timed_out(self, waiter: asyncio.Future[tuple[Reply, bool]]) -> None:
-        if not waiter.done():
+    def _check_deadline(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # idle: the next request arms it again
+        loop = waiter.get_loop()
+        if loop.time() + _TIMER_SLACK >= self.deadline:
             waiter.set_exception(TimeoutError())
+        else:
+            self.timer = loop.call_at(self.deadline, self._check_deadline)
 
     def _advance(self) -> None:
         waiter = self.waiter
@@ -478,6 +526,9 @@ class _AsyncConnection(asyncio.Protocol):
                 self.size = None
 
     def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -554,7 +605,6 @@ class AsyncPool:
 def running_asyncio() -> bool:
     """Whether the caller runs under asyncio (the async pool's loop), not trio or another library."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no running loop
         return False
-    return asyncio.current_task() is not None

@@ -64,7 +64,7 @@ P = ParamSpec("P")
 # ---------------------------------------------------------------------------------------------- routes
 
 
-@dataclass
+@dataclass(slots=True)
 class Call(Generic[T]):
     method: str
     path: str
@@ -354,9 +354,14 @@ class Routes:
         retries = _check_retries(retries)
         if retries and fields.get("idempotency_key") is None:
             fields["idempotency_key"] = str(uuid.uuid4())
-        body = _drop_none(
-            {"type": type, "subject": subject, "data": dict(data) if data is not None else None, **fields}
-        )
+        body: dict[str, Any] = {"type": type}
+        if subject is not None:
+            body["subject"] = subject
+        if data is not None:
+            body["data"] = dict(data)
+        for name, value in fields.items():
+            if value is not None:
+                body[name] = value
         return Call(
             "POST",
             f"/monitors/{_seg(monitor_id)}/observations",
