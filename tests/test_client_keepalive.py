@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid, clients
+from monitor_protocol.core import wire
 from serverutil import running_server
 from waiting import eventually, eventually_async
 
@@ -337,18 +338,21 @@ _JSON = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(_JSON)
 def test_a_request_body_is_what_the_json_module_writes(value: object) -> None:
-    """The client writes a body with the C encoder made once (clients._encode_fast), not through
-    JSONEncoder.encode: the bytes must be json.dumps's for the same settings, surrogates and all."""
+    """The client writes a body with the C encoder made once (wire.compact_encoder), not through
+    JSONEncoder.encode: the bytes must be json.dumps's for the same settings, surrogates and all; the engine's
+    standard-library codec (the playground's) writes the same text."""
     expected = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     try:
         wanted = expected.encode()
     except UnicodeEncodeError:  # a lone surrogate: sent escaped
         wanted = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
     assert clients._json_body(value) == wanted
+    if wanted == expected.encode():
+        assert wire.STDLIB_CODEC.encode(value) == wanted
 
 
 def test_a_body_json_cannot_write_is_refused_as_json_refuses_it() -> None:
-    assert clients._encode_fast is not None  # the fast path is the one under test here
+    assert clients._encode.__qualname__.startswith("compact_encoder")  # the fast path is the one under test
     circular: dict[str, object] = {}
     circular["self"] = circular
     for bad, error, words in [

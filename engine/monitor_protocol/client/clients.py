@@ -36,6 +36,7 @@ from monitor_protocol.client.routes import (
     Plan,
     Routes,
 )
+from monitor_protocol.core.wire import compact_encoder
 
 if TYPE_CHECKING:
     import httpx  # imported where a client uses it: `import monitor_protocol.client` stays light
@@ -88,32 +89,8 @@ def _shared_headers(token: str | None, json_body: bool) -> dict[str, str]:
 
 _HEADERS: dict[tuple[str | None, bool], dict[str, str]] = {}
 
-_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_encode = compact_encoder()
 _encode_ascii = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-_encode_fast: Callable[[Any, int], Any] | None = None
-try:  # the standard library's own C encoder, made once, called without JSONEncoder.encode's Python steps
-    from json.encoder import c_make_encoder, encode_basestring
-
-    if c_make_encoder is not None:
-        # JSONEncoder.iterencode's arguments for these settings (Python 3.11-3.13) but no circular-reference
-        # guard (it is state: one encoder is shared by threads); a circular body recurses until
-        # RecursionError, and `_encode` then lets json's own encoder say what it is.
-        _encode_fast = c_make_encoder(
-            None, _encoder.default, encode_basestring, None, ":", ",", False, False, False
-        )
-        if "".join(_encode_fast({"a": [1, 2.5, None, "é"]}, 0)) != '{"a":[1,2.5,null,"é"]}':
-            _encode_fast = None  # pragma: no cover - another Python's arguments: json's own path
-except (ImportError, TypeError):  # pragma: no cover - no _json accelerator, or other arguments
-    _encode_fast = None
-
-
-def _encode(body: Any) -> str:
-    if _encode_fast is None or isinstance(body, str):  # pragma: no cover - json's own path
-        return _encoder.encode(body)
-    try:
-        return "".join(_encode_fast(body, 0))
-    except RecursionError:
-        return _encoder.encode(body)  # ValueError: Circular reference detected (or its RecursionError)
 
 
 def _json_body(body: Any) -> bytes:

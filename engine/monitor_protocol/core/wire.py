@@ -17,7 +17,36 @@ from typing import Any
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.vocab import MAX_INTEGER, MAX_JSON_DEPTH, MAX_RAW_BYTES
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+def compact_encoder() -> Callable[[Any], str]:
+    """``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``, the same text and the
+    same refusals, without JSONEncoder.encode's Python steps around the standard library's C encoder (made
+    once here: ~1.5 µs less per small value). The C encoder is made without a circular-reference guard (that
+    guard is state, and one encoder is shared by threads): a circular value recurses until RecursionError,
+    and json's own encoder then says what it is."""
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        from json.encoder import c_make_encoder, encode_basestring
+
+        # JSONEncoder.iterencode's arguments for these settings (Python 3.11-3.13)
+        fast = c_make_encoder(None, encoder.default, encode_basestring, None, ":", ",", False, False, False)
+        if "".join(fast({"a": [1, 2.5, None, "é"]}, 0)) != '{"a":[1,2.5,null,"é"]}':
+            return encoder.encode  # pragma: no cover - another Python's arguments
+    except (ImportError, TypeError):  # pragma: no cover - no _json accelerator, or other arguments
+        return encoder.encode
+
+    def encode(value: Any) -> str:
+        if isinstance(value, str):
+            return encoder.encode(value)
+        try:
+            return "".join(fast(value, 0))
+        except RecursionError:
+            return encoder.encode(value)  # ValueError: Circular reference detected (or its RecursionError)
+
+    return encode
+
+
+_dumps = compact_encoder()
 
 
 # ---------------------------------------------------------------------------------------------- the codec
