@@ -32,13 +32,12 @@ from typing import Any, Protocol
 from monitor_protocol.core.errors import storage_unavailable
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
 from monitor_protocol.doors.lane_queue import NO_ITEM, LastIdleFirst
-from monitor_protocol.doors.merging import Merge, calls_in, merged
+from monitor_protocol.doors.merging import Deliver, Merge, calls_in, merged
 
 log = logging.getLogger("monitor_protocol.http")
 
 
-Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Callable[[bool, Any], None]]
-Deliver = Callable[[bool, Any], None]
+Job = tuple[Callable[..., Any], tuple[Any, ...], Any, Deliver]
 
 
 class Joiner(Protocol):
