@@ -9,6 +9,7 @@ import json
 import math
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,8 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid, clients
+from monitor_protocol.client import AsyncClient, Client, ConnectionFailed, Invalid, clients, keepalive
+from monitor_protocol.client.routes import ClientBase, Routes
 from monitor_protocol.core import wire
 from serverutil import running_server
 from waiting import eventually, eventually_async
@@ -363,3 +365,57 @@ def test_a_body_json_cannot_write_is_refused_as_json_refuses_it() -> None:
         with pytest.raises(error, match=words):
             clients._json_body(bad)
     assert clients._json_body({"x": 1.5, "y": [None]}) == b'{"x":1.5,"y":[null]}'  # the control
+
+
+def test_a_value_refused_part_way_leaves_no_trace_in_the_encoder() -> None:
+    """The C encoder's circular-reference guard is a dict it keeps (one per thread): a value refused inside a
+    container must not leave that container marked, or the next body holding it would read as circular.
+    A circular value is refused at once, whatever the recursion limit (no recursion to the limit)."""
+    encode = wire.compact_encoder()
+    holder: list[object] = [{"a": [1]}, object()]
+    with pytest.raises(TypeError):
+        encode(holder)  # refused inside `holder`, which the encoder had marked as being written
+    holder.pop()
+    assert encode(holder) == '[{"a":[1]}]'
+    circular: dict[str, object] = {"data": ["x" * 100] * 2000}
+    circular["self"] = circular
+    with pytest.raises(ValueError, match="Circular reference"):
+        encode(circular)
+
+
+def test_kernel_timeouts_are_timevals_and_refuse_what_settimeout_refuses() -> None:
+    assert keepalive._timeval(None) == struct.pack("ll", 0, 0)  # no timeout
+    assert keepalive._timeval(0) == struct.pack("ll", 0, 1)  # zero would mean none: the shortest instead
+    assert keepalive._timeval(1.5) == struct.pack("ll", 1, 500_000)
+    with pytest.raises(ValueError):
+        keepalive._timeval(-1)
+
+
+def test_a_socket_that_stays_non_blocking_keeps_python_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gevent's and eventlet's patched sockets stay non-blocking when told to block and wait in their hub,
+    where a kernel timeout never applies: such a socket keeps Python's own timeout. The control is a plain
+    socket, whose timeout the kernel keeps (on 64-bit Linux)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = listener.getsockname()
+        with socket.create_connection(address, timeout=2) as plain:
+            conn = keepalive._Conn(plain)
+            assert conn.kernel_timeout is keepalive._KERNEL_TIMEOUTS
+            if conn.kernel_timeout:
+                assert plain.gettimeout() is None
+                assert plain.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == keepalive._timeval(2)
+        monkeypatch.setattr(keepalive.os, "get_blocking", lambda fd: False)
+        with socket.create_connection(address, timeout=2) as hubbed:
+            conn = keepalive._Conn(hubbed)
+            assert conn.kernel_timeout is False and hubbed.gettimeout() == 2
+
+
+def test_a_publish_without_a_type_sends_no_type_field() -> None:
+    """A missing type is left out of the body, as every other unset field (the server refuses it in its
+    words); the control sends it."""
+    client = ClientBase()
+    client.token = None
+    assert Routes.publish(client, "m", None, subject="s").body == {"subject": "s"}  # type: ignore[arg-type]
+    assert Routes.publish(client, "m", "com.example.a", subject="s").body == {
+        "type": "com.example.a",
+        "subject": "s",
+    }

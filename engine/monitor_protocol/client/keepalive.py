@@ -18,6 +18,7 @@ is replaced instead of failing the next request.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import select
 import socket
@@ -35,7 +36,7 @@ MAX_IDLE = 8  # idle connections kept per client (a client used from several thr
 MAX_ASYNC_IDLE = 64
 MAX_HEAD_BYTES = 64 << 10  # a reply's status line and headers
 CHUNK = 65536
-_KERNEL_TIMEOUTS = sys.platform.startswith("linux")
+_KERNEL_TIMEOUTS = sys.platform.startswith("linux") and struct.calcsize("l") == 8  # timeval: two longs
 _TIMER_SLACK = 0.001  # a loop may run a timer this early (libuv counts in milliseconds)
 
 # What a request line and headers may not hold (as http.client refuses them): a target with a space or a
@@ -164,12 +165,17 @@ class _Conn:
         self.buf = b""
         self.timeout: float | None = sock.gettimeout()
         self.poller: select.poll | None = None
-        # On Linux a plain TCP socket is left blocking and the kernel keeps its timeout (SO_RCVTIMEO,
-        # SO_SNDTIMEO): a Python socket timeout costs a poll() before every send and every recv.
-        self.kernel_timeout = _KERNEL_TIMEOUTS and type(sock) is socket.socket
-        if self.kernel_timeout:
+        # On 64-bit Linux a plain TCP socket is left blocking and the kernel keeps its timeout (SO_RCVTIMEO,
+        # SO_SNDTIMEO): a Python socket timeout costs a poll() before every send and every recv. The kernel's
+        # timeout is per call: a signal whose handler returns restarts the wait, and a body's upload may take
+        # one timeout per write. Not where the socket stays non-blocking when told to block (gevent's and
+        # eventlet's patched sockets wait in their own hub, which would then never time out).
+        self.kernel_timeout = False
+        if _KERNEL_TIMEOUTS and type(sock) is socket.socket:
             timeout = self.timeout
             sock.settimeout(None)
+            if os.get_blocking(sock.fileno()):
+                self.kernel_timeout = True
             self.set_timeout(timeout)
 
     def set_timeout(self, timeout: float | None) -> None:
@@ -275,10 +281,10 @@ class Pool:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._context is not None:
                 sock = self._context.wrap_socket(sock, server_hostname=self.host)
+            return _Conn(sock)
         except BaseException:
             sock.close()
             raise
-        return _Conn(sock)
 
     def _take(self) -> _Conn | None:
         with self._lock:
@@ -351,6 +357,8 @@ def _timeval(timeout: float | None) -> bytes:
     least a microsecond."""
     if timeout is None:
         return struct.pack("ll", 0, 0)
+    if not timeout >= 0:  # as socket.settimeout refuses it, before anything is sent
+        raise ValueError(f"a timeout must be a number of seconds >= 0, not {timeout!r}")
     micros = max(1, round(timeout * 1_000_000))
     return struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
 

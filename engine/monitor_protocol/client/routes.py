@@ -354,7 +354,9 @@ class Routes:
         retries = _check_retries(retries)
         if retries and fields.get("idempotency_key") is None:
             fields["idempotency_key"] = str(uuid.uuid4())
-        body: dict[str, Any] = {"type": type}
+        body: dict[str, Any] = {}
+        if type is not None:  # a missing type is the server's to refuse, in its words
+            body["type"] = type
         if subject is not None:
             body["subject"] = subject
         if data is not None:

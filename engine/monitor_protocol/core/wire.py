@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,28 +21,46 @@ from monitor_protocol.core.vocab import MAX_INTEGER, MAX_JSON_DEPTH, MAX_RAW_BYT
 
 def compact_encoder() -> Callable[[Any], str]:
     """``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``, the same text and the
-    same refusals, without JSONEncoder.encode's Python steps around the standard library's C encoder (made
-    once here: ~1.5 µs less per small value). The C encoder is made without a circular-reference guard (that
-    guard is state, and one encoder is shared by threads): a circular value recurses until RecursionError,
-    and json's own encoder then says what it is."""
+    same refusals, without JSONEncoder.encode's Python steps around the standard library's C encoder: each
+    thread makes that encoder once (~1 µs less per small value). Its circular-reference guard is a dict the
+    encoder keeps, so each thread has its own, emptied after any failure (a value refused part way leaves
+    the containers it was in)."""
     encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     try:
         from json.encoder import c_make_encoder, encode_basestring
+    except ImportError:  # pragma: no cover - no _json accelerator
+        return encoder.encode
+    if c_make_encoder is None:  # pragma: no cover - no _json accelerator
+        return encoder.encode
 
+    def made() -> tuple[Callable[[Any, int], Any], dict[int, Any]]:
+        markers: dict[int, Any] = {}
         # JSONEncoder.iterencode's arguments for these settings (Python 3.11-3.13)
-        fast = c_make_encoder(None, encoder.default, encode_basestring, None, ":", ",", False, False, False)
+        fast = c_make_encoder(
+            markers, encoder.default, encode_basestring, None, ":", ",", False, False, False
+        )
+        return fast, markers
+
+    try:
+        fast, _ = made()
         if "".join(fast({"a": [1, 2.5, None, "é"]}, 0)) != '{"a":[1,2.5,null,"é"]}':
             return encoder.encode  # pragma: no cover - another Python's arguments
-    except (ImportError, TypeError):  # pragma: no cover - no _json accelerator, or other arguments
+    except TypeError:  # pragma: no cover - another Python's arguments
         return encoder.encode
+    local = threading.local()
 
     def encode(value: Any) -> str:
         if isinstance(value, str):
             return encoder.encode(value)
         try:
+            fast, markers = local.made
+        except AttributeError:
+            fast, markers = local.made = made()
+        try:
             return "".join(fast(value, 0))
-        except RecursionError:
-            return encoder.encode(value)  # ValueError: Circular reference detected (or its RecursionError)
+        except BaseException:
+            markers.clear()
+            raise
 
     return encode
 
