@@ -364,9 +364,9 @@ def _timeval(timeout: float | None) -> bytes:
 
 
 def _reason(exc: BaseException) -> str:
-    # BlockingIOError: a kernel-kept timeout ran out (EAGAIN on a blocking socket)
     if isinstance(exc, socket.timeout | TimeoutError | BlockingIOError):
-        return f"{type(exc).__name__}: the server did not answer in time"
+        # BlockingIOError: a kernel-kept timeout ran out (EAGAIN on a blocking socket); named as the timeout it is
+        return "TimeoutError: the server did not answer in time"
     detail = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {detail}" if detail != type(exc).__name__ else detail
 
