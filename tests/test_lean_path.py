@@ -33,6 +33,7 @@ from monitor_protocol.doors.engines import LoopEngine
 from monitor_protocol.doors.http import app as app_module
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.doors.http.protocol import HttpConnection, HttpServer
+from monitor_protocol.store import sqlite_steps
 from monitor_protocol.store.sqlite import SQLiteStore
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
@@ -207,7 +208,7 @@ async def test_readers_woken_together_are_rechecked_in_one_call_that_reads_once(
     await until(lambda: server.app.waiters.parked_on("ci") == len(readers), "every poll to park")
     calls: list[int] = []
     original = service.pull_many
-    service.pull_many = lambda asks: calls.append(len(asks)) or original(asks)  # type: ignore[method-assign]
+    service.pull_many = lambda asks, **kw: calls.append(len(asks)) or original(asks, **kw)  # type: ignore[method-assign]
     scans = store.scans
     writer, _ = connect(server)
     writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "build-9"}, owner))
@@ -326,7 +327,7 @@ async def test_woken_readers_replies_are_written_from_the_engines_answer(door) -
     await until(lambda: server.app.waiters.parked_on("ci") == 1, "the odd poll to park")
     rechecks: list[int] = []
     original = service.pull_many
-    service.pull_many = lambda asks: rechecks.append(len(asks)) or original(asks)  # type: ignore[method-assign]
+    service.pull_many = lambda asks, **kw: rechecks.append(len(asks)) or original(asks, **kw)  # type: ignore[method-assign]
     writer.data_received(post("/mp/v0/monitors/ci/observations", {"type": RUN, "subject": "other"}, owner))
     await until(
         lambda: rechecks == [1] and server.app.waiters.parked_on("ci") == 1, "the re-check, parked again"
@@ -476,12 +477,14 @@ def test_woken_readers_in_one_call_are_told_and_recorded_as_their_pulls_one_by_o
     store.close()
     shutil.copy(tmp / "a.db", tmp / "b.db")
 
+    same: list[int] = []
+
     def woken(name: str, many: bool) -> tuple[list[Any], list[Any], Any]:
         clock[0] = 1_000_100.0
         copy = MonitorService(SQLiteStore(str(tmp / name), synchronous="OFF"), clock=lambda: clock[0])
         copy.publish("ci", {"type": RUN, "subject": "woken"}, owner)
         if many:
-            replies = copy.pull_many(asks)
+            replies = copy.pull_many(asks, same=same)
         else:
             replies = []
             for sid, token, cursor, limit, inline in asks:
@@ -501,6 +504,125 @@ def test_woken_readers_in_one_call_are_told_and_recorded_as_their_pulls_one_by_o
     for (sid, *_), told in zip(asks, many[0], strict=True):
         if isinstance(told, dict):
             assert told["subscription"] == sid  # each reader's reply names its own subscription
+    # `same` names, for each reply, an earlier one it equals but for its id (what a door may encode once)
+    assert len(same) == len(asks)
+    told = many[0]
+    for i, first in enumerate(same):
+        if first >= 0:
+            assert first < i and same[first] == -1 and isinstance(told[i], dict)
+            assert {**told[i], "subscription": told[first]["subscription"]} == told[first]
+    # control: a reader that differs from an earlier one only in its id is always named alike
+    alike = [i for i, r in enumerate(readers) if not r[4]]
+    for i in alike:
+        if any(readers[j] == readers[i] for j in alike if j < i):
+            assert same[i] >= 0
+
+
+def test_readers_woken_in_one_place_write_their_rows_in_shared_statements(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers in one place are given the same cursor, high-water mark and times: their narrow UPDATEs go as
+    one statement per STEP_CHUNK of them (here 4, so 10 readers take 3: 4, 4 and 2 rows), every row written.
+    A row gone behind the store's back: the rowcounts say so and every reader's row is upserted. Control:
+    readers each in a place of their own keep one executemany."""
+    monkeypatch.setattr(sqlite_steps, "STEP_CHUNK", 4)
+    store = SQLiteStore(str(tmp_path / "place.db"))
+    service = MonitorService(store)
+    owner, subs = feed(service, 10)
+
+    class Counting:
+        """The store's connection, counting the statements that write subscriptions (and their rows)."""
+
+        def __init__(self, db: Any) -> None:
+            self.db, self.calls = db, []
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.db, name)
+
+        def execute(self, sql: str, *args: Any) -> Any:
+            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
+                self.calls.append(("execute", sql.split(" ")[0], sql.count("?") - 4 if " IN (" in sql else 1))
+            return self.db.execute(sql, *args)
+
+        def executemany(self, sql: str, rows: Any) -> Any:
+            rows = list(rows)
+            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
+                self.calls.append(("executemany", sql.split(" ")[0], len(rows)))
+            return self.db.executemany(sql, rows)
+
+    def woken(who: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
+        service.publish("ci", {"type": RUN, "subject": "x"}, owner)
+        real, counting = store._db, Counting(store._db)
+        store._db = counting  # type: ignore[assignment]
+        try:
+            replies = service.pull_many([(sid, token, None, None, None) for sid, token in who])
+        finally:
+            store._db = real
+        for (sid, token), reply in zip(who, replies, strict=True):
+            service.ack(sid, token, {"cursor": reply["next"]})  # type: ignore[index]
+        return counting.calls
+
+    def hwms(who: list[tuple[str, str]]) -> list[int]:
+        get = "SELECT hwm FROM subscriptions WHERE id=?"
+        return [int(store._db.execute(get, (sid,)).fetchone()[0]) for sid, _ in who]
+
+    assert woken(subs) == [("execute", "UPDATE", 4), ("execute", "UPDATE", 4), ("execute", "UPDATE", 2)]
+    assert hwms(subs) == [service.state("ci", None)["head"]] * 10
+    store._db.execute("DELETE FROM subscriptions WHERE id=?", (subs[4][0],))
+    sent = woken(subs)
+    assert sent == [("execute", "UPDATE", n) for n in (4, 4, 2)] + [("execute", "INSERT", 1)] * 10
+    assert hwms(subs) == [service.state("ci", None)["head"]] * 10
+    # control: three readers each in a place of its own (acked to different seqs) write as before
+    mixed = subs[:3]
+    for back, (sid, token) in enumerate(mixed):
+        service.seek(sid, token, {"cursor": service.state("ci", None)["head"] - back, "reason": "test"})
+    assert woken(mixed) == [("executemany", "UPDATE", 3)]
+    assert hwms(mixed) == [service.state("ci", None)["head"]] * 3
+
+
+TEXT_ID = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=24)
+SERVER_ID = st.from_regex(r"sub-[0-9a-f]{4,16}", fullmatch=True)
+HEADERS = st.dictionaries(
+    st.sampled_from(["access-control-allow-origin", "vary", "content-type", "x-extra"]),
+    st.sampled_from(["*", "origin", "application/json", "https://example.com"]),
+    max_size=3,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ids=st.tuples(st.one_of(SERVER_ID, TEXT_ID), st.one_of(SERVER_ID, TEXT_ID)),
+    headers=st.tuples(HEADERS, HEADERS),
+    statuses=st.sampled_from([(200, 200), (200, 207)]),
+    close=st.booleans(),
+    observations=st.lists(st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3), max_size=3),
+)
+def test_a_reply_written_from_the_one_it_is_like_has_the_bytes_it_would_have_alone(
+    ids: tuple[str, str],
+    headers: tuple[dict[str, str], dict[str, str]],
+    statuses: tuple[int, int],
+    close: bool,
+    observations: list[dict[str, str]],
+) -> None:
+    """A woken reader's reply made from the encoded reply of the reader it is like (pull_many's `same`):
+    its own id and length in the other one's head and body, byte for byte what encode_response makes of it
+    alone, whatever the ids (lengths, escapes, any text), the headers (the same, or not: then it is made
+    alone), the status and the connection's close. Positive control: with the same status and headers the
+    leader keeps what was encoded for its place."""
+    from monitor_protocol.api.messages import Response
+    from monitor_protocol.doors.http.protocol import encode_response
+
+    body = {"subscription": ids[0], "monitor": "ci", "next": 4, "observations": observations}
+    leader = Response(statuses[0], body, dict(headers[0]), route="/mp/v0/subscriptions/{id}/pull")
+    mine = {**body, "subscription": ids[1]}
+    follower = Response(statuses[1], mine, dict(headers[1]), route=leader.route, like=leader)
+    alone = Response(statuses[1], mine, dict(headers[1]), route=leader.route)
+    assert encode_response(follower, close=close) == encode_response(alone, close=close)
+    shared = statuses[0] == statuses[1] and headers[0] == headers[1]
+    assert (leader.encoded is not None) == shared
+    if shared:
+        assert leader.encoded[2] is not None  # the place's head and body kept, and used
+        assert encode_response(follower, close=close) == encode_response(alone, close=close)  # reused
 
 
 def test_woken_readers_in_one_place_share_the_first_ones_page_and_reply(tmp_path: Path) -> None:

@@ -63,6 +63,13 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
     long_poll: LongPoll | None = None
     route: str | None = None  # the route template that answered (/mp/v0/monitors/{id}), set by the router
+    # Another reply whose body equals this one's but for its "subscription", with the same status (a woken
+    # reader in the place of one answered before it, MonitorService.pull_many's `same`): a door may write
+    # this reply from that one's encoded bytes. A hint only: a door that does checks the headers itself.
+    like: Response | None = field(default=None, repr=False, compare=False)
+    # What a door kept of this reply's encoded form for the replies `like` it (the HTTP door's, see
+    # doors/http/protocol.py); never set by anything else.
+    encoded: Any = field(default=None, init=False, repr=False, compare=False)
 
     def json_bytes(self) -> bytes:
         if self.body is None:

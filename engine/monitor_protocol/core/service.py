@@ -95,10 +95,14 @@ class MonitorService(ServiceCore):
             reader=True,
         )
 
-    def pull_many(self, asks: list[delivery.PullAsk]) -> list[dict[str, Any] | ProtocolError]:
+    def pull_many(
+        self, asks: list[delivery.PullAsk], *, same: list[int] | None = None
+    ) -> list[dict[str, Any] | ProtocolError]:
         """Several readers' pulls in one call, each its reply or its refusal (the readers one append woke:
-        what they read alike is read once). Each ask is (subscription, token, cursor, limit, filter)."""
-        return self._call(lambda tx: delivery.pull_many(self, tx, asks))
+        what they read alike is read once). Each ask is (subscription, token, cursor, limit, filter).
+        `same`, when given, is filled with one index per reply: that of an earlier reply this one equals
+        but for its `subscription`, or -1."""
+        return self._call(lambda tx: delivery.pull_many(self, tx, asks, same))
 
     def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:
         """The server's own push delivery reads as the subscription, without its token."""

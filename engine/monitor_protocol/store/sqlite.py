@@ -67,6 +67,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
+from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
 __all__ = [
@@ -122,11 +123,6 @@ SCHEMA = (
 
 _PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id")
 _PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_ROW, "id")
-# A reader's usual write (an ack, a pull's delivery): only the columns no index holds. Setting the indexed
-# ones too (the upsert) rewrites all four index entries even when their values are the same.
-_MOVE_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, last_pull=?, rec=? WHERE id=?"
-# A delivery's write, when the rest of the record (`rec`) is what the row already holds: no JSON at all.
-_STEP_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, last_pull=? WHERE id=?"
 # The fields of a Subscription that live in `rec` (every field not in SUBSCRIPTION_ROW), read at once. Tuples
 # compare item by item, each the same object first (a delivery's copy shares them all) and then equal.
 _SUB_REST = operator.attrgetter(*(f for f in Subscription.__dataclass_fields__ if f not in SUBSCRIPTION_ROW))
@@ -613,7 +609,7 @@ class SQLiteStore(Store):
 
     def _write_subscriptions(self, subs: list[Subscription]) -> None:
         """A row whose indexed columns this process wrote last, unchanged, gets a narrow UPDATE: of its own
-        columns alone (`_STEP_SUBSCRIPTION`, no JSON) when the rest of the record is what the row holds (a
+        columns alone (sqlite_steps.step_rows, no JSON) when the rest of the record is what the row holds (a
         pull's delivery), else with `rec` too. One that turns out not to be there (rowcount 0) gets the
         upsert, so a stale memory can cost a statement, never a write. The upserts go one statement each,
         in order (the unique index checks each new identity); the narrow UPDATEs go first, each kind as one
@@ -630,30 +626,26 @@ class SQLiteStore(Store):
                 in_order = True
                 break
             seen.add(sub.id)
-            if keys.get(sub.id) == (sub.monitor, sub.subscriber, sub.token_hash, sub.state.value) and (
+            # (the state as it is: a StrEnum equals its text, and `.value` costs an enum lookup per row)
+            if keys.get(sub.id) == (sub.monitor, sub.subscriber, sub.token_hash, sub.state) and (
                 self._rest_stored(sub)
             ):
                 steps.append((sub.cursor, sub.hwm, sub.mute_since, sub.last_pull, sub.id))
             else:
                 others.append(sub)
         # A row that was not there (a short rowcount): the upsert for every one (the same values again).
-        upsert_all = in_order or (bool(steps) and not self._narrow(_STEP_SUBSCRIPTION, steps))
+        upsert_all = in_order or (bool(steps) and not step_rows(self._db, steps))
         if upsert_all:
             others = list(subs)
         if not others:
             return
         rows = [row_values(sub.to_row(), SUBSCRIPTION_ROW) for sub in others]
         narrow = [] if upsert_all else [(*v[5:], v[0]) for v in rows if keys.get(v[0]) == v[1:5]]
-        if narrow and self._narrow(_MOVE_SUBSCRIPTION, narrow):
+        if narrow and narrow_rows(self._db, MOVE_SUBSCRIPTION, narrow):
             rows = [v for v in rows if keys.get(v[0]) != v[1:5]]
         for values in rows:  # the rest, or all of them again when a row was not there (same values)
             db.execute(_PUT_SUBSCRIPTION, values)
             keys[values[0]] = values[1:5]
-
-    def _narrow(self, sql: str, params: list[tuple[Any, ...]]) -> bool:
-        """Run a narrow UPDATE for each row; False when one of the rows was not there."""
-        moved = self._db.execute(sql, params[0]) if len(params) == 1 else self._db.executemany(sql, params)
-        return moved.rowcount == len(params)
 
     def _rest_stored(self, sub: Subscription) -> bool:
         """Whether the row already holds `sub`'s `rec`: the version this process last wrote or read for it

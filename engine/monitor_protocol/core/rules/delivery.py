@@ -628,23 +628,33 @@ def _pull_reply(
 PullAsk = tuple[str, str | None, Any, Any, Any]  # (subscription, token, cursor, limit, inline filter)
 
 
-def pull_many(core: ServiceCore, tx: Tx, asks: list[PullAsk]) -> list[dict[str, Any] | ProtocolError]:
+def pull_many(
+    core: ServiceCore, tx: Tx, asks: list[PullAsk], same: list[int] | None = None
+) -> list[dict[str, Any] | ProtocolError]:
     """The pulls of readers one append woke, in one call: what they read alike (the page, the lag) is read
     once, their deliveries are written in one apply; each gets its own reply, or its own refusal (a refusal
     comes before its pull stages anything, so it costs the others nothing). Readers in the same place (see
-    _Alike) get the reply the first of them got, with their own id: only what is theirs is done again."""
+    _Alike) get the reply the first of them got, with their own id: only what is theirs is done again.
+    `same`, when given, is filled with one index per reply: that of the earlier reply it equals but for its
+    `subscription`, or -1 (a door may then write it from that one's encoded form)."""
     memo: dict[Any, Any] = {}
     delivered: dict[str, int] = {}  # monitor -> rows its readers got for the first time, written once
     alike: dict[Any, _Alike] = {}
     recs: dict[str, Monitor] = {}  # monitor id -> its version as this call last read it (see _pull_alike)
     out: list[dict[str, Any] | ProtocolError] = []
+    like: list[int] = [] if same is None else same
+    like.clear()  # (the call may run again: a store that found a row changed retries it whole)
     for sub_id, token, cursor, limit, inline in asks:
         try:
-            out.append(
-                _pull_alike(core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike, recs)
+            reply, first = _pull_alike(
+                core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike, recs, len(out)
             )
         except ProtocolError as err:
             out.append(err)
+            like.append(-1)
+        else:
+            out.append(reply)
+            like.append(first)
     for monitor_id, fresh in delivered.items():
         count_deliveries(tx, monitor_of(tx, monitor_id), fresh)
     return out
@@ -659,6 +669,7 @@ class _Alike:
     page: _Page
     reply: dict[str, Any]
     news: tuple[int, int]  # _news(page, hwm): the same for every reader in the place (the hwm is in it)
+    index: int  # the reply's place in pull_many's answer
 
 
 def _place(rec: Monitor, sub: Subscription, limit: Any) -> Any:
@@ -696,37 +707,42 @@ def _pull_alike(
     delivered: dict[str, int],
     alike: dict[Any, _Alike],
     recs: dict[str, Monitor],
-) -> dict[str, Any]:
-    """One woken reader's pull in pull_many. Its token, its capability and its record are its own, always;
-    in the place of a reader already answered in this call it gets that reply, its delivery recorded.
+    index: int,
+) -> tuple[dict[str, Any], int]:
+    """One woken reader's pull in pull_many (the reply at `index`), with the index of the reply it copies
+    (-1: none). Its token, its capability and its record are its own, always; in the place of a reader
+    already answered in this call it gets that reply with its own id, its delivery recorded.
     `recs` holds the monitors as this call last read them: only a whole pull may write a new version of
     one (a reset, a bookmark), so it is emptied after each; a reader in a known place writes only its own
     subscription (its monitor's count is written once, after every reader)."""
     if cursor is not None or inline is not None:  # a replay or an inline filter: the whole pull
         recs.clear()
-        return pull(
+        whole = pull(
             core, tx, sub_id, token, cursor, limit, inline, system=False, memo=memo, delivered=delivered
         )
+        return whole, -1
     stored = _reader(tx, sub_id, token, False)
-    sub = core.alive(stored)
-    rec = recs.get(sub.monitor)
+    rec = recs.get(stored.monitor)
     if rec is None:
-        rec = recs[sub.monitor] = monitor_of(tx, sub.monitor)
-    place = _place(rec, sub, limit)
+        rec = recs[stored.monitor] = monitor_of(tx, stored.monitor)
+    # The place is read from the stored record: what `alive` adds (a remembered sign of life) is no part of
+    # it, and a delivery's write sets both its fields anew, so a reader in a known place needs no copy.
+    place = _place(rec, stored, limit)
     known = None if place is None else alike.get(place)
     if known is None or known.rec is not rec:  # (another version of the monitor: read it afresh)
+        sub = core.alive(stored)
         recs.clear()
         reply, page = _pull(core, tx, stored, sub, rec, None, limit, None, memo, delivered)
         # Only a plain pull is shared: one that reset the reader, marked rows examined in vain or appended
         # a bookmark changed the reader's record on the way, which is that reader's alone.
         if place is not None and not page.changed and rec.id not in tx.appended:
-            alike[place] = _Alike(rec, page, reply, _news(page, sub.hwm))
-        return reply
-    _record_delivery(core, tx, rec, stored, sub, known.page, delivered, known.news)
+            alike[place] = _Alike(rec, page, reply, _news(page, sub.hwm), index)
+        return reply, -1
+    _record_delivery(core, tx, rec, stored, stored, known.page, delivered, known.news)
     reply = dict(known.reply)
-    reply["subscription"] = sub.id
+    reply["subscription"] = stored.id
     reply["observations"] = list(known.reply["observations"])  # the rows' objects shared, never changed
-    return reply
+    return reply, known.index
 
 
 def count_deliveries(tx: Tx, rec: Monitor, fresh: int) -> None:

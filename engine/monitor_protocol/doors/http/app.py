@@ -287,15 +287,18 @@ class MonitorApp:
         polls = [poll for poll, _ in woken]
 
         def job() -> list[tuple[Response, int]]:
-            results = self.service.pull_many([poll.pull for poll in polls])
+            same: list[int] = []
+            results = self.service.pull_many([poll.pull for poll in polls], same=same)
             marks: dict[str, int] = {}
-            out = []
-            for poll, result in zip(polls, results, strict=True):
+            out: list[tuple[Response, int]] = []
+            for poll, result, first in zip(polls, results, same, strict=True):
                 if isinstance(result, ProtocolError):
                     response = error_response(result, poll.headers)
                     response.route = poll.route
                 else:
                     response = parked_reply(result, poll)
+                    if first >= 0:  # its body is that one's but for its id: written from its bytes
+                        response.like = out[first][0]
                 monitor = _monitor_of(response)
                 mark = marks.get(monitor)
                 if mark is None:

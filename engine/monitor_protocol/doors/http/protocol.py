@@ -92,23 +92,67 @@ class _Clock:
 CLOCK = _Clock()
 
 
-def encode_response(response: Response, *, close: bool) -> bytes:
-    """A Response as the bytes of an HTTP/1.1 reply with a Content-Length body."""
-    body = response.json_bytes()
+def _head(response: Response, typed_body: bool) -> list[bytes]:
+    """A reply's status line and headers up to its Content-Length (a JSON type named when it has a body)."""
     parts = [status_line(response.status), CLOCK.date()]
     typed = False
     for name, value in response.headers.items():
         lname = name.lower()
         typed = typed or lname == "content-type"
         parts.append(f"{lname}: {value}\r\n".encode("latin-1"))
-    if body and not typed:
+    if typed_body and not typed:
         parts.append(b"content-type: application/json\r\n")
+    return parts
+
+
+def encode_response(response: Response, *, close: bool) -> bytes:
+    """A Response as the bytes of an HTTP/1.1 reply with a Content-Length body."""
+    like = response.like
+    if like is not None:
+        data = _encode_alike(response, like, close)
+        if data is not None:
+            return data
+    body = response.json_bytes()
+    parts = _head(response, bool(body))
     parts.append(b"content-length: %d\r\n" % len(body))
     if close:
         parts.append(b"connection: close\r\n")
     parts.append(b"\r\n")
     parts.append(body)
     return b"".join(parts)
+
+
+_SUBSCRIPTION_OPEN = b'{"subscription":'  # how a pull's reply begins (delivery._pull_reply's first key)
+
+
+def _encode_alike(response: Response, like: Response, close: bool) -> bytes | None:
+    """The reply of a woken reader in the place of one answered before it (`like`: the same body but for its
+    "subscription", pull_many's `same`), from that one's bytes: its head is made and its body encoded once
+    for every reader in the place, each reply only its own id and length. The bytes are those
+    encode_response makes of the reply itself (tests/test_lean_path.py holds it). None: made the usual way
+    (the headers differ, as CORS headers may, or the body does not begin with its id)."""
+    if response.status != like.status or response.headers != like.headers:
+        return None
+    body = response.body
+    own = body.get("subscription") if type(body) is dict else None
+    if type(own) is not str:
+        return None
+    date = CLOCK.date()
+    kept = like.encoded
+    if kept is None or kept[0] is not date or kept[1] != close:  # once per place (and per second)
+        whole = like.json_bytes()
+        start = _SUBSCRIPTION_OPEN + wire.encode(like.body["subscription"])
+        if not whole.startswith(start):
+            kept = like.encoded = (date, close, None, b"", b"")
+        else:
+            head = b"".join(_head(like, True))
+            tail = b"connection: close\r\n\r\n" if close else b"\r\n"
+            kept = like.encoded = (date, close, head, tail, whole[len(start) :])
+    _date, _close, head, tail, rest = kept
+    if head is None:
+        return None
+    mine = _SUBSCRIPTION_OPEN + wire.encode(own)
+    return b"".join((head, b"content-length: %d\r\n" % (len(mine) + len(rest)), tail, mine, rest))
 
 
 class _Pending:
