@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +113,16 @@ def long_polls_parked(base: str) -> int:
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def with_user(url: str, user: str, password: str | None = None) -> str:
+    """``url`` connecting as ``user`` (with ``password``), whatever user it named (a URL or key=value)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        parts = urllib.parse.urlsplit(url)
+        who = urllib.parse.quote(user, safe="")
+        if password is not None:
+            who += ":" + urllib.parse.quote(password, safe="")
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{who}@{parts.netloc.rpartition('@')[2]}"))
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(url, user=user, **({} if password is None else {"password": password}))

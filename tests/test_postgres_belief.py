@@ -15,6 +15,7 @@ from monitor_protocol.core.store_contract import StaleRead, StorageError
 from monitor_protocol.doors.engines import EngineLanes
 from monitor_protocol.store import postgres
 from monitor_protocol.store.postgres import PostgresStore
+from serverutil import with_user
 from test_postgres_group import keyed, run_queued
 
 psycopg = pytest.importorskip("psycopg")
@@ -250,7 +251,7 @@ def test_a_database_of_this_schema_version_without_the_check_gets_it_and_a_role_
         ):
             conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {user}")
         conn.execute(f"REVOKE CREATE ON SCHEMA public FROM {user}, PUBLIC")
-    limited_url = pg_url.replace("://mp@", f"://{user}@", 1)
+    limited_url = with_user(pg_url, user)
     try:
         # ... opened by a role that may not create it: it opens, and reads each row with its lock
         limited = PostgresStore(limited_url)
