@@ -99,6 +99,30 @@ class CountingStore(SQLiteStore):
         return super().scan(*args, **kwargs)
 
 
+class CountingConnection:
+    """A store's SQLite connection, counting the statements that write subscriptions: (how it was sent, its
+    verb, the rows it names: the ids of an `IN (...)`, one for any other `execute`, every row of an
+    executemany)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db, self.calls = db, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.db, name)
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
+            rows = len(args[0]) - 4 if " IN (" in sql else 1  # (the four values set, then the ids)
+            self.calls.append(("execute", sql.split(" ")[0], rows))
+        return self.db.execute(sql, *args)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        rows = list(rows)
+        if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
+            self.calls.append(("executemany", sql.split(" ")[0], len(rows)))
+        return self.db.executemany(sql, rows)
+
+
 @pytest.fixture()
 async def door(tmp_path: Path):
     store = CountingStore(str(tmp_path / "lean.db"))
@@ -530,29 +554,9 @@ def test_readers_woken_in_one_place_write_their_rows_in_shared_statements(
     service = MonitorService(store)
     owner, subs = feed(service, 10)
 
-    class Counting:
-        """The store's connection, counting the statements that write subscriptions (and their rows)."""
-
-        def __init__(self, db: Any) -> None:
-            self.db, self.calls = db, []
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.db, name)
-
-        def execute(self, sql: str, *args: Any) -> Any:
-            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
-                self.calls.append(("execute", sql.split(" ")[0], sql.count("?") - 4 if " IN (" in sql else 1))
-            return self.db.execute(sql, *args)
-
-        def executemany(self, sql: str, rows: Any) -> Any:
-            rows = list(rows)
-            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
-                self.calls.append(("executemany", sql.split(" ")[0], len(rows)))
-            return self.db.executemany(sql, rows)
-
     def woken(who: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
         service.publish("ci", {"type": RUN, "subject": "x"}, owner)
-        real, counting = store._db, Counting(store._db)
+        real, counting = store._db, CountingConnection(store._db)
         store._db = counting  # type: ignore[assignment]
         try:
             replies = service.pull_many([(sid, token, None, None, None) for sid, token in who])
@@ -775,29 +779,9 @@ def test_the_readers_one_append_woke_write_their_rows_in_one_statement(tmp_path:
     service = MonitorService(store)
     owner, subs = feed(service, 3)
 
-    class Counting:
-        """The store's connection, counting the statements sent to it about subscriptions."""
-
-        def __init__(self, db: Any) -> None:
-            self.db, self.calls = db, []
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.db, name)
-
-        def execute(self, sql: str, *args: Any) -> Any:
-            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
-                self.calls.append(("execute", sql.split(" ")[0]))
-            return self.db.execute(sql, *args)
-
-        def executemany(self, sql: str, rows: Any) -> Any:
-            rows = list(rows)
-            if "subscriptions" in sql and sql.startswith(("INSERT", "UPDATE")):
-                self.calls.append(("executemany", sql.split(" ")[0], len(rows)))
-            return self.db.executemany(sql, rows)
-
     def woken() -> list[tuple[Any, ...]]:
         service.publish("ci", {"type": RUN, "subject": "x"}, owner)
-        real, counting = store._db, Counting(store._db)
+        real, counting = store._db, CountingConnection(store._db)
         store._db = counting  # type: ignore[assignment]
         try:
             replies = service.pull_many([(sid, token, None, None, None) for sid, token in subs])
@@ -815,18 +799,18 @@ def test_the_readers_one_append_woke_write_their_rows_in_one_statement(tmp_path:
     assert [hwm(sid) for sid, _ in subs] == [head] * 3
     # a row gone behind the store's back: the rowcount says so, and every reader's row is upserted whole
     store._db.execute("DELETE FROM subscriptions WHERE id=?", (subs[1][0],))
-    assert woken() == [("executemany", "UPDATE", 3)] + [("execute", "INSERT")] * 3
+    assert woken() == [("executemany", "UPDATE", 3)] + [("execute", "INSERT", 1)] * 3
     head = service.state("ci", None)["head"]
     assert [hwm(sid) for sid, _ in subs] == [head] * 3
     # control: one reader alone is one narrow UPDATE of its own, as before
     service.publish("ci", {"type": RUN, "subject": "y"}, owner)
-    real, counting = store._db, Counting(store._db)
+    real, counting = store._db, CountingConnection(store._db)
     store._db = counting  # type: ignore[assignment]
     try:
         service.pull(subs[0][0], subs[0][1])
     finally:
         store._db = real
-    assert counting.calls == [("execute", "UPDATE")]
+    assert counting.calls == [("execute", "UPDATE", 1)]
 
 
 def test_the_sweep_timer_sweeps_only_when_a_deadline_is_due(tmp_path: Path) -> None:
