@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from monitor_protocol.api.messages import Request
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
@@ -664,6 +665,33 @@ def test_woken_readers_in_one_place_share_the_first_ones_page_and_reply(tmp_path
     assert isinstance(control, dict) and control["subscription"] == behind[0]
     assert [o["subject"] for o in control["observations"]] == ["early", "woken"]
     assert control["observations"][-1] is not first["observations"][-1]  # its own pull built its own
+
+
+def test_the_router_matches_a_request_against_its_own_methods_routes_as_a_scan_of_all_would() -> None:
+    """`_candidates(path, method)` gives, for every route's path and every method, the route a scan of the
+    whole table in order would take; a method a path does not have is refused naming the ones it has.
+    Control: the table has paths with two methods (GET and POST), so the method decides there."""
+    import re as regex_module
+
+    from monitor_protocol.api import rest
+
+    table = rest.route_table()
+    paths = {
+        regex_module.sub(r"\{\w+\}", "x-1", rest._LABELS[rx])[len(rest.PREFIX) :] for _m, rx, _f in table
+    }
+    two = [p for p in paths if len({m for m, rx, _f in table if rx.match(p)}) > 1]
+    assert two  # the control: the method decides for these paths
+    for path in paths:
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            scan = next(((rx, f) for m, rx, f in table if m == method and rx.match(path)), None)
+            mine = next(((rx, f) for _m, rx, f in rest._candidates(path, method) if rx.match(path)), None)
+            assert mine == scan, (method, path)
+    service = MonitorService(SQLiteStore(":memory:"))
+    router = RestRouter(service)
+    for path in two:
+        reply = router.handle(Request("PUT", rest.PREFIX + path, [], {"host": "127.0.0.1"}, b""))
+        assert reply.status == 404 and reply.body["code"] == "NOT_FOUND"
+        assert reply.body["error"] == f"PUT is not a method of {rest.PREFIX + path}; use GET or POST."
 
 
 # ---------------------------------------------------------------------------------------------- the engine

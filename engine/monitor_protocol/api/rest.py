@@ -43,6 +43,9 @@ _LABELS: dict[
 
 
 _GROUPS: dict[tuple[int, str], list[tuple[str, re.Pattern[str], Handler]]] = {}
+# The same, per method too: a request is matched only against its own method's routes (the others' regexes
+# are tried only to say which methods a path has, when none of its own matched).
+_BY_METHOD: dict[tuple[int, str, str], list[tuple[str, re.Pattern[str], Handler]]] = {}
 
 
 def _shape(path: str) -> tuple[int, str]:
@@ -52,13 +55,17 @@ def _shape(path: str) -> tuple[int, str]:
     return path.count("/"), first
 
 
-def _candidates(path: str) -> list[tuple[str, re.Pattern[str], Handler]]:
-    """The routes a path may match, in table order (the same first match as trying them all)."""
+def _candidates(path: str, method: str | None = None) -> list[tuple[str, re.Pattern[str], Handler]]:
+    """The routes a path may match (of `method` only, when given), in table order (the same first match as
+    trying them all)."""
     if not _GROUPS:
         for entry in _ROUTES:
-            template = _LABELS[entry[1]][len(PREFIX) :]
-            _GROUPS.setdefault(_shape(template), []).append(entry)
-    return _GROUPS.get(_shape(path), [])
+            shape = _shape(_LABELS[entry[1]][len(PREFIX) :])
+            _GROUPS.setdefault(shape, []).append(entry)
+            _BY_METHOD.setdefault((*shape, entry[0]), []).append(entry)
+    if method is None:
+        return _GROUPS.get(_shape(path), [])
+    return _BY_METHOD.get((*_shape(path), method), [])
 
 
 def route_table() -> list[tuple[str, re.Pattern[str], Handler]]:
@@ -150,8 +157,8 @@ class RestRouter:
         if method != "POST" or not path.startswith(_PUBLISH_HEAD) or not path.endswith(_PUBLISH_TAIL):
             return None
         path = path[len(PREFIX) :].rstrip("/") or "/"
-        for m, regex, _fn in _candidates(path):  # the route `_handle` would take, in its order
-            match = regex.match(path) if m == method else None
+        for _m, regex, _fn in _candidates(path, method):  # the route `_handle` would take, in its order
+            match = regex.match(path)
             if match is not None:
                 if _LABELS[regex] != _PUBLISH_LABEL:
                     return None
@@ -255,18 +262,16 @@ class RestRouter:
                 f"No route {req.path}: the Monitor Protocol lives under /mp/v0 (start with GET /mp/v0/discover).",
             )
         path = req.path[len(PREFIX) :].rstrip("/") or "/"
-        allowed: list[str] = []
-        for m, regex, fn in _candidates(path):
+        for _m, regex, fn in _candidates(path, method):
             match = regex.match(path)
             if match:
-                if m == method:
-                    try:
-                        resp = fn(self, req, match.groupdict())
-                    except ProtocolError as err:
-                        raise _Routed(err, _LABELS[regex]) from None
-                    resp.route = _LABELS[regex]
-                    return resp
-                allowed.append(m)
+                try:
+                    resp = fn(self, req, match.groupdict())
+                except ProtocolError as err:
+                    raise _Routed(err, _LABELS[regex]) from None
+                resp.route = _LABELS[regex]
+                return resp
+        allowed = [m for m, regex, _fn in _candidates(path) if regex.match(path)]
         if allowed:
             raise ProtocolError(
                 "NOT_FOUND",
