@@ -152,8 +152,8 @@ def _encode_alike(response: Response, like: Response, close: bool) -> bytes | No
     _date, _close, head, tail, rest = kept
     if head is None:
         return None
-    mine = _SUBSCRIPTION_OPEN + wire.encode(own)
-    return b"".join((head, b"content-length: %d\r\n" % (len(mine) + len(rest)), tail, mine, rest))
+    opening = _SUBSCRIPTION_OPEN + wire.encode(own)
+    return b"".join((head, b"content-length: %d\r\n" % (len(opening) + len(rest)), tail, opening, rest))
 
 
 class _Pending:
