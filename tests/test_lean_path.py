@@ -124,6 +124,23 @@ class CountingConnection:
         return self.db.executemany(sql, rows)
 
 
+def woken_statements(
+    service: MonitorService, store: SQLiteStore, owner: str, who: list[tuple[str, str]]
+) -> list[tuple[Any, ...]]:
+    """A publish, then `who` woken in one pull_many on a counted connection (each then acks what it got):
+    the statements that wrote their subscriptions (CountingConnection's)."""
+    service.publish("ci", {"type": RUN, "subject": "x"}, owner)
+    real, counting = store._db, CountingConnection(store._db)
+    store._db = counting  # type: ignore[assignment]
+    try:
+        replies = service.pull_many([(sid, token, None, None, None) for sid, token in who])
+    finally:
+        store._db = real
+    for (sid, token), reply in zip(who, replies, strict=True):
+        service.ack(sid, token, {"cursor": reply["next"]})  # type: ignore[index]
+    return counting.calls
+
+
 @pytest.fixture()
 async def door(tmp_path: Path):
     store = CountingStore(str(tmp_path / "lean.db"))
@@ -556,16 +573,7 @@ def test_readers_woken_in_one_place_write_their_rows_in_shared_statements(
     owner, subs = feed(service, 10)
 
     def woken(who: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
-        service.publish("ci", {"type": RUN, "subject": "x"}, owner)
-        real, counting = store._db, CountingConnection(store._db)
-        store._db = counting  # type: ignore[assignment]
-        try:
-            replies = service.pull_many([(sid, token, None, None, None) for sid, token in who])
-        finally:
-            store._db = real
-        for (sid, token), reply in zip(who, replies, strict=True):
-            service.ack(sid, token, {"cursor": reply["next"]})  # type: ignore[index]
-        return counting.calls
+        return woken_statements(service, store, owner, who)
 
     def hwms(who: list[tuple[str, str]]) -> list[int]:
         get = "SELECT hwm FROM subscriptions WHERE id=?"
@@ -808,16 +816,7 @@ def test_the_readers_one_append_woke_write_their_rows_in_one_statement(tmp_path:
     owner, subs = feed(service, 3)
 
     def woken() -> list[tuple[Any, ...]]:
-        service.publish("ci", {"type": RUN, "subject": "x"}, owner)
-        real, counting = store._db, CountingConnection(store._db)
-        store._db = counting  # type: ignore[assignment]
-        try:
-            replies = service.pull_many([(sid, token, None, None, None) for sid, token in subs])
-        finally:
-            store._db = real
-        for (sid, token), reply in zip(subs, replies, strict=True):
-            service.ack(sid, token, {"cursor": reply["next"]})  # type: ignore[index]
-        return counting.calls
+        return woken_statements(service, store, owner, subs)
 
     def hwm(sid: str) -> int:
         return int(store._db.execute("SELECT hwm FROM subscriptions WHERE id=?", (sid,)).fetchone()[0])
