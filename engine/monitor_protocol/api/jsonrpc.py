@@ -48,12 +48,33 @@ def _method(op: Operation) -> Method:
     """The JSON-RPC method of one table operation: params are the REST body plus the path ids (under
     their aliases), which are taken out of the body."""
     ids = tuple(name for p in op.path_params for name in p.aliases)
+    # A method whose params are read by name (no body handed to the engine, which judges its own): a name
+    # it does not read is refused, never dropped (a `wait` ignored would answer at once as if it waited).
+    named = (
+        None
+        if "body" in op.call
+        else {*ids, *(p.name for p in op.params if p.where != "path" and "jsonrpc" in p.doors)}
+    )
 
     def run(service: MonitorService, params: Params, token: str | None) -> Any:
+        if named is not None and not params.keys() <= named:
+            raise _unread(op, params.keys() - named, named)
         path = {p.name: _path_value(params, p) for p in op.path_params}
         return operations.invoke(service, op, path, _strip(params, *ids), token, params)
 
     return run
+
+
+def _unread(op: Operation, unknown: set[str], known: set[str]) -> ProtocolError:
+    names = sorted(name[:64] for name in unknown)[:10]
+    if op.name == "pull" and "wait" in unknown:
+        text = (
+            f"{op.jsonrpc} does not wait: a JSON-RPC call is answered at once. Long-poll with POST "
+            '/mp/v0/subscriptions/{id}/pull {"wait": <seconds>} (or GET ...?wait=), or stream with SSE.'
+        )
+    else:
+        text = f"Unknown params {names} for {op.jsonrpc}; it reads {sorted(known) or 'none'} (and token)."
+    return ProtocolError("INVALID", text, invalid=names)
 
 
 METHODS: dict[str, Method] = {name: _method(op) for name, op in operations.BY_JSONRPC.items()}

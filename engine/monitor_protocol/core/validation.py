@@ -46,11 +46,16 @@ def as_int(
     return value
 
 
-def require_object(body: Any, what: str) -> dict[str, Any]:
+def require_object(body: Any, what: str, known: frozenset[str] | None = None) -> dict[str, Any]:
+    """The body as an object (none: empty). With `known`, a member outside it is 400 INVALID naming it: a
+    misspelt field (`filters` for `filter`) would otherwise be dropped and the call would mean something else."""
     if body is None:
         return {}
     if not isinstance(body, dict):
         raise invalid(f"The {what} body must be a JSON object.")
+    if known is not None and not body.keys() <= known:
+        unknown = sorted(name[:64] for name in body if name not in known)[:10]
+        raise invalid(f"Unknown {what} field(s) {unknown}; send only {sorted(known)}.", invalid=unknown)
     return wire.check(body)
 
 

@@ -172,8 +172,18 @@ def _check_sink_uri(sink: str, *, given: bool) -> None:
         )
 
 
+# The members each body may hold (anything else is refused, naming it: core/validation.require_object).
+SUBSCRIBE_FIELDS = frozenset(
+    ("monitor", "subscriber", "capabilities", "filter", "from", "protocol", "reset_policy", "sink", "sink_secret",
+     "retire_after_mute_seconds")
+)  # fmt: skip
+ACK_FIELDS = frozenset(("cursor",))
+SEEK_FIELDS = frozenset(("cursor", "reason"))
+RETIRE_FIELDS = frozenset(("reason",))
+
+
 def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
-    body = require_object(body, "subscribe")
+    body = require_object(body, "subscribe", SUBSCRIBE_FIELDS)
     monitor_id = body.get("monitor")
     if not isinstance(monitor_id, str):
         raise invalid('subscribe needs {"monitor": "<id>", "subscriber": "agent:you"}.')
@@ -762,7 +772,7 @@ def ack(
         sub = found
     else:
         sub = subscription_of(tx, sub_id, token)
-    body = require_object(body, "ack")
+    body = require_object(body, "ack", ACK_FIELDS)
     if "cursor" not in body:
         raise invalid('ack needs {"cursor": <next>} where next is the pull reply\'s "next".')
     requested = as_int(body["cursor"], "cursor", minimum=0, text=False)  # a JSON integer (C27)
@@ -789,7 +799,7 @@ def ack(
 
 def seek(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
     sub = subscription_of(tx, sub_id, token)
-    body = require_object(body, "seek")
+    body = require_object(body, "seek", SEEK_FIELDS)
     reason = check_reason(body.get("reason"), "reason")
     if reason is None or not reason.strip():
         raise invalid('seek needs a reason: {"cursor": <seq>, "reason": "why you are moving"}.')
@@ -826,7 +836,7 @@ def renew(core: ServiceCore, tx: Tx, sub_id: str, token: str | None) -> dict[str
 
 def retire(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any) -> dict[str, Any]:
     sub = subscription_of(tx, sub_id, token)
-    b = require_object(body, "retire")
+    b = require_object(body, "retire", RETIRE_FIELDS)
     reason = check_reason(b.get("reason", "by request"), "reason") or "by request"
     seq = retire_subscription(core, tx, sub, sub.subscriber, "by request", note=reason)
     return {"ok": True, "subscription": sub.id, "seq": seq, "cursor_kept": sub.cursor}

@@ -33,6 +33,8 @@ from monitor_protocol.core.vocab import (
 )
 
 LEASE_ACTIONS = ("claim", "renew", "complete", "release", "reject")
+# What a lease call's body may hold, whichever the action (anything else is refused, naming it).
+LEASE_FIELDS = frozenset(("subject", "note", "lease_duration_seconds", "reason", "outcome", "evidence"))
 
 
 def _duration(value: Any) -> int:
@@ -54,7 +56,7 @@ def lease(
             granted=list(sub.capabilities),
             required="act",
         )
-    body = require_object(body, action)
+    body = require_object(body, action, LEASE_FIELDS)
     subject = body.get("subject")
     if not isinstance(subject, str) or not subject:
         raise invalid(f'{action} needs {{"subject": "<a subject this monitor published>"}}.')

@@ -275,11 +275,15 @@ def monitor_state(core: ServiceCore, tx: Tx, monitor_id: str, token: str | None)
     )
 
 
+# What an update, pause, resume or retire body may hold (anything else is refused, naming it).
+CONFIGURE_FIELDS = frozenset(("patch", "reason", "rule"))
+
+
 def configure(
     core: ServiceCore, tx: Tx, monitor_id: str, action: str, body: Any, token: str | None
 ) -> dict[str, Any]:
     rec = owner_monitor(tx, monitor_id, token)
-    body = require_object(body, action)
+    body = require_object(body, action, CONFIGURE_FIELDS)
     reason = check_reason(body.get("reason"), "reason")
     rule = check_reason(body.get("rule"), "rule")
     before = rec.to_wire()

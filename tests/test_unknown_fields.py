@@ -1,0 +1,98 @@
+"""A member a call does not read is refused, naming it, never dropped: a misspelt `filters` would otherwise
+make an unfiltered subscription from the beginning, and a JSON-RPC `wait` would answer at once as if it
+had waited. Each refusal changes nothing; each positive control sends the same call with the right name."""
+
+from __future__ import annotations
+
+import pytest
+from enginekit import Harness
+from monitor_protocol.store.memory import MemoryStore
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness(MemoryStore())
+
+
+def _refused(reply, name: str) -> None:
+    assert reply.status == 400, reply.body
+    assert reply.body["code"] == "INVALID" and reply.body["invalid"] == [name], reply.body
+    assert repr(name) in reply.body["error"], reply.body
+
+
+def test_a_subscribe_body_with_a_misspelt_field_is_refused_and_subscribes_nobody(h):
+    owner = h.monitor("ci")
+    typo = {"monitor": "ci", "subscriber": "agent:typo", "filters": {"types": ["com.example.ci.run"]}}
+    head = h.call("GET", "/monitors/ci/state", token=owner).body["head"]
+    _refused(h.call("POST", "/subscriptions", typo, owner), "filters")
+    assert h.call("GET", "/monitors/ci/state", token=owner).body["head"] == head  # no subscribed row
+    # control: the right name subscribes, with its filter
+    right = {"monitor": "ci", "subscriber": "agent:typo", "filter": {"types": ["com.example.ci.run"]}}
+    r = h.call("POST", "/subscriptions", right, owner)
+    assert r.status == 201 and r.body["subscription"]["filter"] == {"types": ["com.example.ci.run"]}
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "name"),
+    [
+        ("ack", {"cursor": 2, "x": 1}, "x"),
+        ("seek", {"cursor": 1, "reason": "again", "curser": 1}, "curser"),
+        ("retire", {"reason": "done", "why": "done"}, "why"),
+    ],
+)
+def test_a_subscription_call_with_an_unknown_field_is_refused_and_moves_nothing(h, route, body, name):
+    owner = h.monitor("ci")
+    h.publish("ci", owner, actor="probe:ci")
+    sub, token = h.subscribe("ci", owner)
+    _refused(h.call("POST", f"/subscriptions/{sub}/{route}", body, token), name)
+    assert h.pull(sub, token).body["cursor"] == 0  # still where it was, and still active
+    # control: the same call without the stray member
+    clean = {k: v for k, v in body.items() if k != name}
+    assert h.call("POST", f"/subscriptions/{sub}/{route}", clean, token).status == 200
+
+
+@pytest.mark.parametrize("action", ["pause", "retire"])
+def test_a_monitor_lifecycle_call_with_an_unknown_field_is_refused_and_changes_nothing(h, action):
+    owner = h.monitor("ci")
+    _refused(h.call("POST", f"/monitors/ci/{action}", {"reasn": "typo"}, owner), "reasn")
+    assert h.call("GET", "/monitors/ci", token=owner).body["active"] is True
+    assert h.call("POST", f"/monitors/ci/{action}", {"reason": "typo fixed"}, owner).status == 200
+
+
+def test_a_lease_call_with_an_unknown_field_is_refused(h):
+    owner = h.monitor("ci", capabilities=["observe", "act"])
+    h.publish("ci", owner, actor="probe:ci", subject="build-1")
+    sub, token = h.subscribe("ci", owner, capabilities=["observe", "act"])
+    body = {"subject": "build-1", "duration": 30}
+    _refused(h.call("POST", f"/subscriptions/{sub}/leases/claim", body, token), "duration")
+    right = {"subject": "build-1", "lease_duration_seconds": 30}
+    assert h.call("POST", f"/subscriptions/{sub}/leases/claim", right, token).status == 201
+
+
+def _rpc(h: Harness, method: str, **params):
+    return h.call("POST", "/rpc", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).body
+
+
+def test_json_rpc_pull_refuses_wait_saying_where_a_long_poll_is(h):
+    owner = h.monitor("ci")
+    sub, token = h.subscribe("ci", owner)
+    reply = _rpc(h, "feeds/pull", subscription=sub, token=token, wait=3)
+    data = reply["error"]["data"]
+    assert data["code"] == "INVALID" and data["invalid"] == ["wait"], reply
+    assert "does not wait" in data["error"] and '{"wait": <seconds>}' in data["error"]
+    stray = _rpc(h, "feeds/pull", subscription=sub, token=token, bogus=1)["error"]["data"]
+    assert stray["invalid"] == ["bogus"] and "'limit'" in stray["error"], stray
+    # control: the params it reads are read
+    h.publish("ci", owner, actor="probe:ci")
+    got = _rpc(h, "feeds/pull", subscription=sub, token=token, limit=1, cursor=1)["result"]
+    assert len(got["observations"]) == 1 and got["next"] == 2, got
+
+
+def test_json_rpc_body_methods_refuse_an_unknown_member_in_the_engines_words(h):
+    owner = h.monitor("ci")
+    sub, token = h.subscribe("ci", owner)
+    data = _rpc(h, "feeds/ack", subscription=sub, token=token, cursor=1, x=1)["error"]["data"]
+    assert data["code"] == "INVALID" and data["invalid"] == ["x"], data
+    assert "result" in _rpc(h, "feeds/ack", subscription=sub, token=token, cursor=1)
