@@ -257,6 +257,63 @@ async def test_a_header_value_that_never_ends_is_refused_at_the_cap(served: Serv
     writer.close()
 
 
+@pytest.mark.parametrize(
+    "head",
+    ["GET /mp/v0/monitors/" + "a" * (MAX_HEADER_BYTES + 10) + " HTTP/1.1\r\nhost: x\r\n\r\n",
+     "GET /mp/v0/discover HTTP/1.1\r\nhost: x\r\n" + "x-h: 1\r\n" * (MAX_HEADER_BYTES // 8) + "\r\n"],
+    ids=["request-line", "many-headers"],
+)  # fmt: skip
+async def test_a_head_over_the_cap_is_refused_naming_the_limit(served: Served, head: str) -> None:
+    """The cap stops the parser from inside its callbacks, which the parser reports as a callback error of
+    its own: the sentence is still the one that names the limit."""
+    replies, writer = await connect(served)
+    writer.write(head.encode())
+    status, body = await replies.reply()
+    assert status == 400 and f"larger than {MAX_HEADER_BYTES >> 10} KiB" in body["error"], body
+    assert "callback" not in body["error"]
+    writer.close()
+
+
+def _over_cap(served: Served, extra: str = "") -> bytes:
+    return (
+        f"POST /mp/v0/monitors/ci/observations HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"authorization: Bearer {served.owner}\r\ncontent-type: application/json\r\n"
+        f"content-length: {served.server.max_body + 1}\r\n{extra}\r\n"
+    ).encode()
+
+
+async def test_a_declared_length_over_the_cap_is_refused_at_once_then_its_body_is_drained(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/protocol.md section 10: a declared Content-Length over the cap is refused at once. The 413 is
+    written before any of the body comes (here the drain window is longer than the hang guard: a server
+    that waited for the body would fail the read), and what comes of the body afterwards is read and
+    dropped until DISCARD_BYTES, then the connection closes (no reset taking the reply with it). A
+    request pipelined behind the refused one is not run."""
+    from monitor_protocol.doors.http import protocol
+
+    monkeypatch.setattr(protocol, "DISCARD_SECONDS", GUARD * 3)
+    monkeypatch.setattr(protocol, "DISCARD_BYTES", 256 << 10)
+    head = served.head()
+    replies, writer = await connect(served)
+    writer.write(_over_cap(served))  # the head only: the body is not sent yet
+    status, body = await replies.reply()
+    assert status == 413 and body["code"] == "TOO_LARGE", body
+    # the body comes after all, then a publish behind it: read and dropped, the connection still open
+    writer.write(b"x" * (128 << 10) + publish("behind", served.owner))
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    assert not writer.is_closing()
+    writer.write(b"x" * (256 << 10))  # past DISCARD_BYTES: the server closes
+    assert await replies.closed()
+    assert served.head() == head
+    # control: a body under the cap is read and published
+    replies, writer = await connect(served)
+    writer.write(publish("under", served.owner))
+    assert (await replies.reply())[0] == 201 and served.head() == head + 1
+    writer.close()
+
+
 # ---------------------------------------------------------------------------------------------- the clock
 
 

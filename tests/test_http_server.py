@@ -745,3 +745,88 @@ def test_shutdown_ends_open_streams_at_once(tmp_path):
     log = server_log(proc)
     assert "database closed" in log
     assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log
+
+
+# ------------------------------------------------------------------------------------- request targets
+
+
+def _exchange(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One raw request; the reply's status, headers and body (none for HEAD: read up to the blank line)."""
+    parts = urlsplit(base)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        if not request.startswith(b"HEAD "):
+            while len(rest) < int(headers.get("content-length", "0")):
+                rest += sock.recv(65536)
+        return int(lines[0].split(" ")[1]), headers, rest
+
+
+def test_head_on_a_get_route_is_that_gets_reply_without_its_body(server, mp):
+    base = server[0]
+    monitor_id, owner = new_monitor(mp)
+    host = urlsplit(base).netloc
+    get = _exchange(base, f"GET /mp/v0/monitors/{monitor_id}/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    status, headers, body = _exchange(
+        base, f"HEAD /mp/v0/monitors/{monitor_id}/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    )
+    assert get[0] == status == 200 and body == b""
+    assert int(headers["content-length"]) > 0 and headers["content-type"] == get[1]["content-type"]
+    # control: a route with no GET is still a 404 naming its methods
+    status, _, body = _exchange(
+        base, f"PUT /mp/v0/monitors/{monitor_id}/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    )
+    assert status == 404 and "use GET" in json.loads(body)["error"]
+
+
+def test_an_encoded_slash_stays_inside_its_segment(server, mp):
+    base = server[0]
+    monitor_id, owner = new_monitor(mp)
+    host = urlsplit(base).netloc
+    auth = f"Host: {host}\r\nAuthorization: Bearer {owner}\r\n\r\n"
+    status, _, body = _exchange(base, f"GET /mp/v0/monitors/{monitor_id}%2Fstate HTTP/1.1\r\n{auth}".encode())
+    assert status == 404 and f"{monitor_id}%2Fstate" in json.loads(body)["error"], body
+    status, _, body = _exchange(base, f"GET /mp/v0/monitors%2F{monitor_id} HTTP/1.1\r\n{auth}".encode())
+    assert status == 404, body
+    # controls: the route itself, and a percent-encoded id decoded as UTF-8 (the sentence names it)
+    assert _exchange(base, f"GET /mp/v0/monitors/{monitor_id}/state HTTP/1.1\r\n{auth}".encode())[0] == 200
+    status, _, body = _exchange(base, f"GET /mp/v0/monitors/%C3%A9t%C3%A9 HTTP/1.1\r\n{auth}".encode())
+    assert status == 404 and "'\u00e9t\u00e9'" in json.loads(body)["error"]
+
+
+def test_an_absolute_form_target_is_served_its_authority_taking_the_hosts_place(server, mp):
+    base = server[0]
+    host = urlsplit(base).netloc
+    status, _, body = _exchange(
+        base, f"GET http://{host}/mp/v0/discover HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    )
+    assert status == 200 and "capabilities" in json.loads(body), body
+    # the Host guard judges the authority of the target, not the Host header
+    evil = f"GET http://evil.example/mp/v0/discover HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    status, _, body = _exchange(base, evil)
+    assert status == 403 and json.loads(body)["code"] == "ORIGIN_REFUSED"
+
+
+def test_a_request_without_host_is_told_to_send_one(server):
+    base = server[0]
+    status, _, body = _exchange(base, b"GET /mp/v0/discover HTTP/1.0\r\n\r\n")
+    refusal = json.loads(body)
+    assert status == 400 and refusal["code"] == "INVALID" and "no Host header" in refusal["error"]
+    assert "None" not in refusal["error"]
+
+
+def test_a_post_to_an_operations_route_names_its_methods(server):
+    base = server[0]
+    host = urlsplit(base).netloc
+    status, _, body = _exchange(
+        base, f"POST /healthz HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode()
+    )
+    refusal = json.loads(body)
+    assert status == 404 and refusal["code"] == "NOT_FOUND"
+    assert refusal["error"] == "POST is not a method of /healthz; use GET or HEAD."
+    assert _exchange(base, f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())[0] == 200

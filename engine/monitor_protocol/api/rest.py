@@ -239,7 +239,15 @@ class RestRouter:
             )
         if self.allowed_hosts is not None:
             host = req.header("host")
-            if host is None or _host_name(host) not in self.allowed_hosts:
+            if (
+                host is None
+            ):  # HTTP/1.1 requires it (RFC 9112 3.2); the DNS rebinding guard cannot judge without
+                raise ProtocolError(
+                    "INVALID",
+                    "The request has no Host header; send one (Host: 127.0.0.1:<port>, or a name the operator "
+                    "allowed with --allow-host).",
+                )
+            if _host_name(host) not in self.allowed_hosts:
                 raise ProtocolError(
                     "ORIGIN_REFUSED",
                     f"Host {host!r} does not name this machine (DNS rebinding guard); use localhost or 127.0.0.1, "
@@ -256,6 +264,8 @@ class RestRouter:
         method = req.method.upper()
         if method == "OPTIONS":
             return Response(204, None)
+        if method == "HEAD":  # the GET's reply; the door sends its head only (RFC 9110 9.3.2)
+            method = "GET"
         if not (req.path == PREFIX or req.path.startswith(PREFIX + "/")):
             raise ProtocolError(
                 "NOT_FOUND",

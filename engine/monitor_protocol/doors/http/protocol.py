@@ -21,6 +21,7 @@ import asyncio
 import collections
 import email.utils
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +29,9 @@ from urllib.parse import parse_qsl, unquote
 
 import httptools
 
-from monitor_protocol.api.messages import Request, Response
+from monitor_protocol.api.messages import Request, Response, error_response
 from monitor_protocol.core import wire
+from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.doors.http.app import STREAM_PATH
 from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
 from monitor_protocol.doors.http.ops import OPS_PATHS
@@ -65,6 +67,30 @@ INVALID_REQUEST = (
     "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
     "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
 )
+
+
+_ENCODED_SLASH = re.compile("%2[fF]")
+
+
+def decoded_path(raw: str) -> str:
+    """A request path percent-decoded (as UTF-8), but for an encoded slash: `%2F` is data inside its segment
+    (RFC 3986 3.3), so /monitors/ci%2Fstate names the monitor `ci%2Fstate` (none can exist: a 404), never
+    the route /monitors/ci/state, which a proxy allowing or denying by path would not have seen."""
+    return unquote(_ENCODED_SLASH.sub("%252F", raw)) if "%" in raw else raw
+
+
+def _origin_form(url: bytes, headers: dict[str, str]) -> bytes:
+    """An absolute-form target (`GET http://host:port/mp/v0/discover`) as the path and query it names, its
+    authority taking the Host header's place (RFC 9112 3.2.2: a server accepts the form and uses that host)."""
+    scheme_end = url.find(b"://")
+    if scheme_end < 0 or url[:scheme_end].lower() not in (b"http", b"https"):
+        return url
+    rest = url[scheme_end + 3 :]
+    ends = [i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0]
+    cut = min(ends) if ends else len(rest)
+    headers["host"] = rest[:cut].rsplit(b"@", 1)[-1].decode("latin-1")
+    target = rest[cut:]
+    return target if target[:1] == b"/" else b"/" + target
 
 
 def status_line(code: int) -> bytes:
@@ -197,8 +223,12 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._too_large = False
-        self._discarded = 0
         self._cut = False  # a refused body read far enough: the rest of this message is ignored
+        # A body refused at once (its 413 written before it came): what comes is dropped unread until the
+        # close, which waits for it (DISCARD_BYTES, DISCARD_SECONDS) so that the reply is not lost to a reset.
+        self._linger = False
+        self._lingered = 0
+        self._head_over = False  # a request line and headers past MAX_HEADER_BYTES stopped the parser
         self._in_message = False  # between on_message_begin and on_message_complete
         self._begun = 0  # messages begun on this connection
         self._head_seen = 0  # bytes fed while the current message's headers were still coming
@@ -279,6 +309,11 @@ class HttpConnection(asyncio.Protocol):
             await self._drained
 
     def data_received(self, data: bytes) -> None:
+        if self._linger:
+            self._lingered += len(data)
+            if self._lingered > DISCARD_BYTES and self.transport is not None:
+                self.transport.close()
+            return
         if self._broken:
             return
         if self._upgrade is not None:
@@ -343,7 +378,7 @@ class HttpConnection(asyncio.Protocol):
             return
         if self._queue or self._holds:
             return  # the server stopped reading (pipelined requests wait their turn): not the client's fault
-        if self._stage == "idle":
+        if self._stage in ("idle", "linger"):
             transport.close()
             return
         if self._stage == "headers":
@@ -391,19 +426,18 @@ class HttpConnection(asyncio.Protocol):
         self._body = []
         self._size = 0
         self._too_large = False
-        self._discarded = 0
         self._cut = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._header_bytes += len(url)
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError(HEAD_TOO_LARGE)
+            raise self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError(HEAD_TOO_LARGE)
+            raise self._head_too_large()
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         known = self._headers.get(key)
@@ -427,16 +461,11 @@ class HttpConnection(asyncio.Protocol):
             else:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if self._too_large:
-            # The body is read and dropped while it comes, for at most DISCARD_SECONDS: then the 413.
-            self.loop.call_later(DISCARD_SECONDS, self._discard_over, self._started)
+            # Refused on its declared length, at once: the body is dropped while it comes (_finish_refused).
+            self._finish_refused(linger=True)
 
     def on_body(self, body: bytes) -> None:
         if self._cut:
-            return
-        if self._too_large:
-            self._discarded += len(body)
-            if self._discarded > DISCARD_BYTES or self.loop.time() > self._started + DISCARD_SECONDS:
-                self._finish_refused()  # enough was read: the reply, then the connection, ends
             return
         self._size += len(body)
         if (
@@ -444,7 +473,7 @@ class HttpConnection(asyncio.Protocol):
         ):  # no length was declared (chunked), and the bytes passed the cap
             self._too_large = True
             self._body = []
-            self.loop.call_later(DISCARD_SECONDS, self._discard_over, self._started)
+            self._finish_refused(linger=True)
             return
         self._body.append(body)
 
@@ -475,13 +504,15 @@ class HttpConnection(asyncio.Protocol):
         self._dispatch_message(meta)
 
     def _dispatch_message(self, meta: tuple[bytes, bool, str]) -> None:
+        if self._linger:
+            return  # a request pipelined behind a refused body (in the same read): the connection is ending
         self._stage = None
         url = self._url
+        if url[:1] != b"/":
+            url = _origin_form(url, self._headers)
         cut = url.find(b"?")
         raw_path, query = (url, b"") if cut < 0 else (url[:cut], url[cut + 1 :])
-        path = raw_path.decode("latin-1")
-        if "%" in path:
-            path = unquote(path)
+        path = decoded_path(raw_path.decode("latin-1"))
         pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True) if query else []
         method, keep_alive, http_version = meta
         request = Request(
@@ -539,6 +570,12 @@ class HttpConnection(asyncio.Protocol):
         if transport is None:
             return
         if close or self._closing:
+            if self._linger and not self._closing:
+                # The refused body may still be coming: read and dropped until it stops, DISCARD_BYTES
+                # have come (data_received) or DISCARD_SECONDS from the request's start (expired()).
+                self._stage = "linger"
+                self._deadline = self._started + DISCARD_SECONDS
+                return
             transport.close()
             return
         if self._queue:
@@ -584,19 +621,27 @@ class HttpConnection(asyncio.Protocol):
 
     # -- refusals the connection makes itself ---------------------------------------------------------
 
-    def _discard_over(self, started: float) -> None:
-        if self._started == started and self._too_large and not self._cut and self.transport is not None:
-            self._finish_refused()
-
-    def _finish_refused(self) -> None:
-        """A refused body was read far enough (or will not come): stop reading; the 413 follows, then the
-        close."""
+    def _finish_refused(self, *, linger: bool = False) -> None:
+        """A body refused on its size: its 413 is made now, then the connection closes. With `linger`, what
+        comes of the body meanwhile is read and dropped until that close (see done()); else nothing more is
+        read (a client that sent `Expect: 100-continue` sends no body)."""
         self.on_message_complete()
         self._cut = True
-        self._hold_reading("cut")
+        if linger:
+            self._linger = True
+        else:
+            self._hold_reading("cut")
+
+    def _head_too_large(self) -> Exception:
+        """What a callback raises to stop the parser at the head's cap. The parser reports it as its own
+        callback error (`on_url callback error`): the flag keeps the sentence that names the limit."""
+        self._head_over = True
+        return httptools.HttpParserError(HEAD_TOO_LARGE)
 
     def _refuse_parse(self, exc: Exception) -> None:
-        if isinstance(exc, httptools.HttpParserInvalidMethodError):
+        if self._head_over:
+            sentence = INVALID_REQUEST.format(detail=HEAD_TOO_LARGE)
+        elif isinstance(exc, httptools.HttpParserInvalidMethodError):
             sentence = INVALID_METHOD
         elif isinstance(exc, httptools.HttpParserInvalidURLError):
             sentence = INVALID_TARGET
@@ -684,6 +729,11 @@ class HttpServer:
         path = request.path
         if pending.too_large:
             self._spawn(conn, pending, self._too_large(conn, pending))
+        elif path in OPS_PATHS and self.app.ops_routes and request.method not in ("GET", "HEAD"):
+            refusal = ProtocolError(
+                "NOT_FOUND", f"{request.method} is not a method of {path}; use GET or HEAD."
+            )
+            conn.reply(pending, error_response(refusal))
         elif (path in OPS_PATHS and self.app.ops_routes and request.method in ("GET", "HEAD")) or (
             request.method == "GET" and STREAM_PATH.match(path)
         ):
