@@ -96,3 +96,18 @@ def test_json_rpc_body_methods_refuse_an_unknown_member_in_the_engines_words(h):
     data = _rpc(h, "feeds/ack", subscription=sub, token=token, cursor=1, x=1)["error"]["data"]
     assert data["code"] == "INVALID" and data["invalid"] == ["x"], data
     assert "result" in _rpc(h, "feeds/ack", subscription=sub, token=token, cursor=1)
+
+
+@pytest.mark.parametrize(
+    ("cursor", "said"),
+    [(None, "not null"), (3.0, "not the number 3.0"), ([1], "not an array"), ({}, "not an object")],
+)
+def test_a_refused_value_is_named_in_jsons_words_not_pythons(h, cursor, said):
+    owner = h.monitor("ci")
+    sub, token = h.subscribe("ci", owner)
+    r = h.call("POST", f"/subscriptions/{sub}/ack", {"cursor": cursor}, token)
+    assert r.status == 400 and r.body["error"] == f"cursor must be an integer, {said}.", r.body
+    created = h.call("POST", "/monitors", {"id": 5})
+    assert created.status == 400 and "not the number 5." in created.body["error"], created.body
+    # control: an integer is taken
+    assert h.call("POST", f"/subscriptions/{sub}/ack", {"cursor": 1}, token).status == 200

@@ -17,6 +17,23 @@ def invalid(message: str, **extras: Any) -> ProtocolError:
     return ProtocolError("INVALID", message, **extras)
 
 
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (a refusal names what was sent, never a Python type)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"  # 3.0 too: an integer is written without a fraction (section 10)
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
 def is_digits(text: str) -> bool:
     """ASCII decimal digits and nothing else: no sign, no space, no "²" or "٣" (str.isdigit says yes)."""
     return bool(text) and text.isascii() and text.isdigit()
@@ -36,7 +53,7 @@ def as_int(
             raise invalid(f"{name} must be an integer in ASCII decimal digits, not {value[:40]!r}.")
         value = int(value)
     if not isinstance(value, int):
-        raise invalid(f"{name} must be an integer, not {type(value).__name__}.")
+        raise invalid(f"{name} must be an integer, not {json_kind(value)}.")
     if abs(value) > MAX_INTEGER:
         raise invalid(f"{name} must be within 0..2^53 (got a {len(str(abs(value)))}-digit number).")
     if minimum is not None and value < minimum:
@@ -94,7 +111,7 @@ def check_monitor_id(value: Any, name: str, example: str) -> str:
     if value is None or value == "":
         raise invalid(f"{name} is required: {rule}.")
     if not isinstance(value, str):
-        raise invalid(f"{name} must be a string of {rule}, not {type(value).__name__}.")
+        raise invalid(f"{name} must be a string of {rule}, not {json_kind(value)}.")
     bad = next(
         (f"U+{ord(ch):04X}" for ch in value if not (ch.isascii() and (ch.isalnum() or ch in "_.-"))), None
     )

@@ -21,11 +21,10 @@ import asyncio
 import collections
 import email.utils
 import logging
-import re
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl
 
 import httptools
 
@@ -35,6 +34,7 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.doors.http.app import STREAM_PATH
 from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
 from monitor_protocol.doors.http.ops import OPS_PATHS
+from monitor_protocol.doors.http.targets import decoded_path, origin_form
 
 log = logging.getLogger("monitor_protocol.http")
 access_log = logging.getLogger("monitor_protocol.access")
@@ -67,30 +67,6 @@ INVALID_REQUEST = (
     "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
     "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
 )
-
-
-_ENCODED_SLASH = re.compile("%2[fF]")
-
-
-def decoded_path(raw: str) -> str:
-    """A request path percent-decoded (as UTF-8), but for an encoded slash: `%2F` is data inside its segment
-    (RFC 3986 3.3), so /monitors/ci%2Fstate names the monitor `ci%2Fstate` (none can exist: a 404), never
-    the route /monitors/ci/state, which a proxy allowing or denying by path would not have seen."""
-    return unquote(_ENCODED_SLASH.sub("%252F", raw)) if "%" in raw else raw
-
-
-def _origin_form(url: bytes, headers: dict[str, str]) -> bytes:
-    """An absolute-form target (`GET http://host:port/mp/v0/discover`) as the path and query it names, its
-    authority taking the Host header's place (RFC 9112 3.2.2: a server accepts the form and uses that host)."""
-    scheme_end = url.find(b"://")
-    if scheme_end < 0 or url[:scheme_end].lower() not in (b"http", b"https"):
-        return url
-    rest = url[scheme_end + 3 :]
-    ends = [i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0]
-    cut = min(ends) if ends else len(rest)
-    headers["host"] = rest[:cut].rsplit(b"@", 1)[-1].decode("latin-1")
-    target = rest[cut:]
-    return target if target[:1] == b"/" else b"/" + target
 
 
 def status_line(code: int) -> bytes:
@@ -509,7 +485,7 @@ class HttpConnection(asyncio.Protocol):
         self._stage = None
         url = self._url
         if url[:1] != b"/":
-            url = _origin_form(url, self._headers)
+            url = origin_form(url, self._headers)
         cut = url.find(b"?")
         raw_path, query = (url, b"") if cut < 0 else (url[:cut], url[cut + 1 :])
         path = decoded_path(raw_path.decode("latin-1"))
