@@ -97,9 +97,17 @@ def test_exit_status_by_kind_of_failure(base: str) -> None:
     unauthorized = mp(base, "publish", "codes", TYPE, "--token", "wrong")
     assert unauthorized.returncode == 4 and unauthorized.stderr.startswith("error: UNAUTHORIZED: ")
     assert "no token was given" not in unauthorized.stderr  # control: a token was given, a wrong one
-    none = mp(base, "publish", "codes", TYPE, env={"MP_OWNER_TOKEN": "", "MP_TOKEN": ""})
-    assert none.returncode == 4 and none.stderr.startswith("error: UNAUTHORIZED: ")
-    assert "no token was given: pass it with --token or env MP_OWNER_TOKEN" in none.stderr, none.stderr
+    # No token at all for a call no server answers without one: refused here, nothing sent (a request
+    # sent would have been a 401, exit 4; against no server at all, exit 6)
+    for where in (base, "http://127.0.0.1:9"):
+        none = mp(where, "publish", "codes", TYPE, env={"MP_OWNER_TOKEN": "", "MP_TOKEN": ""})
+        assert none.returncode == 2, (none.returncode, none.stderr)
+        assert none.stderr == (
+            "error: no token was given: pass it with --token or env MP_OWNER_TOKEN or env MP_TOKEN "
+            "(nothing was sent)\n"
+        ), none.stderr
+    negative = mp(base, "ack", "sub-00000000", "-5", "--token", "t")
+    assert negative.returncode == 2 and "a cursor is a whole number 0..2^53, not '-5'" in negative.stderr
     refused = mp(base, "publish", "codes", TYPE, "--tier", "golden", env=env)
     assert refused.returncode == 3 and refused.stderr.startswith("error: UNKNOWN_VOCABULARY: ")
 

@@ -28,7 +28,7 @@ from typing import Any
 from monitor_protocol.cli.lines import obs_text
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.vocab import MAX_LIMIT, MAX_WAIT_SECONDS
+from monitor_protocol.core.vocab import MAX_INTEGER, MAX_LIMIT, MAX_WAIT_SECONDS
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # anything else: a reply that is not the protocol's (e.g. a proxy's error page)
@@ -46,14 +46,15 @@ EXIT_STATUS_HELP = """\
 exit status (client commands: publish, subscribe, pull, ack, seek, state, monitors, lease, watch, probe):
   0    success
   1    unexpected failure: a reply that is not the protocol's (e.g. a proxy's error page)
-  2    usage: bad arguments or options; nothing was sent
+  2    usage: bad arguments or options, or no token for publish, pull, ack, seek or lease; nothing
+       was sent
   3    refused by the server: a protocol error other than the two below
        (CURSOR_BACKWARDS, LEASE_HELD, UNAVAILABLE, INVALID, CAPABILITY_MISSING, ...)
   4    UNAUTHORIZED (401): a wrong or missing token
   5    NOT_FOUND (404): no such monitor or subscription, invisible to this token, or retired
   6    server unreachable: the connection failed or timed out (watch and probe retry instead;
        probe --once keeps what it saw on disk for the next run)
-  130  interrupted (Ctrl-C)
+  130  interrupted (Ctrl-C); a watch stopped by SIGTERM exits as the signal ends it (143)
   141  stdout was closed early (e.g. `mp monitors list | head -1`): quiet, as for SIGPIPE
 
 A failure prints `error: CODE: sentence` on stderr. With --json it is also printed on stdout as JSON:
@@ -78,6 +79,9 @@ HELP = {
     "monitors": "list, get, create, update, pause, resume or retire monitors",
     "lease": "claim, renew, complete, release or reject a lease on a subject",
 }
+
+# Commands no server answers without a token (an owner's or a reader's): without one, nothing is sent.
+NEEDS_TOKEN = frozenset(("publish", "pull", "ack", "seek", "lease"))
 
 ROLE = {
     "publish": OWNER,
@@ -186,10 +190,11 @@ def count_arg(text: str) -> int:
 
 
 def cursor_arg(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"a cursor is an integer, not {text!r}") from exc
+    """A cursor or seq as the protocol takes it: ASCII digits, 0..2^53 (a negative one is refused here, with
+    nothing sent, as the server would refuse it)."""
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_INTEGER:
+        raise argparse.ArgumentTypeError(f"a cursor is a whole number 0..2^53, not {text[:40]!r}")
+    return int(text)
 
 
 def dumps(value: Any) -> str:
@@ -596,6 +601,13 @@ def run(name: str, args: argparse.Namespace) -> int:
     from monitor_protocol.client import Client, ConnectionFailed, MonitorProtocolError
 
     token = resolve_token(args)
+    if token is None and name in NEEDS_TOKEN:
+        where = " or ".join(["--token", *(f"env {env}" for env in getattr(args, "_token_env", ()))])
+        sentence = f"no token was given: pass it with {where} (nothing was sent)"
+        print(f"error: {sentence}", file=sys.stderr)
+        if args.json:
+            print_json({"code": "USAGE", "error": sentence})
+        return EXIT_USAGE
     try:
         with Client(args.base, token) as c:
             result = _call(name, args, c)
