@@ -199,6 +199,21 @@ async def test_every_block_runs_as_the_tour_says():
     assert await run_tour(blocks(TOUR.read_text())) == []
 
 
+async def test_the_mute_block_holds_at_a_readers_pace():
+    """A reader who takes more than the quiet reader's one-second mute window between P6's two blocks: the
+    sweep has run by then (on the next call), so the reader that waits for the retirement starts where the
+    quiet one did, not at the head, and still sees it (found by a tester reading at a normal pace)."""
+    found = blocks(TOUR.read_text())
+    second = next(i for i, b in enumerate(found) if "'reason': 'mute'" in b.shows)
+    page = Page()
+    report: list[str] = []
+    for block in found[:second]:
+        report += problems(block, await page.run(block))
+    await asyncio.sleep(2.5)  # reading the paragraph between the blocks
+    report += problems(found[second], await page.run(found[second]))
+    assert report == []
+
+
 async def test_a_wrong_expectation_fails():
     """Positive control: the checker does see a status, a code, an output or a shell error that is not the
     one declared."""
