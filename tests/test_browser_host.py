@@ -80,3 +80,36 @@ async def test_an_ack_and_pull_that_waits_acks_once_and_rechecks_as_a_plain_pull
     reply = await asyncio.wait_for(waiting, HANG_GUARD)
     assert reply.status == 200 and reply.body["cursor"] == 1  # re-acked, it would be `head` again
     assert int(reply.body["observations"][0]["sequence"]) == 1
+
+
+async def test_a_reload_shows_the_last_pull_as_it_was():
+    """The page writes every pull's time (a server holds them in memory for a while): a reload, a new engine
+    on the same store, shows a reader's last pull as the page showed it (found by a tester: the card went
+    back to the first pull's time). Control: a server's engine on the same store keeps the later pulls'
+    time in memory only, so a new one reads the first."""
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store.memory import MemoryStore
+
+    now = [1_800_000_000.0]
+    store = MemoryStore()
+    host = EngineHost(store=store, clock=lambda: now[0])
+    owner, sub, reader = await _feed(host)
+    first = host.service.alive(store.get_subscription(sub)).last_pull
+    now[0] += 10
+    await host.call("GET", f"/subscriptions/{sub}/pull", token=reader)
+    reloaded = EngineHost(store=store, clock=lambda: now[0])
+    shown = await reloaded.call("GET", f"/subscriptions/{sub}", token=reader)
+    assert shown.status == 200 and shown.body["last_pull"] == "2027-01-15T08:00:10.000Z", shown.body
+    assert first is not None and first < now[0]
+
+    server_store = MemoryStore()
+    server = MonitorService(server_store, clock=lambda: now[0])
+    owner = server.create_monitor({"id": "ci"}, None)["owner_token"]
+    made = server.subscribe({"monitor": "ci", "subscriber": "agent:r"}, owner)
+    sid, token = made["subscription"]["id"], made["token"]
+    server.pull(sid, token)
+    stored = server_store.get_subscription(sid).last_pull
+    now[0] += 10
+    server.pull(sid, token)
+    assert server_store.get_subscription(sid).last_pull == stored  # remembered, not written yet
+    assert server.alive(server_store.get_subscription(sid)).last_pull == now[0]

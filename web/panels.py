@@ -142,6 +142,8 @@ def cursor_said(sub: dict[str, Any]) -> str:
     cursor = sub.get("cursor")
     if isinstance(head, int) and cursor == head + 1:
         return f"(the next seq it gets: head {head} + 1, it has everything)"
+    if cursor in (0, 1):  # seqs start at 1: 0 is "from the beginning", as the protocol writes it
+        return "(nothing acknowledged yet: it starts at the first row)"
     return "(the next seq it gets)"
 
 

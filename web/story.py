@@ -95,8 +95,8 @@ STEPS = [
     Step(
         "Process and acknowledge",
         "reader-a does the work and acknowledges. Watch its marker move past the builds: the cursor is "
-        "the next seq reader-a will be given, so having everything it sits at head + 1. The next pull is "
-        "empty and its lag is 0.",
+        "the next seq reader-a will be given. The next pull is empty, its lag is 0 and its next is head + 1: "
+        "past everything there is, the rows its filter skips (such as its own subscription's) included.",
         "Acknowledging commits the reader's place, after the work is done, and the place only moves forward.",
         "process-ack",
         "Ack commits the reader's place; it never moves backwards.",

@@ -90,8 +90,12 @@ class ServiceCore(ABC):
         retire_after_mute_seconds: int | None = None,
         allowed_sinks: tuple[str, ...] | list[str] = (),
         feeds: Feeds | None = None,
+        lazy_life: bool = True,
     ) -> None:
         self.store = store
+        # Whether a pull's sign of life may stay unwritten for a while (_life_window). A host whose engine
+        # restarts often and shows the last pull's time (the browser page, on every reload) writes each.
+        self.lazy_life = lazy_life
         # Push sinks the operator allowed although they are internal addresses (--allow-sink).
         self.allowed_sinks = tuple(allowed_sinks)
         # What the door in front offers (discover's feeds); mp serve's by default.
@@ -308,6 +312,8 @@ class ServiceCore(ABC):
         """How long a sign of life may stay unwritten: the shorter of MUTE_FLUSH_SECONDS and half the mute
         window. On a store several servers share, the others cannot see what this engine remembers, so a
         short mute window (under SHARED_EXACT_MUTE_SECONDS) gets every sign of life written at once."""
+        if not self.lazy_life:
+            return 0.0
         mute = self.mute_seconds(monitor, stored)
         if getattr(self.store, "shared", False) and mute < SHARED_EXACT_MUTE_SECONDS:
             return 0.0
@@ -389,7 +395,7 @@ class ServiceCore(ABC):
                 "scan_budget": SCAN_BUDGET,
                 "idempotency_key_max_chars": IDEMPOTENCY_KEY_MAX_CHARS,
                 "idempotency_window_seconds": IDEMPOTENCY_WINDOW_SECONDS,
-                "mute_clock_lag_seconds": MUTE_FLUSH_SECONDS,
+                "mute_clock_lag_seconds": MUTE_FLUSH_SECONDS if self.lazy_life else 0,
             },
             "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION, "implementation": "python"},
             "ttlMs": 60000,

@@ -70,8 +70,10 @@ class EngineHost:
         start_persist: Callable[[], Any] | None = None,
     ) -> None:
         self.store = store if store is not None else MemoryStore()
-        # The page only answers pulls: it holds no SSE stream, runs no push delivery and no MCP server.
-        self.service = MonitorService(self.store, clock=clock, feeds=Feeds(pull=True))
+        # The page only answers pulls: it holds no SSE stream, runs no push delivery and no MCP server. Every
+        # pull's time is written (not held in memory for a while, as a server does): a reload restarts the
+        # engine, and the page shows a reader's last pull as it was.
+        self.service = MonitorService(self.store, clock=clock, feeds=Feeds(pull=True), lazy_life=False)
         self.router = RestRouter(self.service)  # what the shim (and any fetch) reaches: no admin routes
         self._admin_token = secrets.token_urlsafe(32)  # minted per page load, never shown or forwarded
         self._admin_router = RestRouter(self.service, admin_token=self._admin_token)
