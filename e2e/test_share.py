@@ -175,6 +175,10 @@ def test_a_share_link_replays_in_a_fresh_browser(browser, playwright_driver, sit
         act(fresh, "#btn-share-replay")
         after = situation(fresh)
         assert after == before, (after, before)
+        # said in the banner itself, and the button gone (a second tap would replay a second copy)
+        said = fresh.inner_text("#share-open .share-said")
+        assert said.startswith("Replayed 6 step(s) into monitor ci") and "Its log is below." in said, said
+        assert not fresh.is_visible("#btn-share-replay")
         # and in the same browser the replay takes a fresh id, never the original's
         page.goto(link)
         page.reload()  # the same page with a new hash: a hash change alone does not start it again
@@ -242,3 +246,23 @@ def test_the_share_panel_on_a_phone(phone_page, phone_browser):
     assert not info["overflows"], info
     found = axe_violations(phone_page)
     assert found == [], format_violations(found)
+
+
+def test_a_link_opened_in_a_second_tab_says_in_its_banner_where_to_replay(browser):
+    """A share link is usually opened in a new tab, while the playground's first tab owns the engine: the
+    refusal is said in the banner where Replay was pressed (on a phone the answer panel is screens below),
+    and nothing runs. Control: the owner tab replays the same link."""
+    owner = open_playground(browser)
+    link = f"/#scenario={_fragment({'v': 1, 'steps': [['ci'], ['sub', 'reader-a']]})}"
+    second = browser.open(link, browser.new_page(), timeout=BOOT_MS)
+    assert second.get_attribute("#share-open", "data-state") == "ready"
+    act(second, "#btn-share-replay")
+    said = second.inner_text("#share-open .share-said")
+    assert "from the tab that owns the engine" in said and "open the link there" in said, said
+    assert monitors_listed(second) == []
+    second.close()  # else the owner's reload would hand the engine to it
+    owner.goto(browser.site_url + link)
+    owner.reload()
+    owner.wait_for_selector("body.ready", timeout=BOOT_MS)
+    act(owner, "#btn-share-replay")
+    assert owner.inner_text("#share-open .share-said").startswith("Replayed 2 step(s) into monitor ci")

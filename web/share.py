@@ -352,6 +352,7 @@ async def replay_btn(_el) -> Reply:
         return Reply(400, {})
     if (why := not_here("Replay")) is not None:
         note("share-answer", why, ok=False)
+        _banner_says(f"{why} Switch to that tab and open the link there.", ok=False)
         return Reply(409, {})
     done = await replay(steps)
     failed = [t for t, r in done if r.status >= 500]
@@ -360,8 +361,26 @@ async def replay_btn(_el) -> Reply:
            if not failed else f"Replayed with {len(failed)} step(s) failing: {', '.join(failed)}.")  # fmt: skip
     ui.show("share-answer", done[-3:], say)
     el("share-open").setAttribute("data-replayed", mon or "")
+    # Said where it was asked (on a phone the answer panel is screens below), and once: a second tap would
+    # replay a second copy.
+    _banner_says(f"{say} Its log is below.", ok=not failed)
+    button = el("btn-share-replay")
+    if button is not None:
+        button.setAttribute("hidden", "")
     await ui.refresh()
     return done[-1][1]
+
+
+def _banner_says(text: str, *, ok: bool) -> None:
+    """The outcome of Replay in the shared scenario's own box, where the button was pressed."""
+    box = el("share-open")
+    said = box.querySelector(".share-said")
+    if not said:  # the DOM's null arrives as a falsy JsNull
+        said = js.document.createElement("p")
+        box.appendChild(said)
+    said.className = "share-said " + ("ok" if ok else "err")
+    said.setAttribute("role", "status")
+    said.textContent = text  # text, never markup: a monitor id or a reason is shown as it is
 
 
 # ---------------------------------------------------------------------------------------- share link
