@@ -134,6 +134,7 @@ def test_every_story_step_shows_what_it_talks_about(any_browser):
             page.wait_for_selector("#story-answer[data-reloaded='1']", timeout=BOOT_MS)
             said = page.inner_text("#story-answer")
             assert "Reloaded. Everything is still here" in said and "builds monitor" in said, said
+            assert "1 reader(s) and 2 worker(s) with their cursors" in said, said  # every subscription
             assert page.inner_text("#story-count") == "Step 12 of 13"
         act(page, "#story-do")
         settled(page, LOOKS[n])

@@ -112,6 +112,11 @@ def test_every_block_of_the_page_runs_as_it_says(browser, name, source):
                 "Installing monitor_protocol with micropip from " + browser.site_url + "/pyodide/"
                 in got["out"]
             )
+            # Run again, its monitor exists: the failure says why and how to start over (a tester saw only
+            # a traceback ending in Duplicate)
+            again = run_block(page, b.n)
+            assert again["state"] == "failed" and "Duplicate" in again["out"], again["out"]
+            assert "already holds it, from an earlier run of this block" in again["out"], again["out"]
     # Positive control: the runs changed this page's own engine, in its own IndexedDB database.
     keys = idb_keys(page)
     assert keys, "the blocks ran, yet this page's engine holds nothing"

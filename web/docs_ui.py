@@ -168,7 +168,9 @@ def emit(kind: str, text: str, extra: dict) -> None:
         put(f"<div class='note'># {esc(text.lstrip('# '))}{hint}</div>")
     elif kind == "error":
         run.errors.append(text)
-        put(f"<div class='st-err' data-error='1'>✗ {esc(text)}</div>")
+        # a Python block's client raises Duplicate, an mp command prints DUPLICATE: the same hint as HTTP's
+        hint = DUPLICATE_HINT if "Duplicate" in text or "DUPLICATE" in text else ""
+        put(f"<div class='st-err' data-error='1'>✗ {esc(text)}</div>{hint}")
     elif kind == "exit":
         code = int(extra["exit"])
         run.exits.append(code)
@@ -195,11 +197,14 @@ def emit(kind: str, text: str, extra: dict) -> None:
             body = f"<details class='captured'><summary>answer (captured by the shell)</summary><pre class='json'>{esc(pretty)}</pre></details>"
         hint = ""
         if code == "DUPLICATE":
-            hint = (
-                "<div class='note'># This page's engine already holds it, from an earlier run: "
-                "“Reset this page's engine” (top) starts over.</div>"
-            )
+            hint = DUPLICATE_HINT
         put(head + body + hint)
+
+
+DUPLICATE_HINT = (
+    "<div class='note'># This page's engine already holds it, from an earlier run of this block: "
+    "“Reset this page's engine” (top) starts over.</div>"
+)
 
 
 def fresh_shell() -> curl.Shell:

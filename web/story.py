@@ -457,11 +457,13 @@ def setup() -> None:
     reloaded = js.sessionStorage.getItem(RELOADED_KEY)
     if reloaded:
         js.sessionStorage.removeItem(RELOADED_KEY)
-        count = len([r for r in m.S.readers.values() if r.monitor == m.STORY_MONITOR])
+        readers = len([r for r in m.S.readers.values() if r.monitor == m.STORY_MONITOR])
+        workers = len([w for w in m.S.workers.values() if w.monitor == m.STORY_MONITOR])
         rows = int(((m.PIC.monitor or {}).get("monitor") or {}).get("head") or 0)
+        subs = f"{readers} reader(s)" + (f" and {workers} worker(s)" if workers else "")
         ui.note(
             "story-answer",
             f"Reloaded. Everything is still here, read back from IndexedDB: the builds monitor with its "
-            f"{rows} rows, {count} reader(s) with their cursors, and the tokens. Now Do it pauses the monitor.",
+            f"{rows} rows, {subs} with their cursors, and the tokens. Now Do it pauses the monitor.",
         )
         el("story-answer").setAttribute("data-reloaded", "1")
