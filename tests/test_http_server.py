@@ -777,6 +777,15 @@ def test_head_on_a_get_route_is_that_gets_reply_without_its_body(server, mp):
     )
     assert get[0] == status == 200 and body == b""
     assert int(headers["content-length"]) > 0 and headers["content-type"] == get[1]["content-type"]
+    # a pull delivers (and marks what it gave delivered): no HEAD for it; the GET after is a first delivery
+    publish(mp, monitor_id, owner, "headed")
+    sub_id, reader = subscribe(mp, monitor_id, owner)
+    status, _, _ = _exchange(
+        base, f"HEAD /mp/v0/subscriptions/{sub_id}/pull HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    )
+    assert status == 404
+    pulled = mp.get(f"/subscriptions/{sub_id}/pull", headers=bearer(reader)).json()
+    assert pulled["observations"] and not pulled["redelivered"], pulled
     # control: a route with no GET is still a 404 naming its methods
     status, _, body = _exchange(
         base, f"PUT /mp/v0/monitors/{monitor_id}/state HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()

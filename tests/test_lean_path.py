@@ -630,7 +630,7 @@ def test_a_reply_written_from_the_one_it_is_like_has_the_bytes_it_would_have_alo
     alone), the status and the connection's close. Positive control: with the same status and headers the
     leader keeps what was encoded for its place."""
     from monitor_protocol.api.messages import Response
-    from monitor_protocol.doors.http.protocol import encode_response
+    from monitor_protocol.doors.http.reply_bytes import encode_response
 
     body = {"subscription": ids[0], "monitor": "ci", "next": 4, "observations": observations}
     leader = Response(statuses[0], body, dict(headers[0]), route="/mp/v0/subscriptions/{id}/pull")

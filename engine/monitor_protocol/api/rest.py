@@ -265,6 +265,12 @@ class RestRouter:
         if method == "OPTIONS":
             return Response(204, None)
         if method == "HEAD":  # the GET's reply; the door sends its head only (RFC 9110 9.3.2)
+            if req.path.endswith(_DELIVERING):  # a HEAD must change nothing; a pull or a stream delivers
+                raise ProtocolError(
+                    "NOT_FOUND",
+                    f"HEAD is not a method of {req.path}: it delivers what it answers (and marks it "
+                    "delivered); use GET.",
+                )
             method = "GET"
         if not (req.path == PREFIX or req.path.startswith(PREFIX + "/")):
             raise ProtocolError(
@@ -303,6 +309,9 @@ class RestRouter:
             raise ProtocolError(
                 "UNAUTHORIZED", "Admin routes need the admin token: Authorization: Bearer <admin token>."
             )
+
+
+_DELIVERING = ("/pull", "/pull/", "/stream", "/stream/")  # routes whose GET delivers: no HEAD for them
 
 
 def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:

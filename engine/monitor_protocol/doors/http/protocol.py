@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import email.utils
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
@@ -34,6 +32,7 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.doors.http.app import STREAM_PATH
 from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
 from monitor_protocol.doors.http.ops import OPS_PATHS
+from monitor_protocol.doors.http.reply_bytes import CLOCK, encode_response, status_line
 from monitor_protocol.doors.http.targets import decoded_path, origin_form
 
 log = logging.getLogger("monitor_protocol.http")
@@ -43,13 +42,6 @@ API = b"/mp/v0"
 MAX_HEADER_BYTES = 64 << 10  # request line and headers together
 MAX_PIPELINED = 32  # requests parsed ahead of their turn before the connection stops reading
 WRITE_TIMEOUT = 60.0  # a client that takes none of its replies' bytes for this long is cut off
-REASONS = {
-    100: "Continue", 200: "OK", 201: "Created", 204: "No Content", 207: "Multi-Status", 400: "Bad Request",
-    401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 410: "Gone",
-    413: "Content Too Large", 422: "Unprocessable Content", 429: "Too Many Requests",
-    500: "Internal Server Error", 503: "Service Unavailable",
-}  # fmt: skip
-STATUS_LINES = {code: f"HTTP/1.1 {code} {reason}\r\n".encode() for code, reason in REASONS.items()}
 INVALID_METHOD = (
     "The HTTP method is not one this server knows; send GET, POST or OPTIONS to a route under /mp/v0 "
     "(GET /mp/v0/discover lists what the server offers)."
@@ -67,95 +59,6 @@ INVALID_REQUEST = (
     "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
     "to a route under /mp/v0 (GET /mp/v0/discover lists what the server offers)."
 )
-
-
-def status_line(code: int) -> bytes:
-    line = STATUS_LINES.get(code)
-    if line is None:
-        line = STATUS_LINES[code] = f"HTTP/1.1 {code} Status {code}\r\n".encode()
-    return line
-
-
-class _Clock:
-    """The `date` header, formatted once a second."""
-
-    def __init__(self) -> None:
-        self.second = -1
-        self.header = b""
-
-    def date(self) -> bytes:
-        now = time.time()
-        if int(now) != self.second:
-            self.second = int(now)
-            self.header = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
-        return self.header
-
-
-CLOCK = _Clock()
-
-
-def _head(response: Response, typed_body: bool) -> list[bytes]:
-    """A reply's status line and headers up to its Content-Length (a JSON type named when it has a body)."""
-    parts = [status_line(response.status), CLOCK.date()]
-    typed = False
-    for name, value in response.headers.items():
-        lname = name.lower()
-        typed = typed or lname == "content-type"
-        parts.append(f"{lname}: {value}\r\n".encode("latin-1"))
-    if typed_body and not typed:
-        parts.append(b"content-type: application/json\r\n")
-    return parts
-
-
-def encode_response(response: Response, *, close: bool) -> bytes:
-    """A Response as the bytes of an HTTP/1.1 reply with a Content-Length body."""
-    like = response.like
-    if like is not None:
-        data = _encode_alike(response, like, close)
-        if data is not None:
-            return data
-    body = response.json_bytes()
-    parts = _head(response, bool(body))
-    parts.append(b"content-length: %d\r\n" % len(body))
-    if close:
-        parts.append(b"connection: close\r\n")
-    parts.append(b"\r\n")
-    parts.append(body)
-    return b"".join(parts)
-
-
-_SUBSCRIPTION_OPEN = b'{"subscription":'  # how a pull's reply begins (delivery._pull_reply's first key)
-
-
-def _encode_alike(response: Response, like: Response, close: bool) -> bytes | None:
-    """The reply of a woken reader in the place of one answered before it (`like`: the same body but for its
-    "subscription", pull_many's `same`), from that one's bytes: its head is made and its body encoded once
-    for every reader in the place, each reply only its own id and length. The bytes are those
-    encode_response makes of the reply itself (tests/test_lean_path.py holds it). None: made the usual way
-    (the headers differ, as CORS headers may, or the body does not begin with its id)."""
-    mine, theirs = response.headers, like.headers
-    if response.status != like.status or mine != theirs or list(mine) != list(theirs):
-        return None  # (headers are written in their order: equal dicts in another order are other bytes)
-    body = response.body
-    own = body.get("subscription") if type(body) is dict else None
-    if type(own) is not str:
-        return None
-    date = CLOCK.date()
-    kept = like.encoded
-    if kept is None or kept[0] is not date or kept[1] != close:  # once per place (and per second)
-        whole = like.json_bytes()
-        start = _SUBSCRIPTION_OPEN + wire.encode(like.body["subscription"])
-        if not whole.startswith(start):
-            kept = like.encoded = (date, close, None, b"", b"")
-        else:
-            head = b"".join(_head(like, True))
-            tail = b"connection: close\r\n\r\n" if close else b"\r\n"
-            kept = like.encoded = (date, close, head, tail, whole[len(start) :])
-    _date, _close, head, tail, rest = kept
-    if head is None:
-        return None
-    opening = _SUBSCRIPTION_OPEN + wire.encode(own)
-    return b"".join((head, b"content-length: %d\r\n" % (len(opening) + len(rest)), tail, opening, rest))
 
 
 class _Pending:
@@ -203,7 +106,8 @@ class HttpConnection(asyncio.Protocol):
         # A body refused at once (its 413 written before it came): what comes is dropped unread until the
         # close, which waits for it (DISCARD_BYTES, DISCARD_SECONDS) so that the reply is not lost to a reset.
         self._linger = False
-        self._lingered = 0
+        self._lingered = 0  # bytes read since, counted against DISCARD_BYTES
+        self._linger_over = False  # the refused body ended (or DISCARD_BYTES came): close once the 413 is out
         self._head_over = False  # a request line and headers past MAX_HEADER_BYTES stopped the parser
         self._in_message = False  # between on_message_begin and on_message_complete
         self._begun = 0  # messages begun on this connection
@@ -287,9 +191,9 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._linger:
             self._lingered += len(data)
-            if self._lingered > DISCARD_BYTES and self.transport is not None:
-                self.transport.close()
-            return
+            if self._lingered > DISCARD_BYTES:
+                self._stop_lingering()
+                return
         if self._broken:
             return
         if self._upgrade is not None:
@@ -352,9 +256,12 @@ class HttpConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing() or self._stage is None:
             return
+        if self._stage == "linger":  # the 413 is out: what is left of its body is not waited for any longer
+            transport.close()
+            return
         if self._queue or self._holds:
             return  # the server stopped reading (pipelined requests wait their turn): not the client's fault
-        if self._stage in ("idle", "linger"):
+        if self._stage == "idle":
             transport.close()
             return
         if self._stage == "headers":
@@ -393,6 +300,9 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._in_message = True
+        if self._linger:  # behind a refused body, in the same read: parsed only to find the ends, never run
+            self._cut = True
+            return
         if self._begun:  # a later request on this connection: its clock starts at its first byte
             self._begin_request()
         self._begun += 1
@@ -420,6 +330,8 @@ class HttpConnection(asyncio.Protocol):
         self._headers[key] = text if known is None else f"{known}, {text}"
 
     def on_headers_complete(self) -> None:
+        if self._linger:
+            return
         self._stage = "body"
         self._deadline = self._started + self.server.body_timeout
         declared = self._headers.get("content-length")
@@ -456,6 +368,8 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._in_message = False
         if self._cut:
+            if self._linger:  # the refused body has all come: nothing is left to drain
+                self._stop_lingering()
             return
         parser = self.parser
         meta = (parser.get_method(), parser.should_keep_alive(), parser.get_http_version())
@@ -546,11 +460,15 @@ class HttpConnection(asyncio.Protocol):
         if transport is None:
             return
         if close or self._closing:
-            if self._linger and not self._closing:
-                # The refused body may still be coming: read and dropped until it stops, DISCARD_BYTES
-                # have come (data_received) or DISCARD_SECONDS from the request's start (expired()).
+            if self._linger and not self._closing and not self._linger_over:
+                # The refused body may still be coming: read and dropped until it ends, DISCARD_BYTES have
+                # come (data_received) or DISCARD_SECONDS from the request's start (expired()). Nothing
+                # behind it is answered: the connection is ending.
                 self._stage = "linger"
                 self._deadline = self._started + DISCARD_SECONDS
+                self._queue.clear()
+                for why in ("queue", "cut", "broken"):
+                    self._release_reading(why)
                 return
             transport.close()
             return
@@ -597,6 +515,15 @@ class HttpConnection(asyncio.Protocol):
 
     # -- refusals the connection makes itself ---------------------------------------------------------
 
+    def _stop_lingering(self) -> None:
+        """The refused body ended, or DISCARD_BYTES of it came: close now if its 413 is out, else when it is
+        (done()), reading nothing more meanwhile."""
+        self._linger_over = True
+        if self._stage == "linger" and self.transport is not None:
+            self.transport.close()
+        else:
+            self._hold_reading("cut")
+
     def _finish_refused(self, *, linger: bool = False) -> None:
         """A body refused on its size: its 413 is made now, then the connection closes. With `linger`, what
         comes of the body meanwhile is read and dropped until that close (see done()); else nothing more is
@@ -633,6 +560,9 @@ class HttpConnection(asyncio.Protocol):
         if transport is None or self._broken:
             return
         self._broken = True
+        if self._linger:  # after a refused body: no reply for it, the 413's close ends the connection
+            self._stop_lingering()
+            return
         self._stage = None
         self._upgrade = None
         self._hold_reading("broken")
@@ -705,7 +635,7 @@ class HttpServer:
         path = request.path
         if pending.too_large:
             self._spawn(conn, pending, self._too_large(conn, pending))
-        elif path in OPS_PATHS and self.app.ops_routes and request.method not in ("GET", "HEAD"):
+        elif path in OPS_PATHS and self.app.ops_routes and request.method not in ("GET", "HEAD", "OPTIONS"):
             refusal = ProtocolError(
                 "NOT_FOUND", f"{request.method} is not a method of {path}; use GET or HEAD."
             )
