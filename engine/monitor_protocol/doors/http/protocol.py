@@ -103,8 +103,9 @@ class HttpConnection(asyncio.Protocol):
         self._size = 0
         self._too_large = False
         self._cut = False  # a refused body read far enough: the rest of this message is ignored
-        # A body refused at once (its 413 written before it came): what comes is dropped unread until the
-        # close, which waits for it (DISCARD_BYTES, DISCARD_SECONDS) so that the reply is not lost to a reset.
+        # A body refused at once (its 413 made before it came): what comes is read (to find its end) and
+        # dropped until the close, which waits for it (its end, DISCARD_BYTES, DISCARD_SECONDS) so that the
+        # reply is not lost to a reset; a request behind it is never run (on_message_begin).
         self._linger = False
         self._lingered = 0  # bytes read since, counted against DISCARD_BYTES
         self._linger_over = False  # the refused body ended (or DISCARD_BYTES came): close once the 413 is out
@@ -394,8 +395,6 @@ class HttpConnection(asyncio.Protocol):
         self._dispatch_message(meta)
 
     def _dispatch_message(self, meta: tuple[bytes, bool, str]) -> None:
-        if self._linger:
-            return  # a request pipelined behind a refused body (in the same read): the connection is ending
         self._stage = None
         url = self._url
         if url[:1] != b"/":
