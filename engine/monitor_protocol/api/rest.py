@@ -239,9 +239,8 @@ class RestRouter:
             )
         if self.allowed_hosts is not None:
             host = req.header("host")
-            if (
-                host is None
-            ):  # HTTP/1.1 requires it (RFC 9112 3.2); the DNS rebinding guard cannot judge without
+            # HTTP/1.1 requires a Host (RFC 9112 3.2), and the DNS rebinding guard cannot judge without one
+            if host is None:
                 raise ProtocolError(
                     "INVALID",
                     "The request has no Host header; send one (Host: 127.0.0.1:<port>, or a name the operator "
@@ -264,13 +263,8 @@ class RestRouter:
         method = req.method.upper()
         if method == "OPTIONS":
             return Response(204, None)
-        if method == "HEAD":  # the GET's reply; the door sends its head only (RFC 9110 9.3.2)
-            if req.path.endswith(_DELIVERING):  # a HEAD must change nothing; a pull or a stream delivers
-                raise ProtocolError(
-                    "NOT_FOUND",
-                    f"HEAD is not a method of {req.path}: it delivers what it answers (and marks it "
-                    "delivered); use GET.",
-                )
+        head = method == "HEAD"  # the GET's reply; the door sends its head only (RFC 9110 9.3.2)
+        if head:
             method = "GET"
         if not (req.path == PREFIX or req.path.startswith(PREFIX + "/")):
             raise ProtocolError(
@@ -281,6 +275,12 @@ class RestRouter:
         for _m, regex, fn in _candidates(path, method):
             match = regex.match(path)
             if match:
+                if head and _LABELS[regex].endswith(_DELIVERING):  # a HEAD must change nothing
+                    raise ProtocolError(
+                        "NOT_FOUND",
+                        f"HEAD is not a method of {req.path}: it delivers what it answers (and marks it "
+                        "delivered); use GET.",
+                    )
                 try:
                     resp = fn(self, req, match.groupdict())
                 except ProtocolError as err:
@@ -311,7 +311,7 @@ class RestRouter:
             )
 
 
-_DELIVERING = ("/pull", "/pull/", "/stream", "/stream/")  # routes whose GET delivers: no HEAD for them
+_DELIVERING = ("/pull", "/stream")  # the routes whose GET delivers: no HEAD for them
 
 
 def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
