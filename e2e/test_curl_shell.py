@@ -137,6 +137,34 @@ def test_outside_the_subset_is_refused_by_name(line, what):
     assert kinds(out, "http") == []  # nothing was sent
 
 
+@pytest.mark.parametrize(
+    ("typed", "said"),
+    [
+        ('curl -d \'{"a": 1}', "a ' quote is open"),
+        ('curl "$MP/discover', 'a " quote is open'),
+        ('X=$(curl -s "$MP/discover"', "a $( is open"),
+        ("f() {\n  curl -s x", "a function's { is open"),
+        ('curl "${MP:-http://127.0.0.1:8130/mp/v0', "a ${ is open"),
+        ("curl -s \\", "the line ends with \\"),
+        ("curl -s x |", "the line ends with |"),
+    ],
+)
+def test_a_script_that_needs_more_lines_says_why(typed, said):
+    assert curl.incomplete(typed)
+    assert curl.awaiting(typed).startswith(said)
+
+
+def test_a_whole_script_awaits_nothing():
+    for whole in (
+        'curl -sS "$MP/discover"',
+        "X=$(curl -s x)",
+        "echo '|'",
+        "f() { curl -s x; }",
+        "curl -s | jq .",
+    ):
+        assert curl.awaiting(whole) is None and not curl.incomplete(whole), whole
+
+
 def test_quoting_variables_and_hosts():
     c = Console()
     out = c.run(

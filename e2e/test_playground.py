@@ -493,6 +493,17 @@ def test_curl_console_runs_the_readme_quickstart_verbatim(browser):
     page.focus("#curl-input")
     page.press("#curl-input", "ArrowUp")
     assert "Bearer wrong" in page.input_value("#curl-input")
+    # An open quote: Enter adds a line and says why (it used to add one silently); closing it takes the
+    # sentence away, and Esc clears the prompt.
+    page.fill("#curl-input", 'curl -sS "$MP/discover')
+    page.press("#curl-input", "Enter")
+    page.wait_for_selector("#curl-hint", state="visible", timeout=5000)
+    assert 'a " quote is open' in page.inner_text("#curl-hint")
+    assert page.input_value("#curl-input") == 'curl -sS "$MP/discover\n'  # not run: nothing was sent
+    page.type("#curl-input", '"')
+    page.wait_for_selector("#curl-hint", state="hidden", timeout=5000)
+    page.press("#curl-input", "Escape")
+    assert page.input_value("#curl-input") == ""
     screenshot(page, "curl-console")
 
     # One engine, one view: the tokens the console was given are in the page's keyring, so the Playground

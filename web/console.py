@@ -229,7 +229,21 @@ def take_prompt() -> str:
     cmd = box.value
     box.value = ""
     box.rows = 1
+    show_hint("")
     return cmd
+
+
+def show_hint(text: str) -> None:
+    """The line under the prompt that says why Enter added a line instead of running (empty: hidden)."""
+    hint = el("curl-hint")
+    hint.textContent = text
+    hint.hidden = not text
+
+
+def on_input(_evt) -> None:
+    """A shown hint goes once what was typed can run (the quote was closed)."""
+    if not el("curl-hint").hidden and curl.awaiting(el("curl-input").value) is None:
+        show_hint("")
 
 
 @action("curl-run", exclusive=False)
@@ -293,15 +307,22 @@ async def setup() -> None:
         "(or click a block), Enter runs it; Shift+Enter adds a line.</div>"
     )
     el("curl-input").addEventListener("keydown", create_proxy(on_key))
+    el("curl-input").addEventListener("input", create_proxy(on_input))
 
 
 def on_key(evt) -> None:
     box = el("curl-input")
-    if evt.key == "Enter" and not evt.shiftKey and not curl.incomplete(box.value):
+    why = curl.awaiting(box.value) if evt.key == "Enter" else None
+    if evt.key == "Enter" and not evt.shiftKey and why is None:
         evt.preventDefault()
         ui.run_task(run(take_prompt()))
     elif evt.key == "Enter":
         box.rows = min(12, box.value.count("\n") + 2)  # a continuation: the newline goes in
+        if not evt.shiftKey:  # Enter that did not run: say why, or it looks like nothing happened
+            show_hint(f"# Not run yet: {why}. Esc clears the prompt.")
+    elif evt.key == "Escape" and box.value:
+        evt.preventDefault()
+        take_prompt()
     elif evt.key == "ArrowUp" and "\n" not in box.value:
         if CURL["history"]:
             evt.preventDefault()

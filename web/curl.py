@@ -393,15 +393,36 @@ def _why_not(stmts: list[tuple[str, list]], with_cli: bool) -> str | None:
 
 def incomplete(text: str) -> bool:
     """True while a typed script still needs lines: a trailing \\, an open quote, $( or { ... }."""
-    if text.rstrip(" \t").endswith("\\") or text.rstrip().endswith("|"):
-        return True
+    return awaiting(text) is not None
+
+
+# What a script that still needs lines waits for, in the lexer's words (`awaiting`'s sentences).
+_AWAITED = (
+    ("unterminated ' quote", "a ' quote is open: the command goes on until a second ' closes it"),
+    ('unterminated " quote', 'a " quote is open: the command goes on until a second " closes it'),
+    ("unterminated $(", "a $( is open: the command goes on until its ) closes it"),
+    ("unterminated function", "a function's { is open: it goes on until its } closes it"),
+    ("unterminated ${", "a ${ is open: the command goes on until its } closes it"),
+)
+
+
+def awaiting(text: str) -> str | None:
+    """Why a typed script still needs lines (a sentence for the prompt), or None when it can run."""
+    if text.rstrip(" \t").endswith("\\"):
+        return "the line ends with \\: the command goes on on the next line"
+    if text.rstrip().endswith("|"):
+        return "the line ends with |: the command it pipes into goes on the next line"
     try:
         split(text)
     except Unsupported:
-        return False
+        return None
     except CurlError as exc:
-        return "unterminated" in str(exc)
-    return False
+        said = str(exc)
+        for start, sentence in _AWAITED:
+            if said.startswith(start):
+                return sentence
+        return said if "unterminated" in said else None  # a construct the table does not name yet
+    return None
 
 
 def split(text: str) -> list[tuple[str, list]]:
