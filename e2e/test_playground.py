@@ -602,8 +602,8 @@ def test_two_tabs_never_fork_the_log(browser):
     assert [c["seq"] for c in log_cards(second)] == list(range(1, seq + 2))
 
 
-def test_conformance_tab_all_pass(browser):
-    page = open_playground(browser)
+def test_conformance_tab_all_pass(any_browser):
+    page = open_playground(any_browser)
     tab(page, "conformance")
     act(page, "#conf-btn")
     total = page.locator("#conf-total")
@@ -611,6 +611,15 @@ def test_conformance_tab_all_pass(browser):
     assert int(total.get_attribute("data-passed")) >= 30
     assert page.locator("#conf-table td.FAIL").count() == 0
     assert page.locator("#conf-table td.PASS").count() == int(total.get_attribute("data-passed"))
+    # Every row's note is in view at either size: on a phone it sat in a fourth column scrolled off screen.
+    width = page.viewport_size["width"]
+    lay = page.evaluate(
+        """() => { const wrap = document.querySelector('.conf-wrap');
+                  const notes = [...document.querySelectorAll('#conf-table tbody td:nth-child(4)')];
+                  return {scrolls: wrap.scrollWidth > wrap.clientWidth + 1,
+                          right: Math.max(...notes.map(n => n.getBoundingClientRect().right))}; }"""
+    )
+    assert not lay["scrolls"] and lay["right"] <= width, lay
     screenshot(page, "conformance")
 
 
