@@ -165,6 +165,19 @@ DEFINITION_FIELDS = (
 )
 
 
+# The fields of a monitor's stored row that change only with its definition, its owner or its subscribe token
+# (Monitor.fixed_row): a store may encode them once per version of these (store/sql.py monitor_row).
+MONITOR_FIXED_FIELDS = (
+    *DEFINITION_FIELDS,
+    "owner",
+    "owner_hash",
+    "created",
+    "version",
+    "attested",
+    "subscribe_hash",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Monitor:
     id: str
@@ -233,34 +246,33 @@ class Monitor:
         return out
 
     def to_row(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"id": self.id, **self.definition()}
-        row.update(
-            {
-                "owner": self.owner,
-                "owner_hash": self.owner_hash,
-                "created": self.created,
-                "updated": self.updated,
-                "version": self.version,
-                "attested": self.attested,
-                "status": self.status.value,
-                "subscribe_hash": self.subscribe_hash,
-                "head": self.head,
-                "floor": self.floor,
-                "counters": self.counters.to_row(),
-                "last": None
-                if self.last is None
-                else {"seq": self.last.seq, "ts": self.last.ts, "type": self.last.type},
-                "actors": list(self.actors),
-                "source_contact": self.source_contact,
-                "quiet_since": self.quiet_since,
-                "source_status": self.source_status,
-                "source_checkpoint": self.source_checkpoint,
-                "last_pull": self.last_pull,
-                "budget_day": self.budget_day,
-                "budget_used": self.budget_used,
-            }
-        )
-        return row
+        return {"id": self.id, **self.fixed_row(), **self.state_row()}
+
+    def fixed_row(self) -> dict[str, Any]:
+        """What of the stored row changes only with the definition, the owner or the subscribe token (not
+        with a publish or a pull): every field of MONITOR_FIXED_FIELDS, as it is."""
+        return {k: getattr(self, k) for k in MONITOR_FIXED_FIELDS}
+
+    def state_row(self) -> dict[str, Any]:
+        """The rest of the stored row but the id: what publishes, pulls and the lifecycle change."""
+        return {
+            "updated": self.updated,
+            "status": self.status.value,
+            "head": self.head,
+            "floor": self.floor,
+            "counters": self.counters.to_row(),
+            "last": None
+            if self.last is None
+            else {"seq": self.last.seq, "ts": self.last.ts, "type": self.last.type},
+            "actors": list(self.actors),
+            "source_contact": self.source_contact,
+            "quiet_since": self.quiet_since,
+            "source_status": self.source_status,
+            "source_checkpoint": self.source_checkpoint,
+            "last_pull": self.last_pull,
+            "budget_day": self.budget_day,
+            "budget_used": self.budget_used,
+        }
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Monitor:

@@ -19,6 +19,7 @@ from monitor_protocol.store.sql import (
     MONITOR_COLUMNS,
     OBSERVATION_COLUMNS,
     SUBSCRIPTION_COLUMNS,
+    monitor_row,
     next_prefix,
     row_values,
     storable,
@@ -374,7 +375,7 @@ def _rows_of(changes: Changes) -> dict[str, list[tuple[Any, ...]]]:
         values[1], values[3] = enc(values[1]), enc(values[3])
         leases.append(tuple(values))
     return {
-        "monitors": [row_values(m.to_row(), MONITOR_COLUMNS) for m in changes.monitors],
+        "monitors": [monitor_row(m) for m in changes.monitors],
         "observations": [
             (
                 o.monitor,

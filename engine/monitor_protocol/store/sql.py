@@ -3,13 +3,15 @@ upsert statement, a record's row as column values and back, and the helpers of i
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from monitor_protocol.core import wire
+from monitor_protocol.core.records import MONITOR_FIXED_FIELDS, Monitor
 from monitor_protocol.core.store_contract import LOG_COLUMNS
 
 # The columns each table keeps out of a record's to_row(); the rest of the row is its `rec` JSON.
-MONITOR_COLUMNS = ("id", "status", "head", "floor")
+MONITOR_COLUMNS = ("id", "status", "head", "floor")  # monitor_row's order
 SUBSCRIPTION_COLUMNS = ("id", "monitor", "subscriber", "token_hash", "state", "cursor", "hwm", "mute_since")
 LEASE_COLUMNS = ("monitor", "subject", "state", "holder", "renewed", "duration")
 OBSERVATION_COLUMNS = ("seq", *LOG_COLUMNS, "event")
@@ -30,6 +32,30 @@ def upsert_sql(table: str, columns: tuple[str, ...], key: str, mark: str = "?") 
 def row_values(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
     """A record's to_row() as its table's column values, then the JSON of what is left."""
     return (*(row.pop(c) for c in columns), wire.encode_text(row))
+
+
+# Each monitor's fixed part (Monitor.fixed_row) as the field values it was encoded from and its JSON text
+# without the closing brace. A publish or a pull makes a new record with the same field objects (records are
+# immutable and `evolve` passes them on), so the check is one identity test per field, and only a changed
+# definition, owner or subscribe token encodes that part again. Any number of stores and threads may share
+# it: a stale entry is never used (identity), a race only encodes twice.
+_FIXED_TEXT: dict[str, tuple[tuple[Any, ...], str]] = {}
+_FIXED_TEXT_MAX = 4096
+_fixed_values = operator.attrgetter(*MONITOR_FIXED_FIELDS)
+
+
+def monitor_row(m: Monitor) -> tuple[Any, ...]:
+    """row_values(m.to_row(), MONITOR_COLUMNS), the same columns and a `rec` that decodes to the same, with
+    the fixed part encoded once per version of it (about 4 of a publish's 9 µs)."""
+    values = _fixed_values(m)
+    held = _FIXED_TEXT.get(m.id)
+    if held is None or not all(map(operator.is_, held[0], values)):
+        if len(_FIXED_TEXT) >= _FIXED_TEXT_MAX:
+            _FIXED_TEXT.clear()
+        held = _FIXED_TEXT[m.id] = (values, wire.encode_text(m.fixed_row())[:-1])
+    state = m.state_row()
+    status, head, floor = state.pop("status"), state.pop("head"), state.pop("floor")
+    return (m.id, status, head, floor, f"{held[1]},{wire.encode_text(state)[1:]}")
 
 
 def row_of(values: tuple[Any, ...], columns: tuple[str, ...]) -> dict[str, Any]:

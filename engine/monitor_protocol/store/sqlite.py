@@ -49,6 +49,7 @@ from monitor_protocol.store.sql import (
     OBSERVATION_COLUMNS,
     SUBSCRIPTION_COLUMNS,
     capped_count_sql,
+    monitor_row,
     next_prefix,
     row_of,
     row_values,
@@ -339,9 +340,9 @@ class SQLiteStore(Store):
         db = self._db
         if len(dirty) == 1:
             (m,) = dirty.values()
-            db.execute(_PUT_MONITOR, row_values(m.to_row(), MONITOR_COLUMNS))
+            db.execute(_PUT_MONITOR, monitor_row(m))
         else:
-            db.executemany(_PUT_MONITOR, (row_values(m.to_row(), MONITOR_COLUMNS) for m in dirty.values()))
+            db.executemany(_PUT_MONITOR, map(monitor_row, dirty.values()))
         for m in dirty.values():
             self._monitors[m.id] = m
         dirty.clear()
