@@ -831,3 +831,31 @@ async def test_mcp_reads_a_monitors_source_status_read_only(tmp_path: Path) -> N
                 assert {"monitor://ci/source", "monitor://plain/source"} <= listed
     finally:
         stop_server(proc)
+
+
+async def test_mcp_refuses_unknown_and_oversized_arguments_as_the_server_does(tmp_path: Path) -> None:
+    """A misspelt argument is refused, naming it (a pull's `wiat` answered at once: a busy loop for the
+    agent), and arguments larger than `mp serve` takes as a body are 413 TOO_LARGE (an embedded server
+    stored 2 MB); every tool's schema says it takes nothing else."""
+    with anyio.fail_after(HANG_GUARD_SECONDS):
+        async with Client(server_params("--db", str(tmp_path / "mcp.db"))) as client:
+            tools = (await client.list_tools()).tools
+            assert all(t.input_schema.get("additionalProperties") is False for t in tools)
+            created = await call(client, "monitor_create", {"id": "u1", "types": ["com.example.u"]})
+            owner = created["owner_token"]
+            sub = await call(
+                client, "monitor_subscribe", {"monitor": "u1", "subscriber": "agent:u", "token": owner}
+            )
+            reader = {"subscription": sub["subscription"]["id"], "token": sub["token"]}
+            body = await refused(client, "monitor_pull", {**reader, "wiat": 5})
+            assert body["code"] == "INVALID" and body["invalid"] == ["wiat"] and "'wait'" in body["error"]
+            body = await refused(client, "monitor_discover", {"bogus_arg": 1})
+            assert body["code"] == "INVALID" and body["invalid"] == ["bogus_arg"]
+            big = {"id": "u1", "type": "com.example.u", "data": {"x": "a" * (1 << 20)}, "token": owner}
+            body = await refused(client, "monitor_publish", big)
+            assert body["code"] == "TOO_LARGE" and body["limit"] == 1 << 20
+            # controls: a publish under the cap is stored, the right name pulls, and nothing large was kept
+            await call(client, "monitor_publish", {**big, "data": {"x": "a" * 1000}})
+            pulled = await call(client, "monitor_pull", {**reader, "wait": 0})
+            assert any((o.get("data") or {}).get("x") == "a" * 1000 for o in pulled["observations"])
+            assert max(len(json.dumps(o)) for o in pulled["observations"]) < 4000

@@ -71,6 +71,39 @@ def test_a_lease_call_with_an_unknown_field_is_refused(h):
     assert h.call("POST", f"/subscriptions/{sub}/leases/claim", right, token).status == 201
 
 
+def test_each_lease_call_takes_only_its_own_fields(h):
+    """A claim's body is not a completion's: a field of another lease call is refused by each call that does
+    not read it (a claim's `outcome` and a release's `lease_duration_seconds` were dropped without a word),
+    and the refusal lists the call's own fields."""
+    owner = h.monitor("ci", capabilities=["observe", "act"])
+    h.publish("ci", owner, actor="probe:ci", subject="build-1")
+    sub, token = h.subscribe("ci", owner, capabilities=["observe", "act"])
+    leases = f"/subscriptions/{sub}/leases"
+    r = h.call("POST", f"{leases}/claim", {"subject": "build-1", "outcome": "done"}, token)
+    _refused(r, "outcome")
+    assert "lease_duration_seconds" in r.body["error"] and "evidence" not in r.body["error"]
+    assert h.call("POST", f"{leases}/claim", {"subject": "build-1", "note": "mine"}, token).status == 201
+    r = h.call("POST", f"{leases}/release", {"subject": "build-1", "lease_duration_seconds": 5}, token)
+    _refused(r, "lease_duration_seconds")
+    _refused(h.call("POST", f"{leases}/renew", {"subject": "build-1", "reason": "x"}, token), "reason")
+    assert h.call("GET", "/monitors/ci/state", token=owner).status == 200
+    # controls: each call with its own fields
+    assert (
+        h.call("POST", f"{leases}/renew", {"subject": "build-1", "lease_duration_seconds": 60}, token).status
+        == 200
+    )
+    assert h.call("POST", f"{leases}/release", {"subject": "build-1", "reason": "later"}, token).status == 200
+
+
+def test_a_pause_takes_no_patch(h):
+    owner = h.monitor("ci")
+    r = h.call("POST", "/monitors/ci/pause", {"patch": {"description": "x"}}, owner)
+    _refused(r, "patch")
+    assert "'reason'" in r.body["error"] and "'patch'" not in r.body["error"].split("send only")[-1]
+    assert h.call("GET", "/monitors/ci", token=owner).body["active"] is True
+    assert h.call("POST", "/monitors/ci/update", {"patch": {"description": "x"}}, owner).status == 200
+
+
 def _rpc(h: Harness, method: str, **params):
     return h.call("POST", "/rpc", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).body
 

@@ -173,7 +173,8 @@ def _tool_def(tool: McpTool, ops: tuple[Operation, ...]) -> ToolDef:
             required.append(name)
     if first.auth.takes_token:
         props["token"] = typed("string", token_text(first.auth))
-    schema = {"type": "object", "properties": props, "required": required}
+    # nothing else: a misspelt argument is refused by name (doors/mcp/tools.py), never dropped
+    schema = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
     output = first.result.schema or {"type": "object"}
     return ToolDef(tool, ops, schema, output, tuple(required))
 

@@ -38,8 +38,8 @@ string ends with `...`), `{"kind":"NEXT","cursor":18}`, `{"kind":"CATCHUP","coun
 
 Delivery stays a queue (P4): a batch is acknowledged only after its lines are printed and flushed, so a
 watch killed in between gets the batch again (marked `redelivered=true`) when it restarts at the committed
-cursor. After a DOWN the watch always resumes at the committed cursor: an ack that did not reach the server
-means the batch comes back.
+cursor. After a DOWN the watch resumes at the committed cursor, its next pull carrying again the ack that
+was in flight (acks are idempotent): a batch it printed is not printed again, one it never printed comes back.
 
 `--catch-up` frames the backlog that waited while nobody watched: at start it reads (read-only) the
 committed cursor and the head, prints `CATCHUP <n> from=<cursor> head=<head>` (n: the observations for

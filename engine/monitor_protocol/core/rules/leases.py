@@ -33,8 +33,15 @@ from monitor_protocol.core.vocab import (
 )
 
 LEASE_ACTIONS = ("claim", "renew", "complete", "release", "reject")
-# What a lease call's body may hold, whichever the action (anything else is refused, naming it).
-LEASE_FIELDS = frozenset(("subject", "note", "lease_duration_seconds", "reason", "outcome", "evidence"))
+# What each lease call's body may hold (anything else is refused, naming it: a release's `outcome` was
+# dropped without a word).
+LEASE_FIELDS = {
+    "claim": frozenset(("subject", "lease_duration_seconds", "note")),
+    "renew": frozenset(("subject", "lease_duration_seconds", "note")),
+    "complete": frozenset(("subject", "outcome", "evidence", "note")),
+    "release": frozenset(("subject", "reason")),
+    "reject": frozenset(("subject", "reason")),
+}
 
 
 def _duration(value: Any) -> int:
@@ -56,7 +63,7 @@ def lease(
             granted=list(sub.capabilities),
             required="act",
         )
-    body = require_object(body, action, LEASE_FIELDS)
+    body = require_object(body, action, LEASE_FIELDS[action])
     subject = body.get("subject")
     if not isinstance(subject, str) or not subject:
         raise invalid(f'{action} needs {{"subject": "<a subject this monitor published>"}}.')

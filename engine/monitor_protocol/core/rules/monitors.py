@@ -276,19 +276,22 @@ def monitor_state(core: ServiceCore, tx: Tx, monitor_id: str, token: str | None)
 
 
 # What an update, pause, resume or retire body may hold (anything else is refused, naming it).
-CONFIGURE_FIELDS = frozenset(("patch", "reason", "rule"))
+CONFIGURE_FIELDS = {
+    "update": frozenset(("patch", "reason", "rule")),
+    **{action: frozenset(("reason", "rule")) for action in ("pause", "resume", "retire")},
+}
 
 
 def configure(
     core: ServiceCore, tx: Tx, monitor_id: str, action: str, body: Any, token: str | None
 ) -> dict[str, Any]:
     rec = owner_monitor(tx, monitor_id, token)
-    body = require_object(body, action, CONFIGURE_FIELDS)
+    if action not in MONITOR_ACTIONS:
+        raise ProtocolError("NOT_FOUND", f"No action {action!r}; use update, pause, resume or retire.")
+    body = require_object(body, action, CONFIGURE_FIELDS[action])
     reason = check_reason(body.get("reason"), "reason")
     rule = check_reason(body.get("rule"), "rule")
     before = rec.to_wire()
-    if action not in MONITOR_ACTIONS:
-        raise ProtocolError("NOT_FOUND", f"No action {action!r}; use update, pause, resume or retire.")
     status = monitor_next(rec.status, action)
     if status is None:
         raise ProtocolError(

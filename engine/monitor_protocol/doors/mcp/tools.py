@@ -13,8 +13,10 @@ import mcp_types as types
 
 from monitor_protocol.api import operations
 from monitor_protocol.api.operations import Auth
+from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.validation import as_int
+from monitor_protocol.core.vocab import DEFAULT_MAX_BODY
 from monitor_protocol.doors.mcp.backends import (
     MAX_WAIT_SECONDS,
     OWNER_ENV,
@@ -58,7 +60,12 @@ class ToolSpec:
         self.name = name
         self.title = title or name.replace("_", " ")
         self.description = description
-        self.schema = {"type": "object", "properties": properties, "required": required}
+        self.schema = {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,  # as operations.py makes every tool's
+        }
         self.output = output
         self.run = run
         self.roles = roles  # the environment variables the token falls back to (for the hint, too)
@@ -85,12 +92,34 @@ class ToolSpec:
         )
 
     def check(self, args: dict[str, Any]) -> None:
-        """Refuse arguments outside the input schema (a type, a bound, a missing one) as 400 INVALID."""
+        """Refuse arguments outside the input schema (an unknown name, a type, a bound, a missing one) as
+        400 INVALID, and arguments larger than a server takes as a request body (DEFAULT_MAX_BODY) as 413
+        TOO_LARGE: an embedded server has no HTTP door to cap them."""
         from jsonschema.exceptions import best_match
 
+        unknown = sorted(set(args) - set(self.schema["properties"]))
+        if unknown:  # a misspelt `wait` would turn a long poll into a busy loop
+            raise ProtocolError(
+                "INVALID",
+                f"{self.name}: unknown argument(s) {unknown}; this tool takes "
+                f"{sorted(self.schema['properties'])}.",
+                invalid=unknown,
+            )
         error = best_match(self.validator.iter_errors(args))
-        if error is None:
-            return
+        if error is not None:
+            raise self._schema_refusal(error, args)
+        wire.check(args)  # NaN, a lone surrogate: refused in the wire's words (the schema lets them by)
+        size = len(wire.encode(args))
+        if size > DEFAULT_MAX_BODY:
+            raise ProtocolError(
+                "TOO_LARGE",
+                f"{self.name}: the arguments are {size} bytes as JSON, more than a server accepts in one "
+                f"request ({DEFAULT_MAX_BODY} bytes); send less: keep a large payload elsewhere and send a "
+                "link to it.",
+                limit=DEFAULT_MAX_BODY,
+            )
+
+    def _schema_refusal(self, error: Any, args: dict[str, Any]) -> ProtocolError:
         field = ".".join(str(p) for p in error.absolute_path) or None
         if error.validator == "required":
             field = next((n for n in self.schema["required"] if n not in args), field)
@@ -99,7 +128,7 @@ class ToolSpec:
         bound = error.schema.get(error.validator) if isinstance(error.schema, dict) else None
         if error.validator in ("minimum", "maximum") and isinstance(bound, int):
             extras[error.validator] = bound
-        raise ProtocolError(
+        return ProtocolError(
             "INVALID", f"{self.name}: {where}: {error.message}; see the tool's input schema.", **extras
         )
 
