@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -859,3 +860,57 @@ async def test_mcp_refuses_unknown_and_oversized_arguments_as_the_server_does(tm
             pulled = await call(client, "monitor_pull", {**reader, "wait": 0})
             assert any((o.get("data") or {}).get("x") == "a" * 1000 for o in pulled["observations"])
             assert max(len(json.dumps(o)) for o in pulled["observations"]) < 4000
+
+
+def test_mcp_stdio_answers_lines_the_sdk_cannot_read(tmp_path: Path) -> None:
+    """The SDK's stdio reader dropped a line it could not parse without a reply, so the client hung until its
+    own timeout: a request holding a lone surrogate (JSON can spell one) is now answered -32602 naming the
+    rule, a line that is not JSON -32700, a request the SDK cannot read -32600; a notification gets nothing
+    (JSON-RPC), and the server goes on answering the next request."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor_protocol", "mcp", "--db", str(tmp_path / "lines.db")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def send(line: str) -> None:
+        proc.stdin.write((line + "\n").encode())
+        proc.stdin.flush()
+
+    def reply() -> dict[str, Any]:
+        ready, _, _ = select.select([proc.stdout], [], [], HANG_GUARD_SECONDS)
+        assert ready, "no reply: the line was dropped"
+        return json.loads(proc.stdout.readline())
+
+    hello = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    }
+    try:
+        send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}))
+        assert reply()["id"] == 1
+        send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        call = '{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"monitor_discover","arguments":%s}}'
+        send(call % (2, '{"x":"\\ud800"}'))
+        got = reply()
+        assert (
+            got["id"] == 2 and got["error"]["code"] == -32602 and "lone surrogate" in got["error"]["message"]
+        )
+        send('{"jsonrpc":"2.0","method":"notifications/progress","params":{"x":"\\udc00"}}')  # no reply
+        send("this is not json")
+        got = reply()
+        assert got["id"] is None and got["error"]["code"] == -32700
+        send('{"jsonrpc":"2.0","id":3,"method":7}')
+        got = reply()
+        assert got["id"] == 3 and got["error"]["code"] == -32600
+        send(call % (4, "{}"))  # control: a readable request is served, and the replies kept their order
+        got = reply()
+        assert got["id"] == 4 and got["result"]["structuredContent"]["protocol"] == "monitor-protocol"
+    finally:
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        proc.stdout.close()
+        proc.stderr.close()

@@ -26,6 +26,7 @@ from monitor_protocol.doors.mcp.backends import (
     ToolFailure,
     env_token,
 )
+from monitor_protocol.doors.mcp.stdio_lines import ScreenedStdin
 from monitor_protocol.doors.mcp.tools import tool_hint, tool_specs
 
 log = logging.getLogger("monitor_protocol.mcp")
@@ -167,7 +168,9 @@ class MonitorMCP:
 
         await self.backend.start(self.monitor_changed)
         try:
-            async with stdio_server() as (read_stream, write_stream):
+            stdin = ScreenedStdin()  # answers the lines the SDK's reader would drop (stdio_lines.py)
+            async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+                stdin.answer_on(write_stream)
                 options = self.server.create_initialization_options(
                     experimental_capabilities={EXTENSION_ID: {"version": PROTOCOL_VERSION}}
                 )
