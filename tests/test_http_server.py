@@ -440,13 +440,15 @@ def test_allowed_origin_gets_cors(mp):
         headers={
             "Origin": GOOD_ORIGIN,
             "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type",
+            "Access-Control-Request-Headers": "authorization, content-type, idempotency-key",
         },
     )
     assert 200 <= preflight.status_code < 300
     assert preflight.headers["access-control-allow-origin"] == GOOD_ORIGIN
     assert "POST" in preflight.headers["access-control-allow-methods"].upper()
-    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    allowed = {h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")}
+    # every header a browser producer or reader sends: a retried publish's Idempotency-Key was refused
+    assert {"authorization", "content-type", "idempotency-key", "last-event-id"} <= allowed
 
 
 def test_host_check_on_loopback(mp):

@@ -85,6 +85,9 @@ def test_a_password_in_the_url_is_never_printed(tmp_path, pg_url):
     with open(proc.log_path) as f:  # type: ignore[attr-defined]
         log = f.read()
     assert f"database: postgresql://{urllib.parse.quote(user, safe='')}:***@" in log and secret not in log
+    # one warning with one piece of advice (there were two, each advising another place)
+    warned = [line for line in log.splitlines() if "database password" in line]
+    assert len(warned) == 1 and "on the command line" in warned[0] and "PGPASSWORD" in warned[0], warned
 
 
 def free_port() -> int:

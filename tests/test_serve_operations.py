@@ -160,10 +160,11 @@ def test_db_lanes_comes_from_a_flag_or_the_environment_and_a_wrong_word_is_named
     ("text", "needle"),
     [
         ("prot = 1\n", "unknown setting 'prot'"),
-        ('port = "eighty"\n', "port"),
+        ('port = "eighty"\n', "port: expected a whole number (got 'eighty')"),
         ("allow_origin = [1, 2]\n", "list of strings"),
         ("port = \n", "not valid TOML"),
-        ("max_body = true\n", "integer"),
+        ("max_body = true\n", "whole number"),
+        ('keep_alive = "soon"\n', "keep_alive: expected a number (seconds"),
     ],
 )
 def test_a_bad_config_file_is_refused_with_a_sentence(tmp_path, text, needle):
@@ -171,6 +172,37 @@ def test_a_bad_config_file_is_refused_with_a_sentence(tmp_path, text, needle):
     config.write_text(text)
     with pytest.raises(serve_config.ConfigError, match=re.escape(needle)):
         serve_config.resolve_settings(parse("--config", str(config)), {})
+
+
+def test_a_bad_value_is_named_where_it_came_from(tmp_path):
+    """The sentence names the variable or file key that held the value, not a flag nobody typed, and never
+    Python's own words ("invalid literal for int() with base 10")."""
+    cfg, sources = serve_config.resolve_settings(parse(), {"MP_DB_CONNECTIONS": "100"})
+    said = serve_config.validate(cfg, sources) or ""
+    assert said.startswith("MP_DB_CONNECTIONS must be between 1 and 64") and "--db-connections" not in said
+    config = tmp_path / "serve.toml"
+    config.write_text("db_connections = 0\n")
+    cfg, sources = serve_config.resolve_settings(parse("--config", str(config)), {})
+    assert (serve_config.validate(cfg, sources) or "").startswith(f"{config}: db_connections must be")
+    cfg, sources = serve_config.resolve_settings(parse("--db-connections", "0"), {})
+    assert (serve_config.validate(cfg, sources) or "").startswith("--db-connections must be")
+    for env in ({"MP_PORT": "abc"}, {"MP_MAX_BODY": "1e3"}):
+        with pytest.raises(serve_config.ConfigError) as caught:
+            serve_config.resolve_settings(parse(), env)
+        assert "expected a whole number" in str(caught.value) and "int()" not in str(caught.value)
+    cfg, _ = serve_config.resolve_settings(parse(), {"MP_PORT": " 8131 ", "MP_KEEP_ALIVE": "2.5"})
+    assert (cfg.port, cfg.keep_alive) == (8131, 2.5)  # control: numbers as the environment spells them
+
+
+@pytest.mark.parametrize("url", ["mysql://x:pw@h/db", "sqlite:///tmp/x.db", "http://example.com/db"])
+def test_a_database_url_of_another_kind_is_refused_by_its_scheme(url):
+    cfg, sources = serve_config.resolve_settings(parse("--db", url), {})
+    said = serve_config.validate(cfg, sources) or ""
+    scheme = url.split("://")[0]
+    assert said.startswith(f"--db names a {scheme}:// database") and "pw" not in said
+    for fine in ("postgresql://mp@h/db", "postgres://mp@h/db", ":memory:", "./mp.db"):
+        cfg, sources = serve_config.resolve_settings(parse("--db", fine), {})
+        assert serve_config.validate(cfg, sources) is None, fine
 
 
 def test_bad_settings_stop_the_server_with_exit_status_2(tmp_path):

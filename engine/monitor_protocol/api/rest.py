@@ -33,7 +33,8 @@ log = logging.getLogger("monitor_protocol.rest")
 
 PREFIX = "/mp/v0"
 CORS_METHODS = "GET, POST, OPTIONS"
-CORS_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+# Idempotency-Key: a browser producer retries a publish safely with it (docs/protocol.md section 6)
+CORS_HEADERS = "Authorization, Content-Type, Idempotency-Key, Last-Event-ID"
 
 Handler = Callable[["RestRouter", Request, dict[str, str]], Response]
 _ROUTES: list[tuple[str, re.Pattern[str], Handler]] = []

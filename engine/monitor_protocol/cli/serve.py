@@ -109,7 +109,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         const="",
         default=None,
         metavar="TOKEN",
-        help="enable POST /mp/v0/admin/compact and GET /mp/v0/admin/snapshot behind this "
+        help="enable POST /mp/v0/admin/compact, GET /mp/v0/admin/snapshot and GET /mp/v0/admin/log behind this "
         "bearer token (env MP_ADMIN_TOKEN keeps it off the command line; without a value, the token of "
         "MP_ADMIN_TOKEN or the config file, else one minted and written to a file readable only by you, "
         "never printed)",
@@ -401,7 +401,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"mp serve: {exc}", file=sys.stderr)
         return 2
-    problem = validate(cfg)
+    problem = validate(cfg, sources)
     if problem is not None:
         print(f"mp serve: {problem}", file=sys.stderr)
         return 2
@@ -526,11 +526,15 @@ def run(name: str, args: argparse.Namespace) -> int:
             + (f", open_files={open_files}" if open_files else "")
         )
         warnings = []
-        if shared and redacted(db) != db:
-            warnings.append(_argv_warning("database password", sources["db"], "MP_DB"))
+        if shared and redacted(db) != db:  # one warning, one advice: the password out of the URL
+            where = (
+                "on the command line, where every local user can read it (ps)"
+                if sources["db"].startswith("--")
+                else f"in the database URL ({_source_note(sources['db'])})"
+            )
             warnings.append(
-                "warning: the database URL carries a password; prefer PGPASSWORD or ~/.pgpass (libpq reads "
-                "both), so that it is in neither the URL nor the process list"
+                f"warning: the database password is {where}; put it in PGPASSWORD or ~/.pgpass instead "
+                "(libpq reads both) and leave it out of the URL"
             )
         if cfg.registration_token:
             print(f"registration: token required ({_source_note(sources['registration_token'])})")

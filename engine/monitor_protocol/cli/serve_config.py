@@ -9,6 +9,7 @@ import hashlib
 import ipaddress
 import logging
 import os
+import re
 from typing import Any
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -114,6 +115,15 @@ class AppendGiven(argparse.Action):
         _mark_given(namespace, self.dest)
 
 
+# What an environment variable or a TOML string may spell for a number (Python's own words stay out of the
+# sentence: "invalid literal for int() with base 10").
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# A --db that is a URL: its scheme (only postgresql:// and postgres:// are opened; anything else was taken for
+# a file path, "./mysql:/x@h/db").
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
 def _convert(name: str, kind: str, value: Any, where: str) -> Any:
     """One setting's value from a string (environment) or a TOML value (config file)."""
     text = isinstance(value, str)
@@ -134,12 +144,16 @@ def _convert(name: str, kind: str, value: Any, where: str) -> Any:
                 raise ValueError("expected a list of strings (or one comma-separated string)")
             return [i.strip() for i in items if i.strip()]
         if kind == "int":
-            if isinstance(value, bool) or not (text or isinstance(value, int)):
-                raise ValueError("expected an integer")
+            if isinstance(value, bool) or not (
+                isinstance(value, int) or (text and _WHOLE.fullmatch(value.strip()))
+            ):
+                raise ValueError("expected a whole number")
             return int(value)
         if kind == "float":
-            if isinstance(value, bool) or not (text or isinstance(value, int | float)):
-                raise ValueError("expected a number")
+            if isinstance(value, bool) or not (
+                isinstance(value, int | float) or (text and _NUMBER.fullmatch(value.strip()))
+            ):
+                raise ValueError("expected a number (seconds, such as 30 or 2.5)")
             return float(value)
         if kind == "bool":
             if isinstance(value, bool):
@@ -254,30 +268,51 @@ def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:
     return None
 
 
-def validate(cfg: argparse.Namespace) -> str | None:
-    """The first problem with the settings (an operator's sentence), or None."""
+def setting_name(name: str, sources: dict[str, str] | None) -> str:
+    """How a sentence names a setting: where its value came from (resolve_settings' sources), so a bad
+    MP_DB_CONNECTIONS is not blamed on a --db-connections nobody typed."""
+    where = (sources or {}).get(name, "default")
+    if where.startswith("config "):
+        return f"{where.removeprefix('config ')}: {name}"
+    if where.startswith("MP_"):
+        return where
+    return "--" + name.replace("_", "-")
+
+
+def validate(cfg: argparse.Namespace, sources: dict[str, str] | None = None) -> str | None:
+    """The first problem with the settings (an operator's sentence naming the flag, variable or file key
+    the value came from), or None."""
     from monitor_protocol.core import netguard
 
+    def named(setting: str) -> str:
+        return setting_name(setting, sources)
+
     if not (0 <= cfg.port <= 65535):
-        return "--port must be between 0 and 65535"
+        return f"{named('port')} must be between 0 and 65535"
+    scheme = _URL_SCHEME.match(cfg.db or "")
+    if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
+        return (
+            f"{named('db')} names a {scheme.group(1)}:// database, which mp serve does not open: give a SQLite "
+            "file path, ':memory:', or a postgresql:// (or postgres://) URL"
+        )
     if cfg.max_body < 1:
-        return "--max-body must be a positive number of bytes"
+        return f"{named('max_body')} must be a positive number of bytes"
     if cfg.retire_after_mute is not None and cfg.retire_after_mute < 1:
-        return "--retire-after-mute must be a positive number of seconds"
+        return f"{named('retire_after_mute')} must be a positive number of seconds"
     for flag in ("header_timeout", "body_timeout", "keep_alive"):
         value = getattr(cfg, flag)
         if not (value > 0 and value < 1e7):
-            return f"--{flag.replace('_', '-')} must be a positive number of seconds"
+            return f"{named(flag)} must be a positive number of seconds"
     if cfg.body_timeout < cfg.header_timeout:
-        return "--body-timeout must be at least --header-timeout"
+        return f"{named('body_timeout')} must be at least {named('header_timeout')}"
     if not 1 <= cfg.db_connections <= 64:
-        return "--db-connections must be between 1 and 64 (engine calls at once on PostgreSQL)"
+        return f"{named('db_connections')} must be between 1 and 64 (engine calls at once on PostgreSQL)"
     for entry in cfg.allow_sink:
         problem = netguard.check_allow_entry(entry)
         if problem is not None:
             return problem
     if getattr(cfg, "source_rate", 1) < 1:
-        return "--source-rate must be a whole number of observations per minute, at least 1"
+        return f"{named('source_rate')} must be a whole number of observations per minute, at least 1"
     try:
         source_policy(cfg)
     except ValueError as exc:
@@ -285,7 +320,7 @@ def validate(cfg: argparse.Namespace) -> str | None:
     if getattr(cfg, "allow_source", None) and not getattr(cfg, "sources", False):
         return "--allow-source says what --sources may run: add --sources (or MP_SOURCES=true)"
     if getattr(cfg, "max_sources", 1) < 1:
-        return "--max-sources must be a whole number of sources, at least 1"
+        return f"{named('max_sources')} must be a whole number of sources, at least 1"
     runs_commands = any(
         str(e).startswith(("shell:", "file:")) for e in getattr(cfg, "allow_source", None) or []
     )
