@@ -187,3 +187,19 @@ def test_a_malformed_url_never_prints_its_password(tmp_path):
         )
         assert done.returncode == 1 and "cannot open the database" in done.stderr, done.stderr
         assert "secret" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_database_that_cannot_be_reached_is_one_line_naming_it_once(tmp_path):
+    """What mp serve says when PostgreSQL does not answer: one line, the URL once, libpq's own words (its
+    two lines joined), not the driver's class name."""
+    url = f"postgresql://mp@127.0.0.1:{free_port()}/x"
+    done = subprocess.run(
+        mp_command("serve", "--db", url, "--port", "0"),
+        capture_output=True,
+        text=True,
+        env=mp_env(),
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("mp serve: cannot open the database: cannot connect to PostgreSQL at ")
+    assert done.stderr.count(url) == 1 and "refused" in done.stderr and "OperationalError" not in done.stderr

@@ -429,10 +429,13 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(f"mp serve: {exc}", file=sys.stderr)
             return 1
         except Exception as exc:
-            print(
-                f"mp serve: cannot open the database {shown}: {getattr(exc, 'detail', None) or exc}",
-                file=sys.stderr,
+            detail = getattr(exc, "detail", None)  # names the database itself (PostgreSQL): said once
+            said = (
+                f"cannot open the database: {detail}"
+                if detail
+                else f"cannot open the database {shown}: {exc}"
             )
+            print(f"mp serve: {said}", file=sys.stderr)
             return 1
         admin_token: str | None = None
         if cfg.allow_admin is not None:

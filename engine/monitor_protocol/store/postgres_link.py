@@ -107,7 +107,8 @@ def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool)
         # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
         failure = StorageError(f"the database is unreachable ({type(exc).__name__}, see the server log)")
         failure.detail = f"cannot connect to PostgreSQL at {redacted(url)}: " + scrub(
-            f"{type(exc).__name__}: {exc}", url
+            " ".join(str(exc).split()) or type(exc).__name__,
+            url,  # libpq's lines as one
         )
         raise failure from None
 
