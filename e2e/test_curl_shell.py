@@ -175,3 +175,33 @@ def test_quoting_variables_and_hosts():
     assert [x["url"] for k, _, x in out if k == "http"] == [ORIGIN + "/mp/v0/discover"]
     out = c.run("curl -s https://example.com/mp/v0/discover")
     assert "another host" in kinds(out, "error")[0] and kinds(out, "http") == []
+
+
+@pytest.mark.parametrize(
+    ("url", "instead"),
+    [
+        ("http://127.0.0.1:8130/discover", "try $MP/discover"),
+        ("http://localhost:8130", "try $MP/discover"),
+        ("/monitors/ci", "try $MP/monitors/ci"),
+    ],
+)
+def test_a_url_outside_the_protocol_is_refused_saying_where_it_is(url, instead):
+    """The page's origin serves the site's files too: a missing /mp/v0 got the file server's 404 page in HTML.
+    Nothing is sent; the sentence names $MP."""
+    console = Console()
+    lines = console.run(f"curl -s {url}")
+    assert kinds(lines, "http") == []
+    (said,) = kinds(lines, "error")
+    assert "is not under /mp/v0" in said and instead in said
+    assert kinds(console.run("curl -s http://127.0.0.1:8130/mp/v0/discover"), "http")  # control
+
+
+def test_an_unset_variable_says_why_it_may_be_unset():
+    lines = Console().run('curl -s "$MP/monitors/ci/observations" -H "Authorization: Bearer $OWNER"')
+    notes = kinds(lines, "note")
+    assert any("$OWNER is not set" in n and "until a reload" in n for n in notes), notes
+
+
+def test_a_continuation_waits_for_its_next_line():
+    assert curl.continued("curl -s $MP/discover \\\n") and curl.continued("curl -s \\\n  ")
+    assert not curl.continued("curl -s \\\n  -H 'a: b'") and not curl.continued("curl -s $MP/discover\n")

@@ -504,6 +504,15 @@ def test_curl_console_runs_the_readme_quickstart_verbatim(browser):
     page.wait_for_selector("#curl-hint", state="hidden", timeout=5000)
     page.press("#curl-input", "Escape")
     assert page.input_value("#curl-input") == ""
+    # A backslash continuation: the hint stays while its next line is empty (the newline made the text
+    # whole, which hid it at once), and Enter on that empty line runs it, as sh does.
+    page.fill("#curl-input", 'curl -sS "$MP/discover" \\')
+    page.press("#curl-input", "Enter")
+    page.wait_for_selector("#curl-hint", state="visible", timeout=5000)
+    assert "ends with \\" in page.inner_text("#curl-hint")
+    r = run_in_console(page, page.input_value("#curl-input"))
+    assert r["statuses"] == [200] and r["errors"] == []
+    assert page.is_hidden("#curl-hint")
     screenshot(page, "curl-console")
 
     # One engine, one view: the tokens the console was given are in the page's keyring, so the Playground

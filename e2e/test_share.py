@@ -237,6 +237,9 @@ def test_the_share_panel_on_a_phone(phone_page, phone_browser):
     phone_page = phone_browser.open(f"/#scenario={link}", phone_page, timeout=BOOT_MS)
     assert phone_page.get_attribute("#share-open", "data-state") == "ready"
     act(phone_page, "#btn-share-replay")
+    # the replayed log is brought into view (it was screens below, the page left at the top)
+    top = phone_page.evaluate("document.querySelector('.log-panel .log-title').getBoundingClientRect().top")
+    assert -2 <= top < phone_page.viewport_size["height"] / 2, top
     act(phone_page, "#btn-share-link")
     shared = phone_page.input_value("#share-link-out").split("#scenario=", 1)[1]
     again = json.loads(base64.urlsafe_b64decode(shared + "=" * (-len(shared) % 4)))

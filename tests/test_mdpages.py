@@ -187,7 +187,7 @@ def test_a_doc_the_build_refuses_fails_build_py(tmp_path, monkeypatch):
     (root / "web").mkdir()
     (root / "web" / "docs.html").write_text((ROOT / "web" / "docs.html").read_text())
     (root / "docs").mkdir()
-    for src in ("docs/serve.md", "docs/doors.md", "docs/protocol.md"):
+    for src in ("docs/serve.md", "docs/doors.md", "docs/protocol.md", "docs/embedding.md"):
         (root / src).write_text("# ok\n")
     (root / "README.md").write_text("# Readme\n\n```sh\nls -la\n```\n")
     with pytest.raises(mdpages.DocsError, match=r"README\.md:3: .*the command 'ls'"):
@@ -223,7 +223,9 @@ def test_every_page_of_the_real_docs_renders_with_its_engine_namespace(site):
         else:  # nothing to run: plain HTML, no engine to boot
             assert "pyscript" not in page and "docs_page.py" not in page and 'id="reset-btn"' not in page
             static.add(name)
-    assert static == {"protocol"}  # the contract is a reference; every other page runs its examples
+    # the contract is a reference, and embedding's blocks are for another page or a terminal; every other
+    # page runs its examples
+    assert static == {"protocol", "embedding"}
     index = site["docs/index.html"].decode()
     assert "pyscript" not in index and all(f'href="./{n}.html"' in index for n in names)
     readme = site["docs/readme.html"].decode()

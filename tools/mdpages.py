@@ -1,9 +1,10 @@
 """The project's docs as pages of the site, every code block runnable in the page or saying why.
 
 Standard library only (build.py imports it). `site_pages()` renders README.md, docs/tour.md (when it
-exists), docs/protocol.md, docs/serve.md and docs/doors.md into `docs/<name>.html` with web/docs.html as the
-template, plus an index page, and returns them as build.py's `files` entries. A page with nothing to run
-(docs/protocol.md) is served without the page's engine, like the index: nothing to boot, nothing to wait for.
+exists), docs/protocol.md, docs/serve.md, docs/doors.md and docs/embedding.md into `docs/<name>.html` with
+web/docs.html as the template, plus an index page, and returns them as build.py's `files` entries. A page
+with nothing to run (docs/protocol.md, docs/embedding.md) is served without the page's engine, like the
+index: nothing to boot, nothing to wait for.
 
 The Markdown is the subset these docs use: ATX headings (with GitHub-style ids for anchors), paragraphs,
 nested lists, tables, block quotes, fenced code blocks with a language, inline code, bold, italic, links
@@ -42,6 +43,7 @@ PAGES = [
     ("protocol", "docs/protocol.md", False),
     ("serve", "docs/serve.md", False),
     ("doors", "docs/doors.md", False),
+    ("embedding", "docs/embedding.md", False),
 ]
 SH_LANGS = {"sh", "bash", "shell", "zsh"}
 PY_LANGS = {"python", "py", "python3"}

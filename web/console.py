@@ -45,7 +45,14 @@ FOR_THIS_PAGE = (
         "Run the blocks below in order, here: this page is the shell",
     ),
     ("in another shell", "here (this page is the shell)"),
+    # nothing to install here: the page is the shell, and field is built in
+    ("(they need `curl` and `python3`; ", "("),
 )
+
+
+def code_spans(html_text: str) -> str:
+    """The README's `code` spans as <code> (the sentence is escaped HTML already)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html_text)
 
 
 def for_this_page(why: str) -> str:
@@ -241,8 +248,10 @@ def show_hint(text: str) -> None:
 
 
 def on_input(_evt) -> None:
-    """A shown hint goes once what was typed can run (the quote was closed)."""
-    if not el("curl-hint").hidden and curl.awaiting(el("curl-input").value) is None:
+    """A shown hint goes once what was typed can run (the quote was closed), not while the line after a backslash
+    is still empty (the continuation's own newline makes the text whole)."""
+    text = el("curl-input").value
+    if not el("curl-hint").hidden and curl.awaiting(text) is None and not curl.continued(text):
         show_hint("")
 
 
@@ -297,7 +306,7 @@ async def setup() -> None:
             items.append("<li class='sub'><h4>More</h4></li>")
         group = "quickstart" if i < len(quick) else "extra"
         items.append(
-            f"<li data-group='{group}'><div class='why'>{esc(why)}</div>"
+            f"<li data-group='{group}'><div class='why'>{code_spans(esc(why))}</div>"
             f"<button data-act='curl-example' data-i='{i}'>{esc(cmd)}</button></li>"
         )
     el("curl-examples").innerHTML = "".join(items)
@@ -319,7 +328,7 @@ def on_key(evt) -> None:
     elif evt.key == "Enter":
         box.rows = min(12, box.value.count("\n") + 2)  # a continuation: the newline goes in
         if not evt.shiftKey:  # Enter that did not run: say why, or it looks like nothing happened
-            show_hint(f"# Not run yet: {why}. Esc clears the prompt.")
+            show_hint(f"# Not run yet: {why}. Enter runs it once it is whole; Run runs it as it is.")
     elif evt.key == "Escape" and box.value:
         evt.preventDefault()
         take_prompt()

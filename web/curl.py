@@ -98,17 +98,30 @@ def parse_args(args: list[str], origin: str) -> CurlCall:
 
 
 def to_origin(url: str, origin: str) -> str:
-    """localhost:8130 (the README's server) becomes this page's origin; relative URLs stay relative."""
+    """localhost:8130 (the README's server) becomes this page's origin; a path is on this page's origin. Only
+    the protocol's own paths are reached: anything else under this origin is the site's files, whose 404 is
+    a page of HTML."""
     if url.startswith("/"):
-        return origin + url
+        return origin + _protocol_path(url)
     m = re.match(r"^(https?://)?([^/?#]+)([/?#].*)?$", url)
     if m is None:
         raise CurlError(f"curl: cannot read the URL {url!r}")
     host, path = m.group(2), m.group(3) or "/"
     if host in LOCAL_HOSTS or origin.endswith("//" + host):
-        return origin + path
+        return origin + _protocol_path(path)
     raise CurlError(
         f"curl: {host} is another host: the playground only reaches its own engine (use localhost:8130)"
+    )
+
+
+def _protocol_path(path: str) -> str:
+    if path == "/mp/v0" or path.startswith(("/mp/v0/", "/mp/v0?")):
+        return path
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    instead = "$MP/discover" if path == "/" or len(path) > 80 else f"$MP{path}"
+    raise CurlError(
+        f"curl: {shown} is not under /mp/v0, where the protocol is: try {instead} "
+        "($MP is http://localhost:8130/mp/v0)"
     )
 
 
@@ -391,6 +404,10 @@ def _why_not(stmts: list[tuple[str, list]], with_cli: bool) -> str | None:
     return None
 
 
+# Why a variable a block uses may be unset: the console's variables live until the page is reloaded.
+UNSET_HINT = " (variables last until a reload: run the block that sets it again, from the first block on)"
+
+
 def incomplete(text: str) -> bool:
     """True while a typed script still needs lines: a trailing \\, an open quote, $( or { ... }."""
     return awaiting(text) is not None
@@ -404,6 +421,12 @@ _AWAITED = (
     ("unterminated function", "a function's { is open: it goes on until its } closes it"),
     ("unterminated ${", "a ${ is open: the command goes on until its } closes it"),
 )
+
+
+def continued(text: str) -> bool:
+    """Whether the text ends with a backslash continuation whose next line is still empty (Enter runs it then,
+    as sh does)."""
+    return text.rstrip(" \t").endswith("\\\n")
 
 
 def awaiting(text: str) -> str | None:
@@ -671,7 +694,7 @@ class Shell:
                 if not value and part[2] is not None:
                     value, status = await self.expand(Word(part[2]))
                 elif part[1] not in self.env:
-                    self.emit("note", f"# ${part[1]} is not set: it expands to nothing", {})
+                    self.emit("note", f"# ${part[1]} is not set: it expands to nothing{UNSET_HINT}", {})
                 out.append(value)
             else:  # $(...): run it, capture its output, drop trailing newlines
                 captured = []

@@ -368,7 +368,19 @@ async def replay_btn(_el) -> Reply:
     if button is not None:
         button.setAttribute("hidden", "")
     await ui.refresh()
+    _show_log()
     return done[-1][1]
+
+
+def _show_log() -> None:
+    """Bring the replayed log into view when it is out of it: on a phone it is screens below the link's
+    box, where the banner said "below" and the page stayed put."""
+    title = js.document.querySelector(".log-panel .log-title")
+    if not title:  # the DOM's null arrives as a falsy JsNull
+        return
+    top = title.getBoundingClientRect().top
+    if top < 0 or top > js.window.innerHeight * 0.6:
+        title.scrollIntoView(ui.js_options(block="start"))
 
 
 def _banner_says(text: str, *, ok: bool) -> None:
