@@ -361,6 +361,12 @@ def test_lease_expiry_hands_over_and_dead_letter(browser):
     assert page.get_attribute("#lease-answer", "data-status") == "201"
     assert page.locator("#workers .worker.holder[data-worker='worker-b']").count() == 1
     assert page.locator("#workers .worker.holder").count() == 1
+    # reject x5 on the job worker-b holds rejects nothing and says who holds it (it said "not dead-lettered:
+    # the claim was accepted", worker-b's own claim repeated)
+    act(page, "#btn-deadletter")
+    assert page.get_attribute("#lease-answer", "data-code") == "LEASE_HELD"
+    said = page.inner_text("#lease-answer")
+    assert "worker-b" in said and "nothing was rejected" in said, said
 
     # a job nobody can do: rejected until the delivery limit dead-letters it (leases cover only
     # subjects the monitor published, so the probe reports build-777 first)

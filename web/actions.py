@@ -502,6 +502,12 @@ async def dead_letter(subject: str, seconds: int) -> Reply:
         c = await lease("worker-a", "claim", subject, seconds)
         if not c.ok:
             pairs.append((f"worker-a claims {subject}", c))
+            if code(c) == "LEASE_HELD":  # someone else works on it: nothing was rejected, say so
+                holder = holder_name(str((c.body or {}).get("holder") or "another worker"))
+                show("lease-answer", pairs, f"{holder} holds {subject}: nothing was rejected. Release it "
+                     "(or let its lease run out), then reject ×5.")  # fmt: skip
+                await ui.refresh()
+                return c
             break
         r = await lease("worker-a", "reject", subject)
         pairs.append((f"worker-a rejects {subject}", r))
