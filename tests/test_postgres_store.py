@@ -31,13 +31,7 @@ def test_a_schema_newer_than_this_release_is_refused(pg_url):
         conn.execute("UPDATE mp_meta SET value='99' WHERE key='schema_version'")
     with pytest.raises(StoreVersionError, match="schema version 99.*newer release"):
         PostgresStore(pg_url)
-    done = subprocess.run(
-        mp_command("serve", "--db", pg_url, "--port", "0"),
-        capture_output=True,
-        text=True,
-        env=mp_env(),
-        timeout=60,
-    )
+    done = serve_once(pg_url)
     assert done.returncode == 1 and "newer release" in done.stderr and "Traceback" not in done.stderr
 
 
@@ -88,6 +82,17 @@ def test_a_password_in_the_url_is_never_printed(tmp_path, pg_url):
     # one warning with one piece of advice (there were two, each advising another place)
     warned = [line for line in log.splitlines() if "database password" in line]
     assert len(warned) == 1 and "on the command line" in warned[0] and "PGPASSWORD" in warned[0], warned
+
+
+def serve_once(db: str) -> subprocess.CompletedProcess[str]:
+    """`mp serve --db DB` run to its end: for a database it refuses at start."""
+    return subprocess.run(
+        mp_command("serve", "--db", db, "--port", "0"),
+        capture_output=True,
+        text=True,
+        env=mp_env(),
+        timeout=60,
+    )
 
 
 def free_port() -> int:
@@ -178,13 +183,7 @@ def test_a_malformed_url_never_prints_its_password(tmp_path):
         with pytest.raises(StorageError) as caught:
             PostgresStore(url)
         assert "secret" not in str(caught.value)
-        done = subprocess.run(
-            mp_command("serve", "--db", url, "--port", "0"),
-            capture_output=True,
-            text=True,
-            env=mp_env(),
-            timeout=60,
-        )
+        done = serve_once(url)
         assert done.returncode == 1 and "cannot open the database" in done.stderr, done.stderr
         assert "secret" not in done.stderr + done.stdout and "Traceback" not in done.stderr
 
@@ -193,13 +192,7 @@ def test_a_database_that_cannot_be_reached_is_one_line_naming_it_once(tmp_path):
     """What mp serve says when PostgreSQL does not answer: one line, the URL once, libpq's own words (its
     two lines joined), not the driver's class name."""
     url = f"postgresql://mp@127.0.0.1:{free_port()}/x"
-    done = subprocess.run(
-        mp_command("serve", "--db", url, "--port", "0"),
-        capture_output=True,
-        text=True,
-        env=mp_env(),
-        timeout=60,
-    )
+    done = serve_once(url)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("mp serve: cannot open the database: cannot connect to PostgreSQL at ")
     assert done.stderr.count(url) == 1 and "refused" in done.stderr and "OperationalError" not in done.stderr
