@@ -150,7 +150,6 @@ def test_outside_the_subset_is_refused_by_name(line, what):
     ],
 )
 def test_a_script_that_needs_more_lines_says_why(typed, said):
-    assert curl.incomplete(typed)
     assert curl.awaiting(typed).startswith(said)
 
 
@@ -162,7 +161,7 @@ def test_a_whole_script_awaits_nothing():
         "f() { curl -s x; }",
         "curl -s | jq .",
     ):
-        assert curl.awaiting(whole) is None and not curl.incomplete(whole), whole
+        assert curl.awaiting(whole) is None, whole
 
 
 def test_quoting_variables_and_hosts():

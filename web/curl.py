@@ -408,12 +408,8 @@ def _why_not(stmts: list[tuple[str, list]], with_cli: bool) -> str | None:
 UNSET_HINT = " (variables last until a reload: run the block that sets it again, from the first block on)"
 
 
-def incomplete(text: str) -> bool:
-    """True while a typed script still needs lines: a trailing \\, an open quote, $( or { ... }."""
-    return awaiting(text) is not None
-
-
-# What a script that still needs lines waits for, in the lexer's words (`awaiting`'s sentences).
+# What a script that still needs lines waits for (`awaiting`'s sentences), by the start of the lexer's
+# refusal.
 _AWAITED = (
     ("unterminated ' quote", "a ' quote is open: the command goes on until a second ' closes it"),
     ('unterminated " quote', 'a " quote is open: the command goes on until a second " closes it'),
