@@ -201,6 +201,31 @@ def test_an_unset_variable_says_why_it_may_be_unset():
     assert any("$OWNER is not set" in n and "until a reload" in n for n in notes), notes
 
 
+def test_a_failed_substitution_empties_its_variable():
+    """`X=$(...)` whose command fails leaves X empty, as sh does: the old value would send the next block
+    with a token from an earlier run, and nothing would say so."""
+    console = Console()
+    console.run("OWNER=$(echo tok-from-before)")
+    assert console.shell.env["OWNER"] == "tok-from-before"  # control: a substitution that works sets it
+    lines = console.run("""OWNER=$(echo not-json | field '["owner_token"]')""")
+    assert console.shell.env["OWNER"] == ""
+    assert "field: the input is not JSON" in kinds(lines, "error")[0]
+    assert any("OWNER is now empty" in n for n in kinds(lines, "note")), lines
+
+
+async def _no_cli(argv: list[str], env: dict[str, str], stdin: str | None) -> tuple[int, str, str]:
+    raise AssertionError("no mp command runs here")
+
+
+def test_a_failed_substitution_empties_an_exported_variable():
+    console = Console()
+    console.shell.cli = _no_cli  # `export` is the shell's where the page runs `mp`
+    console.run("export OWNER=fresh")
+    assert console.shell.env["OWNER"] == "fresh" and "OWNER" in console.shell.exported  # control
+    console.run("""export OWNER=$(echo not-json | field '["owner_token"]')""")
+    assert console.shell.env["OWNER"] == ""
+
+
 def test_a_continuation_waits_for_its_next_line():
     assert curl.continued("curl -s $MP/discover \\\n") and curl.continued("curl -s \\\n  ")
     assert not curl.continued("curl -s \\\n  -H 'a: b'") and not curl.continued("curl -s $MP/discover\n")

@@ -524,10 +524,22 @@ class Shell:
         if assigns:
             status = 0
             for name, word in assigns:
-                value, status = await self.expand(word)
-                self.env[name] = value
+                status = await self.assign(name, word)
             return "", status
         return await self.pipeline(rest, top)
+
+    async def assign(self, name: str, word: Word) -> int:
+        """NAME=word: the word's value, and its status (a $(...)'s)."""
+        try:
+            value, status = await self.expand(word)
+        except CurlError:
+            # As sh: the failed $(...) printed nothing, so the name now holds nothing. Keeping the old value
+            # would send the next block with a token or id from an earlier run, and nothing would say so.
+            self.env[name] = ""
+            self.emit("note", f"# {name} is now empty: what sets it failed (below)", {})
+            raise
+        self.env[name] = value
+        return status
 
     async def export(self, words: list) -> tuple[str, int]:
         """`export NAME=word` and `export NAME`: set (when given) and mark for the environment of `mp`."""
@@ -537,8 +549,7 @@ class Shell:
         for w in words:
             assign = self._assignment(w)
             if assign is not None:
-                value, status = await self.expand(assign[1])
-                self.env[assign[0]] = value
+                status = await self.assign(*assign)
                 self.exported.add(assign[0])
             elif (name := self._literal(w)) is not None and NAME.fullmatch(name):
                 self.exported.add(name)
