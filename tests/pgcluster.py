@@ -7,8 +7,9 @@ where the test user may CREATE DATABASE (tests/conftest.py's ``pg_admin_url`` an
 ``python3 build.py test`` starts one of these clusters and sets it, unless it is already set.
 
 * ``initdb -U mp --auth=trust`` (no password; it listens on 127.0.0.1 only, its unix socket is in the temporary
-  directory), ``--no-sync`` for initdb itself only: the server runs with ``fsync=on`` and
-  ``synchronous_commit=on``, since the tests rely on durability semantics.
+  directory; only the role ``mp_password``, which a test creates, must give a password), ``--no-sync`` for
+  initdb itself only: the server runs with ``fsync=on`` and ``synchronous_commit=on``, since the tests rely
+  on durability semantics.
 * PostgreSQL refuses to run as root: as root, the cluster belongs to the ``postgres`` system user (else
   ``nobody``), and initdb and pg_ctl run through ``runuser -u USER --`` (or ``su``).
 
@@ -34,6 +35,8 @@ import time
 from pathlib import Path
 
 USER = "mp"  # the cluster's superuser (initdb -U), the user in the URL
+PASSWORD_ROLE = "mp_password"  # the one role that must give a password (scram-sha-256 over TCP); no such role
+# is created here: a test that needs it creates it with a password of its own
 CANDIDATE_OWNERS = ("postgres", "nobody")  # who owns the cluster when this runs as root
 SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
@@ -181,6 +184,12 @@ class Cluster:
         )  # fmt: skip
         if p.returncode != 0:
             raise RuntimeError(f"initdb exited {p.returncode}: {(p.stderr or p.stdout).strip()[-2000:]}")
+        # One role must give a password over TCP (the others are trusted): what an operator sees when the
+        # password is wrong is tested (tests/test_postgres_store.py). The first matching line wins.
+        hba = self.data_dir / "pg_hba.conf"
+        rules = hba.read_text()
+        with hba.open("w") as f:  # rewritten in place: the file keeps its owner
+            f.write(f"# tests/pgcluster.py\nhost all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n{rules}")
         conf = self.data_dir / "postgresql.conf"
         base = {**SETTINGS, "unix_socket_directories": f"'{self.dir}'"}
         with conf.open("a") as f:  # appended: later lines win, and the file keeps its owner

@@ -4,6 +4,7 @@ filters exactly, a password in the URL is never printed, and a database that is 
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import urllib.parse
@@ -186,6 +187,69 @@ def test_a_malformed_url_never_prints_its_password(tmp_path):
         done = serve_once(url)
         assert done.returncode == 1 and "cannot open the database" in done.stderr, done.stderr
         assert "secret" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def password_role(pg_admin_url, pg_url):
+    """The role tests/pgcluster.py makes give a password over TCP, created with a fresh password and dropped
+    after: (its password, a URL of `pg_url`'s database as that role). Skipped (failed in CI) where the
+    cluster has no such rule (an MP_TEST_POSTGRES of the caller's own)."""
+    import psycopg
+    from pgcluster import PASSWORD_ROLE, ci_is_true
+
+    password = "pw-" + secrets.token_hex(8)
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        rules = admin.execute(
+            "SELECT count(*) FROM pg_hba_file_rules WHERE %s = ANY(user_name) AND auth_method <> 'trust'",
+            (PASSWORD_ROLE,),
+        ).fetchone()[0]
+        if not rules:
+            why = f"the PostgreSQL of MP_TEST_POSTGRES asks {PASSWORD_ROLE} no password (tests/pgcluster.py does)"
+            if ci_is_true():
+                pytest.fail(why, pytrace=False)
+            pytest.skip(why)
+        admin.execute(f"DROP ROLE IF EXISTS {PASSWORD_ROLE}")
+        admin.execute(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{password}'")
+    try:
+        yield password, with_user(pg_url, PASSWORD_ROLE, password)
+    finally:
+        for where in (pg_url, pg_admin_url):  # what it owns or was granted, in each database, then the role
+            with psycopg.connect(where, autocommit=True) as admin:
+                admin.execute(f"DROP OWNED BY {PASSWORD_ROLE}")
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {PASSWORD_ROLE}")
+
+
+def test_a_wrong_password_is_one_line_that_never_shows_it(password_role):
+    password, url = password_role
+    wrong = url.replace(password, "wrong-pw-4711")
+    done = serve_once(wrong)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "password authentication failed for user" in done.stderr, done.stderr
+    assert "wrong-pw-4711" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+    assert ":***@" in done.stderr  # the URL, named without its password
+
+
+def test_a_role_that_may_not_create_tables_is_told_what_to_grant(password_role, pg_admin_url, pg_url):
+    """PostgreSQL 15 and later let only a database's owner create tables in its public schema: a role that
+    does not own the database is refused them, and the operator is told the two ways out, in one line."""
+    import psycopg
+
+    password, url = password_role
+    done = serve_once(url)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    said = done.stderr
+    assert "does not let the role mp_password create this server's tables" in said, said
+    assert (
+        "CREATE DATABASE mp OWNER mp_password;" in said
+        and "GRANT CREATE ON SCHEMA public TO mp_password;" in said
+    )
+    assert password not in said and "LINE 1" not in said and "Traceback" not in said
+    with psycopg.connect(pg_url, autocommit=True) as owner:  # the grant it names is enough
+        owner.execute("GRANT CREATE ON SCHEMA public TO mp_password")
+    store = PostgresStore(url)  # positive control: the same role and password, allowed
+    assert MonitorService(store).create_monitor({"id": "ci"}, None)["monitor"]["id"] == "ci"
+    store.close()
 
 
 def test_a_database_that_cannot_be_reached_is_one_line_naming_it_once(tmp_path):

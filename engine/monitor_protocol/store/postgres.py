@@ -78,6 +78,7 @@ from monitor_protocol.store.postgres_link import (
     driver,
     is_postgres_url,
     redacted,
+    schema_refused,
     scrub,
     wait_for_database,
 )
@@ -382,6 +383,11 @@ class PostgresStore(Store):
                     self._s.wrote = True
                 elif version == SCHEMA_VERSION:
                     self._add_as_read_function()
+        except self.psycopg.Error as exc:  # a role without CREATE, a standby without the schema
+            conn = self._s.conn
+            role = conn.info.user if conn is not None else "(the URL's user)"
+            self.close()
+            raise schema_refused(exc, self.url, role) from None
         except BaseException:
             self.close()
             raise

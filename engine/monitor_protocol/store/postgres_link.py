@@ -22,6 +22,7 @@ from typing import Any
 from monitor_protocol.core import wire
 from monitor_protocol.core.store_contract import StorageError
 from monitor_protocol.store.postgres_sql import CHANNEL, LOCK_LEADER, enc
+from monitor_protocol.store.postgres_wire import sqlstate
 
 log = logging.getLogger("monitor_protocol.store.postgres")
 
@@ -111,6 +112,24 @@ def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool)
             url,  # libpq's lines as one
         )
         raise failure from None
+
+
+def schema_refused(exc: BaseException, url: str, role: str) -> StorageError:
+    """The database refused to create this server's tables: StorageError whose `detail` tells the operator
+    what to grant, in one line (libpq's LINE and caret lines quote the SQL, of no use to them)."""
+    message = re.sub(r"^(ERROR|FATAL):\s+", "", str(exc).strip().split("\n", 1)[0]) or type(exc).__name__
+    failure = StorageError("the database refused this server's tables (see the server log)")
+    where = f"PostgreSQL at {redacted(url)}"
+    if sqlstate(exc) == "42501":  # insufficient_privilege
+        failure.detail = (
+            f"{where} does not let the role {role} create this server's tables ({scrub(message, url)}). Since "
+            "PostgreSQL 15 only a database's owner may create tables in its public schema: give the role a "
+            f"database of its own (CREATE DATABASE mp OWNER {role};) and name it in the URL, or, as the "
+            f"database's owner, GRANT CREATE ON SCHEMA public TO {role};"
+        )
+    else:
+        failure.detail = f"{where} refused this server's tables: {scrub(message, url)}"
+    return failure
 
 
 def wait_for_database(url: str, seconds: float) -> None:
