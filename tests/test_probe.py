@@ -4,6 +4,7 @@ server restart nor a probe restart loses or duplicates what the server confirmed
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -141,6 +142,45 @@ def test_a_probe_killed_and_restarted_duplicates_nothing_the_server_confirmed(tm
         finally:
             again.stop()
             api.close()
+
+
+def test_probe_once_from_cron_reads_a_file_rotated_between_two_runs_to_its_end(tmp_path):
+    """`--once` from cron with logrotate between two runs: the lines appended to the old file after the last
+    run are read from where it moved (app.log.1), then the new file; when the old file is gone, a SOURCE gap
+    line says what may be missing."""
+    log = tmp_path / "app.log"
+    log.write_text("")
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        owner = api.create("app")
+        args = ("--base", base, "--monitor", "app", "--token", owner, "--state-dir", str(tmp_path / "st"))
+        once = (*args, "--once", "--file", str(log))
+        assert run_probe(*once).returncode == 0  # the first run starts at the end
+        append_line(log, "z1")
+        assert run_probe(*once).returncode == 0
+        append_line(log, "z2")
+        os.rename(log, tmp_path / "app.log.1")
+        append_line(log, "z3")
+        done = run_probe(*once)
+        assert done.returncode == 0 and "SOURCE gap" not in done.stdout, done
+        lines = [o["data"]["line"] for o in api.observations("app", owner)]
+        assert lines == ["z1", "z2", "z3"], lines
+        append_line(log, "z4")
+        os.rename(log, tmp_path / "elsewhere.log")  # moved where nobody looks: its z4 is not found
+        append_line(log, "z5")
+        done = run_probe(*once)
+        assert (
+            done.returncode == 0
+            and "SOURCE gap reason=" in done.stdout
+            and "may%20be%20missing" in done.stdout
+        ), done
+        assert [o["data"]["line"] for o in api.observations("app", owner)][-1] == "z5"
+        api.close()
+
+
+def append_line(path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def test_probe_once_keeps_what_an_unreachable_server_did_not_confirm_and_sends_it_next_time(tmp_path):

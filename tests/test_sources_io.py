@@ -86,6 +86,62 @@ def test_a_restart_resumes_at_the_checkpoint_with_the_same_keys(tmp_path):
     path.write_text("n1\n")
     fresh = FileTail(str(path), lines[-1].checkpoint).poll()
     assert raws(fresh) == ["n1"] and fresh.lines[0].key != lines[0].key
+    assert fresh.gap is not None and "may be missing" in fresh.gap  # old.log is not beside it by name
+
+
+def test_a_rotation_while_nothing_followed_reads_the_old_file_to_its_end_first(tmp_path):
+    """logrotate while the probe was stopped (or between two `--once` runs): the lines appended to the old
+    file after the checkpoint are read from where it moved, then the new file from its start."""
+    path = tmp_path / "app.log"
+    path.write_text("")
+    tail = FileTail(str(path))
+    tail.poll()
+    append(path, "y1\ny2\n")
+    read = tail.poll().lines
+    tail.close()  # stopped, its checkpoint after y2
+    append(path, "y3\ny4 without newline")
+    os.rename(path, tmp_path / "app.log.1")
+    path.write_text("z1\n")
+    resumed = FileTail(str(path), read[-1].checkpoint)
+    poll = resumed.poll()
+    assert raws(poll) == ["y3", "y4 without newline", "z1"] and poll.gap is None
+    old_token = read[0].key.split(":")[1]
+    assert [x.key.split(":")[1] for x in poll.lines] == [
+        old_token,
+        old_token,
+        poll.lines[2].key.split(":")[1],
+    ]
+    assert poll.lines[2].key.split(":")[1] != old_token  # the new file: keys of its own
+    # the same restart again from the same checkpoint sends the same keys (nothing landed twice as new)
+    again = FileTail(str(path), read[-1].checkpoint).poll()
+    assert [x.key for x in again.lines[:2]] == [x.key for x in poll.lines[:2]]
+
+
+def test_a_rotated_file_that_is_gone_or_rewritten_is_said_to_be_a_gap(tmp_path):
+    def stopped_after_a1(name: str) -> tuple:
+        path = tmp_path / name
+        path.write_text("")
+        tail = FileTail(str(path))
+        tail.poll()
+        append(path, "a1\n")
+        checkpoint = tail.poll().lines[-1].checkpoint
+        tail.close()
+        append(path, "a2\n")  # not read: the tail is stopped
+        os.rename(path, tmp_path / f"{name}.1")
+        path.write_text("b1\n")
+        return path, checkpoint
+
+    path, checkpoint = stopped_after_a1("kept.log")
+    assert raws(FileTail(str(path), checkpoint).poll()) == ["a2", "b1"]  # positive control: found, read
+    path, checkpoint = stopped_after_a1("gone.log")
+    os.unlink(tmp_path / "gone.log.1")  # compressed or deleted
+    poll = FileTail(str(path), checkpoint).poll()
+    assert raws(poll) == ["b1"] and "after byte 3" in poll.gap and "may be missing" in poll.gap
+    path, checkpoint = stopped_after_a1("cut.log")
+    with open(tmp_path / "cut.log.1", "r+") as f:  # the same inode, its bytes before the offset rewritten
+        f.write("X")
+    poll = FileTail(str(path), checkpoint).poll()
+    assert raws(poll) == ["b1"] and poll.gap is not None
 
 
 def test_a_long_line_is_cut_and_says_its_size_and_a_missing_file_is_a_problem(tmp_path):

@@ -496,6 +496,20 @@ def test_supervision_rows_are_the_servers_own_and_the_state_says_how_the_source_
     assert state(h, tok)["counters"]["observations"] == 0  # the server's rows are not the source's answers
 
 
+def test_a_gap_row_says_lines_may_be_missing_and_leaves_the_status_as_it_was(h):
+    tok = http_monitor(h)
+    h.service.sources_here = True
+    plan = sources.plan_of(h.call("GET", "/monitors/ci", token=tok).body)
+    h.service.source_event("ci", "start", sources.supervision("start", plan))
+    before = state(h, tok)["source"]
+    h.service.source_event("ci", "gap", sources.supervision("gap", plan, reason="its lines after byte 3 ..."))
+    after = state(h, tok)["source"]
+    assert (after["status"], after["reason"], after["since"]) == ("running", None, before["since"])
+    last = h.service.read_log("ci")["observations"][-1]
+    assert last["type"] == T_SOURCE and last["data"]["payload"]["action"] == "gap"
+    assert "byte 3" in last["data"]["payload"]["reason"]
+
+
 def test_a_publisher_cannot_forge_a_supervision_row(h):
     tok = h.monitor("ci", types=[])
     r = h.publish("ci", tok, type=T_SOURCE, data={"payload": {"action": "start"}})

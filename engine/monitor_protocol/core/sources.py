@@ -70,7 +70,10 @@ STATUS_OF_ACTION = {
     "stop": "stopped",
     "refused": "refused",
     "throttled": "running",
+    "gap": "running",
 }
+# Actions that say something of a running source without changing its status or its reason.
+NOTE_ACTIONS = frozenset({"throttled", "gap"})
 
 
 class SourceRefused(Exception):

@@ -78,7 +78,7 @@ def keep_checkpoint(core: ServiceCore, tx: Tx, monitor_id: str, checkpoint: dict
 def source_event(
     core: ServiceCore, tx: Tx, monitor_id: str, action: str, payload: dict[str, Any]
 ) -> dict[str, Any]:
-    """A supervision row (start, stop, crash, restart, refused, throttled) and the status it gives the
+    """A supervision row (start, stop, crash, restart, refused, throttled, gap) and the status it gives the
     monitor's source."""
     status = sources.STATUS_OF_ACTION.get(action)
     if status is None:
@@ -89,7 +89,7 @@ def source_event(
     rec = tx.monitor(monitor_id)
     assert rec is not None
     previous = rec.source_status or {}
-    if action != "throttled" or not previous:
+    if action not in sources.NOTE_ACTIONS or not previous:
         since = previous.get("since") if previous.get("status") == status else tx.now
         reason = payload.get("reason")
         tx.put_monitor(

@@ -350,6 +350,8 @@ class Runner:
             poll = await asyncio.to_thread(follower.poll)
             await self.sink.event("start", sources.supervision("start", plan))
             while True:
+                if poll.gap is not None:  # said in the log before the new file's lines
+                    await self.sink.event("gap", sources.supervision("gap", plan, reason=poll.gap))
                 if poll.opened is not None and not poll.lines:
                     await self.sink.checkpoint(poll.opened)  # a restart resumes here, not at a later end
                 for line in poll.lines:

@@ -9,7 +9,12 @@ keys and duplicates nothing, while a new file at the path (rotation) or the same
 (truncation, `copytruncate`) gets a new token, so its lines are never mistaken for old ones.
 
 * rotation: when the path names another file, what the old one still held is read to its end (its last
-  line, even without a newline), then the new one is followed from its start;
+  line, even without a newline), then the new one is followed from its start. A rotation while nothing
+  followed (a stopped probe, `--once` from cron, a server down) is found at the next start: the file the
+  checkpoint names is looked for beside the path (`app.log.1`, `app.log-20261206`: the same device and
+  inode, the same bytes before the offset) and read from there to its end first. When it is not there
+  (compressed, moved elsewhere, deleted), `Poll.gap` says that what was written to it after the last line
+  read may be missing, and the new file is followed from its start;
 * truncation: a file shorter than the offset reached, or one whose bytes just before it changed (cut short
   and written past it again), is followed again from its start;
 * the first start follows from the end (only lines appended from now on), unless `from_start`; a file that
@@ -37,6 +42,7 @@ from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES
 READ_BYTES = 1 << 20  # read per step; a poll takes at most MAX_STEPS of them
 MAX_STEPS = 8
 MAX_LINES = 100  # lines one poll returns at most
+MAX_SIBLINGS = 10_000  # entries of the path's directory looked at for a file rotated while not followed
 MARK_BYTES = 32  # the bytes just before the offset, kept: a file cut short and written past it again
 # (copytruncate) no longer holds them there, which its size alone would not show
 
@@ -55,6 +61,7 @@ class Poll:
     problem: str | None = None  # why the file cannot be read now (the source is not answering)
     opened: dict[str, Any] | None = None  # a file was (re)opened: the position to commit before any line
     more: bool = False  # the poll stopped at MAX_LINES (or MAX_STEPS): there is more to read now
+    gap: str | None = None  # lines may be missing: the file followed before was replaced and is gone
 
 
 class FileTail:
@@ -82,6 +89,7 @@ class FileTail:
         self.saved = saved
         self.from_start = from_start
         self.missed = False  # the file was missing at some poll: when it appears, it is read from its start
+        self.gap: str | None = None  # said by the next poll (Poll.gap)
 
     # -- the position ---------------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any]:
@@ -129,6 +137,16 @@ class FileTail:
                 os.close(fd)
                 raise SourceRefused(refusal)
         saved, self.saved = self.saved, None
+        if saved and (saved.get("ino"), saved.get("dev")) != (st.st_ino, st.st_dev):
+            rotated = self._rotated(saved)
+            if rotated is not None:  # read the rest of the old file first (poll sees it moved)
+                os.close(fd)
+                fd, st = rotated
+            else:
+                self.gap = (  # short: the probe prints it as one word (the path is the source's ref)
+                    "replaced while not followed; the old file is not beside it (compressed, moved or "
+                    f"deleted): its lines after byte {int(saved.get('offset', 0))} may be missing"
+                )
         self.fd, self.ino, self.dev = fd, st.st_ino, st.st_dev
         if saved and saved.get("ino") == st.st_ino and saved.get("dev") == st.st_dev:
             at = int(saved.get("offset", 0))
@@ -146,6 +164,37 @@ class FileTail:
         self.mark = self._mark(self.offset)
         return None
 
+    def _rotated(self, saved: dict[str, Any]) -> tuple[int, os.stat_result] | None:
+        """The file the checkpoint names, renamed beside the path (same directory, a name that starts with
+        the path's), still holding the bytes read before its offset: (its descriptor, its stat), or None."""
+        directory, base = os.path.split(os.path.abspath(self.path))
+        want = (saved.get("ino"), saved.get("dev"))
+        try:
+            with os.scandir(directory) as entries:
+                names = [e.path for e, _ in zip(entries, range(MAX_SIBLINGS)) if e.name.startswith(base)]
+        except OSError:
+            return None
+        for name in names:
+            try:
+                st = os.stat(name)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_dev) != want or not stat.S_ISREG(st.st_mode):
+                continue
+            if self.check is not None and self.check(name) is not None:
+                return None  # the operator does not allow reading it: said as a gap
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return None
+            at = int(saved.get("offset", 0))
+            start = max(0, at - MARK_BYTES)
+            if at <= os.fstat(fd).st_size and os.pread(fd, at - start, start).hex() == saved.get("mark", ""):
+                return fd, os.fstat(fd)
+            os.close(fd)  # cut short or rewritten since: not where the checkpoint stood
+            return None
+        return None
+
     # -- one poll --------------------------------------------------------------------------------
     def poll(self) -> Poll:
         out = Poll()
@@ -155,6 +204,7 @@ class FileTail:
                 out.problem = problem
                 return out
             out.opened = self.checkpoint()
+            out.gap, self.gap = self.gap, None
         assert self.fd is not None
         try:
             now = os.stat(self.path)
