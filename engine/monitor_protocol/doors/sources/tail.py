@@ -29,6 +29,7 @@ keys and duplicates nothing, while a new file at the path (rotation) or the same
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import stat
@@ -171,7 +172,7 @@ class FileTail:
         want = (saved.get("ino"), saved.get("dev"))
         try:
             with os.scandir(directory) as entries:
-                names = [e.path for e, _ in zip(entries, range(MAX_SIBLINGS)) if e.name.startswith(base)]
+                names = [e.path for e in itertools.islice(entries, MAX_SIBLINGS) if e.name.startswith(base)]
         except OSError:
             return None
         for name in names:
