@@ -185,6 +185,31 @@ def test_watch_manual_ack_prints_next_and_leaves_the_commit(tmp_path: Path, watc
         stop_server(proc)
 
 
+def test_manual_ack_watch_killed_unacked_gets_everything_it_printed_back_flagged_redelivered(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """--manual-ack reads past the first unacknowledged batch with read-only replays; what it printed is
+    still marked delivered, so a restart brings each of those back with redelivered=true (B too, not only
+    the first batch's A)."""
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        first = publish(base, owner, "a")
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "5", "--manual-ack")
+        watchers.append(w)
+        assert w.obs(1) == [(first[0], "a", False)] and w.next() == f"NEXT {first[0] + 1}"
+        later = publish(base, owner, "b")
+        assert w.obs(1) == [(later[0], "b", False)] and w.next() == f"NEXT {later[0] + 1}"
+        w.stop()  # killed before anything was acknowledged
+        again = Watcher(sid, "--token", reader, "--base", base, "--wait", "5", "--manual-ack")
+        watchers.append(again)
+        assert again.obs(2) == [(first[0], "a", True), (later[0], "b", True)]
+        fresh = publish(base, owner, "c")  # positive control: a new one is not flagged
+        assert again.next() == f"NEXT {later[0] + 1}" and again.obs(1) == [(fresh[0], "c", False)]
+    finally:
+        stop_server(proc)
+
+
 def test_server_restart_under_a_running_watch_loses_nothing(tmp_path: Path, watchers: list[Watcher]) -> None:
     base, proc = start_server(tmp_path)
     port = base.rsplit(":", 1)[1]

@@ -301,6 +301,8 @@ class Watch:
         # The `next` of the last printed batch, not yet acknowledged: the next pull carries it (ack-and-pull,
         # one request), and --once sends it on its own before exiting.
         self.pending_ack: int | None = None
+        # --manual-ack: the seqs printed and not known to be acknowledged (what a marking pull must reach).
+        self.printed: list[int] = []
 
     # -- failures ---------------------------------------------------------------------------------
 
@@ -418,7 +420,14 @@ class Watch:
                     limit = min(self.limit or MAX_LIMIT, self.backlog_left)  # the backlog, not past it
                 wait = 0 if (self.once or framing) else self.wait
                 ack = self.pending_ack if self.position is None else None
+                replay = self.position is not None
                 batch = self._pull(wait=wait, cursor=self.position, limit=limit, ack=ack)
+                if self.manual and batch.observations:
+                    committed = int(batch.cursor)
+                    self.printed = [q for q in self.printed if q >= committed]
+                    self.printed += [seq_of(obs) for obs in batch.observations]
+                    if replay:  # before the lines: a line printed is one the server counts as delivered
+                        self._mark_delivered()
                 self.pending_ack = None
                 self._came_up()
                 if drain_head is None:
@@ -480,6 +489,15 @@ class Watch:
                 self.out.error(err.status, err.code)
                 _stderr(f"error: {err.code}: {err.message}")
                 return _failure_status(err)
+
+    def _mark_delivered(self) -> None:
+        """--manual-ack reads past what is acknowledged with read-only replays (the `cursor` parameter), which
+        the server does not count as delivered: one pull from the committed cursor (a pull never commits)
+        reaches what is about to be printed, so that after a restart it comes back flagged `redelivered=true`
+        (a failure here prints nothing: the watch goes DOWN and reads again from the committed cursor). It
+        reaches MAX_LIMIT observations past the committed cursor at most: beyond that many unacknowledged,
+        the later ones come back unflagged."""
+        self._pull(wait=0, limit=max(1, min(MAX_LIMIT, len(self.printed))))
 
     def _flush_ack(self) -> None:
         if self.pending_ack is not None:
