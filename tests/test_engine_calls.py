@@ -138,8 +138,9 @@ def test_a_record_built_positionally_is_the_record_its_constructor_makes():
         "origin": "agent",
         "tier": "measured",
     }
-    built = new_observation("ci", 4, "com.example.x", "s", "agent:a", "agent", "measured", "", event)
+    built = new_observation("ci", 4, "com.example.x", "s", "agent:a", "agent", "measured", "", event, 120)
     assert built == Observation("ci", 4, "com.example.x", "s", "agent:a", "agent", "measured", "", event)
+    assert built.size == 120  # the stored size: known to the budgets, not part of what it is (equal above)
     assert Observation.of("ci", 4, event) == built and Observation.of("ci", 4, event).event is event
     assert Observation.of("ci", 4, {"type": "t"}) == Observation(
         "ci", 4, "t", None, "", "", "", "", {"type": "t"}
@@ -221,7 +222,7 @@ def test_the_positional_builders_callers_name_the_fields_in_their_order():
     """new_observation and Counters.observed pass every field by position (records.builder): a field
     added or two swapped would put a value in the wrong field, so the order they are written for is held
     here."""
-    observation = ("monitor", "seq", "type", "subject", "actor", "origin", "tier", "horizon", "event")
+    observation = ("monitor", "seq", "type", "subject", "actor", "origin", "tier", "horizon", "event", "size")
     assert tuple(f.name for f in dataclasses.fields(Observation)) == observation
     counters = ("observations", "delivered", "acted", "rejected", "contradictions", "contradictions_resolved")
     assert tuple(f.name for f in dataclasses.fields(Counters)) == counters

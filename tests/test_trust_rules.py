@@ -445,6 +445,63 @@ def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
     assert exact["lag"] == exact["head"] and "scan_capped" not in exact  # positive control
 
 
+def test_a_page_and_a_filtered_scan_are_bounded_by_bytes_too(tmp_path):
+    """Rows count, and so do their bytes: 200 observations of ~1 MiB each would be a 200 MiB reply, and a
+    text filter over them seconds of work. A page stops before its rows pass PAGE_BYTES (always one at
+    least) and a filtered read once the rows it examined in vain pass SCAN_BYTES; nothing is skipped (the
+    next pull goes on from `next`). Sizes are the stored ones (SQLite, PostgreSQL)."""
+    from monitor_protocol.core.vocab import PAGE_BYTES, SCAN_BYTES
+
+    h = Harness(make_store("sqlite", tmp_path))
+    tok = h.monitor("ci", types=[A, B])
+    fat = "x" * (PAGE_BYTES // 5)  # under the 1 MiB body cap; seven fit a page by rows, not by bytes
+    seqs = [h.publish("ci", tok, type=A, subject=f"fat-{i}", data={"blob": fat}).body["seq"] for i in range(7)]
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
+    got: list[int] = []
+    sizes = []
+    while len(got) < len(seqs):
+        page = h.pull(sid, rtok, limit=200).body
+        assert page["observations"], page["next"]
+        sizes.append(len(json.dumps(page["observations"])))
+        got += [int(o["id"]) for o in page["observations"]]
+        assert h.ack(sid, rtok, page["next"]).status == 200
+    assert got == seqs and len(sizes) >= 2 and max(sizes) <= PAGE_BYTES + 4096  # every one, in pages
+    # a text filter over rows that do not match stops by bytes, long before its 1,000 rows
+    noise = "y" * (SCAN_BYTES // 40)
+    for i in range(60):  # 1.5 x SCAN_BYTES of rows examined in vain
+        h.publish("ci", tok, type=B, subject=f"noise-{i}", data={"blob": noise})
+    needle = h.publish("ci", tok, type=A, subject="needle", data={"note": "zzzqqq"}).body["seq"]
+    fid, ftok = h.subscribe("ci", tok, subscriber="agent:text", filter={"text": "zzzqqq"})
+    pages = []
+    while not pages or not pages[-1]["observations"]:
+        pages.append(h.pull(fid, ftok, limit=1).body)
+        assert h.ack(fid, ftok, pages[-1]["next"]).status == 200
+        assert len(pages) <= 20
+    assert pages[0]["scan_capped"] is True and pages[0]["observations"] == []  # stopped by bytes
+    assert [int(o["id"]) for o in pages[-1]["observations"]] == [needle]  # and nothing skipped
+
+
+def test_the_pulls_of_one_json_rpc_batch_share_one_pages_bytes(tmp_path):
+    """A batch of 100 pulls would otherwise be 100 pages' worth of reply from a request of a few hundred
+    bytes: its pulls share PAGE_BYTES, and a pull past them is refused (TOO_LARGE, nothing recorded)."""
+    from monitor_protocol.core.vocab import PAGE_BYTES
+
+    h = Harness(make_store("sqlite", tmp_path))
+    tok = h.monitor("ci", types=[A])
+    fat = "x" * (PAGE_BYTES // 5)
+    for i in range(3):
+        h.publish("ci", tok, type=A, subject=f"fat-{i}", data={"blob": fat})
+    sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
+    call = {"jsonrpc": "2.0", "method": "feeds/pull", "params": {"subscription": sid, "limit": 200}}
+    one = h.call("POST", "/rpc", [dict(call, id=0)], rtok).body
+    assert len(one[0]["result"]["observations"]) == 3  # positive control: one pull alone gets all three
+    replies = h.call("POST", "/rpc", [dict(call, id=i) for i in range(10)], rtok).body
+    rows = [len(r["result"]["observations"]) for r in replies if "result" in r]
+    refused = [r["error"]["data"]["code"] for r in replies if "error" in r]
+    assert rows[0] == 3 and sum(rows) <= 3 + 3 and refused and set(refused) == {"TOO_LARGE"}, (rows, refused)
+    assert len(json.dumps(replies)) <= 2 * PAGE_BYTES  # not ten pages
+
+
 def test_a_filter_on_indexed_columns_skips_the_noise_in_one_pull_with_an_exact_lag(h):
     tok = h.monitor("ci", types=[A, B])
     for i in range(SCAN_BUDGET * 2 + 10):

@@ -13,6 +13,7 @@ from monitor_protocol.api.messages import Response, with_bearer_hint
 from monitor_protocol.api.operations import Operation, Param
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
+from monitor_protocol.core.rules.page_bytes import shared_page_bytes
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
 from monitor_protocol.core.vocab import JSONRPC_CODE, MAX_RPC_BATCH
@@ -141,13 +142,14 @@ def handle(service: MonitorService, raw: bytes, bearer: str | None) -> Response:
         # One batch, one group commit where the store has one (each call still rolls back alone).
         group = getattr(service.store, "batch", None)
         try:
-            with group() if group is not None else contextlib.nullcontext():
+            with group() if group is not None else contextlib.nullcontext(), shared_page_bytes():
                 replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
         except GroupConflict:
             # Rolled back, nothing of it kept (a shared store found a row it remembered changed, or refused
             # one call's statement): every call once more, each in a transaction of its own.
             service.drop_appends()
-            replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
+            with shared_page_bytes():
+                replies = [r for r in (call_one(service, m, bearer) for m in payload) if r is not None]
         except StorageError as exc:  # the group commit itself failed: nothing of the batch was written
             from monitor_protocol.core.errors import storage_unavailable
 

@@ -318,13 +318,16 @@ class Observation:
     tier: str
     horizon: str
     event: dict[str, Any]
+    # The event's size as stored (its JSON text's length), for the byte budgets of a page; 0 where it is not
+    # known without encoding it (an append, an import): not part of what the observation is.
+    size: int = field(default=0, compare=False)
 
     @staticmethod
     def of(monitor: str, seq: int, event: dict[str, Any]) -> Observation:
         get = event.get
         return new_observation(
             monitor, seq, event["type"], get("subject"), get("actor") or "", get("origin") or "",
-            get("tier") or "", get("horizon") or "", event,
+            get("tier") or "", get("horizon") or "", event, 0,
         )  # fmt: skip
 
     def to_wire(self, *, redelivered: bool = False) -> dict[str, Any]:

@@ -165,6 +165,11 @@ MAX_RAW_BYTES = 2048  # a rejected row keeps the raw payload whole up to this si
 IDEMPOTENCY_KEY_MAX_CHARS = 128
 IDEMPOTENCY_WINDOW_SECONDS = 86400
 SCAN_BUDGET = 1000  # rows a filtered pull, or a filtered lag count, examines per request at most
+# Bytes, as stored: a page of a pull (or a stream) stops before its observations pass PAGE_BYTES (always at
+# least one), and a filtered read stops once the rows it examined in vain pass SCAN_BYTES; so a reply's size
+# and a read's cost are bounded by bytes, not only rows (200 rows of ~1 MiB each would be a 200 MiB reply).
+PAGE_BYTES = 4 << 20
+SCAN_BYTES = 32 << 20
 SUBSCRIPTION_ID_HEX = 16
 
 # Sources that watch (docs/protocol.md section 12).

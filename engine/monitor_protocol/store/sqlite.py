@@ -145,7 +145,10 @@ MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to th
 
 
 def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
-    return new_observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(r[7]))
+    text = r[7]
+    return new_observation(
+        monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(text), len(text)
+    )
 
 
 class SQLiteStore(Store):

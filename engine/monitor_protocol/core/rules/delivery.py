@@ -22,6 +22,7 @@ from monitor_protocol.core.rules.ledger import (
     retire_subscription,
 )
 from monitor_protocol.core.rules.lookups import monitor_of, subscription_of
+from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes
 from monitor_protocol.core.runtime import ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import (
@@ -40,9 +41,11 @@ from monitor_protocol.core.vocab import (
     LAG_COUNT_CAP,
     MAX_ACTIVE_SUBSCRIPTIONS,
     MAX_LIMIT,
+    PAGE_BYTES,
     PROTOCOLS,
     RESET_POLICIES,
     SCAN_BUDGET,
+    SCAN_BYTES,
     SUBSCRIPTION_ID_HEX,
     T_BOOKMARK,
     T_SUBSCRIBED,
@@ -480,6 +483,7 @@ def _read_page(
     SCAN_BUDGET rows that do not match (a bounded read: the rest waits for the next pull, from `next`). The
     same read in one group commit (the same monitor, log, filters, start and limit) is read once."""
     head = rec.head
+    max_bytes = page_bytes()
     first = past_known_misses(sub, max(start, 1))
     if first > head:
         return _Page([], first - 1)
@@ -494,31 +498,50 @@ def _read_page(
             lim,
             filters.key_of(sub.filter),
             filters.key_of(inline_flt),
+            max_bytes,
         )
         known = memo.get(key)
         if known is not None:
-            return _Page(list(known[0]), known[1], known[2])
-    page = _scan_page(tx, rec, sub, inline_flt, first, lim)
+            page = _Page(list(known[0]), known[1], known[2])
+            spent_page_bytes(page.batch)
+            return page
+    page = _scan_page(tx, rec, sub, inline_flt, first, lim, max_bytes)
     if key is not None:
         memo[key] = (tuple(page.batch), page.last_examined, page.capped)
+    spent_page_bytes(page.batch)
     return page
 
 
-def _scan_page(tx: Tx, rec: Monitor, sub: Subscription, inline_flt: Any, first: int, lim: int) -> _Page:
+def _scan_page(
+    tx: Tx,
+    rec: Monitor,
+    sub: Subscription,
+    inline_flt: Any,
+    first: int,
+    lim: int,
+    max_bytes: int = PAGE_BYTES,
+) -> _Page:
     query = filters.prefilter(sub.filter, inline_flt)
     head = rec.head
     page = _Page([], first - 1)
+    kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
     for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
-        page.last_examined = obs.seq
         if query.complete or (
             filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
         ):
+            kept += obs.size
+            if kept > max_bytes and page.batch:
+                break  # the page is full by bytes: this row comes first in the next
+            page.last_examined = obs.seq
             page.batch.append(obs)
             if len(page.batch) >= lim:
                 break
-        elif examined >= SCAN_BUDGET and page.last_examined < head:
-            page.capped = True
-            break
+        else:
+            page.last_examined = obs.seq
+            missed += obs.size
+            if (examined >= SCAN_BUDGET or missed > SCAN_BYTES) and page.last_examined < head:
+                page.capped = True
+                break
     return page
 
 

@@ -323,7 +323,7 @@ def publish_item(
         source_ref, rule, derived, supersedes,
     )  # fmt: skip
     obs = new_observation(
-        rec.id, seq, type_, subject, actor, origin, prov.tier, event["horizon"] or "", event
+        rec.id, seq, type_, subject, actor, origin, prov.tier, event["horizon"] or "", event, 0
     )
     stage(tx, obs)
     run.accepted(obs, actor, not (origin == "probe" and data.get("answered") is False), budget)
