@@ -620,3 +620,28 @@ def test_a_lone_first_writer_refused_begins_again_only_if_its_call_writes_again(
     finally:
         store._db = real
     assert [o.seq for o in store.scan("m1", 1, 10)] == [1] and not real.in_transaction
+
+
+def test_a_new_database_and_its_wal_are_readable_by_their_owner_only(tmp_path):
+    """A private monitor's log and a push subscription's secret are in the file: created 0600, whatever the
+    umask, and SQLite gives the WAL the database's mode. An existing file keeps the mode its operator chose."""
+    import stat
+
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store.sqlite import SQLiteStore
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "new.db"
+        store = SQLiteStore(str(path))
+        MonitorService(store).create_monitor({"id": "ci", "visibility": "private"}, None)
+        for name in ("new.db", "new.db-wal"):
+            assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o600, name
+        store.close()
+        chosen = tmp_path / "shared.db"
+        chosen.touch(mode=0o640)
+        os.chmod(chosen, 0o640)
+        SQLiteStore(str(chosen)).close()
+        assert stat.S_IMODE(os.stat(chosen).st_mode) == 0o640  # positive control: not changed
+    finally:
+        os.umask(old)

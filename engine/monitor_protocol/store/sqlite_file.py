@@ -174,7 +174,9 @@ class WriterLock:
                 held = None
             if held is not None:
                 raise _locked(real, held)
-            fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                real, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )  # private: the log and push secrets (SQLite gives -wal and -shm its mode)
             st = os.fstat(fd)
             inode = (st.st_dev, st.st_ino)
             held = _HELD.get(inode)
