@@ -167,7 +167,6 @@ def _spellings(value: Any) -> list[bytes]:
         out.append(json.dumps(value, ensure_ascii=False).encode("utf-8"))
     except UnicodeEncodeError:
         out.append(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
-    out.append(json.dumps(value, ensure_ascii=False).encode("utf-16", "surrogatepass"))
     return out
 
 
@@ -192,6 +191,18 @@ def test_loads_refuses_exactly_what_the_walk_refuses(value: Any, depth: int) -> 
         else:
             assert expected is None, (raw, expected)
             assert got == parsed
+
+
+def test_a_body_in_utf16_or_utf32_is_refused_and_a_utf8_bom_is_ignored() -> None:
+    """json.loads reads UTF-16 and UTF-32 bytes; the wire is UTF-8 (RFC 8259 8.1), and a proxy reading the
+    bytes as UTF-8 would not see what the server publishes."""
+    text = '{"type":"com.example.ci.run","subject":"s"}'
+    assert wire.loads(text.encode()) == {"type": "com.example.ci.run", "subject": "s"}  # positive control
+    assert wire.loads(b"\xef\xbb\xbf" + text.encode()) == wire.loads(text.encode())  # RFC 8259: MAY ignore
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"):
+        with pytest.raises(wire.ProtocolError) as caught:
+            wire.loads(text.encode(encoding))
+        assert caught.value.code == "INVALID" and "send UTF-8" in caught.value.message, encoding
 
 
 # The fast parse's two pre-checks (wire._has_long_number, wire._deeper_than) are judged against the plain

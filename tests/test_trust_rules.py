@@ -455,7 +455,9 @@ def test_a_page_and_a_filtered_scan_are_bounded_by_bytes_too(tmp_path):
     h = Harness(make_store("sqlite", tmp_path))
     tok = h.monitor("ci", types=[A, B])
     fat = "x" * (PAGE_BYTES // 5)  # under the 1 MiB body cap; seven fit a page by rows, not by bytes
-    seqs = [h.publish("ci", tok, type=A, subject=f"fat-{i}", data={"blob": fat}).body["seq"] for i in range(7)]
+    seqs = [
+        h.publish("ci", tok, type=A, subject=f"fat-{i}", data={"blob": fat}).body["seq"] for i in range(7)
+    ]
     sid, rtok = h.subscribe("ci", tok, filter={"types": [A]})
     got: list[int] = []
     sizes = []

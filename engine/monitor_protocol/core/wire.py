@@ -180,6 +180,13 @@ _vetted: tuple[Any, frozenset[int]] = (None, frozenset())
 
 def loads(raw: bytes | str) -> Any:
     """Parse one JSON text strictly, then check it; every refusal is 400 INVALID with a sentence."""
+    if isinstance(raw, bytes) and (b"\x00" in raw or raw[:2] in _UTF16_BOMS):
+        # UTF-16 or UTF-32 (json.loads would read them): RFC 8259 puts UTF-8 on the wire, and a proxy judging
+        # the bytes as UTF-8 would not see what this server publishes. (A UTF-8 BOM is ignored, as it allows.)
+        raise ProtocolError(
+            "INVALID",
+            "The body is not UTF-8 (it holds NUL bytes: UTF-16 or UTF-32?): send UTF-8 JSON (RFC 8259).",
+        )
     parse = _codec.parse
     if parse is not None and isinstance(raw, bytes) and not _has_long_number(raw):
         # A strict parser of bounded recursion (orjson: 1024 levels, refused beyond) has judged NaN,
@@ -264,6 +271,9 @@ def _count_names(value: Any) -> int:
             if kind is dict or kind is list:
                 push(item)
     return count
+
+
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 def _as_utf8(raw: bytes | str) -> bytes:
