@@ -6,8 +6,10 @@ on sleeps."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
 
 from conftest import axe_violations, format_violations, horizontal_overflow, screenshot
 
@@ -358,3 +360,54 @@ def test_an_unknown_scene_lists_the_scenes(browser):
     page.click("#scene-list a[href='?scene=refused-src']")  # a link opens its scene
     ready(page)
     assert page.inner_text("#scene-title") == "A refused claim of certainty"
+
+
+def test_an_embed_that_cannot_start_says_why_and_what_to_do(browser):
+    """A start never spins forever. A frame on another site than its page (this Chromium gives such a frame
+    no storage at all) says so and links the scene in a tab of its own; a runtime that cannot be fetched
+    (offline, blocked) says that it failed and to reload."""
+    frame_src = browser.site_url + "/embed.html?scene=redelivery"
+    tutorial = (
+        f'<!doctype html><title>tutorial</title><iframe src="{frame_src}" width="640" height="480"></iframe>'
+    )
+
+    class Tutorial(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            body = tutorial.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Tutorial)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    page = browser.new_page()
+    try:  # "localhost" is another site than the playground's 127.0.0.1
+        page.goto(f"http://localhost:{server.server_address[1]}/tutorial.html")
+        frame = page.frame_locator("iframe")
+        frame.locator("#boot.failed").wait_for(timeout=BOOT_MS)
+        said = frame.locator("#boot .detail").inner_text()
+        assert "no storage" in said and "same site" in said, said
+        assert frame.locator("#boot .detail a").get_attribute("href") == frame_src
+        assert frame.locator("#boot").get_attribute("role") == "alert"
+    finally:
+        server.shutdown()
+        server.server_close()
+    # the runtime cannot be fetched: the same page on its own site, with Pyodide's wasm blocked
+    own = browser.new_page()
+    own.route("**/pyodide.asm.wasm", lambda route: route.abort())
+    own.goto(frame_src)
+    own.wait_for_selector("#boot.failed", timeout=BOOT_MS)
+    said = own.inner_text("#boot .detail")
+    assert said.startswith("Failed: ") and "Reload" in said, said
+    # positive control: unblocked, the same scene starts
+    own.unroute("**/pyodide.asm.wasm")
+    own.goto(frame_src)
+    ready(own)
+    # what this test provoked on purpose is not what the guard looks for
+    browser.guard.foreign.clear()
+    browser.guard.errors.clear()

@@ -22,6 +22,7 @@ const MP = (window.MP = {
 const STAGES = ["runtime", "engine", "storage", "ready"];
 MP.stage = (name, detail) => {
   MP.marks[name] = performance.now() - MP.t0;
+  MP.movedAt = performance.now();
   const idx = STAGES.indexOf(name);
   document.querySelectorAll("#boot li").forEach((li) => {
     const i = STAGES.indexOf(li.dataset.stage);
@@ -44,12 +45,77 @@ MP.stage = (name, detail) => {
 MP.mark = (name) => {
   MP.marks[name] = performance.now() - MP.t0;
 };
-MP.fatal = (message) => {
+MP.fatal = (message, ownTab = false) => {
   MP.errors.push(message);
   const box = document.querySelector("#boot .detail");
-  if (box) box.textContent = "Failed: " + message;
-  document.getElementById("boot").classList.add("failed");
+  if (box) {
+    box.textContent = "Failed: " + message;
+    if (ownTab) {
+      // A link, not a script: the page's policy runs no inline script and no event handler attribute.
+      const a = document.createElement("a");
+      a.href = location.href;
+      a.target = "_blank";
+      a.rel = "noopener";
+      a.textContent = "Open it in a tab of its own";
+      box.append(" ", a);
+    }
+  }
+  const boot = document.getElementById("boot");
+  boot.classList.add("failed");
+  boot.setAttribute("role", "alert");
+  const chip = document.getElementById("status-chip");
+  if (chip) chip.querySelector(".label").textContent = "failed to start";
 };
+
+// ---------------------------------------------------------------- a start that fails or stalls says so
+// Nothing pretends to be ready, and nothing spins forever: an error while starting (the runtime not
+// fetched, storage refused) that is not followed by progress within STALL_MS ends the boot card with what
+// happened and what to do; a start that is only slow says that it is.
+const STALL_MS = 8000;
+const SLOW_MS = 25000;
+MP.movedAt = performance.now();
+MP.bootProblem = null; // the first error seen while starting
+MP.storageRefused = null; // why this frame may not keep anything (a cross-site frame, often)
+const booting = () => document.body && document.body.classList.contains("booting");
+const noteProblem = (what) => {
+  if (booting() && !MP.bootProblem) MP.bootProblem = String(what || "an error").slice(0, 300);
+};
+window.addEventListener("error", (e) => noteProblem(e.message || (e.error && e.error.message)));
+window.addEventListener("unhandledrejection", (e) => noteProblem((e.reason && e.reason.message) || e.reason));
+(async () => {
+  try {
+    if (!("indexedDB" in window) || !window.indexedDB) throw new Error("IndexedDB is not available");
+    const probe = nsName("monitor-protocol-probe"); // not the engine's database: opening that one here
+    const r = indexedDB.open(probe, 1); // would create it without its stores
+    await req(r);
+    r.result.close();
+    indexedDB.deleteDatabase(probe);
+  } catch (err) {
+    MP.storageRefused = String((err && err.message) || err);
+  }
+})();
+const watchdog = setInterval(() => {
+  if (!booting() || document.getElementById("boot").classList.contains("failed")) return clearInterval(watchdog);
+  const still = performance.now() - MP.movedAt;
+  const framed = window.top !== window.self;
+  if (MP.storageRefused && framed && still > STALL_MS) {
+    clearInterval(watchdog);
+    MP.fatal(
+      "this browser gives this frame no storage (" + MP.storageRefused + "), as it does to a frame from another " +
+        "site than the page around it. Serve the playground from the same site as your page (docs/embedding.md), or:",
+      true,
+    );
+  } else if (MP.bootProblem && still > STALL_MS) {
+    clearInterval(watchdog);
+    MP.fatal(MP.bootProblem + ". Reload to try again; if it fails again, the site's files may be missing or blocked (an offline copy needs the whole site).", framed);
+  } else if (still > SLOW_MS) {
+    const text = document.querySelector("#boot .detail");
+    if (text && !text.dataset.slow) {
+      text.dataset.slow = "1";
+      text.textContent += " (taking longer than usual: the runtime is about 10 MB on the first visit)";
+    }
+  }
+}, 1000);
 
 // ---------------------------------------------------------------- the service worker and its requests
 // One forwarded request: the engine answers (Python), then the reply waits until every IndexedDB write
