@@ -256,6 +256,13 @@ def test_probe_refuses_a_source_it_cannot_run_and_a_wrong_token(tmp_path):
             *elsewhere, "--token", "mpo_wrong", "--every", "60", "--type", RUN, "--", "echo", "hi"
         )
         assert wrong.returncode == 4 and "ERROR 401 UNAUTHORIZED" in wrong.stdout
+        # a private monitor is not found with another token (the server does not say it exists): the probe
+        # says that the token may be what is wrong
+        api.create("hidden", visibility="private")
+        hidden = ("--base", base, "--monitor", "hidden", "--state-dir", str(tmp_path / "hid"), "--once")
+        lost = run_probe(*hidden, "--token", "mpo_wrong", "--every", "60", "--", "echo", "hi")
+        assert lost.returncode == 5 and "ERROR 404 NOT_FOUND" in lost.stdout, lost
+        assert "is its owner token" in lost.stderr, lost.stderr
         # positive control: the same probe with a type and the owner token runs
         ok = run_probe(*common, "--token", owner, "--every", "60", "--type", RUN, "--", "echo", "hi")
         assert ok.returncode == 0, ok

@@ -428,7 +428,14 @@ async def fetch_definition(
                     return None
             else:
                 out.line("ERROR", str(err.status), encode_word(err.code)[0])
-                print(f"mp probe: error: {err.code}: {err.message}", file=sys.stderr)
+                message = err.message
+                if err.code == "NOT_FOUND":  # the server never says whether a private monitor exists
+                    message = (
+                        f"no monitor {monitor_id!r} that this token may read: check --monitor, and that --token "
+                        "(or MP_OWNER_TOKEN) is its owner token (a private monitor is not found with another "
+                        "token)"
+                    )
+                print(f"mp probe: error: {err.code}: {message}", file=sys.stderr)
                 raise Fatal(EXIT_UNAUTHORIZED if err.code == "UNAUTHORIZED" else EXIT_NOT_FOUND) from None
         await asyncio.sleep(delay)
         delay = min(MAX_BACKOFF_SECONDS, delay * 2)
