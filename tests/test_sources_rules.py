@@ -656,3 +656,18 @@ def test_a_log_with_a_sources_rows_is_copied_whole_and_a_forged_supervision_row_
         h.service.import_log("ci-forged", forged)
     assert "server's provenance" in str(refused.value.extras) or refused.value.code == "INVALID"
     assert h.call("GET", "/monitors/ci-forged", token=tok).status == 404
+
+
+def test_a_runnable_source_with_an_unknown_setting_is_refused_at_create_not_later(h):
+    """`settings.follow` (the probe's flag, not a setting) was accepted and the source then sat refused in the
+    state; it is refused when the monitor is defined, saying where how often it runs is written."""
+    bad = {"kind": "shell", "ref": "tail -f x", "settings": {"follow": True}}
+    r = h.call("POST", "/monitors", {"id": "typo", "owner": "agent:ops", "source": bad})
+    assert r.status == 400 and r.body["code"] == "INVALID" and r.body["invalid"] == ["follow"], r.body
+    assert "cadence.event_driven" in r.body["error"] and "on_change" in r.body["error"]
+    assert h.call("GET", "/monitors/typo").status == 404  # nothing was created
+    tok = h.monitor("ok", owner="agent:ops", source={**bad, "settings": {"on_change": True}})  # positive control
+    patched = h.call("POST", "/monitors/ok/update", {"patch": {"source": bad}, "reason": "typo"}, tok)
+    assert patched.status == 400 and patched.body["invalid"] == ["follow"]  # an update too
+    # a log source runs nothing here: its settings are a producer's own business
+    h.monitor("log", source={"kind": "log", "settings": {"follow": True}})

@@ -14,6 +14,7 @@ from monitor_protocol.core.rules.ledger import append_protocol, free_lease, reti
 from monitor_protocol.core.rules.lookups import monitor_of, owner_monitor, visible, visible_monitor
 from monitor_protocol.core.rules.provenance import is_system
 from monitor_protocol.core.runtime import ServiceCore
+from monitor_protocol.core.sources import SETTINGS_KEYS
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import (
     as_int,
@@ -33,6 +34,7 @@ from monitor_protocol.core.vocab import (
     MAX_DEFINITION_BYTES,
     RULE_ACTION_PATTERN,
     RULE_ACTION_REGEX,
+    RUNNABLE_SOURCE_KINDS,
     SOURCE_KINDS,
     T_CONFIGURED,
     TYPE_PATTERN,
@@ -84,6 +86,15 @@ def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, 
                 raise invalid("source.ref must be a string.")
             if "settings" in value and not isinstance(value["settings"], dict):
                 raise invalid("source.settings must be an object.")
+            if value["kind"] in RUNNABLE_SOURCE_KINDS:  # refused here, not later by the source's runner
+                unknown = sorted(set(value.get("settings") or {}) - SETTINGS_KEYS)
+                if unknown:
+                    raise invalid(
+                        f"Unknown source.settings {[u[:64] for u in unknown[:8]]}; known: {sorted(SETTINGS_KEYS)}. "
+                        "How often it runs is the monitor's cadence: cadence.event_driven true for a long-lived "
+                        "command (a line each), heartbeat_seconds or schedule for a periodic one.",
+                        invalid=[u[:64] for u in unknown[:8]],
+                    )
         elif key == "filter":
             value = filters.validate(value, body.get("types", rec.get("types", [])))
         elif key == "horizon":
