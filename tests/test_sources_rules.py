@@ -666,7 +666,9 @@ def test_a_runnable_source_with_an_unknown_setting_is_refused_at_create_not_late
     assert r.status == 400 and r.body["code"] == "INVALID" and r.body["invalid"] == ["follow"], r.body
     assert "cadence.event_driven" in r.body["error"] and "on_change" in r.body["error"]
     assert h.call("GET", "/monitors/typo").status == 404  # nothing was created
-    tok = h.monitor("ok", owner="agent:ops", source={**bad, "settings": {"on_change": True}})  # positive control
+    tok = h.monitor(
+        "ok", owner="agent:ops", source={**bad, "settings": {"on_change": True}}
+    )  # positive control
     patched = h.call("POST", "/monitors/ok/update", {"patch": {"source": bad}, "reason": "typo"}, tok)
     assert patched.status == 400 and patched.body["invalid"] == ["follow"]  # an update too
     # a log source runs nothing here: its settings are a producer's own business

@@ -219,9 +219,13 @@ def test_jsonl_is_one_bounded_ascii_object_per_line(tmp_path: Path) -> None:
         # The other events are objects too.
         again = watch(sid, "--token", "wrong", "--base", base, "--format", "jsonl")
         assert again.returncode == getattr(client_cmds, "EXIT_UNAUTHORIZED", 1) != 0
-        assert [json.loads(line) for line in split_every_way(again.stdout)] == [
-            {"kind": "ERROR", "status": 401, "code": "UNAUTHORIZED"}
-        ]
+        (error,) = [json.loads(line) for line in split_every_way(again.stdout)]
+        assert {k: error[k] for k in ("kind", "status", "code")} == {
+            "kind": "ERROR",
+            "status": 401,
+            "code": "UNAUTHORIZED",
+        }
+        assert "reader token" in error["message"]  # the server's sentence: a Monitor tool reads stdout only
         manual = watch(sid, "--token", reader, "--base", base, "--once", "--manual-ack", "--format", "jsonl")
         assert manual.returncode == 0 and manual.stdout == b""  # all acked above: nothing waits
     finally:
@@ -304,11 +308,13 @@ def test_protocol_failures_print_an_error_line_and_exit_non_zero(tmp_path: Path)
         _owner, sid, reader = setup_feed(base)
         wrong = watch(sid, "--token", "mpr_wrong", "--base", base, "--wait", "1")
         assert wrong.returncode == getattr(client_cmds, "EXIT_UNAUTHORIZED", 1) != 0
-        assert split_every_way(wrong.stdout) == ["ERROR 401 UNAUTHORIZED"]
+        (line,) = split_every_way(wrong.stdout)
+        assert line.startswith("ERROR 401 UNAUTHORIZED ") and "reader token" in line, line  # and why
         assert b"UNAUTHORIZED" in wrong.stderr
         missing = watch("sub-missing", "--token", reader, "--base", base, "--wait", "1", "--catch-up")
         assert missing.returncode == getattr(client_cmds, "EXIT_NOT_FOUND", 1) != 0
-        assert split_every_way(missing.stdout) == ["ERROR 404 NOT_FOUND"]
+        (line,) = split_every_way(missing.stdout)
+        assert line.startswith("ERROR 404 NOT_FOUND ") and "sub-missing" in line, line
         assert b"NOT_FOUND" in missing.stderr
     finally:
         stop_server(proc)
@@ -318,9 +324,10 @@ def test_no_token_prints_the_error_line_a_wrong_token_gets_and_sends_nothing() -
     """No reader token at all: the same ERROR line and exit status as a token the server refuses, on stdout
     (where a Monitor tool looks), without a request (the base is a port nobody listens on)."""
     no_token = {"MP_READER_TOKEN": "", "MP_TOKEN": ""}
+    said = "mp watch needs the reader token: --token or env MP_READER_TOKEN"
     for fmt, line in (
-        ("text", "ERROR 401 UNAUTHORIZED"),
-        ("jsonl", '{"kind":"ERROR","status":401,"code":"UNAUTHORIZED"}'),
+        ("text", f"ERROR 401 UNAUTHORIZED {said}"),
+        ("jsonl", f'{{"kind":"ERROR","status":401,"code":"UNAUTHORIZED","message":"{said}"}}'),
     ):
         ran = watch("sub-1", "--base", "http://127.0.0.1:9", "--format", fmt, env=no_token)
         assert ran.returncode == client_cmds.EXIT_UNAUTHORIZED, ran.stderr

@@ -11,7 +11,7 @@ Written for an agent's Monitor tool, which turns every line on stdout into an ev
     UP <base>        when it answers again
     EXPIRED ...      the cursor fell below the retention floor; then the reset policy is followed
     RETIRED cursor=N the subscription was retired: exit 0
-    ERROR 401 UNAUTHORIZED   a protocol failure (also on stderr, with the server's sentence): exit non-zero
+    ERROR 401 UNAUTHORIZED This needs...   a protocol failure, the server's sentence after it (also on stderr): exit non-zero
                      (the status `mp --help` lists: 4 UNAUTHORIZED, 5 NOT_FOUND, 3 other refusals)
 
 Every line is one physical line under any line splitter and at most 4 KiB: the output is printable ASCII
@@ -34,7 +34,7 @@ bounds): `{"kind":"OBS","seq":17,"type":..,"subject":..,"tier":..,"origin":..,"a
 string ends with `...`), `{"kind":"NEXT","cursor":18}`, `{"kind":"CATCHUP","count":3,"from":15,"head":20}`,
 `{"kind":"LIVE"}`, `{"kind":"DOWN","reason":".."}`, `{"kind":"UP","base":".."}`, `{"kind":"EXPIRED",
 "requested":..,"retention_floor":..,"reset_policy":..,"relist":..}`, `{"kind":"RETIRED","cursor":..}`,
-`{"kind":"ERROR","status":401,"code":"UNAUTHORIZED"}`.
+`{"kind":"ERROR","status":401,"code":"UNAUTHORIZED","message":"..."}`.
 
 Delivery stays a queue (P4): a batch is acknowledged only after its lines are printed and flushed, so a
 watch killed in between gets the batch again (marked `redelivered=true`) when it restarts at the committed
@@ -246,9 +246,16 @@ class _Out:
     def retired(self, cursor: Any) -> None:
         self.event("RETIRED", f"RETIRED cursor={encode_word(cursor)[0]}", {"cursor": _json_scalar(cursor)})
 
-    def error(self, status: int, code: str) -> None:
+    def error(self, status: int, code: str, message: str = "") -> None:
+        """The refusal, and the server's sentence after it: a Monitor tool reads stdout only."""
         word = encode_word(code)[0]
-        self.event("ERROR", f"ERROR {int(status)} {word}", {"status": int(status), "code": word})
+        said = free_text(message) if message else ""
+        extra = {"message": said} if said else {}
+        self.event(
+            "ERROR",
+            f"ERROR {int(status)} {word}" + (f" {said}" if said else ""),
+            {"status": int(status), "code": word, **extra},
+        )
 
 
 def _json_scalar(value: Any) -> Any:
@@ -486,7 +493,7 @@ class Watch:
                     if status is not None:
                         return status
                     continue  # a catch-up not yet opened opens now, from the cursor the policy chose
-                self.out.error(err.status, err.code)
+                self.out.error(err.status, err.code, err.message)
                 _stderr(f"error: {err.code}: {err.message}")
                 return _failure_status(err)
 
@@ -542,7 +549,9 @@ def run(name: str, args: argparse.Namespace) -> int:
     token = resolve_token(args)
     if not token:  # nothing sent; said as the server would, where a Monitor tool looks (stdout)
         _stderr("error: UNAUTHORIZED: mp watch needs the reader token: --token or env MP_READER_TOKEN")
-        _Out(getattr(args, "format", "text")).error(401, "UNAUTHORIZED")
+        _Out(getattr(args, "format", "text")).error(
+            401, "UNAUTHORIZED", "mp watch needs the reader token: --token or env MP_READER_TOKEN"
+        )
         return EXIT_UNAUTHORIZED
     with Client(args.base, token) as client:
         try:
