@@ -122,6 +122,14 @@ def test_every_mcp_tool_is_generated_from_the_table() -> None:
         assert set(spec.schema["properties"]) <= allowed | {"token", tool.tool.selector}, tool.tool.name
 
 
+def test_a_tool_describes_only_what_its_arguments_can_say() -> None:
+    """A tool's arguments are one object: monitor_publish says nothing of the REST route's array body (a
+    batch), which the tool cannot take; the REST summary still does."""
+    (tool,) = [t for t in operations.mcp_tools() if t.tool.name == "monitor_publish"]
+    assert "array" not in (tool.tool.description or "") and "idempotency_key" in (tool.tool.description or "")
+    assert "JSON array body" in operations.find("publish").summary  # positive control: REST has the batch
+
+
 def test_configure_is_one_tool_over_four_operations() -> None:
     (tool,) = [t for t in operations.mcp_tools() if t.tool.name == "monitor_configure"]
     assert [op.name for op in tool.ops] == [

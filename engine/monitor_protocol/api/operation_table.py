@@ -264,7 +264,15 @@ OPERATIONS: tuple[Operation, ...] = (
         call=("id", "body", "token"),
         params=(path_monitor(), *PUBLISH_PARAMS),
         jsonrpc="monitors/publish",
-        mcp=McpTool("monitor_publish", (False, False, False, False)),
+        # The summary without the batch: a tool's arguments are one object, never an array.
+        mcp=McpTool(
+            "monitor_publish",
+            (False, False, False, False),
+            "Append an observation (owner token). An agent acting for the owner sets actor to itself and "
+            "on_behalf_of to the owner. Not idempotent unless you give an idempotency_key: then a retry with "
+            "the same key returns the first reply and appends nothing (whatever else it carries: use a new "
+            "key for each new observation).",
+        ),
         client=("publish", "publish_many"),
         batch_max=MAX_PUBLISH_BATCH,
     ),
