@@ -306,7 +306,10 @@ def test_subscription_ids_have_16_hex_digits_and_a_collision_never_replaces(h, m
 
 
 def test_a_monitor_serves_a_bounded_number_of_active_subscriptions(h, monkeypatch):
-    monkeypatch.setattr(delivery, "MAX_ACTIVE_SUBSCRIPTIONS", 3)
+    from monitor_protocol.core.rules import grants
+
+    monkeypatch.setattr(grants, "MAX_ACTIVE_SUBSCRIPTIONS", 3)
+    monkeypatch.setattr(grants, "RESERVED_FOR_GRANTED", 0)  # the places kept for tokens: tested below
     h.monitor("ci", visibility="public")
     subs = [h.subscribe("ci", None, subscriber=f"agent:r{i}") for i in range(3)]
     over = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:r3"})
@@ -874,3 +877,27 @@ def test_limit_inside_a_filter_array_is_refused_not_ignored(h):
         ).status
         == 201
     )
+
+
+def test_anonymous_readers_cannot_take_every_place_of_a_public_monitor(h, monkeypatch):
+    """10,000 anonymous subscribe calls used to fill a public monitor's places, its owner's own subscribe then
+    refused, and each could ask never to be retired: the last places are kept for the owner's and the
+    subscribe token, and a subscriber without a token is retired after 7 days without a pull at most."""
+    from monitor_protocol.core.rules import grants
+
+    monkeypatch.setattr(grants, "MAX_ACTIVE_SUBSCRIPTIONS", 5)
+    monkeypatch.setattr(grants, "RESERVED_FOR_GRANTED", 2)
+    tok = h.monitor("pub", visibility="public")
+    for i in range(3):
+        assert h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": f"agent:spam{i}"}).status == 201
+    more = h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": "agent:spam3"})
+    assert more.status == 429 and more.body["code"] == "OVER_BUDGET" and "owner" in more.body["error"]
+    for name in ("agent:mine", "agent:mine2"):  # the owner still subscribes, up to the protocol's cap
+        assert h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": name}, tok).status == 201
+    full = h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": "agent:mine3"}, tok)
+    assert full.status == 429 and full.body["limit"] == 5
+    forever = {"monitor": "pub", "subscriber": "agent:x", "retire_after_mute_seconds": 2**53}
+    monkeypatch.setattr(grants, "MAX_ACTIVE_SUBSCRIPTIONS", 100)
+    refused = h.call("POST", "/subscriptions", forever)
+    assert refused.status == 400 and refused.body["code"] == "INVALID" and "7 days" in refused.body["error"]
+    assert h.call("POST", "/subscriptions", forever, tok).status == 201  # the owner's own may ask it

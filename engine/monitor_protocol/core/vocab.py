@@ -136,7 +136,9 @@ GAPS_ORDER = (
 CONFIDENCE_PRESENT = ("observations", "ages", "actors", "contradictions_open")
 CONFIDENCE_MISSING = ("independence", "corroboration", "track_record")
 
-DEFAULT_RETIRE_AFTER_MUTE_SECONDS = 604800
+DEFAULT_RETIRE_AFTER_MUTE_SECONDS = 604800  # also the longest an anonymous subscriber may ask for
+# Of a monitor's MAX_ACTIVE_SUBSCRIPTIONS, the places only the owner's or the subscribe token may take.
+RESERVED_FOR_GRANTED = 1000
 DELIVERY_COUNT_LIMIT = 5
 DEFAULT_LEASE_SECONDS = 60
 MAX_LEASE_SECONDS = 86400

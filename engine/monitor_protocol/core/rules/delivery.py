@@ -14,6 +14,7 @@ from monitor_protocol.core import filters, netguard, tokens, uri
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import SubscriptionState
 from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscription, copier, evolve
+from monitor_protocol.core.rules.grants import grant_of, room_for_one_more
 from monitor_protocol.core.rules.ledger import (
     append_protocol,
     lag,
@@ -31,15 +32,13 @@ from monitor_protocol.core.validation import (
     check_name,
     check_reason,
     check_vocab,
-    check_vocab_list,
     invalid,
     require_object,
 )
 from monitor_protocol.core.vocab import (
-    CAPABILITIES,
     DEFAULT_LIMIT,
+    DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
     LAG_COUNT_CAP,
-    MAX_ACTIVE_SUBSCRIPTIONS,
     MAX_LIMIT,
     PAGE_BYTES,
     PROTOCOLS,
@@ -59,69 +58,6 @@ _acked = copier(Subscription, ("last_ack",))
 
 
 # ===================================================================================== subscribe
-
-
-def _grant_of(
-    rec: Monitor, existing: Subscription | None, token: str | None, asked: Any
-) -> tuple[list[str], str]:
-    """(requested, basis) for this caller once every requested capability is granted, or the refusal
-    (P7: granted, never requested)."""
-    subscriber_name = existing.subscriber if existing else None
-    is_owner = tokens.matches(token, rec.owner_hash)
-    # The subscribe token grants the monitor's capabilities wherever it exists (shared or public).
-    is_sub_token = rec.visibility != "private" and tokens.matches(token, rec.subscribe_hash)
-    holds_existing = existing is not None and tokens.matches(token, existing.token_hash)
-    if rec.visibility == "private" and not (is_owner or holds_existing):
-        # before anything else: a refusal must not tell a stranger what a private monitor holds
-        raise ProtocolError("NOT_FOUND", f"No monitor {rec.id!r} here.", monitor=rec.id)
-    requested = None if asked is None else check_vocab_list(asked, CAPABILITIES, "capabilities")
-    if existing is not None and not (holds_existing or is_owner):
-        raise ProtocolError(
-            "UNAUTHORIZED",
-            f"{subscriber_name} already subscribes to {rec.id}; a name is not a credential. Re-subscribe "
-            "with that subscription's current token or the owner's token.",
-            needs="reader_token",
-        )
-    # On a private monitor only a grant made with the owner's token survives: a revoked reader's old
-    # token opens nothing.
-    if rec.visibility == "private" and existing is not None and not is_owner and existing.grant != "owner":
-        raise ProtocolError("NOT_FOUND", f"No monitor {rec.id!r} here.", monitor=rec.id)
-    if is_owner or is_sub_token:
-        grant = list(rec.capabilities)
-    else:
-        grant = list(rec.default_grant)
-        if existing is not None:
-            grant += [c for c in existing.capabilities if c not in grant]
-    if requested is None:
-        requested = list(existing.capabilities) if existing else ["observe"]
-    excess = [c for c in requested if c not in grant]
-    if excess:
-        raise ProtocolError(
-            "CAPABILITY_MISSING",
-            f"Capabilities are granted, not requested: {excess} are not granted to this caller "
-            f"(granted: {grant}). Ask the owner for the owner or subscribe token.",
-            granted=grant,
-            monitor_capabilities=list(rec.capabilities),
-            requested=requested,
-        )
-    if rec.visibility == "shared" and not (
-        is_owner
-        or is_sub_token
-        or (holds_existing and existing is not None and existing.grant in ("owner", "subscribe"))
-    ):
-        raise ProtocolError(
-            "UNAUTHORIZED",
-            f"Monitor {rec.id} is shared: subscribing needs its subscribe token (or the owner's).",
-            needs="subscribe_token",
-        )
-    # What this subscription's grant rests on, so a narrowed definition can revoke it (section 8).
-    if is_owner:
-        basis = "owner"
-    elif is_sub_token:
-        basis = "subscribe"
-    else:
-        basis = existing.grant if holds_existing and existing is not None else "default"
-    return requested, basis
 
 
 def _start_of(body: dict[str, Any], rec: Monitor) -> int | None:
@@ -193,7 +129,7 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
     rec = monitor_of(tx, monitor_id)
     subscriber = check_actor(body.get("subscriber"), "subscriber")
     existing = tx.find_subscription(monitor_id, subscriber)
-    requested, basis = _grant_of(rec, existing, token, body.get("capabilities"))
+    requested, basis = grant_of(rec, existing, token, body.get("capabilities"))
     flt = filters.validate(body.get("filter"), rec.types or [])
     protocol = body.get("protocol", existing.protocol if existing else "pull")
     check_vocab(protocol, PROTOCOLS, "protocol")
@@ -203,17 +139,16 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
     mute = body.get("retire_after_mute_seconds", existing.retire_after_mute_seconds if existing else None)
     if mute is not None:
         mute = as_int(mute, "retire_after_mute_seconds", minimum=1, text=False)
+        if basis == "default" and mute > DEFAULT_RETIRE_AFTER_MUTE_SECONDS:  # else a place held for ever
+            raise invalid(
+                f"retire_after_mute_seconds is at most {DEFAULT_RETIRE_AFTER_MUTE_SECONDS} (7 days) for a "
+                f"subscriber without a token (got {mute}); ask the owner for the subscribe token for longer.",
+                limit=DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
+            )
     start = _start_of(body, rec)
     now = tx.now
-    if (existing is None or not existing.active) and tx.count_active_subscriptions(
-        monitor_id
-    ) >= MAX_ACTIVE_SUBSCRIPTIONS:
-        raise ProtocolError(
-            "OVER_BUDGET",
-            f"Monitor {monitor_id} has {MAX_ACTIVE_SUBSCRIPTIONS} active subscriptions, the most it "
-            "serves; retire one first.",
-            limit=MAX_ACTIVE_SUBSCRIPTIONS,
-        )
+    if existing is None or not existing.active:
+        room_for_one_more(tx, monitor_id, basis)
     token_out = tokens.mint("mpr")
     if existing is None:
         sub = Subscription(
