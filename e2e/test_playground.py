@@ -309,6 +309,11 @@ def test_refusals_are_kept_in_the_log(browser):
     assert page.locator("#log li.obs").count() == 1
     act(page, "#btn-publish")
     assert page.get_attribute("#publish-answer", "data-code") == "PROVENANCE_CEILING"
+    # what a screen reader hears: the status and the sentence, from the page's one live region, never the
+    # answer's JSON (the answer boxes are not live)
+    heard = page.inner_text("#announce")
+    assert "PROVENANCE_CEILING" in heard and "{" not in heard, heard
+    assert page.get_attribute("#publish-answer", "aria-live") is None
     act(page, "button[data-preset='agent-src']")
     act(page, "#btn-publish")
     assert page.get_attribute("#publish-answer", "data-code") == "TIER_NOT_ASSERTABLE"

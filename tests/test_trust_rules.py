@@ -11,7 +11,6 @@ from enginekit import STORE_KINDS, Harness, make_store
 from monitor_protocol.api.messages import Request
 from monitor_protocol.core import timefmt, tokens
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.rules import delivery
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.store_contract import StorageError
 from monitor_protocol.core.vocab import SCAN_BUDGET

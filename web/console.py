@@ -187,12 +187,14 @@ def term_emit(kind: str, text: str, extra: dict[str, Any]) -> None:
         term_print(f"<div class='note'># {esc(text.lstrip('# '))}</div>")
     elif kind == "error":
         term_print(f"<div class='st-err' data-error='1'>✗ {esc(text)}</div>")
+        ui.announce(f"error: {text}")
     elif kind == "http":
         status, data = extra["status"], extra["data"]
         ok = 200 <= status < 300
         code = f" {data.get('code')}" if isinstance(data, dict) and data.get("code") and not ok else ""
         where = "" if extra["shown"] else " · output piped or captured"
         pretty = json.dumps(data, indent=2, ensure_ascii=False) if data is not None else text
+        ui.announce(f"HTTP {status}{code}, {extra['method']} {extra['url'].split('/mp/v0', 1)[-1]}")
         saved = remember(data) if extra["remember"] else []
         kept = keep_tokens(data)
         note = f"<div class='note'># saved ${', $'.join(saved)}</div>" if saved else ""

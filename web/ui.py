@@ -123,6 +123,15 @@ def _body(reply: Reply) -> str:
     return json.dumps(redacted(reply.body), indent=2, ensure_ascii=False) if reply.body is not None else ""
 
 
+def announce(text: str) -> None:
+    """What a screen reader hears of an answer: one line (the page's one live region, #announce). The
+    answer boxes are not live: each would read its whole JSON aloud."""
+    box = el("announce")
+    if box is not None:
+        box.textContent = ""  # the same words twice are still said twice
+        box.textContent = text[:300]
+
+
 def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:
     """One or more calls' answers in a panel's answer line: each call's status, the last one's JSON, and a
     sentence saying what it means (`say`), stamped with the time so an old answer never passes for new."""
@@ -139,6 +148,7 @@ def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:
         f"{sentence}<pre class='json'>{esc(_body(last))}</pre>"
     )
     box.setAttribute("data-status", str(last.status))
+    announce(f"{pairs[-1][0]}: {_label(last)}." + (f" {say}" if say else ""))
     codes = [str((r.body or {}).get("code", "")) for _, r in pairs if not r.ok and isinstance(r.body, dict)]
     box.setAttribute("data-code", " ".join(codes))
 
@@ -154,6 +164,7 @@ def note(answer_id: str, text: str, ok: bool = True) -> None:
         return
     box.className = "answer " + ("ok" if ok else "err") + " note"
     box.innerHTML = f"<p class='say'>{esc(text)} <small>{time.strftime('%H:%M:%S')}</small></p>"
+    announce(text)
     box.removeAttribute("data-status")
     box.removeAttribute("data-code")
 
