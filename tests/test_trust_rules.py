@@ -888,7 +888,9 @@ def test_anonymous_readers_cannot_take_every_place_of_a_public_monitor(h, monkey
     monkeypatch.setattr(grants, "RESERVED_FOR_GRANTED", 2)
     tok = h.monitor("pub", visibility="public")
     for i in range(3):
-        assert h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": f"agent:spam{i}"}).status == 201
+        assert (
+            h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": f"agent:spam{i}"}).status == 201
+        )
     more = h.call("POST", "/subscriptions", {"monitor": "pub", "subscriber": "agent:spam3"})
     assert more.status == 429 and more.body["code"] == "OVER_BUDGET" and "owner" in more.body["error"]
     for name in ("agent:mine", "agent:mine2"):  # the owner still subscribes, up to the protocol's cap
