@@ -70,6 +70,12 @@ def test_actor_prefixes_are_lower_case_so_mixed_case_is_an_agent(h):
     assert owner.status == 201 and owner.body["observation"]["origin"] == "human"
     trailing = h.publish("ci", tok, actor="human:you\n")
     assert trailing.status == 400 and trailing.body["code"] == "INVALID"
+    for nobody in ("human:", "agent:", "HUMAN:"):  # a prefix with no name after it names nobody
+        said = h.publish("ci", tok, actor=nobody)
+        assert said.status == 400 and "names nobody" in said.body["error"], said.body
+    created = h.call("POST", "/monitors", {"id": "anon", "owner": "human:"})
+    assert created.status == 400 and "names nobody" in created.body["error"]
+    assert h.publish("ci", tok, actor="agent:a").status == 201  # positive control
 
 
 # ---- section 6: rules 6 and 7 ------------------------------------------------------------------------
@@ -902,3 +908,24 @@ def test_anonymous_readers_cannot_take_every_place_of_a_public_monitor(h, monkey
     refused = h.call("POST", "/subscriptions", forever)
     assert refused.status == 400 and refused.body["code"] == "INVALID" and "7 days" in refused.body["error"]
     assert h.call("POST", "/subscriptions", forever, tok).status == 201  # the owner's own may ask it
+
+
+def test_a_json_rpc_id_is_a_string_a_number_or_null(h):
+    call = {"jsonrpc": "2.0", "method": "monitors/discover", "params": {}}
+    for good in ("a", 7, 1.5, None):
+        assert "result" in h.call("POST", "/rpc", dict(call, id=good)).body  # positive control
+    for bad in ({"a": 1}, [1], True):
+        r = h.call("POST", "/rpc", dict(call, id=bad)).body
+        assert (
+            r["error"]["code"] == -32600
+            and r["id"] is None
+            and "string, a number or null" in r["error"]["message"]
+        )
+
+
+def test_a_tag_filter_key_is_a_name_of_at_most_256_characters(h):
+    tok = h.monitor("ci", visibility="public")
+    sid, rtok = h.subscribe("ci", tok)
+    assert h.pull(sid, rtok, **{"#" + "e" * 256: "x"}).status == 200  # positive control: at the limit
+    long = h.pull(sid, rtok, **{"#" + "e" * 257: "x"})
+    assert long.status == 400 and long.body["code"] == "INVALID_FILTER" and "256" in long.body["error"]

@@ -16,6 +16,7 @@ from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.rules.page_bytes import shared_page_bytes
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
+from monitor_protocol.core.validation import json_kind
 from monitor_protocol.core.vocab import JSONRPC_CODE, MAX_RPC_BATCH
 
 log = logging.getLogger("monitor_protocol.jsonrpc")
@@ -96,6 +97,9 @@ def call_one(service: MonitorService, msg: Any, bearer: str | None) -> dict[str,
         return _error(msg.get("id") if isinstance(msg, dict) else None, -32600, text, _invalid_body(text))
     id_ = msg.get("id")
     is_notification = "id" not in msg
+    if not (id_ is None or type(id_) in (str, int, float)):  # JSON-RPC 2.0: a string, a number or null
+        text = f"The id must be a string, a number or null, not {json_kind(id_)}."
+        return _error(None, -32600, text, _invalid_body(text))
     method = METHODS.get(msg["method"])
     if method is None:
         text = f"No method {msg['method']!r}; methods: {', '.join(sorted(METHODS))}."

@@ -79,6 +79,13 @@ def _validate_one(raw: Any, declared_types: list[str] | tuple[str, ...]) -> dict
         )
     out: dict[str, Any] = {}
     for key, value in raw.items():
+        if key.startswith("#") and len(key) > MAX_NAME_CHARS + 1:  # a tag's name is a name (section 10)
+            raise ProtocolError(
+                "INVALID_FILTER",
+                f"A tag filter key is # and a name of at most {MAX_NAME_CHARS} characters (this one "
+                f"{len(key) - 1}).",
+                known_keys=_known_keys(),
+            )
         if key in LIST_KEYS or TAG_KEY_PATTERN.match(key):
             if isinstance(value, str):
                 value = [value]

@@ -10,7 +10,13 @@ from typing import Any
 
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.vocab import MAX_INTEGER, MAX_NAME_CHARS, MAX_REASON_BYTES, MONITOR_ID_PATTERN
+from monitor_protocol.core.vocab import (
+    ACTOR_PREFIXES,
+    MAX_INTEGER,
+    MAX_NAME_CHARS,
+    MAX_REASON_BYTES,
+    MONITOR_ID_PATTERN,
+)
 
 
 def invalid(message: str, **extras: Any) -> ProtocolError:
@@ -135,6 +141,9 @@ def check_actor(value: Any, name: str) -> str:
             f"{name} may not contain whitespace or control characters (found {bad}); send a name such as "
             "agent:claude or reader-7."
         )
+    prefix, colon, rest = value.partition(":")
+    if colon and not rest and prefix.lower() in ACTOR_PREFIXES:
+        raise invalid(f"{name} {value!r} names nobody: put the name after the prefix, e.g. {prefix}:you.")
     if type(value) is str:
         if len(_GOOD_ACTORS) >= _GOOD_ACTORS_MAX:
             _GOOD_ACTORS.clear()
