@@ -63,6 +63,8 @@ def server_params(
 async def call(client: Client, name: str, args: dict[str, Any]) -> dict[str, Any]:
     result = await client.call_tool(name, args)
     assert not result.is_error, result.content[0].text
+    text = result.content[0].text  # what a model reads: the same value, compact (no indentation to pay for)
+    assert json.loads(text) == result.structured_content and "\n" not in text
     return result.structured_content
 
 
