@@ -916,3 +916,20 @@ def test_mcp_stdio_answers_lines_the_sdk_cannot_read(tmp_path: Path) -> None:
         assert proc.wait(timeout=30) == 0
         proc.stdout.close()
         proc.stderr.close()
+
+
+async def test_a_server_that_does_not_answer_says_whether_the_call_was_sent() -> None:
+    """--base at a port nobody listens on: the tool error names the server and says the request was never
+    sent, so a model knows a retry is safe (the CLI says `sent` too)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with anyio.fail_after(HANG_GUARD_SECONDS):
+        async with Client(server_params("--base", f"http://127.0.0.1:{port}")) as client:
+            body = await refused(
+                client, "monitor_publish", {"id": "ci", "type": "com.example.x", "token": "t"}
+            )
+    assert body["code"] == "CONNECTION_FAILED" and body["sent"] is False, body
+    assert f"127.0.0.1:{port}" in body["error"] and "sending it again is safe" in body["error"]

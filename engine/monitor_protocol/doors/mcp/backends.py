@@ -348,8 +348,20 @@ class RemoteBackend:
         except MonitorProtocolError as err:
             raise ToolFailure(err.body) from err
         except ConnectionFailed as err:
+            # Whether the request may have reached the server: what a model needs to decide on a retry.
+            then = (
+                "it may have reached the server: send again only what is safe to repeat (a publish with the "
+                "same idempotency_key, a pull, an ack)"
+                if err.sent
+                else "it was never sent: sending it again is safe"
+            )
             raise ToolFailure(
-                {"code": "CONNECTION_FAILED", "error": f"the server did not answer: {err.reason}", "done": []}
+                {
+                    "code": "CONNECTION_FAILED",
+                    "error": f"the server at {self.client.base} did not answer ({err.reason}); {then}.",
+                    "sent": err.sent,
+                    "done": [],
+                }
             ) from err
 
     # -- the table's routes (operations.py); pull, a long poll, is shaped by hand below
