@@ -164,6 +164,19 @@ def test_json_errors_go_to_stdout_as_json(base: str) -> None:
     assert ok.returncode == 0 and isinstance(json.loads(ok.stdout), list) and ok.stderr == ""
 
 
+def test_a_refusal_that_points_to_a_list_prints_the_list(base: str) -> None:
+    """ "use one of known_types" named a field the CLI printed only with --json: the lists a refusal carries
+    (known_types, known_keys, ...) are printed under its sentence."""
+    owner = monitor(base, "cli-known")
+    bad = mp(base, "subscribe", "cli-known", "--subscriber", "agent:r", "--filter", '{"types": ["com.nope.x"]}',
+             "--token", owner)  # fmt: skip
+    assert bad.returncode != 0 and "INVALID_FILTER" in bad.stderr
+    assert f"error: known_types: {TYPE}" in bad.stderr, bad.stderr
+    ok = mp(base, "subscribe", "cli-known", "--subscriber", "agent:r", "--filter", json.dumps({"types": [TYPE]}),
+            "--token", owner)  # fmt: skip
+    assert ok.returncode == 0 and "known_" not in ok.stderr  # positive control
+
+
 # ---------------------------------------------------------------------------------------------- --data
 
 

@@ -247,6 +247,9 @@ def unreachable_sentence(exc: Any) -> str:
     return f"{where}{exc.reason} ({outcome})"
 
 
+KNOWN_SHOWN = 40  # values of a known_* list printed with a refusal
+
+
 def report_error(exc: Exception, as_json: bool = False, token_from: tuple[str, ...] | None = None) -> int:
     """Print a failure (one sentence on stderr; with `as_json` its JSON on stdout); return its exit status.
     `token_from`: the command was given no token, and these environment variables would have given one."""
@@ -254,6 +257,12 @@ def report_error(exc: Exception, as_json: bool = False, token_from: tuple[str, .
 
     if isinstance(exc, MonitorProtocolError):
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        for name in sorted(exc.extras):  # the lists a sentence points to ("use one of known_types")
+            values = exc.extras[name]
+            if name.startswith("known") and isinstance(values, list) and values:
+                shown = ", ".join(str(v) for v in values[:KNOWN_SHOWN])
+                more = f" (and {len(values) - KNOWN_SHOWN} more)" if len(values) > KNOWN_SHOWN else ""
+                print(f"error: {name}: {shown}{more}", file=sys.stderr)
         if exc.code == "UNAUTHORIZED" and token_from is not None:  # the server's hint is HTTP's: say ours
             where = " or ".join(["--token", *(f"env {name}" for name in token_from)])
             print(f"error: no token was given: pass it with {where}", file=sys.stderr)
