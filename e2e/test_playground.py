@@ -161,6 +161,9 @@ def test_the_whole_story(browser):
     for c, subject in zip(builds, ("build-412", "build-413"), strict=True):
         assert "measured" in c["text"] and "probe:ci" in c["text"] and subject in c["text"]
         assert "protocol" not in c["cls"]
+    act(page, "#story-do")  # pressed again: done once, nothing published twice (the next steps say two)
+    assert "done already" in page.inner_text("#story-answer")
+    assert len([c for c in log_cards(page) if c["type"] == "com.example.ci.run"]) == 2
     assert "no_subscribers" in gaps(page)  # nobody reads yet, and the state says so
     assert state_counter(page, "subscriptions_active") == "0"
     next_step(page)

@@ -301,6 +301,13 @@ REFUSED_ON_PURPOSE = {AGENT_CALLS["agent-src"], "worker-b claims build-412", "a 
 @action("story-do", answer="story-answer", local_only=True)
 async def story_do(_el) -> None:
     i = m.S.step
+    if i in m.S.story_done:
+        # Done once: again would change what the next steps show (four builds where they say two).
+        ui.note(
+            "story-answer",
+            f"Step {i + 1} is done already; press Next. (Reset on the Playground tab starts over.)",
+        )
+        return
     pairs, say = await do(STEPS[i])
     failed = [t for t, r in pairs if not r.ok and t not in REFUSED_ON_PURPOSE]
     if failed:
