@@ -199,6 +199,11 @@ def test_an_unset_variable_says_why_it_may_be_unset():
     lines = Console().run('curl -s "$MP/monitors/ci/observations" -H "Authorization: Bearer $OWNER"')
     notes = kinds(lines, "note")
     assert any("$OWNER is not set" in n and "until a reload" in n for n in notes), notes
+    # a name close to one that is set is a typo, not a reload
+    console = Console()
+    console.run("OWNER=tok")
+    notes = kinds(console.run('echo "$OWNR"'), "note")
+    assert any("$OWNR is not set" in n and "did you mean $OWNER?" in n for n in notes), notes
 
 
 def test_a_failed_substitution_empties_its_variable():

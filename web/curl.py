@@ -20,6 +20,7 @@ This module has no browser dependency: the page passes `fetch` and `emit` callba
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -701,7 +702,9 @@ class Shell:
                 if not value and part[2] is not None:
                     value, status = await self.expand(Word(part[2]))
                 elif part[1] not in self.env:
-                    self.emit("note", f"# ${part[1]} is not set: it expands to nothing{UNSET_HINT}", {})
+                    near = difflib.get_close_matches(part[1], list(self.env), n=1, cutoff=0.75)
+                    why = f" (did you mean ${near[0]}?)" if near else UNSET_HINT  # a typo, else a reload
+                    self.emit("note", f"# ${part[1]} is not set: it expands to nothing{why}", {})
                 out.append(value)
             else:  # $(...): run it, capture its output, drop trailing newlines
                 captured = []
