@@ -198,7 +198,7 @@ def test_a_url_outside_the_protocol_is_refused_saying_where_it_is(url, instead):
 def test_an_unset_variable_says_why_it_may_be_unset():
     lines = Console().run('curl -s "$MP/monitors/ci/observations" -H "Authorization: Bearer $OWNER"')
     notes = kinds(lines, "note")
-    assert any("$OWNER is not set" in n and "until a reload" in n for n in notes), notes
+    assert any("$OWNER is not set" in n and "from the first one on" in n for n in notes), notes
     # a name close to one that is set is a typo, not a reload
     console = Console()
     console.run("OWNER=tok")

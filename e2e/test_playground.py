@@ -528,6 +528,18 @@ def test_curl_console_runs_the_readme_quickstart_verbatim(browser):
     assert r["statuses"] == [200] and r["errors"] == []
     assert page.is_hidden("#curl-hint")
     screenshot(page, "curl-console")
+    # A reload keeps the console's variables and its history: a tutorial that says "reload, then pull"
+    # goes on (it was a 404 on /subscriptions//pull, $SUB_ID gone).
+    page.reload()
+    page.wait_for_selector("body.ready", timeout=120_000)
+    tab(page, "curl")
+    r = run_in_console(page, 'curl -sS "$MP/subscriptions/$SUB_ID/pull" -H "Authorization: Bearer $READER"')
+    assert r["statuses"] == [200] and not [n for n in r["notes"] if "not set" in n], r
+    page.focus("#curl-input")
+    page.press("#curl-input", "ArrowUp")
+    assert "$SUB_ID/pull" in page.input_value("#curl-input")
+    page.press("#curl-input", "ArrowUp")
+    assert page.input_value("#curl-input").startswith("curl -sS")  # the commands before the reload too
 
     # One engine, one view: the tokens the console was given are in the page's keyring, so the Playground
     # can act on what curl made (the monitor is not read-only, the reader has its buttons).

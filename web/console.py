@@ -20,6 +20,7 @@ from pyodide.ffi import create_proxy, to_js
 from ui import action, el, esc
 
 CURL: dict[str, Any] = {"history": [], "pos": 0, "shell": None, "examples": []}
+README_MP = "http://127.0.0.1:8130/mp/v0"  # the README's $MP: the page rewrites its host to itself
 EXTRAS = [
     (
         "An agent asserts src (a person's certainty): refused, and the refusal is kept in the log",
@@ -226,7 +227,9 @@ async def page_fetch(call) -> tuple[int, str]:
 async def run(command: str) -> None:
     if not command.strip():
         return
+    bind_session()
     CURL["history"].append(command.strip())
+    del CURL["history"][: -m.CURL_HISTORY_KEPT]
     CURL["pos"] = len(CURL["history"])
     await CURL["shell"].run(command)
     await a.save()
@@ -273,7 +276,9 @@ async def curl_example(target) -> None:
 @action("curl-adopt-owner", exclusive=False)
 async def adopt_owner(target) -> None:
     mid = target.getAttribute("data-monitor")
+    bind_session()
     CURL["shell"].env["OWNER"] = m.S.owners[mid]
+    await a.save()
     target.disabled = True
     term_print(
         f"<div class='note'># $OWNER is {esc(mid)}'s owner token now: go on with the next block.</div>"
@@ -283,18 +288,29 @@ async def adopt_owner(target) -> None:
 @action("curl-adopt-reader", exclusive=False)
 async def adopt_reader(target) -> None:
     rd = m.S.readers[target.getAttribute("data-sub")]
+    bind_session()
     CURL["shell"].env["SUB_ID"] = rd.sub_id
     CURL["shell"].env["READER"] = rd.token
+    await a.save()
     target.disabled = True
     term_print(
         f"<div class='note'># $SUB_ID and $READER are {esc(rd.name)}'s now: go on with the next block.</div>"
     )
 
 
+def bind_session() -> None:
+    """The console's variables and history are the session's (saved with it, restored after a reload);
+    bound again before each command, since a reload of the session or Reset makes a new one."""
+    m.S.curl_env.setdefault("MP", README_MP)
+    CURL["shell"].env = m.S.curl_env
+    if CURL.get("history") is not m.S.curl_history:
+        CURL["history"] = m.S.curl_history
+        CURL["pos"] = len(m.S.curl_history)
+
+
 async def setup() -> None:
-    CURL["shell"] = curl.Shell(
-        str(js.location.origin), page_fetch, term_emit, {"MP": "http://127.0.0.1:8130/mp/v0"}
-    )
+    CURL["shell"] = curl.Shell(str(js.location.origin), page_fetch, term_emit, {})
+    bind_session()
     try:
         resp = await js.fetch("./quickstart.json")
         quick = [(for_this_page(b["why"]), b["code"]) for b in json.loads(str(await resp.text()))]

@@ -406,7 +406,7 @@ def _why_not(stmts: list[tuple[str, list]], with_cli: bool) -> str | None:
 
 
 # Why a variable a block uses may be unset: the console's variables live until the page is reloaded.
-UNSET_HINT = " (variables last until a reload: run the block that sets it again, from the first block on)"
+UNSET_HINT = " (run the block that sets it first: the blocks build on each other, from the first one on)"
 
 
 # What a script that still needs lines waits for (`awaiting`'s sentences), by the start of the lexer's
@@ -703,7 +703,9 @@ class Shell:
                     value, status = await self.expand(Word(part[2]))
                 elif part[1] not in self.env:
                     near = difflib.get_close_matches(part[1], list(self.env), n=1, cutoff=0.75)
-                    why = f" (did you mean ${near[0]}?)" if near else UNSET_HINT  # a typo, else a reload
+                    why = (
+                        f" (did you mean ${near[0]}?)" if near else UNSET_HINT
+                    )  # a typo, else a block skipped
                     self.emit("note", f"# ${part[1]} is not set: it expands to nothing{why}", {})
                 out.append(value)
             else:  # $(...): run it, capture its output, drop trailing newlines

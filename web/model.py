@@ -43,6 +43,9 @@ class Worker:
     last: str = ""
 
 
+CURL_HISTORY_KEPT = 50  # the curl console's commands kept across reloads
+
+
 @dataclass
 class Session:
     monitor: str | None = None  # the monitor on screen
@@ -54,6 +57,10 @@ class Session:
     race_monitor: str | None = None  # the race scene's monitor and its cursor reader (kept across reloads)
     race_sub: str | None = None
     shown_token: str | None = None  # the owner token just minted: shown once, never saved
+    # The curl console's variables and its last commands: a reload goes on where the reader was (the
+    # variables hold tokens, kept here with the page's others; Reset clears them with the rest).
+    curl_env: dict[str, str] = field(default_factory=dict)
+    curl_history: list[str] = field(default_factory=list)
 
     def owner_token(self, monitor: str | None = None) -> str | None:
         return self.owners.get(monitor or self.monitor or "")
@@ -103,6 +110,8 @@ class Session:
                 story_done=[int(i) for i in data.get("story_done") or []],
                 race_monitor=data.get("race_monitor"),
                 race_sub=data.get("race_sub"),
+                curl_env={str(k): str(v) for k, v in (data.get("curl_env") or {}).items()},
+                curl_history=[str(c) for c in (data.get("curl_history") or [])][-CURL_HISTORY_KEPT:],
             )
         except (TypeError, ValueError, AttributeError):  # a damaged or foreign session: start fresh
             return cls()
