@@ -367,13 +367,20 @@ def test_an_embed_that_cannot_start_says_why_and_what_to_do(browser):
     no storage at all) says so and links the scene in a tab of its own; a runtime that cannot be fetched
     (offline, blocked) says that it failed and to reload."""
     frame_src = browser.site_url + "/embed.html?scene=redelivery"
-    tutorial = (
-        f'<!doctype html><title>tutorial</title><iframe src="{frame_src}" width="640" height="480"></iframe>'
-    )
+    pages = {
+        "/tutorial.html": f'<!doctype html><title>tutorial</title><iframe src="{frame_src}" width="640" height="480">'
+        "</iframe>",
+        # the playground itself (not a scene) framed by a page of the same site: it refuses to start
+        "/framed.html": f'<!doctype html><title>framed</title><iframe src="{browser.site_url}/" width="900" '
+        'height="600"></iframe>',
+    }
 
     class Tutorial(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the standard library's name
-            body = tutorial.encode()
+            if self.path not in pages:
+                self.send_error(404)
+                return
+            body = pages[self.path].encode()
             self.send_response(200)
             self.send_header("content-type", "text/html")
             self.send_header("content-length", str(len(body)))
@@ -394,6 +401,13 @@ def test_an_embed_that_cannot_start_says_why_and_what_to_do(browser):
         assert "no storage" in said and "same site" in said, said
         assert frame.locator("#boot .detail a").get_attribute("href") == frame_src
         assert frame.locator("#boot").get_attribute("role") == "alert"
+        framed = browser.new_page()
+        framed.goto(f"http://127.0.0.1:{server.server_address[1]}/framed.html")
+        inner = framed.frame_locator("iframe")
+        inner.locator("#boot.failed").wait_for(timeout=BOOT_MS)
+        said = inner.locator("#boot .detail").inner_text()
+        assert "a tab of its own" in said and "embed.html" in said, said
+        assert inner.locator("#app[inert]").count() == 1  # nothing started, nothing to click
     finally:
         server.shutdown()
         server.server_close()

@@ -21,6 +21,7 @@ const MP = (window.MP = {
 
 const STAGES = ["runtime", "engine", "storage", "ready"];
 MP.stage = (name, detail) => {
+  if (document.getElementById("boot").classList.contains("failed")) return; // what failed stays said
   MP.marks[name] = performance.now() - MP.t0;
   MP.movedAt = performance.now();
   const idx = STAGES.indexOf(name);
@@ -66,6 +67,19 @@ MP.fatal = (message, ownTab = false) => {
   const chip = document.getElementById("status-chip");
   if (chip) chip.querySelector(".label").textContent = "failed to start";
 };
+
+// ---------------------------------------------------------------- never inside another page
+// The playground holds tokens (its own, and a real server's in the Server console): a page that framed it
+// could hide it and trick a click on Reset or on a remote action. A meta policy cannot say frame-ancestors,
+// so the page refuses to start in a frame; embed.html (made to be framed) and the docs pages do not ask.
+MP.framedRefused = document.documentElement.dataset.mpFrame === "refuse" && window.top !== window.self;
+if (MP.framedRefused) {
+  MP.fatal(
+    "the playground runs only in a tab of its own, never inside another page (it holds tokens, and a page " +
+      "around it could trick a click). To put a scene in your page, embed embed.html (docs/embedding.md), or:",
+    true,
+  );
+}
 
 // ---------------------------------------------------------------- a start that fails or stalls says so
 // Nothing pretends to be ready, and nothing spins forever: an error while starting (the runtime not
