@@ -530,3 +530,23 @@ def test_manual_ack_watch_reads_on_past_a_bounded_empty_page(tmp_path: Path, wat
         assert committed(base, sub.subscription.id, sub.token) == 0  # manual: the watch acks nothing
     finally:
         stop_server(proc)
+
+
+def test_catch_up_with_the_server_down_at_start_says_up_before_its_frame(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """DOWN, then UP, then CATCHUP: the lines in the order things happened (CATCHUP came before UP)."""
+    base, proc = start_server(tmp_path)
+    port = base.rsplit(":", 1)[1]
+    try:
+        owner, sid, reader = setup_feed(base)
+        publish(base, owner, "waiting")
+        stop_server(proc)
+        w = Watcher(sid, "--token", reader, "--base", base, "--catch-up", "--wait", "2")
+        watchers.append(w)
+        assert w.next().startswith("DOWN ")
+        _, proc = start_server(tmp_path, "--port", port)
+        assert w.next() == f"UP {base}/mp/v0"
+        assert w.next().startswith("CATCHUP 1 ")
+    finally:
+        stop_server(proc)

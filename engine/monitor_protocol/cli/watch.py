@@ -375,6 +375,7 @@ class Watch:
             if err.code != "CURSOR_EXPIRED" or err.extras.get("retention_floor") is None:
                 raise
             probe = self._pull(cursor=int(err.extras["retention_floor"]), wait=0, limit=1)
+        self._came_up()  # UP (after a DOWN at start) before the frame it opens, in the order it happened
         committed, head = int(probe.cursor), int(probe.head)
         floor = int(probe.retention_floor or 0)
         if max(committed, 1) < floor:
