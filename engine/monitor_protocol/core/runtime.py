@@ -28,6 +28,8 @@ from monitor_protocol.core.vocab import (
     IDEMPOTENCY_KEY_MAX_CHARS,
     IDEMPOTENCY_WINDOW_SECONDS,
     LAG_COUNT_CAP,
+    LOGGED_ACTIONS_PER_MINUTE,
+    LOGGED_TRACKED_MAX,
     MAX_ACTIVE_SUBSCRIPTIONS,
     MAX_FILTER_BYTES,
     MAX_FILTER_TEXT_CHARS,
@@ -107,6 +109,8 @@ class ServiceCore(ABC):
         self._next_deadline: float | None = None  # recomputed by sweep(); None = nothing is due
         self._deadline_known = False
         self.last_idempotency_purge = float("-inf")
+        # When each subscription last wrote a row of its own (a seek, a re-subscribe): bounded per minute.
+        self._logged: dict[str, list[float]] = {}
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
@@ -234,6 +238,28 @@ class ServiceCore(ABC):
         self._push_targets = {t["id"]: (t["monitor"], t["sink"], t["sink_secret"]) for t in targets}
 
     # ================================================================================ the sweep deadline
+    def logged_action(self, sub_id: str, now: float) -> None:
+        """A subscription's own row (a seek, a re-subscribe) is written at most LOGGED_ACTIONS_PER_MINUTE
+        times a minute (429 OVER_BUDGET with Retry-After past it): the rows are the server's own
+        measurement, so a caller without a token could otherwise fill a public monitor's log with its text.
+        Counted by this process (each server of a shared store counts its own)."""
+        with self._life_lock:
+            times = [t for t in self._logged.get(sub_id, ()) if now - t < 60.0]
+            if len(times) >= LOGGED_ACTIONS_PER_MINUTE:
+                wait = max(1, int(60.0 - (now - times[0])) + 1)
+                raise ProtocolError(
+                    "OVER_BUDGET",
+                    f"Subscription {sub_id} wrote {LOGGED_ACTIONS_PER_MINUTE} rows of the log in the last minute "
+                    f"(seeks and re-subscribes), the most it may; try again in {wait} s.",
+                    limit=LOGGED_ACTIONS_PER_MINUTE,
+                    window="minute",
+                    retry_after=wait,
+                )
+            if len(self._logged) >= LOGGED_TRACKED_MAX:
+                self._logged.clear()  # a bound on memory; losing the counts only lets a minute start again
+            times.append(now)
+            self._logged[sub_id] = times
+
     def schedule(self, deadline: float) -> None:
         if self._deadline_known and (self._next_deadline is None or deadline < self._next_deadline):
             self._next_deadline = deadline

@@ -139,6 +139,9 @@ CONFIDENCE_MISSING = ("independence", "corroboration", "track_record")
 DEFAULT_RETIRE_AFTER_MUTE_SECONDS = 604800  # also the longest an anonymous subscriber may ask for
 # Of a monitor's MAX_ACTIVE_SUBSCRIPTIONS, the places only the owner's or the subscribe token may take.
 RESERVED_FOR_GRANTED = 1000
+# Rows a subscription's own calls (seek, re-subscribe) may write a minute, and subscriptions counted at once.
+LOGGED_ACTIONS_PER_MINUTE = 60
+LOGGED_TRACKED_MAX = 100_000
 DELIVERY_COUNT_LIMIT = 5
 DEFAULT_LEASE_SECONDS = 60
 MAX_LEASE_SECONDS = 86400

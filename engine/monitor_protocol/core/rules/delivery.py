@@ -198,6 +198,7 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
             revoked=False,
         )
         renewed = True
+        core.logged_action(sub.id, now)
     if protocol == "http":
         secret = body.get("sink_secret")
         if secret is not None:
@@ -765,6 +766,7 @@ def seek(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any) -
         raise invalid('seek needs {"cursor": <seq>, "reason": "..."}.')
     rec = monitor_of(tx, sub.monitor)
     target = min(as_int(body["cursor"], "cursor", minimum=0, text=False), rec.head + 1)
+    core.logged_action(sub.id, tx.now)
     before = sub.cursor
     relist = sub.relist
     if rec.floor > 1 and target >= rec.floor:
