@@ -673,3 +673,21 @@ def test_a_runnable_source_with_an_unknown_setting_is_refused_at_create_not_late
     assert patched.status == 400 and patched.body["invalid"] == ["follow"]  # an update too
     # a log source runs nothing here: its settings are a producer's own business
     h.monitor("log", source={"kind": "log", "settings": {"follow": True}})
+
+
+def test_a_log_whose_source_has_a_setting_this_server_does_not_know_still_imports(h):
+    """The unknown-setting refusal is for create and update: a log exported before it (or by another
+    implementation) keeps the definition it was written with."""
+    import json
+
+    from monitor_protocol.core.rules.importing import to_jsonl
+
+    h.monitor("ci", owner="agent:ops", source={"kind": "http", "ref": "https://e.com/health"})
+    rows = [json.loads(x) for x in to_jsonl(h.service.export_log("ci")).splitlines()]
+    created = next(r for r in rows if r["type"] == "ai.mentu.monitor.configured")
+    created["data"]["payload"]["after"]["source"]["settings"] = {"follow": True}
+    out = h.service.import_log("ci-old", "\n".join(json.dumps(r) for r in rows))
+    assert out["imported"] == len(rows)
+    refused = h.call("POST", "/monitors", {"id": "ci-new", "owner": "agent:ops", "source": {
+        "kind": "http", "ref": "https://e.com/health", "settings": {"follow": True}}})  # fmt: skip
+    assert refused.status == 400  # positive control: defining it anew is refused

@@ -517,7 +517,7 @@ class _Walk:
             missing = [k for k in DEFINITION_FIELDS if k not in after]
             if missing:
                 raise invalid(f"after lacks {missing}.")
-            validate_definition(definition, dict(definition))
+            validate_definition(definition, dict(definition), known_settings=False)
         except ProtocolError as err:
             raise _Refuse(f"The monitor definition in after is not valid: {err.message}") from None
         self.after = after

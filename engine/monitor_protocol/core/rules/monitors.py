@@ -60,9 +60,13 @@ DEFAULT_DEFINITION: dict[str, Any] = {
 }
 
 
-def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+def validate_definition(
+    body: dict[str, Any], rec: dict[str, Any], *, known_settings: bool = True
+) -> dict[str, Any]:
     """Validate the definable fields present in `body` and copy them onto the definition `rec` (create
-    and update); return it."""
+    and update); return it. `known_settings`: a runnable source's settings must be ones this server knows
+    (create and update; an imported log keeps the definitions it was written with, which this server's
+    supervisor refuses to run with a sentence if it must)."""
     for key in DEFINITION_FIELDS:
         if key not in body:
             continue
@@ -86,7 +90,7 @@ def validate_definition(body: dict[str, Any], rec: dict[str, Any]) -> dict[str, 
                 raise invalid("source.ref must be a string.")
             if "settings" in value and not isinstance(value["settings"], dict):
                 raise invalid("source.settings must be an object.")
-            if value["kind"] in RUNNABLE_SOURCE_KINDS:  # refused here, not later by the source's runner
+            if known_settings and value["kind"] in RUNNABLE_SOURCE_KINDS:  # here, not later by its runner
                 unknown = sorted(set(value.get("settings") or {}) - SETTINGS_KEYS)
                 if unknown:
                     raise invalid(
