@@ -18,6 +18,7 @@ from monitor_protocol.core.records import Monitor, Subscription, copier
 from monitor_protocol.core.store_contract import StaleRead, StorageError, Store
 from monitor_protocol.core.tx import ExclusiveNeeded, Tx
 from monitor_protocol.core.vocab import (
+    ANONYMOUS_ROWS_PER_MINUTE,
     DEFAULT_LEASE_SECONDS,
     DEFAULT_LIMIT,
     DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
@@ -238,27 +239,42 @@ class ServiceCore(ABC):
         self._push_targets = {t["id"]: (t["monitor"], t["sink"], t["sink_secret"]) for t in targets}
 
     # ================================================================================ the sweep deadline
-    def logged_action(self, sub_id: str, now: float) -> None:
-        """A subscription's own row (a seek, a re-subscribe) is written at most LOGGED_ACTIONS_PER_MINUTE
-        times a minute (429 OVER_BUDGET with Retry-After past it): the rows are the server's own
-        measurement, so a caller without a token could otherwise fill a public monitor's log with its text.
-        Counted by this process (each server of a shared store counts its own)."""
-        with self._life_lock:
-            times = [t for t in self._logged.get(sub_id, ()) if now - t < 60.0]
-            if len(times) >= LOGGED_ACTIONS_PER_MINUTE:
-                wait = max(1, int(60.0 - (now - times[0])) + 1)
-                raise ProtocolError(
-                    "OVER_BUDGET",
-                    f"Subscription {sub_id} wrote {LOGGED_ACTIONS_PER_MINUTE} rows of the log in the last minute "
-                    f"(seeks and re-subscribes), the most it may; try again in {wait} s.",
-                    limit=LOGGED_ACTIONS_PER_MINUTE,
-                    window="minute",
-                    retry_after=wait,
+    def logged_action(self, sub_id: str, now: float, monitor_id: str, anonymous: bool) -> None:
+        """A subscription's own row (a subscribe, a seek, a re-subscribe, a retire) carries its caller's
+        words in a row of the server's own measurement. At most LOGGED_ACTIONS_PER_MINUTE a minute per
+        subscription, and, for subscriptions granted without a token (anonymous readers of a public
+        monitor, who may make new ones at will), ANONYMOUS_ROWS_PER_MINUTE a minute per monitor between
+        them: past either, 429 OVER_BUDGET with Retry-After. Counted by this process (each server of a
+        shared store counts its own)."""
+        keys = [(sub_id, LOGGED_ACTIONS_PER_MINUTE, f"Subscription {sub_id}")]
+        if anonymous:
+            keys.append(
+                (
+                    f"monitor {monitor_id}",
+                    ANONYMOUS_ROWS_PER_MINUTE,
+                    f"Subscribers without a token of {monitor_id}",
                 )
+            )
+        with self._life_lock:
+            kept = []
+            for key, limit, who in keys:
+                times = [t for t in self._logged.get(key, ()) if now - t < 60.0]
+                if len(times) >= limit:
+                    wait = max(1, int(60.0 - (now - times[0])) + 1)
+                    raise ProtocolError(
+                        "OVER_BUDGET",
+                        f"{who} wrote {limit} rows of the log in the last minute (subscribes, seeks, "
+                        f"re-subscribes, retires), the most allowed; try again in {wait} s.",
+                        limit=limit,
+                        window="minute",
+                        retry_after=wait,
+                    )
+                kept.append((key, times))
             if len(self._logged) >= LOGGED_TRACKED_MAX:
                 self._logged.clear()  # a bound on memory; losing the counts only lets a minute start again
-            times.append(now)
-            self._logged[sub_id] = times
+            for key, times in kept:
+                times.append(now)
+                self._logged[key] = times
 
     def schedule(self, deadline: float) -> None:
         if self._deadline_known and (self._next_deadline is None or deadline < self._next_deadline):

@@ -141,6 +141,7 @@ DEFAULT_RETIRE_AFTER_MUTE_SECONDS = 604800  # also the longest an anonymous subs
 RESERVED_FOR_GRANTED = 1000
 # Rows a subscription's own calls (seek, re-subscribe) may write a minute, and subscriptions counted at once.
 LOGGED_ACTIONS_PER_MINUTE = 60
+ANONYMOUS_ROWS_PER_MINUTE = 600  # per monitor, between all its subscriptions granted without a token
 LOGGED_TRACKED_MAX = 100_000
 DELIVERY_COUNT_LIMIT = 5
 DEFAULT_LEASE_SECONDS = 60

@@ -139,7 +139,8 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
     mute = body.get("retire_after_mute_seconds", existing.retire_after_mute_seconds if existing else None)
     if mute is not None:
         mute = as_int(mute, "retire_after_mute_seconds", minimum=1, text=False)
-        if basis == "default" and mute > DEFAULT_RETIRE_AFTER_MUTE_SECONDS:  # else a place held for ever
+        asked = "retire_after_mute_seconds" in body  # not a value kept from before this rule
+        if asked and basis == "default" and mute > DEFAULT_RETIRE_AFTER_MUTE_SECONDS:  # a place held for ever
             raise invalid(
                 f"retire_after_mute_seconds is at most {DEFAULT_RETIRE_AFTER_MUTE_SECONDS} (7 days) for a "
                 f"subscriber without a token (got {mute}); ask the owner for the subscribe token for longer.",
@@ -198,7 +199,7 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
             revoked=False,
         )
         renewed = True
-        core.logged_action(sub.id, now)
+    core.logged_action(sub.id, now, monitor_id, basis == "default")
     if protocol == "http":
         secret = body.get("sink_secret")
         if secret is not None:
@@ -766,7 +767,7 @@ def seek(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any) -
         raise invalid('seek needs {"cursor": <seq>, "reason": "..."}.')
     rec = monitor_of(tx, sub.monitor)
     target = min(as_int(body["cursor"], "cursor", minimum=0, text=False), rec.head + 1)
-    core.logged_action(sub.id, tx.now)
+    core.logged_action(sub.id, tx.now, sub.monitor, sub.grant == "default")
     before = sub.cursor
     relist = sub.relist
     if rec.floor > 1 and target >= rec.floor:
@@ -798,6 +799,7 @@ def retire(core: ServiceCore, tx: Tx, sub_id: str, token: str | None, body: Any)
     sub = subscription_of(tx, sub_id, token)
     b = require_object(body, "retire", RETIRE_FIELDS)
     reason = check_reason(b.get("reason", "by request"), "reason") or "by request"
+    core.logged_action(sub.id, tx.now, sub.monitor, sub.grant == "default")
     seq = retire_subscription(core, tx, sub, sub.subscriber, "by request", note=reason)
     return {"ok": True, "subscription": sub.id, "seq": seq, "cursor_kept": sub.cursor}
 
