@@ -550,3 +550,72 @@ def test_catch_up_with_the_server_down_at_start_says_up_before_its_frame(
         assert w.next().startswith("CATCHUP 1 ")
     finally:
         stop_server(proc)
+
+
+def test_manual_ack_marking_after_a_down_reaches_only_what_was_printed() -> None:
+    """After a DOWN the watch prints again from the committed cursor; a seq printed twice is counted once,
+    so the pull that marks what a replay printed never reaches a row not printed yet (that row would come
+    first flagged redelivered). The engine in process behind a client that fails once."""
+    import argparse
+
+    from monitor_protocol.cli.watch import Watch, _Out
+    from monitor_protocol.client import ConnectionFailed
+    from monitor_protocol.client.results import PullResult
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store.memory import MemoryStore
+
+    service = MonitorService(MemoryStore())
+    owner = service.create_monitor({"id": "mm", "types": ["com.example.x"]}, None)["owner_token"]
+    sub = service.subscribe(
+        {"monitor": "mm", "subscriber": "agent:r", "filter": {"types": ["com.example.x"]}}, owner
+    )
+    sid, rtok = sub["subscription"]["id"], sub["token"]
+
+    def publish(subject: str) -> int:
+        return service.publish("mm", {"type": "com.example.x", "subject": subject}, owner)["seq"]
+
+    class Stop(Exception):
+        pass
+
+    before = {2: lambda: publish("b"), 6: lambda: publish("c"), 7: lambda: (publish("d"), publish("e"))}
+    calls = {"n": 0}
+
+    class Flaky:
+        base = "in-process"
+
+        def pull(
+            self, _sid: str, wait: int = 0, cursor: Any = None, limit: Any = None, ack: Any = None
+        ) -> Any:
+            calls["n"] += 1
+            if calls["n"] in before:
+                before[calls["n"]]()
+            if calls["n"] == 4:
+                raise ConnectionFailed("down", sent=False)
+            if calls["n"] == 20:
+                raise Stop
+            return PullResult.of(service.pull(_sid, rtok, cursor=cursor, limit=limit, ack=ack))
+
+        def ack(self, *args: Any) -> None:
+            pass
+
+    printed: list[str] = []
+
+    class Lines(_Out):
+        def line(self, text: str) -> None:
+            printed.append(text)
+
+    publish("a")
+    args = argparse.Namespace(
+        subscription=sid, wait=0, limit=1, manual_ack=True, catch_up=False, once=False, reset_policy=None,
+        format="text",
+    )  # fmt: skip
+    with pytest.raises(Stop):
+        Watch(Flaky(), args, out=Lines("text"), sleep=lambda _s: None).run()
+    seen: set[str] = set()
+    for line in printed:
+        if line.startswith("OBS "):
+            subject = re.search(r" subject=(\S+)", line).group(1)
+            flagged = "redelivered=true" in line
+            assert flagged == (subject in seen), f"{subject}: {line}"  # flagged exactly when printed before
+            seen.add(subject)
+    assert {"a", "b", "c"} <= seen, printed

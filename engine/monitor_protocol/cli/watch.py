@@ -431,9 +431,13 @@ class Watch:
                 replay = self.position is not None
                 batch = self._pull(wait=wait, cursor=self.position, limit=limit, ack=ack)
                 if self.manual and batch.observations:
+                    # The seqs printed and not acknowledged, once each (a DOWN prints some again), lowest
+                    # first: a marking pull reaches MAX_LIMIT at most, so no more are kept.
                     committed = int(batch.cursor)
-                    self.printed = [q for q in self.printed if q >= committed]
-                    self.printed += [seq_of(obs) for obs in batch.observations]
+                    seqs = {q for q in self.printed if q >= committed} | {
+                        seq_of(o) for o in batch.observations
+                    }
+                    self.printed = sorted(seqs)[:MAX_LIMIT]
                     if replay:  # before the lines: a line printed is one the server counts as delivered
                         self._mark_delivered()
                 self.pending_ack = None
