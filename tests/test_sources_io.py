@@ -401,3 +401,25 @@ async def test_over_budget_waits_for_the_next_day_and_sends_the_same_observation
     taken = RecordingSink([runner_module.PUBLISHED])
     assert await runner_module.Runner(plan, taken).emit(body, None) == runner_module.PUBLISHED
     assert len(taken.sent) == 1 and taken.rows == []
+
+
+def test_two_rotations_while_nothing_followed_say_the_middle_file_was_not_read(tmp_path):
+    """app.log -> app.log.1 -> app.log.2 while stopped: the file the checkpoint names (now app.log.2) is read
+    to its end, then the new file; the middle one (app.log.1) is not known to be read, so a gap says so."""
+    path = tmp_path / "app.log"
+    path.write_text("")
+    tail = FileTail(str(path))
+    tail.poll()
+    append(path, "a1\n")
+    checkpoint = tail.poll().lines[-1].checkpoint
+    tail.close()
+    append(path, "a2\n")
+    os.rename(path, tmp_path / "app.log.1")
+    os.utime(tmp_path / "app.log.1", ns=(10**18, 10**18))  # last written long ago (mtime: when it stopped)
+    path.write_text("b1\n")
+    os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")  # the second rotation
+    os.rename(path, tmp_path / "app.log.1")
+    path.write_text("c1\n")
+    poll = FileTail(str(path), checkpoint).poll()
+    assert raws(poll) == ["a2", "c1"]
+    assert poll.gap is not None and "app.log.1" in poll.gap and "more than once" in poll.gap

@@ -14,7 +14,8 @@ keys and duplicates nothing, while a new file at the path (rotation) or the same
   checkpoint names is looked for beside the path (`app.log.1`, `app.log-20261206`: the same device and
   inode, the same bytes before the offset) and read from there to its end first. When it is not there
   (compressed, moved elsewhere, deleted), `Poll.gap` says that what was written to it after the last line
-  read may be missing, and the new file is followed from its start;
+  read may be missing, and the new file is followed from its start; rotated more than once meanwhile, the
+  files in between (written after it) are named in a gap, not read;
 * truncation: a file shorter than the offset reached, or one whose bytes just before it changed (cut short
   and written past it again), is followed again from its start;
 * the first start follows from the end (only lines appended from now on), unless `from_start`; a file that
@@ -29,6 +30,7 @@ keys and duplicates nothing, while a new file at the path (rotation) or the same
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -175,13 +177,29 @@ class FileTail:
                 names = [e.path for e in itertools.islice(entries, MAX_SIBLINGS) if e.name.startswith(base)]
         except OSError:
             return None
+        stats: list[tuple[str, os.stat_result]] = []
         for name in names:
-            try:
-                st = os.stat(name)
-            except OSError:
-                continue
+            with contextlib.suppress(OSError):
+                stats.append((name, os.stat(name)))
+        here = os.path.abspath(self.path)
+        for name, st in stats:
             if (st.st_ino, st.st_dev) != want or not stat.S_ISREG(st.st_mode):
                 continue
+            # Files written after this one stopped, other than the path's own: rotated more than once while
+            # nothing followed. Their lines are not known to be read: said as a gap, never silently.
+            newer = sorted(
+                os.path.basename(n)
+                for n, s in stats
+                if n != name
+                and os.path.abspath(n) != here
+                and stat.S_ISREG(s.st_mode)
+                and s.st_mtime_ns > st.st_mtime_ns
+            )
+            if newer:
+                self.gap = (
+                    f"rotated more than once while not followed: {', '.join(newer[:5])} "
+                    "(written after the file followed before) were not read; their lines may be missing"
+                )
             if self.check is not None and self.check(name) is not None:
                 return None  # the operator does not allow reading it: said as a gap
             try:
