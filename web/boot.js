@@ -21,7 +21,17 @@ const MP = (window.MP = {
 
 const STAGES = ["runtime", "engine", "storage", "ready"];
 MP.stage = (name, detail) => {
-  if (document.getElementById("boot").classList.contains("failed")) return; // what failed stays said
+  const boot = document.getElementById("boot");
+  if (boot.classList.contains("failed")) {
+    if (!MP.softFailure) return; // what failed stays said
+    // The watchdog's verdict was a guess (an error, then no progress for a while): progress proves it wrong.
+    MP.errors = MP.errors.filter((e) => e !== MP.softFailure);
+    MP.softFailure = null;
+    MP.bootProblem = null;
+    MP.storageRefused = null; // the start went on without it (memory only)
+    boot.classList.remove("failed");
+    boot.setAttribute("role", "progressbar");
+  }
   MP.marks[name] = performance.now() - MP.t0;
   MP.movedAt = performance.now();
   const idx = STAGES.indexOf(name);
@@ -46,8 +56,9 @@ MP.stage = (name, detail) => {
 MP.mark = (name) => {
   MP.marks[name] = performance.now() - MP.t0;
 };
-MP.fatal = (message, ownTab = false) => {
+MP.fatal = (message, ownTab = false, soft = false) => {
   MP.errors.push(message);
+  MP.softFailure = soft ? message : null; // soft: the watchdog's, undone if the start goes on after all
   const box = document.querySelector("#boot .detail");
   if (box) {
     box.textContent = "Failed: " + message;
@@ -109,19 +120,21 @@ window.addEventListener("unhandledrejection", (e) => noteProblem((e.reason && e.
   }
 })();
 const watchdog = setInterval(() => {
-  if (!booting() || document.getElementById("boot").classList.contains("failed")) return clearInterval(watchdog);
+  if (!booting() || (document.getElementById("boot").classList.contains("failed") && !MP.softFailure)) {
+    return clearInterval(watchdog); // started, or failed for good
+  }
+  if (MP.softFailure) return; // said; a later stage takes it back
   const still = performance.now() - MP.movedAt;
   const framed = window.top !== window.self;
   if (MP.storageRefused && framed && still > STALL_MS) {
-    clearInterval(watchdog);
     MP.fatal(
       "this browser gives this frame no storage (" + MP.storageRefused + "), as it does to a frame from another " +
         "site than the page around it. Serve the playground from the same site as your page (docs/embedding.md), or:",
       true,
+      true,
     );
   } else if (MP.bootProblem && still > STALL_MS) {
-    clearInterval(watchdog);
-    MP.fatal(MP.bootProblem + ". Reload to try again; if it fails again, the site's files may be missing or blocked (an offline copy needs the whole site).", framed);
+    MP.fatal(MP.bootProblem + ". Reload to try again; if it fails again, the site's files may be missing or blocked (an offline copy needs the whole site).", framed, true);
   } else if (still > SLOW_MS) {
     const text = document.querySelector("#boot .detail");
     if (text && !text.dataset.slow) {
