@@ -121,6 +121,8 @@ def schema_refused(exc: BaseException, url: str, role: str) -> StorageError:
     failure = StorageError("the database refused this server's tables (see the server log)")
     where = f"PostgreSQL at {redacted(url)}"
     if sqlstate(exc) == "42501":  # insufficient_privilege
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", role):  # as SQL names it: a quoted identifier otherwise
+            role = '"' + role.replace('"', '""') + '"'
         failure.detail = (
             f"{where} does not let the role {role} create this server's tables ({scrub(message, url)}). Since "
             "PostgreSQL 15 only a database's owner may create tables in its public schema: give the role a "
