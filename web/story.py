@@ -156,7 +156,8 @@ STEPS = [
         "You have seen the whole cycle. Try it yourself: the Playground has every control and a race "
         "between a reader that trusts notifications and one that keeps a cursor; the curl tab runs the "
         "README's quickstart against this page; the Docs (docs/protocol.md, the whole contract, among them) and "
-        "docs/playground.md say the rest.",
+        "docs/playground.md say the rest. To show someone a moment, do it on the Playground tab and share it "
+        "there: a share link replays the Playground's buttons, not the Story's steps.",
         "Durable, shareable, accountable: a monitor keeps what it saw, each reader reads at its own pace, "
         "and every observation says how far to trust it.",
         "next",
