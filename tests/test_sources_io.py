@@ -28,6 +28,18 @@ def raws(poll) -> list[str]:
     return [line.raw.decode() for line in poll.lines]
 
 
+def read_then_stop(path, text: str) -> list:
+    """A tail of a new empty file at `path` that reads `text` appended to it, then stops: the lines read
+    (each with the checkpoint a restart resumes from)."""
+    path.write_text("")
+    tail = FileTail(str(path))
+    tail.poll()
+    append(path, text)
+    lines = tail.poll().lines
+    tail.close()
+    return lines
+
+
 def test_a_file_is_followed_from_its_end_and_only_complete_lines_count(tmp_path):
     path = tmp_path / "app.log"
     path.write_text("old line\n")
@@ -71,12 +83,7 @@ def test_truncation_is_followed_from_the_start_with_new_keys(tmp_path):
 
 def test_a_restart_resumes_at_the_checkpoint_with_the_same_keys(tmp_path):
     path = tmp_path / "app.log"
-    path.write_text("")
-    tail = FileTail(str(path))
-    tail.poll()
-    append(path, "l1\nl2\nl3\n")
-    lines = tail.poll().lines
-    tail.close()
+    lines = read_then_stop(path, "l1\nl2\nl3\n")
     # The server committed l1 only (its checkpoint), then died: l2 and l3 come again with the same keys,
     # so what had landed is a repeat; nothing new is skipped.
     again = FileTail(str(path), lines[0].checkpoint).poll()
@@ -93,12 +100,7 @@ def test_a_rotation_while_nothing_followed_reads_the_old_file_to_its_end_first(t
     """logrotate while the probe was stopped (or between two `--once` runs): the lines appended to the old
     file after the checkpoint are read from where it moved, then the new file from its start."""
     path = tmp_path / "app.log"
-    path.write_text("")
-    tail = FileTail(str(path))
-    tail.poll()
-    append(path, "y1\ny2\n")
-    read = tail.poll().lines
-    tail.close()  # stopped, its checkpoint after y2
+    read = read_then_stop(path, "y1\ny2\n")  # stopped, its checkpoint after y2
     append(path, "y3\ny4 without newline")
     os.rename(path, tmp_path / "app.log.1")
     path.write_text("z1\n")
@@ -120,12 +122,7 @@ def test_a_rotation_while_nothing_followed_reads_the_old_file_to_its_end_first(t
 def test_a_rotated_file_that_is_gone_or_rewritten_is_said_to_be_a_gap(tmp_path):
     def stopped_after_a1(name: str) -> tuple:
         path = tmp_path / name
-        path.write_text("")
-        tail = FileTail(str(path))
-        tail.poll()
-        append(path, "a1\n")
-        checkpoint = tail.poll().lines[-1].checkpoint
-        tail.close()
+        checkpoint = read_then_stop(path, "a1\n")[-1].checkpoint
         append(path, "a2\n")  # not read: the tail is stopped
         os.rename(path, tmp_path / f"{name}.1")
         path.write_text("b1\n")
@@ -407,12 +404,7 @@ def test_two_rotations_while_nothing_followed_say_the_middle_file_was_not_read(t
     """app.log -> app.log.1 -> app.log.2 while stopped: the file the checkpoint names (now app.log.2) is read
     to its end, then the new file; the middle one (app.log.1) is not known to be read, so a gap says so."""
     path = tmp_path / "app.log"
-    path.write_text("")
-    tail = FileTail(str(path))
-    tail.poll()
-    append(path, "a1\n")
-    checkpoint = tail.poll().lines[-1].checkpoint
-    tail.close()
+    checkpoint = read_then_stop(path, "a1\n")[-1].checkpoint
     append(path, "a2\n")
     os.rename(path, tmp_path / "app.log.1")
     os.utime(tmp_path / "app.log.1", ns=(10**18, 10**18))  # last written long ago (mtime: when it stopped)
