@@ -199,7 +199,9 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
             revoked=False,
         )
         renewed = True
-    core.logged_action(sub.id, now, monitor_id, basis == "default")
+    # A new anonymous subscription is bounded by the places kept for tokens (grants.py), not by the shared
+    # budget: a thousand readers joining a public monitor in a minute is what it is for.
+    core.logged_action(sub.id, now, monitor_id, basis == "default" and existing is not None)
     if protocol == "http":
         secret = body.get("sink_secret")
         if secret is not None:
