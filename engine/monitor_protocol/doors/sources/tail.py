@@ -45,6 +45,7 @@ from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES
 READ_BYTES = 1 << 20  # read per step; a poll takes at most MAX_STEPS of them
 MAX_STEPS = 8
 MAX_LINES = 100  # lines one poll returns at most
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 MAX_SIBLINGS = 10_000  # entries of the path's directory looked at for a file rotated while not followed
 MARK_BYTES = 32  # the bytes just before the offset, kept: a file cut short and written past it again
 # (copytruncate) no longer holds them there, which its size alone would not show
@@ -107,10 +108,7 @@ class FileTail:
         }
 
     def _mark(self, offset: int) -> bytes:
-        if self.fd is None or offset <= 0:
-            return b""
-        start = max(0, offset - MARK_BYTES)
-        return os.pread(self.fd, offset - start, start)
+        return b"" if self.fd is None else _mark_of(self.fd, offset)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -125,7 +123,7 @@ class FileTail:
             if refusal is not None:
                 raise SourceRefused(refusal)
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(self.path, OPEN_FLAGS)
         except OSError as exc:
             self.missed = True
             return f"cannot open {self.path}: {exc.strerror or exc}"
@@ -170,7 +168,8 @@ class FileTail:
     def _rotated(self, saved: dict[str, Any]) -> tuple[int, os.stat_result] | None:
         """The file the checkpoint names, renamed beside the path (same directory, a name that starts with
         the path's), still holding the bytes read before its offset: (its descriptor, its stat), or None."""
-        directory, base = os.path.split(os.path.abspath(self.path))
+        here = os.path.abspath(self.path)
+        directory, base = os.path.split(here)
         want = (saved.get("ino"), saved.get("dev"))
         try:
             with os.scandir(directory) as entries:
@@ -181,7 +180,6 @@ class FileTail:
         for name in names:
             with contextlib.suppress(OSError):
                 stats.append((name, os.stat(name)))
-        here = os.path.abspath(self.path)
         for name, st in stats:
             if (st.st_ino, st.st_dev) != want or not stat.S_ISREG(st.st_mode):
                 continue
@@ -203,12 +201,11 @@ class FileTail:
             if self.check is not None and self.check(name) is not None:
                 return None  # the operator does not allow reading it: said as a gap
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+                fd = os.open(name, OPEN_FLAGS)
             except OSError:
                 return None
             at = int(saved.get("offset", 0))
-            start = max(0, at - MARK_BYTES)
-            if at <= os.fstat(fd).st_size and os.pread(fd, at - start, start).hex() == saved.get("mark", ""):
+            if at <= os.fstat(fd).st_size and _mark_of(fd, at).hex() == saved.get("mark", ""):
                 return fd, os.fstat(fd)
             os.close(fd)  # cut short or rewritten since: not where the checkpoint stood
             return None
@@ -307,3 +304,11 @@ class FileTail:
             "skip": skip,
         }
         out.lines.append(FileLine(data[at:stop].rstrip(b"\r"), total, key, checkpoint))
+
+
+def _mark_of(fd: int, offset: int) -> bytes:
+    """The bytes just before `offset` in the open file `fd` (at most MARK_BYTES)."""
+    if offset <= 0:
+        return b""
+    start = max(0, offset - MARK_BYTES)
+    return os.pread(fd, offset - start, start)
