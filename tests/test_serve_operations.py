@@ -305,7 +305,7 @@ def test_log_lines_carry_utc_timestamps(tmp_path):
     [((), {}, False), (("--access-log",), {}, True), ((), {"MP_ACCESS_LOG": "true"}, True)],
 )
 def test_the_access_log_is_off_unless_asked_for(tmp_path, monkeypatch, args, env, logged):
-    """One line per request costs about a quarter of a pull+ack (docs/bench.md): off by default, and
+    """One line per request costs about a quarter of a pull+ack (docs/bench-history.md): off by default, and
     the start-up summary says how to turn it on."""
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -430,7 +430,7 @@ def parked_reply(body: dict[str, Any], poll: LongPoll) -> Response:
 
 # A parked pull's re-checks are objects, not closures that name themselves: such a closure is a reference
 # cycle per parked pull, garbage that only a full collection frees, and a full collection landing inside the
-# wake of 1,000 readers cost it 60-90 ms (docs/bench.md, "Issue 10's targets, measured again").
+# wake of 1,000 readers cost it 60-90 ms (docs/bench-history.md, "Issue 10's targets, measured again").
 class _Repull:
     """The engine call of a parked pull again, with the arguments its request parsed (subscription, token,
     cursor, limit, filter), parked once more while it holds nothing."""

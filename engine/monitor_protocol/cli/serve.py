@@ -284,7 +284,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
 def _db_lanes(chosen: str | None) -> str:
     """Threads unless green lanes are asked for and greenlet is installed (said when it is not). Green lanes
     are not the default: a 9-11 % higher rate, against a loop that connecting to the database holds up
-    (docs/serve.md, docs/bench.md "Green lanes")."""
+    (docs/serve.md, docs/bench-history.md "Green lanes")."""
     from monitor_protocol.doors.green_lanes import available
 
     if chosen != "green":

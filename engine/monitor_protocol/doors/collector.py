@@ -2,7 +2,7 @@
 
 A full collection walks every object the process holds; with 1,000 long polls parked (each its request, its
 reply, its tasks and callbacks) that is 140,000 objects and 50-90 ms here, and when it lands inside a wake,
-every woken reader waits for it (docs/bench.md, "Issue 10's targets, measured again"). Held off, it runs
+every woken reader waits for it (docs/bench-history.md, "Issue 10's targets, measured again"). Held off, it runs
 once the replies have left: the same work, after the latency that matters instead of inside it. Holds nest
 (two wakes at once); the collector is enabled again only by the last release, and only if the holds turned
 it off (an embedding program that turned it off keeps it off).
@@ -21,7 +21,7 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
-# A wake of 1,000 readers writes its replies in about 50 ms here (docs/bench.md): four times that.
+# A wake of 1,000 readers writes its replies in about 50 ms here (docs/bench-history.md): four times that.
 MAX_HELD_S = 0.2
 
 Timer = Callable[[float, Callable[[], None]], Any]  # call_later(delay, callback) -> a handle with cancel()

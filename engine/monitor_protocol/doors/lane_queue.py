@@ -16,7 +16,7 @@ class LastIdleFirst:
     """The lanes' queue: items in the order they came, handed to the lane that went idle LAST (a plain queue
     wakes its waiting threads in turn). Under light load one lane then serves call after call with its
     caches warm, instead of each call waking the lane that has been asleep longest: with one client on
-    PostgreSQL, four lanes in turn cost ~50 µs more per publish than one (docs/bench.md)."""
+    PostgreSQL, four lanes in turn cost ~50 µs more per publish than one (docs/bench-history.md)."""
 
     def __init__(self) -> None:
         self._items: collections.deque[Any] = collections.deque()
