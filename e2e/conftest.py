@@ -285,6 +285,14 @@ def axe_violations(
     return [v for v in found if v["impact"] in impacts]
 
 
+def heading_order(page) -> list[dict]:
+    """axe-core's heading-order findings: a heading more than one level below the heading before it (an h4
+    right after an h2), which a screen reader's outline shows as a missing level. axe rates it moderate, so
+    axe_violations' default impacts leave it out."""
+    every = ("minor", "moderate", "serious", "critical")
+    return [v for v in axe_violations(page, impacts=every) if v["id"] == "heading-order"]
+
+
 def format_violations(violations: list[dict]) -> str:
     """axe violations as readable lines for an assertion message."""
     if not violations:

@@ -11,7 +11,7 @@ import json
 import re
 import threading
 
-from conftest import axe_violations, format_violations, horizontal_overflow, screenshot
+from conftest import axe_violations, format_violations, heading_order, horizontal_overflow, screenshot
 
 BOOT_MS = 120_000  # two Pyodide starts at once on two shared cores
 ACT_MS = 60_000
@@ -282,6 +282,7 @@ def test_race_with_a_seed(browser):
     assert page.inner_text("#log-head").startswith("race ·")
     fits(page, "the race embed at 320 px")
     no_axe(page, "the race embed")
+    assert heading_order(page) == [], format_violations(heading_order(page))
 
 
 def test_refused_src_by_keyboard(browser):

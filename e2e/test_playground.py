@@ -9,7 +9,7 @@ import json
 import re
 import sys
 
-from conftest import ROOT, pick_monitor, screenshot
+from conftest import ROOT, format_violations, heading_order, pick_monitor, screenshot
 
 BOOT_MS = 120_000  # two cores shared with another e2e run: a cold Pyodide start can take a while
 ACT_MS = 60_000
@@ -704,6 +704,10 @@ def test_the_race_cursor_loses_nothing(browser):
     builds = [c for c in log_cards(page) if c["type"] == "com.example.ci.run"]
     assert len(builds) == published
     screenshot(page, "race")
+    # the headings make an outline without a missing level (the race's sides and the state panel's parts
+    # sit under their h2), so a screen reader's list of headings reads as the page does
+    found = heading_order(page)
+    assert found == [], format_violations(found)
 
 
 def test_service_worker_without_an_engine_tab_answers_503(browser):

@@ -232,7 +232,7 @@ def render() -> None:
             for k, v in tally(side, lost, owed_n)
         )
         return (
-            f"<div class='race-side{' down' if side.down else ''}' id='race-{key}'><h4>{esc(title)}</h4>"
+            f"<div class='race-side{' down' if side.down else ''}' id='race-{key}'><h3>{esc(title)}</h3>"
             f"<p class='small muted how'>{esc(how)}</p><p class='small'>now: <b>{esc(status)}</b></p>"
             f"<div class='tally'>{cells}</div></div>"
         )

@@ -321,7 +321,7 @@ async def setup() -> None:
     items = []
     for i, (why, cmd) in enumerate(CURL["examples"]):
         if i == len(quick):
-            items.append("<li class='sub'><h4>More</h4></li>")
+            items.append("<li class='sub'><h3>More</h3></li>")
         group = "quickstart" if i < len(quick) else "extra"
         items.append(
             f"<li data-group='{group}'><div class='why'>{code_spans(esc(why))}</div>"

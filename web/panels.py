@@ -261,11 +261,11 @@ def render_state() -> None:
         box,
         f"<div>{lv} · {tip('head')} <b>{esc(st.get('head'))}</b> · {tip('as_of_seq')} {esc(st.get('as_of_seq'))}</div>"
         f"<div class='small muted'>last: {esc(last.get('type', '—'))} #{esc(last.get('seq', '—'))}</div>"
-        f"<h4>counters</h4><dl>{counters}</dl><h4>ages</h4><dl>{ages}</dl>{source_html}"
-        f"<h4>{tip('confidence')}</h4><div class='conf-value'><code>{value}</code></div>"
+        f"<h3>counters</h3><dl>{counters}</dl><h3>ages</h3><dl>{ages}</dl>{source_html}"
+        f"<h3>{tip('confidence')}</h3><div class='conf-value'><code>{value}</code></div>"
         f"<div class='chips'>{tip('present')}: {present or '<span class=muted>none</span>'}</div>"
         f"<div class='chips'>{tip('missing')}: {missing or '<span class=muted>none</span>'}</div>"
-        f"<h4>{tip('gaps')}</h4><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
+        f"<h3>{tip('gaps')}</h3><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
     )
 
 
@@ -283,7 +283,7 @@ def source_markup(st: dict[str, Any]) -> str:
         quiet = at(source.get("not_answering_since")).removeprefix("at ")
         heard = f"<span class='live-no'>✗ no</span>, quiet since {esc(quiet)}"
     return (
-        f"<h4>{tip('source')}</h4><dl><dt>kind</dt><dd>{esc(source.get('kind'))}</dd>"
+        f"<h3>{tip('source')}</h3><dl><dt>kind</dt><dd>{esc(source.get('kind'))}</dd>"
         f"<dt>{tip('answering')}</dt><dd id='answering'>{heard}</dd></dl>"
     )
 
@@ -307,8 +307,8 @@ def render_state_brief() -> None:
     )
     put(
         box,
-        f"<div class='brief-grid'><div><h4>ages</h4><dl>{shown}</dl></div><div>{source_markup(st)}</div></div>"
-        f"<h4>{tip('gaps')}</h4><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
+        f"<div class='brief-grid'><div><h3>ages</h3><dl>{shown}</dl></div><div>{source_markup(st)}</div></div>"
+        f"<h3>{tip('gaps')}</h3><div class='chips' id='gaps'>{gaps or '<span class=muted>none</span>'}</div>",
     )
 
 
