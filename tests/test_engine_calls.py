@@ -70,6 +70,29 @@ def test_the_mute_clock_of_a_reader_that_only_pulls_is_exact_here_and_stored_wit
     assert h.store.get_subscription(sid).state is SubscriptionState.RETIRED
 
 
+def test_signs_of_life_are_forgotten_once_stored_or_retired(h):
+    """The engine remembers a reader's unwritten sign of life (the lazy mute clock); it kept every one for the
+    process's life, one entry per reader that ever pulled, so a churn of readers grew it for good. Forgotten
+    once its subscription is written with a clock at least that late, or retired."""
+    tok = h.monitor("ci")
+    for i in range(20):
+        sid, rtok = h.subscribe("ci", tok, subscriber=f"agent:r{i}")
+        h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+        h.clock.advance(1)
+        h.pull(sid, rtok)  # empty: remembered, not written
+        assert sid in h.service._life  # positive control: the pending sign of life is there
+        assert h.call("POST", f"/subscriptions/{sid}/retire", {}, token=rtok).status == 200
+        assert sid not in h.service._life
+    sid, rtok = h.subscribe("ci", tok, subscriber="agent:kept")
+    h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+    h.clock.advance(1)
+    h.pull(sid, rtok)
+    assert sid in h.service._life
+    h.clock.advance(MUTE_FLUSH_SECONDS + 1)
+    h.pull(sid, rtok)  # past the window: written now, so nothing is left to remember
+    assert h.store.get_subscription(sid).mute_since == h.clock.t and sid not in h.service._life
+
+
 def test_served_last_pull_is_the_latest_pull_even_when_not_yet_stored(h):
     from monitor_protocol.core import timefmt
 

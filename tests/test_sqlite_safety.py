@@ -645,3 +645,42 @@ def test_a_new_database_and_its_wal_are_readable_by_their_owner_only(tmp_path):
         assert stat.S_IMODE(os.stat(chosen).st_mode) == 0o640  # positive control: not changed
     finally:
         os.umask(old)
+
+
+def test_the_subscription_cache_is_bounded_and_what_it_forgot_is_read_again(tmp_path, monkeypatch):
+    """A churn of readers (subscribe, pull, retire, each with a new name) kept every retired subscription in
+    the read cache for the process's life (a soak: ~0.7 KiB each, about 40 MB an hour at 10 a second). Past
+    SUBSCRIPTIONS_CACHED_MAX the cache starts again; what it forgot is read from the file, and the writes
+    after it (an ack, a re-subscribe that reactivates) land as if it had never been forgotten."""
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "SUBSCRIPTIONS_CACHED_MAX", 8)
+    store = SQLiteStore(str(tmp_path / "churn.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "ci", "visibility": "public"}, None)["owner_token"]
+    service.publish("ci", {"type": "com.example.x", "subject": "s", "data": {}}, owner)
+    readers = []
+    most = 0
+    for i in range(30):
+        made = service.subscribe({"monitor": "ci", "subscriber": f"agent:r{i}"}, None)
+        sid, token = made["subscription"]["id"], made["token"]
+        acked = service.pull(sid, token)["next"]
+        service.ack(sid, token, {"cursor": acked})
+        service.retire_subscription(sid, token, {})
+        readers.append((sid, acked))
+        most = max(most, len(store._subs), len(store._sub_keys))
+    assert most <= 8  # positive control of the bound: 30 subscriptions went through it
+    # the first reader was forgotten long ago: subscribing again reactivates the stored one, cursor kept
+    again = service.subscribe({"monitor": "ci", "subscriber": "agent:r0"}, owner)
+    assert again["subscription"]["id"] == readers[0][0] and again["subscription"]["active"] is True
+    assert again["subscription"]["cursor"] == readers[0][1]  # its ack was kept
+    store.close()
+    reopened = SQLiteStore(str(tmp_path / "churn.db"))
+    try:
+        for i, (sid, acked) in enumerate(readers):
+            stored = reopened.get_subscription(sid)
+            assert stored is not None and stored.cursor == acked
+            assert stored.state == (SubscriptionState.ACTIVE if i == 0 else SubscriptionState.RETIRED)
+    finally:
+        reopened.close()

@@ -173,7 +173,7 @@ class ServiceCore(ABC):
             raise storage_unavailable(
                 detail, outcome_unknown=getattr(exc, "outcome_unknown", False)
             ) from None
-        self._remember_life(tx)
+        self._remember_life(tx, changes.subscriptions)
         if self._push_targets is not None and changes.subscriptions:
             self._track_push_targets(changes.subscriptions)
         if tx.appended and getattr(self.store, "grouping", False):
@@ -374,11 +374,16 @@ class ServiceCore(ABC):
         is the subscription as the store holds it, not as `alive` sees it."""
         return now - stored.mute_since >= self._life_window(monitor, stored)
 
-    def _remember_life(self, tx: Tx) -> None:
-        if not tx.life and not tx.monitor_pulls:
+    def _remember_life(self, tx: Tx, written: list[Subscription]) -> None:
+        if not tx.life and not tx.monitor_pulls and not (written and self._life):
             return
         with self._life_lock:
             self._remember_life_locked(tx)
+            life = self._life
+            for sub in written:  # stored since, or retired: nothing left to remember (it kept every one)
+                seen = life.get(sub.id)
+                if seen is not None and (seen <= sub.mute_since or not sub.active):
+                    del life[sub.id]
 
     def _remember_life_locked(self, tx: Tx) -> None:
         for sub_id, when in tx.life.items():

@@ -68,6 +68,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
+from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, SCHEMA
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -85,43 +86,6 @@ SCHEMA_VERSION = 3
 # What a reader's pull or ack changes, as columns of their own (SQLite's schema; PostgreSQL keeps its own).
 SUBSCRIPTION_ROW = (*SUBSCRIPTION_COLUMNS, "last_pull")
 
-# Statements, not a script: `executescript` would commit the migration's open transaction first.
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS monitors (
-        id TEXT PRIMARY KEY, status TEXT NOT NULL, head INTEGER NOT NULL, floor INTEGER NOT NULL,
-        rec TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS observations (
-        monitor TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, subject TEXT, actor TEXT NOT NULL,
-        origin TEXT NOT NULL, tier TEXT NOT NULL, horizon TEXT NOT NULL, event TEXT NOT NULL,
-        PRIMARY KEY (monitor, seq)
-    ) WITHOUT ROWID""",
-    # A filtered read seeks one of these and walks it in seq order (the filters that name these columns).
-    "CREATE INDEX IF NOT EXISTS observations_by_type ON observations (monitor, type, seq)",
-    "CREATE INDEX IF NOT EXISTS observations_by_subject ON observations (monitor, subject, seq)",
-    "CREATE INDEX IF NOT EXISTS observations_by_actor ON observations (monitor, actor, seq)",
-    """CREATE TABLE IF NOT EXISTS subjects (
-        monitor TEXT NOT NULL, subject TEXT NOT NULL, PRIMARY KEY (monitor, subject)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS subscriptions (
-        id TEXT PRIMARY KEY, monitor TEXT NOT NULL, subscriber TEXT NOT NULL, token_hash TEXT NOT NULL,
-        state TEXT NOT NULL, cursor INTEGER NOT NULL, hwm INTEGER NOT NULL, mute_since REAL NOT NULL,
-        rec TEXT NOT NULL, last_pull REAL
-    )""",
-    "CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_name ON subscriptions (monitor, subscriber)",
-    "CREATE INDEX IF NOT EXISTS subscriptions_by_token ON subscriptions (token_hash)",
-    "CREATE INDEX IF NOT EXISTS subscriptions_active ON subscriptions (monitor) WHERE state = 'active'",
-    """CREATE TABLE IF NOT EXISTS leases (
-        monitor TEXT NOT NULL, subject TEXT NOT NULL, state TEXT NOT NULL, holder TEXT, renewed REAL NOT NULL,
-        duration INTEGER NOT NULL, rec TEXT NOT NULL, PRIMARY KEY (monitor, subject)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS publish_keys (
-        monitor TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL,
-        PRIMARY KEY (monitor, key)
-    ) WITHOUT ROWID""",
-    "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
-)
-
 _PUT_MONITOR = upsert_sql("monitors", MONITOR_COLUMNS, "id")
 _PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_ROW, "id")
 # The fields of a Subscription that live in `rec` (every field not in SUBSCRIPTION_ROW), read at once. Tuples
@@ -136,11 +100,11 @@ _PUT_PUBLISH_KEY = "INSERT OR REPLACE INTO publish_keys (monitor, key, seq, at) 
 _SELECT = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM"
 _SELECT_OBSERVATION = f"{_SELECT} observations"
 
-# The active-subscription count is answered from the partial index alone (no row is read): the query must
-# repeat the index's own WHERE term, literally, for SQLite to choose it.
-COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state = 'active'"
 
 KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
+# Subscriptions kept decoded between calls (~0.7 KiB each): past this the cache starts again (reads refill it).
+# Unbounded, a churn of readers (subscribe, pull, retire) held every retired one for the process's life.
+SUBSCRIPTIONS_CACHED_MAX = 20_000
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
 
@@ -322,8 +286,7 @@ class SQLiteStore(Store):
         self._call_subjects.clear()
         if self._uncommitted:
             self._monitors.clear()
-            self._subs.clear()
-            self._sub_keys.clear()
+            self._forget_subscriptions()
             self._uncommitted = False
 
     def _rollback(self) -> None:
@@ -440,8 +403,7 @@ class SQLiteStore(Store):
         self._call_dirty.clear()
         self._call_subjects.clear()
         self._monitors.clear()  # may hold what it wrote; refilled by reads (the group's newest are in _dirty)
-        self._subs.clear()
-        self._sub_keys.clear()
+        self._forget_subscriptions()
         undo_by, self._undo_by = self._undo_by, None
         if undo_by == "restart":  # it was the group's first writer: nothing of the others is lost
             self._restart()
@@ -557,6 +519,8 @@ class SQLiteStore(Store):
         staged = self._call_dirty if in_group else self._dirty
         for m in changes.monitors:
             staged[m.id] = m
+        if len(self._subs) + len(changes.subscriptions) > SUBSCRIPTIONS_CACHED_MAX:
+            self._forget_subscriptions()  # (their rows then get the upsert once, see _write_subscriptions)
         for sub in changes.subscriptions:
             self._subs[sub.id] = sub
         (self._call_subjects if in_group else self._fresh_subjects).update(subjects)
@@ -838,8 +802,14 @@ class SQLiteStore(Store):
             return cached
         sub = self._subscription("id=?", (sub_id,))
         if sub is not None:
+            if len(self._subs) >= SUBSCRIPTIONS_CACHED_MAX:
+                self._forget_subscriptions()
             self._subs[sub_id] = sub
         return sub
+
+    def _forget_subscriptions(self) -> None:
+        self._subs.clear()
+        self._sub_keys.clear()
 
     @guarded
     def find_subscription(self, monitor_id: str, subscriber: str) -> Subscription | None:

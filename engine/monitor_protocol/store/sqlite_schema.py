@@ -1,0 +1,47 @@
+"""The SQLite store's tables and indexes (store/sqlite.py creates them and brings an older file to
+SCHEMA_VERSION): a columnar log indexed by type, subject and actor, the subscriptions with the columns a
+reader's pull or ack changes, leases and publish idempotency keys. PostgreSQL keeps its own
+(store/postgres_sql.py)."""
+
+from __future__ import annotations
+
+# Statements, not a script: `executescript` would commit the migration's open transaction first.
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS monitors (
+        id TEXT PRIMARY KEY, status TEXT NOT NULL, head INTEGER NOT NULL, floor INTEGER NOT NULL,
+        rec TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS observations (
+        monitor TEXT NOT NULL, seq INTEGER NOT NULL, type TEXT NOT NULL, subject TEXT, actor TEXT NOT NULL,
+        origin TEXT NOT NULL, tier TEXT NOT NULL, horizon TEXT NOT NULL, event TEXT NOT NULL,
+        PRIMARY KEY (monitor, seq)
+    ) WITHOUT ROWID""",
+    # A filtered read seeks one of these and walks it in seq order (the filters that name these columns).
+    "CREATE INDEX IF NOT EXISTS observations_by_type ON observations (monitor, type, seq)",
+    "CREATE INDEX IF NOT EXISTS observations_by_subject ON observations (monitor, subject, seq)",
+    "CREATE INDEX IF NOT EXISTS observations_by_actor ON observations (monitor, actor, seq)",
+    """CREATE TABLE IF NOT EXISTS subjects (
+        monitor TEXT NOT NULL, subject TEXT NOT NULL, PRIMARY KEY (monitor, subject)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS subscriptions (
+        id TEXT PRIMARY KEY, monitor TEXT NOT NULL, subscriber TEXT NOT NULL, token_hash TEXT NOT NULL,
+        state TEXT NOT NULL, cursor INTEGER NOT NULL, hwm INTEGER NOT NULL, mute_since REAL NOT NULL,
+        rec TEXT NOT NULL, last_pull REAL
+    )""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS subscriptions_by_name ON subscriptions (monitor, subscriber)",
+    "CREATE INDEX IF NOT EXISTS subscriptions_by_token ON subscriptions (token_hash)",
+    "CREATE INDEX IF NOT EXISTS subscriptions_active ON subscriptions (monitor) WHERE state = 'active'",
+    """CREATE TABLE IF NOT EXISTS leases (
+        monitor TEXT NOT NULL, subject TEXT NOT NULL, state TEXT NOT NULL, holder TEXT, renewed REAL NOT NULL,
+        duration INTEGER NOT NULL, rec TEXT NOT NULL, PRIMARY KEY (monitor, subject)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS publish_keys (
+        monitor TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL,
+        PRIMARY KEY (monitor, key)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
+)
+
+# The active-subscription count is answered from the partial index alone (no row is read): the query must
+# repeat the index's own WHERE term, literally, for SQLite to choose it.
+COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state = 'active'"
