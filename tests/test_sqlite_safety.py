@@ -684,3 +684,24 @@ def test_the_subscription_cache_is_bounded_and_what_it_forgot_is_read_again(tmp_
             assert stored.state == (SubscriptionState.ACTIVE if i == 0 else SubscriptionState.RETIRED)
     finally:
         reopened.close()
+
+
+def test_the_monitor_cache_is_bounded_too(tmp_path, monkeypatch):
+    """Monitors made at will (a public server lets anyone register one) were kept decoded for the process's
+    life, every one read or written. Past MONITORS_CACHED_MAX the cache starts again from the file."""
+    from monitor_protocol.core.service import MonitorService
+    from monitor_protocol.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "MONITORS_CACHED_MAX", 5)
+    store = SQLiteStore(str(tmp_path / "many.db"))
+    service = MonitorService(store)
+    owners = {}
+    most = 0
+    for i in range(20):
+        owners[f"m{i}"] = service.create_monitor({"id": f"m{i}", "visibility": "public"}, None)["owner_token"]
+        service.publish(f"m{i}", {"type": "com.example.x", "subject": "s", "data": {}}, owners[f"m{i}"])
+        most = max(most, len(store._monitors))
+    assert most <= 5  # positive control of the bound: 20 monitors went through it
+    for mid, owner in owners.items():  # each read again from the file as written: its head moves on
+        assert service.publish(mid, {"type": "com.example.x", "subject": "s", "data": {}}, owner)["seq"] == 3
+    store.close()

@@ -105,6 +105,7 @@ KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
 # Subscriptions kept decoded between calls (~0.7 KiB each): past this the cache starts again (reads refill it).
 # Unbounded, a churn of readers (subscribe, pull, retire) held every retired one for the process's life.
 SUBSCRIPTIONS_CACHED_MAX = 20_000
+MONITORS_CACHED_MAX = 5_000  # monitors kept decoded (a few KiB each), the same way
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
 
@@ -309,6 +310,8 @@ class SQLiteStore(Store):
             db.execute(_PUT_MONITOR, monitor_row(m))
         else:
             db.executemany(_PUT_MONITOR, map(monitor_row, dirty.values()))
+        if len(self._monitors) + len(dirty) > MONITORS_CACHED_MAX:
+            self._monitors.clear()
         for m in dirty.values():
             self._monitors[m.id] = m
         dirty.clear()
@@ -635,6 +638,8 @@ class SQLiteStore(Store):
         row = self._db.execute(f"{self._GET_MONITOR} WHERE id=?", (monitor_id,)).fetchone()
         if not row:
             return None
+        if len(self._monitors) >= MONITORS_CACHED_MAX:
+            self._monitors.clear()
         rec = self._monitors[monitor_id] = Monitor.from_row(row_of(row, MONITOR_COLUMNS))
         return rec
 
