@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from monitor_protocol.client import Client
-from serverutil import mp_command, mp_env, start_server, stop_server
+from serverutil import long_polls_parked, mp_command, mp_env, start_server, stop_server
 from waiting import eventually
 
 TYPE = "com.example.ci.run"
@@ -325,6 +325,12 @@ def test_killed_between_print_and_ack_the_batch_comes_back(tmp_path: Path, watch
         assert again.obs(1) == [(more[0], "r", False)]
         wait_committed(base, sid, reader, more[0] + 1)
         again.stop()
+        # Its last long poll is gone from the server before the next publish: one the server had not yet seen
+        # leave would be woken by it and deliver "s" to a closed connection, and "s" would then come back
+        # redelivered (at-least-once, rightly; a CI run on a loaded machine saw it).
+        eventually(
+            lambda: long_polls_parked(base) == 0, timeout=LINE_GUARD_SECONDS, what="no long poll parked"
+        )
 
         # Restarted, the watch resumes exactly at the committed cursor: only what came after is printed.
         after = publish(base, owner, "s")
