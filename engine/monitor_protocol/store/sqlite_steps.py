@@ -15,8 +15,8 @@ MOVE_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, las
 # A delivery's write, when the rest of the record is what the row already holds: no JSON at all.
 STEP_SUBSCRIPTION = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, last_pull=? WHERE id=?"
 # The same write for rows given the same values (the readers one append woke in one place): one statement per
-# STEP_CHUNK of them, 2.0 ms instead of 3.25 for 1,000 rows here (docs/bench-history.md, "The wake's replies made from
-# one another"). A chunk stays far below SQLite's limit on bound parameters (999 before 3.32).
+# STEP_CHUNK of them, 2.0 ms instead of 3.25 for 1,000 rows here (docs/bench-history.md, "The wake's replies
+# made from one another"). A chunk stays far below SQLite's limit on bound parameters (999 before 3.32).
 STEP_CHUNK = 500
 _STEP_MANY = "UPDATE subscriptions SET cursor=?, hwm=?, mute_since=?, last_pull=? WHERE id IN ({})"
 
