@@ -2,8 +2,8 @@
 
 A full collection walks every object the process holds; with 1,000 long polls parked (each its request, its
 reply, its tasks and callbacks) that is 140,000 objects and 50-90 ms here, and when it lands inside a wake,
-every woken reader waits for it (docs/bench-history.md, "Issue 10's targets, measured again"). Held off, it
-runs once the replies have left: the same work, after the latency that matters instead of inside it. Holds nest
+every woken reader waits (docs/bench-history.md, "Issue 10's targets, measured again"). Held off, it runs
+once the replies have left: the same work, after the latency that matters instead of inside it. Holds nest
 (two wakes at once); the collector is enabled again only by the last release, and only if the holds turned
 it off (an embedding program that turned it off keeps it off).
 

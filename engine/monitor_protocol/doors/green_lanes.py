@@ -1,8 +1,8 @@
 """`GreenLanes`: EngineLanes whose lanes are greenlets on the event loop's own thread, not threads.
 
 Why: with lanes on threads, every PostgreSQL call hops from the loop to a lane and its reply hops back (a
-thread's wake-up and the interpreter's lock each way: ~90 µs of a lone publish's ~650,
-docs/bench-history.md), and the lanes and the loop take the interpreter's lock from each other under load. A green lane runs its call
+thread's wake-up and the interpreter's lock each way: ~90 µs of a publish's ~650, docs/bench-history.md), and
+the lanes and the loop take the interpreter's lock from each other under load. A green lane runs its call
 where the request was parsed, as LoopEngine does on SQLite, and when the call waits on the database (a round
 trip, a lock, a commit) it hands the thread back to the loop: its connection's socket is watched by the loop
 (``add_reader``), and the lane goes on when the answer is there. So a call waiting on the database still

@@ -2,8 +2,8 @@
 
 Why not psycopg's cursors: a statement through them costs ~25-50 µs of Python per execute (cursor, adapters,
 transaction bookkeeping), several times what libpq itself needs, and a call of the engine is a few statements
-(bench/scaleout.py, docs/bench.md "Scale-out that scales"). Here a statement is one prepared statement
-(parsed once per connection), its parameters sent as text, its rows read as text and converted by the caller who knows the
+(bench/scaleout.py, docs/bench.md "Scale-out that scales"). Each statement is prepared (parsed once per
+connection), its parameters sent as text, its rows read as text and converted by the caller who knows the
 columns.
 
 Transactions are implicit: the connection stays in pipeline mode, and everything sent between two Syncs runs

@@ -94,8 +94,8 @@ def settle_heap() -> int:
     """After startup: what startup made (modules, routes, the app, the store's caches) lives as long as the
     process, so it is moved out of the collector's sight (gc.freeze): a full collection then walks only what
     requests made, which shortens its pause by about a third in a server holding 1,000 connections
-    (docs/bench-history.md). The price: an object of startup that later dies inside a reference cycle (a
-    database connection replaced on reconnect) is never collected, a bounded one-time cost. Returns the objects
+    (docs/bench-history.md). The price: an object of startup that dies later inside a reference cycle (a DB
+    connection replaced on reconnect) is never collected, a bounded one-time cost. Returns the objects
     frozen."""
     gc.collect()
     gc.freeze()
