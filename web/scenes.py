@@ -352,7 +352,7 @@ SCENES: dict[str, Scene] = {
             race_setup,
             body=(
                 "<div class='row'><button data-act='race-toggle' id='race-btn' class='primary'>Start the race"
-                "</button></div><h2 class='race-h'>The two readers</h2><div id='race'></div>"
+                "</button><h2 class='race-h'>The two readers</h2></div><div id='race'></div>"
             ),
         ),
         Scene(
