@@ -93,6 +93,39 @@ def test_signs_of_life_are_forgotten_once_stored_or_retired(h):
     assert h.store.get_subscription(sid).mute_since == h.clock.t and sid not in h.service._life
 
 
+def test_a_sign_of_life_written_in_a_group_commit_is_forgotten_only_once_stored(tmp_path):
+    """A write inside a group commit is not stored until the group commits: a failed group keeps the old
+    clock, so the sign of life it would have stored stays remembered (the sweep never retires early); a group
+    that commits lets the next call outside one forget it. Control: another reader's write leaves it."""
+    h = Harness(make_store("sqlite", tmp_path))
+    tok = h.monitor("ci")
+    sid, rtok = h.subscribe("ci", tok)
+    other, otok = h.subscribe("ci", tok, subscriber="agent:other")
+    h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+    h.clock.advance(MUTE_FLUSH_SECONDS + 1)
+    h.ack(sid, rtok, h.pull(sid, rtok).body["next"])  # past the window: stored
+    h.clock.advance(1)
+    h.pull(sid, rtok)  # empty, within the window: remembered, not written
+    remembered = h.service._life[sid]
+    h.ack(other, otok, h.pull(other, otok).body["next"])  # another reader's write: sid's entry stays
+    assert h.service._life[sid] == remembered
+    h.clock.advance(MUTE_FLUSH_SECONDS + 1)
+    assert h.publish("ci", tok).status == 201
+    with pytest.raises(RuntimeError), h.store.batch():  # the group fails after sid's delivery was written
+        assert len(h.service.pull(sid, rtok)["observations"]) == 1
+        raise RuntimeError("the group's commit fails")
+    h.clock.advance(1)
+    h.ack(other, otok, h.pull(other, otok).body["next"])  # a call outside a group checks what it stored
+    assert h.service._life.get(sid) == remembered  # the failed group stored nothing: still remembered
+    with h.store.batch():  # the same delivery, committed this time
+        assert len(h.service.pull(sid, rtok)["observations"]) == 1
+    assert sid in h.service._life  # not yet checked as stored
+    h.publish("ci", tok)
+    h.ack(other, otok, h.pull(other, otok).body["next"])
+    assert sid not in h.service._life and h.store.get_subscription(sid).mute_since > remembered
+    getattr(h.store, "close", lambda: None)()
+
+
 def test_served_last_pull_is_the_latest_pull_even_when_not_yet_stored(h):
     from monitor_protocol.core import timefmt
 

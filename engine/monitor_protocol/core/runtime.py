@@ -64,6 +64,7 @@ T = TypeVar("T")
 
 
 _alive = copier(Subscription, ("mute_since", "last_pull"))  # a pending sign of life, applied
+LIFE_UNSURE_MAX = 10_000  # subscriptions written in group commits, waiting to be checked as stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,9 @@ class ServiceCore(ABC):
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
+        # Subscriptions written inside a group commit not committed yet (SQLite's `in_batch`): their signs of
+        # life are forgotten only once a later call finds the write stored (a failed group keeps the old clock).
+        self._life_unsure: set[str] = set()
         # Calls may run on several threads at once on a store that keeps them apart (doors/engines.py
         # EngineLanes): a newer sign of life is never overwritten by an older one.
         self._life_lock = threading.Lock()
@@ -379,11 +383,26 @@ class ServiceCore(ABC):
             return
         with self._life_lock:
             self._remember_life_locked(tx)
-            life = self._life
-            for sub in written:  # stored since, or retired: nothing left to remember (it kept every one)
-                seen = life.get(sub.id)
-                if seen is not None and (seen <= sub.mute_since or not sub.active):
-                    del life[sub.id]
+            if written and self._life:
+                self._forget_stored_life(written)
+
+    def _forget_stored_life(self, written: list[Subscription]) -> None:
+        """A sign of life the store now holds (a clock as late) or that no longer matters (retired) is forgotten:
+        kept, one entry per reader that ever pulled stayed for the process's life. Inside a group commit the
+        write is not stored yet: it is checked again, as stored, by the next call outside one."""
+        life, unsure = self._life, self._life_unsure
+        if getattr(self.store, "in_batch", False):
+            if len(unsure) < LIFE_UNSURE_MAX:  # (past it, some are kept for good: never early, only larger)
+                unsure.update(sub.id for sub in written if sub.id in life)
+            return
+        if unsure:
+            rest = [self.store.get_subscription(sid) for sid in unsure]
+            unsure.clear()
+            written = [*written, *(sub for sub in rest if sub is not None)]
+        for sub in written:
+            seen = life.get(sub.id)
+            if seen is not None and (seen <= sub.mute_since or not sub.active):
+                del life[sub.id]
 
     def _remember_life_locked(self, tx: Tx) -> None:
         for sub_id, when in tx.life.items():
