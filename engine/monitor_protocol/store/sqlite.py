@@ -103,8 +103,7 @@ _SELECT_OBSERVATION = f"{_SELECT} observations"
 
 KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
 # Subscriptions kept decoded between calls (~0.7 KiB each): past this the cache starts again (reads refill
-# it).
-# Unbounded, a churn of readers (subscribe, pull, retire) held every retired one for the process's life.
+# it). Unbounded, a churn of readers (subscribe, pull, retire) held every retired one for the process's life.
 SUBSCRIPTIONS_CACHED_MAX = 20_000
 MONITORS_CACHED_MAX = 5_000  # monitors kept decoded (a few KiB each), the same way
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
