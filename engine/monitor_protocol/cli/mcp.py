@@ -110,7 +110,9 @@ def run(name: str, args: argparse.Namespace) -> int:
         from monitor_protocol.doors.mcp.backends import DatabaseUnavailable
         from monitor_protocol.doors.mcp.server import build
     except ImportError as exc:
-        print(f"mp mcp needs the MCP SDK: pip install 'monitor-protocol[mcp]' ({exc})", file=sys.stderr)
+        print(
+            f"mp mcp needs the MCP SDK: pip install 'mcp>=2.3,<3' (the [mcp] extra) ({exc})", file=sys.stderr
+        )
         return 1
     from monitor_protocol.store.sqlite import StoreCorrupt, StoreLocked
 

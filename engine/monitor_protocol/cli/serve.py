@@ -292,7 +292,7 @@ def _db_lanes(chosen: str | None) -> str:
     if available():
         return "green"
     print(
-        "mp serve: --db-lanes green needs greenlet (pip install 'monitor-protocol[postgres]'); "
+        "mp serve: --db-lanes green needs greenlet (pip install greenlet: the [postgres] extra); "
         "running the engine's calls on threads",
         file=sys.stderr,
     )
@@ -385,7 +385,7 @@ def run(name: str, args: argparse.Namespace) -> int:
     try:
         import httptools  # noqa: F401 - the server's HTTP parser
     except ImportError:
-        print("mp serve needs httptools: pip install monitor-protocol", file=sys.stderr)
+        print("mp serve needs httptools: pip install httptools", file=sys.stderr)
         return 1
     from monitor_protocol.api.rest import RestRouter
     from monitor_protocol.core.service import MonitorService

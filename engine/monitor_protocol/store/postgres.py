@@ -1,6 +1,6 @@
 """The PostgreSQL store: any number of `mp serve` processes on one database (docs/scale-out.md).
 
-psycopg 3 (`pip install 'monitor-protocol[postgres]'`), imported only when this store is opened: the engine
+psycopg 3 (the `postgres` extra: `pip install '.[postgres]'` in a clone), imported only when this store is opened: the engine
 itself stays standard-library only. The schema is the SQLite store's columnar one (store/sqlite.py), with
 every text column that a filter compares in the "C" collation (code point order, as Python and SQLite
 compare), a few server-side functions, and a format version in `mp_meta`; it is created (or brought to this

@@ -76,7 +76,7 @@ def driver() -> Any:
         import psycopg
     except ImportError as exc:  # pragma: no cover - the message is the point
         raise RuntimeError(
-            "a postgresql:// database needs psycopg 3: pip install 'monitor-protocol[postgres]'"
+            "a postgresql:// database needs psycopg 3: pip install 'psycopg[binary]' (the [postgres] extra)"
         ) from exc
     return psycopg
 

@@ -156,8 +156,8 @@ FAST_JSON_ENV = "MP_JSON"  # "json" forces the standard library's codec (for com
 
 
 def install_fast_json() -> str:
-    """Encode replies and stored rows with orjson when it is installed (`pip install
-    'monitor-protocol[server]'`): the same bytes as the standard library's compact JSON, 10-20 times
+    """Encode replies and stored rows with orjson when it is installed (the `server`
+    extra): the same bytes as the standard library's compact JSON, 10-20 times
     faster. Requests are parsed by orjson first too (as strict as RFC 8259), under the engine's own rules
     (wire.loads falls back on them for whatever orjson refuses or may judge otherwise). Returns what the log
     says."""
@@ -168,7 +168,7 @@ def install_fast_json() -> str:
         import orjson
     except ImportError:
         wire.use_codec(wire.STDLIB_CODEC)
-        return "standard library (pip install 'monitor-protocol[server]' adds orjson, faster)"
+        return "standard library (pip install orjson, the [server] extra, for a faster one)"
     stdlib = wire.STDLIB_CODEC.encode
 
     def encode(value: Any) -> bytes:
