@@ -104,6 +104,19 @@ def test_a_pause_takes_no_patch(h):
     assert h.call("POST", "/monitors/ci/update", {"patch": {"description": "x"}}, owner).status == 200
 
 
+def test_a_monitor_creation_with_a_misspelt_field_is_refused_listing_what_it_takes(h):
+    """`visiblity` for `visibility` would otherwise make a private monitor; the refusal lists the creation's
+    own fields, as every other call's does, and creates nothing."""
+    r = h.call("POST", "/monitors", {"id": "zz", "visiblity": "public"})
+    _refused(r, "visiblity")
+    listed = r.body["error"].split("send only")[-1]
+    assert "'visibility'" in listed and "'subscribe_token'" in listed and "'id'" in listed, r.body
+    assert h.call("GET", "/monitors/zz").status == 404
+    # control: the right name creates the monitor, public
+    assert h.call("POST", "/monitors", {"id": "zz", "visibility": "public"}).status == 201
+    assert h.call("GET", "/monitors/zz").body["visibility"] == "public"
+
+
 def _rpc(h: Harness, method: str, **params):
     return h.call("POST", "/rpc", {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).body
 

@@ -76,10 +76,17 @@ def require_object(body: Any, what: str, known: frozenset[str] | None = None) ->
         return {}
     if not isinstance(body, dict):
         raise invalid(f"The {what} body must be a JSON object.")
-    if known is not None and not body.keys() <= known:
+    if known is not None:
+        refuse_unknown(body, what, known)
+    return wire.check(body)
+
+
+def refuse_unknown(body: dict[str, Any], what: str, known: frozenset[str]) -> None:
+    """400 INVALID naming the members outside `known` (the first 10, each cut to 64 characters) and listing
+    what the call takes."""
+    if not body.keys() <= known:
         unknown = sorted(name[:64] for name in body if name not in known)[:10]
         raise invalid(f"Unknown {what} field(s) {unknown}; send only {sorted(known)}.", invalid=unknown)
-    return wire.check(body)
 
 
 # In ASCII, whitespace and control characters are exactly these (no ASCII character is Cf or Cs).

@@ -26,6 +26,7 @@ from monitor_protocol.core.validation import (
     check_vocab,
     check_vocab_list,
     invalid,
+    refuse_unknown,
     require_object,
 )
 from monitor_protocol.core.vocab import (
@@ -190,17 +191,17 @@ def check_rule(rule: dict[str, Any], types: list[str]) -> dict[str, Any]:
     return {**rule, "when": filters.validate(rule["when"], types)}
 
 
+# What a creation takes: the definition, and the call's own members.
+CREATE_FIELDS = frozenset(DEFINITION_FIELDS) | {"id", "owner", "subscribe_token", "reason", "rule"}
+
+
 def create_monitor(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[str, Any]:
     body = require_object(body, "monitor")
     attested = registration_attested(core, token)
     monitor_id = check_monitor_id(body.get("id"), "id", '"ci"')
     if tx.monitor(monitor_id) is not None:
         raise ProtocolError("DUPLICATE", f"A monitor {monitor_id!r} already exists.", monitor=monitor_id)
-    unknown = sorted(
-        set(body) - set(DEFINITION_FIELDS) - {"id", "owner", "subscribe_token", "reason", "rule"}
-    )
-    if unknown:
-        raise invalid(f"Unknown monitor field(s) {unknown}.", invalid=unknown)
+    refuse_unknown(body, "monitor", CREATE_FIELDS)
     owner = body.get("owner", "human:owner" if attested else "agent:owner")
     check_actor(owner, "owner")
     if is_system(owner):
