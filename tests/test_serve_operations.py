@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 ADMIN = "ops-admin-token-0123456789abcdef"
 REGISTRATION = "ops-registration-token-0123456789"
+METRICS = "ops-metrics-token-0123456789abcd"
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
 RUN = "com.example.ci.run"
 
@@ -134,6 +135,21 @@ def test_every_flag_has_an_environment_variable_and_a_file_key():
         assert env in flag.help, f"--{name}'s help should name {env}"
 
 
+def test_the_configuration_table_of_serve_md_lists_every_setting():
+    """docs/serve.md says every flag has an environment variable and a file key: its table lists each one
+    (seven source and logging settings were missing from it)."""
+    text = (ROOT / "docs" / "serve.md").read_text()
+    table = text.split("| flag | environment | file key |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = (cells[1], cells[2])
+    for name, (env, _kind) in serve_config.SETTINGS.items():
+        flag = "--" + name.replace("_", "-")
+        assert flag in rows, f"docs/serve.md's configuration table has no row for {flag}"
+        assert env in rows[flag][0] and f"`{name}`" in rows[flag][1], (flag, rows[flag])
+
+
 def test_db_connections_comes_from_the_environment_and_is_bounded():
     cfg, sources = serve_config.resolve_settings(parse(), {"MP_DB_CONNECTIONS": "8"})
     assert cfg.db_connections == 8 and sources["db_connections"] == "MP_DB_CONNECTIONS"
@@ -212,6 +228,8 @@ def test_bad_settings_stop_the_server_with_exit_status_2(tmp_path):
     config.write_text("alow_origin = ['http://x']\n")
     done = start_failure(tmp_path, "--db", ":memory:", "--port", "0", "--config", str(config))
     assert done.returncode == 2 and "alow_origin" in done.stderr
+    known = done.stderr.split("known:")[-1]
+    assert "admin_token" in known and "allow_admin" in known  # the file's name for it is listed too
     done = start_failure(
         tmp_path, "--db", ":memory:", "--port", "0", "--config", str(tmp_path / "missing.toml")
     )
@@ -221,6 +239,7 @@ def test_bad_settings_stop_the_server_with_exit_status_2(tmp_path):
 def test_tokens_from_the_environment_work_and_never_reach_the_log(tmp_path, monkeypatch):
     monkeypatch.setenv("MP_ADMIN_TOKEN", ADMIN)
     monkeypatch.setenv("MP_REGISTRATION_TOKEN", REGISTRATION)
+    monkeypatch.setenv("MP_METRICS_TOKEN", METRICS)
     monkeypatch.setenv("MP_ALLOW_ORIGIN", "http://a.example,http://b.example")
     with running_server(tmp_path) as (base, proc), httpx.Client(base_url=base + "/mp/v0", timeout=30) as mp:
         assert mp.get("/admin/snapshot", headers=bearer(ADMIN)).status_code == 200
@@ -232,9 +251,13 @@ def test_tokens_from_the_environment_work_and_never_reach_the_log(tmp_path, monk
             assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
         assert mp.get("/discover", headers={"Origin": "http://c.example"}).status_code == 403
         log = server_log(proc)
-    assert ADMIN not in log and REGISTRATION not in log
+    assert ADMIN not in log and REGISTRATION not in log and METRICS not in log
+    # each token in force is named by where it came from and its fingerprint, so an operator can tell which
     assert f"admin: enabled, token from MP_ADMIN_TOKEN ({serve_config.fingerprint(ADMIN)})" in log
-    assert "registration: token required (from MP_REGISTRATION_TOKEN)" in log
+    fp = serve_config.fingerprint(REGISTRATION)
+    assert f"registration: token required (from MP_REGISTRATION_TOKEN; {fp})" in log
+    fp = serve_config.fingerprint(METRICS)
+    assert f"metrics: GET /metrics with the metrics token (from MP_METRICS_TOKEN; {fp})" in log
     assert "warning" not in log.lower()
 
 

@@ -540,7 +540,10 @@ def run(name: str, args: argparse.Namespace) -> int:
                 "(libpq reads both) and leave it out of the URL"
             )
         if cfg.registration_token:
-            print(f"registration: token required ({_source_note(sources['registration_token'])})")
+            print(
+                f"registration: token required ({_source_note(sources['registration_token'])}; "
+                f"{fingerprint(cfg.registration_token)})"
+            )
             warnings.append(
                 _argv_warning("registration token", sources["registration_token"], "MP_REGISTRATION_TOKEN")
             )
@@ -559,7 +562,10 @@ def run(name: str, args: argparse.Namespace) -> int:
         else:
             print("admin: disabled")
         if cfg.metrics_token:
-            print(f"metrics: GET /metrics with the metrics token ({_source_note(sources['metrics_token'])})")
+            print(
+                "metrics: GET /metrics with the metrics token "
+                f"({_source_note(sources['metrics_token'])}; {fingerprint(cfg.metrics_token)})"
+            )
             warnings.append(_argv_warning("metrics token", sources["metrics_token"], "MP_METRICS_TOKEN"))
         else:
             print(

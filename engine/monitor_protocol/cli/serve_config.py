@@ -198,7 +198,7 @@ def read_config_file(path: str) -> dict[str, Any]:
         name = key.replace("-", "_")
         name = CONFIG_ALIASES.get(name, name)
         if name not in SETTINGS:
-            known = ", ".join(sorted(SETTINGS))
+            known = ", ".join(sorted({*SETTINGS, *CONFIG_ALIASES}))
             raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
         out[name] = _convert(name, SETTINGS[name][1], value, f"{path}: {key}")
     return out
