@@ -203,6 +203,15 @@ def test_p11_vocabulary_is_validated_on_write(h):
         and bad_filter.body["code"] == "INVALID_FILTER"
         and "types" in bad_filter.body["known_keys"]
     )
+    sub, reader = h.subscribe("ci", tok)
+    unknown = h.call("GET", f"/subscriptions/{sub}/pull", token=reader, query=[("colour", "red")])
+    keys = unknown.body["known_keys"]
+    assert (
+        unknown.status == 400
+        and unknown.body["code"] == "INVALID_FILTER"
+        and unknown.body["invalid"] == "colour"
+    )
+    assert "limit" in keys and "#<tag>" in keys and len(keys) == len(set(keys)), keys  # each key once
     assert h.publish("ci", tok, tier="measured", actor="probe:ci").status == 201
 
 

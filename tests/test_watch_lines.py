@@ -324,7 +324,7 @@ def test_no_token_prints_the_error_line_a_wrong_token_gets_and_sends_nothing() -
     """No reader token at all: the same ERROR line and exit status as a token the server refuses, on stdout
     (where a Monitor tool looks), without a request (the base is a port nobody listens on)."""
     no_token = {"MP_READER_TOKEN": "", "MP_TOKEN": ""}
-    said = "mp watch needs the reader token: --token or env MP_READER_TOKEN"
+    said = "mp watch needs the reader token: --token, or env MP_READER_TOKEN (else MP_TOKEN)"
     for fmt, line in (
         ("text", f"ERROR 401 UNAUTHORIZED {said}"),
         ("jsonl", f'{{"kind":"ERROR","status":401,"code":"UNAUTHORIZED","message":"{said}"}}'),
@@ -332,7 +332,7 @@ def test_no_token_prints_the_error_line_a_wrong_token_gets_and_sends_nothing() -
         ran = watch("sub-1", "--base", "http://127.0.0.1:9", "--format", fmt, env=no_token)
         assert ran.returncode == client_cmds.EXIT_UNAUTHORIZED, ran.stderr
         assert split_every_way(ran.stdout) == [line]
-        assert b"--token or env MP_READER_TOKEN" in ran.stderr and b"DOWN" not in ran.stdout
+        assert b"--token, or env MP_READER_TOKEN (else MP_TOKEN)" in ran.stderr and b"DOWN" not in ran.stdout
 
 
 def test_once_on_a_server_that_is_down_prints_down_and_exits_non_zero() -> None:

@@ -353,7 +353,9 @@ def _inline_filter(query: list[tuple[str, str]]) -> dict[str, Any] | None:
                 "INVALID_FILTER",
                 f"Unknown pull parameter {key[:64]!r}: use cursor, limit, wait or a filter key.",
                 invalid=key[:64],
-                known_keys=["cursor", "limit", "wait", *FILTER_KEYS, "#<tag>"],
+                known_keys=list(
+                    dict.fromkeys(["cursor", "limit", "wait", *FILTER_KEYS, "#<tag>"])
+                ),  # limit is both
             )
     return flt or None
 

@@ -553,9 +553,13 @@ def run(name: str, args: argparse.Namespace) -> int:
         )
     token = resolve_token(args)
     if not token:  # nothing sent; said as the server would, where a Monitor tool looks (stdout)
-        _stderr("error: UNAUTHORIZED: mp watch needs the reader token: --token or env MP_READER_TOKEN")
+        _stderr(
+            "error: UNAUTHORIZED: mp watch needs the reader token: --token, or env MP_READER_TOKEN (else MP_TOKEN)"
+        )
         _Out(getattr(args, "format", "text")).error(
-            401, "UNAUTHORIZED", "mp watch needs the reader token: --token or env MP_READER_TOKEN"
+            401,
+            "UNAUTHORIZED",
+            "mp watch needs the reader token: --token, or env MP_READER_TOKEN (else MP_TOKEN)",
         )
         return EXIT_UNAUTHORIZED
     with Client(args.base, token) as client:
