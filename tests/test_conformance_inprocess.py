@@ -253,6 +253,39 @@ def test_mp_conform_profile_flag(capsys):
     assert "profile published" in capsys.readouterr().out
 
 
+def test_mp_conform_refuses_schemas_it_cannot_use_before_sending_anything(tmp_path, monkeypatch, capsys):
+    """`--schemas DIR` given is a promise to validate: a directory that is missing, empty of schemas or holds
+    other JSON, or no jsonschema to validate with, is a usage error (exit 2) naming what to give, never a
+    quiet skip of C29 nor a failure blamed on the server."""
+    import sys
+
+    from monitor_protocol.cli import main
+    from monitor_protocol.core.schemas import schema_dir
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "run.json").write_text("[1, 2]")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "monitor.json").write_text("{not json")
+    for directory, said in (
+        (tmp_path / "missing", "no such directory"),
+        (tmp_path / "empty", "holds no *.json file"),
+        (tmp_path / "other", "run.json is not a JSON Schema"),
+        (tmp_path / "broken", "monitor.json is not JSON"),
+    ):
+        assert main(["conform", "--only", "C29", "--schemas", str(directory)]) == 2, directory
+        err = capsys.readouterr().err
+        assert err.startswith("mp conform: --schemas ") and said in err, err
+        assert "published JSON Schemas" in err or said.endswith("is not JSON"), err
+    # control: a directory of schemas (this project's own, present in any clone) is taken, and C29 runs
+    usable = str(schema_dir())
+    assert main(["conform", "--only", "C29,C01", "--schemas", usable]) == 0
+    assert "2 passed, 0 failed, 0 skipped" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # `import jsonschema` now raises ImportError
+    assert main(["conform", "--only", "C29", "--schemas", usable]) == 2
+    assert "pip install jsonschema" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not HAVE_REFERENCE, reason=f"the published reference schemas are not at {REFERENCE}")
 async def test_c29_compares_with_the_reference_schemas():
     report = await run_suite(InProcessTransport.create(), only="C29", reference_schema_dir=REFERENCE)

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 HELP = "run the conformance suite against a server (or in-process without --base)"
@@ -65,7 +66,36 @@ async def _run(args: argparse.Namespace) -> Any:
     return await run_suite(transport, only=args.only, reference_schema_dir=args.schemas, profile=args.profile)
 
 
+def schemas_problem(directory: str) -> str | None:
+    """Why `--schemas DIR` cannot be used, or None. Checked before anything is sent: a directory given that
+    cannot serve is a usage error (exit 2), not a quiet skip of C29 nor a failure blamed on the server."""
+    try:
+        import jsonschema  # noqa: F401
+    except ImportError:
+        return "--schemas needs jsonschema to validate with (pip install jsonschema); nothing was run"
+    from monitor_protocol.core.schemas import load_schemas
+
+    what = "give the directory of the protocol's published JSON Schemas, one *.json file each"
+    if not Path(directory).is_dir():
+        return f"--schemas {directory}: no such directory ({what})"
+    try:
+        loaded = load_schemas(directory)
+    except FileNotFoundError:
+        return f"--schemas {directory}: holds no *.json file ({what})"
+    except (OSError, ValueError) as exc:
+        return f"--schemas {directory}: {exc}"
+    odd = [f"{name}.json" for name, schema in loaded.items() if not isinstance(schema, dict)]
+    if odd:
+        return f"--schemas {directory}: {', '.join(odd)} is not a JSON Schema (an object) ({what})"
+    return None
+
+
 def run(name: str, args: argparse.Namespace) -> int:
+    if args.schemas:
+        problem = schemas_problem(args.schemas)
+        if problem:
+            print(f"mp conform: {problem}", file=sys.stderr)
+            return 2
     try:
         report = asyncio.run(_run(args))
     except ValueError as exc:  # an unknown --only id, or one outside the --profile

@@ -34,7 +34,10 @@ def load_schemas(directory: str | Path | None = None) -> dict[str, dict[str, Any
     d = Path(directory) if directory is not None else schema_dir()
     out: dict[str, dict[str, Any]] = {}
     for path in sorted(d.glob("*.json")):
-        out[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            out[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:  # not JSON, or not UTF-8: say which file
+            raise ValueError(f"{path} is not JSON: {exc}") from exc
     if not out:
         raise FileNotFoundError(f"no *.json schemas in {d}")
     return out
