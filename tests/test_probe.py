@@ -211,6 +211,29 @@ def test_probe_once_keeps_what_an_unreachable_server_did_not_confirm_and_sends_i
         api.close()
 
 
+def test_probe_once_runs_a_command_without_a_cadence_and_without_once_names_its_own_flags(tmp_path):
+    """`mp probe --once -- CMD` from cron: one run, its output one observation, with no period to give (it
+    was refused, naming the definition's cadence keys). Without `--once` the refusal names the probe's flags."""
+    with running_server(tmp_path) as (base, _proc):
+        api = Api(base)
+        owner = api.create("ci")
+        args = ("--base", base, "--monitor", "ci", "--token", owner, "--state-dir", str(tmp_path / "st"))
+        cmd = ("--type", RUN, "--", PY, "-c", "print('build 413 passed')")
+        refused = run_probe(*args, *cmd)
+        assert refused.returncode == 3, refused
+        said = refused.stderr
+        assert "--every SECONDS" in said and "--schedule CRON" in said and "--follow" in said, said
+        assert "--once" in said and "cadence.heartbeat_seconds" not in said, said
+        assert api.observations("ci", owner) == []
+        done = run_probe(*args, "--once", *cmd)
+        assert done.returncode == 0 and "kind=shell" in done.stdout, done
+        assert [o["data"]["output"] for o in api.observations("ci", owner)] == ["build 413 passed\n"]
+        # control: a cadence given still runs as before, once
+        assert run_probe(*args, "--once", "--every", "60", *cmd).returncode == 0
+        assert len(api.observations("ci", owner)) == 2
+        api.close()
+
+
 def test_probe_publishes_an_http_500_and_a_command_that_cannot_start_as_not_answering(tmp_path):
     target = Target(status=500)
     try:

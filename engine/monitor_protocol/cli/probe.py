@@ -210,6 +210,13 @@ def merged(monitor: dict[str, Any], source: dict[str, Any] | None, given: dict[s
     return out
 
 
+NO_CADENCE = (
+    "say how this command runs: --every SECONDS or --schedule CRON (one run per period, its output and exit "
+    "code one observation), --follow (a long-lived process, one observation per line of its output), or "
+    "--once for a single run; or set the monitor's cadence"
+)
+
+
 # ---------------------------------------------------------------------------------------------- the probe
 
 
@@ -474,7 +481,14 @@ async def probe(args: argparse.Namespace, token: str, out: Out) -> int:
             print(f"mp probe: {reason}", file=sys.stderr)
             return EXIT_REFUSED
         try:
-            plan = sources.plan_of(monitor)
+            try:
+                plan = sources.plan_of(monitor)
+            except sources.NoCadence:
+                if not args.once:
+                    raise sources.SourceRefused(NO_CADENCE) from None
+                # --once: one run, its output and exit code one observation (any period: there is no next)
+                monitor["cadence"] = {**(monitor.get("cadence") or {}), "heartbeat_seconds": 60}
+                plan = sources.plan_of(monitor)
         except sources.SourceRefused as refused:
             out.line("ERROR", "REFUSED", word("reason", refused.reason, 900))
             print(f"mp probe: this source cannot run: {refused.reason}", file=sys.stderr)

@@ -121,6 +121,11 @@ class Plan:
 
 
 # ======================================================================================== reading a plan
+class NoCadence(SourceRefused):
+    """A command source whose definition does not say how it runs (once per period, or long-lived): a door
+    that knows a better way to say so (mp probe's flags) may catch this one."""
+
+
 def _refuse(reason: str) -> SourceRefused:
     return SourceRefused(reason)
 
@@ -236,7 +241,7 @@ def _cadence(kind: str, cadence: Mapping[str, Any]) -> tuple[str, float | None, 
         return EVERY, _number(heartbeat, "cadence.heartbeat_seconds", 1, 31 * 86400), None
     if kind == "http":
         return EVERY, DEFAULT_HTTP_SECONDS, None
-    raise _refuse(
+    raise NoCadence(
         "Say how this command runs: cadence.event_driven true (a long-lived process, one observation per "
         "line of its output) or cadence.heartbeat_seconds / cadence.schedule (one run per period, its output "
         "and exit code one observation)."
