@@ -423,3 +423,27 @@ def test_a_probe_refused_the_state_directory_leaves_the_buffer_there_untouched(t
     done = run_probe(*cmd)
     assert done.returncode == 6, done
     assert b'"tor' not in spool.read_bytes() and b'"k0"' in spool.read_bytes()
+
+
+def test_probe_without_a_token_names_every_place_it_reads_one(tmp_path, monkeypatch, capsys):
+    from monitor_protocol.cli import client_cmds, main
+
+    monkeypatch.delenv("MP_OWNER_TOKEN", raising=False)
+    monkeypatch.delenv("MP_TOKEN", raising=False)
+    args = [
+        "probe",
+        "--base",
+        "http://127.0.0.1:9",
+        "--monitor",
+        "ci",
+        "--state-dir",
+        str(tmp_path),
+        "--once",
+    ]
+    args += ["--every", "60", "--", "echo", "hi"]
+    assert main(args) == client_cmds.EXIT_UNAUTHORIZED
+    assert "--token, or env MP_OWNER_TOKEN (else MP_TOKEN)" in capsys.readouterr().err
+    # control: MP_TOKEN is read; the unreachable server is what stops this run (exit 6, DOWN)
+    monkeypatch.setenv("MP_TOKEN", "mpo_from_env")
+    assert main(args) == 6
+    assert capsys.readouterr().out.startswith("DOWN ")

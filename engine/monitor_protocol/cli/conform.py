@@ -84,18 +84,33 @@ def schemas_problem(directory: str) -> str | None:
         return f"--schemas {directory}: holds no *.json file ({what})"
     except (OSError, ValueError) as exc:
         return f"--schemas {directory}: {exc}"
-    odd = [f"{name}.json" for name, schema in loaded.items() if not isinstance(schema, dict)]
-    if odd:
-        return f"--schemas {directory}: {', '.join(odd)} is not a JSON Schema (an object) ({what})"
+    from jsonschema.exceptions import SchemaError
+
+    from monitor_protocol.core.schemas import ecma_validator_class
+
+    for name, schema in loaded.items():
+        if not isinstance(schema, dict):
+            return f"--schemas {directory}: {name}.json is not a JSON Schema (an object) ({what})"
+        try:
+            ecma_validator_class().check_schema(schema)
+        except SchemaError as exc:
+            return f"--schemas {directory}: {name}.json is not a valid JSON Schema: {exc.message}"
     return None
 
 
 def run(name: str, args: argparse.Namespace) -> int:
-    if args.schemas:
-        problem = schemas_problem(args.schemas)
-        if problem:
-            print(f"mp conform: {problem}", file=sys.stderr)
-            return 2
+    from monitor_protocol.conformance.runner import selected
+
+    try:
+        # Only a run that validates against them (C29) needs the schemas: a script that always passes --schemas
+        # still runs `--profile project` or `--only C05` without jsonschema.
+        validates = "C29" in selected(args.only, args.profile)
+    except ValueError:
+        validates = False  # the run's own refusal says why (below)
+    problem = schemas_problem(args.schemas) if args.schemas and validates else None
+    if problem:
+        print(f"mp conform: {problem}", file=sys.stderr)
+        return 2
     try:
         report = asyncio.run(_run(args))
     except ValueError as exc:  # an unknown --only id, or one outside the --profile

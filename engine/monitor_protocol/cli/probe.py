@@ -439,7 +439,7 @@ async def fetch_definition(
                 if err.code == "NOT_FOUND":  # the server never says whether a private monitor exists
                     message = (
                         f"no monitor {monitor_id!r} that this token may read: check --monitor, and that --token "
-                        "(or MP_OWNER_TOKEN) is its owner token (a private monitor is not found with another "
+                        "(or MP_OWNER_TOKEN, else MP_TOKEN) is its owner token (a private monitor is not found with another "
                         "token)"
                     )
                 print(f"mp probe: error: {err.code}: {message}", file=sys.stderr)
@@ -556,7 +556,8 @@ def run(name: str, args: argparse.Namespace) -> int:
     token = resolve_token(args)
     if not token:
         print(
-            "mp probe: error: UNAUTHORIZED: mp probe needs the owner token: --token or env MP_OWNER_TOKEN",
+            "mp probe: error: UNAUTHORIZED: mp probe needs the owner token: --token, or env MP_OWNER_TOKEN "
+            "(else MP_TOKEN)",
             file=sys.stderr,
         )
         return EXIT_UNAUTHORIZED

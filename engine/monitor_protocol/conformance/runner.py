@@ -95,7 +95,9 @@ class Report:
         }
 
 
-def _selected(only: Iterable[str] | str | None, profile: str) -> set[str]:
+def selected(only: Iterable[str] | str | None, profile: str) -> set[str]:
+    """The ids of the checks a run of `profile` restricted to `only` runs; ValueError for an unknown id, or one
+    outside the profile."""
     if profile not in PROFILE_CHOICES:
         raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILE_CHOICES)}")
     in_profile = {c.id for c in CHECKS if profile == ALL or c.profile == profile}
@@ -122,7 +124,7 @@ def _with_rule(note: str, rule: str) -> str:
 
 def checks_in(profile: str = ALL) -> list[Any]:
     """The registered checks of `profile` ("all", "published" or "project"), in report order."""
-    wanted = _selected(None, profile)
+    wanted = selected(None, profile)
     return [c for c in CHECKS if c.id in wanted]
 
 
@@ -140,7 +142,7 @@ async def run_suite(
     any implementation) or "project" (this project's own choices and limits). `reference_schema_dir` is a
     directory of published JSON Schemas (`mp conform --schemas DIR`): C29 validates against those and only
     those, and skips, saying so, when none is given."""
-    wanted = _selected(only, profile)
+    wanted = selected(only, profile)
     ctx = Context(transport, str(reference_schema_dir) if reference_schema_dir else None, profile=profile)
     report = Report(getattr(transport, "name", type(transport).__name__), profile=profile)
     ordered = [c for c in CHECKS if not c.final] + [c for c in CHECKS if c.final]
