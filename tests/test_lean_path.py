@@ -263,6 +263,45 @@ async def test_readers_woken_together_are_rechecked_in_one_call_that_reads_once(
         assert [o["subject"] for o in body["observations"]] == ["build-9"]
 
 
+async def test_readers_of_several_monitors_are_rechecked_in_the_order_of_their_monitors(door) -> None:
+    """The re-check locks each reader's monitor as it comes to it: in the order of the monitors' ids, so that
+    two servers of one PostgreSQL database re-checking readers of the same monitors never lock them in
+    opposite orders (a soak saw that deadlock, each side's readers answered 503)."""
+    server, service, _store = door
+    owners, subs, monitor_of, readers = {}, [], {}, []
+    for mid in ("zz", "mm", "aa"):
+        made = service.create_monitor({"id": mid, "visibility": "public", "types": [RUN]}, None)
+        owners[mid] = made["owner_token"]
+        for i in range(2):
+            made = service.subscribe(
+                {"monitor": mid, "subscriber": f"agent:{mid}{i}", "filter": {"types": [RUN]}}, None
+            )
+            subs.append((made["subscription"]["id"], made["token"]))
+            monitor_of[subs[-1][0]] = mid
+    for sid, token in subs:  # every reader at its head, then parked
+        service.ack(sid, token, {"cursor": service.pull(sid, token, limit=200)["next"]})
+        conn, transport = connect(server)
+        conn.data_received(get(f"/mp/v0/subscriptions/{sid}/pull?wait=30", token))
+        readers.append(transport)
+    await until(lambda: sum(server.app.waiters.parked_on(m) for m in owners) == 6, "every poll to park")
+    asked: list[list[str]] = []
+    original = service.pull_many
+    service.pull_many = lambda asks, **kw: (
+        asked.append([monitor_of[a[0]] for a in asks]) or original(asks, **kw)
+    )  # type: ignore[method-assign]
+    writers = [connect(server) for _ in owners]
+    for (conn, _t), mid in zip(writers, ("zz", "mm", "aa"), strict=True):  # woken zz first, aa last
+        conn.data_received(post(f"/mp/v0/monitors/{mid}/observations", {"type": RUN}, owners[mid]))
+    await until(lambda: all(t.replies() for t in readers), "every reader's reply")
+    assert asked and sorted(m for call in asked for m in call) == ["aa", "aa", "mm", "mm", "zz", "zz"]
+    for call in asked:
+        assert call == sorted(call), asked
+    assert len(asked) == 1 or any(len(set(call)) > 1 for call in asked), asked  # several monitors in a call
+    for transport in readers:
+        status, body = transport.replies()[-1]
+        assert status == 200 and len(body["observations"]) == 1
+
+
 async def park_all(server: HttpServer, subs: list[tuple[str, str]]) -> list[tuple[HttpConnection, Transport]]:
     readers = [connect(server) for _ in subs]
     for (conn, _t), (sid, token) in zip(readers, subs, strict=True):

@@ -283,7 +283,12 @@ class MonitorApp:
     def _woken_job(
         self, woken: list[tuple[LongPoll, asyncio.Future[parking.Outcome]]]
     ) -> tuple[Callable[[], list[tuple[Response, int]]], Callable[[bool, Any], None]]:
-        """The engine call that re-checks these woken readers, and what answers them with its outcome."""
+        """The engine call that re-checks these woken readers, and what answers them with its outcome. The
+        readers go in the order of their monitors' ids: the call locks each reader's monitor as it comes to
+        it, and two servers of one PostgreSQL database re-checking readers of the same monitors (each woken
+        by its own append first, the other's a moment later) would otherwise lock them in opposite orders
+        and deadlock (PostgreSQL breaks it after a second, and every reader of the call gets 503)."""
+        woken.sort(key=_monitor_of_woken)
         polls = [poll for poll, _ in woken]
 
         def job() -> list[tuple[Response, int]]:
@@ -609,3 +614,7 @@ def _monitor_of(response: Response) -> str:
     if isinstance(body, dict) and isinstance(body.get("monitor"), str):
         return body["monitor"]
     return ""
+
+
+def _monitor_of_woken(woken: tuple[LongPoll, Any]) -> str:
+    return woken[0].monitor
