@@ -389,6 +389,51 @@ def test_compaction_deletes_below_and_only_that_monitor(store):
     assert [o.seq for o in view(store).scan("m1", 1, 99)] == [11]
 
 
+def test_the_backlog_summary_counts_in_the_store_what_the_listing_counts(store):
+    """/metrics' summary (Store.backlog_summary): the SQL stores count in the database what the default
+    reads record by record, whatever the mix: monitors with a floor (compacted), cursors before the floor,
+    at and past the head, retired readers (not counted), a reader of a monitor not stored (counted active, no
+    backlog), ties ordered by monitor and id, and `top` cutting the list."""
+    import dataclasses
+
+    from monitor_protocol.core.store_contract import Store
+
+    monitors = [monitor("m1", head=40, floor=1), monitor("m2", head=30, floor=21), monitor("m3", head=0)]
+    subs = []
+    for i, (mid, cursor, active) in enumerate(
+        [
+            ("m1", 0, True),
+            ("m1", 11, True),
+            ("m1", 41, True),
+            ("m1", 3, False),
+            ("m2", 5, True),
+            ("m2", 25, True),
+            ("m3", 0, True),
+            ("gone", 0, True),
+            ("m2", 5, True),
+        ]  # fmt: skip
+    ):
+        subs.append(
+            dataclasses.replace(sub(f"s{i}", mid, f"agent:r{i}", f"h{i}", active=active), cursor=cursor)
+        )
+    put(store, monitors=monitors, subscriptions=subs)
+    v = view(store)
+    for top in (0, 2, 50):
+        got, listed = v.backlog_summary(top), Store.backlog_summary(v, top)
+        assert got == listed, (top, got, listed)
+    full = v.backlog_summary(50)
+    assert full["monitors"] == 3 and full["active"] == 8 and full["total"] == 40 + 30 + 0 + 10 + 6 + 10
+    assert full["top"][:3] == [(40, "m1", "s0"), (30, "m1", "s1"), (10, "m2", "s4")]
+    assert [r[2] for r in v.backlog_summary(2)["top"]] == ["s0", "s1"]
+    if type(v).backlog_summary is not Store.backlog_summary:  # the SQL stores: counted in the database
+
+        def listing(*_a, **_k):
+            raise AssertionError("a scrape must not list every record")
+
+        v.list_subscriptions = v.list_monitors = listing
+        assert v.backlog_summary(50) == full
+
+
 def T(column: str, *exact: str, prefixes: tuple[str, ...] = ()) -> Term:
     return Term(column, tuple(exact), prefixes)
 

@@ -279,6 +279,30 @@ class Store(ABC):
     def count_active_subscriptions(self, monitor_id: str) -> int:
         """How many subscriptions of this monitor are active (the 10,000 cap, docs/protocol.md section 10)."""
 
+    def backlog_summary(self, top: int) -> dict[str, Any]:
+        """For /metrics: how many monitors the store holds (`monitors`) and active subscriptions (`active`), the
+        rows past the committed cursors of those whose monitor exists (`total`), and the `top` largest such
+        backlogs as (rows, monitor, subscription), largest first, then by monitor and id. This default
+        decodes every record; the SQL stores count in the database, so a scrape's cost does not grow with the
+        records churned (retired subscriptions, monitors)."""
+        monitors = {m.id: m for m in self.list_monitors()}
+        rows = []
+        active = 0
+        for sub in self.list_subscriptions():
+            if not sub.active:
+                continue
+            active += 1
+            rec = monitors.get(sub.monitor)
+            if rec is not None:
+                rows.append((max(0, rec.head - max(sub.cursor, 1, rec.floor) + 1), sub.monitor, sub.id))
+        rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+        return {
+            "monitors": len(monitors),
+            "active": active,
+            "top": rows[:top],
+            "total": sum(r[0] for r in rows),
+        }
+
     # leases
     @abstractmethod
     def get_lease(self, monitor_id: str, subject: str) -> Lease | None: ...

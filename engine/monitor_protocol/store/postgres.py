@@ -86,6 +86,8 @@ from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
 from monitor_protocol.store.postgres_sql import (
     AS_READ_FUNCTION,
     AS_READ_FUNCTION_SQL,
+    BACKLOG_TOP_SQL,
+    BACKLOG_TOTALS_SQL,
     CHANNEL,
     GET_LEASE,
     GET_MONITOR,
@@ -765,6 +767,16 @@ class PostgresStore(Store):
             "SELECT count(*) FROM subscriptions WHERE monitor=$1 AND state = 'active'", (monitor_id,)
         )
         return int(rows[0][0])
+
+    def backlog_summary(self, top: int) -> dict[str, Any]:
+        totals, rows = self._run([(BACKLOG_TOTALS_SQL, ()), (BACKLOG_TOP_SQL, (top,))])
+        monitors, active, total = (int(v) for v in totals[0])
+        return {
+            "monitors": monitors,
+            "active": active,
+            "top": [(int(n), dec(text(m)), dec(text(s))) for n, m, s in rows],
+            "total": total,
+        }
 
     # --- leases -----------------------------------------------------------------------------------
     def get_lease(self, monitor_id: str, subject: str) -> Lease | None:

@@ -154,6 +154,16 @@ SUBSCRIPTION_SQL = {by: f"SELECT * FROM mp2_subscription_by_{by}($1, $2, $3)" fo
 # Rows of the log read ahead with a reader's subscription: an ack+pull of one row (the ack moving the cursor up
 # to the page the last pull handed out) is then answered without another round trip.
 PAGE_AHEAD = 16
+# /metrics (Store.backlog_summary): each active subscription's backlog, counted in the database.
+BACKLOG_SQL = (
+    "SELECT GREATEST(0, m.head - GREATEST(s.cursor, 1, m.floor) + 1) AS backlog, s.monitor, s.id "
+    "FROM subscriptions s JOIN monitors m ON m.id = s.monitor WHERE s.state = 'active'"
+)
+BACKLOG_TOTALS_SQL = (
+    "SELECT (SELECT count(*) FROM monitors), (SELECT count(*) FROM subscriptions WHERE state = 'active'), "
+    f"(SELECT coalesce(sum(backlog), 0) FROM ({BACKLOG_SQL}) b)"
+)
+BACKLOG_TOP_SQL = f"{BACKLOG_SQL} ORDER BY backlog DESC, s.monitor, s.id LIMIT $1"
 GET_MONITOR = f"SELECT {', '.join(MONITOR_COLUMNS)}, rec FROM monitors"
 GET_SUBSCRIPTION = f"SELECT {', '.join(SUBSCRIPTION_COLUMNS)}, rec FROM subscriptions"
 GET_LEASE = f"SELECT {', '.join(LEASE_COLUMNS)}, rec FROM leases"

@@ -68,7 +68,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
-from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, SCHEMA
+from monitor_protocol.store.sqlite_schema import BACKLOG_TOP_SQL, BACKLOG_TOTALS_SQL, COUNT_ACTIVE_SQL, SCHEMA
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -835,6 +835,12 @@ class SQLiteStore(Store):
     @guarded
     def count_active_subscriptions(self, monitor_id: str) -> int:
         return int(self._db.execute(COUNT_ACTIVE_SQL, (monitor_id,)).fetchone()[0])
+
+    @guarded
+    def backlog_summary(self, top: int) -> dict[str, Any]:
+        monitors, active, total = self._db.execute(BACKLOG_TOTALS_SQL).fetchone()
+        rows = [tuple(r) for r in self._db.execute(BACKLOG_TOP_SQL, (top,))]
+        return {"monitors": monitors, "active": active, "top": rows, "total": total}
 
     # --- leases -----------------------------------------------------------------------------------
     _GET_LEASE = f"SELECT {', '.join(LEASE_COLUMNS)}, rec FROM leases"

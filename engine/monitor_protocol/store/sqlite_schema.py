@@ -45,3 +45,13 @@ SCHEMA = (
 # The active-subscription count is answered from the partial index alone (no row is read): the query must
 # repeat the index's own WHERE term, literally, for SQLite to choose it.
 COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state = 'active'"
+# /metrics (Store.backlog_summary): each active subscription's backlog, counted in the database.
+BACKLOG_SQL = (
+    "SELECT max(0, m.head - max(s.cursor, 1, m.floor) + 1) AS backlog, s.monitor, s.id FROM subscriptions s "
+    "JOIN monitors m ON m.id = s.monitor WHERE s.state = 'active'"
+)
+BACKLOG_TOTALS_SQL = (
+    "SELECT (SELECT count(*) FROM monitors), (SELECT count(*) FROM subscriptions WHERE state = 'active'), "
+    f"(SELECT coalesce(sum(backlog), 0) FROM ({BACKLOG_SQL}))"
+)
+BACKLOG_TOP_SQL = f"{BACKLOG_SQL} ORDER BY backlog DESC, s.monitor, s.id LIMIT ?"
