@@ -109,6 +109,34 @@ async def test_appends_racing_the_parking_are_never_lost(registry):
     assert waiters.monitors() == []
 
 
+async def test_the_counts_of_monitors_nobody_waits_on_are_forgotten_and_no_wake_is_lost(
+    registry, monkeypatch
+):
+    """One count per monitor ever appended to grew for good (a soak churning monitors saw it): past HEARD_MAX
+    the counts of monitors nobody is parked on are forgotten. A mark taken before that is stale (its reader
+    re-checks: True), never one that a count starting again could equal while an append went unseen; a
+    reader parked across it still wakes on its monitor's next append."""
+    from monitor_protocol.doors import parking
+
+    waiters, service = registry
+    monkeypatch.setattr(parking, "HEARD_MAX", 8)
+    service.append("busy")
+    service.append("busy")
+    reader = asyncio.ensure_future(waiters.wait("busy", waiters.mark("busy"), HANG_GUARD))
+    await parked(waiters, "busy")
+    old = waiters.mark("quiet")  # a pull of "quiet" read before the counts were forgotten ...
+    service.append("quiet")  # ... and an append to it after that pull
+    for i in range(40):  # monitors come and go
+        service.append(f"churned-{i}")
+    assert len(waiters._heard) <= 8 and "busy" in waiters._heard
+    assert await waiters.wait("quiet", old, HANG_GUARD) is True  # the append is seen (re-checked)
+    fresh = waiters.mark("quiet")
+    assert await waiters.wait("quiet", fresh, 0) is False  # control: a fresh mark parks (times out at once)
+    assert not reader.done()
+    service.append("busy")
+    assert await asyncio.wait_for(reader, HANG_GUARD) is True
+
+
 async def test_a_wait_times_out_and_leaves_nothing_behind(registry):
     waiters, _service = registry
     assert await waiters.wait("ci", waiters.mark("ci"), 0.01) is False

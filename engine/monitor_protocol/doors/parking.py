@@ -36,6 +36,10 @@ Recheck = Callable[[float], Awaitable[Outcome]]
 # A mark is the appends heard on a monitor plus the re-check generation times this (no monitor hears 2^40
 # appends in one generation), so a mark taken before recheck_all never equals one taken after it.
 GENERATION = 1 << 40
+# Monitors whose appends are counted (one int each). Past this, the counts of monitors nobody is parked on are
+# forgotten and the generation moves on, so a mark taken before that is stale (its reader re-checks once,
+# never misses an append): a server that saw a million monitors come and go keeps only its live ones.
+HEARD_MAX = 10_000
 
 log = logging.getLogger("monitor_protocol.doors.parking")
 
@@ -137,7 +141,10 @@ class Waiters:
         with self._hop_lock:
             # Counted and looked at under the lock park() takes to compare and list: either the reader
             # sees this count (and does not park) or it is listed here (and gets the hop).
-            self._heard[monitor_id] = self._heard.get(monitor_id, 0) + 1
+            if monitor_id not in self._heard and len(self._heard) >= HEARD_MAX:
+                self._forget_unparked()
+            heard = self._heard
+            heard[monitor_id] = heard.get(monitor_id, 0) + 1
             self.appended += 1
             loop = self._loop
             if loop is None:
@@ -158,6 +165,15 @@ class Waiters:
         except RuntimeError:  # the loop is closed: nobody is waiting on it any more
             with self._hop_lock:
                 self._hop_scheduled = False
+
+    def _forget_unparked(self) -> None:
+        """Forget the counts of monitors nobody is parked on (under the hop lock), then move the generation
+        on, so every mark taken before is stale: a count that starts again from 0 could otherwise equal an old
+        mark and hide an append. `mark` reads the generation before the counts (they may be read on another
+        thread, without the lock): a mark with the new generation was read from the new counts."""
+        parked = self._parked
+        self._heard = {m: n for m, n in self._heard.items() if m in parked}
+        self._generation += 1
 
     def _drain_hops(self) -> None:
         with self._hop_lock:
@@ -187,7 +203,8 @@ class Waiters:
     def mark(self, monitor_id: str) -> int:
         """The appends heard on ``monitor_id`` so far (and the re-check generation, see ``recheck_all``);
         read it right after the pull, on the pull's thread."""
-        return self._heard.get(monitor_id, 0) + self._generation * GENERATION
+        generation = self._generation  # first: see _forget_unparked
+        return self._heard.get(monitor_id, 0) + generation * GENERATION
 
     def recheck_all(self) -> None:
         """Appends may have gone unheard (a shared store's notification connection was down): every parked
