@@ -93,6 +93,42 @@ def test_signs_of_life_are_forgotten_once_stored_or_retired(h):
     assert h.store.get_subscription(sid).mute_since == h.clock.t and sid not in h.service._life
 
 
+def test_signs_of_life_another_server_stored_or_retired_are_forgotten_past_the_bound(h, monkeypatch):
+    """On a store several servers share, another server may write or retire a reader (or a monitor) this one
+    only remembers a pull of: it never hears of it, and the entry stayed for the process's life (a soak
+    of two servers saw it grow). Past REMEMBERED_MAX the oldest entries are read from the store and the ones
+    that no longer matter are forgotten; one still ahead of the store is kept (control)."""
+    from monitor_protocol.core import runtime
+    from monitor_protocol.core.service import MonitorService
+
+    monkeypatch.setattr(runtime, "REMEMBERED_MAX", 4)
+    monkeypatch.setattr(runtime, "REMEMBERED_CHECKED", 100)
+    other = MonitorService(h.store, clock=h.clock)  # another server on the same store
+    tok = h.monitor("keep")
+    kept, ktok = h.subscribe("keep", tok, subscriber="agent:kept")
+    h.ack(kept, ktok, h.pull(kept, ktok).body["next"])
+    gone = []
+    for i in range(6):
+        mid = f"m{i}"
+        owner = h.monitor(mid)
+        sid, rtok = h.subscribe(mid, owner)
+        h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+        gone.append((mid, owner, sid, rtok))
+    h.clock.advance(1)
+    h.pull(kept, ktok)  # empty, within the window: remembered, and still ahead of the store
+    for _mid, _owner, sid, rtok in gone:
+        h.pull(sid, rtok)  # remembered here (checked past the bound: all still ahead of the store, kept)
+    life, pulls = h.service._life, h.service._monitor_pulls
+    assert kept in life and all(g[2] in life for g in gone) and all(g[0] in pulls for g in gone)  # control
+    for mid, owner, sid, rtok in gone:  # retired by the other server: this one never hears of it
+        other.retire_subscription(sid, rtok, {"reason": "elsewhere"})
+        other.configure(mid, "retire", {"reason": "elsewhere"}, owner)
+    assert len(life) == 7
+    h.call("GET", "/monitors/keep/state", token=tok)  # any engine call past the bound checks the oldest
+    assert life.keys() == {kept}, life  # retired elsewhere: forgotten; still ahead of the store: kept
+    assert not any(g[0] in pulls for g in gone), pulls
+
+
 def test_a_sign_of_life_written_in_a_group_commit_is_forgotten_only_once_stored(tmp_path):
     """A write inside a group commit is not stored until the group commits: a failed group keeps the old
     clock, so the sign of life it would have stored stays remembered (the sweep never retires early); a group

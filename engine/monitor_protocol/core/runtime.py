@@ -4,6 +4,7 @@ clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time as _time
 from abc import ABC, abstractmethod
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 from monitor_protocol import __version__
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
 from monitor_protocol.core.lanes import lane_local
+from monitor_protocol.core.lifecycles import MonitorStatus
 from monitor_protocol.core.records import Monitor, Subscription, copier
 from monitor_protocol.core.store_contract import StaleRead, StorageError, Store
 from monitor_protocol.core.tx import ExclusiveNeeded, Tx
@@ -64,7 +66,26 @@ T = TypeVar("T")
 
 
 _alive = copier(Subscription, ("mute_since", "last_pull"))  # a pending sign of life, applied
+
+
+def _life_stored(sub: Subscription, seen: float) -> bool:
+    """Whether a remembered sign of life no longer matters: the store's clock is as late, or retired."""
+    return seen <= sub.mute_since or not sub.active
+
+
+def _last_pull_stored(monitor: Monitor, seen: float) -> bool:
+    return (
+        monitor.last_pull is not None and monitor.last_pull >= seen
+    ) or monitor.status is MonitorStatus.RETIRED
+
+
 LIFE_UNSURE_MAX = 10_000  # subscriptions written in group commits, waiting to be checked as stored
+# Signs of life (and monitors' last pulls) remembered unwritten. Past this, the oldest REMEMBERED_CHECKED are
+# read from the store: those it holds (a clock as late), or of a reader or monitor retired or gone, are
+# forgotten. On a store several servers share, another server may write or retire a reader this one only
+# remembers (it never hears of it), and the entry stayed for the process's life.
+REMEMBERED_MAX = 50_000
+REMEMBERED_CHECKED = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +177,8 @@ class ServiceCore(ABC):
         and it runs again as an ordinary call."""
         if lazy_sweep:
             self._maybe_sweep()
+            if len(self._life) > REMEMBERED_MAX or len(self._monitor_pulls) > REMEMBERED_MAX:
+                self._check_remembered()
         deferred: ProtocolError | None = None
         try:
             with self.store.transaction():
@@ -403,6 +426,30 @@ class ServiceCore(ABC):
             seen = life.get(sub.id)
             if seen is not None and (seen <= sub.mute_since or not sub.active):
                 del life[sub.id]
+
+    def _check_remembered(self) -> None:
+        """The oldest remembered signs of life and last pulls, checked against the store (see REMEMBERED_MAX):
+        forgotten when the store holds them or they no longer matter, else moved to the end (still ahead of
+        the store: they are what this engine's sweep and state use). Not inside a group commit."""
+        store = self.store
+        if getattr(store, "in_batch", False) or getattr(store, "grouping", False):
+            return
+        for remembered, read, stored in (
+            (self._life, store.get_subscription, _life_stored),
+            (self._monitor_pulls, store.get_monitor, _last_pull_stored),
+        ):
+            if len(remembered) <= REMEMBERED_MAX:
+                continue
+            with self._life_lock:
+                oldest = list(itertools.islice(remembered.items(), REMEMBERED_CHECKED))
+            found = [(key, seen, read(key)) for key, seen in oldest]
+            with self._life_lock:
+                for key, seen, record in found:
+                    if remembered.get(key) != seen:
+                        continue  # remembered again meanwhile: a later sign, kept
+                    del remembered[key]
+                    if record is not None and not stored(record, seen):
+                        remembered[key] = seen  # still ahead of the store: kept, at the end
 
     def _remember_life_locked(self, tx: Tx) -> None:
         for sub_id, when in tx.life.items():
