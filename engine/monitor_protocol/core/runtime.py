@@ -424,7 +424,7 @@ class ServiceCore(ABC):
             written = [*written, *(sub for sub in rest if sub is not None)]
         for sub in written:
             seen = life.get(sub.id)
-            if seen is not None and (seen <= sub.mute_since or not sub.active):
+            if seen is not None and _life_stored(sub, seen):
                 del life[sub.id]
 
     def _check_remembered(self) -> None:
