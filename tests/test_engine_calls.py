@@ -19,6 +19,7 @@ from monitor_protocol.core.records import (
     new_observation,
 )
 from monitor_protocol.core.runtime import MUTE_FLUSH_SECONDS
+from monitor_protocol.core.store_contract import Store
 from monitor_protocol.doors.browser import EngineHost
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
@@ -127,6 +128,33 @@ def test_signs_of_life_another_server_stored_or_retired_are_forgotten_past_the_b
     h.call("GET", "/monitors/keep/state", token=tok)  # any engine call past the bound checks the oldest
     assert life.keys() == {kept}, life  # retired elsewhere: forgotten; still ahead of the store: kept
     assert not any(g[0] in pulls for g in gone), pulls
+
+
+def test_the_sweep_reads_no_retired_reader_and_still_retires_the_mute_ones(h):
+    """Retired readers accumulate (the log keeps them); the sweep, every second on a shared store's leader,
+    read all of them each time. It reads the active ones and their monitors only, and still retires a
+    reader past its mute window (control) and leaves a live one."""
+    tok = h.monitor("ci")
+    for i in range(5):
+        sid, rtok = h.subscribe("ci", tok, subscriber=f"agent:old{i}")
+        assert h.call("POST", f"/subscriptions/{sid}/retire", {}, token=rtok).status == 200
+    mute, _ = h.subscribe("ci", tok, subscriber="agent:mute", retire_after_mute_seconds=60)
+    live, ltok = h.subscribe("ci", tok, subscriber="agent:live", retire_after_mute_seconds=60)
+    store = h.store
+    listed_all = []
+    original_subs, original_monitors = store.list_subscriptions, store.list_monitors
+    store.list_subscriptions = lambda monitor_id=None: (
+        listed_all.append("subscriptions") or original_subs(monitor_id)
+    )
+    store.list_monitors = lambda: listed_all.append("monitors") or original_monitors()
+    h.clock.advance(40)
+    h.pull(live, ltok)
+    h.clock.advance(40)
+    h.service.sweep()
+    assert h.store.get_subscription(mute).state is SubscriptionState.RETIRED  # control: the sweep ran
+    assert h.store.get_subscription(live).active
+    if type(store).list_active_subscriptions is not Store.list_active_subscriptions:
+        assert listed_all == [], listed_all  # neither every subscription nor every monitor was read
 
 
 def test_a_sign_of_life_written_in_a_group_commit_is_forgotten_only_once_stored(tmp_path):

@@ -389,6 +389,28 @@ def test_compaction_deletes_below_and_only_that_monitor(store):
     assert [o.seq for o in view(store).scan("m1", 1, 99)] == [11]
 
 
+def test_the_sweeps_listings_hold_the_active_readers_and_their_monitors_only(store):
+    """The sweep reads every active subscription and their monitors each time it runs (every second on a
+    shared store's leader): the retired, which accumulate, are not read. Each store's answer is the listing's
+    filtered (Store's defaults), by id."""
+    from monitor_protocol.core.store_contract import Store
+
+    monitors = [monitor(m) for m in ("m1", "m2", "m3", "m4")]
+    subs = [
+        sub("s3", "m2", "agent:c", "h3"),
+        sub("s1", "m1", "agent:a", "h1"),
+        sub("s2", "m1", "agent:b", "h2", active=False),
+        sub("s4", "m3", "agent:d", "h4", active=False),
+        sub("s5", "gone", "agent:e", "h5"),  # a reader whose monitor is not stored
+    ]
+    put(store, monitors=monitors, subscriptions=subs)
+    v = view(store)
+    assert [s.id for s in v.list_active_subscriptions()] == ["s1", "s3", "s5"]
+    assert v.list_active_subscriptions() == Store.list_active_subscriptions(v)
+    assert [m.id for m in v.list_monitors_with_readers()] == ["m1", "m2"]
+    assert v.list_monitors_with_readers() == Store.list_monitors_with_readers(v)
+
+
 def test_the_backlog_summary_counts_in_the_store_what_the_listing_counts(store):
     """/metrics' summary (Store.backlog_summary): the SQL stores count in the database what the default
     reads record by record, whatever the mix: monitors with a floor (compacted), cursors before the floor,

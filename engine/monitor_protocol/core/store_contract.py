@@ -279,6 +279,18 @@ class Store(ABC):
     def count_active_subscriptions(self, monitor_id: str) -> int:
         """How many subscriptions of this monitor are active (the 10,000 cap, docs/protocol.md section 10)."""
 
+    def list_active_subscriptions(self) -> list[Subscription]:
+        """Every active subscription, by id: what the sweep reads (each one's mute deadline). A store that can
+        leave the retired ones unread (the SQL stores) should: they accumulate, and the sweep runs every
+        second on a shared store's leader."""
+        return [s for s in self.list_subscriptions() if s.active]
+
+    def list_monitors_with_readers(self) -> list[Monitor]:
+        """By id, the monitors that have an active subscription (with list_active_subscriptions, the sweep's
+        reads); a store may leave the others unread."""
+        read = {s.monitor for s in self.list_active_subscriptions()}
+        return [m for m in self.list_monitors() if m.id in read]
+
     def backlog_summary(self, top: int) -> dict[str, Any]:
         """For /metrics: how many monitors the store holds (`monitors`) and active subscriptions (`active`), the
         rows past the committed cursors of those whose monitor exists (`total`), and the `top` largest such

@@ -204,6 +204,19 @@ class Tx:
                 found[sub.id] = sub
         return [found[k] for k in sorted(found)]
 
+    def sweep_reads(self) -> tuple[dict[str, Monitor], list[Subscription]]:
+        """What the sweep reads: every active subscription, by id, and the monitors they belong to, as this
+        call sees them (the store's, with what the call wrote). Retired readers are not read."""
+        subs = {s.id: s for s in self.store.list_active_subscriptions()}
+        for sub in self._subs.values():
+            if sub.active:
+                subs[sub.id] = sub
+            else:
+                subs.pop(sub.id, None)
+        monitors = {m.id: m for m in self.store.list_monitors_with_readers()}
+        monitors.update(self._monitors)
+        return monitors, [subs[k] for k in sorted(subs)]
+
     def count_active_subscriptions(self, monitor_id: str) -> int:
         if not any(s.monitor == monitor_id for s in self._subs.values()):
             return self.store.count_active_subscriptions(monitor_id)

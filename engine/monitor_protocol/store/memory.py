@@ -289,6 +289,9 @@ class MemoryStore(Store):
     def list_monitors(self) -> list[Monitor]:
         return [m for _, m in sorted(self._monitors.items())]
 
+    def list_monitors_with_readers(self) -> list[Monitor]:
+        return [self._monitors[m] for m in sorted(self._active_by_monitor) if m in self._monitors]
+
     # ============================================================================== the log
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
         log = self._logs.get(monitor_id)
@@ -361,6 +364,11 @@ class MemoryStore(Store):
         if monitor_id is None:
             return [s for _, s in sorted(self._subs.items())]
         return [self._subs[sid] for sid in sorted(self._subs_by_monitor.get(monitor_id, ()))]
+
+    def list_active_subscriptions(self) -> list[Subscription]:
+        return [
+            self._subs[sid] for sid in sorted(sid for ids in self._active_by_monitor.values() for sid in ids)
+        ]
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
         return len(self._active_by_monitor.get(monitor_id, ()))

@@ -84,6 +84,7 @@ from monitor_protocol.store.postgres_link import (
 )
 from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
 from monitor_protocol.store.postgres_sql import (
+    ACTIVE_MONITOR_IDS,
     AS_READ_FUNCTION,
     AS_READ_FUNCTION_SQL,
     BACKLOG_TOP_SQL,
@@ -667,6 +668,10 @@ class PostgresStore(Store):
     def list_monitors(self) -> list[Monitor]:
         return [self._monitor(r) for r in self._rows(f"{GET_MONITOR} ORDER BY id")]
 
+    def list_monitors_with_readers(self) -> list[Monitor]:
+        rows = self._rows(f"{GET_MONITOR} WHERE id IN ({ACTIVE_MONITOR_IDS}) ORDER BY id")
+        return [self._monitor(r) for r in rows]
+
     # --- the log ----------------------------------------------------------------------------------
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
         rows = self._rows(f"{SELECT_LOG} WHERE monitor=$1 AND seq=$2", (monitor_id, seq))
@@ -761,6 +766,12 @@ class PostgresStore(Store):
         else:
             rows = self._rows(f"{GET_SUBSCRIPTION} WHERE monitor=$1 ORDER BY id", (monitor_id,))
         return [self._subscription(r) for r in rows]
+
+    def list_active_subscriptions(self) -> list[Subscription]:
+        return [
+            self._subscription(r)
+            for r in self._rows(f"{GET_SUBSCRIPTION} WHERE state = 'active' ORDER BY id")
+        ]
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
         rows = self._rows(

@@ -154,6 +154,8 @@ SUBSCRIPTION_SQL = {by: f"SELECT * FROM mp2_subscription_by_{by}($1, $2, $3)" fo
 # Rows of the log read ahead with a reader's subscription: an ack+pull of one row (the ack moving the cursor up
 # to the page the last pull handed out) is then answered without another round trip.
 PAGE_AHEAD = 16
+# The monitors with an active subscription (Store.list_monitors_with_readers: the sweep's).
+ACTIVE_MONITOR_IDS = "SELECT monitor FROM subscriptions WHERE state = 'active'"
 # /metrics (Store.backlog_summary): each active subscription's backlog, counted in the database.
 BACKLOG_SQL = (
     "SELECT GREATEST(0, m.head - GREATEST(s.cursor, 1, m.floor) + 1) AS backlog, s.monitor, s.id "

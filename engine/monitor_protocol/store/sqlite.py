@@ -68,7 +68,13 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
-from monitor_protocol.store.sqlite_schema import BACKLOG_TOP_SQL, BACKLOG_TOTALS_SQL, COUNT_ACTIVE_SQL, SCHEMA
+from monitor_protocol.store.sqlite_schema import (
+    ACTIVE_MONITOR_IDS,
+    BACKLOG_TOP_SQL,
+    BACKLOG_TOTALS_SQL,
+    COUNT_ACTIVE_SQL,
+    SCHEMA,
+)
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -645,11 +651,21 @@ class SQLiteStore(Store):
 
     @guarded
     def list_monitors(self) -> list[Monitor]:
-        rows = self._db.execute(f"{self._GET_MONITOR} ORDER BY id")
+        return self._monitors_where("")
+
+    @guarded
+    def list_monitors_with_readers(self) -> list[Monitor]:
+        return self._monitors_where(f"WHERE id IN ({ACTIVE_MONITOR_IDS})")
+
+    def _monitors_where(self, where: str) -> list[Monitor]:
+        rows = self._db.execute(f"{self._GET_MONITOR} {where} ORDER BY id")
         found = [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
         if not self._dirty and not self._call_dirty:
             return found
-        newest = {m.id: m for m in found} | self._dirty | self._call_dirty  # changed, not yet written
+        newest = {m.id: m for m in found}
+        for m in (*self._dirty.values(), *self._call_dirty.values()):  # changed, not yet written
+            if m.id in newest or not where:
+                newest[m.id] = m
         return [newest[k] for k in sorted(newest)]
 
     # --- the log ----------------------------------------------------------------------------------
@@ -830,6 +846,11 @@ class SQLiteStore(Store):
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} ORDER BY id")
         else:
             rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE monitor=? ORDER BY id", (monitor_id,))
+        return [Subscription.from_row(row_of(r, SUBSCRIPTION_ROW)) for r in rows]
+
+    @guarded
+    def list_active_subscriptions(self) -> list[Subscription]:
+        rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE state = 'active' ORDER BY id")
         return [Subscription.from_row(row_of(r, SUBSCRIPTION_ROW)) for r in rows]
 
     @guarded

@@ -45,6 +45,8 @@ SCHEMA = (
 # The active-subscription count is answered from the partial index alone (no row is read): the query must
 # repeat the index's own WHERE term, literally, for SQLite to choose it.
 COUNT_ACTIVE_SQL = "SELECT count(*) FROM subscriptions WHERE monitor=? AND state = 'active'"
+# The monitors with an active subscription (Store.list_monitors_with_readers: the sweep's).
+ACTIVE_MONITOR_IDS = "SELECT monitor FROM subscriptions WHERE state = 'active'"
 # /metrics (Store.backlog_summary): each active subscription's backlog, counted in the database.
 BACKLOG_SQL = (
     "SELECT max(0, m.head - max(s.cursor, 1, m.floor) + 1) AS backlog, s.monitor, s.id FROM subscriptions s "

@@ -34,10 +34,10 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
             leases_due.append(listed)
         else:
             nearest = listed.expires if nearest is None else min(nearest, listed.expires)
-    monitors = {m.id: m for m in tx.monitors()}
+    monitors, active = tx.sweep_reads()  # the retired are not read: they accumulate
     subs_due = []
-    for listed in tx.subscriptions():
-        if not listed.active or listed.monitor not in monitors:
+    for listed in active:
+        if listed.monitor not in monitors:
             continue
         deadline = _mute_deadline(core, monitors[listed.monitor], listed)
         if moment > deadline:
