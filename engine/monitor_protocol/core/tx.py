@@ -204,18 +204,22 @@ class Tx:
                 found[sub.id] = sub
         return [found[k] for k in sorted(found)]
 
-    def sweep_reads(self) -> tuple[dict[str, Monitor], list[Subscription]]:
-        """What the sweep reads: every active subscription, by id, and the monitors they belong to, as this
-        call sees them (the store's, with what the call wrote). Retired readers are not read."""
+    def active_subscriptions(self) -> list[Subscription]:
+        """Every active subscription, by id, as this call sees them (the store's, with what the call wrote):
+        the retired, which accumulate, are not read."""
         subs = {s.id: s for s in self.store.list_active_subscriptions()}
         for sub in self._subs.values():
             if sub.active:
                 subs[sub.id] = sub
             else:
                 subs.pop(sub.id, None)
+        return [subs[k] for k in sorted(subs)]
+
+    def sweep_reads(self) -> tuple[dict[str, Monitor], list[Subscription]]:
+        """What the sweep reads: the active subscriptions and the monitors they belong to."""
         monitors = {m.id: m for m in self.store.list_monitors_with_readers()}
         monitors.update(self._monitors)
-        return monitors, [subs[k] for k in sorted(subs)]
+        return monitors, self.active_subscriptions()
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
         if not any(s.monitor == monitor_id for s in self._subs.values()):

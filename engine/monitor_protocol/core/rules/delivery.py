@@ -821,6 +821,6 @@ def push_targets(tx: Tx) -> list[dict[str, Any]]:
     """Every active HTTP-push subscription, for the server's delivery task."""
     return [
         {"id": s.id, "monitor": s.monitor, "sink": s.sink, "sink_secret": s.sink_secret, "cursor": s.cursor}
-        for s in tx.subscriptions()
-        if s.active and s.protocol == "http" and s.sink
+        for s in tx.active_subscriptions()
+        if s.protocol == "http" and s.sink
     ]
