@@ -314,6 +314,27 @@ async def test_a_declared_length_over_the_cap_is_refused_at_once_then_its_body_i
     writer.close()
 
 
+async def test_a_body_over_the_cap_sent_to_json_rpc_gets_a_json_rpc_error(served: Served) -> None:
+    """docs/protocol.md: TOO_LARGE is -32016 over JSON-RPC. A JSON-RPC client whose body is over the cap reads
+    a JSON-RPC error (id null), as for a batch of too many calls; a REST route keeps the REST body (control)."""
+    replies, writer = await connect(served)
+    writer.write(
+        (
+            f"POST /mp/v0/rpc HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {served.server.max_body + 1}\r\n\r\n"
+        ).encode()
+    )
+    status, body = await replies.reply()
+    assert status == 413 and body["jsonrpc"] == "2.0" and body["id"] is None, body
+    assert body["error"]["code"] == -32016 and body["error"]["data"]["code"] == "TOO_LARGE", body
+    writer.close()
+    replies, writer = await connect(served)
+    writer.write(_over_cap(served))
+    status, body = await replies.reply()
+    assert status == 413 and body["code"] == "TOO_LARGE" and "jsonrpc" not in body, body
+    writer.close()
+
+
 def _chunked_over_cap(served: Served, after: bytes) -> bytes:
     chunk = b"y" * (served.server.max_body + 10)
     return (

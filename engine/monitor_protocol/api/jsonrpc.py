@@ -82,6 +82,12 @@ def _unread(op: Operation, unknown: set[str], known: set[str]) -> ProtocolError:
 METHODS: dict[str, Method] = {name: _method(op) for name, op in operations.BY_JSONRPC.items()}
 
 
+def too_large(err: ProtocolError) -> Response:
+    """413 with a JSON-RPC error (-32016, id null): a batch of too many calls, or a body over the cap sent to
+    the JSON-RPC endpoint (the HTTP door refuses that one before the body is read, doors/http/app.py)."""
+    return Response(413, _error(None, JSONRPC_CODE["TOO_LARGE"], err.message, err.body()))
+
+
 def _error(id_: Any, code: int, message: str, data: dict[str, Any]) -> dict[str, Any]:
     error = {"code": code, "message": message, "data": data}
     return {"jsonrpc": "2.0", "id": wire.scrub(id_), "error": wire.scrub(error)}
@@ -142,7 +148,7 @@ def handle(service: MonitorService, raw: bytes, bearer: str | None) -> Response:
                 "split it into several batches.",
                 limit=MAX_RPC_BATCH,
             )
-            return Response(413, _error(None, JSONRPC_CODE["TOO_LARGE"], err.message, err.body()))
+            return too_large(err)
         # One batch, one group commit where the store has one (each call still rolls back alone).
         group = getattr(service.store, "batch", None)
         try:

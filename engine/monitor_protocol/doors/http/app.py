@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from monitor_protocol.api import jsonrpc, operations
 from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
 from monitor_protocol.api.rest import PREFIX, parked_reply
 from monitor_protocol.core.errors import ProtocolError, internal_failure
@@ -52,6 +53,7 @@ from monitor_protocol.doors.http.asgi import (
 )
 from monitor_protocol.doors.http.ops import OPS_PATHS, Metrics
 
+RPC_PATH = PREFIX + operations.BY_NAME["rpc"].route
 log = logging.getLogger("monitor_protocol.http")
 
 SWEEP_INTERVAL_SECONDS = 1.0
@@ -437,14 +439,16 @@ class MonitorApp:
             "send a smaller body (split a batch, or publish large payloads by reference)",
             max_body=self.max_body,
         )
-        return error_response(
-            err,
-            {
-                k: v
-                for k, v in policy.headers.items()
-                if k.lower().startswith("access-control") or k.lower() == "vary"
-            },
-        )
+        cors = {
+            k: v
+            for k, v in policy.headers.items()
+            if k.lower().startswith("access-control") or k.lower() == "vary"
+        }
+        if request.path == RPC_PATH:  # a JSON-RPC client reads a JSON-RPC error (-32016), as for a long batch
+            refused = jsonrpc.too_large(err)
+            refused.headers.update(cors)
+            return refused
+        return error_response(err, cors)
 
     # -- long poll ---------------------------------------------------------------------------------
 
