@@ -13,6 +13,7 @@ import json
 import select
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -933,3 +934,64 @@ async def test_a_server_that_does_not_answer_says_whether_the_call_was_sent() ->
             )
     assert body["code"] == "CONNECTION_FAILED" and body["sent"] is False, body
     assert f"127.0.0.1:{port}" in body["error"] and "sending it again is safe" in body["error"]
+
+
+async def test_mcp_forgets_a_resource_address_once_its_last_subscriber_leaves(tmp_path: Path) -> None:
+    """One entry per resource address ever subscribed stayed, empty, for the process's life (a soak of `mp
+    mcp` saw it grow by ~250 bytes per address). An address goes with its last subscriber; one with a
+    subscriber left stays (control), and so does what the watch of its monitor needs."""
+    from types import SimpleNamespace
+
+    from monitor_protocol.doors.mcp.server import build
+
+    server = build(str(tmp_path / "mcp.db"))
+    await server.backend.start(server.monitor_changed)
+    try:
+        for mid in ("aa", "bb"):
+            await server.backend.call("create_monitor", {"id": mid, "visibility": "public"}, None)
+        one, two = SimpleNamespace(session=object()), SimpleNamespace(session=object())
+        for ctx in (one, two):
+            await server._subscribe(ctx, types.SubscribeRequestParams(uri="monitor://aa/state"))
+        await server._subscribe(one, types.SubscribeRequestParams(uri="monitor://bb/state"))
+        await server._unsubscribe(one, types.UnsubscribeRequestParams(uri="monitor://bb/state"))
+        await server._unsubscribe(one, types.UnsubscribeRequestParams(uri="monitor://aa/state"))
+        assert list(server.legacy_subs) == ["monitor://aa/state"]  # bb's is gone; aa keeps its other one
+        assert server.watched_monitors() == {"aa"}
+        await server._unsubscribe(two, types.UnsubscribeRequestParams(uri="monitor://aa/state"))
+        assert server.legacy_subs == {} and server.watched_monitors() == set()
+    finally:
+        await server.backend.close()
+
+
+def test_mcp_whose_client_vanishes_stops_with_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """A client killed mid-session leaves `mp mcp` writing to a pipe nobody reads: it said so with a 50-line
+    ExceptionGroup of BrokenPipeError and exit status 1. It stops with one line on stderr and status 0."""
+    init = {
+        "jsonrpc": "2.0",
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    proc = subprocess.Popen(
+        mp_command("mcp", "--db", str(tmp_path / "mcp.db")),
+        env=mp_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    proc.stdout.close()  # the client is gone: nobody reads what the server writes
+    for i in range(3):
+        try:
+            proc.stdin.write((json.dumps({**init, "id": i + 1}) + "\n").encode())
+            proc.stdin.flush()
+        except BrokenPipeError:
+            break  # the server has stopped reading too
+        time.sleep(0.3)
+    _out, err = proc.communicate(timeout=HANG_GUARD_SECONDS)
+    said = err.decode()
+    assert proc.returncode == 0 and "Traceback" not in said, said
+    assert said.strip().endswith("mp mcp: the client closed the connection; stopping"), said

@@ -105,6 +105,9 @@ def choose_base(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     return None
 
 
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError)
+
+
 def run(name: str, args: argparse.Namespace) -> int:
     try:
         from monitor_protocol.doors.mcp.backends import DatabaseUnavailable
@@ -131,6 +134,14 @@ def run(name: str, args: argparse.Namespace) -> int:
         asyncio.run(server.run_stdio())
     except KeyboardInterrupt:
         return 130
+    except (BrokenPipeError, ConnectionResetError, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.split(CLIENT_GONE)[1] is not None:
+            raise  # something else failed too: its traceback is the report
+        # The client went away mid-session (killed, crashed): nobody reads stdout any more. One line, and
+        # stdout pointed at /dev/null so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print("mp mcp: the client closed the connection; stopping", file=sys.stderr)
+        return 0
     except StoreLocked as exc:
         print(f"mp mcp: {exc} (use --base URL to go through the server that holds it)", file=sys.stderr)
         return 1

@@ -163,7 +163,7 @@ class MonitorMCP:
             try:
                 await session.send_resource_updated(uri)
             except Exception:
-                self.legacy_subs.get(uri, {}).pop(key, None)  # that client is gone
+                self._drop_legacy(uri, key)  # that client is gone
 
     async def run_stdio(self) -> None:
         from mcp.server.stdio import stdio_server
@@ -334,9 +334,18 @@ class MonitorMCP:
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        self.legacy_subs.get(str(params.uri), {}).pop(_connection_of(ctx.session), None)
+        self._drop_legacy(str(params.uri), _connection_of(ctx.session))
         await self._unwatch_idle()
         return types.EmptyResult()
+
+    def _drop_legacy(self, uri: str, key: Any) -> None:
+        """One client's subscription to `uri` ends; the address goes with its last (each address ever
+        subscribed stayed, empty, for the process's life)."""
+        subs = self.legacy_subs.get(uri)
+        if subs is not None:
+            subs.pop(key, None)
+            if not subs:
+                del self.legacy_subs[uri]
 
     async def _listen(self, ctx: Any, params: types.SubscriptionsListenRequestParams) -> Any:
         uris = list(params.notifications.resource_subscriptions or [])
