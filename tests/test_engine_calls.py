@@ -130,22 +130,42 @@ def test_signs_of_life_another_server_stored_or_retired_are_forgotten_past_the_b
     assert not any(g[0] in pulls for g in gone), pulls
 
 
-def test_the_sweep_reads_no_retired_reader_and_still_retires_the_mute_ones(h):
-    """Retired readers accumulate (the log keeps them); the sweep, every second on a shared store's leader,
-    read all of them each time. It reads the active ones and their monitors only, and still retires a
-    reader past its mute window (control) and leaves a live one."""
-    tok = h.monitor("ci")
+def test_the_sweep_reads_no_retired_reader_nor_free_lease_and_still_does_its_work(h):
+    """Retired readers and free leases accumulate; the sweep, every second on a shared store's leader, read
+    all of them each time. It reads the active readers, their monitors and the held leases only, and still
+    retires a reader past its mute window and expires a lease past its time (controls), and leaves a live
+    reader and a fresh lease."""
+    tok = h.monitor("ci", capabilities=["observe", "act"])
+    for subject in ("b-1", "b-2", "b-3"):
+        h.publish("ci", tok, actor="probe:ci", subject=subject)
     for i in range(5):
         sid, rtok = h.subscribe("ci", tok, subscriber=f"agent:old{i}")
         assert h.call("POST", f"/subscriptions/{sid}/retire", {}, token=rtok).status == 200
     mute, _ = h.subscribe("ci", tok, subscriber="agent:mute", retire_after_mute_seconds=60)
-    live, ltok = h.subscribe("ci", tok, subscriber="agent:live", retire_after_mute_seconds=60)
+    live, ltok = h.subscribe(
+        "ci", tok, subscriber="agent:live", retire_after_mute_seconds=600, capabilities=["observe", "act"]
+    )
+    leases = f"/subscriptions/{live}/leases"
+    for subject, seconds in (("b-1", 30), ("b-2", 30), ("b-3", 300)):
+        assert (
+            h.call(
+                "POST", f"{leases}/claim", {"subject": subject, "lease_duration_seconds": seconds}, ltok
+            ).status
+            == 201
+        )
+    assert h.call("POST", f"{leases}/release", {"subject": "b-2"}, ltok).status == 200  # a free lease now
     store = h.store
     listed_all = []
     original_subs, original_monitors = store.list_subscriptions, store.list_monitors
-    store.list_subscriptions = lambda monitor_id=None: (
-        listed_all.append("subscriptions") or original_subs(monitor_id)
-    )
+    original_leases = store.list_leases
+
+    def whole(kind, original):  # records a listing of every row (not one monitor's)
+        return lambda monitor_id=None: (
+            (monitor_id is None and listed_all.append(kind)) or original(monitor_id)
+        )
+
+    store.list_subscriptions = whole("subscriptions", original_subs)
+    store.list_leases = whole("leases", original_leases)
     store.list_monitors = lambda: listed_all.append("monitors") or original_monitors()
     h.clock.advance(40)
     h.pull(live, ltok)
@@ -153,8 +173,10 @@ def test_the_sweep_reads_no_retired_reader_and_still_retires_the_mute_ones(h):
     h.service.sweep()
     assert h.store.get_subscription(mute).state is SubscriptionState.RETIRED  # control: the sweep ran
     assert h.store.get_subscription(live).active
+    assert h.store.get_lease("ci", "b-1").holder is None  # expired by the sweep
+    assert h.store.get_lease("ci", "b-3").holder == f"sub:{live}"  # not yet due
     if type(store).list_active_subscriptions is not Store.list_active_subscriptions:
-        assert listed_all == [], listed_all  # neither every subscription nor every monitor was read
+        assert listed_all == [], listed_all  # no reader, monitor or lease was listed whole
 
 
 def test_a_sign_of_life_written_in_a_group_commit_is_forgotten_only_once_stored(tmp_path):

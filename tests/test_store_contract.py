@@ -409,6 +409,10 @@ def test_the_sweeps_listings_hold_the_active_readers_and_their_monitors_only(sto
     assert v.list_active_subscriptions() == Store.list_active_subscriptions(v)
     assert [m.id for m in v.list_monitors_with_readers()] == ["m1", "m2"]
     assert v.list_monitors_with_readers() == Store.list_monitors_with_readers(v)
+    put(store, leases=[lease("m2", "b", "s3"), lease("m1", "z"), lease("m1", "a", "s1"), lease("m3", "c")])
+    v = view(store)
+    assert [(x.monitor, x.subject) for x in v.list_held_leases()] == [("m1", "a"), ("m2", "b")]
+    assert v.list_held_leases() == Store.list_held_leases(v)
 
 
 def test_the_backlog_summary_counts_in_the_store_what_the_listing_counts(store):

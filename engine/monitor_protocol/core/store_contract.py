@@ -323,6 +323,11 @@ class Store(ABC):
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         """By (monitor, subject)."""
 
+    def list_held_leases(self) -> list[Lease]:
+        """Every lease with a holder, by (monitor, subject): the sweep's (each one's expiry). A store may leave
+        the free ones, one per subject ever claimed, unread."""
+        return [x for x in self.list_leases() if x.holder is not None]
+
     # publish idempotency keys (docs/protocol.md section 8)
     @abstractmethod
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None: ...

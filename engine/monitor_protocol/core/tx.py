@@ -215,11 +215,17 @@ class Tx:
                 subs.pop(sub.id, None)
         return [subs[k] for k in sorted(subs)]
 
-    def sweep_reads(self) -> tuple[dict[str, Monitor], list[Subscription]]:
-        """What the sweep reads: the active subscriptions and the monitors they belong to."""
+    def sweep_reads(self) -> tuple[list[Lease], dict[str, Monitor], list[Subscription]]:
+        """What the sweep reads: the held leases, the active subscriptions and the monitors they belong to."""
+        leases = {(x.monitor, x.subject): x for x in self.store.list_held_leases()}
+        for key, lease in self._leases.items():
+            if lease.holder is not None:
+                leases[key] = lease
+            else:
+                leases.pop(key, None)
         monitors = {m.id: m for m in self.store.list_monitors_with_readers()}
         monitors.update(self._monitors)
-        return monitors, self.active_subscriptions()
+        return [leases[k] for k in sorted(leases)], monitors, self.active_subscriptions()
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
         if not any(s.monitor == monitor_id for s in self._subs.values()):

@@ -380,6 +380,9 @@ class MemoryStore(Store):
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         return [x for key, x in sorted(self._leases.items()) if monitor_id is None or key[0] == monitor_id]
 
+    def list_held_leases(self) -> list[Lease]:
+        return [x for _key, x in sorted(self._leases.items()) if x.holder is not None]
+
     # ============================================================================== publish keys
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
         return self._keys.get((monitor_id, key))

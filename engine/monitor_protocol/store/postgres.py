@@ -803,6 +803,11 @@ class PostgresStore(Store):
             rows = self._rows(f"{GET_LEASE} WHERE monitor=$1 ORDER BY subject", (monitor_id,))
         return [_lease(r) for r in rows]
 
+    def list_held_leases(self) -> list[Lease]:
+        return [
+            _lease(r) for r in self._rows(f"{GET_LEASE} WHERE holder IS NOT NULL ORDER BY monitor, subject")
+        ]
+
     # --- publish idempotency keys -----------------------------------------------------------------
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:
         rows = self._rows("SELECT seq, at FROM publish_keys WHERE monitor=$1 AND key=$2", (monitor_id, key))

@@ -881,6 +881,11 @@ class SQLiteStore(Store):
             rows = self._db.execute(f"{self._GET_LEASE} WHERE monitor=? ORDER BY subject", (monitor_id,))
         return [Lease.from_row(row_of(r, LEASE_COLUMNS)) for r in rows]
 
+    @guarded
+    def list_held_leases(self) -> list[Lease]:
+        rows = self._db.execute(f"{self._GET_LEASE} WHERE holder IS NOT NULL ORDER BY monitor, subject")
+        return [Lease.from_row(row_of(r, LEASE_COLUMNS)) for r in rows]
+
     # --- publish idempotency keys -----------------------------------------------------------------
     @guarded
     def get_publish_key(self, monitor_id: str, key: str) -> PublishKey | None:

@@ -26,15 +26,14 @@ def sweep(core: ServiceCore, tx: Tx, moment: float) -> int:
     # mute deadline, so on a shared store (listed without a lock, perhaps stale) only what looks due is
     # locked and read again, and decided on what is committed. A sweep with nothing due locks nothing and
     # writes nothing; what it locks, it locks in monitor order (no deadlock with another multi-monitor call).
+    # Only held leases, active readers and their monitors are read: free leases and retired readers accumulate.
+    held, monitors, active = tx.sweep_reads()
     leases_due = []
-    for listed in tx.leases():
-        if listed.holder is None:
-            continue
+    for listed in held:
         if listed.expires < moment:
             leases_due.append(listed)
         else:
             nearest = listed.expires if nearest is None else min(nearest, listed.expires)
-    monitors, active = tx.sweep_reads()  # the retired are not read: they accumulate
     subs_due = []
     for listed in active:
         if listed.monitor not in monitors:
