@@ -43,6 +43,7 @@ from monitor_protocol.core.store_contract import (
     Term,
     chunked_rows,
 )
+from monitor_protocol.store import sqlite_schema as queries
 from monitor_protocol.store.sql import (
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
@@ -68,13 +69,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
-from monitor_protocol.store.sqlite_schema import (
-    ACTIVE_MONITOR_IDS,
-    BACKLOG_TOP_SQL,
-    BACKLOG_TOTALS_SQL,
-    COUNT_ACTIVE_SQL,
-    SCHEMA,
-)
+from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, SCHEMA
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -655,7 +650,7 @@ class SQLiteStore(Store):
 
     @guarded
     def list_monitors_with_readers(self) -> list[Monitor]:
-        return self._monitors_where(f"WHERE id IN ({ACTIVE_MONITOR_IDS})")
+        return self._monitors_where(f"WHERE id IN ({queries.ACTIVE_MONITOR_IDS})")
 
     def _monitors_where(self, where: str) -> list[Monitor]:
         rows = self._db.execute(f"{self._GET_MONITOR} {where} ORDER BY id")
@@ -859,8 +854,8 @@ class SQLiteStore(Store):
 
     @guarded
     def backlog_summary(self, top: int) -> dict[str, Any]:
-        monitors, active, total = self._db.execute(BACKLOG_TOTALS_SQL).fetchone()
-        rows = [tuple(r) for r in self._db.execute(BACKLOG_TOP_SQL, (top,))]
+        monitors, active, total = self._db.execute(queries.BACKLOG_TOTALS_SQL).fetchone()
+        rows = [tuple(r) for r in self._db.execute(queries.BACKLOG_TOP_SQL, (top,))]
         return {"monitors": monitors, "active": active, "top": rows, "total": total}
 
     # --- leases -----------------------------------------------------------------------------------
