@@ -134,7 +134,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         asyncio.run(server.run_stdio())
     except KeyboardInterrupt:
         return 130
-    except (BrokenPipeError, ConnectionResetError, BaseExceptionGroup) as exc:
+    except (*CLIENT_GONE, BaseExceptionGroup) as exc:
         if isinstance(exc, BaseExceptionGroup) and exc.split(CLIENT_GONE)[1] is not None:
             raise  # something else failed too: its traceback is the report
         # The client went away mid-session (killed, crashed): nobody reads stdout any more. One line, and
