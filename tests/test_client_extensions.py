@@ -15,7 +15,13 @@ import anyio
 import httpx
 import pytest
 from monitor_protocol.client import AsyncClient, Client, CursorBackwards, Unauthorized
-from monitor_protocol.core.vocab import EXT_ACK_PULL, EXT_PUBLISH_BATCH, MAX_PUBLISH_BATCH
+from monitor_protocol.core.vocab import (
+    EXT_ACK_PULL,
+    EXT_MONITOR_PAGES,
+    EXT_PUBLISH_BATCH,
+    MAX_PUBLISH_BATCH,
+    MONITORS_PAGE_MAX,
+)
 from serverutil import long_polls_parked, running_server
 from waiting import eventually
 
@@ -74,6 +80,9 @@ class _Plain(BaseHTTPRequestHandler):
             extensions = payload["capabilities"]["extensions"]
             extensions.pop(EXT_ACK_PULL)
             extensions.pop(EXT_PUBLISH_BATCH)
+            extensions.pop(EXT_MONITOR_PAGES)
+        if plain and route.endswith("/monitors") and self.command == "GET":
+            payload.pop("next")  # the protocol's listing: one reply, the whole of it
         self._answer(r.status_code, payload)
 
     do_GET = _forward
@@ -286,3 +295,27 @@ def test_publish_many_reports_a_chunk_refused_whole_on_each_of_its_items(base: s
     assert {i.error.code for i in done.refused if i.error is not None} == {"INVALID"}
     with Client(base, token=reader) as r:
         assert len(r.pull(sid, limit=200).observations) == MAX_PUBLISH_BATCH  # nothing of the refused one
+
+
+def test_list_monitors_follows_every_page_where_the_server_lists_in_pages(
+    base: str, recorder: PlainServer, plain: PlainServer
+) -> None:
+    made = [f"lp{i:04d}" for i in range(MONITORS_PAGE_MAX + 5)]
+    with Client(base) as setup:
+        for mid in made:
+            setup.create_monitor(mid, visibility="public")
+    with Client(recorder.url) as c:
+        listed = [m.id for m in c.list_monitors()]
+    assert set(made) <= set(listed) and listed == sorted(set(listed))  # each once, in id order
+    pages = -(-len(listed) // MONITORS_PAGE_MAX)
+    assert recorder.seen == [("GET", "/mp/v0/monitors")] * pages and pages >= 2
+
+    async def listed_async() -> list[str]:
+        async with AsyncClient(base) as ac:
+            return [m.id for m in await ac.list_monitors()]
+
+    assert anyio.run(listed_async) == listed
+    with Client(plain.url) as c:  # a server whose reply has no `next`: that reply is the listing
+        plain.seen.clear()
+        assert [m.id for m in c.list_monitors()] == listed[:MONITORS_PAGE_MAX]
+        assert plain.seen == [("GET", "/mp/v0/monitors")]

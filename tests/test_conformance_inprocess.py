@@ -178,12 +178,12 @@ def test_mp_conform_json_and_bad_ids(capsys):
 
 def test_mp_conform_exits_1_when_a_check_fails(monkeypatch, capsys):
     from monitor_protocol.cli import main
-    from monitor_protocol.core.rules import monitors
+    from monitor_protocol.core.rules import lookups
 
-    def leaky_visibility(tx, rec, token):
+    def leaky_visibility(self, rec):
         return True
 
-    monkeypatch.setattr(monitors, "visible", leaky_visibility)
+    monkeypatch.setattr(lookups.Viewer, "sees", leaky_visibility)
     assert main(["conform", "--only", "C18,C01"]) == 1
     out = capsys.readouterr().out
     assert "C18   FAIL" in out and "1 passed, 1 failed, 0 skipped" in out

@@ -110,7 +110,10 @@ async def exercise(client: Client) -> dict[str, Any]:
     owner = created["owner_token"]
     assert created["monitor"]["id"] == "ci"
     listed = await call(client, "monitor_list", {})
-    assert [m["id"] for m in listed["monitors"]] == ["ci"]
+    assert [m["id"] for m in listed["monitors"]] == ["ci"] and listed["next"] is None
+    # a page at a time (EXT_MONITOR_PAGES): past the last id there is nothing, and a page has its bound
+    assert (await call(client, "monitor_list", {"after": "ci"})) == {**listed, "monitors": []}
+    assert (await refused(client, "monitor_list", {"limit": 0}))["code"] == "INVALID"
 
     sub = await call(
         client,

@@ -247,8 +247,7 @@ def _no_redelivered_mark(mp: pytest.MonkeyPatch) -> None:
 
 def _private_listed_to_all(mp: pytest.MonkeyPatch) -> None:
     """P14 broken: every monitor is visible to everyone."""
-    for module in (lookups_mod, monitors_mod):
-        mp.setattr(module, "visible", lambda tx, rec, token: True)
+    mp.setattr(lookups_mod.Viewer, "sees", lambda self, rec: True)
 
 
 def _inline_filter_widens(mp: pytest.MonkeyPatch) -> None:

@@ -415,6 +415,27 @@ def test_the_sweeps_listings_hold_the_active_readers_and_their_monitors_only(sto
     assert v.list_held_leases() == Store.list_held_leases(v)
 
 
+def test_a_page_of_monitors_is_the_listing_cut_after_an_id(store):
+    """GET /monitors reads a page at a time (Store.list_monitors_page): the first `limit` monitors whose id
+    sorts after `after`, by id, as the whole listing would give them; the SQL stores read only the page."""
+    from monitor_protocol.core.store_contract import Store
+
+    ids = ["m-9", "m.1", "m10", "m2", "M3", "m_4", "a0", "zz"]  # written out of order; ASCII sorts - . digits
+    put(store, monitors=[monitor(m) for m in ids])
+    v = view(store)
+    whole = [m.id for m in v.list_monitors()]
+    assert whole == sorted(ids)
+    for after in ("", "a0", "m.1", "m10", "m2", "m3", "zz", "zzz"):
+        for limit in (1, 2, 3, 100):
+            page = v.list_monitors_page(after, limit)
+            assert [m.id for m in page] == [i for i in whole if i > after][:limit], (after, limit)
+            assert page == Store.list_monitors_page(v, after, limit)
+    with store.transaction():  # a monitor written by the call that reads is on its page too
+        store.apply(Changes(monitors=[monitor("m0")]))
+        assert [m.id for m in store.list_monitors_page("a0", 2)] == ["m-9", "m.1"]
+        assert [m.id for m in store.list_monitors_page("m.1", 2)] == ["m0", "m10"]
+
+
 def test_the_backlog_summary_counts_in_the_store_what_the_listing_counts(store):
     """/metrics' summary (Store.backlog_summary): the SQL stores count in the database what the default
     reads record by record, whatever the mix: monitors with a floor (compacted), cursors before the floor,

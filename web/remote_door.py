@@ -236,6 +236,11 @@ class RemoteDoor:
             "`mp serve --allow-admin` to see who holds what.",
             "Other readers: a reader token shows its own subscription only; the admin token lists every one.",
         ]
+        for mid, tok in m.S.owners.items():  # past a server's first page of monitors: asked one by one
+            if mid not in seen:
+                r = await self.request("GET", f"/monitors/{quote(mid, safe='')}", token=tok)
+                if r.ok:
+                    seen[mid] = r.body
         missing = [mid for mid in m.S.owners if mid not in seen]
         if missing:
             blind.append(f"Owner token(s) of {', '.join(missing)}: the server shows no such monitor for it.")

@@ -58,6 +58,7 @@ from monitor_protocol.core.vocab import (
     MAX_OUTCOME_CHARS,
     MAX_PUBLISH_BATCH,
     MAX_RPC_BATCH,
+    MONITORS_PAGE_MAX,
 )
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -184,9 +185,33 @@ OPERATIONS: tuple[Operation, ...] = (
         route="/monitors",
         summary="Monitors this token may see (public ones without a token).",
         auth=VIEWER,
-        result=Result(reply_of(("monitors",), monitors={"type": "array", "items": MONITOR_OUT})),
+        result=Result(
+            reply_of(
+                ("monitors", "next"),
+                monitors={"type": "array", "items": MONITOR_OUT},
+                next=typed(
+                    ["string", "null"],
+                    "more may follow: pass it as `after` for the next page (null: the listing is whole)",
+                ),
+            )
+        ),
         service="list_monitors",
-        call=("token",),
+        call=("token", "kw:limit", "kw:after"),
+        params=(
+            query(
+                "limit",
+                bounded_int(
+                    f"monitors a page, 1..{MONITORS_PAGE_MAX} (default {MONITORS_PAGE_MAX})",
+                    1,
+                    MONITORS_PAGE_MAX,
+                ),
+            ),
+            query(
+                "after",
+                typed("string", "list from past this id: a previous page's `next`"),
+                limits=NAME_LIMIT,
+            ),
+        ),
         jsonrpc="monitors/list",
         mcp=McpTool("monitor_list", READ),
         client=("list_monitors",),

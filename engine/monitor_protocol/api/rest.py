@@ -385,7 +385,13 @@ def _served(ops: tuple[Operation, ...]) -> Handler:
         if op.auth.credential == "admin":
             r.require_admin(req)
         payload = parse_json_body(req) if op.method == "POST" else None
-        result = operations.invoke(r.service, op, p, payload, bearer(req))
+        # the query parameters the table declares, each sent at most once (the rest are not read)
+        named = (
+            {q.name: _single(req.query, q.name) for q in op.params if q.where == "query"}
+            if req.query
+            else None
+        )
+        result = operations.invoke(r.service, op, p, payload, bearer(req), named)
         return Response(op.result.status_for(result), result)
 
     return handle

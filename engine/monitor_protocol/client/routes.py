@@ -161,6 +161,22 @@ def _ack_pull(
     return call
 
 
+def _every_page(first: Call[list[Monitor]]) -> Plan[list[Monitor]]:
+    found: list[Monitor] = []
+    call: Call[Any] = replace(first, parse=_as_is, plan=None)
+    while True:
+        raw = yield call
+        found.extend(monitor_list(raw))
+        after = raw.get("next") if isinstance(raw, dict) else None
+        if not isinstance(after, str) or any(after <= v for k, v in call.params if k == "after"):
+            return found  # the whole listing (or a server whose `next` does not move on: what it gave)
+        call = replace(call, params=[("after", after)])
+
+
+def _as_is(raw: Any) -> Any:
+    return raw
+
+
 # A refusal of the whole call, not of one item: the batch request raises it too.
 _WHOLE_CALL_REFUSALS = ("UNAUTHORIZED", "NOT_FOUND")
 
@@ -268,8 +284,11 @@ class Routes:
 
     @staticmethod
     def list_monitors(c: ClientBase, /, *, token: str | None = None) -> Call[list[Monitor]]:
-        """GET /monitors -> list[Monitor] (what this token may see)."""
-        return Call("GET", "/monitors", c._tok(token), monitor_list)
+        """GET /monitors -> list[Monitor] (what this token may see): every page, on a server that lists a
+        page at a time (its reply's `next`); one reply elsewhere."""
+        call = Call("GET", "/monitors", c._tok(token), monitor_list)
+        call.plan = lambda: _every_page(call)
+        return call
 
     @staticmethod
     def get_monitor(c: ClientBase, /, monitor_id: str, *, token: str | None = None) -> Call[Monitor]:

@@ -26,6 +26,7 @@ from monitor_protocol.core.vocab import (
     DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
     DELIVERY_COUNT_LIMIT,
     EXT_ACK_PULL,
+    EXT_MONITOR_PAGES,
     EXT_PUBLISH_BATCH,
     EXTENSION_ID,
     IDEMPOTENCY_KEY_MAX_CHARS,
@@ -46,6 +47,7 @@ from monitor_protocol.core.vocab import (
     MAX_REASON_BYTES,
     MAX_RPC_BATCH,
     MAX_WAIT_SECONDS,
+    MONITORS_PAGE_MAX,
     PROTOCOL_VERSION,
     SCAN_BUDGET,
 )
@@ -479,6 +481,12 @@ class ServiceCore(ABC):
                         "version": "1",
                         "rest": "POST /monitors/{id}/observations",
                         "max_items": MAX_PUBLISH_BATCH,
+                    },
+                    EXT_MONITOR_PAGES: {
+                        "version": "1",
+                        "rest": "GET /monitors?limit=&after=",
+                        "jsonrpc": "monitors/list",
+                        "max_items": MONITORS_PAGE_MAX,
                     },
                 },
             },

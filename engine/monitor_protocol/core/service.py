@@ -27,8 +27,8 @@ class MonitorService(ServiceCore):
         self._configured(out["monitor"]["id"])
         return out
 
-    def list_monitors(self, token: str | None) -> dict[str, Any]:
-        return self._call(lambda tx: monitors.list_monitors(self, tx, token))
+    def list_monitors(self, token: str | None, *, limit: Any = None, after: Any = None) -> dict[str, Any]:
+        return self._call(lambda tx: monitors.list_monitors(self, tx, token, limit, after))
 
     def get_monitor(self, monitor_id: str, token: str | None) -> dict[str, Any]:
         return self._call(lambda tx: monitors.get_monitor(self, tx, monitor_id, token))

@@ -222,6 +222,11 @@ class Store(ABC):
     def list_monitors(self) -> list[Monitor]:
         """Every monitor, by id."""
 
+    def list_monitors_page(self, after: str, limit: int) -> list[Monitor]:
+        """The first `limit` monitors, by id, of those whose id sorts after `after` (code point order; ""
+        starts at the first): a listing a page at a time (GET /monitors). The SQL stores read only the page."""
+        return [m for m in self.list_monitors() if m.id > after][:limit]
+
     # the log
     @abstractmethod
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None: ...

@@ -10,6 +10,7 @@ EXTENSION_ID = "ai.mentu/monitors"
 # uses them where advertised and falls back to the protocol's plain calls elsewhere.
 EXT_ACK_PULL = "monitor-protocol-python/ack-pull"
 EXT_PUBLISH_BATCH = "monitor-protocol-python/publish-batch"
+EXT_MONITOR_PAGES = "monitor-protocol-python/monitor-pages"
 PROTOCOL_PREFIX = "ai.mentu.monitor."
 # This project's own rows (docs/protocol.md section 12): `ai.mentu.monitor.` belongs to the published protocol
 # and its closed list of actions, so a source's start, stop, crash and restart are written under this prefix.
@@ -150,6 +151,12 @@ MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
 MAX_WAIT_SECONDS = 50
 LAG_COUNT_CAP = 100_000
+# GET /monitors in pages (EXT_MONITOR_PAGES): at most this many monitors a reply (a definition is at most
+# MAX_DEFINITION_BYTES, so a page stays within a pull page's 4 MiB), and MONITORS_PAGE_SCAN records read to
+# fill it (monitors the caller may not see are read and skipped; and one more a read, to know if any follow):
+# each listing's cost is bounded, however many monitors an open server has been given.
+MONITORS_PAGE_MAX = 500
+MONITORS_PAGE_SCAN = 2000
 
 # Input limits (docs/protocol.md section 10): every bound on what a request may carry, in one place.
 MAX_NAME_CHARS = 256  # ids, subjects, actors, types

@@ -14,6 +14,7 @@ leases by JSON `[monitor, subject]`, subscriptions by id, publish keys (table "i
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -288,6 +289,10 @@ class MemoryStore(Store):
 
     def list_monitors(self) -> list[Monitor]:
         return [m for _, m in sorted(self._monitors.items())]
+
+    def list_monitors_page(self, after: str, limit: int) -> list[Monitor]:
+        ids = heapq.nsmallest(limit, (k for k in self._monitors if k > after))
+        return [self._monitors[k] for k in ids]
 
     def list_monitors_with_readers(self) -> list[Monitor]:
         return [self._monitors[m] for m in sorted(self._active_by_monitor) if m in self._monitors]

@@ -668,6 +668,10 @@ class PostgresStore(Store):
     def list_monitors(self) -> list[Monitor]:
         return [self._monitor(r) for r in self._rows(f"{GET_MONITOR} ORDER BY id")]
 
+    def list_monitors_page(self, after: str, limit: int) -> list[Monitor]:
+        rows = self._rows(f"{GET_MONITOR} WHERE id > $1 ORDER BY id LIMIT $2", (enc(after), limit))
+        return [self._monitor(r) for r in rows]
+
     def list_monitors_with_readers(self) -> list[Monitor]:
         rows = self._rows(f"{GET_MONITOR} WHERE id IN ({ACTIVE_MONITOR_IDS}) ORDER BY id")
         return [self._monitor(r) for r in rows]

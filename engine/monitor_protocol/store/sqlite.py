@@ -1,7 +1,6 @@
 """The SQLite store (the embedded default): WAL, synchronous=FULL so that every commit the engine reports is
 on disk before the reply, one writer per database file (an exclusive flock on the file itself, docs/protocol.md
 section 10), a `quick_check` at open, and every storage failure raised as `StorageError` after a rollback.
-
 One writer per file, and which driver errors are the storage's fault: sqlite_file.py. A LogQuery as SQL:
 sqlite_query.py. What the SQL stores share: sql.py.
 
@@ -100,7 +99,6 @@ _PUT_OBSERVATION = (
 _PUT_PUBLISH_KEY = "INSERT OR REPLACE INTO publish_keys (monitor, key, seq, at) VALUES (?, ?, ?, ?)"
 _SELECT = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM"
 _SELECT_OBSERVATION = f"{_SELECT} observations"
-
 
 KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
 # Subscriptions kept decoded between calls (~0.7 KiB each): past this the cache starts again (reads refill
@@ -652,16 +650,21 @@ class SQLiteStore(Store):
     def list_monitors_with_readers(self) -> list[Monitor]:
         return self._monitors_where(f"WHERE id IN ({queries.ACTIVE_MONITOR_IDS})")
 
-    def _monitors_where(self, where: str) -> list[Monitor]:
-        rows = self._db.execute(f"{self._GET_MONITOR} {where} ORDER BY id")
+    @guarded
+    def list_monitors_page(self, after: str, limit: int) -> list[Monitor]:
+        return self._monitors_where("WHERE id > ?", after, limit)
+
+    def _monitors_where(self, where: str, after: str | None = None, limit: int = -1) -> list[Monitor]:
+        args = () if after is None else (after,)  # (a limit of -1 is none)
+        rows = self._db.execute(f"{self._GET_MONITOR} {where} ORDER BY id LIMIT {int(limit)}", args)
         found = [Monitor.from_row(row_of(r, MONITOR_COLUMNS)) for r in rows]
         if not self._dirty and not self._call_dirty:
             return found
         newest = {m.id: m for m in found}
         for m in (*self._dirty.values(), *self._call_dirty.values()):  # changed, not yet written
-            if m.id in newest or not where:
+            if m.id in newest or not where or (after is not None and m.id > after):
                 newest[m.id] = m
-        return [newest[k] for k in sorted(newest)]
+        return [newest[k] for k in sorted(newest)[: limit if limit >= 0 else None]]
 
     # --- the log ----------------------------------------------------------------------------------
     @guarded

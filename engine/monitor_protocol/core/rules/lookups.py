@@ -22,20 +22,38 @@ def monitor_of(tx: Tx, monitor_id: Any) -> Monitor:
     return rec
 
 
-def visible(tx: Tx, rec: Monitor, token: str | None) -> bool:
-    if rec.visibility == "public":
-        return True
-    if tokens.matches(token, rec.owner_hash):
-        return True
-    if rec.visibility == "shared" and tokens.matches(token, rec.subscribe_hash):
-        return True
-    if token:
-        # Without a lock: this only reads who may see `rec` (whose lock is held), and a reader token of
-        # another monitor must not take that monitor's lock too (two locks, in any order, can deadlock).
-        sub = tx.subscription_by_token(tokens.digest(token), lock=False)
-        if sub is not None and sub.monitor == rec.id and not sub.revoked:
+class Viewer:
+    """Who may see a monitor (section 4's visibility), for one caller: its token hashed once and its reader
+    subscription read once, at first need, however many monitors a listing asks about."""
+
+    __slots__ = ("tx", "digest", "_reads")
+    _UNREAD = object()
+
+    def __init__(self, tx: Tx, token: str | None) -> None:
+        self.tx = tx
+        self.digest = tokens.digest(token) if token else None
+        self._reads: Any = Viewer._UNREAD
+
+    def sees(self, rec: Monitor) -> bool:
+        if rec.visibility == "public":
             return True
-    return False
+        digest = self.digest
+        if digest is None:
+            return False
+        if tokens.digest_matches(digest, rec.owner_hash):
+            return True
+        if rec.visibility == "shared" and tokens.digest_matches(digest, rec.subscribe_hash):
+            return True
+        if self._reads is Viewer._UNREAD:
+            # Without a lock: this only reads who may see `rec` (whose lock is held), and a reader token of
+            # another monitor must not take that monitor's lock too (two locks, in any order, can deadlock).
+            sub = self.tx.subscription_by_token(digest, lock=False)
+            self._reads = sub.monitor if sub is not None and not sub.revoked else None
+        return rec.id == self._reads
+
+
+def visible(tx: Tx, rec: Monitor, token: str | None) -> bool:
+    return Viewer(tx, token).sees(rec)
 
 
 def visible_monitor(tx: Tx, monitor_id: Any, token: str | None) -> Monitor:

@@ -11,7 +11,7 @@ from monitor_protocol.core.lifecycles import MONITOR_ACTIONS, MonitorStatus, mon
 from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, Monitor, Subscription, evolve
 from monitor_protocol.core.rules import events, state
 from monitor_protocol.core.rules.ledger import append_protocol, free_lease, retire_subscription
-from monitor_protocol.core.rules.lookups import monitor_of, owner_monitor, visible, visible_monitor
+from monitor_protocol.core.rules.lookups import Viewer, monitor_of, owner_monitor, visible_monitor
 from monitor_protocol.core.rules.provenance import is_system
 from monitor_protocol.core.runtime import ServiceCore
 from monitor_protocol.core.sources import SETTINGS_KEYS
@@ -33,6 +33,8 @@ from monitor_protocol.core.vocab import (
     CAPABILITIES,
     HORIZONS,
     MAX_DEFINITION_BYTES,
+    MONITORS_PAGE_MAX,
+    MONITORS_PAGE_SCAN,
     RULE_ACTION_PATTERN,
     RULE_ACTION_REGEX,
     RUNNABLE_SOURCE_KINDS,
@@ -274,9 +276,37 @@ def _configured(
     return append_protocol(tx, monitor_id, T_CONFIGURED, rec.owner, payload).seq
 
 
-def list_monitors(core: ServiceCore, tx: Tx, token: str | None) -> dict[str, Any]:
-    shown = [m.to_wire() for m in tx.monitors() if visible(tx, m, token)]
-    return {"monitors": shown, "ttlMs": 5000, "cacheScope": "private" if token else "public"}
+def list_monitors(
+    core: ServiceCore, tx: Tx, token: str | None, limit: Any = None, after: Any = None
+) -> dict[str, Any]:
+    """The monitors this token may see, by id, a page at a time (this server's extension, EXT_MONITOR_PAGES):
+    at most `limit` of them past the id `after`, reading at most MONITORS_PAGE_SCAN records. `next` is the
+    `after` of the next page, null once the listing is whole."""
+    lim = MONITORS_PAGE_MAX if limit is None else as_int(limit, "limit", minimum=1, maximum=MONITORS_PAGE_MAX)
+    start = "" if after is None else check_name(after, "after", "the `next` of the previous page")
+    viewer = Viewer(tx, token)
+    shown: list[dict[str, Any]] = []
+    left = MONITORS_PAGE_SCAN
+    while True:
+        want = min(lim, left)
+        page = tx.monitors_page(start, want + 1)  # one more: whether any follow
+        more = len(page) > want
+        del page[want:]
+        left -= len(page)
+        for i, m in enumerate(page):
+            if viewer.sees(m):
+                shown.append(m.to_wire())
+                if len(shown) == lim:
+                    return _listing(shown, m.id if more or i + 1 < len(page) else None, token)
+        if not more:  # the whole listing is read
+            return _listing(shown, None, token)
+        start = page[-1].id
+        if left <= 0:  # as many records as one call may read: the caller goes on from here
+            return _listing(shown, start, token)
+
+
+def _listing(shown: list[dict[str, Any]], after: str | None, token: str | None) -> dict[str, Any]:
+    return {"monitors": shown, "next": after, "ttlMs": 5000, "cacheScope": "private" if token else "public"}
 
 
 def get_monitor(core: ServiceCore, tx: Tx, monitor_id: str, token: str | None) -> dict[str, Any]:

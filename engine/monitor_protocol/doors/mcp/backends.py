@@ -151,8 +151,8 @@ class EmbeddedBackend:
         args, kwargs = operations.engine_args(op, path, payload, token)
         return await self.call(op.service or "", *args, **kwargs)
 
-    async def list_monitors(self, token: str | None) -> Any:
-        return await self.call("list_monitors", token)
+    async def list_monitors(self, token: str | None, *, limit: Any = None, after: Any = None) -> Any:
+        return await self.call("list_monitors", token, limit=limit, after=after)
 
     async def get_monitor(self, monitor_id: str, token: str | None) -> Any:
         return await self.call("get_monitor", monitor_id, token)
@@ -384,8 +384,9 @@ class RemoteBackend:
             )
         return await self.perform(op, {**path, "action": action} if action else path, payload, token)
 
-    async def list_monitors(self, token: str | None) -> Any:
-        return await self._service("list_monitors", {}, None, token)
+    async def list_monitors(self, token: str | None, *, limit: Any = None, after: Any = None) -> Any:
+        params = [(k, str(v)) for k, v in (("limit", limit), ("after", after)) if v is not None]
+        return await self._req("GET", "/monitors", token, None, params)
 
     async def get_monitor(self, monitor_id: str, token: str | None) -> Any:
         return await self._service("get_monitor", {"id": monitor_id}, None, token)

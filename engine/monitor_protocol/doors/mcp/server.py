@@ -227,8 +227,9 @@ class MonitorMCP:
     # -- resources ---------------------------------------------------------------------------------
 
     async def _list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
-        try:
-            listed = await self.backend.list_monitors(env_token(VIEWER_ENV))
+        cursor = getattr(params, "cursor", None) if params is not None else None
+        try:  # a page of monitors a page of resources: MCP's cursor is the listing's `next`
+            listed = await self.backend.list_monitors(env_token(VIEWER_ENV), after=cursor or None)
         except ToolFailure:
             listed = {"monitors": []}
         resources: list[types.Resource] = []
@@ -249,7 +250,7 @@ class MonitorMCP:
                     uri=f"monitor://{mid}/source", name=f"{mid} source status", mime_type="application/json"
                 )
             )
-        return types.ListResourcesResult(resources=resources)
+        return types.ListResourcesResult(resources=resources, next_cursor=listed.get("next"))
 
     async def _list_templates(self, ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(

@@ -163,7 +163,14 @@ async def _pull(b: Any, a: dict[str, Any]) -> Any:
     )
 
 
-RUNNERS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[Any]]] = {"monitor_pull": _pull}
+async def _list(b: Any, a: dict[str, Any]) -> Any:
+    return await b.list_monitors(_tok(a, VIEWER_ENV), limit=a.get("limit"), after=a.get("after"))
+
+
+RUNNERS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[Any]]] = {
+    "monitor_pull": _pull,
+    "monitor_list": _list,
+}
 
 
 def _choose(spec: operations.ToolDef, a: dict[str, Any]) -> operations.Operation:

@@ -1,0 +1,173 @@
+"""GET /monitors a page at a time (this server's extension `monitor-protocol-python/monitor-pages`): every
+monitor a caller may see, once each, in id order, whatever the page size; each call reads a bounded number
+of records however many monitors an open server has been given; bad `limit` and `after` are 400 INVALID."""
+
+from __future__ import annotations
+
+import pytest
+from enginekit import STORE_KINDS, Harness, make_store
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from monitor_protocol.core.rules import monitors as monitors_rules
+from monitor_protocol.core.vocab import EXT_MONITOR_PAGES, MONITORS_PAGE_MAX, MONITORS_PAGE_SCAN
+from monitor_protocol.store.memory import MemoryStore
+
+pytestmark = pytest.mark.quick
+
+
+def listing(h: Harness, token: str | None, limit: int | None = None) -> tuple[list[str], list[int]]:
+    """Every page, following `next`: the ids in the order given, and each page's size."""
+    ids: list[str] = []
+    sizes: list[int] = []
+    after: str | None = None
+    while True:
+        query = [(k, str(v)) for k, v in (("limit", limit), ("after", after)) if v is not None]
+        r = h.call("GET", "/monitors", token=token, query=query)
+        assert r.status == 200, r.body
+        ids += [m["id"] for m in r.body["monitors"]]
+        sizes.append(len(r.body["monitors"]))
+        assert r.body["cacheScope"] == ("private" if token else "public")
+        if r.body["next"] is None:
+            return ids, sizes
+        assert after is None or r.body["next"] > after  # always onwards
+        after = r.body["next"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=st.lists(st.sampled_from(["public", "private", "shared"]), min_size=0, max_size=14),
+    limit=st.integers(min_value=1, max_value=5),
+    who=st.sampled_from(["anonymous", "owner", "subscribe", "reader"]),
+)
+def test_the_pages_hold_each_visible_monitor_once_in_id_order(kinds, limit, who):
+    h = Harness(MemoryStore())
+    tokens: dict[str, str | None] = {"anonymous": None}
+    for i, kind in reversed(list(enumerate(kinds))):  # made out of order: the listing sorts
+        mid = f"m{i:02d}"
+        created = h.call("POST", "/monitors", {"id": mid, "owner": "human:you", "visibility": kind})
+        assert created.status == 201, created.body
+        if i == len(kinds) // 2:  # the tokens of one monitor in the middle
+            tokens["owner"] = created.body["owner_token"]
+            tokens["subscribe"] = created.body.get("subscribe_token")
+            _sub, tokens["reader"] = h.subscribe(mid, created.body["owner_token"])
+    token = tokens.get(who)
+    middle = f"m{len(kinds) // 2:02d}"
+    # Section 4's visibility, said here from first principles: public to all; the middle monitor also to
+    # its owner's token, its subscribe token (when shared) and its reader's token.
+    sees_middle = who in ("owner", "reader") or (who == "subscribe" and token is not None)
+    expected = [
+        f"m{i:02d}"
+        for i, kind in enumerate(kinds)
+        if kind == "public" or (f"m{i:02d}" == middle and sees_middle)
+    ]
+    ids, sizes = listing(h, token, limit)
+    assert ids == expected
+    assert all(size <= limit for size in sizes)
+    whole, _ = listing(h, token)  # one page: the default holds them all
+    assert whole == expected
+
+
+@pytest.mark.parametrize("store_kind", STORE_KINDS)
+def test_a_listing_reads_a_bounded_number_of_records_and_says_where_to_go_on(store_kind, tmp_path):
+    """2,100 private monitors before 3 public ones: an anonymous listing reads MONITORS_PAGE_SCAN records,
+    shows none and says where to go on; the next page finds the public ones. The owner of a private monitor
+    among them finds it on the first page (positive control: the records are read, and filtered)."""
+    h = Harness(make_store(store_kind, tmp_path))
+    owner = None
+    for i in range(MONITORS_PAGE_SCAN + 100):
+        r = h.call("POST", "/monitors", {"id": f"p{i:05d}", "visibility": "private"})
+        owner = r.body["owner_token"] if i == 7 else owner
+    for i in range(3):
+        h.call("POST", "/monitors", {"id": f"q{i}", "visibility": "public"})
+    reads: list[int] = []
+    store = h.store
+    real = type(store).list_monitors_page
+
+    def counted(self, after, limit):
+        page = real(self, after, limit)
+        reads.append(len(page))
+        return page
+
+    type(store).list_monitors_page = counted
+    try:
+        first = h.call("GET", "/monitors")
+        assert first.status == 200
+        assert first.body["monitors"] == [] and first.body["next"] == f"p{MONITORS_PAGE_SCAN - 1:05d}"
+        assert MONITORS_PAGE_SCAN <= sum(reads) <= MONITORS_PAGE_SCAN + len(reads)  # (+1 a read: any more?)
+        second = h.call("GET", "/monitors", query=[("after", first.body["next"])])
+        assert [m["id"] for m in second.body["monitors"]] == ["q0", "q1", "q2"] and second.body[
+            "next"
+        ] is None
+        mine = h.call("GET", "/monitors", token=owner, query=[("limit", "1")])
+        assert [m["id"] for m in mine.body["monitors"]] == ["p00007"] and mine.body["next"] == "p00007"
+    finally:
+        type(store).list_monitors_page = real
+    assert [m.id for m in store.list_monitors()][-3:] == ["q0", "q1", "q2"]
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ([("limit", "0")], "limit must be at least 1"),
+        ([("limit", str(MONITORS_PAGE_MAX + 1))], f"limit must be at most {MONITORS_PAGE_MAX}"),
+        ([("limit", "-1")], "limit must be an integer in ASCII decimal digits"),
+        ([("limit", "ten")], "limit must be an integer in ASCII decimal digits"),
+        ([("after", "")], "after must be a non-empty string"),
+        ([("after", "x" * 257)], "at most 256 are allowed"),
+    ],
+)
+def test_a_bad_limit_or_after_is_invalid_and_says_what_to_send(query, says):
+    h = Harness(MemoryStore())
+    h.call("POST", "/monitors", {"id": "ci", "visibility": "public"})
+    r = h.call("GET", "/monitors", query=query)
+    assert r.status == 400 and r.body["code"] == "INVALID" and says in r.body["error"], r.body
+    assert h.call("GET", "/monitors", query=[("limit", "1")]).status == 200  # positive control
+
+
+def test_json_rpc_takes_limit_and_after_and_discover_advertises_the_pages():
+    h = Harness(MemoryStore())
+    for mid in ("b1", "a1", "c1"):
+        h.call("POST", "/monitors", {"id": mid, "visibility": "public"})
+    body = {"jsonrpc": "2.0", "id": 1, "method": "monitors/list", "params": {"limit": 2, "after": "a1"}}
+    r = h.call("POST", "/rpc", body)
+    assert [m["id"] for m in r.body["result"]["monitors"]] == ["b1", "c1"] and r.body["result"][
+        "next"
+    ] is None
+    ext = h.call("GET", "/discover").body["capabilities"]["extensions"][EXT_MONITOR_PAGES]
+    assert ext["max_items"] == MONITORS_PAGE_MAX and ext["jsonrpc"] == "monitors/list"
+
+
+def test_the_page_bound_holds_against_a_smaller_setting(monkeypatch):
+    """The rule reads its bounds from one place: with a page of 2, a listing of 5 takes 3 pages."""
+    monkeypatch.setattr(monitors_rules, "MONITORS_PAGE_MAX", 2)
+    h = Harness(MemoryStore())
+    for i in range(5):
+        h.call("POST", "/monitors", {"id": f"m{i}", "visibility": "public"})
+    ids, sizes = listing(h, None)
+    assert ids == [f"m{i}" for i in range(5)] and sizes == [2, 2, 1]
+
+
+async def test_mcp_lists_resources_a_page_at_a_time(tmp_path, monkeypatch):
+    """MCP's resources/list pages with the listing: its cursor is the listing's `next`."""
+    import mcp_types as types
+    from monitor_protocol.doors.mcp.backends import EmbeddedBackend
+    from monitor_protocol.doors.mcp.server import MonitorMCP
+
+    monkeypatch.setattr(monitors_rules, "MONITORS_PAGE_MAX", 2)
+    mcp = MonitorMCP(EmbeddedBackend(str(tmp_path / "mcp.db"), sweep_interval=0))
+    await mcp.backend.start(mcp.monitor_changed)
+    try:
+        for mid in ("c1", "a1", "b1"):
+            args = {"id": mid, "visibility": "public"}
+            made = await mcp._call_tool(
+                None, types.CallToolRequestParams(name="monitor_create", arguments=args)
+            )
+            assert not made.is_error, made.content[0].text
+        first = await mcp._list_resources(None, None)
+        assert [r.uri for r in first.resources][::3] == ["monitor://a1/definition", "monitor://b1/definition"]
+        assert first.next_cursor == "b1"
+        second = await mcp._list_resources(None, types.PaginatedRequestParams(cursor=first.next_cursor))
+        assert [r.uri for r in second.resources][::3] == ["monitor://c1/definition"]
+        assert second.next_cursor is None
+    finally:
+        await mcp.backend.close()
