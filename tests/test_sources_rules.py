@@ -14,6 +14,7 @@ from monitor_protocol.core import cron, schemas, sources
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.netguard import sink_refusal
 from monitor_protocol.core.vocab import MAX_SOURCE_OUTPUT_BYTES, T_REJECTED, T_SOURCE
+from monitor_protocol.store.memory import MemoryStore
 
 pytestmark = pytest.mark.quick
 
@@ -691,3 +692,25 @@ def test_a_log_whose_source_has_a_setting_this_server_does_not_know_still_import
     refused = h.call("POST", "/monitors", {"id": "ci-new", "owner": "agent:ops", "source": {
         "kind": "http", "ref": "https://e.com/health", "settings": {"follow": True}}})  # fmt: skip
     assert refused.status == 400  # positive control: defining it anew is refused
+
+
+def test_the_supervisors_full_look_reads_a_page_an_engine_call(tmp_path, monkeypatch):
+    """sources_page: the monitors with a source other than `log`, 500 (here 2) monitors a call, and where the
+    next page starts; every sourced monitor is found once across the pages, and no call reads them all."""
+    from monitor_protocol.core.rules import sources as sources_rules
+
+    monkeypatch.setattr(sources_rules, "SOURCES_PAGE", 2)
+    h = Harness(MemoryStore())
+    made = []
+    for i in range(5):
+        body = {"id": f"m{i}", "types": ["com.example.x"]}
+        if i % 2 == 0:
+            body["source"] = {"kind": "shell", "ref": "echo hi"}
+            made.append(f"m{i}")
+        assert h.call("POST", "/monitors", body).status == 201
+    found, after, pages = [], "", 0
+    while after is not None:
+        page = h.service.sources_page(after)
+        found += [v["monitor"]["id"] for v in page["views"]]
+        after, pages = page["next"], pages + 1
+    assert found == made and pages == 3  # m0 m1 | m2 m3 | m4

@@ -206,8 +206,11 @@ class MonitorService(ServiceCore):
         """A start, stop, crash, restart, refusal or throttling of the monitor's source, in its log."""
         return self._call(lambda tx: sources.source_event(self, tx, monitor_id, action, payload))
 
-    def sources_view(self, monitor_id: str | None = None) -> list[dict[str, Any]]:
+    def sources_view(self, monitor_id: str) -> list[dict[str, Any]]:
         return self._call(lambda tx: sources.sources_view(self, tx, monitor_id))
+
+    def sources_page(self, after: str = "") -> dict[str, Any]:
+        return self._call(lambda tx: sources.sources_page(self, tx, after))
 
     def feed_step(self, monitor_id: str, plan: Any) -> dict[str, Any]:
         return self._call(lambda tx: sources.feed_step(self, tx, monitor_id, plan))

@@ -26,6 +26,7 @@ from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, T_SOURCE
 
 SOURCE_ACTOR = "system:sources"
 FEED_STEP_ROWS = 100  # rows of the other monitor a feed examines per engine call
+SOURCES_PAGE = 500  # monitors the supervisor's full look reads per engine call
 
 
 def _checkpoint(tx: Tx, monitor_id: str, checkpoint: dict[str, Any] | None) -> None:
@@ -113,15 +114,23 @@ def view(rec: Monitor) -> dict[str, Any]:
     }
 
 
-def sources_view(core: ServiceCore, tx: Tx, monitor_id: str | None = None) -> list[dict[str, Any]]:
-    """Every monitor with a source other than `log` (one, with `monitor_id`: [] when it is gone or its source
-    is `log`): those the server runs, and those it must say it does not (ws, cir, formula)."""
-    if monitor_id is not None:
-        rec = tx.monitor(monitor_id)
-        recs = [rec] if rec is not None else []
-    else:
-        recs = tx.monitors()
-    return [view(r) for r in recs if (r.source or {}).get("kind", "log") != "log"]
+def sources_view(core: ServiceCore, tx: Tx, monitor_id: str) -> list[dict[str, Any]]:
+    """The monitor's source, if other than `log` ([] when it is gone or its source is `log`): one the server
+    runs, or one it must say it does not (ws, cir, formula)."""
+    rec = tx.monitor(monitor_id)
+    return [view(rec)] if rec is not None and (rec.source or {}).get("kind", "log") != "log" else []
+
+
+def sources_page(core: ServiceCore, tx: Tx, after: str) -> dict[str, Any]:
+    """sources_view of the first SOURCES_PAGE monitors past the id `after`, and `next`, where the next page
+    starts (None after the last): the supervisor's full look, a page an engine call, so that no one call
+    reads every monitor."""
+    limit = SOURCES_PAGE
+    recs = tx.monitors_page(after, limit + 1)
+    more = len(recs) > limit
+    del recs[limit:]
+    views = [view(r) for r in recs if (r.source or {}).get("kind", "log") != "log"]
+    return {"views": views, "next": recs[-1].id if more else None}
 
 
 def feed_step(

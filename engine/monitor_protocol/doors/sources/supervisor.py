@@ -8,7 +8,7 @@ publish joins the requests' group commits and is durable before the source reads
   (`MonitorService.add_config_listener`), it reconciles: a runnable source of an active monitor whose
   definition and the operator's policy allow it runs (`Runner`); a paused or retired monitor's source stops;
   a changed definition restarts it. Every 30 s it looks at every monitor again (what another server of a
-  shared store changed, or leadership moving).
+  shared store changed, or leadership moving), 500 monitors an engine call.
 * Each start, stop, crash, restart, refusal and throttling is a row of the monitor's log
   (`python.monitor-protocol.source`, `MonitorService.source_event`), and the last one is the source's
   status in the monitor's state. A source the definition or the policy refuses stays defined: the row and
@@ -238,7 +238,12 @@ class Supervisor:
                 views = await self.call(self.service.sources_view, monitor_id)
                 await self.reconcile_one(monitor_id, views[0] if views else None)
             return
-        views = {v["monitor"]["id"]: v for v in await self.call(self.service.sources_view)}
+        views: dict[str, dict[str, Any]] = {}
+        after: str | None = ""
+        while after is not None:  # a page an engine call: requests go on between them
+            page = await self.call(self.service.sources_page, after)
+            views.update((v["monitor"]["id"], v) for v in page["views"])
+            after = page["next"]
         for monitor_id in sorted(set(views) | set(self.runners)):
             await self.reconcile_one(monitor_id, views.get(monitor_id))
         self._first = False
