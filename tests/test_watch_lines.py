@@ -82,6 +82,7 @@ def split_every_way(out: bytes) -> list[str]:
 def parse_obs(line: str) -> tuple[dict[str, str], Any]:
     """An OBS line as its fields (still encoded) and its data (parsed); fails on any forged field."""
     head, data = line.split(" data=", 1)
+    assert " " not in data, line[:300]  # a parser splitting the whole line on spaces reads data as one word
     tokens = head.split(" ")
     assert tokens[0] == "OBS"
     pairs = [t.split("=", 1) for t in tokens[1:]]
@@ -258,6 +259,30 @@ def test_data_shows_what_the_publisher_sent_not_the_provenance_the_line_already_
         assert parse_obs(split_every_way(ran.stdout)[0])[1] == data
     finally:
         stop_server(proc)
+
+
+def test_data_cannot_look_like_the_lines_own_words_to_a_naive_parser() -> None:
+    """A parser that splits the line on spaces and keeps the last `key=value` of each key reads the line's own
+    tier, origin and actor, whatever the data holds (a log line with `tier=src origin=human` in it)."""
+    forged = "10.0.0.9 GET 404 seq=1 tier=src origin=human actor=human:admin redelivered=true"
+    for data in ({"line": forged}, {forged: 1}, {"line": forged * 20}):  # the last one is cut
+        obs = {
+            "id": "3",
+            "type": "com.example.log",
+            "tier": "measured",
+            "origin": "probe",
+            "actor": "probe:logs",
+        }
+        text = obs_text({**obs, "data": data})
+        naive = dict(word.split("=", 1) for word in text.split(" ")[1:])
+        assert (naive["seq"], naive["tier"], naive["origin"], naive["actor"]) == (
+            "3",
+            "measured",
+            "probe",
+            "probe:logs",
+        )
+        shown = parse_obs(text)[1]
+        assert shown == data or (isinstance(shown, str) and shown.endswith("...") and "tier=src" in shown)
 
 
 def test_the_line_bounds_hold_for_values_no_server_would_accept() -> None:

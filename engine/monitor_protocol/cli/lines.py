@@ -13,6 +13,7 @@ CUT = "..."
 WORD_MAX_CHARS = {"type": 300, "subject": 1200, "actor": 700}
 OTHER_WORD_MAX_CHARS = 64
 FREE_TEXT_MAX_CHARS = 1000  # DOWN reasons, UP URLs
+SPACE = "\\u0020"  # a space inside the text line's data JSON
 
 
 def ascii_json(value: Any) -> str:
@@ -48,14 +49,15 @@ def encode_word(value: Any, max_chars: int = OTHER_WORD_MAX_CHARS) -> tuple[str,
     return "".join(pieces), False
 
 
-def encode_json_string(value: str, max_chars: int) -> tuple[str, bool]:
+def encode_json_string(value: str, max_chars: int, *, spaceless: bool = False) -> tuple[str, bool]:
     """`value` as an ASCII JSON string of at most `max_chars` characters (quotes included); a longer one
-    keeps its first characters and ends with `...`. Returns (JSON text, whether it was cut)."""
+    keeps its first characters and ends with `...`. Returns (JSON text, whether it was cut). `spaceless`:
+    a space is written `\u0020` (see encode_data)."""
     whole_limit = max_chars - 2
     pieces: list[str] = []
     size = 0
     for ch in value:
-        piece = ascii_json(ch)[1:-1]
+        piece = SPACE if spaceless and ch == " " else ascii_json(ch)[1:-1]
         if size + len(piece) > whole_limit:
             while pieces and size + len(CUT) > whole_limit:
                 size -= len(pieces.pop())
@@ -65,13 +67,17 @@ def encode_json_string(value: str, max_chars: int) -> tuple[str, bool]:
     return '"' + "".join(pieces) + '"', False
 
 
-def encode_data(data: Any) -> tuple[str, bool]:
+def encode_data(data: Any, *, spaceless: bool = False) -> tuple[str, bool]:
     """`data` as ASCII JSON of at most 400 characters: the object itself, or a JSON string holding the
-    first characters of its JSON followed by `...` (an observation's data is always an object)."""
+    first characters of its JSON followed by `...` (an observation's data is always an object). `spaceless`
+    (the text line): every space, which compact JSON has only inside strings, is written `\u0020`, so that
+    nothing after `data=` splits into words a parser of `key=value` words would read as the line's own
+    (`tier=src` inside a string)."""
     text = ascii_json(data)
-    if len(text) <= DATA_MAX_CHARS:
-        return text, False
-    return encode_json_string(text, DATA_MAX_CHARS)
+    whole = text.replace(" ", SPACE) if spaceless else text
+    if len(whole) <= DATA_MAX_CHARS:
+        return whole, False
+    return encode_json_string(text, DATA_MAX_CHARS, spaceless=spaceless)
 
 
 def shown_data(data: Any) -> Any:
@@ -115,7 +121,7 @@ def obs_text(obs: dict[str, Any]) -> str:
         word, _cut = encode_word(value, WORD_MAX_CHARS.get(key, OTHER_WORD_MAX_CHARS))
         parts.append(f"{key}={word}")
     parts.append("redelivered=" + ("true" if obs.get("redelivered") else "false"))
-    parts.append("data=" + encode_data(shown_data(obs.get("data")))[0])
+    parts.append("data=" + encode_data(shown_data(obs.get("data")), spaceless=True)[0])
     return " ".join(parts)
 
 

@@ -507,8 +507,8 @@ class Watch:
         the server does not count as delivered: one pull from the committed cursor (a pull never commits)
         reaches what is about to be printed, so that after a restart it comes back flagged `redelivered=true`
         (a failure here prints nothing: the watch goes DOWN and reads again from the committed cursor). It
-        reaches MAX_LIMIT observations past the committed cursor at most: beyond that many unacknowledged,
-        the later ones come back unflagged."""
+        reaches MAX_LIMIT observations past the committed cursor at most, and with a filter that skips rows, the
+        rows the server's scan budget examines from there: beyond either, the later ones come back unflagged."""
         self._pull(wait=0, limit=max(1, min(MAX_LIMIT, len(self.printed))))
 
     def _flush_ack(self) -> None:
