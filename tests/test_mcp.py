@@ -912,6 +912,27 @@ def test_mcp_stdio_answers_lines_the_sdk_cannot_read(tmp_path: Path) -> None:
         send('{"jsonrpc":"2.0","id":3,"method":7}')
         got = reply()
         assert got["id"] == 3 and got["error"]["code"] == -32600
+        # Found by a tester: a line nested 2,000 deep killed the server (RecursionError), a 5,000-digit number
+        # got Python's own hint, and JSON that is not a request object, or a batch, was dropped unanswered.
+        send("[" * 2000 + "]" * 2000)
+        got = reply()
+        assert (
+            got["id"] is None
+            and got["error"]["code"] == -32700
+            and "deeper than 32" in got["error"]["message"]
+        )
+        send('{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":%s}}' % ("9" * 5000))
+        got = reply()
+        assert got["error"]["code"] == -32700 and "4,300 digits" in got["error"]["message"]
+        for line in ("[]", '"x"', "5", "null", '{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}'):
+            send(line)
+            got = reply()
+            assert got["id"] is None and got["error"]["code"] == -32600, line
+        send('[{"jsonrpc":"2.0","id":10,"method":"ping"},{"jsonrpc":"2.0","id":"eleven","method":"ping"}]')
+        assert [(g["id"], g["error"]["code"]) for g in (reply(), reply())] == [
+            (10, -32600),
+            ("eleven", -32600),
+        ]
         send(call % (4, "{}"))  # control: a readable request is served, and the replies kept their order
         got = reply()
         assert got["id"] == 4 and got["result"]["structuredContent"]["protocol"] == "monitor-protocol"
@@ -998,3 +1019,22 @@ def test_mcp_whose_client_vanishes_stops_with_one_line_not_a_traceback(tmp_path:
     said = err.decode()
     assert proc.returncode == 0 and "Traceback" not in said, said
     assert said.strip().endswith("mp mcp: the client closed the connection; stopping"), said
+
+
+@pytest.mark.parametrize("base", ["localhost:8130", "ftp://example.com", "http://"])
+def test_mcp_with_a_base_that_is_not_an_http_url_is_a_usage_error(base: str) -> None:
+    """Found by a tester: a scheme-less --base (or MP_BASE) ended in a ValueError traceback, exit 1."""
+    for args, env in ((["--base", base], {}), ([], {"MP_BASE": base})):
+        ran = subprocess.run(
+            [sys.executable, "-m", "monitor_protocol", "mcp", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env={**mp_env(), **env},
+            timeout=HANG_GUARD_SECONDS,
+        )
+        assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+        assert ran.stderr.strip().splitlines() == [
+            "mp mcp: the server URL must start with http:// or https:// and name a host, e.g. "
+            f"http://127.0.0.1:8130 (got {base!r})"
+        ]

@@ -994,3 +994,15 @@ def test_anonymous_readers_of_a_monitor_share_one_budget_of_rows(h, monkeypatch)
     )
     h.clock.advance(61)
     assert h.call("POST", f"/subscriptions/{sid}/retire", {"reason": "later"}, rtok).status == 200
+
+
+def test_data_carrying_provenance_or_tags_is_refused_with_the_hint_for_each() -> None:
+    """Found by a tester: data with `provenance` got the hint meant for `tags`."""
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci")
+    r = h.publish("ci", tok, data={"provenance": {"tier": "src"}})
+    assert r.status == 400 and "the server writes provenance" in r.body["error"]
+    assert "tags field" not in r.body["error"]
+    r = h.publish("ci", tok, data={"tags": {"a": "b"}})
+    assert r.status == 400 and "send tags in the request's tags field" in r.body["error"]
+    assert h.publish("ci", tok, data={"ok": 1}).status == 201  # positive control

@@ -392,7 +392,14 @@ def test_once_on_a_server_that_is_down_prints_down_and_exits_non_zero() -> None:
 def test_impossible_arguments_are_usage_errors(args: list[str]) -> None:
     ran = watch(*args, "--token", "t", env={"MP_BASE": "http://127.0.0.1:9"})
     assert ran.returncode == 2, (ran.stdout, ran.stderr)
-    assert ran.stdout == b"" and b"usage: mp watch" in ran.stderr
+    assert b"usage: mp watch" in ran.stderr
+    # a Monitor tool reads stdout only: one ERROR line says what is wrong (found by a tester: nothing did)
+    lines = split_every_way(ran.stdout)
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("ERROR - USAGE mp watch: ")
+        and lines[0].endswith("(mp watch --help)")
+    )
 
 
 def test_a_scheme_less_base_in_the_environment_is_a_usage_error_too() -> None:
@@ -456,3 +463,55 @@ def test_the_seeds_invocation_works_as_written(tmp_path: Path, watchers: list[Wa
         assert w.obs(1) == [(live, "live", False)]
     finally:
         stop_server(proc)
+
+
+def test_a_usage_error_in_jsonl_is_a_json_error_line() -> None:
+    ran = watch(
+        "sub-1", "--format", "jsonl", "--wait", "99", "--token", "t", env={"MP_BASE": "http://127.0.0.1:9"}
+    )
+    event = json.loads(split_every_way(ran.stdout)[0])
+    assert (
+        ran.returncode == 2
+        and event["kind"] == "ERROR"
+        and event["code"] == "USAGE"
+        and event["status"] is None
+    )
+    assert "--wait" in event["message"]
+
+
+def test_once_behind_a_proxy_answering_502_prints_down_exits_6_and_says_one_line() -> None:
+    """Found by a tester: --once behind a 502 exited 1 (the docs say 6 for DOWN), and a 404 HTML page was
+    written to stderr line by line."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            status = int(self.server.status)  # type: ignore[attr-defined]
+            body = b"<html>\n<body>\nBad Gateway\n</body>\n</html>\n"
+            self.send_response(status)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        server.status = 502  # type: ignore[attr-defined]
+        ran = watch("sub-1", "--token", "t", "--base", base, "--once")
+        assert ran.returncode == client_cmds.EXIT_UNREACHABLE, ran.stderr
+        assert split_every_way(ran.stdout) == ["DOWN HTTP 502"]
+        server.status = 404  # type: ignore[attr-defined]
+        ran = watch("sub-1", "--token", "t", "--base", base, "--once")
+        errors = [line for line in ran.stderr.decode().splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "Bad Gateway" in errors[0] and "<html> <body>" in errors[0], ran.stderr
+        assert "\n<body>" not in ran.stderr.decode()
+    finally:
+        server.shutdown()

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from monitor_protocol.cli.lines import obs_text
+from monitor_protocol.cli.lines import obs_text, one_sentence
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.vocab import MAX_INTEGER, MAX_LIMIT, MAX_WAIT_SECONDS
@@ -256,7 +256,7 @@ def report_error(exc: Exception, as_json: bool = False, token_from: tuple[str, .
     from monitor_protocol.client import ConnectionFailed, MonitorProtocolError
 
     if isinstance(exc, MonitorProtocolError):
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"error: {exc.code}: {one_sentence(exc.message)}", file=sys.stderr)
         for name in sorted(exc.extras):  # the lists a sentence points to ("use one of known_types")
             values = exc.extras[name]
             if name.startswith("known") and isinstance(values, list) and values:

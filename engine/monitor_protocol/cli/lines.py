@@ -95,6 +95,13 @@ def free_text(value: Any) -> str:
     return out if len(out) <= FREE_TEXT_MAX_CHARS else out[: FREE_TEXT_MAX_CHARS - len(CUT)] + CUT
 
 
+def one_sentence(text: Any) -> str:
+    """A message for stderr on one line, at most FREE_TEXT_MAX_CHARS: a reply that is not the protocol's (a
+    proxy's HTML page) carries its body in the message, line breaks and all."""
+    said = " ".join(str(text).split())
+    return said if len(said) <= FREE_TEXT_MAX_CHARS else said[: FREE_TEXT_MAX_CHARS - len(CUT)] + CUT
+
+
 def seq_of(obs: dict[str, Any]) -> int:
     try:
         return int(obs.get("id") or obs.get("sequence") or 0)

@@ -120,6 +120,14 @@ def run(name: str, args: argparse.Namespace) -> int:
     from monitor_protocol.store.sqlite import StoreCorrupt, StoreLocked
 
     base = choose_base(args)
+    if base:
+        from monitor_protocol.cli.watch import base_url
+
+        try:
+            base_url(base)
+        except argparse.ArgumentTypeError as exc:
+            print(f"mp mcp: {exc}", file=sys.stderr)
+            return 2
     try:
         db = (
             None
@@ -143,7 +151,11 @@ def run(name: str, args: argparse.Namespace) -> int:
         print("mp mcp: the client closed the connection; stopping", file=sys.stderr)
         return 0
     except StoreLocked as exc:
-        print(f"mp mcp: {exc} (use --base URL to go through the server that holds it)", file=sys.stderr)
+        print(
+            f"mp mcp: {exc} (held by `mp serve`: use --base URL to go through it; held by another `mp mcp`: "
+            "sessions that share a database go through one `mp serve --db PATH`, each with --base URL)",
+            file=sys.stderr,
+        )
         return 1
     except (StoreCorrupt, DatabaseUnavailable) as exc:
         print(f"mp mcp: {exc}", file=sys.stderr)

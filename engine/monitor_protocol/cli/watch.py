@@ -76,6 +76,7 @@ from monitor_protocol.cli.lines import (
     free_text,
     obs_jsonl,
     obs_text,
+    one_sentence,
     percent,
     seq_of,
 )
@@ -98,7 +99,8 @@ def _batch_limit(text: str) -> int:
     return whole_number(text, "--limit", 1, MAX_LIMIT)
 
 
-def _base_url(text: str) -> str:
+def base_url(text: str) -> str:
+    """An http(s) URL naming a host (the --base of `mp watch` and `mp mcp`), else a usage error."""
     try:
         parts = urlsplit(text)
     except ValueError:
@@ -123,7 +125,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help=f"the reader token (else env {' then '.join(READER)})")
     parser.add_argument(
         "--base",
-        type=_base_url,
+        type=base_url,
         default=os.environ.get("MP_BASE", DEFAULT_BASE),
         help="server URL, http:// or https:// (env MP_BASE, default %(default)s)",
     )
@@ -163,7 +165,23 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=None,
         help="what to do on EXPIRED when the server does not say (default: none)",
     )
+    plain_error = parser.error
+
+    def error(message: str) -> Any:
+        # A Monitor tool reads stdout only: the refusal there too, as an ERROR line, then the usage on stderr.
+        _Out(_format_asked(sys.argv)).usage(message)
+        return plain_error(message)
+
+    parser.error = error  # type: ignore[method-assign]
     parser.set_defaults(_token_env=READER, _usage=parser.error)
+
+
+def _format_asked(argv: list[str]) -> str:
+    """The --format on the command line, read before (or without) argparse: a usage error's line has one."""
+    for i, arg in enumerate(argv):
+        if arg == "--format=jsonl" or (arg == "--format" and argv[i + 1 : i + 2] == ["jsonl"]):
+            return "jsonl"
+    return "text"
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -245,6 +263,11 @@ class _Out:
 
     def retired(self, cursor: Any) -> None:
         self.event("RETIRED", f"RETIRED cursor={encode_word(cursor)[0]}", {"cursor": _json_scalar(cursor)})
+
+    def usage(self, message: str) -> None:
+        """A usage error (exit 2): no request was sent, so no status."""
+        said = free_text(f"mp watch: {message} (mp watch --help)")
+        self.event("ERROR", f"ERROR - USAGE {said}", {"status": None, "code": "USAGE", "message": said})
 
     def error(self, status: int, code: str, message: str = "") -> None:
         """The refusal, and the server's sentence after it: a Monitor tool reads stdout only."""
@@ -339,7 +362,7 @@ class Watch:
         self.out.expired(extras.get("requested"), floor, policy, extras.get("relist"))
         self.pending_ack = None  # the policy decides where reading resumes, not the batch printed before
         if policy == "none" or floor is None:
-            _stderr(f"error: {err.code}: {err.message}")
+            _stderr(f"error: {err.code}: {one_sentence(err.message)}")
             return 1
         from monitor_protocol.client import ConnectionFailed
 
@@ -481,8 +504,8 @@ class Watch:
                     # Not the protocol refusing this request (a proxy, a crashing process, a storage failure
                     # answered 503 UNAVAILABLE, a budget): treat it as down and retry.
                     self._went_down(f"HTTP {err.status}")
-                    if self.once:
-                        return _failure_status(err)
+                    if self.once:  # DOWN, as for a server that does not answer (mp --help: 6)
+                        return int(getattr(client_cmds, "EXIT_UNREACHABLE", 1))
                     continue
                 self._came_up()
                 if err.code == "CURSOR_BACKWARDS" and self.pending_ack is not None:
@@ -499,7 +522,7 @@ class Watch:
                         return status
                     continue  # a catch-up not yet opened opens now, from the cursor the policy chose
                 self.out.error(err.status, err.code, err.message)
-                _stderr(f"error: {err.code}: {err.message}")
+                _stderr(f"error: {err.code}: {one_sentence(err.message)}")
                 return _failure_status(err)
 
     def _mark_delivered(self) -> None:

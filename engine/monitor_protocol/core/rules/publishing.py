@@ -457,7 +457,12 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any], *, head: int | 
         raise invalid("data must be a JSON object (your fields stay at its top level).")
     if "tags" in data or "provenance" in data:
         reserved = sorted({"tags", "provenance"} & set(data))
-        raise invalid(f"data may not carry {reserved}: send tags in the request's tags field.")
+        hints = {
+            "tags": "send tags in the request's tags field",
+            "provenance": "the server writes provenance; send tier, origin, verification, actor or "
+            "on_behalf_of in the request's own fields",
+        }
+        raise invalid(f"data may not carry {reserved}: " + "; ".join(hints[k] for k in reserved) + ".")
     tags = body.get("tags", {})
     if tags is None:
         tags = {}

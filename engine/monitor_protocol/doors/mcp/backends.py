@@ -243,7 +243,19 @@ class RemoteBackend:
         async with self._lock:
             if monitor_id in self._watches:
                 return
-            reply = await self._subscribe_watch(monitor_id, env_token(VIEWER_ENV))
+            token = env_token(VIEWER_ENV)
+            try:
+                reply = await self._subscribe_watch(monitor_id, token)
+            except ToolFailure as failure:
+                if token and failure.body.get("code") in ("NOT_FOUND", "UNAUTHORIZED"):
+                    # The monitor may well be readable with this token (a reader token reads its monitor's
+                    # state), but following it means making a subscription, which a reader token cannot.
+                    failure.body["error"] = (
+                        f"{failure.body.get('error')} Following a monitor over --base makes a subscription "
+                        "of this process: that needs the monitor's owner token or subscribe token (or none, on "
+                        "a public monitor) in MP_TOKEN or MP_OWNER_TOKEN; a reader token cannot subscribe."
+                    )
+                raise
             watch = {"id": reply["subscription"]["id"], "token": reply["token"]}
             self._watches[monitor_id] = watch
             watch["task"] = asyncio.create_task(
@@ -300,7 +312,10 @@ class RemoteBackend:
         while True:
             started = loop.time()
             try:
-                reply = await self.pull(watch["id"], watch["token"], limit=MAX_LIMIT, wait=self.watch_wait)
+                # After a failure, a pull that does not wait: the server answering again is told at once,
+                # not when a long poll on a quiet monitor ends 30 s later.
+                wait = 0 if failed else self.watch_wait
+                reply = await self.pull(watch["id"], watch["token"], limit=MAX_LIMIT, wait=wait)
             except ToolFailure as failure:
                 if not failed:
                     log.warning("watch of %s failed: %s", monitor_id, failure)
@@ -327,7 +342,7 @@ class RemoteBackend:
                     log.info("watch of %s: ack failed: %s", monitor_id, failure)
                 if not all(self._own(o) for o in observations):
                     self._changed(monitor_id)
-            elif loop.time() - started < 0.05:
+            elif wait and loop.time() - started < 0.05:
                 await asyncio.sleep(0.5)  # a server that does not hold long polls is not spun on
 
     async def _req(
