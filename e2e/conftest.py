@@ -72,6 +72,8 @@ class Guard:
         # requests on purpose (the curl console, the shim without an engine) sets this, and only those
         # lines are let through.
         self.expect_http_refusals = False
+        # A test that takes the browser offline on purpose sets this: Chromium logs each refused download.
+        self.expect_offline = False
 
     def attach(self, page) -> None:
         page.on("request", self._on_request)
@@ -92,6 +94,12 @@ class Guard:
         if self.expect_http_refusals:
             refusal = "console.error: Failed to load resource: the server responded with a status of "
             errors = [e for e in errors if not (e.startswith(refusal) and e[len(refusal)] in "45")]
+        if self.expect_offline:
+            errors = [
+                e
+                for e in errors
+                if e != "console.error: Failed to load resource: net::ERR_INTERNET_DISCONNECTED"
+            ]
         assert errors == [], f"console errors: {errors}"
 
 

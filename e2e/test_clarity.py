@@ -410,3 +410,95 @@ def test_a_long_subject_is_cut_not_stretching_and_labels_keep_names(any_browser)
         " inner: document.getElementById('track-inner').getBoundingClientRect().right})",
     )
     assert label["text"].startswith("reader-a · cursor") and label["right"] <= label["inner"], label
+
+
+def test_a_step_refused_for_another_reason_is_not_the_lesson(browser):
+    """Found by a tester: with the monitor paused on the Playground tab, step 8 (an agent asserting src) was
+    refused 409 UNAVAILABLE, and the Story said "Refused, and the ⚠ card is the refusal, kept. ✓ Done": the
+    wrong lesson, marked learned. It now says the monitor is paused, and the step waits; resumed, it teaches
+    TIER_NOT_ASSERTABLE."""
+    page = open_page(browser)
+    for n in range(1, 8):
+        assert page.inner_text("#story-count") == f"Step {n} of 13"
+        act(page, "#story-do")
+        act(page, "#story-next")
+    tab(page, "playground")
+    assert page.is_disabled("#btn-resume") and not page.is_disabled("#btn-pause")  # live: resume says why
+    act(page, "#btn-pause")
+    assert (
+        page.is_disabled("#btn-pause")
+        and page.get_attribute("#btn-pause", "data-why") == "it is paused already"
+    )
+    tab(page, "story")
+    assert page.inner_text("#story-count") == "Step 8 of 13"
+    act(page, "#story-do")
+    said = page.inner_text("#story-answer")
+    assert "the monitor is paused" in said and "Resume it on the Playground tab" in said, said
+    assert not page.inner_text("#story-lesson").startswith("✓ Done.")
+    tab(page, "playground")
+    act(page, "#btn-resume")
+    tab(page, "story")
+    act(page, "#story-do")  # positive control: the step's own refusal is its lesson
+    assert "TIER_NOT_ASSERTABLE" in page.inner_text("#story-answer")
+    assert page.inner_text("#story-lesson").startswith("✓ Done.")
+
+
+def test_retire_asks_first(browser):
+    page = open_page(browser)
+    tab(page, "playground")
+    act(page, "#btn-define-ci")
+    asked: list[str] = []
+
+    def answer(dialog) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", answer)
+    act(page, "#btn-retire")  # dismissed: nothing retired
+    assert asked and "cannot be undone" in asked[0]
+    assert not page.is_disabled("#btn-retire") and page.is_disabled("#btn-resume")
+
+
+def test_the_top_bar_wraps_instead_of_widening_the_page(browser):
+    """Found by a tester: between 710 and 940 px wide (1000 in a second tab) the top bar did not wrap, and
+    the page scrolled sideways with the status chip cut and Reset off screen."""
+    page = open_page(browser)
+    for width in (720, 800, 940, 1000):
+        page.set_viewport_size({"width": width, "height": 800})
+        wide = horizontal_overflow(page)
+        assert not wide["overflows"], (width, wide)
+        reset = page.eval_on_selector("#reset-btn", "e => e.getBoundingClientRect().right")
+        assert reset <= width, (width, reset)
+
+
+def test_a_tip_on_a_phone_stays_on_the_screen(phone_browser):
+    """Found by a tester: the legend's "falsified" tip reached 447 px on a 390 px phone, widening the page."""
+    page = open_page(phone_browser)
+    gloss = page.locator("#legend-terms .gloss.badge.t-falsified")
+    gloss.tap()
+    tip = gloss.locator("xpath=following-sibling::*[contains(@class,'tip-text')]")
+    tip.wait_for(state="visible", timeout=5_000)
+    box = tip.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    assert not horizontal_overflow(page)["overflows"]
+
+
+def test_lease_seconds_that_are_not_whole_are_refused_not_rewritten(browser):
+    """Found by a tester: -5 and 0 became a 1 s lease, "abc", "1e3" and "3.5" an 8 s one, said only as
+    "for 1 s" in the answer."""
+    page = open_page(browser)
+    tab(page, "playground")
+    act(page, "#btn-define-ci")
+    act(page, "button[data-preset='probe']")
+    act(page, "#btn-publish")  # build-412, the subject the Leases panel names
+    claim = "#workers [data-act='w-claim'][data-worker='worker-a']"
+    for typed in ("-5", "0", "abc", "1e3", "3.5", "99999999999"):
+        page.fill("#lease-seconds", typed)
+        act(page, claim)
+        said = page.inner_text("#lease-answer")
+        assert "whole seconds, 1 to 86400" in said and "nothing was sent" in said, (typed, said)
+        assert page.locator("#workers .worker.holder").count() == 0, typed
+    page.fill("#lease-seconds", "30")  # positive control
+    act(page, claim)
+    assert page.get_attribute("#lease-answer", "data-status") == "201"
+    assert "for 30 s" in page.inner_text("#lease-answer")

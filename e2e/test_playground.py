@@ -658,6 +658,25 @@ def test_conformance_tab_all_pass(any_browser):
     screenshot(page, "conformance")
 
 
+def test_conformance_offline_says_so_in_the_tab_and_nowhere_else(browser):
+    """Found by a tester: run offline, the failed download of jsonschema left one red PyScript error box per
+    package under every tab, kept after a later run passed. The tab says it; then, online, the suite runs."""
+    page = open_playground(browser)
+    tab(page, "conformance")
+    browser.guard.expect_offline = True  # Chromium logs each download refused offline
+    page.context.set_offline(True)
+    try:
+        act(page, "#conf-btn")
+        said = page.inner_text("#conf-total")
+        assert said.startswith("FAILED: jsonschema could not be loaded from this site"), said
+        assert page.locator(".py-error").count() == 0
+    finally:
+        page.context.set_offline(False)
+    act(page, "#conf-btn")  # positive control: online, it loads and runs
+    assert page.locator("#conf-total").get_attribute("data-failed") == "0"
+    assert page.locator(".py-error").count() == 0
+
+
 def race_value(page, side: str, key: str) -> int:
     return int(page.text_content(f'#race-{side} [data-k="{key}"] b'))
 
@@ -825,7 +844,6 @@ def test_keyboard_reaches_every_control_with_a_visible_focus(browser):
             "btn-define-ci",
             "life-reason",
             "btn-pause",
-            "btn-resume",
             "btn-retire",
             "preset:probe",
             "preset:agent-src",
@@ -845,5 +863,7 @@ def test_keyboard_reaches_every_control_with_a_visible_focus(browser):
         if key not in seen
     ]
     assert missing == [], (missing, list(seen))
+    # Resume is disabled while the monitor is live, with the reason beside it (a disabled button takes no focus)
+    assert page.is_disabled("#btn-resume") and page.get_attribute("#btn-resume", "data-why") == "it is live"
     no_ring = [k for k, (style, w) in seen.items() if style == "none" or w == "0px"]
     assert no_ring == [], no_ring

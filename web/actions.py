@@ -183,8 +183,16 @@ def life_reason(act: str) -> str:
     return str(el("life-reason").value).strip() or act
 
 
-for _act in ("pause", "resume", "retire"):
+async def retire_asked() -> Reply | None:
+    """Retire, once asked: it cannot be undone (writes are refused for good; the Story cannot go on with it)."""
+    if not js.confirm(f"Retire {m.S.monitor}? It cannot be undone: every write is refused from now on."):
+        return None
+    return await configure("retire", life_reason("retire"))
+
+
+for _act in ("pause", "resume"):
     action(_act, answer="define-answer")(lambda _el, a=_act: configure(a, life_reason(a)))
+action("retire", answer="define-answer")(lambda _el: retire_asked())
 
 
 # ---------------------------------------------------------------------------------------- publishing
@@ -437,11 +445,19 @@ async def lease(worker: str, act: str, subject: str, seconds: int = 8) -> Reply:
     return r
 
 
-def lease_seconds() -> int:
-    try:
-        return max(1, int(el("lease-seconds").value))
-    except ValueError:
-        return 8
+LEASE_SECONDS_DEFAULT, LEASE_SECONDS_MAX = 8, 86400
+BAD_SECONDS = "Type the lease's duration in whole seconds, 1 to 86400 (e.g. 8): nothing was sent."
+
+
+def lease_seconds() -> int | None:
+    """The seconds typed in the Leases panel (8 when left empty); None when they are not a whole number of
+    1..86400: the page never sends something else than what was typed (it made -5 a 1 s lease, "abc" 8 s)."""
+    text = str(el("lease-seconds").value).strip()
+    if not text:
+        return LEASE_SECONDS_DEFAULT
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= LEASE_SECONDS_MAX:
+        return None
+    return int(text)
 
 
 LEASE_SAY = {
@@ -464,13 +480,14 @@ async def lease_button(target) -> Reply:
     """A worker card's button: the subject and seconds typed in the Leases panel."""
     worker = target.getAttribute("data-worker")
     act = target.getAttribute("data-act")[2:]
-    subject = lease_subject()
-    if not subject:
-        note("lease-answer", NO_SUBJECT, ok=False)
-        return Reply(400, {"code": "INVALID", "error": NO_SUBJECT})
-    r = await lease(worker, act, subject, lease_seconds())
+    subject, seconds = lease_subject(), lease_seconds()
+    if not subject or seconds is None:
+        said = NO_SUBJECT if not subject else BAD_SECONDS
+        note("lease-answer", said, ok=False)
+        return Reply(400, {"code": "INVALID", "error": said})
+    r = await lease(worker, act, subject, seconds)
     if r.ok:
-        say = LEASE_SAY[act].format(w=worker, s=subject, n=lease_seconds())
+        say = LEASE_SAY[act].format(w=worker, s=subject, n=seconds)
     elif code(r) == "LEASE_HELD":
         holder = (r.body or {}).get("holder")
         say = (f"Refused: {subject} is held by {holder_name(holder) if holder else 'another worker'}. Wait for "
@@ -488,11 +505,12 @@ for _act in ("claim", "complete", "release", "reject"):
 
 @action("lease-deadletter", answer="lease-answer")
 async def dead_letter_btn(_el) -> Reply:
-    subject = lease_subject()
-    if not subject:
-        note("lease-answer", NO_SUBJECT, ok=False)
-        return Reply(400, {"code": "INVALID", "error": NO_SUBJECT})
-    return await dead_letter(subject, lease_seconds())
+    subject, seconds = lease_subject(), lease_seconds()
+    if not subject or seconds is None:
+        said = NO_SUBJECT if not subject else BAD_SECONDS
+        note("lease-answer", said, ok=False)
+        return Reply(400, {"code": "INVALID", "error": said})
+    return await dead_letter(subject, seconds)
 
 
 async def dead_letter(subject: str, seconds: int) -> Reply:

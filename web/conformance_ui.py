@@ -3,7 +3,8 @@ run in this page against a fresh in-page engine, never the person's log."""
 
 from __future__ import annotations
 
-from pyodide.ffi import to_js
+import js
+from pyodide.ffi import create_proxy, to_js
 from ui import action, doc, esc
 
 
@@ -16,9 +17,23 @@ async def run_conformance(_el) -> None:
     total.textContent = "loading jsonschema…"
     import pyodide_js
 
-    loaded = await pyodide_js.loadPackage(to_js(["jsonschema"]))
+    # Pyodide's own reports go to this tab, not to the page's error output: offline, a failed download made
+    # one red box per package under every tab, kept after a later run passed (found by a tester).
+    said: list[str] = []
+    told = create_proxy(lambda message: said.append(str(message)))
+    try:
+        options = to_js(
+            {"messageCallback": told, "errorCallback": told}, dict_converter=js.Object.fromEntries
+        )
+        loaded = await pyodide_js.loadPackage(to_js(["jsonschema"]), options)
+    finally:
+        told.destroy()
     if loaded is not None and len(loaded.to_py()) == 0 and not _has_jsonschema():
-        total.textContent = "FAILED: jsonschema could not be loaded from this site"
+        why = next((line for line in said if "fail" in line.lower()), said[-1] if said else "")
+        total.textContent = (
+            "FAILED: jsonschema could not be loaded from this site (it is fetched the first time the suite runs: "
+            f"offline? run it again once online){': ' + why if why else ''}"
+        )
         btn.disabled = False
         return
     from monitor_protocol.conformance import run_suite

@@ -346,8 +346,15 @@ def render_availability() -> None:
     said = el("reader-filter-said")
     if said is not None:
         said.textContent = ", ".join(types) if types else "(this monitor declares no types: unfiltered)"
-    for act in ("pause", "resume", "retire"):
-        set_enabled(f"btn-{act}", not_owner)
+    # What the monitor's life allows: a retired monitor stays retired (its state's live.reason says which).
+    live = (((m.PIC.monitor or {}).get("state") or {}).get("live")) or {}
+    life = "live" if live.get("value", True) else str(live.get("reason") or "")
+    for act, refused in (
+        ("pause", {"paused": "it is paused already", "retired": "it is retired, for good"}),
+        ("resume", {"live": "it is live", "retired": "it is retired, for good"}),
+        ("retire", {"retired": "it is retired already"}),
+    ):
+        set_enabled(f"btn-{act}", not_owner or refused.get(life, ""))
     set_enabled("btn-deadletter", not_owner)
 
 

@@ -248,10 +248,12 @@ def capture(name: str, target) -> dict[str, Any] | None:
         reader = _reader_name(target)
         step = [name[2:], reader] if reader else None
     elif name.startswith("w-") and name[2:] in LEASE_ACTS:
-        subject = actions.lease_subject()
-        step = ["lease", str(target.getAttribute("data-worker")), name[2:], subject, actions.lease_seconds()]
+        subject, seconds = actions.lease_subject(), actions.lease_seconds()
+        ok = subject and seconds is not None  # else nothing is sent: nothing to record (the action says why)
+        step = ["lease", str(target.getAttribute("data-worker")), name[2:], subject, seconds] if ok else None
     elif name == "lease-deadletter":
-        step = ["deadletter", actions.lease_subject(), actions.lease_seconds()]
+        subject, seconds = actions.lease_subject(), actions.lease_seconds()
+        step = ["deadletter", subject, seconds] if subject and seconds is not None else None
     if step is None:
         return None
     return {"step": step, "monitor": m.S.monitor, "readers": set(m.S.readers)}

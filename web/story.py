@@ -6,6 +6,7 @@ the reader is seen crashed, holding nothing, before the same builds come back re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import actions as a
 import js
@@ -296,7 +297,28 @@ AGENT_CALLS = {
     "agent-src": "agent:claude publishes with tier src",
     "agent-owner": "agent:claude publishes for human:you",
 }
-REFUSED_ON_PURPOSE = {AGENT_CALLS["agent-src"], "worker-b claims build-412", "a probe publishes"}
+# Each by the refusal that is the lesson: another one (the monitor paused or retired on the Playground tab) is
+# not that lesson, and the step is not done.
+REFUSED_ON_PURPOSE = {
+    AGENT_CALLS["agent-src"]: "TIER_NOT_ASSERTABLE",
+    "worker-b claims build-412": "LEASE_HELD",
+    "a probe publishes": "UNAVAILABLE",
+}
+
+
+async def story_monitor_halted() -> str | None:
+    """ "paused" or "retired" when the Story's monitor is not live (its state says why), else None."""
+    r = await ENGINE.call("GET", f"/monitors/{m.STORY_MONITOR}/state", token=m.S.owner_token(m.STORY_MONITOR))
+    live = r.body.get("live") if r.ok and isinstance(r.body, dict) else None
+    return live.get("reason") if isinstance(live, dict) and live.get("value") is False else None
+
+
+def as_the_step_says(title: str, reply: Any) -> bool:
+    """Whether a call of a step went as the step says: accepted, or refused with the refusal it teaches."""
+    if title not in REFUSED_ON_PURPOSE:
+        return bool(reply.ok)
+    code = reply.body.get("code") if isinstance(reply.body, dict) else None
+    return not reply.ok and code == REFUSED_ON_PURPOSE[title]
 
 
 @action("story-do", answer="story-answer", local_only=True)
@@ -306,13 +328,24 @@ async def story_do(_el) -> None:
         # Done once: again would change what the next steps show (four builds where they say two).
         ui.note(
             "story-answer",
-            f"Step {i + 1} is done already; press Next. (Reset on the Playground tab starts over.)",
+            f"Step {i + 1} is done already; press Next. (Reset, in the top bar, starts over.)",
         )
         return
     pairs, say = await do(STEPS[i])
-    failed = [t for t, r in pairs if not r.ok and t not in REFUSED_ON_PURPOSE]
+    failed = [t for t, r in pairs if not as_the_step_says(t, r)]
     if failed:
         say = f"That did not go as the step says ({', '.join(failed)}): the answer says why. Try Do it again."
+        halted = await story_monitor_halted()
+        if halted:
+            say = (
+                f"That did not go as the step says ({', '.join(failed)}): the monitor is {halted}, so it "
+                "refuses every write. "
+                + (
+                    "Resume it on the Playground tab, then Do it again."
+                    if halted == "paused"
+                    else "A retired monitor stays retired: Reset, in the top bar, starts the Story over."
+                )
+            )
     if pairs:
         show("story-answer", pairs, say)
     elif say:
