@@ -448,3 +448,27 @@ async def test_an_mcp_tool_error_does_not_say_authorization_bearer(tmp_path: Pat
         assert "MP_READER_TOKEN" in pulled.structured_content["error"]
     finally:
         await mcp.backend.close()
+
+
+async def test_an_mcp_wait_that_is_not_a_json_integer_names_its_argument(tmp_path: Path) -> None:
+    """Found by a tester: `wait: 5.0` passed the schema (JSON Schema calls it an integer) and was refused
+    by the engine's integer rule without `field`, where every other wrong type names its argument."""
+    mcp = MonitorMCP(EmbeddedBackend(str(tmp_path / "mcp.db"), sweep_interval=0))
+    await mcp.backend.start(mcp.monitor_changed)
+    try:
+        made = await _tool(mcp, "monitor_create", {"id": "ci", "types": ["com.example.ci.run"]})
+        sub = await _tool(
+            mcp,
+            "monitor_subscribe",
+            {"monitor": "ci", "subscriber": "agent:r", "token": made.structured_content["owner_token"]},
+        )
+        args = {
+            "subscription": sub.structured_content["subscription"]["id"],
+            "token": sub.structured_content["token"],
+        }
+        refused = await _tool(mcp, "monitor_pull", {**args, "wait": 5.0})
+        assert refused.is_error and refused.structured_content["field"] == "wait"
+        assert "argument wait" in refused.structured_content["error"]
+        assert not (await _tool(mcp, "monitor_pull", {**args, "wait": 0})).is_error  # positive control
+    finally:
+        await mcp.backend.close()

@@ -153,12 +153,16 @@ def _need(args: dict[str, Any], *names: str) -> None:
 
 async def _pull(b: Any, a: dict[str, Any]) -> Any:
     _need(a, "subscription")
+    try:  # (JSON Schema calls 5.0 an integer; the protocol's one integer rule does not)
+        wait = as_int(a.get("wait") or 0, "wait", minimum=0, maximum=int(MAX_WAIT_SECONDS))
+    except ProtocolError as err:  # named as the schema's refusals name their argument
+        raise ProtocolError(err.code, f"monitor_pull: argument wait: {err.message}", field="wait") from None
     return await b.pull(
         a["subscription"],
         _tok(a, READER_ENV),
         cursor=a.get("cursor"),
         limit=a.get("limit"),
-        wait=as_int(a.get("wait") or 0, "wait", minimum=0, maximum=int(MAX_WAIT_SECONDS)),
+        wait=wait,
         filter=a.get("filter"),
     )
 
