@@ -1006,3 +1006,27 @@ def test_data_carrying_provenance_or_tags_is_refused_with_the_hint_for_each() ->
     r = h.publish("ci", tok, data={"tags": {"a": "b"}})
     assert r.status == 400 and "send tags in the request's tags field" in r.body["error"]
     assert h.publish("ci", tok, data={"ok": 1}).status == 201  # positive control
+
+
+@pytest.mark.parametrize("policy", ["latest", "earliest"])
+def test_a_pull_moved_by_the_reset_policy_says_so(policy):
+    """Found by a tester: with reset_policy latest a compaction past the cursor skipped everything to the head
+    and the pull said nothing of it (mp watch printed nothing). The pull that moves the cursor says where
+    from and to; the next pull, not moved, says nothing."""
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci")
+    sid, rtok = h.subscribe("ci", tok, reset_policy=policy)
+    for _ in range(5):
+        h.publish("ci", tok)
+    assert "reset" not in h.pull(sid, rtok).body  # positive control: a pull within the log says nothing
+    assert h.call("POST", "/admin/compact", {"monitor": "ci", "upto_seq": 4}, "admin-token").status == 200
+    body = h.pull(sid, rtok).body
+    floor, head = body["retention_floor"], body["head"]
+    moved_to = floor if policy == "earliest" else head + 1
+    reset = body["reset"]
+    assert (reset["reset_policy"], reset["retention_floor"], reset["cursor"]) == (policy, floor, moved_to)
+    assert set(reset) == {"reset_policy", "requested", "retention_floor", "cursor"}
+    assert reset["requested"] < floor  # the cursor it had: below what compaction kept
+    assert body["cursor"] == moved_to
+    h.ack(sid, rtok, body["next"])
+    assert "reset" not in h.pull(sid, rtok).body

@@ -462,6 +462,29 @@ def test_expired_cursor_follows_the_reset_policy(tmp_path: Path, watchers: list[
         stop_server(proc)
 
 
+def test_a_cursor_the_server_moved_by_latest_is_said_then_followed(
+    tmp_path: Path, watchers: list[Watcher]
+) -> None:
+    """Found by a tester: with reset_policy latest, a compaction past the cursor skipped to the head and the
+    watch printed nothing. It prints the EXPIRED line (reset_policy=latest) and goes on following."""
+    admin = "admin-token-for-watch-tests-0123"
+    base, proc = start_server(tmp_path, "--allow-admin", admin)
+    try:
+        owner, sid, reader = setup_feed(base, reset_policy="latest")
+        seqs = publish(base, owner, "gone-1", "gone-2", "skipped")
+        with Client(base) as c:
+            c.admin_compact(seqs[1], "ci", token=admin)
+        w = Watcher(sid, "--token", reader, "--base", base, "--wait", "2")
+        watchers.append(w)
+        line = w.next()
+        assert line.startswith("EXPIRED ") and "reset_policy=latest" in line and "relist=-" in line, line
+        after = publish(base, owner, "after")
+        assert w.obs(1) == [(after[0], "after", False)]
+        assert w.proc.poll() is None
+    finally:
+        stop_server(proc)
+
+
 def test_a_failing_proxy_is_down_not_fatal(tmp_path: Path, watchers: list[Watcher]) -> None:
     base, proc = start_server(tmp_path)
     proxy = HoldAcks(base)

@@ -77,6 +77,13 @@ class Response:
         return wire.encode(self.body)
 
 
+def pull_has_news(body: Any) -> bool:
+    """Whether a pull's reply is answered at once rather than held by a long poll: it holds observations, or a
+    bounded scan's `next` to read on from, or the cursor moved by the reset policy (said once, by this reply:
+    a later re-check would not say it)."""
+    return bool(body.get("observations") or body.get("scan_capped") or body.get("reset"))
+
+
 def bearer_hint(message: str, needs: object) -> str:
     """`message` with the HTTP way to send the credential `needs`; unchanged when `needs` names none."""
     label = CREDENTIAL_LABELS.get(needs) if isinstance(needs, str) else None

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.api import jsonrpc, operations
-from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
+from monitor_protocol.api.messages import LongPoll, Request, Response, error_response, pull_has_news
 from monitor_protocol.api.operations import Operation
 from monitor_protocol.core import tokens, wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
@@ -431,7 +431,7 @@ def parked_reply(body: dict[str, Any], poll: LongPoll) -> Response:
     """A re-checked pull's reply (MonitorService.pull_many's body for `poll`'s reader), dressed as the
     request's: its headers and route, and parked again while it holds nothing."""
     resp = Response(200, body, dict(poll.headers), route=poll.route)
-    if not body["observations"] and not body.get("scan_capped"):
+    if not pull_has_news(body):
         resp.long_poll = poll
     return resp
 
@@ -481,7 +481,7 @@ def _maybe_parked(
     """An empty pull asked to wait is parked by the door, which re-checks (with `rerun`, the engine call
     alone, or with `again`, the request) when an append comes, with what is left of the wait."""
     body = resp.body
-    if wait > 0 and not body["observations"] and not body.get("scan_capped"):
+    if wait > 0 and not pull_has_news(body):
         resp.long_poll = LongPoll(monitor=body["monitor"], wait_seconds=float(wait), again=again, rerun=rerun)
     return resp
 

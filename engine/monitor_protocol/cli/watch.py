@@ -465,6 +465,11 @@ class Watch:
                         self._mark_delivered()
                 self.pending_ack = None
                 self._came_up()
+                reset = batch.raw.get("reset")
+                if isinstance(reset, dict):  # the server moved the cursor by the reset policy: said, then on
+                    policy = reset.get("reset_policy")
+                    relist = f"monitors/state?id={batch.raw.get('monitor')}" if policy == "earliest" else None
+                    self.out.expired(reset.get("requested"), reset.get("retention_floor"), policy, relist)
                 if drain_head is None:
                     drain_head = int(batch.head)
                 for obs in batch.observations:

@@ -344,6 +344,7 @@ def _pull(
     inline_flt = _inline_filter(rec, sub, inline)
     lim = _pull_limit(limit, sub.filter, inline_flt)
     start = as_int(cursor, "cursor", minimum=0) if replay else sub.cursor
+    requested = start
     sub, start, reset = _past_the_floor(rec, sub, start, replay)
     # Readers woken together read the same page: shared within the group commit, unless this call appended.
     if rec.id in tx.appended:
@@ -365,6 +366,13 @@ def _pull(
     reply = _pull_reply(
         tx, rec, sub, page, hwm, lag_exact=not (page.capped and not replay and not inline_flt), memo=memo
     )
+    if reset:  # said, not done silently: with `latest`, the rows from the floor to the head were skipped
+        reply["reset"] = {
+            "reset_policy": sub.reset_policy,
+            "requested": requested,
+            "retention_floor": rec.floor,
+            "cursor": start,
+        }
     return reply, page
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.api import operations
+from monitor_protocol.api.messages import pull_has_news
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.vocab import MAX_LIMIT
 from monitor_protocol.core.vocab import MAX_WAIT_SECONDS as _MAX_WAIT
@@ -175,7 +176,7 @@ class EmbeddedBackend:
 
         async def pulled(remaining: float) -> parking.Outcome:
             reply, mark = await self._pull_marked(sub_id, token, cursor, limit, filter)
-            answered = reply.get("observations") or reply.get("scan_capped") or remaining <= 0
+            answered = pull_has_news(reply) or remaining <= 0
             return reply, None if answered else str(reply.get("monitor", "")), mark
 
         reply, waiting, mark = await pulled(deadline - loop.time())
