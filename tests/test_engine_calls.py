@@ -432,3 +432,29 @@ def test_push_epoch_moves_only_when_the_push_targets_change():
     assert svc.push_epoch == 1  # its cursor moving is not a new target
     svc.retire_subscription(sid, pushed["token"], {"reason": "done"})
     assert svc.push_epoch == 2 and svc.push_targets() == []
+
+
+def test_the_counts_of_logged_rows_forget_readers_silent_for_a_minute():
+    """The per-minute counts of a subscription's own rows (subscribe, seek, re-subscribe, retire) kept one key
+    per subscription ever counted until LOGGED_TRACKED_MAX (100,000), then dropped them all at once; a churn
+    of readers grew them for a day (found by a soak's tracemalloc). A key silent for a minute counts nothing
+    and is dropped; one still inside its minute is kept, and its budget still holds."""
+    from monitor_protocol.store.memory import MemoryStore
+
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci", visibility="public")
+    for i in range(
+        30
+    ):  # thirty readers, each subscribing once: thirty keys (and the monitor's anonymous one)
+        h.subscribe("ci", None, subscriber=f"agent:r{i}")
+    assert len(h.service._logged) >= 30
+    h.clock.advance(61)
+    recent, reader = h.subscribe("ci", tok, subscriber="agent:late")
+    assert set(h.service._logged) == {recent}  # only the key counted within the last minute
+    for _ in range(59):  # positive control: the budget of the key kept still counts (60 a minute)
+        assert (
+            h.call("POST", f"/subscriptions/{recent}/seek", {"cursor": 1, "reason": "again"}, reader).status
+            == 200
+        )
+    over = h.call("POST", f"/subscriptions/{recent}/seek", {"cursor": 1, "reason": "again"}, reader)
+    assert over.status == 429 and over.body["code"] == "OVER_BUDGET"

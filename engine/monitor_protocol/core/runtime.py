@@ -136,6 +136,7 @@ class ServiceCore(ABC):
         self.last_idempotency_purge = float("-inf")
         # When each subscription last wrote a row of its own (a seek, a re-subscribe): bounded per minute.
         self._logged: dict[str, list[float]] = {}
+        self._logged_pruned = 0.0  # when the counts of keys silent for a minute were last dropped
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
@@ -299,6 +300,9 @@ class ServiceCore(ABC):
                         retry_after=wait,
                     )
                 kept.append((key, times))
+            if now - self._logged_pruned >= 60.0:  # a key silent for a minute counts nothing: dropped
+                self._logged = {k: v for k, v in self._logged.items() if v and now - v[-1] < 60.0}
+                self._logged_pruned = now
             if len(self._logged) >= LOGGED_TRACKED_MAX:
                 self._logged.clear()  # a bound on memory; losing the counts only lets a minute start again
             for key, times in kept:
