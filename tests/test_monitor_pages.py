@@ -171,3 +171,32 @@ async def test_mcp_lists_resources_a_page_at_a_time(tmp_path, monkeypatch):
         assert second.next_cursor is None
     finally:
         await mcp.backend.close()
+
+
+async def test_mcp_monitor_list_gives_50_unless_asked_for_more(tmp_path):
+    """A model reads every character of a tool's result: monitor_list gives 50 a page by default."""
+    import mcp_types as types
+    from monitor_protocol.doors.mcp.backends import EmbeddedBackend
+    from monitor_protocol.doors.mcp.server import MonitorMCP
+    from monitor_protocol.doors.mcp.tools import MCP_LIST_DEFAULT
+
+    mcp = MonitorMCP(EmbeddedBackend(str(tmp_path / "mcp.db"), sweep_interval=0))
+    await mcp.backend.start(mcp.monitor_changed)
+
+    async def tool(args):
+        result = await mcp._call_tool(None, types.CallToolRequestParams(name="monitor_list", arguments=args))
+        assert not result.is_error, result.content[0].text
+        return result.structured_content
+
+    try:
+        for i in range(MCP_LIST_DEFAULT + 3):
+            await mcp.backend.call("create_monitor", {"id": f"m{i:03d}", "visibility": "public"}, None)
+        first = await tool({})
+        assert len(first["monitors"]) == MCP_LIST_DEFAULT and first["next"] == f"m{MCP_LIST_DEFAULT - 1:03d}"
+        rest = await tool({"after": first["next"]})
+        assert [m["id"] for m in rest["monitors"]] == [
+            f"m{i:03d}" for i in range(MCP_LIST_DEFAULT, MCP_LIST_DEFAULT + 3)
+        ]
+        assert len((await tool({"limit": 500}))["monitors"]) == MCP_LIST_DEFAULT + 3
+    finally:
+        await mcp.backend.close()

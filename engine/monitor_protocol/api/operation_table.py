@@ -213,7 +213,12 @@ OPERATIONS: tuple[Operation, ...] = (
             ),
         ),
         jsonrpc="monitors/list",
-        mcp=McpTool("monitor_list", READ),
+        mcp=McpTool(
+            "monitor_list",
+            READ,
+            "Monitors this token may see (public ones without a token), by id: 50 a page unless `limit` asks "
+            "for more (up to 500); pass the reply's `next` as `after` for the next page (null: no more).",
+        ),
         client=("list_monitors",),
     ),
     Operation(

@@ -167,8 +167,14 @@ async def _pull(b: Any, a: dict[str, Any]) -> Any:
     )
 
 
+# A model reads every character of a tool's result: a page of 500 monitors is some 250 KB. The tool gives 50
+# unless asked for more (up to the listing's 500), and `next` to go on.
+MCP_LIST_DEFAULT = 50
+
+
 async def _list(b: Any, a: dict[str, Any]) -> Any:
-    return await b.list_monitors(_tok(a, VIEWER_ENV), limit=a.get("limit"), after=a.get("after"))
+    limit = a.get("limit", MCP_LIST_DEFAULT)
+    return await b.list_monitors(_tok(a, VIEWER_ENV), limit=limit, after=a.get("after"))
 
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any]], Awaitable[Any]]] = {
