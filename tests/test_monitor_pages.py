@@ -169,6 +169,14 @@ async def test_mcp_lists_resources_a_page_at_a_time(tmp_path, monkeypatch):
         second = await mcp._list_resources(None, types.PaginatedRequestParams(cursor=first.next_cursor))
         assert [r.uri for r in second.resources][::3] == ["monitor://c1/definition"]
         assert second.next_cursor is None
+        from mcp.shared.exceptions import MCPError
+
+        try:  # a later page that cannot be read is an error, not an empty page taken for the end
+            await mcp._list_resources(None, types.PaginatedRequestParams(cursor="x" * 300))
+        except MCPError as err:
+            assert "after" in str(err), err
+        else:
+            raise AssertionError("a bad cursor was answered as the end of the listing")
     finally:
         await mcp.backend.close()
 
@@ -200,3 +208,41 @@ async def test_mcp_monitor_list_gives_50_unless_asked_for_more(tmp_path):
         assert len((await tool({"limit": 500}))["monitors"]) == MCP_LIST_DEFAULT + 3
     finally:
         await mcp.backend.close()
+
+
+async def test_the_conformance_listing_checks_follow_the_pages():
+    """Found by a reviewer: C18 (published) and X16 read the first page only, and failed against this
+    server once it held more than a page of monitors before theirs."""
+    from monitor_protocol.conformance.inprocess import InProcessTransport
+    from monitor_protocol.conformance.runner import run_suite
+
+    store = MemoryStore()
+    h = Harness(store)
+    for i in range(MONITORS_PAGE_MAX + 100):  # ids before any the suite makes ("a..." < "c18-...")
+        h.call("POST", "/monitors", {"id": f"a{i:04d}", "visibility": "public"})
+    for i in range(MONITORS_PAGE_SCAN + 10):
+        h.call("POST", "/monitors", {"id": f"b{i:04d}", "visibility": "private"})
+    report = await run_suite(InProcessTransport.create(store=store), only="C18,X16")
+    assert report.failed == 0 and report.passed == 2, [(r.id, r.note) for r in report.results]
+
+
+def test_a_small_limit_reads_the_store_in_whole_chunks(tmp_path):
+    """Found by a reviewer: the read bound counted rows, not reads: `limit=1` over 2,100 monitors the caller
+    may not see made 2,000 store reads (on PostgreSQL, 2,000 round trips) for one request."""
+    h = Harness(make_store("sqlite", tmp_path))
+    for i in range(MONITORS_PAGE_SCAN + 100):
+        h.call("POST", "/monitors", {"id": f"p{i:05d}", "visibility": "private"})
+    reads: list[int] = []
+    real = type(h.store).list_monitors_page
+
+    def counted(self, after, limit):
+        reads.append(limit)
+        return real(self, after, limit)
+
+    type(h.store).list_monitors_page = counted
+    try:
+        r = h.call("GET", "/monitors", query=[("limit", "1")])
+    finally:
+        type(h.store).list_monitors_page = real
+    assert r.status == 200 and r.body["monitors"] == [] and r.body["next"] is not None
+    assert len(reads) <= -(-MONITORS_PAGE_SCAN // MONITORS_PAGE_MAX), reads  # 4 reads of 501, not 2,000

@@ -387,6 +387,7 @@ def test_once_on_a_server_that_is_down_prints_down_and_exits_non_zero() -> None:
         [],
         ["sub-1", "--once", "--catch-up"],
         ["sub-1", "--format", "xml"],
+        ["sub-1", "--foramt", "jsonl"],  # an option mp watch does not have (the top parser found those)
     ],
 )
 def test_impossible_arguments_are_usage_errors(args: list[str]) -> None:

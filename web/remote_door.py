@@ -236,7 +236,9 @@ class RemoteDoor:
             "`mp serve --allow-admin` to see who holds what.",
             "Other readers: a reader token shows its own subscription only; the admin token lists every one.",
         ]
-        for mid, tok in m.S.owners.items():  # past a server's first page of monitors: asked one by one
+        # Past a server's first page of monitors: the monitors these tokens hold, asked one by one.
+        held = [*m.S.owners.items(), *((r.monitor, r.token) for r in m.S.readers.values())]
+        for mid, tok in held:
             if mid not in seen:
                 r = await self.request("GET", f"/monitors/{quote(mid, safe='')}", token=tok)
                 if r.ok:

@@ -187,7 +187,7 @@ OPERATIONS: tuple[Operation, ...] = (
         auth=VIEWER,
         result=Result(
             reply_of(
-                ("monitors", "next"),
+                ("monitors",),
                 monitors={"type": "array", "items": MONITOR_OUT},
                 next=typed(
                     ["string", "null"],
@@ -201,7 +201,7 @@ OPERATIONS: tuple[Operation, ...] = (
             query(
                 "limit",
                 bounded_int(
-                    f"monitors a page, 1..{MONITORS_PAGE_MAX} (default {MONITORS_PAGE_MAX})",
+                    f"monitors a page, 1..{MONITORS_PAGE_MAX} (default {MONITORS_PAGE_MAX}; the MCP tool's 50)",
                     1,
                     MONITORS_PAGE_MAX,
                 ),

@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # refused by the command's own parser where it has one (mp watch's also prints on stdout)
+        refuse = getattr(args, "_usage", None) or parser.error
+        refuse(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE

@@ -248,6 +248,21 @@ class Context:
         return f"{prefix}-{self.run_id}-{secrets.token_hex(3)}"
 
     # -- monitors --------------------------------------------------------------------------------------
+    async def listed(self, token: str | None) -> list[str]:
+        """The ids GET /monitors lists for this token: every page, where a server lists in pages (a `next` to
+        pass as `after`, this project's extension); the one reply elsewhere."""
+        ids: list[str] = []
+        after: str | None = None
+        for _ in range(10_000):  # a bound, for a server whose `next` never ends
+            query = {"after": after} if after is not None else None
+            b = expect(await self.req("GET", "/monitors", token=token, query=query), 200, what="list")
+            ids += [x["id"] for x in b["monitors"]]
+            nxt = b.get("next")
+            if not isinstance(nxt, str) or (after is not None and nxt <= after):
+                break
+            after = nxt
+        return ids
+
     async def create(self, prefix: str = "m", **fields: Any) -> Monitor:
         body = {"id": self.uid(prefix), **fields}
         r = await self.req("POST", "/monitors", body=body, token=self.t.registration_token)

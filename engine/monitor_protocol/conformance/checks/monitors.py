@@ -274,8 +274,7 @@ async def c18(ctx: Context) -> None:
     pub = await ctx.create("c18p", visibility="public")
 
     async def listed(token: str | None) -> set[str]:
-        b = expect(await ctx.req("GET", "/monitors", token=token), 200, what="list")
-        return {x["id"] for x in b["monitors"]}
+        return set(await ctx.listed(token))
 
     anon = await listed(None)
     need(m.id not in anon, "a private monitor is listed anonymously")

@@ -288,7 +288,7 @@ def list_monitors(
     shown: list[dict[str, Any]] = []
     left = MONITORS_PAGE_SCAN
     while True:
-        want = min(lim, left)
+        want = min(MONITORS_PAGE_MAX, left)  # whole chunks whatever `limit`: a bound on the reads too
         page = tx.monitors_page(start, want + 1)  # one more: whether any follow
         more = len(page) > want
         del page[want:]
