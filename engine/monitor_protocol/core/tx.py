@@ -84,11 +84,13 @@ class Tx:
         found.update(self._monitors)
         return [found[k] for k in sorted(found)]
 
-    def monitors_page(self, after: str, limit: int) -> list[Monitor]:
-        """The first `limit` monitors, by id, of those with an id past `after` (this call's changes too)."""
-        found = {m.id: m for m in self.store.list_monitors_page(after, limit)}
+    def monitors_page(self, after: str, limit: int) -> tuple[list[Monitor], bool]:
+        """The first `limit` monitors, by id, of those with an id past `after` (this call's changes too), and
+        whether more follow (one more is read to know)."""
+        found = {m.id: m for m in self.store.list_monitors_page(after, limit + 1)}
         found.update((k, m) for k, m in self._monitors.items() if k > after)
-        return [found[k] for k in sorted(found)[:limit]]
+        ids = sorted(found)
+        return [found[k] for k in ids[:limit]], len(ids) > limit
 
     def put_monitor(self, monitor: Monitor) -> Monitor:
         if self.reader:

@@ -289,9 +289,7 @@ def list_monitors(
     left = MONITORS_PAGE_SCAN
     while True:
         want = min(MONITORS_PAGE_MAX, left)  # whole chunks whatever `limit`: a bound on the reads too
-        page = tx.monitors_page(start, want + 1)  # one more: whether any follow
-        more = len(page) > want
-        del page[want:]
+        page, more = tx.monitors_page(start, want)
         left -= len(page)
         for i, m in enumerate(page):
             if viewer.sees(m):

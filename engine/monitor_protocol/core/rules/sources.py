@@ -114,23 +114,23 @@ def view(rec: Monitor) -> dict[str, Any]:
     }
 
 
+def _sourced(rec: Monitor) -> bool:
+    return (rec.source or {}).get("kind", "log") != "log"
+
+
 def sources_view(core: ServiceCore, tx: Tx, monitor_id: str) -> list[dict[str, Any]]:
     """The monitor's source, if other than `log` ([] when it is gone or its source is `log`): one the server
     runs, or one it must say it does not (ws, cir, formula)."""
     rec = tx.monitor(monitor_id)
-    return [view(rec)] if rec is not None and (rec.source or {}).get("kind", "log") != "log" else []
+    return [view(rec)] if rec is not None and _sourced(rec) else []
 
 
 def sources_page(core: ServiceCore, tx: Tx, after: str) -> dict[str, Any]:
     """sources_view of the first SOURCES_PAGE monitors past the id `after`, and `next`, where the next page
     starts (None after the last): the supervisor's full look, a page an engine call, so that no one call
     reads every monitor."""
-    limit = SOURCES_PAGE
-    recs = tx.monitors_page(after, limit + 1)
-    more = len(recs) > limit
-    del recs[limit:]
-    views = [view(r) for r in recs if (r.source or {}).get("kind", "log") != "log"]
-    return {"views": views, "next": recs[-1].id if more else None}
+    recs, more = tx.monitors_page(after, SOURCES_PAGE)
+    return {"views": [view(r) for r in recs if _sourced(r)], "next": recs[-1].id if more else None}
 
 
 def feed_step(

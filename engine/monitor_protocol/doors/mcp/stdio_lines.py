@@ -65,9 +65,8 @@ def refusals_for(line: str) -> list[types.JSONRPCError]:
             else f"the line is not JSON ({exc})"
         )
         return [_error(None, types.PARSE_ERROR, f"Parse error: {why}; send one JSON-RPC message per line.")]
-    if isinstance(
-        value, list
-    ):  # a batch: MCP has none (one message a line); each id told so, never left waiting
+    if isinstance(value, list):
+        # A batch: MCP has none (one message a line). Each id is told so, never left waiting.
         told = [
             _error(i, types.INVALID_REQUEST, BATCH) for i in (_usable_id(m) for m in value) if i is not None
         ]
