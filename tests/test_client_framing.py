@@ -184,6 +184,29 @@ def test_replies_in_every_framing_arrive_whole_and_the_connection_is_reused(
     assert server.connections == 1  # every reply kept the connection (the last one ended it)
 
 
+def test_a_head_read_from_its_length_alone_reads_as_the_whole_parse(exchange, scripted) -> None:
+    """A head whose framing is one content-length is framed from that header and its other lines are parsed
+    only when read: what the caller sees (length, headers, keep-alive) is what the whole parse gives. Heads
+    the short way must not take: a content-length inside another header's value, a repeated one, and a
+    connection header (which ends reuse: the positive control of `connections`)."""
+    server = scripted(
+        [
+            b"HTTP/1.1 201 Created\r\ndate: Sun, 06 Dec 2026 18:40:00 GMT\r\nContent-Length: 2\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\r\nx-note: content-length: 99\r\ncontent-length: 3\r\n\r\n[1]",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+            OK,
+        ]
+    )
+    replies = exchange(server.base, [("GET", None)] * 5)
+    assert all(isinstance(r, Reply) for r in replies), replies
+    assert [r.content for r in replies] == [b"{}", b"[1]", b"{}", b"{}", b'{"ok":true}']
+    assert replies[0].headers == {"date": "Sun, 06 Dec 2026 18:40:00 GMT", "content-length": "2"}
+    assert replies[1].headers["x-note"] == "content-length: 99"
+    assert replies[3].headers["connection"] == "close"
+    assert server.connections == 2  # the fourth reply said close: the fifth came on a new connection
+
+
 def test_a_reply_without_a_body_is_not_read_as_chunked(exchange, split, scripted) -> None:
     """HEAD, 204 and 304 carry no body even when their headers name chunked framing (a HEAD reply names the
     GET's): the reader must not wait for chunks that never come, and the next reply on the connection is read

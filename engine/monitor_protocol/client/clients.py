@@ -353,7 +353,8 @@ class AsyncClient(ClientBase):
         # browser, the browser's fetch (webhttp.AsyncClient).
         self._transport = transport
         self._pool: keepalive.AsyncPool | webhttp.AsyncClient | None = None
-        if transport is None and IN_BROWSER:
+        self._in_browser = transport is None and IN_BROWSER
+        if self._in_browser:
             self._pool, self._prefix = webhttp.AsyncClient(), self.base  # the browser takes absolute URLs
         elif transport is None and not keepalive.proxied(self.base):
             self._pool, self._prefix = keepalive.AsyncPool(self.base), urlsplit(self.base).path
@@ -366,10 +367,16 @@ class AsyncClient(ClientBase):
         return self._pool.http_layer if self._pool is not None else "httpx"
 
     async def _once(self, call: Call[T]) -> T:
-        if isinstance(self._pool, webhttp.AsyncClient) or (
-            self._pool is not None and keepalive.running_asyncio()
-        ):
-            return await self._once_pooled(self._pool, call)
+        pool = self._pool
+        if pool is not None and (self._in_browser or keepalive.running_asyncio()):
+            # The pooled request inline, not in a coroutine of its own: each level of coroutine is a frame
+            # made and resumed per request (issue 23's client budget).
+            target, body, headers = pooled_request(self._prefix, call)
+            try:
+                reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
+            except httpreply.SendFailed as exc:
+                raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+            return decode(reply, call)
         import httpx
 
         if self._http is None:
@@ -387,14 +394,6 @@ class AsyncClient(ClientBase):
         except httpx.HTTPError as exc:
             raise _connection_failed(exc, url) from exc
         return decode(response, call)
-
-    async def _once_pooled(self, pool: keepalive.AsyncPool | webhttp.AsyncClient, call: Call[T]) -> T:
-        target, body, headers = pooled_request(self._prefix, call)
-        try:
-            reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
-        except httpreply.SendFailed as exc:
-            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
-        return decode(reply, call)
 
     async def _sleep(self, delay: float) -> None:
         if isinstance(

@@ -108,18 +108,44 @@ _BLOCKS: dict[tuple[tuple[str, str], ...], bytes] = {}
 
 
 class _Head:
-    """A reply's status line and headers, and how its body is framed."""
+    """A reply's status line and headers, and how its body is framed. A head whose framing is plain (one
+    content-length, no transfer-encoding, no connection header) is framed from that one header and its
+    lines are kept as they came, parsed only if the caller reads them (`lines`; `headers` is None then);
+    any other head is parsed whole."""
 
-    __slots__ = ("status", "headers", "length", "chunked", "keep_alive")
+    __slots__ = ("status", "headers", "lines", "length", "chunked", "keep_alive")
 
     def __init__(self, raw: bytes, method: str) -> None:
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
+        text = raw.decode("latin-1")
+        first, _, lines = text.partition("\r\n")
+        parts = first.split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise ValueError(f"not an HTTP reply: {lines[0][:80]!r}")
+            raise ValueError(f"not an HTTP reply: {first[:80]!r}")
         self.status = status = int(parts[1])
+        self.lines = lines
+        self.headers: dict[str, str] | None = None
+        self.chunked = False
+        if parts[0] == "HTTP/1.1" and status >= 200 and status not in (204, 304) and method != "HEAD":
+            low = lines.lower()
+            at = low.find("content-length:")
+            if (
+                at >= 0
+                and (at == 0 or low[at - 2 : at] == "\r\n")
+                and low.find("content-length:", at + 15) < 0
+                and "transfer-encoding" not in low
+                and "connection" not in low
+            ):
+                stop = low.find("\r\n", at)
+                value = low[at + 15 : stop if stop >= 0 else len(low)].strip()
+                if value.isdigit() and value.isascii():
+                    self.length = int(value)
+                    self.keep_alive = True
+                    return
+        self._parse(parts[0], status, method)
+
+    def _parse(self, version: str, status: int, method: str) -> None:
         headers: dict[str, str] = {}
-        for line in lines[1:]:
+        for line in self.lines.split("\r\n") if self.lines else ():
             name, sep, value = line.partition(":")
             if not sep:
                 if not line:
@@ -133,11 +159,11 @@ class _Head:
         self.headers = headers
         connection = headers.get("connection")
         if connection is None:
-            self.keep_alive = parts[0] != "HTTP/1.0"
+            self.keep_alive = version != "HTTP/1.0"
         else:
             connection = connection.lower()
             self.keep_alive = "close" not in connection and (
-                parts[0] != "HTTP/1.0" or "keep-alive" in connection
+                version != "HTTP/1.0" or "keep-alive" in connection
             )
         encoding = headers.get("transfer-encoding")
         self.chunked = encoding is not None and "chunked" in encoding.lower()
@@ -152,6 +178,9 @@ class _Head:
                 self.length = int(declared.split(",")[0].strip())
             else:
                 self.keep_alive = False  # the body ends with the connection
+
+    def reply(self, content: bytes) -> Reply:
+        return Reply(self.status, content, self.headers, lines=self.lines)
 
 
 # ---------------------------------------------------------------------------------------------- sync
@@ -251,7 +280,7 @@ class _Conn:
             content = self._rest()
         else:
             content = self._exactly(head.length) if head.length else b""
-        return Reply(head.status, content, head.headers), head.keep_alive and not self.buf
+        return head.reply(content), head.keep_alive and not self.buf
 
     def usable(self) -> bool:
         return _silent(self, self.sock)
@@ -423,10 +452,14 @@ class _AsyncConnection(asyncio.Protocol):
         # caller that has not yielded since would send into it): the socket itself says.
         return self.fd is None or _silent(self, self.fd)
 
-    async def exchange(self, data: bytes, method: str, timeout: float) -> tuple[Reply, bool]:
+    def send(
+        self, loop: asyncio.AbstractEventLoop, data: bytes, method: str, timeout: float
+    ) -> asyncio.Future[tuple[Reply, bool]]:
+        """Write a request; the future completes with its reply (and whether the connection can be used
+        again). A plain function, not a coroutine: the pool awaits the future itself, one frame less per
+        request. The caller sets ``waiter`` back to None once the future is done."""
         transport = self.transport
         assert transport is not None
-        loop = asyncio.get_running_loop()
         self.method, self.head, self.parts, self.size = method, None, [], None
         waiter = self.waiter = loop.create_future()
         # One timer per connection, not one per request (making and cancelling a timer costs more than a
@@ -438,13 +471,10 @@ class _AsyncConnection(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
             self.timer = loop.call_at(deadline, self._check_deadline)
-        try:
-            transport.write(data)
-            if self.buf or self.eof:
-                self._advance()
-            return await waiter
-        finally:
-            self.waiter = None
+        transport.write(data)
+        if self.buf or self.eof:
+            self._advance()
+        return waiter
 
     def _check_deadline(self) -> None:
         self.timer = None
@@ -502,7 +532,7 @@ class _AsyncConnection(asyncio.Protocol):
                 return None
             content = bytes(buf[: head.length])
             del buf[: head.length]
-        return Reply(head.status, content, head.headers), head.keep_alive and not buf
+        return head.reply(content), head.keep_alive and not buf
 
     def _chunks(self) -> bytes | None:
         buf = self.buf
@@ -585,7 +615,10 @@ class AsyncPool:
             except (OSError, ssl.SSLError, TimeoutError) as exc:  # never sent
                 raise SendFailed(_reason(exc), sent=False) from exc
         try:
-            reply, reusable = await conn.exchange(data, method, timeout)
+            try:
+                reply, reusable = await conn.send(loop, data, method, timeout)
+            finally:
+                conn.waiter = None
         except BaseException as exc:
             conn.close()
             if isinstance(exc, OSError | TimeoutError | ssl.SSLError | ValueError):
