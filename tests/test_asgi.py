@@ -15,6 +15,7 @@ from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.errors import ProtocolError, internal_failure, storage_unavailable
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.engines import EngineThread
+from monitor_protocol.doors.http import sse
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 from waiting import eventually, eventually_async
@@ -406,6 +407,85 @@ async def test_sse_heartbeats_follows_appends_and_stops_on_disconnect(served):
     # Streaming committed nothing.
     info = await call(served, "GET", f"/mp/v0/subscriptions/{sub}", token=reader)
     assert info.json()["cursor"] == 0
+
+
+def _events(text: str, kind: str) -> list[tuple[str | None, dict]]:
+    """The stream's events of one kind: (id or None, data)."""
+    found = []
+    for block in text.split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
+        if lines.get("event") == kind:
+            found.append((lines.get("id"), json.loads(lines["data"])))
+    return found
+
+
+@pytest.mark.parametrize("policy", ["latest", "earliest"])
+async def test_sse_below_the_floor_follows_the_reset_policy_and_says_so(served, policy):
+    """Found after a tester's report: a stream whose cursor compaction passed ended at once, for every
+    reset policy. With earliest or latest it goes on from the floor or past the head, first saying so in a
+    `reset` event (a pull's `reset` fields) whose id makes a reconnect resume there; it still commits
+    nothing. The control: reset_policy none ends the stream with CURSOR_EXPIRED, as before."""
+    owner, sub, reader = await setup_feed(served, reset_policy=policy)
+    for i in range(5):
+        await publish(served, owner, f"old-{i}")
+    compacted = await served.engine.call(served.service.compact, "ci", 5)
+    floor = compacted["compacted"][0]["retention_floor"]
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers={"authorization": f"Bearer {reader}"})
+    task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+    assert stream.status == 200
+    ((event_id, reset),) = _events(stream.text, "reset")
+    head = (
+        await call(served, "GET", f"/mp/v0/subscriptions/{sub}/pull", token=reader, query="cursor=999999")
+    ).json()["head"]
+    moved_to = floor if policy == "earliest" else head + 1
+    assert reset == {"reset_policy": policy, "requested": 1, "retention_floor": floor, "cursor": moved_to}
+    assert event_id == str(moved_to - 1)
+    seqs = [int(i) for i, _ in _events(stream.text, "observation")]
+    assert seqs == ([] if policy == "latest" else list(range(floor, head + 1)))
+    live = await publish(served, owner, "live")
+    await asyncio.wait_for(stream.wait_for(lambda c: f"id: {live['seq']}\n" in c.text), HANG_GUARD)
+    stream.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
+    info = await call(served, "GET", f"/mp/v0/subscriptions/{sub}", token=reader)
+    assert info.json()["cursor"] == 0  # the stream moved itself, not the subscription
+
+
+async def test_sse_below_the_floor_with_reset_policy_none_is_refused(served):
+    owner, sub, reader = await setup_feed(served, reset_policy="none")
+    for i in range(5):
+        await publish(served, owner, f"old-{i}")
+    await served.engine.call(served.service.compact, "ci", 5)
+    refused = await call(served, "GET", f"/mp/v0/subscriptions/{sub}/stream", token=reader)
+    assert refused.status == 410 and refused.json()["code"] == "CURSOR_EXPIRED"
+
+
+async def test_sse_passed_by_compaction_mid_stream_resets_between_pages(served, monkeypatch):
+    """Compaction between two pages of a stream that is catching up: the next page's replay is refused, and
+    the stream moves on as its reset policy says instead of ending."""
+    owner, sub, reader = await setup_feed(served, reset_policy="earliest")
+    for i in range(6):
+        await publish(served, owner, f"old-{i}")
+    monkeypatch.setattr(sse, "SSE_PAGE", 2)
+    handle_marked = served.handle_marked
+    compacted: dict = {}
+
+    async def compacting(request):
+        if ("cursor", "3") in request.query and not compacted:  # the first page went out: compaction
+            compacted.update(await served.engine.call(served.service.compact, "ci", 6))  # passes the stream
+        return await handle_marked(request)
+
+    served.handle_marked = compacting
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers={"authorization": f"Bearer {reader}"})
+    task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+    ((_id, reset),) = _events(stream.text, "reset")
+    floor = compacted["compacted"][0]["retention_floor"]
+    assert reset == {"reset_policy": "earliest", "requested": 3, "retention_floor": floor, "cursor": floor}
+    seqs = [int(i) for i, _ in _events(stream.text, "observation")]
+    assert seqs[:3] == [1, 2, floor] and "event: error" not in stream.text
+    stream.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
 
 
 # -- lifespan and failures ----------------------------------------------------------------------------------

@@ -38,14 +38,20 @@ async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send
     cursor = max(1, start if start is not None else _int(probe.body.get("cursor"), 1))
     monitor = str(probe.body.get("monitor", ""))
     first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
+    reset = None
     if first.status != 200:
-        await send_json(send, first)
-        return
+        moved = await _moved(app, request, sub_id, first)
+        if moved is not None:
+            cursor, reset = moved
+            first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
+        if first.status != 200:
+            await send_json(send, first)
+            return
     await app.engine.call(app.service.touch, sub_id, bearer(request))
     gone = asyncio.ensure_future(wait_disconnect(receive))
     app.metrics.open_streams += 1
     try:
-        await _follow(app, request, sub_id, monitor, cursor, first, mark, gone, send)
+        await _follow(app, request, sub_id, monitor, cursor, first, mark, gone, send, reset)
     finally:
         app.metrics.open_streams -= 1
         gone.cancel()
@@ -65,8 +71,10 @@ async def _follow(
     mark: int,
     gone: asyncio.Future[None],
     send: Send,
+    reset: dict[str, Any] | None = None,
 ) -> None:
-    """Send the stream's head, then each page, parking in the registry whenever it is caught up."""
+    """Send the stream's head, then each page, parking in the registry whenever it is caught up. `reset`:
+    the stream began where the reset policy moved it (said first)."""
     headers = [
         (k.lower().encode("latin-1"), str(v).encode("latin-1"))
         for k, v in page.headers.items()
@@ -78,13 +86,19 @@ async def _follow(
         (b"x-accel-buffering", b"no"),
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await _chunk(send, f"retry: {SSE_RETRY_MS}\n\n")
+    await _chunk(send, f"retry: {SSE_RETRY_MS}\n\n" + (_sse_reset(reset) if reset is not None else ""))
     loop = asyncio.get_running_loop()
     next_beat = loop.time() + app.heartbeat_seconds
     while not gone.done() and not app.draining:
         if page.status != 200:
-            await _chunk(send, _sse("error", page.body))
-            return
+            moved = await _moved(app, request, sub_id, page)
+            if moved is None:
+                await _chunk(send, _sse("error", page.body))
+                return
+            cursor, reset = moved
+            await _chunk(send, _sse_reset(reset))
+            page, mark = await app.handle_marked(_replay(request, sub_id, cursor))
+            continue
         observations = page.body.get("observations") or []
         if observations:
             await _chunk(send, "".join(_sse_observation(o) for o in observations))
@@ -102,9 +116,37 @@ async def _follow(
         page, mark = await app.handle_marked(_replay(request, sub_id, cursor))
 
 
-def _replay(request: Request, sub_id: str, cursor: int, limit: int = SSE_PAGE) -> Request:
+async def _moved(
+    app: Any, request: Request, sub_id: str, refused: Response
+) -> tuple[int, dict[str, Any]] | None:
+    """A replay refused because compaction passed its cursor, for a subscription whose reset policy moves
+    such a cursor (earliest: to the retention floor; latest: past the head): where the stream goes on from,
+    and what its `reset` event says (the fields of a pull's `reset`). The stream never commits, so only the
+    stream moves, as a pull would have moved the cursor. None for any other refusal (with reset_policy
+    none, the stream ends with CURSOR_EXPIRED as an `error` event)."""
+    body = refused.body if isinstance(refused.body, dict) else {}
+    policy = body.get("reset_policy")
+    if refused.status != 410 or body.get("code") != "CURSOR_EXPIRED" or policy not in ("earliest", "latest"):
+        return None
+    floor = _int(body.get("retention_floor"), 1)
+    cursor = floor
+    if policy == "latest":
+        probe = await app.handle(_replay(request, sub_id, PROBE_CURSOR, limit=1))
+        if probe.status != 200:
+            return None
+        cursor = _int(probe.body.get("head"), 0) + 1
+    said = {"reset_policy": policy, "requested": _int(body.get("requested"), 0), "retention_floor": floor}
+    return cursor, {**said, "cursor": cursor}
+
+
+def _sse_reset(reset: dict[str, Any]) -> str:
+    """The reset event; its id makes a reconnect (Last-Event-ID) resume where the stream was moved to."""
+    return f"id: {reset['cursor'] - 1}\n" + _sse("reset", reset)
+
+
+def _replay(request: Request, sub_id: str, cursor: int, limit: int | None = None) -> Request:
     query = [(k, v) for k, v in request.query if k not in ("cursor", "limit", "wait")]
-    query += [("cursor", str(cursor)), ("limit", str(limit))]
+    query += [("cursor", str(cursor)), ("limit", str(SSE_PAGE if limit is None else limit))]
     return Request("GET", f"/mp/v0/subscriptions/{sub_id}/pull", query, request.headers)
 
 
