@@ -479,10 +479,27 @@ def build() -> Path:
     except DocsError as exc:
         fail(str(exc))
     files.pop("docs.html", None)  # web/docs.html is their template, not a page
+    files["sw.js"] = service_worker(files)
     changed = sync_tree(files, SITE)
     log(f"site ready in {SITE.relative_to(ROOT)} ({len(files)} files, {changed} changed, "
         f"{time.monotonic() - t0:.1f}s)")  # fmt: skip
     return SITE
+
+
+def service_worker(files: dict[str, bytes | Path]) -> bytes:
+    """web/sw.js with the digest of every other file of the site: a new build is a new worker, whose copies
+    of the site's files (for a reload with the server gone) are this build's."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        if name == "sw.js":
+            continue
+        content = files[name]
+        digest.update(name.encode() + b"\0")
+        digest.update(content if isinstance(content, bytes) else content.read_bytes())
+    text = (WEB / "sw.js").read_text()
+    if "__SITE_BUILD__" not in text:
+        fail("web/sw.js has no __SITE_BUILD__ placeholder for the build's digest")
+    return text.replace("__SITE_BUILD__", digest.hexdigest()[:16]).encode()
 
 
 # ---------------------------------------------------------------------------------------------- serving

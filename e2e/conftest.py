@@ -94,11 +94,12 @@ class Guard:
         if self.expect_http_refusals:
             refusal = "console.error: Failed to load resource: the server responded with a status of "
             errors = [e for e in errors if not (e.startswith(refusal) and e[len(refusal)] in "45")]
-        if self.expect_offline:
+        if self.expect_offline:  # a download the service worker could not make is ERR_FAILED to the page
+            offline = ("net::ERR_INTERNET_DISCONNECTED", "net::ERR_FAILED")
             errors = [
                 e
                 for e in errors
-                if e != "console.error: Failed to load resource: net::ERR_INTERNET_DISCONNECTED"
+                if e not in {f"console.error: Failed to load resource: {o}" for o in offline}
             ]
         assert errors == [], f"console errors: {errors}"
 

@@ -119,6 +119,7 @@ LOOKS = {
     10: "#workers .card.worker.holder",
     11: "#panel-state",
     12: "#log li.obs",
+    13: "#story-title",
 }
 
 
@@ -174,6 +175,36 @@ def test_every_story_step_shows_what_it_talks_about(any_browser):
             assert seen["ok"], (n, "the next step's text is not on screen", seen)
     wide = horizontal_overflow(page)
     assert not wide["overflows"], wide
+
+
+def test_each_story_step_fits_one_desktop_screen(browser):
+    """PLAYGROUND.md: the main story needs no scrolling on a 1280x800 window. From step 10 the readers,
+    leases and state panels were all open and the page was 1,014-1,064 px tall. A revealed panel the step
+    does not work in is now folded to its title; its "show" button opens it on request, until the next
+    step. Positive control: at the last step, every panel shown on request makes the page scroll again."""
+    page = open_page(browser)
+    tall = []
+    for n in range(1, 14):
+        assert page.inner_text("#story-count") == f"Step {n} of 13"
+        if page.is_visible("#story-do"):
+            act(page, "#story-do")
+            settled(page, LOOKS[n])
+        height = page.evaluate("[document.scrollingElement.scrollHeight, innerHeight]")
+        if height[0] > height[1]:
+            tall.append((n, height))
+        if n < 13:
+            act(page, "#story-next")
+    assert not tall, f"steps that scroll at 1280x800 (page height, window height): {tall}"
+    folded = [p for p in ("readers", "leases", "state") if page.is_visible(f"#fold-{p}")]
+    assert folded == ["readers", "leases", "state"], folded  # step 13 works in none of them
+    for panel in folded:
+        act(page, f"#fold-{panel}")
+        assert page.get_attribute(f"#fold-{panel}", "aria-expanded") == "true"
+    assert page.is_visible("#readers .card.reader[data-reader='reader-a']")
+    height = page.evaluate("[document.scrollingElement.scrollHeight, innerHeight]")
+    assert height[0] > height[1], height  # the control: whole panels do not fit, so the measure is real
+    act(page, "#story-back")
+    assert page.is_visible("#fold-readers") and not page.is_visible("#readers")  # folded again
 
 
 def test_a_gliding_marker_is_followed_to_where_it_goes(phone_browser):

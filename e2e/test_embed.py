@@ -414,14 +414,19 @@ def test_an_embed_that_cannot_start_says_why_and_what_to_do(browser):
         server.server_close()
     # the runtime cannot be fetched: the same page on its own site, with Pyodide's wasm blocked
     own = browser.new_page()
-    own.route("**/pyodide.asm.wasm", lambda route: route.abort())
+    # Nothing kept from the frames above (the service worker would start the runtime from its copy), and the
+    # route on the context, not the page: the service worker fetches the site's files, and a page's routes
+    # do not see a worker's requests
+    own.goto(browser.site_url + "/openapi.json")
+    own.evaluate("caches.keys().then(ns => Promise.all(ns.map(n => caches.delete(n))))")
+    browser.context.route("**/pyodide.asm.wasm", lambda route: route.abort())
     own.goto(frame_src)
     own.wait_for_selector("#boot.failed", timeout=BOOT_MS)
     said = own.inner_text("#boot .detail")
     assert said.startswith("Failed: ") and "Reload" in said, said
     # positive control: unblocked, the same scene starts, even after the watchdog guessed it had failed (an
     # error, then no stage for a while, on a slow first visit): a later stage takes the guess back
-    own.unroute("**/pyodide.asm.wasm")
+    browser.context.unroute("**/pyodide.asm.wasm")
     own.goto(frame_src)
     if own.evaluate("document.body.classList.contains('booting')"):
         own.evaluate("MP.fatal('a guess of the watchdog', false, true)")

@@ -51,6 +51,9 @@ MP.stage = (name, detail) => {
     document.body.classList.add("ready");
     document.getElementById("boot").setAttribute("hidden", "");
     window.dispatchEvent(new CustomEvent("mp:ready", { detail: MP.marks }));
+    // Two seconds later: on a first visit it copies every file the page loaded, which should not compete
+    // with the start itself (nor with a reload right after it).
+    setTimeout(() => MP.keepLoaded(), 2000);
   }
 };
 MP.mark = (name) => {
@@ -179,7 +182,13 @@ if ("serviceWorker" in navigator) {
   navigator.serviceWorker.startMessages();
   MP.swReady = (async () => {
     const scope = new URL("./", import.meta.url).pathname; // the site's root (boot.js is there), for pages in folders too
-    await navigator.serviceWorker.register(scope + "sw.js", { scope });
+    try {
+      await navigator.serviceWorker.register(scope + "sw.js", { scope });
+    } catch (err) {
+      // Offline (or the server gone), the worker's script cannot be fetched to look for an update: the one
+      // that answered this page's files goes on controlling it.
+      if (!navigator.serviceWorker.controller) throw err;
+    }
     if (!navigator.serviceWorker.controller) {
       await new Promise((resolve) =>
         navigator.serviceWorker.addEventListener("controllerchange", resolve, { once: true }),
@@ -197,6 +206,14 @@ if ("serviceWorker" in navigator) {
 } else {
   MP.swReady = Promise.resolve(false);
 }
+// The page is up: the service worker keeps the files it loaded (sw.js keepLoaded), for a reload offline.
+MP.keepLoaded = () => {
+  const worker = navigator.serviceWorker && navigator.serviceWorker.controller;
+  if (!worker) return;
+  const here = location.origin + location.pathname;
+  const urls = performance.getEntriesByType("resource").map((entry) => entry.name.split("#")[0]);
+  worker.postMessage({ type: "mp-keep", urls: [here, ...urls.filter((u) => u.startsWith(location.origin + "/"))] });
+};
 MP.announceOwner = () => {
   const c = navigator.serviceWorker && navigator.serviceWorker.controller;
   if (c) c.postMessage({ type: "mp-owner", ns: NS });

@@ -29,6 +29,9 @@ class Step:
     action: str
     lesson: str
     reveal: tuple[str, ...] = ()  # panels shown from this step on: "readers", "leases", "state"
+    # The revealed panels this step works in, shown whole; any other revealed panel is folded to its title
+    # (one click shows it), so the step fits one 1280x800 screen (PLAYGROUND.md).
+    works_in: tuple[str, ...] = ()
     look: str = (
         ""  # what the step talks about (a CSS selector, its last match): brought into view after Do it
     )
@@ -63,6 +66,7 @@ STEPS = [
         "subscribe",
         "A reader's cursor is its own place in the log; the monitor kept everything until it came.",
         ("readers",),
+        works_in=("readers",),
         look=MARKER_LOOK,
     ),
     Step(
@@ -72,6 +76,7 @@ STEPS = [
         "Reading is not consuming: a pull hands observations out but never moves the reader's place.",
         "pull",
         "Pull never commits. Only an acknowledgement moves the cursor.",
+        works_in=("readers",),
         look=MARKER_LOOK,
     ),
     Step(
@@ -81,6 +86,7 @@ STEPS = [
         "A crash loses what a reader held in memory, never what the monitor kept.",
         "crash",
         "The cursor lives in the engine, not in the reader: the crash did not move it.",
+        works_in=("readers",),
         look=MARKER_LOOK,
     ),
     Step(
@@ -91,6 +97,7 @@ STEPS = [
         "work must be safe to do twice.",
         "restart-pull",
         "At-least-once: nothing is lost, so processing must be idempotent by (source, seq).",
+        works_in=("readers",),
         look="#log li.obs.held",
     ),
     Step(
@@ -101,6 +108,7 @@ STEPS = [
         "Acknowledging commits the reader's place, after the work is done, and the place only moves forward.",
         "process-ack",
         "Ack commits the reader's place; it never moves backwards.",
+        works_in=("readers",),
         look=MARKER_LOOK,
     ),
     Step(
@@ -130,6 +138,7 @@ STEPS = [
         "lease",
         "One holder at a time, and a lease expires by itself.",
         ("leases",),
+        works_in=("leases",),
         look="#workers .card.worker.holder",
     ),
     Step(
@@ -140,6 +149,7 @@ STEPS = [
         "state",
         "An unknown value is null, never a confident 0, and each missing input is named.",
         ("state",),
+        works_in=("state",),
         look="#panel-state",
     ),
     Step(
@@ -150,6 +160,7 @@ STEPS = [
         "Nothing disappears silently: it survives a reload, a pause is recorded, a refused write is kept.",
         "pause",
         "Configuration is an observation too. Nothing disappears silently.",
+        works_in=("state",),
         look="#log li.obs",
     ),
     Step(
@@ -352,6 +363,9 @@ async def story_do(_el) -> None:
         ui.note("story-answer", say, ok=not say.startswith("Do step 1"))
     if not failed and not say.startswith("Do step 1"):
         m.S.story_done = sorted(set(m.S.story_done) | {i})
+        # The introduction, open at the first step, folds once it is acted on: the token and the answer
+        # take its room, and the step still fits one 1280x800 window (its question stays one click away).
+        el("intro-box").open = False
     await a.save()
     render()
     LOOK["pending"] = STEPS[i].look  # brought into view by the redraw that ends the action (render)
@@ -450,7 +464,7 @@ async def story_back(_el) -> None:
     await move(-1)
 
 
-STATE: dict = {"shown": -1, "observer": None}  # the step last drawn
+STATE: dict = {"shown": -1, "observer": None, "unfolded_at": -1, "unfolded": set()}  # the step last drawn
 
 
 def render() -> None:
@@ -478,9 +492,29 @@ def render() -> None:
     el("story-dock-next").disabled = i >= len(STEPS) - 1
     live = el("live")
     shown = revealed(i)
-    for panel in ("readers", "leases", "state"):
+    if STATE["unfolded_at"] != i:  # a panel shown on request stays shown until the step changes
+        STATE["unfolded_at"], STATE["unfolded"] = i, set()
+    for panel in PANELS:
         live.classList.toggle(f"show-{panel}", panel in shown)
+        folded = panel in folded_at(i) and panel not in STATE["unfolded"]
+        live.classList.toggle(f"fold-{panel}", folded)
+        el(f"fold-{panel}").setAttribute("aria-expanded", "false" if folded else "true")
     bring_looked_into_view()
+
+
+PANELS = ("readers", "leases", "state")
+
+
+def folded_at(i: int) -> set[str]:
+    """The panels step i folds to their titles: revealed, and not what the step works in."""
+    return revealed(i) - set(STEPS[i].works_in)
+
+
+@action("story-unfold", exclusive=False)
+async def story_unfold(button) -> None:
+    """A folded panel shown on request (its title's button), until the step changes."""
+    STATE["unfolded"].add(button.getAttribute("data-panel"))
+    render()
 
 
 def setup() -> None:

@@ -17,8 +17,23 @@ const owners = new Map(); // namespace -> the tab that said it owns its engine (
 // no engine of its own (a JSON view, a host page): its requests are the playground's.
 const clientNs = new Map();
 
+// The site's files as this build made them (build.py puts the build's digest here: a new build is a new worker
+// and a new cache, and the old one is dropped), so that a page reloads with the server gone (see page()).
+const SITE_CACHE = "mp-site-__SITE_BUILD__";
+// Pages (and the workers they start) that came from the kept copies because the server could not be reached:
+// their files come from the copies too. Any other page's files go to the network untouched, so a normal
+// load pays nothing for this.
+const fromCopies = new Set();
+
 self.addEventListener("install", () => self.skipWaiting());
-self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
+self.addEventListener("activate", (event) =>
+  event.waitUntil(
+    caches
+      .keys()
+      .then((names) => Promise.all(names.filter((n) => n.startsWith("mp-site-") && n !== SITE_CACHE).map((n) => caches.delete(n))))
+      .then(() => self.clients.claim()),
+  ),
+);
 
 self.addEventListener("message", (event) => {
   const msg = event.data || {};
@@ -26,15 +41,63 @@ self.addEventListener("message", (event) => {
   if (msg.type === "mp-hello" && event.source) clientNs.set(event.source.id, ns);
   if (msg.type === "mp-owner" && event.source) owners.set(ns, event.source.id);
   if (msg.type === "mp-owner-gone" && event.source && owners.get(ns) === event.source.id) owners.delete(ns);
+  if (msg.type === "mp-keep" && Array.isArray(msg.urls)) event.waitUntil(keepLoaded(msg.urls.map(String)));
 });
 
 self.addEventListener("fetch", (event) => {
   const url = new URL(event.request.url);
   if (url.origin !== self.location.origin) return;
-  if (url.pathname !== API && !url.pathname.startsWith(API + "/")) return;
+  if (url.pathname !== API && !url.pathname.startsWith(API + "/")) {
+    const request = event.request;
+    if (request.method !== "GET" || request.headers.has("range")) return;
+    if (request.mode === "navigate") {
+      event.respondWith(page(event, url));
+    } else if (fromCopies.has(event.clientId)) {
+      if (event.resultingClientId) fromCopies.add(event.resultingClientId); // a worker the page starts
+      event.respondWith(keptFirst(request));
+    }
+    return;
+  }
   const refused = foreign(event.request);
   event.respondWith(refused ? json(403, refused) : forward(event.request, url, event.clientId));
 });
+
+// A page of the site: from the server, and then its files too (untouched); when the server cannot be reached
+// (offline, or stopped), the copy kept of it, and its files from the copies (keptFirst). A page is kept under
+// its path alone (a share link's query or fragment does not make another copy).
+async function page(event, url) {
+  try {
+    return await fetch(event.request);
+  } catch (err) {
+    const kept = await caches.match(url.origin + url.pathname, { cacheName: SITE_CACHE });
+    if (!kept) throw err;
+    if (event.resultingClientId) fromCopies.add(event.resultingClientId);
+    return kept;
+  }
+}
+
+async function keptFirst(request) {
+  const kept = await caches.match(request, { cacheName: SITE_CACHE });
+  return kept || fetch(request); // not kept: the network, which may be back
+}
+
+// A page that came up says which files it loaded; each not kept yet for this build is fetched again, which
+// the browser's own cache answers, and kept.
+async function keepLoaded(urls) {
+  const cache = await caches.open(SITE_CACHE);
+  for (const href of urls) {
+    const url = new URL(href, self.location.href);
+    if (url.origin !== self.location.origin || url.pathname === API || url.pathname.startsWith(API + "/")) continue;
+    const key = url.origin + url.pathname + url.search;
+    if (await cache.match(key)) continue;
+    try {
+      const response = await fetch(key);
+      if (response.status === 200 && response.type === "basic") await cache.put(key, response);
+    } catch (err) {
+      return; // the network is gone: what is kept stays kept
+    }
+  }
+}
 
 // Why a request is not the playground's own (the error body of a 403 ORIGIN_REFUSED), or null.
 function foreign(request) {
