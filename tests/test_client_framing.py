@@ -207,6 +207,28 @@ def test_a_head_read_from_its_length_alone_reads_as_the_whole_parse(exchange, sc
     assert server.connections == 2  # the fourth reply said close: the fifth came on a new connection
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n folded\r\n\r\n{}",  # obs-fold
+        b"HTTP/1.1 200 OK\r\nno colon here\r\ncontent-length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1_0\r\n\r\n{}",
+    ],
+    ids=["obs-fold", "no-colon", "negative-length", "underscored-length"],
+)
+def test_a_head_the_whole_parse_refuses_is_refused_the_short_way_too(exchange, scripted, head) -> None:
+    """Found by a reviewer: the short way checked only the content-length line, and framed heads the whole
+    parse refuses. Each is a reply that is not HTTP: may have been sent. The control: the same head, well
+    formed, is read."""
+    server = scripted([head])
+    (reply,) = exchange(server.base, [("GET", None)])
+    assert isinstance(reply, SendFailed) and reply.sent, reply
+    control = scripted([b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"])
+    (good,) = exchange(control.base, [("GET", None)])
+    assert isinstance(good, Reply) and good.content == b"{}"
+
+
 def test_a_reply_without_a_body_is_not_read_as_chunked(exchange, split, scripted) -> None:
     """HEAD, 204 and 304 carry no body even when their headers name chunked framing (a HEAD reply names the
     GET's): the reader must not wait for chunks that never come, and the next reply on the connection is read

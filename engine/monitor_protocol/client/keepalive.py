@@ -107,6 +107,12 @@ def _header_block(items: tuple[tuple[str, str], ...]) -> bytes:
 _BLOCKS: dict[tuple[tuple[str, str], ...], bytes] = {}
 
 
+def _plain_lines(lines: str) -> bool:
+    """Whether every header line has a colon and none continues the one before (obs-fold): a head with
+    another line is parsed whole, which refuses it, never framed the short way."""
+    return all(line and line[0] not in " \t" and ":" in line for line in lines.split("\r\n"))
+
+
 class _Head:
     """A reply's status line and headers, and how its body is framed. A head whose framing is plain (one
     content-length, no transfer-encoding, no connection header) is framed from that one header and its
@@ -134,6 +140,7 @@ class _Head:
                 and low.find("content-length:", at + 15) < 0
                 and "transfer-encoding" not in low
                 and "connection" not in low
+                and _plain_lines(lines)
             ):
                 stop = low.find("\r\n", at)
                 value = low[at + 15 : stop if stop >= 0 else len(low)].strip()
@@ -175,7 +182,10 @@ class _Head:
         elif not self.chunked:
             declared = headers.get("content-length")
             if declared is not None:
-                self.length = int(declared.split(",")[0].strip())
+                value = declared.split(",")[0].strip()
+                if not (value.isdigit() and value.isascii()):
+                    raise ValueError(f"not a content-length: {declared[:40]!r}")
+                self.length = int(value)
             else:
                 self.keep_alive = False  # the body ends with the connection
 
