@@ -460,6 +460,57 @@ async def test_sse_below_the_floor_with_reset_policy_none_is_refused(served):
     assert refused.status == 410 and refused.json()["code"] == "CURSOR_EXPIRED"
 
 
+async def test_sse_an_explicit_cursor_below_the_floor_is_refused_whatever_the_policy(served):
+    """Found by a reviewer: `?cursor=N` is a replay from N, and a pull's replay below the floor is refused
+    whatever the reset policy; the stream moved it. Now refused too; the committed cursor (the control) and
+    a reconnect's Last-Event-ID follow the policy."""
+    owner, sub, reader = await setup_feed(served, reset_policy="latest")
+    for i in range(5):
+        await publish(served, owner, f"old-{i}")
+    await served.engine.call(served.service.compact, "ci", 5)
+    refused = await call(served, "GET", f"/mp/v0/subscriptions/{sub}/stream", token=reader, query="cursor=2")
+    assert refused.status == 410 and refused.json()["code"] == "CURSOR_EXPIRED"
+    for headers in ({}, {"last-event-id": "1"}):
+        stream = Conn(
+            "GET",
+            f"/mp/v0/subscriptions/{sub}/stream",
+            headers={"authorization": f"Bearer {reader}", **headers},
+        )
+        task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+        await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+        assert stream.status == 200 and len(_events(stream.text, "reset")) == 1, (headers, stream.text)
+        stream.disconnect()
+        await asyncio.wait_for(task, HANG_GUARD)
+
+
+async def test_sse_a_compaction_between_the_start_and_its_reset_moves_it_again(served):
+    """Found by a reviewer: the start moved the stream once; a compaction between that and the next replay
+    ended it with 410, and an EventSource does not reconnect after a refusal. It moves again."""
+    owner, sub, reader = await setup_feed(served, reset_policy="earliest")
+    for i in range(8):
+        await publish(served, owner, f"old-{i}")
+    await served.engine.call(served.service.compact, "ci", 3)
+    handle_marked = served.handle_marked
+    compacted: dict = {}
+
+    async def compacting(request):
+        if ("cursor", "4") in request.query and not compacted:  # the first move: compaction passes it again
+            compacted.update(await served.engine.call(served.service.compact, "ci", 7))
+        return await handle_marked(request)
+
+    served.handle_marked = compacting
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers={"authorization": f"Bearer {reader}"})
+    task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+    assert compacted, "the compaction between the two tries did not happen: this test shows nothing"
+    assert stream.status == 200
+    ((_id, reset),) = _events(stream.text, "reset")
+    assert reset["cursor"] == compacted["compacted"][0]["retention_floor"] == 8
+    assert reset["requested"] == 1  # where the stream was asked to start, not where the first move put it
+    stream.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
+
+
 async def test_sse_passed_by_compaction_mid_stream_resets_between_pages(served, monkeypatch):
     """Compaction between two pages of a stream that is catching up: the next page's replay is refused, and
     the stream moves on as its reset policy says instead of ending."""

@@ -39,14 +39,20 @@ async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send
     monitor = str(probe.body.get("monitor", ""))
     first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
     reset = None
+    # An explicit ?cursor=N is a replay from there, refused below the floor as a pull's replay is; the
+    # committed cursor and a reconnect's Last-Event-ID follow the reset policy (a compaction between two
+    # tries moves the floor again: a few tries).
+    asked = start is not None and not (request.header("last-event-id") or "").strip()
+    for _try in range(0 if asked else 3):
+        moved = None if first.status == 200 else await _moved(app, request, sub_id, first)
+        if moved is None:
+            break
+        cursor, moved_reset = moved
+        reset = moved_reset if reset is None else {**moved_reset, "requested": reset["requested"]}
+        first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
     if first.status != 200:
-        moved = await _moved(app, request, sub_id, first)
-        if moved is not None:
-            cursor, reset = moved
-            first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
-        if first.status != 200:
-            await send_json(send, first)
-            return
+        await send_json(send, first)
+        return
     await app.engine.call(app.service.touch, sub_id, bearer(request))
     gone = asyncio.ensure_future(wait_disconnect(receive))
     app.metrics.open_streams += 1
