@@ -479,27 +479,34 @@ def build() -> Path:
     except DocsError as exc:
         fail(str(exc))
     files.pop("docs.html", None)  # web/docs.html is their template, not a page
-    files["sw.js"] = service_worker(files)
+    digest = site_digest(files)
+    files["build-info.json"] = json.dumps({**info, "site_build": digest}, indent=1, sort_keys=True).encode()
+    files["sw.js"] = service_worker(digest)
     changed = sync_tree(files, SITE)
     log(f"site ready in {SITE.relative_to(ROOT)} ({len(files)} files, {changed} changed, "
         f"{time.monotonic() - t0:.1f}s)")  # fmt: skip
     return SITE
 
 
-def service_worker(files: dict[str, bytes | Path]) -> bytes:
-    """web/sw.js with the digest of every other file of the site: a new build is a new worker, whose copies
-    of the site's files (for a reload with the server gone) are this build's."""
+def site_digest(files: dict[str, bytes | Path]) -> str:
+    """The digest of the site's files but sw.js and build-info.json, which carry it: a new build is a new
+    worker, whose copies of the site's files (for a reload with the server gone) are this build's, and the
+    worker keeps files only while build-info.json names its build."""
     digest = hashlib.sha256()
     for name in sorted(files):
-        if name == "sw.js":
+        if name in ("sw.js", "build-info.json"):
             continue
         content = files[name]
         digest.update(name.encode() + b"\0")
         digest.update(content if isinstance(content, bytes) else content.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def service_worker(digest: str) -> bytes:
     text = (WEB / "sw.js").read_text()
     if "__SITE_BUILD__" not in text:
         fail("web/sw.js has no __SITE_BUILD__ placeholder for the build's digest")
-    return text.replace("__SITE_BUILD__", digest.hexdigest()[:16]).encode()
+    return text.replace("__SITE_BUILD__", digest).encode()
 
 
 # ---------------------------------------------------------------------------------------------- serving

@@ -200,9 +200,13 @@ def test_each_story_step_fits_one_desktop_screen(browser):
     for panel in folded:
         act(page, f"#fold-{panel}")
         assert page.get_attribute(f"#fold-{panel}", "aria-expanded") == "true"
+        assert page.inner_text(f"#fold-{panel}") == "hide ▴"  # it stays, to fold the panel again
     assert page.is_visible("#readers .card.reader[data-reader='reader-a']")
     height = page.evaluate("[document.scrollingElement.scrollHeight, innerHeight]")
     assert height[0] > height[1], height  # the control: whole panels do not fit, so the measure is real
+    act(page, "#fold-readers")
+    assert not page.is_visible("#readers") and page.inner_text("#fold-readers") == "show ▾"
+    act(page, "#fold-readers")
     act(page, "#story-back")
     assert page.is_visible("#fold-readers") and not page.is_visible("#readers")  # folded again
 

@@ -188,6 +188,7 @@ if ("serviceWorker" in navigator) {
       // Offline (or the server gone), the worker's script cannot be fetched to look for an update: the one
       // that answered this page's files goes on controlling it.
       if (!navigator.serviceWorker.controller) throw err;
+      console.warn("service worker not updated (the page goes on with the one it has):", err);
     }
     if (!navigator.serviceWorker.controller) {
       await new Promise((resolve) =>

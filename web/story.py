@@ -494,11 +494,16 @@ def render() -> None:
     shown = revealed(i)
     if STATE["unfolded_at"] != i:  # a panel shown on request stays shown until the step changes
         STATE["unfolded_at"], STATE["unfolded"] = i, set()
+    foldable = folded_at(i)
     for panel in PANELS:
         live.classList.toggle(f"show-{panel}", panel in shown)
-        folded = panel in folded_at(i) and panel not in STATE["unfolded"]
+        folded = panel in foldable and panel not in STATE["unfolded"]
+        live.classList.toggle(f"foldable-{panel}", panel in foldable)
         live.classList.toggle(f"fold-{panel}", folded)
-        el(f"fold-{panel}").setAttribute("aria-expanded", "false" if folded else "true")
+        button = el(f"fold-{panel}")
+        button.setAttribute("aria-expanded", "false" if folded else "true")
+        button.setAttribute("aria-label", f"{'Show' if folded else 'Hide'} the {panel} panel")
+        button.textContent = "show ▾" if folded else "hide ▴"
     bring_looked_into_view()
 
 
@@ -512,8 +517,9 @@ def folded_at(i: int) -> set[str]:
 
 @action("story-unfold", exclusive=False)
 async def story_unfold(button) -> None:
-    """A folded panel shown on request (its title's button), until the step changes."""
-    STATE["unfolded"].add(button.getAttribute("data-panel"))
+    """A folded panel shown on request (its title's button, which then folds it again), until the step
+    changes. The button stays where it is, with the focus on it."""
+    STATE["unfolded"] ^= {button.getAttribute("data-panel")}
     render()
 
 

@@ -19,11 +19,15 @@ const clientNs = new Map();
 
 // The site's files as this build made them (build.py puts the build's digest here: a new build is a new worker
 // and a new cache, and the old one is dropped), so that a page reloads with the server gone (see page()).
-const SITE_CACHE = "mp-site-__SITE_BUILD__";
+const BUILD = "__SITE_BUILD__";
+const SITE_CACHE = `mp-site-${BUILD}`;
 // Pages (and the workers they start) that came from the kept copies because the server could not be reached:
-// their files come from the copies too. Any other page's files go to the network untouched, so a normal
-// load pays nothing for this.
+// their files come from the copies too. Pages the server answered (and the pages open when this worker took
+// over, which the server answered too): their files go to the network untouched, so a normal load pays
+// nothing for this. A page in neither (this worker was stopped and started again since it loaded): the
+// network first, the copy when the network fails.
 const fromCopies = new Set();
+const fromServer = new Set();
 
 self.addEventListener("install", () => self.skipWaiting());
 self.addEventListener("activate", (event) =>
@@ -31,7 +35,9 @@ self.addEventListener("activate", (event) =>
     caches
       .keys()
       .then((names) => Promise.all(names.filter((n) => n.startsWith("mp-site-") && n !== SITE_CACHE).map((n) => caches.delete(n))))
-      .then(() => self.clients.claim()),
+      .then(() => self.clients.claim())
+      .then(() => self.clients.matchAll({ includeUncontrolled: true }))
+      .then((open) => open.forEach((client) => fromServer.add(client.id))),
   ),
 );
 
@@ -55,6 +61,10 @@ self.addEventListener("fetch", (event) => {
     } else if (fromCopies.has(event.clientId)) {
       if (event.resultingClientId) fromCopies.add(event.resultingClientId); // a worker the page starts
       event.respondWith(keptFirst(request));
+    } else if (fromServer.has(event.clientId)) {
+      if (event.resultingClientId) fromServer.add(event.resultingClientId);
+    } else {
+      event.respondWith(networkFirst(request));
     }
     return;
   }
@@ -67,7 +77,9 @@ self.addEventListener("fetch", (event) => {
 // its path alone (a share link's query or fragment does not make another copy).
 async function page(event, url) {
   try {
-    return await fetch(event.request);
+    const answer = await fetch(event.request);
+    if (event.resultingClientId) fromServer.add(event.resultingClientId);
+    return answer;
   } catch (err) {
     const kept = await caches.match(url.origin + url.pathname, { cacheName: SITE_CACHE });
     if (!kept) throw err;
@@ -81,20 +93,41 @@ async function keptFirst(request) {
   return kept || fetch(request); // not kept: the network, which may be back
 }
 
+async function networkFirst(request) {
+  try {
+    return await fetch(request);
+  } catch (err) {
+    const kept = await caches.match(request, { cacheName: SITE_CACHE });
+    if (kept) return kept;
+    throw err;
+  }
+}
+
 // A page that came up says which files it loaded; each not kept yet for this build is fetched again, which
 // the browser's own cache answers, and kept.
+// Only while the server serves this worker's build: right after a rebuild, the files it serves are the next
+// build's, which the next worker keeps under its own name.
 async function keepLoaded(urls) {
+  try {
+    const info = await (await fetch(SCOPE_PATH + "build-info.json", { cache: "no-store" })).json();
+    if (info.site_build !== BUILD) return;
+  } catch (err) {
+    return; // the network is gone: what is kept stays kept
+  }
   const cache = await caches.open(SITE_CACHE);
   for (const href of urls) {
     const url = new URL(href, self.location.href);
-    if (url.origin !== self.location.origin || url.pathname === API || url.pathname.startsWith(API + "/")) continue;
+    if (url.origin !== self.location.origin || !url.pathname.startsWith(SCOPE_PATH)) continue;
+    if (url.pathname.endsWith("/mp/v0") || url.pathname.includes("/mp/v0/")) continue; // an engine's answer
     const key = url.origin + url.pathname + url.search;
     if (await cache.match(key)) continue;
     try {
       const response = await fetch(key);
-      if (response.status === 200 && response.type === "basic") await cache.put(key, response);
+      if (response.status === 200 && response.type === "basic" && !response.redirected) {
+        await cache.put(key, response);
+      }
     } catch (err) {
-      return; // the network is gone: what is kept stays kept
+      return;
     }
   }
 }
