@@ -104,9 +104,8 @@ async function networkFirst(request) {
 }
 
 // A page that came up says which files it loaded; each not kept yet for this build is fetched again, which
-// the browser's own cache answers, and kept.
-// Only while the server serves this worker's build: right after a rebuild, the files it serves are the next
-// build's, which the next worker keeps under its own name.
+// the browser's own cache answers, and kept. Only while the server serves this worker's build: right after a
+// rebuild, the files it serves are the next build's, which the next worker keeps under its own name.
 async function keepLoaded(urls) {
   try {
     const info = await (await fetch(SCOPE_PATH + "build-info.json", { cache: "no-store" })).json();

@@ -107,52 +107,19 @@ def _header_block(items: tuple[tuple[str, str], ...]) -> bytes:
 _BLOCKS: dict[tuple[tuple[str, str], ...], bytes] = {}
 
 
-def _plain_lines(lines: str) -> bool:
-    """Whether every header line has a colon and none continues the one before (obs-fold): a head with
-    another line is parsed whole, which refuses it, never framed the short way."""
-    return all(line and line[0] not in " \t" and ":" in line for line in lines.split("\r\n"))
-
-
 class _Head:
-    """A reply's status line and headers, and how its body is framed. A head whose framing is plain (one
-    content-length, no transfer-encoding, no connection header) is framed from that one header and its
-    lines are kept as they came, parsed only if the caller reads them (`lines`; `headers` is None then);
-    any other head is parsed whole."""
+    """A reply's status line and headers, and how its body is framed."""
 
-    __slots__ = ("status", "headers", "lines", "length", "chunked", "keep_alive")
+    __slots__ = ("status", "headers", "length", "chunked", "keep_alive")
 
     def __init__(self, raw: bytes, method: str) -> None:
-        text = raw.decode("latin-1")
-        first, _, lines = text.partition("\r\n")
-        parts = first.split(" ", 2)
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise ValueError(f"not an HTTP reply: {first[:80]!r}")
+            raise ValueError(f"not an HTTP reply: {lines[0][:80]!r}")
         self.status = status = int(parts[1])
-        self.lines = lines
-        self.headers: dict[str, str] | None = None
-        self.chunked = False
-        if parts[0] == "HTTP/1.1" and status >= 200 and status not in (204, 304) and method != "HEAD":
-            low = lines.lower()
-            at = low.find("content-length:")
-            if (
-                at >= 0
-                and (at == 0 or low[at - 2 : at] == "\r\n")
-                and low.find("content-length:", at + 15) < 0
-                and "transfer-encoding" not in low
-                and "connection" not in low
-                and _plain_lines(lines)
-            ):
-                stop = low.find("\r\n", at)
-                value = low[at + 15 : stop if stop >= 0 else len(low)].strip()
-                if value.isdigit() and value.isascii():
-                    self.length = int(value)
-                    self.keep_alive = True
-                    return
-        self._parse(parts[0], status, method)
-
-    def _parse(self, version: str, status: int, method: str) -> None:
         headers: dict[str, str] = {}
-        for line in self.lines.split("\r\n") if self.lines else ():
+        for line in lines[1:]:
             name, sep, value = line.partition(":")
             if not sep:
                 if not line:
@@ -166,11 +133,11 @@ class _Head:
         self.headers = headers
         connection = headers.get("connection")
         if connection is None:
-            self.keep_alive = version != "HTTP/1.0"
+            self.keep_alive = parts[0] != "HTTP/1.0"
         else:
             connection = connection.lower()
             self.keep_alive = "close" not in connection and (
-                version != "HTTP/1.0" or "keep-alive" in connection
+                parts[0] != "HTTP/1.0" or "keep-alive" in connection
             )
         encoding = headers.get("transfer-encoding")
         self.chunked = encoding is not None and "chunked" in encoding.lower()
@@ -183,14 +150,11 @@ class _Head:
             declared = headers.get("content-length")
             if declared is not None:
                 value = declared.split(",")[0].strip()
-                if not (value.isdigit() and value.isascii()):
+                if not (value.isdigit() and value.isascii()):  # int() would read -1, +1 and 1_0
                     raise ValueError(f"not a content-length: {declared[:40]!r}")
                 self.length = int(value)
             else:
                 self.keep_alive = False  # the body ends with the connection
-
-    def reply(self, content: bytes) -> Reply:
-        return Reply(self.status, content, self.headers, lines=self.lines)
 
 
 # ---------------------------------------------------------------------------------------------- sync
@@ -290,7 +254,7 @@ class _Conn:
             content = self._rest()
         else:
             content = self._exactly(head.length) if head.length else b""
-        return head.reply(content), head.keep_alive and not self.buf
+        return Reply(head.status, content, head.headers), head.keep_alive and not self.buf
 
     def usable(self) -> bool:
         return _silent(self, self.sock)
@@ -542,7 +506,7 @@ class _AsyncConnection(asyncio.Protocol):
                 return None
             content = bytes(buf[: head.length])
             del buf[: head.length]
-        return head.reply(content), head.keep_alive and not buf
+        return Reply(head.status, content, head.headers), head.keep_alive and not buf
 
     def _chunks(self) -> bytes | None:
         buf = self.buf

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from monitor_protocol.client.httpreply import Reply, SendFailed, parse_headers
+from monitor_protocol.client.httpreply import Reply, SendFailed
 
 __all__ = ["AsyncClient", "Client", "Reply", "SendFailed", "parse_headers", "timeout_ms", "x_user_defined"]
 
@@ -35,6 +35,19 @@ MAIN_THREAD_OWN_ENGINE = (
     "worker hands the request to this page, which is blocked waiting for the reply. Use AsyncClient "
     "(await its methods) here, or run this code in a Web Worker (the site's runner.js)"
 )
+
+
+def parse_headers(raw: str) -> dict[str, str]:
+    """XMLHttpRequest.getAllResponseHeaders() text ("name: value" lines, CRLF) as a dict with lower-case
+    names; a repeated header is joined with ", " as the Fetch standard combines them."""
+    headers: dict[str, str] = {}
+    for line in raw.split("\r\n"):
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            continue
+        key, value = name.strip().lower(), value.strip()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    return headers
 
 
 def timeout_ms(timeout: float) -> int:
