@@ -25,9 +25,13 @@ def _refused(reply, name: str) -> None:
 def test_a_subscribe_body_with_a_misspelt_field_is_refused_and_subscribes_nobody(h):
     owner = h.monitor("ci")
     typo = {"monitor": "ci", "subscriber": "agent:typo", "filters": {"types": ["com.example.ci.run"]}}
-    head = h.call("GET", "/monitors/ci/state", token=owner).body["head"]
-    _refused(h.call("POST", "/subscriptions", typo, owner), "filters")
-    assert h.call("GET", "/monitors/ci/state", token=owner).body["head"] == head  # no subscribed row
+    refused = h.call("POST", "/subscriptions", typo, owner)
+    _refused(refused, "filters")
+    # no subscription, no subscribed row: the owner's refused call is logged as a rejection (section 10)
+    assert h.call("GET", "/monitors/ci/state", token=owner).body["counters"]["subscriptions_active"] == 0
+    logged = {int(o["sequence"]): o["type"] for o in h.log("ci", owner)}
+    assert logged[refused.body["rejected_seq"]] == "ai.mentu.monitor.rejected"
+    assert "ai.mentu.monitor.subscribed" not in set(list(logged.values())[:-1])  # the last: h.log's reader
     # control: the right name subscribes, with its filter
     right = {"monitor": "ci", "subscriber": "agent:typo", "filter": {"types": ["com.example.ci.run"]}}
     r = h.call("POST", "/subscriptions", right, owner)

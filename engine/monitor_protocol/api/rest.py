@@ -18,7 +18,7 @@ from monitor_protocol.api.operations import Operation
 from monitor_protocol.core import tokens, wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.filters import LIST_KEYS
-from monitor_protocol.core.rules import publishing
+from monitor_protocol.core.rules import publishing, refusals
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.validation import as_int
 from monitor_protocol.core.vocab import (
@@ -384,7 +384,7 @@ def _served(ops: tuple[Operation, ...]) -> Handler:
             return shaped(r, req, p, op)
         if op.auth.credential == "admin":
             r.require_admin(req)
-        payload = parse_json_body(req) if op.method == "POST" else None
+        payload = _body_of(r, req, op, p) if op.method == "POST" else None
         # the query parameters the table declares, each sent at most once (the rest are not read)
         named = (
             {q.name: _single(req.query, q.name) for q in op.params if q.where == "query"}
@@ -395,6 +395,25 @@ def _served(ops: tuple[Operation, ...]) -> Handler:
         return Response(op.result.status_for(result), result)
 
     return handle
+
+
+def _body_of(r: RestRouter, req: Request, op: Operation, p: dict[str, str]) -> Any:
+    """A POST's body parsed; one that is not JSON is refused, and logged on the monitor the route names when
+    the caller is its owner (section 10; MonitorService.log_refused_input decides)."""
+    try:
+        return parse_json_body(req)
+    except ProtocolError as err:
+        target = _refusal_target(op)
+        if target is not None:
+            raw = req.body.decode("utf-8", "replace")
+            r.service.log_refused_input(target, p.get("id"), bearer(req), err, raw)
+        raise
+
+
+def _refusal_target(op: Operation) -> refusals.Target | None:
+    # a creation or a subscribe: the body that would name the monitor is what was refused; a reader's call
+    # is not logged (core/rules/refusals.py says why)
+    return "monitor" if op.route.startswith("/monitors/{id}/") else None
 
 
 Shaped = Callable[["RestRouter", Request, dict[str, str], Operation], Response]

@@ -12,7 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.rules import delivery, importing, leases, monitors, publishing, sources, upkeep
+from monitor_protocol.core.rules import (
+    delivery,
+    importing,
+    leases,
+    monitors,
+    publishing,
+    refusals,
+    sources,
+    upkeep,
+)
 from monitor_protocol.core.runtime import SERVER_NAME, SERVER_VERSION, Feeds, LoggedRefusal, ServiceCore
 
 __all__ = ["SERVER_NAME", "SERVER_VERSION", "Feeds", "LoggedRefusal", "MonitorService", "ServiceCore"]
@@ -37,7 +46,10 @@ class MonitorService(ServiceCore):
         return self._call(lambda tx: monitors.monitor_state(self, tx, monitor_id, token))
 
     def configure(self, monitor_id: str, action: str, body: Any, token: str | None) -> dict[str, Any]:
-        out = self._call(lambda tx: monitors.configure(self, tx, monitor_id, action, body, token))
+        out = self._judged(
+            "monitor", monitor_id, token, body,
+            lambda tx: monitors.configure(self, tx, monitor_id, action, body, token),
+        )  # fmt: skip
         self._configured(monitor_id)
         return out
 
@@ -51,9 +63,10 @@ class MonitorService(ServiceCore):
         self, monitor_id: str, items: Any, token: str | None, *, idempotency_key: str | None = None
     ) -> dict[str, Any]:
         """A batch: each item published in order or refused and logged on its own, in one commit."""
-        return self._call(
-            lambda tx: publishing.publish_many(self, tx, monitor_id, items, token, idempotency_key)
-        )
+        return self._judged(
+            "monitor", monitor_id, token, items,
+            lambda tx: publishing.publish_many(self, tx, monitor_id, items, token, idempotency_key),
+        )  # fmt: skip
 
     def publish_each(self, entries: list[publishing.Lone]) -> list[tuple[bool, Any]]:
         """Lone publishes of several requests (monitor id, body, token, Idempotency-Key header each) in one
@@ -67,7 +80,10 @@ class MonitorService(ServiceCore):
 
     # ---------------------------------------------------------------------------- delivery
     def subscribe(self, body: Any, token: str | None) -> dict[str, Any]:
-        return self._call(lambda tx: delivery.subscribe(self, tx, body, token))
+        target = body.get("monitor") if isinstance(body, dict) else None
+        return self._judged(
+            "subscribe", target, token, body, lambda tx: delivery.subscribe(self, tx, body, token)
+        )
 
     # A reader's calls (reader=True, core/tx.py): they write only the subscription they name, so on a store
     # several servers share they hold their monitor's lock shared and readers do not wait for each other.
@@ -139,6 +155,29 @@ class MonitorService(ServiceCore):
     # ---------------------------------------------------------------------------- leases
     def lease(self, sub_id: str, token: str | None, action: str, body: Any) -> dict[str, Any]:
         return self._call(lambda tx: leases.lease(self, tx, sub_id, token, action, body))
+
+    # ---------------------------------------------------------------------------- refused inputs
+    def _judged(
+        self, target: refusals.Target, target_id: Any, token: str | None, raw: Any, fn: Callable[[Any], Any]
+    ) -> Any:
+        """One engine call whose refused input is logged on the monitor it names (section 10, P2)."""
+        try:
+            return self._call(fn)
+        except ProtocolError as err:
+            if refusals.loggable(err):
+                self.log_refused_input(target, target_id, token, err, raw)
+            raise
+
+    def log_refused_input(
+        self, target: refusals.Target, target_id: Any, token: str | None, error: ProtocolError, raw: Any
+    ) -> None:
+        """Append `error` as a rejected row on the monitor `target_id` names, when `token` is a credential for it
+        (its `rejected_seq` is then set); else, or when the store cannot take it now, nothing: the caller
+        still returns the refusal itself."""
+        try:
+            self._call(lambda tx: refusals.refuse_input(tx, target, target_id, token, error, raw))
+        except ProtocolError:
+            pass
 
     # ---------------------------------------------------------------------------- upkeep and admin
     def sweep(self, now: float | None = None) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 from monitor_protocol.core import cron, wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.vocab import (
+    MAX_HEARTBEAT_SECONDS,
     MAX_NAME_CHARS,
     MAX_SOURCE_OUTPUT_BYTES,
     MAX_SOURCE_STDERR_BYTES,
@@ -238,7 +239,7 @@ def _cadence(kind: str, cadence: Mapping[str, Any]) -> tuple[str, float | None, 
         except cron.CronError as exc:
             raise _refuse(str(exc)) from None
     if heartbeat is not None:
-        return EVERY, _number(heartbeat, "cadence.heartbeat_seconds", 1, 31 * 86400), None
+        return EVERY, _number(heartbeat, "cadence.heartbeat_seconds", 1, MAX_HEARTBEAT_SECONDS), None
     if kind == "http":
         return EVERY, DEFAULT_HTTP_SECONDS, None
     raise NoCadence(

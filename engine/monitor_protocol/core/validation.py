@@ -55,8 +55,10 @@ def as_int(
     if isinstance(value, str) and not text:
         raise invalid(f"{name} must be a JSON integer, not the string {value[:40]!r}.")
     if isinstance(value, str):
-        if len(value) > 17 or not is_digits(value):
+        if not is_digits(value):
             raise invalid(f"{name} must be an integer in ASCII decimal digits, not {value[:40]!r}.")
+        if len(value) > 17:
+            raise invalid(f"{name} must be within 0..2^53 (got a {len(value)}-digit number).")
         value = int(value)
     if not isinstance(value, int):
         raise invalid(f"{name} must be an integer, not {json_kind(value)}.")

@@ -163,6 +163,7 @@ MAX_NAME_CHARS = 256  # ids, subjects, actors, types
 MAX_JSON_DEPTH = 32
 MAX_FILTER_BYTES = 4096  # a filter, serialized
 MAX_FILTER_TEXT_CHARS = 256
+MAX_HEARTBEAT_SECONDS = 31 * 86400  # a periodic source runs at least once a month
 MAX_FILTER_ALTERNATIVES = 16  # objects in a filter given as an array (each is matched against every row)
 MAX_DEFINITION_BYTES = 8192  # a monitor's definable fields, serialized (a configured row carries them)
 MAX_REASON_BYTES = 1024  # a seek, configuration, retire or lease reason or note

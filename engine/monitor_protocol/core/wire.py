@@ -132,7 +132,8 @@ def _int(text: str) -> int:
     if len(text) > 17 or abs(int(text)) > MAX_INTEGER:
         raise _refuse(
             f"The integer {text[:40]}{'...' if len(text) > 40 else ''} is beyond 2^53, which other JSON "
-            "clients cannot represent: send it as a string."
+            "clients cannot represent: a cursor, seq or count is at most 2^53, and a larger number in data is "
+            "sent as a string."
         )
     return int(text)
 
@@ -329,7 +330,10 @@ def _needs_walk(raw: bytes | str) -> bool:
 
 
 _SURROGATE = "A string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text: send UTF-8 text."
-_BEYOND = "An integer is beyond 2^53, which other JSON clients cannot represent: send it as a string."
+_BEYOND = (
+    "An integer is beyond 2^53, which other JSON clients cannot represent: a cursor, seq or count is at most "
+    "2^53, and a larger number in data is sent as a string."
+)
 _NAN = "NaN and Infinity are not JSON (RFC 8259): send a number, a string or null."
 
 

@@ -76,13 +76,16 @@ def append_protocol(
     return obs
 
 
-def reject(tx: Tx, monitor_id: str, error: ProtocolError, raw: Any, actor: Any) -> LoggedRefusal:
-    """P2: the refused payload is kept as evidence; the caller raises what this returns."""
+def reject(
+    tx: Tx, monitor_id: str, error: ProtocolError, raw: Any, actor: Any, *, fallback: str | None = None
+) -> LoggedRefusal:
+    """P2: the refused payload is kept as evidence; the caller raises what this returns. `actor` is who the
+    caller said it was; when that name is unusable, `fallback` (else the owner, the one caller of a publish)."""
     rec = tx.monitor(monitor_id)
     assert rec is not None
     reason = error.message if len(error.message) <= 1024 else error.message[:1021] + "..."
     if not isinstance(actor, str) or wire.problem(actor) or len(actor) > MAX_NAME_CHARS:
-        actor = rec.owner  # the claimed name was itself unusable; the refusal's raw keeps it
+        actor = fallback or rec.owner  # the claimed name was itself unusable; the refusal's raw keeps it
     obs = append_protocol(
         tx,
         monitor_id,

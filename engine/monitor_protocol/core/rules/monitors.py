@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor_protocol.core import filters, tokens
+from monitor_protocol.core import cron, filters, tokens
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import MONITOR_ACTIONS, MonitorStatus, monitor_next
 from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, Monitor, Subscription, evolve
@@ -26,6 +26,7 @@ from monitor_protocol.core.validation import (
     check_vocab,
     check_vocab_list,
     invalid,
+    json_kind,
     refuse_unknown,
     require_object,
 )
@@ -33,6 +34,8 @@ from monitor_protocol.core.vocab import (
     CAPABILITIES,
     HORIZONS,
     MAX_DEFINITION_BYTES,
+    MAX_HEARTBEAT_SECONDS,
+    MAX_INTEGER,
     MONITORS_PAGE_MAX,
     MONITORS_PAGE_SCAN,
     RULE_ACTION_PATTERN,
@@ -109,14 +112,12 @@ def validate_definition(
         elif key in ("capabilities", "default_grant"):
             value = check_vocab_list(value, CAPABILITIES, key)
         elif key == "cadence":
-            if not isinstance(value, dict):
-                raise invalid('cadence must be an object such as {"heartbeat_seconds": 60}.')
+            check_cadence(value)
         elif key in ("ttl_seconds", "retire_after_mute_seconds"):
             if value is not None:
                 value = as_int(value, key, minimum=1, text=False)
         elif key == "budget":
-            if value is not None and not isinstance(value, dict):
-                raise invalid("budget must be an object or null.")
+            check_budget(value)
         elif key == "visibility":
             check_vocab(value, VISIBILITIES, "visibility")
         elif key == "rules":
@@ -139,10 +140,7 @@ def validate_definition(
                 )
             value = list(dict.fromkeys(value))
         elif key == "limits":
-            if not isinstance(value, dict):
-                raise invalid("limits must be an object.")
-            if "observations_per_day" in value:
-                as_int(value["observations_per_day"], "limits.observations_per_day", minimum=1, text=False)
+            check_limits(value)
         rec[key] = value
     check_json_size(
         {k: rec.get(k) for k in DEFINITION_FIELDS}, "The monitor definition", MAX_DEFINITION_BYTES
@@ -154,6 +152,60 @@ def validate_definition(
             invalid=missing,
         )
     return rec
+
+
+def check_cadence(value: Any) -> None:
+    """`cadence` as the published schema types it (a served monitor must validate), checked when written
+    rather than when a source first runs: heartbeat_seconds an integer of seconds, schedule a cron
+    expression this server can run, event_driven a boolean. Other members are stored as given."""
+    if not isinstance(value, dict):
+        raise invalid('cadence must be an object such as {"heartbeat_seconds": 60}.')
+    if "heartbeat_seconds" in value:
+        as_int(
+            value["heartbeat_seconds"],
+            "cadence.heartbeat_seconds",
+            minimum=1,
+            maximum=MAX_HEARTBEAT_SECONDS,
+            text=False,
+        )
+    if "schedule" in value:
+        try:
+            cron.parse(value["schedule"])
+        except cron.CronError as exc:
+            raise invalid(str(exc)) from None
+    if "event_driven" in value and not isinstance(value["event_driven"], bool):
+        raise invalid("cadence.event_driven must be true or false.")
+
+
+def check_budget(value: Any) -> None:
+    """`budget`: null, or an object whose `currency` is a string and `per_day` a number (the published
+    schema), and whose `observations_per_minute` (a source's rate, section 12) is an integer of at least 1."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise invalid('budget must be an object such as {"per_day": 5, "currency": "USD"}, or null.')
+    if "currency" in value:
+        if not isinstance(value["currency"], str):
+            raise invalid('budget.currency must be a string such as "USD".')
+        check_name(value["currency"], "budget.currency", '"USD"')
+    per_day = value.get("per_day")
+    if "per_day" in value and (
+        isinstance(per_day, bool) or not isinstance(per_day, int | float) or not 0 <= per_day <= MAX_INTEGER
+    ):
+        raise invalid(f"budget.per_day must be a number from 0 to 2^53, not {json_kind(per_day)[:60]}.")
+    if "observations_per_minute" in value:
+        as_int(value["observations_per_minute"], "budget.observations_per_minute", minimum=1, text=False)
+
+
+def check_limits(value: Any) -> None:
+    """`limits`: an object; the two members this server reads are checked (section 4 of docs/protocol.md),
+    others are stored as given."""
+    if not isinstance(value, dict):
+        raise invalid('limits must be an object such as {"observations_per_day": 1000}.')
+    if "observations_per_day" in value:
+        as_int(value["observations_per_day"], "limits.observations_per_day", minimum=1, text=False)
+    if "require_evidence" in value and not isinstance(value["require_evidence"], bool):
+        raise invalid("limits.require_evidence must be true or false.")
 
 
 def registration_attested(core: ServiceCore, token: str | None, what: str = "create a monitor") -> bool:

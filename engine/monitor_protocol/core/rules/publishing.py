@@ -7,6 +7,7 @@ from typing import Any
 
 from monitor_protocol.core import timefmt, wire
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.lifecycles import MonitorStatus
 from monitor_protocol.core.records import (
     Counters,
     LastSeen,
@@ -297,7 +298,10 @@ def publish_item(
         if not rec.active:
             raise ProtocolError(
                 "UNAVAILABLE",
-                f"Monitor {rec.id} is {rec.status.value}; it accepts no observations until resumed.",
+                f"Monitor {rec.id} is paused; it accepts no observations until resumed."
+                if rec.status is MonitorStatus.PAUSED
+                else f"Monitor {rec.id} is {rec.status.value}, which is final: it accepts no more "
+                "observations (publish to another monitor).",
                 live=state.live_of(rec),
             )
         if not isinstance(body, dict):
