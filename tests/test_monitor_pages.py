@@ -8,6 +8,7 @@ import pytest
 from enginekit import STORE_KINDS, Harness, make_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from monitor_protocol.core import listing_seal
 from monitor_protocol.core.rules import monitors as monitors_rules
 from monitor_protocol.core.vocab import EXT_MONITOR_PAGES, MONITORS_PAGE_MAX, MONITORS_PAGE_SCAN
 from monitor_protocol.store.memory import MemoryStore
@@ -70,7 +71,8 @@ def test_the_pages_hold_each_visible_monitor_once_in_id_order(kinds, limit, who)
 @pytest.mark.parametrize("store_kind", STORE_KINDS)
 def test_a_listing_reads_a_bounded_number_of_records_and_says_where_to_go_on(store_kind, tmp_path):
     """2,100 private monitors before 3 public ones: an anonymous listing reads MONITORS_PAGE_SCAN records,
-    shows none and says where to go on; the next page finds the public ones. The owner of a private monitor
+    shows none and says where to go on, without naming the private monitor it stopped at (sealed: a tester
+    read private names through `next`); the next page finds the public ones. The owner of a private monitor
     among them finds it on the first page (positive control: the records are read, and filtered)."""
     h = Harness(make_store(store_kind, tmp_path))
     owner = None
@@ -92,12 +94,23 @@ def test_a_listing_reads_a_bounded_number_of_records_and_says_where_to_go_on(sto
     try:
         first = h.call("GET", "/monitors")
         assert first.status == 200
-        assert first.body["monitors"] == [] and first.body["next"] == f"p{MONITORS_PAGE_SCAN - 1:05d}"
+        assert first.body["monitors"] == [] and first.body["next"].startswith("~"), first.body["next"]
+        assert listing_seal.start_of(h.service.listing_key, first.body["next"]) == (
+            f"p{MONITORS_PAGE_SCAN - 1:05d}",
+            "",
+        )  # control: the sealed boundary is where the scan stopped
         assert MONITORS_PAGE_SCAN <= sum(reads) <= MONITORS_PAGE_SCAN + len(reads)  # (+1 a read: any more?)
         second = h.call("GET", "/monitors", query=[("after", first.body["next"])])
         assert [m["id"] for m in second.body["monitors"]] == ["q0", "q1", "q2"] and second.body[
             "next"
         ] is None
+        # sealed under another key (a restart, another server without the database's key): from the anchor
+        # again, so the listing still ends, reading the skipped records again
+        other = Harness(store)
+        again = other.call("GET", "/monitors", query=[("after", first.body["next"])])
+        assert again.body["monitors"] == [] and again.body["next"].startswith("~")
+        third = other.call("GET", "/monitors", query=[("after", again.body["next"])])
+        assert [m["id"] for m in third.body["monitors"]] == ["q0", "q1", "q2"], third.body
         mine = h.call("GET", "/monitors", token=owner, query=[("limit", "1")])
         assert [m["id"] for m in mine.body["monitors"]] == ["p00007"] and mine.body["next"] == "p00007"
     finally:
@@ -246,3 +259,27 @@ def test_a_small_limit_reads_the_store_in_whole_chunks(tmp_path):
         type(h.store).list_monitors_page = real
     assert r.status == 200 and r.body["monitors"] == [] and r.body["next"] is not None
     assert len(reads) <= -(-MONITORS_PAGE_SCAN // MONITORS_PAGE_MAX), reads  # 4 reads of 501, not 2,000
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    anchor=st.from_regex(r"[A-Za-z0-9_.-]{0,64}", fullmatch=True),
+    boundary=st.from_regex(r"[A-Za-z0-9_.-]{2,64}", fullmatch=True),
+)
+def test_a_sealed_boundary_opens_only_with_its_key_and_its_anchor(anchor, boundary):
+    """core/listing_seal.py: the boundary comes back under the same key; under another key, with the anchor
+    changed or a bit of the sealed part flipped, the page starts from the anchor (never from a forged id);
+    the sealed text never holds the boundary, and is one length whatever the boundary's."""
+    key = listing_seal.new_key()
+    token = listing_seal.seal(key, anchor, boundary)
+    assert listing_seal.start_of(key, token) == (boundary, anchor)
+    head, _, sealed = token.partition("~")
+    assert head == anchor and (len(boundary) < 12 or boundary not in sealed)  # shorter: by chance, maybe
+    assert listing_seal.seal(key, anchor, boundary) != token  # a nonce of its own each time
+    assert len(sealed) == len(listing_seal.seal(key, anchor, "ab").partition("~")[2])
+    assert listing_seal.start_of(listing_seal.new_key(), token) == (anchor, anchor)
+    forged = "zz" + token[len(anchor) :] if anchor != "zz" else "zy" + token[len(anchor) :]
+    assert listing_seal.start_of(key, forged)[0] == forged.partition("~")[0]
+    flipped = token[:-3] + ("A" if token[-3] != "A" else "B") + token[-2:]
+    assert listing_seal.start_of(key, flipped) == (anchor, anchor)
+    assert listing_seal.start_of(key, anchor + "~not base64!") == (anchor, anchor)

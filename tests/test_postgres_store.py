@@ -260,3 +260,24 @@ def test_a_database_that_cannot_be_reached_is_one_line_naming_it_once(tmp_path):
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("mp serve: cannot open the database: cannot connect to PostgreSQL at ")
     assert done.stderr.count(url) == 1 and "refused" in done.stderr and "OperationalError" not in done.stderr
+
+
+def test_every_server_on_a_database_seals_a_listing_with_one_key(pg_url):
+    """A monitors listing's `next` that stops at a monitor the caller may not see is sealed
+    (core/listing_seal.py); the key is the database's (mp_meta), so the next page may go to any server on it.
+    Positive control: a memory store's key is its process's own, and differs from the database's."""
+    from monitor_protocol.core import listing_seal
+    from monitor_protocol.store.memory import MemoryStore
+
+    first, second = PostgresStore(pg_url), PostgresStore(pg_url)
+    try:
+        assert first.listing_key is not None and len(first.listing_key) == 32
+        assert second.listing_key == first.listing_key
+        a, b = MonitorService(first), MonitorService(second)
+        assert a.listing_key == b.listing_key == first.listing_key
+        sealed = listing_seal.seal(a.listing_key, "", "p01999")
+        assert listing_seal.start_of(b.listing_key, sealed) == ("p01999", "")
+        assert MonitorService(MemoryStore()).listing_key != a.listing_key
+    finally:
+        first.close()
+        second.close()

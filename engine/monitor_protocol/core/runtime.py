@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from monitor_protocol import __version__
+from monitor_protocol.core import listing_seal
 from monitor_protocol.core.errors import ProtocolError, storage_unavailable
 from monitor_protocol.core.lanes import lane_local
 from monitor_protocol.core.lifecycles import MonitorStatus
@@ -129,6 +130,9 @@ class ServiceCore(ABC):
         self.feeds = SERVER_FEEDS if feeds is None else feeds
         self.clock = clock
         self.registration_token = registration_token
+        # seals a monitors listing's `next` that names a monitor the caller may not see (core/listing_seal.py):
+        # the store's own when it keeps one for every server on it, else this process's
+        self.listing_key: bytes = getattr(store, "listing_key", None) or listing_seal.new_key()
         self.default_retire_after_mute = retire_after_mute_seconds or DEFAULT_RETIRE_AFTER_MUTE_SECONDS
         self._listeners: list[Listener] = []
         self._next_deadline: float | None = None  # recomputed by sweep(); None = nothing is due

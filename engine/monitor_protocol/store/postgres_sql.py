@@ -407,3 +407,7 @@ def _rows_of(changes: Changes) -> dict[str, list[tuple[Any, ...]]]:
         "leases": leases,
         "publish_keys": [(k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys],
     }
+
+
+# The listing key (store/postgres.py _shared_listing_key): made once, by whichever server comes first.
+LISTING_KEY_SQL = "INSERT INTO mp_meta (key, value) VALUES ('listing_key', $1) ON CONFLICT (key) DO NOTHING"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor_protocol.core import cron, filters, tokens
+from monitor_protocol.core import cron, filters, listing_seal, tokens
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import MONITOR_ACTIONS, MonitorStatus, monitor_next
 from monitor_protocol.core.records import DEFINITION_FIELDS, Counters, Monitor, Subscription, evolve
@@ -333,9 +333,11 @@ def list_monitors(
 ) -> dict[str, Any]:
     """The monitors this token may see, by id, a page at a time (this server's extension, EXT_MONITOR_PAGES):
     at most `limit` of them past the id `after`, reading at most MONITORS_PAGE_SCAN records. `next` is the
-    `after` of the next page, null once the listing is whole."""
+    `after` of the next page, null once the listing is whole; where the page ended on a monitor the caller
+    may not see, its id is sealed (core/listing_seal.py)."""
     lim = MONITORS_PAGE_MAX if limit is None else as_int(limit, "limit", minimum=1, maximum=MONITORS_PAGE_MAX)
-    start = "" if after is None else check_name(after, "after", "the `next` of the previous page")
+    asked = "" if after is None else check_name(after, "after", "the `next` of the previous page")
+    start, anchor = listing_seal.start_of(core.listing_key, asked)
     viewer = Viewer(tx, token)
     shown: list[dict[str, Any]] = []
     left = MONITORS_PAGE_SCAN
@@ -346,13 +348,15 @@ def list_monitors(
         for i, m in enumerate(page):
             if viewer.sees(m):
                 shown.append(m.to_wire())
+                anchor = m.id
                 if len(shown) == lim:
                     return _listing(shown, m.id if more or i + 1 < len(page) else None, token)
         if not more:  # the whole listing is read
             return _listing(shown, None, token)
         start = page[-1].id
         if left <= 0:  # as many records as one call may read: the caller goes on from here
-            return _listing(shown, start, token)
+            boundary = start if start == anchor else listing_seal.seal(core.listing_key, anchor, start)
+            return _listing(shown, boundary, token)
 
 
 def _listing(shown: list[dict[str, Any]], after: str | None, token: str | None) -> dict[str, Any]:
