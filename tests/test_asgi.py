@@ -409,6 +409,65 @@ async def test_sse_heartbeats_follows_appends_and_stops_on_disconnect(served):
     assert info.json()["cursor"] == 0
 
 
+async def test_sse_a_heartbeat_whose_token_check_is_refused_ends_the_stream_with_an_error_event(
+    served, caplog, monkeypatch
+):
+    """Found by a tester: the heartbeat's check of the reader's token (MonitorService.touch) raised its refusal
+    out of the stream, so a token renewed while the stream idled was logged as a server failure (an incident
+    and a traceback) and the stream ended without a word, after one more heartbeat. Now the stream ends with
+    the refusal as an `error` event. The touch is refused here without an append, which would wake the
+    stream's replay first (whose 401 was already an `error` event)."""
+    owner, sub, reader = await setup_feed(served)
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers={"authorization": f"Bearer {reader}"})
+    task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+
+    def refused(*_args, **_kwargs):
+        raise ProtocolError("UNAUTHORIZED", "This needs the subscription's reader token.", needs="reader_token")
+
+    monkeypatch.setattr(served.service, "touch", refused)
+    beats = stream.text.count("event: heartbeat")
+    await asyncio.wait_for(task, HANG_GUARD)  # it ends by itself, at the next heartbeat
+    ((_, error),) = _events(stream.text, "error")
+    assert error["code"] == "UNAUTHORIZED", error
+    assert stream.text.count("event: heartbeat") == beats  # none sent once the token was refused
+    assert "unexpected failure" not in caplog.text and "incident" not in caplog.text
+    assert stream.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+async def test_sse_a_last_event_id_past_the_head_goes_on_from_the_head(served):
+    """Found by a tester: Last-Event-ID (or ?cursor=) past the head was kept, and the stream stayed silent
+    until the log reached it (a client's id from a log since restored from a backup misses everything new).
+    It goes on from head + 1, as a pull's `next` does; the control: an id inside the log resumes after it."""
+    owner, sub, reader = await setup_feed(served)
+    first = await publish(served, owner, "one")
+    for headers in ({"last-event-id": "5000"}, {}):
+        query = "cursor=5000" if not headers else ""
+        stream = Conn(
+            "GET",
+            f"/mp/v0/subscriptions/{sub}/stream",
+            query=query,
+            headers={"authorization": f"Bearer {reader}", **headers},
+        )
+        task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+        await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+        live = await publish(served, owner, "live")
+        await asyncio.wait_for(stream.wait_for(lambda c, s=live["seq"]: f"id: {s}\n" in c.text), HANG_GUARD)
+        stream.disconnect()
+        await asyncio.wait_for(task, HANG_GUARD)
+        assert [int(i) for i, _ in _events(stream.text, "observation")] == [live["seq"]]
+    control = Conn(
+        "GET",
+        f"/mp/v0/subscriptions/{sub}/stream",
+        headers={"authorization": f"Bearer {reader}", "last-event-id": str(first["seq"] - 1)},
+    )
+    task = asyncio.ensure_future(served(control.scope, control.receive, control.send))
+    await asyncio.wait_for(control.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
+    control.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
+    assert [int(i) for i, _ in _events(control.text, "observation")][0] == first["seq"]
+
+
 def _events(text: str, kind: str) -> list[tuple[str | None, dict]]:
     """The stream's events of one kind: (id or None, data)."""
     found = []

@@ -108,16 +108,23 @@ async def _follow(
         observations = page.body.get("observations") or []
         if observations:
             await _chunk(send, "".join(_sse_observation(o) for o in observations))
-        cursor = max(cursor, _int(page.body.get("next"), cursor))
+        # the page's next, as a pull's: past the head (a Last-Event-ID or ?cursor= from a log since restored
+        # from a backup, say) it is head + 1, where the next append will be, not the far cursor asked for
+        cursor = _int(page.body.get("next"), cursor)
         if cursor > _int(page.body.get("head"), 0):
             # Caught up: sleep until an append to this monitor or the next heartbeat.
             await app.waiters.wait(monitor, mark, next_beat - loop.time(), stop=gone)
             if gone.done() or app.draining:
                 return
         if loop.time() >= next_beat:
+            # A reader following by stream is consuming (P6), though the stream never commits; a token renewed
+            # or revoked meanwhile ends the stream with the refusal, as a replay's would
+            try:
+                await app.engine.call(app.service.touch, sub_id, bearer(request))
+            except ProtocolError as err:
+                await _chunk(send, _sse("error", err.body()))
+                return
             await _chunk(send, _sse("heartbeat", {"cursor": cursor, "time": _now_iso()}))
-            # A reader following by stream is consuming (P6), though the stream never commits.
-            await app.engine.call(app.service.touch, sub_id, bearer(request))
             next_beat = loop.time() + app.heartbeat_seconds
         page, mark = await app.handle_marked(_replay(request, sub_id, cursor))
 
