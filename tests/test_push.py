@@ -538,6 +538,7 @@ REFUSED = [
     ("http:///hook", "no host"),
     ("http://[::1/hook", "not a valid URL"),
     ("http://example.com:99999/hook", "not a valid URL"),
+    ("http://example.com:0/hook", "port 0"),  # found by a tester: accepted, and failed at every delivery
 ]
 ACCEPTED = [
     "https://example.com/hook",

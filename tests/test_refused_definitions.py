@@ -166,3 +166,15 @@ def test_the_sentences_say_what_to_send(h):
     r = h.publish("cd", other)
     assert r.status == 409 and "until resumed" in r.body["error"], r.body
     assert h.call("POST", "/monitors/cd/resume", {"reason": "go"}, other).status == 200
+
+
+@pytest.mark.parametrize("given", [0, "", {}, False])
+def test_a_falsy_was_derived_from_is_refused_not_read_as_none(h, given):
+    """Found by a tester: 0, "" and {} were stored as [] (201), while "x" was refused (P11: never a silent
+    pass). Controls: absent, null and [] are derived from nothing."""
+    owner = h.monitor("ci")
+    r = h.publish("ci", owner, wasDerivedFrom=given)
+    assert r.status == 400 and "wasDerivedFrom must be an array" in r.body["error"], r.body
+    for fine in ({}, {"wasDerivedFrom": None}, {"wasDerivedFrom": []}):
+        r = h.publish("ci", owner, **fine)
+        assert r.status == 201 and r.body["observation"]["data"]["provenance"]["wasDerivedFrom"] == [], r.body

@@ -225,9 +225,11 @@ def sink_refusal(
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         host = parts.hostname
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+        port = parts.port  # raises ValueError on a port that is not a number in range
     except ValueError as exc:
         return f"the sink {url!r} is not a valid URL ({exc}); send an https:// or http:// URL"
+    if port == 0:  # nothing listens on port 0: a connection there fails at every delivery
+        return f"the sink {url!r} names port 0, where nothing can listen; send the port the sink listens on"
     if scheme not in SCHEMES:
         return (
             f"sink scheme {scheme or '(none)'!r} is not allowed; push sinks must be https:// or http:// URLs"

@@ -490,15 +490,15 @@ def validate_publish(tx: Tx, rec: Monitor, body: dict[str, Any], *, head: int | 
         check_name(source_ref, "source_ref", '"build-412"')
     if rule is not None:
         check_name(rule, "rule", '"build-412"')
-    derived = body.get("wasDerivedFrom") or []
-    if derived:
+    derived = body.get("wasDerivedFrom")
+    if derived is None:  # absent or null: derived from nothing; 0, "" or {} are refused (P11), not read as []
+        derived = []
+    if derived != []:
         if not isinstance(derived, list) or len(derived) > MAX_REFERENCES:
             raise invalid(
                 f'wasDerivedFrom must be an array of at most {MAX_REFERENCES} {{"source", "id"}} objects.'
             )
         derived = [_reference(rec, item, "wasDerivedFrom") for item in derived]
-    else:
-        derived = []
     supersedes = body.get("supersedes")
     if supersedes is not None:
         supersedes = _reference(rec, supersedes, "supersedes", head=rec.head if head is None else head)
