@@ -652,3 +652,40 @@ def test_manual_ack_marking_after_a_down_reaches_only_what_was_printed() -> None
             assert flagged == (subject in seen), f"{subject}: {line}"  # flagged exactly when printed before
             seen.add(subject)
     assert {"a", "b", "c"} <= seen, printed
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a file every write to fails)")
+def test_stdout_that_cannot_be_written_is_one_sentence_and_acknowledges_nothing(tmp_path: Path) -> None:
+    """Found by a tester: `mp watch > /dev/full`, `mp pull > /dev/full` and `mp watch >&-` ended in tracebacks.
+    Now one `error: OUTPUT:` line and status 1, and the watch acknowledged nothing it could not print.
+    Control: the same watch with somewhere to print prints and acknowledges."""
+    base, proc = start_server(tmp_path)
+    try:
+        owner, sid, reader = setup_feed(base)
+        seqs = publish(base, owner, "a", "b")
+        start = committed(base, sid, reader)
+        watch = mp_command("watch", sid, "--token", reader, "--base", base, "--wait", "1", "--once")
+        pull = mp_command("pull", sid, "--token", reader, "--base", base)
+        for cmd, stdout in ((watch, "full"), (pull, "full"), (watch, "closed")):
+            if stdout == "full":
+                with open("/dev/full", "w") as full:
+                    done = subprocess.run(
+                        cmd, stdout=full, stderr=subprocess.PIPE, text=True, env=mp_env(), timeout=60
+                    )
+            else:  # started with descriptor 1 closed (`>&-`)
+                done = subprocess.run(
+                    ["sh", "-c", 'exec "$@" >&-', "sh", *cmd],
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=mp_env(),
+                    timeout=60,
+                )
+            assert done.returncode == 1, (cmd, stdout, done.stderr)
+            assert "Traceback" not in done.stderr and done.stderr.startswith("error: OUTPUT: "), done.stderr
+            assert done.stderr.count("\n") == 1, done.stderr
+        assert committed(base, sid, reader) == start  # nothing acknowledged that was not printed
+        ok = subprocess.run(watch, capture_output=True, text=True, env=mp_env(), timeout=60)
+        assert ok.returncode == 0 and all(f"seq={s}" in ok.stdout or str(s) in ok.stdout for s in seqs), ok
+        assert committed(base, sid, reader) == seqs[-1] + 1
+    finally:
+        stop_server(proc)

@@ -7,11 +7,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
 
-from monitor_protocol.cli.client_cmds import EXIT_INTERRUPTED, EXIT_PIPE, EXIT_STATUS_HELP, EXIT_USAGE
+from monitor_protocol.cli.client_cmds import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PIPE,
+    EXIT_STATUS_HELP,
+    EXIT_USAGE,
+)
 
 # subcommand -> module under monitor_protocol.cli exposing add_arguments(parser) and run(args) -> int
 COMMANDS: dict[str, str] = {
@@ -92,7 +99,14 @@ def _stdout_gone() -> int:
     return EXIT_PIPE
 
 
+# A write to stdout that fails for want of room or of a file: one sentence, never a traceback.
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF})
+
+
 def main(argv: list[str] | None = None) -> int:
+    if sys.stdout is None:  # started with stdout closed (`mp watch >&-`): what it read would go nowhere
+        sys.stderr.write("error: OUTPUT: stdout is closed: give mp somewhere to print (a file, a pipe)\n")
+        return EXIT_FAILED
     try:
         try:
             status = _run(argv)
@@ -105,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         return _stdout_gone()
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        # `mp watch > /dev/full`: a line that could not be written was not acknowledged (mp watch acks what
+        # it has printed), so the next run prints it again
+        sys.stderr.write(f"error: OUTPUT: stdout cannot be written ({exc.strerror}); stopped\n")
+        _stdout_gone()  # and no second failure (a traceback) at exit's final flush
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

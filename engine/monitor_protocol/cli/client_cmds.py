@@ -45,7 +45,8 @@ UNREACHABLE = "UNREACHABLE"  # the `code` of the JSON printed for a network fail
 EXIT_STATUS_HELP = """\
 exit status (client commands: publish, subscribe, pull, ack, seek, state, monitors, lease, watch, probe):
   0    success
-  1    unexpected failure: a reply that is not the protocol's (e.g. a proxy's error page)
+  1    unexpected failure: a reply that is not the protocol's (e.g. a proxy's error page), or stdout
+       cannot be written (closed at start, a full disk: `error: OUTPUT: ...`)
   2    usage: bad arguments or options, or no token for publish, pull, ack, seek or lease; nothing
        was sent
   3    refused by the server: a protocol error other than the two below
