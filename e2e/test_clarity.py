@@ -130,11 +130,19 @@ def test_every_story_step_shows_what_it_talks_about(any_browser):
         assert page.inner_text("#story-count") == f"Step {n} of 13"
         page.evaluate("window.scrollTo(0, 0)")  # the reader is at the step's text, where Do it is
         if n == 12:  # item 6: "Reload the page" reloads it, for real, and the Story says what it kept
+            head = int(re.search(r"head (\d+)", page.inner_text("#log-head")).group(1))
+            # with another monitor picked in the Playground first: the Story counts its own monitor's rows
+            page.click("#tabbtn-playground")
+            page.click("#btn-define-ci")
+            page.wait_for_function("document.querySelector('#monitor-pick').value === 'ci'", timeout=BOOT_MS)
+            page.click("#tabbtn-story")
             assert page.is_visible("#story-reload")
             page.click("#story-reload")
             page.wait_for_selector("#story-answer[data-reloaded='1']", timeout=BOOT_MS)
             said = page.inner_text("#story-answer")
             assert "Reloaded. Everything is still here" in said and "builds monitor" in said, said
+            assert f"builds monitor with its {head} rows" in said, (head, said)
+            assert page.input_value("#monitor-pick") == "builds"  # and shows it again
             assert "1 reader(s) and 2 worker(s) with their cursors" in said, said  # every subscription
             assert page.inner_text("#story-count") == "Step 12 of 13"
         act(page, "#story-do")
@@ -537,3 +545,19 @@ def test_lease_seconds_that_are_not_whole_are_refused_not_rewritten(browser):
     act(page, claim)
     assert page.get_attribute("#lease-answer", "data-status") == "201"
     assert "for 30 s" in page.inner_text("#lease-answer")
+
+
+def test_every_field_on_a_phone_is_a_tap_target(phone_browser):
+    """WCAG 2.2 (2.5.8): each control at least 24 x 24 CSS px on a touch screen; the Playground's fields (type,
+    subject, tier, origin, actor...) were 23 px tall (found by a tester)."""
+    page = open_page(phone_browser)
+    for name in ("playground", "curl", "conformance", "story"):
+        tab(page, name)
+        small = page.evaluate(
+            """() => [...document.querySelectorAll('input, select, textarea, button')]
+                 .filter(e => e.offsetParent !== null && e.type !== 'hidden')
+                 .map(e => ({id: e.id || e.name || e.textContent.trim().slice(0, 20),
+                             h: e.getBoundingClientRect().height, w: e.getBoundingClientRect().width}))
+                 .filter(r => r.h < 24 || r.w < 24)"""
+        )
+        assert small == [], (name, small)

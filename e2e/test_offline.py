@@ -65,12 +65,12 @@ def act(page, selector: str) -> None:
 
 
 def wait_kept(page, *paths: str) -> list[str]:
-    """Until the service worker has kept these files (it keeps what the page loaded once it is ready): the
-    paths it keeps."""
+    """Until the service worker has kept these files (it keeps what the page loaded once it is ready; a path
+    ending in * is a prefix): the paths it keeps."""
     deadline = time.monotonic() + ACT_MS / 1000
     while True:
         kept = page.evaluate(KEPT)
-        if all(p in kept for p in paths):
+        if all(any(k.startswith(p[:-1]) for k in kept) if p.endswith("*") else p in kept for p in paths):
             return kept
         assert time.monotonic() < deadline, f"the service worker kept only {sorted(kept)}"
         page.wait_for_timeout(200)
@@ -88,6 +88,12 @@ def test_a_reload_with_the_server_gone_comes_back_from_the_kept_files(own_site):
     assert len(rows) >= 3, rows
     kept = wait_kept(page, "/", "/boot.js", "/styles.css", "/main.py", "/pyodide/pyodide.asm.wasm")
     assert not any(p.startswith("/mp/v0") for p in kept), kept  # the engine's answers are never kept
+    # the Conformance tab loads jsonschema when it first runs, after the page was ready: kept then
+    page.click("#tabbtn-conformance")
+    act(page, "#conf-btn")
+    assert page.get_attribute("#conf-total", "data-failed") == "0"
+    wait_kept(page, "/pyodide/jsonschema-*")
+    page.click("#tabbtn-story")
 
     own_site.stop_server()
     page.reload()
@@ -97,6 +103,9 @@ def test_a_reload_with_the_server_gone_comes_back_from_the_kept_files(own_site):
     act(page, "#story-next")
     act(page, "#story-do")  # 3. the engine runs offline: a reader subscribes
     assert page.get_attribute("#story-answer", "data-status") == "201"
+    page.click("#tabbtn-conformance")  # and the suite runs, from jsonschema's kept files
+    act(page, "#conf-btn")
+    assert page.get_attribute("#conf-total", "data-failed") == "0", page.inner_text("#conf-total")
     # The browser stops an idle worker, and what it knew of this page (served from the copies) goes with it:
     # a file the page asks for later still comes from the copies (the network first, then the copy)
     cdp = page.context.new_cdp_session(page)

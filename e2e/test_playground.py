@@ -604,10 +604,15 @@ def test_second_tab_fetches_through_the_service_worker(browser):
 
 def test_two_tabs_never_fork_the_log(browser):
     first = open_playground(browser)
-    act(first, "#story-do")
     second = open_playground(browser)
+    act(first, "#story-do")
     assert chip(second) == "ready · another tab owns the engine"
     assert second.is_disabled("#reset-btn")  # only the owner tab may wipe the log
+    # each tab keeps its own place in the Story: the second one's step 1 says the first tab made the monitor
+    # (it said "Try Do it again", and then "you created it before")
+    act(second, "#story-do")
+    said = second.inner_text("#story-answer")
+    assert "another tab of this playground made it" in said and "Try Do it again" not in said, said
     tab(second, "playground")
     act(second, "button[data-preset='probe']")
     act(second, "#btn-publish")  # forwarded to the owner tab through the service worker
@@ -668,7 +673,7 @@ def test_conformance_offline_says_so_in_the_tab_and_nowhere_else(browser):
     try:
         act(page, "#conf-btn")
         said = page.inner_text("#conf-total")
-        assert said.startswith("FAILED: jsonschema could not be loaded from this site"), said
+        assert said.startswith("Not run: jsonschema could not be loaded from this site"), said
         assert page.locator(".py-error").count() == 0
     finally:
         page.context.set_offline(False)
@@ -742,6 +747,8 @@ def test_service_worker_without_an_engine_tab_answers_503(browser):
     assert reply["status"] == 503
     assert reply["body"]["code"] == "UNAVAILABLE"
     assert "Open the playground" in reply["body"]["error"]
+    # the reason is that none is open: the JSON file's tab, which was asked, is no playground that failed
+    assert "no playground tab is open" in reply["body"]["error"], reply["body"]
     # positive control: with a playground tab open again, the same fetch is answered by its engine
     open_playground(browser)
     again = other.evaluate("async () => (await fetch('/mp/v0/discover')).status")

@@ -4,6 +4,7 @@ append, and the admin door is the page's alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from monitor_protocol.doors.browser import EngineHost
@@ -113,3 +114,25 @@ async def test_a_reload_shows_the_last_pull_as_it_was():
     server.pull(sid, token)
     assert server_store.get_subscription(sid).last_pull == stored  # remembered, not written yet
     assert server.alive(server_store.get_subscription(sid)).last_pull == now[0]
+
+
+async def test_a_service_worker_request_path_is_read_percent_decoded_as_mp_serve_reads_it():
+    """The shim hands over the URL's path as the browser has it (percent-encoded): `/monitors/c%69/state` is
+    the monitor `ci`, as over HTTP, and a 404 names what was asked for decoded; an encoded slash stays data
+    inside its segment (doors/http/targets.py), never a route."""
+    from monitor_protocol.doors.browser import parse_shim_request
+
+    host = EngineHost()
+    owner, _sub, _reader = await _feed(host)
+
+    def via_shim(path: str):
+        method, decoded, query, headers, body = parse_shim_request(
+            json.dumps({"method": "GET", "path": path, "headers": {"authorization": f"Bearer {owner}"}})
+        )
+        return host.call(method, decoded, query=query, headers=headers, raw_body=body)
+
+    assert (await via_shim("/monitors/c%69/state")).status == 200
+    missing = await via_shim("/monitors/%3Cb%20x%3E/state")
+    assert missing.status == 404 and "'<b x>'" in missing.body["error"], missing.body
+    assert (await via_shim("/monitors/ci%2Fstate")).status == 404  # not the route /monitors/ci/state
+    assert (await via_shim("/monitors/ci/state")).status == 200  # control

@@ -180,7 +180,7 @@ async def main() -> None:
     await refresh()
     await console.setup()
     await remote.setup()
-    story.setup()
+    await story.setup()
     doc.addEventListener("click", create_proxy(on_click))
     el("monitor-pick").addEventListener(
         "change", create_proxy(lambda e: ui.run_task(actions.pick(str(e.target.value))))

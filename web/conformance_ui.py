@@ -31,11 +31,12 @@ async def run_conformance(_el) -> None:
     if loaded is not None and len(loaded.to_py()) == 0 and not _has_jsonschema():
         why = next((line for line in said if "fail" in line.lower()), said[-1] if said else "")
         total.textContent = (
-            "FAILED: jsonschema could not be loaded from this site (it is fetched the first time the suite runs: "
-            f"offline? run it again once online){': ' + why if why else ''}"
+            "Not run: jsonschema could not be loaded from this site (it is fetched the first time the suite "
+            f"runs: offline? run it again once online){': ' + why if why else ''}"
         )
         btn.disabled = False
         return
+    js.MP.keepLoaded()  # the service worker keeps jsonschema's files too: the suite runs offline from now on
     from monitor_protocol.conformance import run_suite
     from monitor_protocol.conformance.inprocess import InProcessTransport
 

@@ -116,10 +116,21 @@ def to_origin(url: str, origin: str) -> str:
 
 
 def _protocol_path(path: str) -> str:
+    shown = path if len(path) <= 80 else path[:77] + "..."
+    route = re.split(r"[?#]", path, maxsplit=1)[0]
+    # a . or .. segment (spelt %2e too) would step out of /mp/v0 once the browser resolves the URL
+    if any(seg.lower().replace("%2e", ".") in (".", "..") for seg in route.split("/")):
+        raise CurlError(
+            f"curl: {shown} has a . or .. segment, which would leave /mp/v0, where the protocol is: name the "
+            "route itself, such as $MP/discover ($MP is http://localhost:8130/mp/v0)"
+        )
     if path == "/mp/v0" or path.startswith(("/mp/v0/", "/mp/v0?")):
         return path
-    shown = path if len(path) <= 80 else path[:77] + "..."
-    instead = "$MP/discover" if path == "/" or len(path) > 80 else f"$MP{path}"
+    rest = path.split("/", 3)[3] if path.startswith("/mp/") and path.count("/") >= 3 else None
+    if rest is not None:  # /mp/v0x/discover, /mp/v1/discover: the route after the wrong prefix
+        instead = f"$MP/{rest}" if rest and len(rest) <= 80 else "$MP/discover"
+    else:
+        instead = "$MP/discover" if path == "/" or len(path) > 80 else f"$MP{path}"
     raise CurlError(
         f"curl: {shown} is not under /mp/v0, where the protocol is: try {instead} "
         "($MP is http://localhost:8130/mp/v0)"

@@ -204,6 +204,12 @@ async def ensure_reader(pairs: list) -> m.Reader | None:
     return rd
 
 
+MADE_ELSEWHERE = (
+    "The builds monitor already exists: another tab of this playground made it, and its owner token is in that "
+    "tab. Go on there, or Reset (top bar) to start over in both."
+)
+
+
 async def do(step: Step) -> tuple[list, str]:
     """Run one step's action; returns the calls' answers and a sentence about what happened."""
     pairs: list = []
@@ -212,8 +218,23 @@ async def do(step: Step) -> tuple[list, str]:
         if m.STORY_MONITOR in m.S.owners and m.PIC.exists(m.STORY_MONITOR):
             a.select(m.STORY_MONITOR)
             await ui.refresh()
-            return [], "The builds monitor already exists (you created it before): it is on screen."
+            return (
+                [],
+                "The builds monitor already exists (made earlier, in this tab or another): it is on screen.",
+            )
         r = await a.define({"id": m.STORY_MONITOR, **a.CI_MONITOR}, answer="define-answer")
+        if r.status == 409 and isinstance(r.body, dict) and r.body.get("code") == "DUPLICATE":
+            # Another tab made it: the tabs share one engine and log, each keeps its own place in the Story
+            await ui.refresh()
+            if m.STORY_MONITOR in m.S.owners:
+                a.select(m.STORY_MONITOR)
+                await ui.refresh()
+                return [], (
+                    "The builds monitor already exists: another tab of this playground made it, and the tabs "
+                    "share one log. It is on screen; press Next."
+                )
+            pairs.append(("create the builds monitor", r))
+            return pairs, MADE_ELSEWHERE
         pairs.append(("create the builds monitor", r))
         say = "Created. Here is its owner token, the only time it is shown:" if r.ok else ""
         return pairs, say
@@ -344,7 +365,7 @@ async def story_do(_el) -> None:
         return
     pairs, say = await do(STEPS[i])
     failed = [t for t, r in pairs if not as_the_step_says(t, r)]
-    if failed:
+    if failed and say != MADE_ELSEWHERE:
         say = f"That did not go as the step says ({', '.join(failed)}): the answer says why. Try Do it again."
         halted = await story_monitor_halted()
         if halted:
@@ -523,9 +544,9 @@ async def story_unfold(button) -> None:
     render()
 
 
-def setup() -> None:
+async def setup() -> None:
     """The phone's step dock shows while the step's own buttons are off screen; after step 12's reload,
-    the Story says what the reload kept."""
+    the Story shows its own monitor again and says what the reload kept."""
     from pyodide.ffi import create_proxy
 
     def seen(entries, _observer) -> None:
@@ -538,6 +559,8 @@ def setup() -> None:
     reloaded = js.sessionStorage.getItem(RELOADED_KEY)
     if reloaded:
         js.sessionStorage.removeItem(RELOADED_KEY)
+        if m.STORY_MONITOR in m.S.owners and m.PIC.exists(m.STORY_MONITOR):
+            await ensure_monitor()  # the Playground may have picked another monitor before the reload
         readers = len([r for r in m.S.readers.values() if r.monitor == m.STORY_MONITOR])
         workers = len([w for w in m.S.workers.values() if w.monitor == m.STORY_MONITOR])
         rows = int(((m.PIC.monitor or {}).get("monitor") or {}).get("head") or 0)
@@ -545,6 +568,7 @@ def setup() -> None:
         ui.note(
             "story-answer",
             f"Reloaded. Everything is still here, read back from IndexedDB: the builds monitor with its "
-            f"{rows} rows, {subs} with their cursors, and the tokens. Now Do it pauses the monitor.",
+            f"{rows} row{'' if rows == 1 else 's'}, {subs} with their cursors, and the tokens. Now Do it pauses "
+            "the monitor.",
         )
         el("story-answer").setAttribute("data-reloaded", "1")

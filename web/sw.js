@@ -191,12 +191,20 @@ async function forward(request, url, clientId) {
   const timeout = 5000 + Math.min(wait, 50) * 1000;
   const asker = clientId ? await self.clients.get(clientId) : null;
   let ns = asker && asker.type === "worker" ? new URL(asker.url).searchParams.get("mp-ns") || "" : null;
-  const windows = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
+  // A tab showing an answer of /mp/v0 itself (a JSON document) has no engine and no listener: asking it
+  // would only wait out the timeout.
+  const windows = (await self.clients.matchAll({ type: "window", includeUncontrolled: true })).filter(
+    (c) => {
+      const path = new URL(c.url).pathname;
+      return path !== API && !path.startsWith(API + "/");
+    },
+  );
   let reason = "no playground tab is open";
   let silent = false; // a tab did not answer in time: it may still apply the request
   const answer = (reply, client) => {
     if (reply.noAnswer) {
-      reason = "the playground tab did not answer";
+      // only a page that said hello at start is known to be a playground (a JSON file's tab never answers)
+      if (clientNs.has(client.id)) reason = "the playground tab did not answer";
       silent = true;
     } else if (reply.notReady) reason = "the playground is still starting";
     if (!reply.status || reply.notReady) return null;

@@ -24,6 +24,7 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.rules import importing
 from monitor_protocol.core.service import Feeds, MonitorService
 from monitor_protocol.doors import parking
+from monitor_protocol.doors.http.targets import decoded_path
 from monitor_protocol.doors.parking import Waiters
 from monitor_protocol.store.memory import MemoryStore
 
@@ -58,7 +59,9 @@ def parse_shim_request(text: str) -> tuple[str, str, list[tuple[str, str]], dict
     }
     query = [(str(k), str(v)) for k, v in (msg.get("query") or [])]
     body = (msg.get("body") or "").encode()
-    return str(msg.get("method") or "GET").upper(), str(msg.get("path") or "/"), query, headers, body
+    # the URL's path as the browser gives it, percent-encoded: read as mp serve reads a request's target
+    path = decoded_path(str(msg.get("path") or "/"))
+    return str(msg.get("method") or "GET").upper(), path, query, headers, body
 
 
 class EngineHost:
