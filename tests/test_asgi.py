@@ -423,7 +423,9 @@ async def test_sse_a_heartbeat_whose_token_check_is_refused_ends_the_stream_with
     await asyncio.wait_for(stream.wait_for(lambda c: "event: heartbeat" in c.text), HANG_GUARD)
 
     def refused(*_args, **_kwargs):
-        raise ProtocolError("UNAUTHORIZED", "This needs the subscription's reader token.", needs="reader_token")
+        raise ProtocolError(
+            "UNAUTHORIZED", "This needs the subscription's reader token.", needs="reader_token"
+        )
 
     monkeypatch.setattr(served.service, "touch", refused)
     beats = stream.text.count("event: heartbeat")

@@ -566,3 +566,20 @@ def test_pull_wait_is_whole_seconds(base: str) -> None:
         with pytest.raises(NotFound):
             c.pull("sub-0123456789abcdef", wait=0)  # an int goes through
         assert len(counting.bodies) == 1
+
+
+def test_publish_data_and_rpc_params_must_be_mappings(base: str) -> None:
+    """Found by a tester: data=[("status", "failed")] was published as {"status": "failed"} (dict() guessed),
+    and data="abc" or 5 failed with a sentence about sequences. A TypeError naming the argument, before
+    anything is sent; the control: a dict goes through."""
+    counting = LoseFirstReplies()
+    with Client(base, "no-token", transport=counting) as c:
+        for bad in ([("status", "failed")], "abc", 5, [1, 2]):
+            with pytest.raises(TypeError, match="publish: data must be a mapping"):
+                c.publish("nowhere", TYPE, data=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="rpc: params must be a mapping"):
+            c.rpc("monitors/get", [1])  # type: ignore[arg-type]
+        assert counting.bodies == []  # refused before anything was sent
+        with pytest.raises(NotFound):  # sent: the server answers (no such monitor)
+            c.publish("nowhere", TYPE, data={"status": "failed"})
+        assert len(counting.bodies) == 1

@@ -960,6 +960,23 @@ async def test_a_server_that_does_not_answer_says_whether_the_call_was_sent() ->
     assert f"127.0.0.1:{port}" in body["error"] and "sending it again is safe" in body["error"]
 
 
+async def test_resources_list_with_the_server_down_is_an_error_not_an_empty_list(tmp_path: Path) -> None:
+    """Found by a tester: with --base at a server that is down, resources/list answered [] (read as "no
+    monitors") while the tools said CONNECTION_FAILED. The control, a server up and its monitors listed, is
+    test_mcp_lists_resources_a_page_at_a_time (tests/test_monitor_pages.py)."""
+    import socket
+
+    from mcp.shared.exceptions import MCPError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with anyio.fail_after(HANG_GUARD_SECONDS):
+        async with Client(server_params("--base", f"http://127.0.0.1:{port}")) as client:
+            with pytest.raises(MCPError, match="CONNECTION_FAILED"):
+                await client.list_resources()
+
+
 async def test_mcp_forgets_a_resource_address_once_its_last_subscriber_leaves(tmp_path: Path) -> None:
     """One entry per resource address ever subscribed stayed, empty, for the process's life (a soak of `mp
     mcp` saw it grow by ~250 bytes per address). An address goes with its last subscriber; one with a

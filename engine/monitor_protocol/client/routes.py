@@ -379,7 +379,7 @@ class Routes:
         if subject is not None:
             body["subject"] = subject
         if data is not None:
-            body["data"] = dict(data)
+            body["data"] = dict(_mapping(data, "publish: data"))
         for name, value in fields.items():
             if value is not None:
                 body[name] = value
@@ -667,7 +667,12 @@ class Routes:
     ) -> Call[dict[str, Any]]:
         """POST /rpc, one JSON-RPC 2.0 call -> its `result` (a JSON object); an `error` raises the
         MonitorProtocolError subclass built from `error.data` (the REST body)."""
-        envelope = {"jsonrpc": "2.0", "id": id, "method": method, "params": dict(params or {})}
+        envelope = {
+            "jsonrpc": "2.0",
+            "id": id,
+            "method": method,
+            "params": dict(_mapping(params or {}, "rpc: params")),
+        }
         return Call("POST", "/rpc", c._tok(token), _rpc_result, envelope)
 
     @staticmethod
@@ -676,7 +681,8 @@ class Routes:
     ) -> Call[list[RpcReply]]:
         """POST /rpc with a batch -> the list of replies (each `{jsonrpc, id, result|error}`), in call order."""
         envelopes = [
-            {"jsonrpc": "2.0", "id": i + 1, "method": m, "params": dict(p)} for i, (m, p) in enumerate(calls)
+            {"jsonrpc": "2.0", "id": i + 1, "method": m, "params": dict(_mapping(p, "rpc_batch: params"))}
+            for i, (m, p) in enumerate(calls)
         ]
         return Call("POST", "/rpc", c._tok(token), _rpc_batch, envelopes)
 
@@ -737,3 +743,13 @@ def _rpc_batch(raw: Any) -> list[RpcReply]:
     return sorted(
         raw, key=lambda r: (r.get("id") is None, r.get("id") if isinstance(r.get("id"), int) else 0)
     )
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """A JSON object's Python form, checked before anything is sent: dict() of a list of pairs would guess,
+    and of a string or a number would fail with a sentence about sequences."""
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{what} must be a mapping (a JSON object such as {{'status': 'failed'}}), not {type(value).__name__}"
+        )
+    return value

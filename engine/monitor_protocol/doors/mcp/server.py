@@ -230,10 +230,8 @@ class MonitorMCP:
         cursor = getattr(params, "cursor", None) if params is not None else None
         try:  # a page of monitors a page of resources: MCP's cursor is the listing's `next`
             listed = await self.backend.list_monitors(env_token(VIEWER_ENV), after=cursor or None)
-        except ToolFailure as failure:
-            if cursor:  # a later page: an empty one would read as the end of the listing
-                raise _mcp_error(failure) from failure
-            listed = {"monitors": []}
+        except ToolFailure as failure:  # an empty list would read as "no monitors" (a server down, say)
+            raise _mcp_error(failure) from failure
         resources: list[types.Resource] = []
         for monitor in listed.get("monitors", []):
             mid = monitor.get("id")
