@@ -831,6 +831,23 @@ def test_a_request_without_host_is_told_to_send_one(server):
     assert "None" not in refusal["error"]
 
 
+def test_a_request_line_of_another_http_version_is_refused(server):
+    """Found by a tester: `GET ... HTTP/2.0` was answered as HTTP/1.1 200 (the parser reads the line);
+    HTTP/1.2 was already refused. Controls: 1.1 and 1.0 are served."""
+    base = server[0]
+    host = base.split("//", 1)[1]
+    for version in ("2.0", "0.9"):
+        status, _, body = _exchange(
+            base, f"GET /mp/v0/discover HTTP/{version}\r\nHost: {host}\r\n\r\n".encode()
+        )
+        refusal = json.loads(body)
+        assert status == 400 and refusal["code"] == "INVALID", (version, status, body)
+        assert f"HTTP/{version} is not spoken here" in refusal["error"], refusal
+    for version in ("1.1", "1.0"):
+        status, _, _ = _exchange(base, f"GET /mp/v0/discover HTTP/{version}\r\nHost: {host}\r\n\r\n".encode())
+        assert status == 200, version
+
+
 def test_a_post_to_an_operations_route_names_its_methods(server):
     base = server[0]
     host = urlsplit(base).netloc

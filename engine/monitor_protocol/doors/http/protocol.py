@@ -54,6 +54,7 @@ UNANSWERABLE = (
     "The server could not write its reply to this request (the fault is in its log); the call may or may "
     "not have taken effect: read the state to see, or send it again with the same Idempotency-Key."
 )
+SPOKEN_VERSIONS = ("1.1", "1.0")
 HEAD_TOO_LARGE = f"the request line and headers are larger than {MAX_HEADER_BYTES >> 10} KiB"
 INVALID_REQUEST = (
     "The request is not valid HTTP/1.1 ({detail}); send a well-formed request line, headers and body "
@@ -374,6 +375,9 @@ class HttpConnection(asyncio.Protocol):
             return
         parser = self.parser
         meta = (parser.get_method(), parser.should_keep_alive(), parser.get_http_version())
+        if meta[2] not in SPOKEN_VERSIONS:  # the parser reads HTTP/2.0 (and 0.9) in a request line
+            self._refuse(INVALID_REQUEST.format(detail=f"HTTP/{meta[2]} is not spoken here: send HTTP/1.1"))
+            return
         if parser.should_upgrade():
             # Its body (if any) was not read by the parser: _upgrade_declined reads it, then dispatches.
             if "chunked" in self._headers.get("transfer-encoding", "").lower():
