@@ -305,7 +305,7 @@ def test_a_hostile_servers_bad_replies_are_refused_and_explained(hostile):
     scripted_head["monitors"][0]["monitor"]["head"] = XSS  # the picker once drew this as HTML
     for bad, where in [
         ({"taken_at": None, "monitors": {"ci": 1}}, "monitors: expected a list"),
-        (scripted_head, "monitors/0/monitor/head: "),
+        (scripted_head, "GET /admin/snapshot (200) at #/monitors/0/monitor/head: "),  # was "(200)/monitors"
         ("[" * 100_000 + "]" * 100_000, "nests deeper than 32 levels"),
     ]:
         srv.set("GET", "/admin/snapshot", bad)

@@ -323,6 +323,16 @@ def test_refusals_are_kept_in_the_log(browser):
     act(page, "button[data-preset='probe']")  # positive control
     act(page, "#btn-publish")
     assert page.get_attribute("#publish-answer", "data-status") == "201"
+    # the log is below the forms (at 1280x800, below the window: found by a tester); the answer says where
+    seq = int(answer_json(page, "#publish-answer")["seq"])
+    act(page, "#publish-answer button[data-act='to-card']")
+    card = f"#log li.obs[data-seq='{seq}']"
+    page.wait_for_function(
+        """s => { const r = document.querySelector(s).getBoundingClientRect();
+                  return r.top >= 0 && r.bottom <= innerHeight; }""",
+        arg=card,
+        timeout=ACT_MS,
+    )
     rejected = [c["text"] for c in log_cards(page) if "rejected" in c["cls"]]
     assert len(rejected) == 2
     assert "PROVENANCE_CEILING" in rejected[0] and "TIER_NOT_ASSERTABLE" in rejected[1]
@@ -607,7 +617,8 @@ def test_two_tabs_never_fork_the_log(browser):
     second = open_playground(browser)
     act(first, "#story-do")
     assert chip(second) == "ready · another tab owns the engine"
-    assert second.is_disabled("#reset-btn")  # only the owner tab may wipe the log
+    assert second.is_disabled("#reset-btn")  # only the owner tab may wipe the log, and it says so
+    assert "follows another" in second.get_attribute("#reset-btn", "title")
     # each tab keeps its own place in the Story: the second one's step 1 says the first tab made the monitor
     # (it said "Try Do it again", and then "you created it before")
     act(second, "#story-do")
@@ -633,6 +644,7 @@ def test_two_tabs_never_fork_the_log(browser):
     second.wait_for_function("document.getElementById('other-tab').hidden", timeout=ACT_MS)
     wait_chip(second, "ready · saved in IndexedDB")
     assert second.is_enabled("#reset-btn")
+    assert second.get_attribute("#reset-btn", "title").startswith("Clear the saved log")
     act(second, "#btn-publish")
     assert second.get_attribute("#publish-answer", "data-status") == "201"
     assert int(answer_json(second, "#publish-answer")["seq"]) == seq + 1

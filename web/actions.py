@@ -198,16 +198,26 @@ action("retire", answer="define-answer")(lambda _el: retire_asked())
 # ---------------------------------------------------------------------------------------- publishing
 async def publish(body: dict[str, Any], answer: str = "publish-answer") -> Reply:
     r = await ENGINE.call("POST", f"/monitors/{m.S.monitor}/observations", body, token=m.S.owner_token())
+    seq = None
     if r.status == 201:
-        obs = r.body["observation"]
-        say = f"Appended as seq {r.body['seq']}: tier {obs.get('tier')}, origin {obs.get('origin')}."
+        obs, seq = r.body["observation"], r.body["seq"]
+        say = f"Appended as seq {seq}: tier {obs.get('tier')}, origin {obs.get('origin')}."
     elif isinstance(r.body, dict) and r.body.get("rejected_seq"):
-        say = f"Refused ({code(r)}), and the refusal itself is in the log as seq {r.body['rejected_seq']}."
+        seq = r.body["rejected_seq"]
+        say = f"Refused ({code(r)}), and the refusal itself is in the log as seq {seq}."
     else:
         say = f"Refused: {code(r)}."
-    show_one(answer, "POST observations", r, say)
+    show_one(answer, "POST observations", r, say, seq if answer == "publish-answer" else None)
     await ui.refresh()
     return r
+
+
+@action("to-card", exclusive=False)
+async def to_card(button) -> None:
+    """The card a publish appended, brought into the window: on the Playground tab the log is below the
+    forms, and the card appeared where a newcomer did not see it (found by a tester)."""
+    card = js.document.querySelector(f"#log li.obs[data-seq='{int(button.getAttribute('data-seq'))}']")
+    (card or el("log")).scrollIntoView(ui.js_options(block="center", inline="nearest"))
 
 
 def fill_publish_form(body: dict[str, Any]) -> None:

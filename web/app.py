@@ -148,12 +148,12 @@ def following() -> None:
         "engine and forwards its actions to it, and takes over when the other tab closes."
     )
     banner.removeAttribute("hidden")
-    el("reset-btn").disabled = True
+    ui.set_reset(ui.FOLLOWER_NO_RESET)
 
 
 async def took_over() -> None:
     el("other-tab").setAttribute("hidden", "")
-    el("reset-btn").disabled = False
+    ui.set_reset()
     conn = remote.CONN["now"]
     if conn is None:
         await page.load_session()
@@ -191,7 +191,7 @@ async def main() -> None:
     switch_tab("playground" if share.setup(lambda: switch_tab("playground")) else "story")
     for b in doc.querySelectorAll(".tab-btn"):
         b.disabled = False
-    el("reset-btn").disabled = ENGINE.mode != "owner"
+    ui.set_reset("" if ENGINE.mode == "owner" else ui.FOLLOWER_NO_RESET)
     el("app").removeAttribute("inert")
     asyncio.ensure_future(page.ticker("playground"))
     MP.stage("ready", "Ready")

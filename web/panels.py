@@ -217,7 +217,7 @@ def render_workers() -> None:
         out.append(
             f"<div class='card worker{' holder' if is_holder else ''}' data-worker='{name}'>"
             f"<div><span class='name'>{'★ ' if is_holder else ''}{name}</span> <span class='meta'>{esc(status)}"
-            f"{countdown}</span></div><div class='meta small'>{esc(w.last if w else '')}</div>"
+            f"{countdown}</span></div><div class='meta small'>{esc('last: ' + w.last if w and w.last else '')}</div>"
             f"<div class='btns'>{btns}</div></div>"
         )
     if lv and lv["state"] == "dead_lettered":

@@ -258,7 +258,11 @@ def set_local_controls(remote: bool) -> None:
             el("tabbtn-playground").click()
     else:
         story.removeAttribute("title")
-    el("reset-btn").disabled = remote or ENGINE.mode != "owner"
+    ui.set_reset(
+        "Connected to a server: Reset clears this page's own log; disconnect first"
+        if remote
+        else ("" if ENGINE.mode == "owner" else ui.FOLLOWER_NO_RESET)
+    )
     el("server-local-note").hidden = not remote
 
 

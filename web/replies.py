@@ -248,9 +248,10 @@ ROUTES: list[tuple[str, re.Pattern[str], Callable[[Any, str], Any]]] = [
 def answer(method: str, path: str, status: int, body: Any) -> Any:
     """The body of the server's answer to `method path`, checked for what the page reads from it (a
     refusal: the error body), or BadReply. Any other route's answer must at least be a JSON object."""
-    where = f"{method} {path} ({status})"
+    # a place in the body is a JSON pointer after `#` ("GET /monitors (200) at #/monitors/1/head: ...")
+    where = f"{method} {path} ({status}) at #"
     if not 200 <= status < 600:
-        raise BadReply(f"{where}: {status} is not an HTTP status the protocol answers with")
+        raise BadReply(f"{method} {path}: {status} is not an HTTP status the protocol answers with")
     if status >= 400:
         return error(body, where)
     for m, pattern, check in ROUTES:

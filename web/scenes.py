@@ -234,7 +234,7 @@ STALE_MONITOR = "stale-source"
 HEALTH_TYPE = "com.example.health.check"
 STALE_TTL = 5  # seconds: the monitor's ttl_seconds, short so the gap appears while you watch
 SILENT_CHECKS = 4  # checks the simulated probe makes while the URL does not answer, CHECK_EVERY apart
-CHECK_EVERY = 2.0
+CHECK_EVERY = 2  # whole seconds: cadence.heartbeat_seconds is an integer (the published schema)
 HEALTH_URL = "https://status.example/healthz"
 
 

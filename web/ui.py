@@ -60,6 +60,18 @@ def el(el_id: str):
     return found if found else None
 
 
+RESET_TITLE = "Clear the saved log (IndexedDB) and start over"
+FOLLOWER_NO_RESET = "Only the tab that owns the engine can reset: this tab follows another (reset there)"
+
+
+def set_reset(why_not: str = "") -> None:
+    """The top bar's Reset: its reason when it cannot be used (a follower tab, a server connected), else
+    what it does."""
+    b = el("reset-btn")
+    b.disabled = bool(why_not)
+    b.setAttribute("title", why_not or RESET_TITLE)
+
+
 # ---------------------------------------------------------------------------------------- redrawing a panel
 _DRAWN: dict[str, str] = {}  # element id -> the markup last put there
 _KEYS = ("data-act", "data-sub", "data-worker", "data-reader", "data-tab", "aria-describedby")
@@ -132,7 +144,7 @@ def announce(text: str) -> None:
         box.textContent = text[:300]
 
 
-def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:
+def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "", seq: int | None = None) -> None:
     """One or more calls' answers in a panel's answer line: each call's status, the last one's JSON, and a
     sentence saying what it means (`say`), stamped with the time so an old answer never passes for new."""
     box = el(answer_id)
@@ -143,6 +155,8 @@ def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:
     steps = "".join(f"<div class='status'>{esc(t)} → {esc(_label(r))}</div>" for t, r in pairs[:-1])
     stamp = time.strftime("%H:%M:%S")
     sentence = f"<p class='say'>{esc(say)}</p>" if say else ""
+    if seq is not None:  # the card the call appended, which may be below the window (the Playground tab)
+        sentence += f"<button class='ghost small' data-act='to-card' data-seq='{int(seq)}'>↓ seq {int(seq)} in the log</button>"
     box.innerHTML = (
         f"{steps}<div class='status'>{esc(pairs[-1][0])} → {esc(_label(last))} <small>{stamp}</small></div>"
         f"{sentence}<pre class='json'>{esc(_body(last))}</pre>"
@@ -153,8 +167,8 @@ def show(answer_id: str, pairs: list[tuple[str, Reply]], say: str = "") -> None:
     box.setAttribute("data-code", " ".join(codes))
 
 
-def show_one(answer_id: str, title: str, reply: Reply, say: str = "") -> None:
-    show(answer_id, [(title, reply)], say)
+def show_one(answer_id: str, title: str, reply: Reply, say: str = "", seq: int | None = None) -> None:
+    show(answer_id, [(title, reply)], say, seq)
 
 
 def note(answer_id: str, text: str, ok: bool = True) -> None:
