@@ -276,7 +276,7 @@ def test_every_server_on_a_database_seals_a_listing_with_one_key(pg_url):
         a, b = MonitorService(first), MonitorService(second)
         assert a.listing_key == b.listing_key == first.listing_key
         sealed = listing_seal.seal(a.listing_key, "", "p01999")
-        assert listing_seal.start_of(b.listing_key, sealed) == ("p01999", "")
+        assert listing_seal.opened(b.listing_key, sealed) == ("p01999", "", 1)
         assert MonitorService(MemoryStore()).listing_key != a.listing_key
     finally:
         first.close()

@@ -80,6 +80,7 @@ from monitor_protocol.store.postgres_link import (
     redacted,
     schema_refused,
     scrub,
+    shared_listing_key,
     wait_for_database,
 )
 from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
@@ -93,7 +94,6 @@ from monitor_protocol.store.postgres_sql import (
     GET_LEASE,
     GET_MONITOR,
     GET_SUBSCRIPTION,
-    LISTING_KEY_SQL,
     LOCK_MONITOR_SQL,
     LOCK_SCHEMA,
     LOCK_SUBSCRIPTION_SQL,
@@ -266,7 +266,7 @@ class PostgresStore(Store):
         self.counts.on_written = lambda monitor_id: self._monitor.forget(_key(monitor_id))
         self._s.open()
         self._open_schema()
-        self.listing_key = self._shared_listing_key()
+        self.listing_key = shared_listing_key(self)
         self.stats = StoreStats()  # what the engine's calls cost, not the schema's check
 
     # --- sessions ---------------------------------------------------------------------------------
@@ -396,19 +396,6 @@ class PostgresStore(Store):
         except BaseException:
             self.close()
             raise
-
-    def _shared_listing_key(self) -> bytes | None:
-        """The key all servers on this database seal a listing's `next` with (core/listing_seal.py), in mp_meta;
-        None where it can be neither read nor made (a standby without one): the process's own key then."""
-        read, make = "SELECT value FROM mp_meta WHERE key='listing_key'", LISTING_KEY_SQL
-        with contextlib.suppress(self.psycopg.Error, StorageError, ValueError):
-            for sql in (read, make, read):  # the first server on the database makes it, the others read it
-                with self.transaction():
-                    row = self._rows(sql, (secrets.token_hex(32),) if sql is make else (), prepare=False)
-                    self._s.wrote = sql is make
-                if sql is not make and row:
-                    return bytes.fromhex(row[0][0].decode())
-        return None
 
     def _add_as_read_function(self) -> None:
         """The check of a remembered row (LOCK_AS_READ_SQL) was added to schema version 2 after it was first

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 from monitor_protocol.core import wire
 from monitor_protocol.core.store_contract import StorageError
-from monitor_protocol.store.postgres_sql import CHANNEL, LOCK_LEADER, enc
+from monitor_protocol.store.postgres_sql import CHANNEL, LISTING_KEY_SQL, LOCK_LEADER, enc
 from monitor_protocol.store.postgres_wire import sqlstate
 
 log = logging.getLogger("monitor_protocol.store.postgres")
@@ -373,3 +374,21 @@ class Peers:
                     with contextlib.suppress(Exception):
                         conn.close()
             self.stop.wait(RECONNECT_SECONDS)
+
+
+def shared_listing_key(store: Any) -> bytes | None:
+    """The key all servers on `store`'s database seal a listing's `next` with (core/listing_seal.py), in
+    mp_meta: the first server on the database makes it, the others read it. None, said in the log, where it
+    can be neither read nor made (a standby without one, the database away at start): the process's own
+    key then, and a listing's sealed pages open only on this server."""
+    read = "SELECT value FROM mp_meta WHERE key='listing_key'"
+    with contextlib.suppress(store.psycopg.Error, StorageError, ValueError):
+        for sql in (read, LISTING_KEY_SQL, read):
+            made = sql is LISTING_KEY_SQL
+            with store.transaction():
+                row = store._rows(sql, (secrets.token_hex(32),) if made else (), prepare=False)
+                store._s.wrote = made
+            if not made and row:
+                return bytes.fromhex(row[0][0].decode())
+    log.warning("no listing key shared in mp_meta: a listing's sealed pages open only on this server")
+    return None

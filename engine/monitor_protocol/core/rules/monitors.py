@@ -72,7 +72,8 @@ def validate_definition(
     """Validate the definable fields present in `body` and copy them onto the definition `rec` (create
     and update); return it. `known_settings`: a runnable source's settings must be ones this server knows
     (create and update; an imported log keeps the definitions it was written with, which this server's
-    supervisor refuses to run with a sentence if it must)."""
+    supervisor refuses to run with a sentence if it must), and cadence, budget and limits typed as the
+    published schema types them (an imported log's are only objects, as earlier releases checked)."""
     for key in DEFINITION_FIELDS:
         if key not in body:
             continue
@@ -112,12 +113,12 @@ def validate_definition(
         elif key in ("capabilities", "default_grant"):
             value = check_vocab_list(value, CAPABILITIES, key)
         elif key == "cadence":
-            check_cadence(value)
+            check_cadence(value, strict=known_settings)
         elif key in ("ttl_seconds", "retire_after_mute_seconds"):
             if value is not None:
                 value = as_int(value, key, minimum=1, text=False)
         elif key == "budget":
-            check_budget(value)
+            check_budget(value, strict=known_settings)
         elif key == "visibility":
             check_vocab(value, VISIBILITIES, "visibility")
         elif key == "rules":
@@ -140,7 +141,7 @@ def validate_definition(
                 )
             value = list(dict.fromkeys(value))
         elif key == "limits":
-            check_limits(value)
+            check_limits(value, strict=known_settings)
         rec[key] = value
     check_json_size(
         {k: rec.get(k) for k in DEFINITION_FIELDS}, "The monitor definition", MAX_DEFINITION_BYTES
@@ -154,12 +155,14 @@ def validate_definition(
     return rec
 
 
-def check_cadence(value: Any) -> None:
+def check_cadence(value: Any, *, strict: bool = True) -> None:
     """`cadence` as the published schema types it (a served monitor must validate), checked when written
     rather than when a source first runs: heartbeat_seconds an integer of seconds, schedule a cron
     expression this server can run, event_driven a boolean. Other members are stored as given."""
     if not isinstance(value, dict):
         raise invalid('cadence must be an object such as {"heartbeat_seconds": 60}.')
+    if not strict:  # an imported log keeps the definitions earlier releases accepted (an object)
+        return
     if "heartbeat_seconds" in value:
         as_int(
             value["heartbeat_seconds"],
@@ -177,13 +180,15 @@ def check_cadence(value: Any) -> None:
         raise invalid("cadence.event_driven must be true or false.")
 
 
-def check_budget(value: Any) -> None:
+def check_budget(value: Any, *, strict: bool = True) -> None:
     """`budget`: null, or an object whose `currency` is a string and `per_day` a number (the published
     schema), and whose `observations_per_minute` (a source's rate, section 12) is an integer of at least 1."""
     if value is None:
         return
     if not isinstance(value, dict):
         raise invalid('budget must be an object such as {"per_day": 5, "currency": "USD"}, or null.')
+    if not strict:
+        return
     if "currency" in value:
         if not isinstance(value["currency"], str):
             raise invalid('budget.currency must be a string such as "USD".')
@@ -197,14 +202,14 @@ def check_budget(value: Any) -> None:
         as_int(value["observations_per_minute"], "budget.observations_per_minute", minimum=1, text=False)
 
 
-def check_limits(value: Any) -> None:
+def check_limits(value: Any, *, strict: bool = True) -> None:
     """`limits`: an object; the two members this server reads are checked (section 4 of docs/protocol.md),
     others are stored as given."""
     if not isinstance(value, dict):
         raise invalid('limits must be an object such as {"observations_per_day": 1000}.')
     if "observations_per_day" in value:
         as_int(value["observations_per_day"], "limits.observations_per_day", minimum=1, text=False)
-    if "require_evidence" in value and not isinstance(value["require_evidence"], bool):
+    if strict and "require_evidence" in value and not isinstance(value["require_evidence"], bool):
         raise invalid("limits.require_evidence must be true or false.")
 
 
@@ -332,13 +337,12 @@ def list_monitors(
     core: ServiceCore, tx: Tx, token: str | None, limit: Any = None, after: Any = None
 ) -> dict[str, Any]:
     """The monitors this token may see, by id, a page at a time (this server's extension, EXT_MONITOR_PAGES):
-    at most `limit` of them past the id `after`, reading at most MONITORS_PAGE_SCAN records. `next` is the
-    `after` of the next page, null once the listing is whole; where the page ended on a monitor the caller
-    may not see, its id is sealed (core/listing_seal.py)."""
+    at most `limit` of them past `after`, reading at most MONITORS_PAGE_SCAN records. `next` is the `after`
+    of the next page, null once the listing is whole; where the page ended on a monitor the caller may not
+    see, its id is sealed (core/listing_seal.py)."""
     lim = MONITORS_PAGE_MAX if limit is None else as_int(limit, "limit", minimum=1, maximum=MONITORS_PAGE_MAX)
-    asked = "" if after is None else check_name(after, "after", "the `next` of the previous page")
-    start, anchor = listing_seal.start_of(core.listing_key, asked)
     viewer = Viewer(tx, token)
+    start, anchor, count = _listing_start(core, tx, viewer, after)
     shown: list[dict[str, Any]] = []
     left = MONITORS_PAGE_SCAN
     while True:
@@ -348,15 +352,34 @@ def list_monitors(
         for i, m in enumerate(page):
             if viewer.sees(m):
                 shown.append(m.to_wire())
-                anchor = m.id
+                anchor, count = m.id, 0
                 if len(shown) == lim:
                     return _listing(shown, m.id if more or i + 1 < len(page) else None, token)
         if not more:  # the whole listing is read
             return _listing(shown, None, token)
         start = page[-1].id
         if left <= 0:  # as many records as one call may read: the caller goes on from here
-            boundary = start if start == anchor else listing_seal.seal(core.listing_key, anchor, start)
+            sealed = start != anchor
+            boundary = listing_seal.seal(core.listing_key, anchor, start, count + 1) if sealed else start
             return _listing(shown, boundary, token)
+
+
+def _listing_start(core: ServiceCore, tx: Tx, viewer: Viewer, after: Any) -> tuple[str, str, int]:
+    """(where the page starts, the last id the caller was shown, the sealed pages since) for `after`: a seal
+    this server made, or an id the caller may see. Any other id is refused: a page from an arbitrary point
+    says whether a visible monitor lies within the records one call reads, and a search over such points
+    found private ids (a tester's report)."""
+    if after is None:
+        return "", "", 0
+    asked = check_name(after, "after", "the `next` of the previous page")
+    opened = listing_seal.opened(core.listing_key, asked)
+    start, anchor, count = opened if opened is not None else (asked, asked, 0)
+    if count == 0 and anchor and not (isinstance((rec := tx.monitor(anchor)), Monitor) and viewer.sees(rec)):
+        raise invalid(
+            f"after {asked[:80]!r} is not where a page of yours ended: send the `next` of the previous page "
+            "(or no after, to start the listing)."
+        )
+    return start, anchor, count
 
 
 def _listing(shown: list[dict[str, Any]], after: str | None, token: str | None) -> dict[str, Any]:
