@@ -5,6 +5,7 @@ as a rejection like a refused publish (section 10, P2), while an anonymous calle
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,64 @@ def test_a_refusal_without_the_owners_credential_writes_nothing(h):
     assert r.status == 400 and _log(h, owner)[r.body["rejected_seq"]]["type"] == REJECTED
 
 
+def test_a_subscribe_tokens_refusals_are_not_logged(h):
+    """Found by a reviewer: logged, every consumer given a shared monitor's subscribe token could write rows
+    into its log without limit (50 refused subscribes, 50 rows). Control: the owner's is logged."""
+    r = h.call("POST", "/monitors", {"id": "ci", "owner": "human:you", "visibility": "shared"})
+    owner, subscribe = r.body["owner_token"], r.body["subscribe_token"]
+    head = h.call("GET", "/monitors/ci/state", token=owner).body["head"]
+    for i in range(5):
+        r = h.call(
+            "POST", "/subscriptions", {"monitor": "ci", "subscriber": f"agent:{i}", "filter": 5}, subscribe
+        )
+        assert r.status == 400 and "rejected_seq" not in r.body, r.body
+    assert h.call("GET", "/monitors/ci/state", token=owner).body["head"] == head
+    r = h.call("POST", "/subscriptions", {"monitor": "ci", "subscriber": "agent:o", "filter": 5}, owner)
+    assert r.status == 400 and isinstance(r.body.get("rejected_seq"), int), r.body
+
+
+def test_a_refused_push_subscribe_is_logged_without_its_secret_or_its_sinks_path(h):
+    """Found by a reviewer: the rejected row kept the whole body, and every reader of the monitor could read
+    a push subscriber's sink_secret (and sign deliveries to its sink) and the sink's path. Both are withheld;
+    the rest of the body is kept (the control)."""
+    owner = h.monitor("ci")
+    sub, reader = h.subscribe("ci", owner, subscriber="agent:reader")
+    body = {
+        "monitor": "ci",
+        "subscriber": "agent:pusher",
+        "protocol": "http",
+        "sink": "https://hooks.example.com:0/services/T0/SECRETPATH?key=SECRETQUERY",
+        "sink_secret": "whsec_" + "S" * 32,
+        "filter": 5,
+    }
+    r = h.call("POST", "/subscriptions", body, owner)
+    assert r.status == 400 and isinstance(r.body.get("rejected_seq"), int), r.body
+    seen = json.dumps(h.pull(sub, reader).body)
+    assert "SECRETPATH" not in seen and "SECRETQUERY" not in seen and "whsec_" not in seen
+    raw = _log(h, owner)[r.body["rejected_seq"]]["data"]["payload"]["raw"]
+    assert raw["sink"] == "https://hooks.example.com/(withheld)" and raw["sink_secret"] == "(withheld)"
+    assert raw["subscriber"] == "agent:pusher" and raw["filter"] == 5 and raw["protocol"] == "http"
+
+
+def test_a_refusal_the_store_could_not_log_names_no_row(h, monkeypatch):
+    """Found by a reviewer: the row's seq was set on the refusal before its commit, so a store that failed
+    the commit (a read-only standby, a lost connection) answered a rejected_seq of a row never written."""
+    from monitor_protocol.core.store_contract import StorageError
+    from monitor_protocol.store.memory import MemoryStore
+
+    owner = h.monitor("ci")
+
+    def failing(self, changes):
+        raise StorageError("read-only")
+
+    monkeypatch.setattr(MemoryStore, "apply", failing)
+    r = h.call("POST", "/monitors/ci/update", {"patch": {"budget": 5}}, owner)
+    assert r.status == 400 and r.body["code"] == "INVALID" and "rejected_seq" not in r.body, r.body
+    monkeypatch.undo()  # control: the store takes it, and the refusal names its row
+    r = h.call("POST", "/monitors/ci/update", {"patch": {"budget": 5}}, owner)
+    assert r.status == 400 and _log(h, owner)[r.body["rejected_seq"]]["type"] == REJECTED
+
+
 def test_a_readers_refused_calls_leave_its_feed_as_it_was(h):
     """A reader's refused ack, pull, seek or lease call is not logged: it would land in the feed the reader
     reads, and the page after a refused ack would not be the page before it (C27)."""
@@ -178,3 +237,19 @@ def test_a_falsy_was_derived_from_is_refused_not_read_as_none(h, given):
     for fine in ({}, {"wasDerivedFrom": None}, {"wasDerivedFrom": []}):
         r = h.publish("ci", owner, **fine)
         assert r.status == 201 and r.body["observation"]["data"]["provenance"]["wasDerivedFrom"] == [], r.body
+
+
+def test_an_imported_log_keeps_a_definition_earlier_releases_accepted(h):
+    """Found by a reviewer: a log exported before cadence and budget were typed (heartbeat_seconds 90.5,
+    budget.per_day "lots", both accepted then) could no longer be imported. An import checks them as
+    earlier releases did (objects); a create still refuses them (the control)."""
+    owner = h.monitor("ci")
+    lines = h.service.export_log("ci")
+    after = lines[0]["data"]["payload"]["after"]
+    after["cadence"], after["budget"] = {"heartbeat_seconds": 90.5}, {"per_day": "lots"}
+    text = "\n".join(json.dumps(line) for line in lines)
+    assert owner and h.service.import_log("ci-copy", text)["monitor"]["cadence"] == {
+        "heartbeat_seconds": 90.5
+    }
+    r = h.call("POST", "/monitors", {"id": "ci-new", "cadence": {"heartbeat_seconds": 90.5}})
+    assert r.status == 400 and "cadence.heartbeat_seconds" in r.body["error"], r.body

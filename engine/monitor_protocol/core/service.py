@@ -164,20 +164,23 @@ class MonitorService(ServiceCore):
         try:
             return self._call(fn)
         except ProtocolError as err:
-            if refusals.loggable(err):
+            if refusals.loggable(err, token):
                 self.log_refused_input(target, target_id, token, err, raw)
             raise
 
     def log_refused_input(
         self, target: refusals.Target, target_id: Any, token: str | None, error: ProtocolError, raw: Any
     ) -> None:
-        """Append `error` as a rejected row on the monitor `target_id` names, when `token` is a credential for it
-        (its `rejected_seq` is then set); else, or when the store cannot take it now, nothing: the caller
-        still returns the refusal itself."""
+        """Append `error` as a rejected row on the monitor `target_id` names, when `token` is its owner's (its
+        `rejected_seq` is then set); else, or when the store cannot take it now, nothing: the caller still
+        returns the refusal itself, without a `rejected_seq` (the row's seq is set before its commit)."""
+        if not refusals.loggable(error, token):
+            return
         try:
             self._call(lambda tx: refusals.refuse_input(tx, target, target_id, token, error, raw))
-        except ProtocolError:
-            pass
+        except ProtocolError as failed:
+            if failed is not error:  # not logged (no owner's token, or the store failed): no row to name
+                error.extras.pop("rejected_seq", None)
 
     # ---------------------------------------------------------------------------- upkeep and admin
     def sweep(self, now: float | None = None) -> int:

@@ -76,16 +76,14 @@ def append_protocol(
     return obs
 
 
-def reject(
-    tx: Tx, monitor_id: str, error: ProtocolError, raw: Any, actor: Any, *, fallback: str | None = None
-) -> LoggedRefusal:
+def reject(tx: Tx, monitor_id: str, error: ProtocolError, raw: Any, actor: Any) -> LoggedRefusal:
     """P2: the refused payload is kept as evidence; the caller raises what this returns. `actor` is who the
-    caller said it was; when that name is unusable, `fallback` (else the owner, the one caller of a publish)."""
+    caller said it was; when that name is unusable, the owner (whose token every logged refusal carries)."""
     rec = tx.monitor(monitor_id)
     assert rec is not None
     reason = error.message if len(error.message) <= 1024 else error.message[:1021] + "..."
     if not isinstance(actor, str) or wire.problem(actor) or len(actor) > MAX_NAME_CHARS:
-        actor = fallback or rec.owner  # the claimed name was itself unusable; the refusal's raw keeps it
+        actor = rec.owner  # the claimed name was itself unusable; the refusal's raw keeps it
     obs = append_protocol(
         tx,
         monitor_id,
