@@ -187,6 +187,10 @@ def test_quoting_variables_and_hosts():
         ("http://127.0.0.1:8130/mp/v0/../../sw.js", "has a . or .. segment"),
         ("http://127.0.0.1:8130/mp/v0/%2e%2e/%2E%2e/index.html", "has a . or .. segment"),
         ("/mp/v0/./discover", "has a . or .. segment"),
+        (
+            '"http://localhost:8130/mp/v0/..\\..\\sw.js"',
+            "has a . or .. segment",
+        ),  # a reviewer's: \\ reads as /
     ],
 )
 def test_a_url_outside_the_protocol_is_refused_saying_where_it_is(url, instead):

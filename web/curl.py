@@ -117,8 +117,9 @@ def to_origin(url: str, origin: str) -> str:
 
 def _protocol_path(path: str) -> str:
     shown = path if len(path) <= 80 else path[:77] + "..."
-    route = re.split(r"[?#]", path, maxsplit=1)[0]
-    # a . or .. segment (spelt %2e too) would step out of /mp/v0 once the browser resolves the URL
+    # a . or .. segment (spelt %2e too, or after a backslash, which a browser reads as a slash in an http URL)
+    # would step out of /mp/v0 once the browser resolves the URL
+    route = re.split(r"[?#]", path, maxsplit=1)[0].replace("\\", "/")
     if any(seg.lower().replace("%2e", ".") in (".", "..") for seg in route.split("/")):
         raise CurlError(
             f"curl: {shown} has a . or .. segment, which would leave /mp/v0, where the protocol is: name the "
