@@ -95,11 +95,16 @@ def test_a_reload_with_the_server_gone_comes_back_from_the_kept_files(own_site):
     wait_kept(page, "/pyodide/jsonschema-*")
     page.click("#tabbtn-story")
 
+    assert page.inner_text("#status-chip .label") == "ready · saved in IndexedDB"  # served: no copy said
     own_site.stop_server()
     page.reload()
     page.wait_for_selector("body.ready", timeout=BOOT_MS)
     assert page.eval_on_selector_all("#log li.obs", "cards => cards.map(c => c.dataset.seq)") == rows
     assert page.inner_text("#story-count") == "Step 2 of 13"
+    # and it says where it came from (found by a tester: the chip read as if the server had answered)
+    page.wait_for_function(
+        "document.querySelector('#status-chip .label').textContent.includes('offline copy')", timeout=ACT_MS
+    )
     act(page, "#story-next")
     act(page, "#story-do")  # 3. the engine runs offline: a reader subscribes
     assert page.get_attribute("#story-answer", "data-status") == "201"

@@ -305,6 +305,12 @@ def test_refusals_are_kept_in_the_log(browser):
     act(page, "#btn-define-ci")
     assert page.get_attribute("#define-answer", "data-status") == "201"
     assert page.inner_text("#log-head") == "ci · head 1"
+    # a refused definition leads with the refusal's own sentence, as a publish's does (it showed only JSON)
+    page.click("#define-form >> xpath=ancestor::details/summary")
+    page.fill("#define-form [name='id']", "x")
+    act(page, "#define-form button[data-act='define-form']")
+    said = page.inner_text("#define-answer .say")
+    assert said.startswith("Refused (INVALID): id 'x' is not a monitor id"), said
     # a preset only fills the form, and says so: nothing is sent
     act(page, "button[data-preset='agent-stranger']")
     assert "Nothing is sent until you press Publish" in page.inner_text("#publish-answer")

@@ -107,8 +107,9 @@ async def define(body: dict[str, Any], answer: str = "define-answer", show_token
         select(body["id"])
         show_one(answer, "POST /monitors", r, f"{body['id']} already exists, and this page holds its owner token: "
                  "it is on screen now.")  # fmt: skip
-    else:
-        show_one(answer, "POST /monitors", r)
+    else:  # the refusal's own sentence first, as a publish's: the JSON below says the rest
+        said = r.body.get("error") if isinstance(r.body, dict) else None
+        show_one(answer, "POST /monitors", r, f"Refused ({code(r) or r.status}): {said}" if said else "")
     await ui.refresh()
     return r
 

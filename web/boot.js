@@ -164,6 +164,12 @@ function notReady(port, why) {
 if ("serviceWorker" in navigator) {
   navigator.serviceWorker.addEventListener("message", (event) => {
     const msg = event.data || {};
+    if (msg.type === "mp-from-copies") {
+      // the worker served this page from the copies it kept: the server did not answer (app.py's chip says so)
+      MP.fromCopies = true;
+      document.dispatchEvent(new Event("mp:from-copies"));
+      return;
+    }
     if (msg.type !== "mp-request" || !event.ports[0]) return;
     const port = event.ports[0];
     // `ns` null: this page made the request; otherwise only the owner of that namespace answers.

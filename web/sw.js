@@ -44,7 +44,11 @@ self.addEventListener("activate", (event) =>
 self.addEventListener("message", (event) => {
   const msg = event.data || {};
   const ns = String(msg.ns || "");
-  if (msg.type === "mp-hello" && event.source) clientNs.set(event.source.id, ns);
+  if (msg.type === "mp-hello" && event.source) {
+    clientNs.set(event.source.id, ns);
+    // a page served from the kept copies is told so (its chip says it: the server did not answer)
+    if (fromCopies.has(event.source.id)) event.source.postMessage({ type: "mp-from-copies" });
+  }
   if (msg.type === "mp-owner" && event.source) owners.set(ns, event.source.id);
   if (msg.type === "mp-owner-gone" && event.source && owners.get(ns) === event.source.id) owners.delete(ns);
   if (msg.type === "mp-keep" && Array.isArray(msg.urls)) event.waitUntil(keepLoaded(msg.urls.map(String)));
