@@ -122,10 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRNOS:
             raise
-        # `mp watch > /dev/full`: a line that could not be written was not acknowledged (mp watch acks what
-        # it has printed), so the next run prints it again
-        # (the write that failed may be another file a command writes, `mp openapi -o`: said as output)
-        what = f"{exc.filename}" if exc.filename else "the output"
+        # `mp watch > /dev/full`: a line that could not be written was not acknowledged (mp watch acks what it
+        # has printed), so the next run prints it again; the failed write may be a file's (`mp openapi -o`)
+        what = str(exc.filename) if exc.filename else "the output"
         sys.stderr.write(f"error: OUTPUT: {what} cannot be written ({exc.strerror}); stopped\n")
         _stdout_gone()  # and no second failure (a traceback) at exit's final flush
         return EXIT_FAILED

@@ -164,8 +164,7 @@ class MonitorService(ServiceCore):
         try:
             return self._call(fn)
         except ProtocolError as err:
-            if refusals.loggable(err, token):
-                self.log_refused_input(target, target_id, token, err, raw)
+            self.log_refused_input(target, target_id, token, err, raw)
             raise
 
     def log_refused_input(

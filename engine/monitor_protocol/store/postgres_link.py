@@ -22,7 +22,7 @@ from typing import Any
 
 from monitor_protocol.core import wire
 from monitor_protocol.core.store_contract import StorageError
-from monitor_protocol.store.postgres_sql import CHANNEL, LISTING_KEY_SQL, LOCK_LEADER, enc
+from monitor_protocol.store.postgres_sql import CHANNEL, LISTING_KEY_READ, LISTING_KEY_SQL, LOCK_LEADER, enc
 from monitor_protocol.store.postgres_wire import sqlstate
 
 log = logging.getLogger("monitor_protocol.store.postgres")
@@ -381,9 +381,8 @@ def shared_listing_key(store: Any) -> bytes | None:
     mp_meta: the first server on the database makes it, the others read it. None, said in the log, where it
     can be neither read nor made (a standby without one, the database away at start): the process's own
     key then, and a listing's sealed pages open only on this server."""
-    read = "SELECT value FROM mp_meta WHERE key='listing_key'"
     with contextlib.suppress(store.psycopg.Error, StorageError, ValueError):
-        for sql in (read, LISTING_KEY_SQL, read):
+        for sql in (LISTING_KEY_READ, LISTING_KEY_SQL, LISTING_KEY_READ):
             made = sql is LISTING_KEY_SQL
             with store.transaction():
                 row = store._rows(sql, (secrets.token_hex(32),) if made else (), prepare=False)

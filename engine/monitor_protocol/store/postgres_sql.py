@@ -411,3 +411,4 @@ def _rows_of(changes: Changes) -> dict[str, list[tuple[Any, ...]]]:
 
 # The listing key (store/postgres.py _shared_listing_key): made once, by whichever server comes first.
 LISTING_KEY_SQL = "INSERT INTO mp_meta (key, value) VALUES ('listing_key', $1) ON CONFLICT (key) DO NOTHING"
+LISTING_KEY_READ = "SELECT value FROM mp_meta WHERE key='listing_key'"

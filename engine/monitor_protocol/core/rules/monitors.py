@@ -374,7 +374,8 @@ def _listing_start(core: ServiceCore, tx: Tx, viewer: Viewer, after: Any) -> tup
     asked = check_name(after, "after", "the `next` of the previous page")
     opened = listing_seal.opened(core.listing_key, asked)
     start, anchor, count = opened if opened is not None else (asked, asked, 0)
-    if count == 0 and anchor and not (isinstance((rec := tx.monitor(anchor)), Monitor) and viewer.sees(rec)):
+    rec = tx.monitor(anchor) if count == 0 and anchor else None  # an id, or the anchor of a seal not ours
+    if count == 0 and anchor and (rec is None or not viewer.sees(rec)):
         raise invalid(
             f"after {asked[:80]!r} is not where a page of yours ended: send the `next` of the previous page "
             "(or no after, to start the listing)."
