@@ -752,6 +752,30 @@ def test_the_race_cursor_loses_nothing(browser):
     assert found == [], format_violations(found)
 
 
+def test_a_race_seed_that_is_not_a_number_is_said(browser):
+    """`?seed=abc` cannot repeat a race: the page says so instead of running a random one in silence."""
+    page = open_playground(browser, path="/?seed=abc")
+    tab(page, "playground")
+    act(page, "#race-btn")
+    page.wait_for_function(
+        "document.querySelector('#race-answer')?.textContent.includes('not a whole number')", timeout=ACT_MS
+    )
+    assert "?seed=abc" in page.inner_text("#race-answer")
+    act(page, "#race-btn")  # stop it
+    page.wait_for_function(
+        "document.querySelector('#race-btn').textContent === 'Start again'", timeout=ACT_MS
+    )
+    # positive control: a number is a seed, and nothing is said about it
+    page = open_playground(browser, path=f"/?seed={RACE_SEED}", page=page)
+    tab(page, "playground")
+    act(page, "#race-btn")
+    page.wait_for_function(
+        "+document.querySelector('#race [data-k=published]')?.textContent >= 2", timeout=ACT_MS
+    )
+    assert "not a whole number" not in page.inner_text("#race-answer")
+    act(page, "#race-btn")
+
+
 def test_service_worker_without_an_engine_tab_answers_503(browser):
     browser.guard.expect_http_refusals = True  # the 503 (and the JSON tab's favicon 404) are on purpose
     page = open_playground(browser)

@@ -51,8 +51,20 @@ RACE = Race()
 
 
 def rng() -> random.Random:
+    """The race's dice: `?seed=N` repeats them; a seed that is not a whole number is said, not guessed."""
     seed = js.URLSearchParams.new(js.location.search).get("seed")
-    return random.Random(int(seed)) if seed and str(seed).isdigit() else random.Random()
+    if seed is None:
+        return random.Random()
+    seed = str(seed).strip()
+    if seed.isascii() and seed.isdigit():
+        return random.Random(int(seed))
+    ui.note(
+        "race-answer",
+        f"?seed={seed[:40]} is not a whole number, so this race's crashes are random."
+        " Send ?seed=32 (any digits) to repeat the same crashes.",
+        ok=False,
+    )
+    return random.Random()
 
 
 RNG = [random.Random()]
