@@ -251,6 +251,26 @@ def test_the_share_panel_on_a_phone(phone_page, phone_browser):
     assert found == [], format_violations(found)
 
 
+def test_a_follower_that_takes_over_takes_back_its_replay_refusal(browser):
+    """The banner of a follower's refused Replay sent the reader to "that tab": once that tab closes and
+    this one owns the engine, the banner says Replay works here, and it does."""
+    owner = open_playground(browser)
+    link = f"/#scenario={_fragment({'v': 1, 'steps': [['ci'], ['sub', 'reader-a']]})}"
+    second = browser.open(link, browser.new_page(), timeout=BOOT_MS)
+    act(second, "#btn-share-replay")
+    assert "open the link there" in second.inner_text("#share-open .share-said")
+    browser.guard.expect_http_refusals = True  # a request in the handover window may get the shim's 503
+    owner.close()
+    second.wait_for_function("document.getElementById('other-tab').hidden", timeout=ACT_MS)
+    second.wait_for_function(
+        "document.querySelector('#share-open .share-said')?.textContent.includes('Replay works here')",
+        timeout=ACT_MS,
+    )
+    assert "ok" in second.get_attribute("#share-open .share-said", "class")
+    act(second, "#btn-share-replay")
+    assert second.inner_text("#share-open .share-said").startswith("Replayed 2 step(s) into monitor ci")
+
+
 def test_a_link_opened_in_a_second_tab_says_in_its_banner_where_to_replay(browser):
     """A share link is usually opened in a new tab, while the playground's first tab owns the engine: the
     refusal is said in the banner where Replay was pressed (on a phone the answer panel is screens below),

@@ -161,6 +161,7 @@ def following() -> None:
 async def took_over() -> None:
     el("other-tab").setAttribute("hidden", "")
     ui.set_reset()
+    share.took_over()
     conn = remote.CONN["now"]
     if conn is None:
         await page.load_session()

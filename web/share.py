@@ -374,6 +374,14 @@ async def replay_btn(_el) -> Reply:
     return done[-1][1]
 
 
+def took_over() -> None:
+    """This tab now owns the engine (the other one closed): a Replay refused here as a follower's is
+    possible now, so its refusal is replaced rather than left to send the reader to a tab that is gone."""
+    said = js.document.querySelector("#share-open .share-said.err")
+    if said and OPENED["steps"] and not_here("Replay") is None:
+        _banner_says("The other tab closed: this tab owns the engine now, so Replay works here.", ok=True)
+
+
 def _show_log() -> None:
     """Bring the replayed log into view when it is out of it: on a phone it is screens below the link's
     box, where the banner said "below" and the page stayed put."""
