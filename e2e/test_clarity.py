@@ -453,6 +453,15 @@ def test_a_long_subject_is_cut_not_stretching_and_labels_keep_names(any_browser)
         " inner: document.getElementById('track-inner').getBoundingClientRect().right})",
     )
     assert label["text"].startswith("reader-a · cursor") and label["right"] <= label["inner"], label
+    # crashed at the end of the log, its label is longer ("· ✖ crashed"): the track still holds all of it
+    act(page, "#readers .card.reader[data-reader='reader-a'] [data-act=r-crash]")
+    page.eval_on_selector("#track", "t => { t.scrollLeft = t.scrollWidth; }")
+    label = page.eval_on_selector(
+        "#lanes .lane[data-reader='reader-a'] .label",
+        "l => ({text: l.textContent, right: l.getBoundingClientRect().right,"
+        " inner: document.getElementById('track-inner').getBoundingClientRect().right})",
+    )
+    assert label["text"].endswith("✖ crashed") and label["right"] <= label["inner"], label
 
 
 def test_a_step_refused_for_another_reason_is_not_the_lesson(browser):

@@ -247,10 +247,11 @@ def render_lanes(geo: Geometry) -> None:
         mark = lane.querySelector(".mark")
         mark.style.left = f"{x}px"
         label = f"{'◀ ' if where == 'before' else ''}{lane_label(view)} · cursor {sub['cursor']}{at_end(sub)} · lag {sub.get('lag')}"
-        reach = max(reach, x + LABEL_PX_PER_CHAR * (len(label) + 4))
         if crashed:
             label += " · ✖ crashed"
         lane.querySelector(".label").textContent = label
+        # its drawn width when the track is on screen (0 while its tab is hidden: then the estimate)
+        reach = max(reach, x + max(LABEL_PX_PER_CHAR * (len(label) + 4), float(mark.offsetWidth or 0) + 4))
         bracket = lane.querySelector(".bracket")
         batch = rd.held if rd and rd.held and not crashed else view["unacked"]
         span = geo.span(batch)
