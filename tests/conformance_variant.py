@@ -20,11 +20,22 @@ rewrites what a different, still conformant, server would do differently (BEHAVI
   `known`, with no `invalid` field.
 - `ack_current`: an ack (re-sent or not) answers the monitor's current head and the reader's current lag;
   a re-sent ack's cursor is the prior one.
+- `retired_closed`: a retired monitor refuses a new subscription, 409 UNAVAILABLE (section 5 does not list
+  it among the subscribe refusals, nor says a retired monitor takes one).
+- `time_offset`: times are served as `...+00:00` (RFC 3339 UTC with milliseconds, spelled otherwise).
+- `raw_text`: a rejected row keeps `raw` as the request body's JSON text.
+- `negative_backwards`: an ack of -1 is 409 CURSOR_BACKWARDS (an integer, below the cursor) and a pull
+  `cursor=-1` is read from the beginning.
+- `cursor_one`: a pull says `cursor: 1` where the subscription's cursor is 0 (the same place, section 8).
 
 BREAKS are variants that really break a published rule, for the published profile's positive controls:
 `ack_backwards` (a lower ack moves the cursor back: P4, C06), `dead_text_cursor` (a cursor "abc" is taken
 and leaves a dead subscription whose cursor is null: C27), `pull_commits` (a pull commits like an ack:
-P4, C05), `filtered_head` (a filtered reader's head is its last delivered seq: P5, C07).
+P4, C05), `filtered_head` (a filtered reader's head is its last delivered seq: P5, C07),
+`tokenless_writes` (an ack, pause or resume without a token is done with the token the variant remembers:
+section 5, C23), `disjoint_empty` (an inline filter disjoint from the subscription's is an empty page, not
+400 INVALID_FILTER: section 8, C08), `no_subscriber` (subscriptions are served without `subscriber`,
+which the published schema requires: C29).
 
 `served_over_http(variant)` puts a variant behind a small HTTP server (standard library, one engine
 thread), so `mp conform --base` can judge it over real sockets; give that variant a `WallClock`.
@@ -56,12 +67,20 @@ BEHAVIOURS = {
     "text_cursor": 'an ack cursor "3" is read as 3',
     "vocab_in_error": "UNKNOWN_VOCABULARY names the value in its sentence, not in `invalid`",
     "ack_current": "an ack answers the current head and lag",
+    "retired_closed": "a retired monitor refuses a new subscription, 409 UNAVAILABLE",
+    "time_offset": "times end in +00:00, not Z",
+    "raw_text": "a rejected row keeps the refused body as its JSON text",
+    "negative_backwards": "an ack of -1 is CURSOR_BACKWARDS; a pull from -1 starts at the beginning",
+    "cursor_one": "a pull says cursor 1 where the subscription's cursor is 0",
 }
 BREAKS = {
     "ack_backwards": "an ack below the cursor moves it back",
     "dead_text_cursor": 'an ack cursor "abc" is taken and leaves a dead subscription',
     "pull_commits": "a pull commits its page like an ack",
     "filtered_head": "a filtered reader's head is the last seq it was delivered",
+    "tokenless_writes": "an ack, pause or resume without a token is done anyway",
+    "disjoint_empty": "a disjoint inline filter is an empty page",
+    "no_subscriber": "subscriptions are served without subscriber",
 }
 PROTOCOL_PREFIX = "ai.mentu.monitor."
 MONITOR_KEYS = {"id", "horizon", "capabilities", "visibility", "owner"}
@@ -194,6 +213,7 @@ class VariantTransport:
         self.registration_token = self.inner.registration_token
         self.name = "variant(" + ", ".join(sorted(self.on | self.breaks)) + ")"
         self.dead: set[str] = set()
+        self.tokens: dict[str, str] = {}  # monitor or subscription id -> its token (tokenless_writes)
 
     # ---- the Transport interface ---------------------------------------------------------------------
     async def sleep(self, seconds: float) -> None:
@@ -223,11 +243,16 @@ class VariantTransport:
         early = self._inbound(route, parts, m, body, q, echo)
         if early is not None:
             return early
+        tokenless = token is None and "tokenless_writes" in self.breaks and method == "POST"
+        if tokenless and len(parts) == 3 and parts[2] in ("ack", "pause", "resume"):
+            token = self.tokens.get(parts[1])
         reply = await self.inner.request(
             method, path, body=body, token=token, query=q or None, headers=headers, raw_body=raw_body
         )
         reply = await self._broken(route, parts, m, body, q, token, reply)
+        self._remember(route, parts, reply)
         out = self._out(reply.body, m, echo)
+        out = self._respelled(route, out, echo)
         if route == "ack" and reply.status == 200 and "ack_current" in self.on and isinstance(out, dict):
             out["head"] = self.n.seq(m, self.store.get_monitor(m).head)
             info = await self.inner.request("GET", f"/subscriptions/{parts[1]}", token=token)
@@ -269,6 +294,20 @@ class VariantTransport:
         """Rewrite a request into the engine's numbering; answer at once where the variant refuses."""
         if route == "ack" and isinstance(body, dict):
             c = body.get("cursor")
+            if "negative_backwards" in self.on and _is_int(c) and c < 0:
+                sub = self.store.get_subscription(parts[1])
+                if sub is not None:
+                    return Reply(
+                        409,
+                        {
+                            "code": "CURSOR_BACKWARDS",
+                            "error": f"ack {c} is below the cursor; acks only move forward",
+                            "done": [],
+                            "cursor": self.n.cursor(m, sub.cursor),
+                            "requested": c,
+                            "head": self.n.seq(m, self.store.get_monitor(m).head),
+                        },
+                    )
             if "text_cursor" in self.on and isinstance(c, str) and c.isascii() and c.isdigit():
                 c = int(c)
             if "dead_text_cursor" in self.breaks and not _is_int(c):
@@ -283,6 +322,9 @@ class VariantTransport:
                 return Reply(200, {"subscription": parts[1], "monitor": m, "cursor": None, "next": None,
                                    "head": None, "lag": None, "observations": []})  # fmt: skip
             c = q.get("cursor")
+            if "negative_backwards" in self.on and c == "-1":
+                c = q["cursor"] = 0 if "cursor_floor" not in self.on else self.n.cursor(m, 1)
+                echo["negative"] = True
             if isinstance(c, str) and c.isascii() and c.isdigit():
                 c = int(c)
             if _is_int(c):
@@ -297,9 +339,26 @@ class VariantTransport:
                 refused = self._undeclared(m, types)
                 if refused is not None:
                     return refused
+            if "disjoint_empty" in self.breaks and "types" in q:
+                sub = self.store.get_subscription(parts[1])
+                wanted = set(q["types"] if isinstance(q["types"], list) else [q["types"]])
+                theirs = (sub.filter or {}).get("types") if sub is not None else None
+                if isinstance(theirs, list) and theirs and not wanted & set(theirs):
+                    q["types"] = theirs  # read as the subscription's own, then nothing is delivered
+                    echo["empty"] = True
         elif route == "seek" and isinstance(body, dict):
             body["cursor"] = self.n.to_cursor(m, body.get("cursor"))
         elif route == "subscribe" and isinstance(body, dict):
+            rec = self.store.get_monitor(m) if m else None
+            if "retired_closed" in self.on and rec is not None and rec.status.value == "retired":
+                return Reply(
+                    409,
+                    {
+                        "code": "UNAVAILABLE",
+                        "error": f"monitor {m} is retired: no new subscriptions",
+                        "done": [],
+                    },
+                )
             if _is_int(body.get("from")):
                 body["from"] = self.n.to_cursor(m, body["from"])
             if "declared_types" in self.on:
@@ -370,6 +429,41 @@ class VariantTransport:
             ack = {"cursor": reply.body["next"]}
             await self.inner.request("POST", f"/subscriptions/{parts[1]}/ack", body=ack, token=token)
         return reply
+
+    def _remember(self, route: str, parts: list[str], reply: Reply) -> None:
+        body = reply.body if isinstance(reply.body, dict) else {}
+        if reply.status == 201 and parts == ["monitors"] and isinstance(body.get("monitor"), dict):
+            self.tokens[body["monitor"]["id"]] = body["owner_token"]
+        if reply.status == 201 and route == "subscribe" and isinstance(body.get("subscription"), dict):
+            self.tokens[body["subscription"]["id"]] = body["token"]
+
+    def _respelled(self, route: str, out: Any, echo: dict[str, Any]) -> Any:
+        """What the reply's other spellings change, after the numbering (time, raw, cursor, subscriber)."""
+        if route == "pull" and isinstance(out, dict):
+            if echo.get("empty"):
+                out["observations"] = []
+            if "cursor_one" in self.on and out.get("cursor") == 0:
+                out["cursor"] = 1
+        if {"time_offset", "raw_text"} & self.on or "no_subscriber" in self.breaks:
+            out = self._walk(out)
+        return out
+
+    def _walk(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [self._walk(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: self._walk(v) for k, v in node.items()}
+        if "specversion" in node:
+            t = node.get("time")
+            if "time_offset" in self.on and isinstance(t, str) and t.endswith("Z"):
+                node["time"] = t[:-1] + "+00:00"
+            p = (node.get("data") or {}).get("payload")
+            if "raw_text" in self.on and isinstance(p, dict) and "raw" in p and not isinstance(p["raw"], str):
+                p["raw"] = json.dumps(p["raw"])
+        if "no_subscriber" in self.breaks and str(node.get("id", "")).startswith("sub-") and "cursor" in node:
+            node.pop("subscriber", None)
+        return node
 
     # ---- replies -------------------------------------------------------------------------------------
     def _out(self, node: Any, m: str | None, echo: dict[str, Any]) -> Any:

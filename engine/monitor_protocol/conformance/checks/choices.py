@@ -2,7 +2,8 @@
 still proves them): exact defaults, dense per-monitor seqs, lease expiry rows, protocol rows, bounded
 reads, this server's two advertised extensions, and where this project and another implementation may
 legitimately differ (X48..X53: cursor 0, filters on undeclared types, a cursor sent as text, where an
-error names the value, a re-sent ack's head, this project's own schemas)."""
+error names the value, a re-sent ack's head, this project's own schemas; X59..X60: a negative cursor,
+subscribing to a retired monitor)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from monitor_protocol.conformance.checks.base import (
     need_jsonschema,
     payload,
     posint,
+    same_place,
     seq_of,
     system_measured,
     tour,
@@ -299,6 +301,8 @@ async def x48(ctx: Context) -> None:
     need(ids[:1] == ["1"], f"cursor 0 did not start at seq 1: {ids[:3]}")
     need(ids == [o["id"] for o in one["observations"]], "cursors 0 and 1 delivered different pages")
     need(s.body["cursor"] == 0, f"control: a new subscription starts at cursor 0, not {s.body['cursor']}")
+    plain = await ctx.pulled(s)
+    need(plain["cursor"] == 0, f"a new subscription's pull says cursor {plain['cursor']}, not its 0")
 
 
 @check(
@@ -398,3 +402,44 @@ async def x53(ctx: Context) -> str:
     need_jsonschema(ctx, "X53")
     await tour(ctx)
     return validate_seen(ctx, "X53", "project", schema_dir())
+
+
+@check(
+    "X59",
+    "a negative cursor is 400 INVALID in an ack and in a pull: integers are 0..2^53",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 10 (integers in queries and bodies are within"
+    " 0..2^53); C27 also lets an ack of -1 be CURSOR_BACKWARDS and a replay from -1 start at the beginning",
+)
+async def x59(ctx: Context) -> None:
+    m = await ctx.create("x59")
+    await ctx.pub(m)
+    s = await ctx.sub(m)
+    p = await ctx.pulled(s)
+    expect(await ctx.ack(s, -1), 400, "INVALID", "ack cursor -1")
+    expect(await ctx.pull(s, cursor="-1"), 400, "INVALID", "pull cursor=-1")
+    need(same_place((await ctx.pulled(s))["cursor"], p["cursor"]), "a refused -1 moved the cursor")
+    expect(await ctx.pull(s, cursor="0"), 200, what="control: pull cursor=0")
+
+
+@check(
+    "X60",
+    "a retired monitor still takes a subscription, so its log stays readable by a new reader",
+    profile=PROJECT,
+    rule="this project's choice, docs/protocol.md section 5 (subscribe rules: a retired monitor is not among"
+    " the refusals; its writes are UNAVAILABLE, its reads are not)",
+)
+async def x60(ctx: Context) -> None:
+    m = await ctx.create("x60")
+    await ctx.pub(m)
+    expect(await ctx.configure(m, "retire"), 200, what="retire")
+    r = expect(await ctx.subscribe(m), 201, what="subscribe to a retired monitor")
+    sub_id, token = r["subscription"]["id"], r["token"]
+    page = expect(
+        await ctx.req("GET", f"/subscriptions/{sub_id}/pull", token=token), 200, what="pull a retired monitor"
+    )
+    need(
+        any(o["type"] == A for o in page["observations"]),
+        f"the retired monitor's log is not served: {[o['type'] for o in page['observations']]}",
+    )
+    expect(await ctx.publish(m), 409, "UNAVAILABLE", "control: a retired monitor takes no publish")

@@ -338,9 +338,13 @@ async def c23(ctx: Context) -> None:
     expect(await ctx.pull(s, token=None), 401, "UNAUTHORIZED", "pull without a token")
     p = await ctx.pulled(s)  # control: the reader token pulls, and gives the cursor the next ack may send
     expect(await ctx.ack(s, p["next"], token=bad), 401, "UNAUTHORIZED", "ack with a wrong token")
-    r = await ctx.req("POST", f"/monitors/{m.id}/pause", body={"reason": "x"}, token=bad)
-    expect(r, 401, "UNAUTHORIZED", "pause with a wrong token")
+    expect(await ctx.ack(s, p["next"], token=None), 401, "UNAUTHORIZED", "ack without a token")
+    for action in ("pause", "resume"):
+        for token, how in ((bad, "a wrong token"), (None, "no token")):
+            r = await ctx.req("POST", f"/monitors/{m.id}/{action}", body={"reason": "x"}, token=token)
+            expect(r, 401, "UNAUTHORIZED", f"{action} with {how}")
     expect(await ctx.ack(s, p["next"]), 200, what="control: ack with the reader token")
+    expect(await ctx.configure(m, "pause"), 200, what="control: pause with the owner token")
 
 
 @check(
