@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.parse
@@ -449,6 +450,8 @@ def _closed_port() -> int:
         ("unreachable", 1, "Connection refused"),
         ("bad-port", 1, "cannot connect to PostgreSQL at postgresql://mp:***@127.0.0.1:notaport/db"),
         ("not-a-database", 1, "is damaged or is not a SQLite database"),
+        ("empty-source", 1, "holds no Monitor Protocol database"),
+        ("another-programs-database", 1, "holds no Monitor Protocol database"),
     ],
 )
 def test_bad_arguments_fail_in_one_line_without_a_traceback(
@@ -468,6 +471,15 @@ def test_bad_arguments_fail_in_one_line_without_a_traceback(
         target = "postgresql://mp:hunter2-secret@127.0.0.1:notaport/db"
     elif case == "not-a-database":
         source.write_bytes(b"this is not a database, only text" * 200)
+    elif case == "empty-source":
+        source = tmp_path / "empty.db"
+        source.write_bytes(b"")
+    elif case == "another-programs-database":
+        source = tmp_path / "notes.db"
+        with sqlite3.connect(source) as con:
+            con.execute("CREATE TABLE notes (text TEXT)")
+        con.close()
+    before = source.read_bytes() if source.exists() else None
     proc = run_migrate("--from", str(source), "--to", target, timeout=60)
     assert proc.returncode == status, proc.stderr
     assert proc.stdout == ""
@@ -476,6 +488,8 @@ def test_bad_arguments_fail_in_one_line_without_a_traceback(
     assert "Traceback" not in proc.stderr and "hunter2-secret" not in proc.stderr
     if case == "missing-source":
         assert not source.exists()  # never created by the attempt
+    else:
+        assert source.read_bytes() == before  # the source is never written, whatever it holds
     if case == "sqlite-path-as-target":
         assert not Path(target).exists()
 

@@ -519,6 +519,13 @@ def open_source(path: str) -> Any:
         )
     if not os.path.isfile(path):
         raise MigrateError(f"the source {path} is not a file: --from names a SQLite database file")
+    if not _holds_a_log(path):
+        # Opening it as mp serve does would write a fresh schema into it: the source is never written.
+        raise MigrateError(
+            f"the source {path} holds no Monitor Protocol database (no monitors table: an empty or another "
+            "program's file); nothing was written to it. --from names the SQLite database file mp serve "
+            "used (its --db, ./monitor-protocol.db by default)"
+        )
     try:
         return SQLiteStore(path)
     except StoreLocked as exc:
@@ -530,6 +537,25 @@ def open_source(path: str) -> Any:
         raise MigrateError(f"cannot open the source {path}: {exc}") from None
     except Exception as exc:
         raise MigrateError(f"cannot open the source {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _holds_a_log(path: str) -> bool:
+    """Whether the file has mp serve's tables, read without writing (SQLite's read-only mode); a file
+    SQLite cannot read at all is left to the store's own message (damaged, or not a database)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
+        try:
+            row = con.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'monitors'"
+            ).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return True
+    return row is not None
 
 
 def check_target_url(url: str) -> None:
