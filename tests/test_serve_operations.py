@@ -181,6 +181,9 @@ def test_db_lanes_comes_from_a_flag_or_the_environment_and_a_wrong_word_is_named
         ("port = \n", "not valid TOML"),
         ("max_body = true\n", "whole number"),
         ('keep_alive = "soon"\n', "keep_alive: expected a number (seconds"),
+        ('registration_token = ""\n', "registration_token: expected a non-empty string"),
+        ('metrics_token = "  "\n', "metrics_token: expected a non-empty string"),
+        ('db = ""\n', "db: expected a non-empty string"),
     ],
 )
 def test_a_bad_config_file_is_refused_with_a_sentence(tmp_path, text, needle):
@@ -618,6 +621,80 @@ def test_sighup_reloads_allowed_origins_without_dropping_connections(tmp_path):
     assert any("max_body" in line and "need a restart" in line for line in reload_lines), log
     for line in reload_lines:
         assert STAMP.match(line), line  # the engine's loggers are timestamped too
+
+
+def test_sighup_says_when_the_environment_hides_a_reloadable_file_setting(tmp_path, monkeypatch, caplog):
+    """Found by a tester: with MP_ALLOW_ORIGIN set (as the unit's comments once advised), a reload read the
+    file's allow_origin, kept the environment's, and said only "origins allowed: <the environment's>"."""
+    config = tmp_path / "mp.toml"
+    config.write_text('allow_origin = ["https://file.example"]\n')
+    monkeypatch.setenv("MP_ALLOW_ORIGIN", "https://env.example")
+    flags = parse("--config", str(config))
+    cfg, _ = serve_config.resolve_settings(flags)
+    router, app = argparse.Namespace(), argparse.Namespace()
+    reload = serve_config.Reloader(flags, cfg, router, app)
+    with caplog.at_level("INFO", logger="monitor_protocol.serve"):
+        reload()
+    assert router.allowed_origins == {"https://env.example"}  # the environment still wins, as documented
+    said = [r.getMessage() for r in caplog.records if "not in force" in r.getMessage()]
+    assert len(said) == 1 and "allow_origin" in said[0] and "MP_ALLOW_ORIGIN" in said[0], said
+    # control: without the environment variable the file is in force, and nothing is said
+    caplog.clear()
+    monkeypatch.delenv("MP_ALLOW_ORIGIN")
+    with caplog.at_level("INFO", logger="monitor_protocol.serve"):
+        reload()
+    assert router.allowed_origins == {"https://file.example"}
+    assert not [r for r in caplog.records if "not in force" in r.getMessage()]
+
+
+def test_the_documented_online_backup_copies_a_serving_database_whole(tmp_path):
+    """docs/serve.md's backup line, run as written while the server takes publishes: the copy is served as
+    it is, with every publish acknowledged before the backup began and the reader's acknowledged cursor."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
+    section = text.split("### Backing up", 1)[1].split("\n## ", 1)[0]
+    line = re.search(r"```sh\n(python3 -c .+)\n```", section).group(1)
+    db, copy = tmp_path / "live.db", tmp_path / "backup.db"
+    command = line.replace("/var/lib/monitor-protocol/monitor-protocol.db", str(db))
+    command = command.replace("/var/backups/monitor-protocol.db", str(copy))
+    obs = {"type": RUN, "subject": "b-1"}
+    with running_server(tmp_path, "--db", str(db)) as (base, _proc):
+        mp = httpx.Client(base_url=base + "/mp/v0", timeout=60)
+        owner = create_monitor(mp, "kept")
+        for _ in range(30):
+            assert mp.post("/monitors/kept/observations", json=obs, headers=bearer(owner)).status_code == 201
+        sub = mp.post("/subscriptions", json={"monitor": "kept", "subscriber": "agent:b"}).json()
+        sub_id, reader = sub["subscription"]["id"], sub["token"]
+        page = mp.get(f"/subscriptions/{sub_id}/pull", params={"limit": 10}, headers=bearer(reader)).json()
+        acked = mp.post(f"/subscriptions/{sub_id}/ack", json={"cursor": page["next"]}, headers=bearer(reader))
+        assert acked.status_code == 200
+        head = mp.get("/monitors/kept", headers=bearer(owner)).json()["head"]
+        stop = threading.Event()
+
+        def publish_on() -> None:  # the server goes on writing while the copy is taken
+            with httpx.Client(base_url=base + "/mp/v0", timeout=60) as other:
+                while not stop.is_set():
+                    other.post("/monitors/kept/observations", json=obs, headers=bearer(owner))
+
+        writer = threading.Thread(target=publish_on)
+        writer.start()
+        try:
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+        finally:
+            stop.set()
+            writer.join(30)
+            mp.close()
+        assert done.returncode == 0, done.stderr
+    with running_server(tmp_path, "--db", str(copy)) as (base, _proc):
+        mp = httpx.Client(base_url=base + "/mp/v0", timeout=60)
+        assert mp.get("/monitors/kept", headers=bearer(owner)).json()["head"] >= head  # the owner's token
+        again = mp.get(f"/subscriptions/{sub_id}/pull", params={"limit": 1}, headers=bearer(reader)).json()
+        assert again["cursor"] == page["next"]  # the reader's token and acknowledged cursor came along
+        log = mp.get(
+            f"/subscriptions/{sub_id}/pull", params={"cursor": 1, "limit": 200}, headers=bearer(reader)
+        ).json()
+        mp.close()
+    seqs = [int(o["id"]) for o in log["observations"]]
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= head  # dense, nothing missing
 
 
 # -- uvloop is optional ----------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ SETTINGS: dict[str, tuple[str, str]] = {
 }
 CONFIG_ENV = "MP_CONFIG"
 CONFIG_ALIASES = {"admin_token": "allow_admin"}  # the file may say admin_token, like MP_ADMIN_TOKEN
+RELOADABLE = ("allow_origin", "allow_host", "metrics_token")  # what SIGHUP applies (Reloader)
 RESTART_ONLY = (
     "host",
     "port",
@@ -131,6 +132,8 @@ def _convert(name: str, kind: str, value: Any, where: str) -> Any:
         if kind == "str":
             if not text:
                 raise ValueError("expected a string")
+            if not value.strip():  # an unfilled template's "": a token left empty must not mean "none"
+                raise ValueError("expected a non-empty string (leave the setting out to have none)")
             return value
         if kind == "admin":  # a token, or true to mint one, or false for off
             if isinstance(value, bool):
@@ -381,7 +384,8 @@ class Reloader:
 
     def __call__(self) -> None:
         try:
-            fresh, _sources = resolve_settings(self.flags)
+            fresh, sources = resolve_settings(self.flags)
+            in_file = read_config_file(fresh.config) if fresh.config else {}
         except ConfigError as exc:
             self.log.error("SIGHUP: configuration not reloaded, the running one stays in force: %s", exc)
             return
@@ -406,3 +410,18 @@ class Reloader:
             self.log.warning(
                 "SIGHUP: changed settings that need a restart were not applied: %s", ", ".join(pending)
             )
+        for name in RELOADABLE:
+            # the file's value is read, and not in force: a flag or the environment (fixed at start) wins
+            if (
+                name in in_file
+                and not sources[name].startswith("config ")
+                and in_file[name] != getattr(fresh, name)
+            ):
+                self.log.warning(
+                    "SIGHUP: %s in %s is not in force: %s wins over the config file and is read only at "
+                    "start (remove it there to manage %s in the file)",
+                    name,
+                    fresh.config,
+                    sources[name],
+                    name,
+                )
