@@ -348,6 +348,33 @@ def test_an_http_fetch_reports_status_time_size_and_a_picked_value_and_5xx_is_no
     assert sources.fetch_body(plan, 404, 3, b"", 0)["data"]["answered"] is True  # the server answered
 
 
+async def test_a_guarded_fetch_of_a_name_that_does_not_resolve_is_not_answering_not_refused():
+    """Found by a tester: run by the server, an http source whose host did not resolve (a DNS outage, a
+    typo) was "refused" by policy and published nothing, so no stale_source ever came; `mp probe` published
+    the same failure as not answering (section 12). Control: an internal address is still refused."""
+    from monitor_protocol.doors.sources.fetch import Fetcher
+
+    def no_such_host(host: str) -> list[str]:
+        raise OSError(-2, "Name or service not known")
+
+    fetcher = Fetcher(guarded=True, resolve=no_such_host)
+    try:
+        fetched = await fetcher.fetch("https://status.example/health", 5)
+        assert fetched.refused is None and fetched.status is None
+        assert "could not be resolved" in (fetched.failure or "")
+        plan = sources.plan_of(mon("http", "https://status.example/health"))
+        silent = sources.silent_body(plan, str(fetched.failure), "h-1", ms=fetched.ms)
+        assert silent["data"]["answered"] is False and "could not be resolved" in silent["data"]["reason"]
+        inside = Fetcher(guarded=True, resolve=lambda host: ["10.1.2.3"])
+        try:
+            refused = await inside.fetch("https://intranet.example/health", 5)
+        finally:
+            await inside.close()
+        assert refused.refused and "10.1.2.3" in refused.refused and refused.failure is None
+    finally:
+        await fetcher.close()
+
+
 def test_on_change_suppresses_repeats_and_keeps_an_answering_source_fresh():
     plan = sources.plan_of(mon("http", "https://e.com", on_change=True))
     a = sources.change_key(sources.fetch_body(plan, 200, 10, b"", 0))

@@ -24,6 +24,11 @@ def same_host(a: str, b: str) -> bool:
     return a.lower().rstrip(".") == b.lower().rstrip(".")
 
 
+class Unresolved(str):
+    """vet's answer when the host does not resolve now: not a refusal of the URL but an outage (a source is
+    then published as not answering; a push is retried), said in the same kind of sentence."""
+
+
 async def vet(
     url: str,
     allowed: Collection[str],
@@ -46,7 +51,7 @@ async def vet(
     try:
         addresses = await asyncio.to_thread(resolve, host)
     except (OSError, UnicodeError) as exc:
-        return f"{what} host {host} could not be resolved ({exc})"
+        return Unresolved(f"{what} host {host} could not be resolved ({exc})")
     refusal = netguard.sink_refusal(url, allowed, resolve=lambda _host: addresses)
     if refusal is not None:
         return refusal

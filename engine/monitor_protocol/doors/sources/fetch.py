@@ -62,6 +62,8 @@ class Fetcher:
         targets: list[tuple[httpx.URL | str, dict[str, str], dict[str, str]]] = [(url, headers, {})]
         if self.guarded:
             vetted = await sinkguard.vet(url, self.allowed_sinks, self.resolve, what="source")
+            if isinstance(vetted, sinkguard.Unresolved):  # a name that does not resolve now: not answering
+                return Fetched(None, ms(), failure=f"cannot connect: {vetted}"[:300])
             if isinstance(vetted, str):
                 return Fetched(None, ms(), refused=vetted)
             targets = [sinkguard.pinned(url, address, headers) for address in vetted]
