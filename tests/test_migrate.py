@@ -478,6 +478,7 @@ def test_bad_arguments_fail_in_one_line_without_a_traceback(
         source = tmp_path / "notes.db"
         with sqlite3.connect(source) as con:
             con.execute("CREATE TABLE notes (text TEXT)")
+            con.execute("CREATE TABLE monitors (name TEXT)")  # a table of the same name is not enough
         con.close()
     before = source.read_bytes() if source.exists() else None
     proc = run_migrate("--from", str(source), "--to", target, timeout=60)

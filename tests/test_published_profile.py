@@ -164,9 +164,22 @@ def test_c29_judges_objects_by_where_they_are_served_not_by_the_keys_they_carry(
     seen = Seen()
     classify({"observations": [row]}, seen, None, True)
     assert set(seen.by_kind()) == {"observation"}
-    seen = Seen()
-    classify({"subscription": {"id": "sub-00ff00ff", "cursor": 0}, "token": "t"}, seen, None, True)
-    assert seen.by_kind() == {"subscription": [{"id": "sub-00ff00ff", "cursor": 0}]}
+    seen = Seen()  # a publisher's own data that looks like a configured row's `after` is data
+    classify(
+        {"observation": {**row, "type": "com.example.x", "data": {"payload": {"after": {"k": 1}}}}}, seen
+    )
+    assert set(seen.by_kind()) == {"observation"}
+    seen = Seen()  # control: a configured row's `after` is the Monitor
+    configured = {**row, "type": "ai.mentu.monitor.configured", "data": {"payload": {"after": {"id": "m"}}}}
+    classify({"observations": [configured]}, seen)
+    assert seen.by_kind()["monitor"] == [{"id": "m"}]
+    seen = Seen()  # recognised by where it is served, not by keys it may lack (no cursor, no subscriber)
+    classify({"subscription": {"id": "sub-00ff00ff"}, "token": "t"}, seen, None, True)
+    assert seen.by_kind() == {"subscription": [{"id": "sub-00ff00ff"}]}
+    seen = Seen()  # a served object's own extra member is not a served object
+    listed = {"id": "m", "horizon": "event", "capabilities": [], "visibility": "public", "owner": "agent:o"}
+    classify({"monitors": [{**listed, "state": {"live": True}}]}, seen, None, True)
+    assert set(seen.by_kind()) == {"monitor"}
     seen = Seen()
     assert not named_route("/discover")
     classify({"capabilities": {"leases": {"delivery_count_limit": 5}}}, seen, None, named_route("/discover"))

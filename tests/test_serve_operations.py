@@ -623,6 +623,19 @@ def test_sighup_reloads_allowed_origins_without_dropping_connections(tmp_path):
         assert STAMP.match(line), line  # the engine's loggers are timestamped too
 
 
+def test_only_tokens_and_the_database_must_be_filled_in(tmp_path):
+    """A token or db of spaces is refused from the environment too (an empty variable still counts as
+    unset); `host = ""` stays what it was, every interface (control: only what must be filled is)."""
+    with pytest.raises(serve_config.ConfigError, match="MP_REGISTRATION_TOKEN: expected a non-empty string"):
+        serve_config.resolve_settings(parse(), {"MP_REGISTRATION_TOKEN": "  "})
+    cfg, sources = serve_config.resolve_settings(parse(), {"MP_REGISTRATION_TOKEN": ""})
+    assert sources["registration_token"] == "default"
+    config = tmp_path / "host.toml"
+    config.write_text('host = ""\n')
+    cfg, sources = serve_config.resolve_settings(parse("--config", str(config)), {})
+    assert cfg.host == "" and sources["host"].startswith("config ")
+
+
 def test_sighup_says_when_the_environment_hides_a_reloadable_file_setting(tmp_path, monkeypatch, caplog):
     """Found by a tester: with MP_ALLOW_ORIGIN set (as the unit's comments once advised), a reload read the
     file's allow_origin, kept the environment's, and said only "origins allowed: <the environment's>"."""
@@ -653,9 +666,9 @@ def test_the_documented_online_backup_copies_a_serving_database_whole(tmp_path):
     text = (Path(__file__).resolve().parents[1] / "docs" / "serve.md").read_text()
     section = text.split("### Backing up", 1)[1].split("\n## ", 1)[0]
     line = re.search(r"```sh\n(python3 -c .+)\n```", section).group(1)
-    db, copy = tmp_path / "live.db", tmp_path / "backup.db"
-    command = line.replace("/var/lib/monitor-protocol/monitor-protocol.db", str(db))
-    command = command.replace("/var/backups/monitor-protocol.db", str(copy))
+    db, copy = tmp_path / "live #1?.db", tmp_path / "backup.db"  # a path a bare file: URI would misread
+    command = line.replace("/var/lib/monitor-protocol/monitor-protocol.db", shlex.quote(str(db)))
+    command = command.replace("/var/backups/monitor-protocol.db", shlex.quote(str(copy)))
     obs = {"type": RUN, "subject": "b-1"}
     with running_server(tmp_path, "--db", str(db)) as (base, _proc):
         mp = httpx.Client(base_url=base + "/mp/v0", timeout=60)

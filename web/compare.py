@@ -56,7 +56,7 @@ def rng() -> random.Random:
     if seed is None:
         return random.Random()
     seed = str(seed).strip()
-    if seed.isascii() and seed.isdigit():
+    if seed.isascii() and seed.isdigit() and len(seed) <= 100:  # int() refuses past 4,300 digits
         return random.Random(int(seed))
     ui.note(
         "race-answer",

@@ -354,7 +354,7 @@ async def replay_btn(_el) -> Reply:
         return Reply(400, {})
     if (why := not_here("Replay")) is not None:
         note("share-answer", why, ok=False)
-        _banner_says(f"{why} Switch to that tab and open the link there.", ok=False)
+        _banner_says(f"{why} Switch to that tab and open the link there.", ok=False, why="elsewhere")
         return Reply(409, {})
     done = await replay(steps)
     failed = [t for t, r in done if r.status >= 500]
@@ -377,7 +377,7 @@ async def replay_btn(_el) -> Reply:
 def took_over() -> None:
     """This tab now owns the engine (the other one closed): a Replay refused here as a follower's is
     possible now, so its refusal is replaced rather than left to send the reader to a tab that is gone."""
-    said = js.document.querySelector("#share-open .share-said.err")
+    said = js.document.querySelector("#share-open .share-said[data-why='elsewhere']")
     if said and OPENED["steps"] and not_here("Replay") is None:
         _banner_says("The other tab closed: this tab owns the engine now, so Replay works here.", ok=True)
 
@@ -393,14 +393,16 @@ def _show_log() -> None:
         title.scrollIntoView(ui.js_options(block="start"))
 
 
-def _banner_says(text: str, *, ok: bool) -> None:
-    """The outcome of Replay in the shared scenario's own box, where the button was pressed."""
+def _banner_says(text: str, *, ok: bool, why: str = "") -> None:
+    """The outcome of Replay in the shared scenario's own box, where the button was pressed (`why` marks a
+    refusal that a later change takes back: "elsewhere", refused in a tab that did not own the engine)."""
     box = el("share-open")
     said = box.querySelector(".share-said")
     if not said:  # the DOM's null arrives as a falsy JsNull
         said = js.document.createElement("p")
         box.appendChild(said)
     said.className = "share-said " + ("ok" if ok else "err")
+    said.setAttribute("data-why", why)
     said.setAttribute("role", "status")
     said.textContent = text  # text, never markup: a monitor id or a reason is shown as it is
 

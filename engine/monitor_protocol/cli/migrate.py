@@ -522,8 +522,8 @@ def open_source(path: str) -> Any:
     if not _holds_a_log(path):
         # Opening it as mp serve does would write a fresh schema into it: the source is never written.
         raise MigrateError(
-            f"the source {path} holds no Monitor Protocol database (no monitors table: an empty or another "
-            "program's file); nothing was written to it. --from names the SQLite database file mp serve "
+            f"the source {path} holds no Monitor Protocol database (no monitors, observations and "
+            "subscriptions tables: an empty or another program's file); nothing was written to it. --from names the SQLite database file mp serve "
             "used (its --db, ./monitor-protocol.db by default)"
         )
     try:
@@ -548,14 +548,12 @@ def _holds_a_log(path: str) -> bool:
     try:
         con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
         try:
-            row = con.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'monitors'"
-            ).fetchone()
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
             con.close()
     except sqlite3.Error:
         return True
-    return row is not None
+    return {"monitors", "observations", "subscriptions"} <= names
 
 
 def check_target_url(url: str) -> None:

@@ -32,10 +32,10 @@ DB_LANES = ("green", "threads")
 SETTINGS: dict[str, tuple[str, str]] = {
     "host": ("MP_HOST", "str"),
     "port": ("MP_PORT", "int"),
-    "db": ("MP_DB", "str"),
-    "registration_token": ("MP_REGISTRATION_TOKEN", "str"),
+    "db": ("MP_DB", "filled"),
+    "registration_token": ("MP_REGISTRATION_TOKEN", "filled"),
     "allow_admin": ("MP_ADMIN_TOKEN", "admin"),
-    "metrics_token": ("MP_METRICS_TOKEN", "str"),
+    "metrics_token": ("MP_METRICS_TOKEN", "filled"),
     "allow_origin": ("MP_ALLOW_ORIGIN", "list"),
     "allow_host": ("MP_ALLOW_HOST", "list"),
     "allow_sink": ("MP_ALLOW_SINK", "list"),
@@ -129,10 +129,11 @@ def _convert(name: str, kind: str, value: Any, where: str) -> Any:
     """One setting's value from a string (environment) or a TOML value (config file)."""
     text = isinstance(value, str)
     try:
-        if kind == "str":
+        if kind in ("str", "filled"):
             if not text:
                 raise ValueError("expected a string")
-            if not value.strip():  # an unfilled template's "": a token left empty must not mean "none"
+            if kind == "filled" and not value.strip():
+                # an unfilled template's "": a token left empty must not mean "none", a db "" no file
                 raise ValueError("expected a non-empty string (leave the setting out to have none)")
             return value
         if kind == "admin":  # a token, or true to mint one, or false for off
@@ -372,6 +373,13 @@ def sources_line(cfg: argparse.Namespace) -> str:
     )
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Two values of a setting alike (a list's order does not matter: origins and hosts are sets)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return set(a) == set(b)
+    return a == b
+
+
 class Reloader:
     """SIGHUP: re-read the environment and the --config file and apply what can change while serving
     (allowed origins and hosts, the metrics token) without dropping a connection; the rest is reported
@@ -415,7 +423,7 @@ class Reloader:
             if (
                 name in in_file
                 and not sources[name].startswith("config ")
-                and in_file[name] != getattr(fresh, name)
+                and not _same(in_file[name], getattr(fresh, name))
             ):
                 self.log.warning(
                     "SIGHUP: %s in %s is not in force: %s wins over the config file and is read only at "

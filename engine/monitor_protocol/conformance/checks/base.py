@@ -108,9 +108,9 @@ def expect(reply: Reply, status: int, code: str | None = None, what: str = "") -
 
 def same_place(a: Any, b: Any) -> bool:
     """Whether two cursors are the same position: section 8 says 0 and 1 both mean from the beginning."""
-    return a == b or (
-        {a, b} == {0, 1} and all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b))
-    )
+    if a == b:
+        return True
+    return all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b)) and {a, b} == {0, 1}
 
 
 def seq_of(obs: dict[str, Any]) -> int:
@@ -189,10 +189,12 @@ def classify(node: Any, seen: Seen, kind: str | None = None, by_name: bool = Tru
     kind = kind or _kind_by_keys(node)
     if kind is not None:
         seen.add(kind, node)
+        by_name = False  # inside a served object, a member's name is its own (a monitor's extra `state`)
     if kind == "observation":
-        after = ((node.get("data") or {}).get("payload") or {}) if isinstance(node.get("data"), dict) else {}
-        if isinstance(after, dict) and isinstance(after.get("after"), dict):
-            classify(after["after"], seen, "monitor")
+        data = node.get("data") if isinstance(node.get("data"), dict) else {}
+        p = data.get("payload") if isinstance(data.get("payload"), dict) else {}
+        if node.get("type") == T_CONFIGURED and isinstance(p.get("after"), dict):
+            classify(p["after"], seen, "monitor")
         return
     for key, value in node.items():
         if key in ("raw", "before", "diff"):
@@ -419,6 +421,12 @@ class Context:
         out: list[dict[str, Any]] = []
         cursor = m.reader.body["cursor"]
         page = await self.page()
+        first = await self.pull(m.reader, cursor=cursor, limit=page)
+        if first.status == 404 and isinstance(first.body, dict) and first.body.get("retired"):
+            # a server may retire a monitor's readers with it; re-subscribing with the reader's own token
+            # reactivates it (section 5), and a read-only replay from its first cursor reads the log again
+            name = m.reader.body.get("subscriber") or f"agent:{self.uid('log-reader')}"
+            m.reader = await self.sub(m, name, token=m.reader.token)
         for _ in range(1000):
             p = await self.pulled(m.reader, cursor=cursor, limit=page)
             if not p["observations"]:

@@ -272,8 +272,9 @@ async def c25(ctx: Context) -> None:
     " NaN or a dead subscription)",
 )
 async def c27(ctx: Context) -> None:
-    """Only cursors that are not integers under any reading: "abc", 1.5, -1, true, null, [1]. Whether the
-    text "3" reads as 3 is not published (this project refuses it, X50)."""
+    """Only cursors that are not integers under any reading: "abc", 1.5, true, null, [1]; -1 is an integer,
+    refused as not a cursor or as backwards (this project: 400 INVALID, X59). Whether the text "3" reads as
+    3 is not published (this project refuses it, X50)."""
     m = await ctx.create("c27")
     await ctx.pub(m)
     s = await ctx.sub(m)
