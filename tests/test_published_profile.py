@@ -166,12 +166,15 @@ def test_c29_judges_objects_by_where_they_are_served_not_by_the_keys_they_carry(
     assert set(seen.by_kind()) == {"observation"}
     seen = Seen()  # a publisher's own data that looks like a configured row's `after` is data
     classify(
-        {"observation": {**row, "type": "com.example.x", "data": {"payload": {"after": {"k": 1}}}}}, seen
+        {"observation": {**row, "type": "com.example.x", "data": {"payload": {"after": {"k": 1}}}}},
+        seen,
+        None,
+        True,
     )
     assert set(seen.by_kind()) == {"observation"}
     seen = Seen()  # control: a configured row's `after` is the Monitor
     configured = {**row, "type": "ai.mentu.monitor.configured", "data": {"payload": {"after": {"id": "m"}}}}
-    classify({"observations": [configured]}, seen)
+    classify({"observations": [configured]}, seen, None, True)
     assert seen.by_kind()["monitor"] == [{"id": "m"}]
     seen = Seen()  # recognised by where it is served, not by keys it may lack (no cursor, no subscriber)
     classify({"subscription": {"id": "sub-00ff00ff"}, "token": "t"}, seen, None, True)

@@ -173,13 +173,14 @@ SERVED_AS = {
 }
 
 
-def classify(node: Any, seen: Seen, kind: str | None = None, by_name: bool = True) -> None:
+def classify(node: Any, seen: Seen, kind: str | None = None, by_name: bool = False) -> None:
     """Record every protocol object of a reply body by where it is served: a member named for its kind
     (`subscription`, `observations`, ...) or a route's whole body (`kind`), so an object missing a
     required key is still judged. Keys guess the kind only of an object found elsewhere. An observation's
     `data` is the publisher's or a protocol row's payload, never a served object, except a configured
-    row's `after` (section 7: the Monitor). `by_name` is off for bodies whose members are named otherwise
-    (discover's `capabilities.leases`, the admin snapshot's `monitors`): there only keys say."""
+    row's `after` (section 7: the Monitor). `by_name` is on only for section 5's routes (`named_route`):
+    elsewhere members are named otherwise (discover's `capabilities.leases`, the admin snapshot's
+    `monitors`), and a body of an unknown route is judged by keys alone."""
     if isinstance(node, list):
         for item in node:
             classify(item, seen, kind, by_name)
