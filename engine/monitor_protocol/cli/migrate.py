@@ -523,8 +523,8 @@ def open_source(path: str) -> Any:
         # Opening it as mp serve does would write a fresh schema into it: the source is never written.
         raise MigrateError(
             f"the source {path} holds no Monitor Protocol database (no monitors, observations and "
-            "subscriptions tables: an empty or another program's file); nothing was written to it. --from names the SQLite database file mp serve "
-            "used (its --db, ./monitor-protocol.db by default)"
+            "subscriptions tables: an empty or another program's file); nothing was written to it. "
+            "--from names the SQLite database file mp serve used (its --db, ./monitor-protocol.db by default)"
         )
     try:
         return SQLiteStore(path)
