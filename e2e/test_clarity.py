@@ -392,6 +392,10 @@ def test_a_share_link_pasted_into_the_same_tab_opens_at_once(any_browser):
 def test_an_embed_from_a_last_visit_offers_to_start_over(any_browser):
     page = open_page(any_browser, "/embed.html?scene=redelivery")
     assert page.is_hidden("#scene-continued")  # a first visit starts fresh
+    # found by a tester: a reload after a visit that did nothing said "goes on from your last visit"
+    page.reload()
+    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    assert page.is_hidden("#scene-continued"), "a load alone is not a visit to go on from"
     act(page, "#scene-moves button[data-move='publish']")
     page.reload()
     page.wait_for_selector("body.ready", timeout=BOOT_MS)

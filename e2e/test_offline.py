@@ -129,3 +129,31 @@ def test_a_reload_with_the_server_gone_comes_back_from_the_kept_files(own_site):
     with pytest.raises(PlaywrightError):  # the control: nothing kept, nothing to start from
         page.reload(timeout=ACT_MS)
         page.wait_for_selector("body.ready", timeout=10_000)
+
+
+def test_a_docs_page_and_an_embed_from_the_kept_files_say_so(own_site):
+    """Found by a tester: offline, a docs page and an embed came back from the copies with chips that read
+    as if the server had answered; the playground's said "offline copy". Control: served, none says it."""
+    opened = {}
+    for path in ("/docs/readme.html", "/embed.html?scene=lease&id=off"):
+        page = own_site.browser.open(path, own_site.browser.new_page(), timeout=BOOT_MS)
+        label = page.inner_text("#status-chip .label")
+        assert label.startswith("ready") and "offline copy" not in label, label  # served: nothing said
+        # every file of the site the page fetched (its modules load after it is ready), then kept
+        loaded = page.evaluate(
+            "[...new Set(performance.getEntriesByType('resource').map(e => new URL(e.name))"
+            ".filter(u => u.origin === location.origin && !u.pathname.startsWith('/mp/v0')).map(u => u.pathname))]"
+        )
+        wait_kept(page, path.split("?")[0], *loaded)
+        opened[path] = page
+    own_site.stop_server()
+    for page in opened.values():
+        page.reload()
+        page.wait_for_selector("body.ready", timeout=BOOT_MS)
+        page.wait_for_function(
+            "document.querySelector('#status-chip .label').textContent.startsWith('ready · offline copy')",
+            timeout=ACT_MS,
+        )
+    refused = ("net::ERR_CONNECTION_REFUSED", "net::ERR_FAILED")
+    own_site.browser.guard.errors = [e for e in own_site.browser.guard.errors if not e.endswith(refused)]
+    own_site.browser.guard.check()

@@ -22,7 +22,7 @@ import story
 import track
 import ui
 import words
-from door import ENGINE
+from door import ENGINE, said_offline, when_offline
 from pyodide.ffi import create_proxy
 from ui import ACTIONS, el
 
@@ -84,13 +84,6 @@ def set_chip() -> None:
     if ENGINE.mode == "follower":
         chip.className = "chip warn"
         label.textContent = "ready · another tab owns the engine"
-    elif ENGINE.storage == "indexeddb" and getattr(MP, "fromCopies", False):
-        chip.className = "chip ok"
-        label.textContent = "ready · offline copy · saved in IndexedDB"
-        chip.title = (
-            "The server did not answer: this page came from the copies the service worker kept. The engine and "
-            "your log work as before; reload once the server is back."
-        )
     elif ENGINE.storage == "indexeddb":
         chip.className = "chip ok"
         label.textContent = "ready · saved in IndexedDB"
@@ -98,6 +91,7 @@ def set_chip() -> None:
         chip.className = "chip warn"
         label.textContent = "ready · memory only: not saved"
         chip.title = ENGINE.storage_reason or "IndexedDB is not available in this browser"
+    said_offline(chip, label)
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -190,7 +184,7 @@ async def main() -> None:
     await remote.setup()
     await story.setup()
     doc.addEventListener("click", create_proxy(on_click))
-    doc.addEventListener("mp:from-copies", create_proxy(lambda _e: set_chip()))  # boot.js, from the worker
+    when_offline(set_chip)  # boot.js, from the worker
     el("monitor-pick").addEventListener(
         "change", create_proxy(lambda e: ui.run_task(actions.pick(str(e.target.value))))
     )

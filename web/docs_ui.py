@@ -21,7 +21,7 @@ from typing import Any
 import curl
 import docs_check
 import js
-from door import ENGINE
+from door import ENGINE, said_offline, when_offline
 from pyodide.ffi import create_proxy, to_js
 
 MP = js.MP
@@ -328,6 +328,7 @@ def set_chip() -> None:
         chip.className, label.textContent = "chip ok", f"ready · engine {MP.ns}, saved in IndexedDB"
     else:
         chip.className, label.textContent = "chip warn", "ready · memory only: not saved"
+    said_offline(chip, label)
 
 
 def following() -> None:
@@ -362,6 +363,7 @@ async def main() -> None:
     await ENGINE.open(following, took_over)
     await load_shell()
     doc.addEventListener("click", create_proxy(on_click))
+    when_offline(set_chip)
     el("reset-btn").addEventListener("click", create_proxy(lambda e: asyncio.ensure_future(reset(e))))
     el("reset-btn").disabled = ENGINE.mode != "owner"
     for b in doc.querySelectorAll("button.run"):

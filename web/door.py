@@ -18,6 +18,26 @@ from monitor_protocol.store.memory import MemoryStore
 from pyodide.ffi import create_proxy
 
 MP = js.MP
+OFFLINE_TITLE = (
+    "The server did not answer: this page came from the copies the service worker kept. The engine and "
+    "your log work as before; reload once the server is back."
+)
+
+
+def said_offline(chip: Any, label: Any) -> None:
+    """Every page's status chip (the playground, a docs page, an embed) says when the page itself came from
+    the service worker's copies (boot.js sets MP.fromCopies and fires mp:from-copies when the worker says)."""
+    if getattr(MP, "fromCopies", False) and str(label.textContent).startswith("ready · "):
+        label.textContent = "ready · offline copy · " + str(label.textContent)[len("ready · ") :]
+        title = str(chip.title or "")
+        chip.title = title + ("\n" if title else "") + OFFLINE_TITLE if OFFLINE_TITLE not in title else title
+
+
+def when_offline(redraw: Callable[[], None]) -> None:
+    """Draw the chip again when the worker says, after start, that the page came from its copies."""
+    js.document.addEventListener("mp:from-copies", create_proxy(lambda _e: redraw()))
+
+
 FOLLOWER_TIMEOUT_S = 60.0  # the service worker gives the owner tab 5 s (plus a long poll's wait) to answer
 
 

@@ -20,13 +20,13 @@ import panels
 import scenes
 import track
 import ui
-from door import ENGINE
+from door import ENGINE, said_offline, when_offline
 from pyodide.ffi import create_proxy
 from ui import ACTIONS, el, esc
 
 MP = js.MP
 doc = js.document
-ID_RE = re.compile(r"^[a-z0-9-]{1,40}$")  # the `id` parameter (and a scene's name); embed-ns.js agrees
+ID_RE = re.compile(r"[a-z0-9-]{1,40}\Z")  # the `id` parameter (and a scene's name); embed-ns.js agrees
 HERE: list[scenes.Scene] = []  # the scene on this page, once it is known to be one
 
 
@@ -82,6 +82,7 @@ def set_chip() -> None:
         chip.className = "chip warn"
         label.textContent = "ready · memory only"
         chip.title = ENGINE.storage_reason or "IndexedDB is not available in this browser"
+    said_offline(chip, label)
 
 
 # ---------------------------------------------------------------------------------------- events
@@ -125,13 +126,19 @@ async def setup(scene: scenes.Scene) -> None:
     A scene found as a previous visit left it says so, and offers to start over."""
     a.select(scenes.monitor_of(scene))
     await refresh()
-    continued = m.PIC.exists(scenes.monitor_of(scene))
+    before = m.PIC.head_of(scenes.monitor_of(scene))
+    # found, and grown past where the scene left it when it set itself up (a load alone adds nothing)
+    continued = before is not None and before > m.S.scene_heads.get(scenes.monitor_of(scene), -1)
     el("scene-continued").hidden = not continued
     pairs = await scene.setup()
-    a.select(scenes.monitor_of(scene))
+    mon = scenes.monitor_of(scene)
+    a.select(mon)
     if any(not r.ok for _, r in pairs):
         ui.show(scene.answer, pairs, "The scene could not set itself up: the answer says why. Reset it.")
     await refresh()
+    if before is None and (head := m.PIC.head_of(mon)) is not None:
+        m.S.scene_heads[mon] = head
+        await a.save()
 
 
 def show_list(why: str) -> None:
@@ -173,7 +180,7 @@ async def main() -> None:
         show_list(f"{said} Pick one of these:")
         return
     ident = ident or scene.name
-    if not ID_RE.match(ident):
+    if not ID_RE.match(ident):  # \Z, not $: a trailing newline is refused here too
         show_list(f"The id “{ident}” is not usable: send 1 to 40 of a-z, 0-9 and -, e.g. &id=left.")
         return
     if str(MP.ns or "") != namespace(scene.name, ident):
@@ -195,6 +202,7 @@ async def main() -> None:
         a.select(scenes.monitor_of(scene))
         await refresh()
     doc.addEventListener("click", create_proxy(on_click))
+    when_offline(set_chip)
     el("reset-btn").disabled = ENGINE.mode != "owner"
     el("app").removeAttribute("inert")
     asyncio.ensure_future(page.ticker("embed"))

@@ -61,6 +61,9 @@ class Session:
     # variables hold tokens, kept here with the page's others; Reset clears them with the rest).
     curl_env: dict[str, str] = field(default_factory=dict)
     curl_history: list[str] = field(default_factory=list)
+    # An embedded scene's monitor -> its head when the scene set itself up: a later visit goes on from
+    # "your last visit" only when the log grew past it (something was done), not after a mere load.
+    scene_heads: dict[str, int] = field(default_factory=dict)
 
     def owner_token(self, monitor: str | None = None) -> str | None:
         return self.owners.get(monitor or self.monitor or "")
@@ -112,6 +115,7 @@ class Session:
                 race_sub=data.get("race_sub"),
                 curl_env={str(k): str(v) for k, v in (data.get("curl_env") or {}).items()},
                 curl_history=[str(c) for c in (data.get("curl_history") or [])][-CURL_HISTORY_KEPT:],
+                scene_heads={str(k): int(v) for k, v in (data.get("scene_heads") or {}).items()},
             )
         except (TypeError, ValueError, AttributeError):  # a damaged or foreign session: start fresh
             return cls()
@@ -165,6 +169,10 @@ class Picture:
 
     def exists(self, monitor_id: str) -> bool:
         return any(m["id"] == monitor_id for m in self.monitors)
+
+    def head_of(self, monitor_id: str) -> int | None:
+        """A monitor's head as last read, or None when it is not in the picture."""
+        return next((int(m.get("head") or 0) for m in self.monitors if m["id"] == monitor_id), None)
 
 
 S = Session()
