@@ -340,6 +340,7 @@ def test_an_unknown_scene_lists_the_scenes(browser):
         ("?scene=nope", "There is no scene “nope”."),
         ("", "No scene was named"),
         ("?scene=lease&id=Bad_Id", "The id “Bad_Id” is not usable"),
+        ("?scene=lease&id=a%0A", "is not usable: send 1 to 40"),  # a trailing newline: the id's sentence
     ):
         page.goto(browser.site_url + "/embed.html" + query)
         ready(page)
