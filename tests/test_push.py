@@ -22,7 +22,9 @@ from typing import Any
 import httpx
 import pytest
 from monitor_protocol.core import netguard
+from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
+from monitor_protocol.core.vocab import T_SUBSCRIPTION_RETIRED
 from monitor_protocol.doors.push import Pusher, backoff, sign, verify
 from monitor_protocol.store.sqlite import SQLiteStore
 from waiting import eventually, eventually_async
@@ -214,7 +216,7 @@ async def test_push_fails_then_recovers_nothing_lost_nothing_committed_early(eng
 async def test_push_410_retires_the_subscription(engine: Engine) -> None:
     receiver = Receiver(script=[410])
     server = serve_receiver(receiver)
-    sink = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    sink = f"http://127.0.0.1:{server.server_address[1]}/hook/T00/XOXB-SECRET?sig=abc"
     owner, subscribed = await setup(engine, sink, sink_secret="whsec_" + "QUJD" * 8)
     receiver.secret = "whsec_" + "QUJD" * 8
     sub_id = subscribed["subscription"]["id"]
@@ -232,10 +234,57 @@ async def test_push_410_retires_the_subscription(engine: Engine) -> None:
         with pytest.raises(Exception) as retired:
             await engine.call(lambda: engine.service.pull_as_system(sub_id))
         assert getattr(retired.value, "code", None) == "NOT_FOUND"
+        # the row says why, where every reader of the monitor reads it: the sink's host, never its path or
+        # query (found by a tester: a webhook URL's credential was shown to anonymous readers)
+        rows = (await engine.call(lambda: engine.service.read_log("ci", 1, 200)))["observations"]
+        (will,) = [o for o in rows if o["type"] == T_SUBSCRIPTION_RETIRED]
+        said = json.dumps(will["data"])
+        assert "410" in said and "127.0.0.1" in said and "XOXB-SECRET" not in said and "sig=abc" not in said
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         server.shutdown()
+
+
+async def test_a_reader_token_renews_a_push_subscription_but_cannot_move_its_sink(engine: Engine) -> None:
+    """Found by a tester: the reader token of an owner-made push subscription re-subscribed it with another
+    sink, and the next batch went there. Where the server POSTs is the owner's (or subscribe token's)
+    choice; the reader's own token renews it as it is (control), and the owner may move it (control)."""
+    owner, subscribed = await setup(engine, "http://127.0.0.1:9/hook")
+    reader = subscribed["token"]
+    base = {"monitor": "ci", "subscriber": "hook:ci", "protocol": "http"}
+    for moved in ({"sink": "http://127.0.0.1:9/STOLEN"}, {"sink_secret": "whsec_" + "QUJD" * 8}):
+        with pytest.raises(ProtocolError) as refused:
+            await engine.call(engine.service.subscribe, {**base, **moved}, reader)
+        assert refused.value.code == "UNAUTHORIZED", moved
+    renewed = await engine.call(engine.service.subscribe, {**base, "sink": "http://127.0.0.1:9/hook"}, reader)
+    assert renewed["subscription"]["sink"] == "http://127.0.0.1:9/hook"
+    renewed = await engine.call(engine.service.subscribe, base, renewed["token"])  # the sink as it is
+    assert renewed["subscription"]["sink"] == "http://127.0.0.1:9/hook"
+    moved = await engine.call(engine.service.subscribe, {**base, "sink": "http://127.0.0.1:9/new"}, owner)
+    assert moved["subscription"]["sink"] == "http://127.0.0.1:9/new"
+
+
+async def test_a_sink_reply_is_read_only_so_far() -> None:
+    """Found by a tester: a sink answering 200 with a 400 MB body grew the server by 400 MB (the whole reply
+    was read). Only the status is used: at most MAX_REPLY_BYTES are read, then the reply is closed."""
+    from monitor_protocol.doors.push import MAX_REPLY_BYTES
+
+    pulled = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        for _ in range(100_000):  # 6.4 GB if it were all read
+            pulled.append(1)
+            yield b"x" * 65536
+
+    class Endless(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in endless():
+                yield chunk
+
+    response = httpx.Response(200, stream=Endless())
+    await Pusher._drain(response)
+    assert response.status_code == 200 and len(pulled) <= MAX_REPLY_BYTES // 65536 + 2
 
 
 def test_delivery_task_runs_as_a_background_task_of_the_http_door(tmp_path: Path) -> None:

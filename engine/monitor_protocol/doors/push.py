@@ -55,6 +55,7 @@ import httpx
 
 from monitor_protocol.core import netguard
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.rules.refusals import shown_sink
 from monitor_protocol.doors import sinkguard
 
 log = logging.getLogger("monitor_protocol.doors.push")
@@ -63,6 +64,7 @@ Call = Callable[..., Awaitable[Any]]
 
 BATCH_LIMIT = 50
 REQUEST_TIMEOUT_SECONDS = 10.0
+MAX_REPLY_BYTES = 64 << 10  # of a sink's reply read at most (only its status is used), then closed
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 60.0
 RESCAN_SECONDS = 5.0
@@ -345,7 +347,9 @@ class Pusher:
         if response.status_code == 410:
             try:
                 await self.call(
-                    self.service.retire_as_system, sub_id, f"sink {target['sink']} answered 410 Gone"
+                    self.service.retire_as_system,
+                    sub_id,
+                    f"sink {shown_sink(target['sink'])} answered 410 Gone",
                 )
             except ProtocolError as err:
                 log.warning("push %s: retire refused (%s: %s)", sub_id, err.code, err.message)
@@ -399,12 +403,35 @@ class Pusher:
         for address in addresses:
             target, pinned_headers, extensions = sinkguard.pinned(sink, address, headers)
             try:
-                return await client.post(target, content=body, headers=pinned_headers, extensions=extensions)
+                request = client.build_request(
+                    "POST", target, content=body, headers=pinned_headers, extensions=extensions
+                )
+                response = await client.send(request, stream=True)
+                try:
+                    await self._drain(response)
+                finally:
+                    await response.aclose()
+                return response
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 failure = f"{address}: {exc}"  # nothing reached the sink: the next address may answer
             except httpx.HTTPError as exc:
                 return f"{address}: {exc}"
         return failure
+
+    @staticmethod
+    async def _drain(response: httpx.Response) -> None:
+        """Read a sink's reply only so far (its status decides; its body is never used): at most
+        MAX_REPLY_BYTES within REQUEST_TIMEOUT_SECONDS, so a connection can be kept for the next batch,
+        and a sink answering a huge or endless body costs the server nothing more (it is closed)."""
+        read = 0
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_SECONDS):
+                async for chunk in response.aiter_raw():
+                    read += len(chunk)
+                    if read > MAX_REPLY_BYTES:
+                        return
+        except (TimeoutError, httpx.StreamConsumed):  # a given transport may have read it already
+            return
 
 
 async def delivery_task(app: Any) -> None:

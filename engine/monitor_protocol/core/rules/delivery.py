@@ -74,15 +74,30 @@ def _start_of(body: dict[str, Any], rec: Monitor) -> int | None:
 
 
 def _sink_of(
-    core: ServiceCore, body: dict[str, Any], existing: Subscription | None, protocol: str, basis: str
+    core: ServiceCore,
+    body: dict[str, Any],
+    existing: Subscription | None,
+    protocol: str,
+    basis: str,
+    granting: bool,
 ) -> Any:
+    """The subscription's sink. Where the server POSTs is the owner's or the subscribe token's choice:
+    `granting` says the caller holds one; a reader's own token may renew a push subscription, not
+    point it (or its secret) elsewhere."""
     sink = body.get("sink", existing.sink if existing else None)
     if protocol == "http":
-        if basis == "default":
+        moved = (
+            existing is None
+            or existing.protocol != "http"
+            or sink != existing.sink
+            or body.get("sink_secret") is not None
+        )
+        if basis == "default" or (moved and not granting):
             raise ProtocolError(
                 "UNAUTHORIZED",
                 "An HTTP push subscription needs the monitor's owner or subscribe token: the server "
-                "will POST to the sink on the monitor's behalf.",
+                "will POST to the sink on the monitor's behalf (a reader's own token renews it, and "
+                "cannot point it at another sink).",
                 needs="subscribe_token",
             )
         if not isinstance(sink, str) or not sink.startswith(("http://", "https://")):
@@ -135,7 +150,10 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
     check_vocab(protocol, PROTOCOLS, "protocol")
     reset_policy = body.get("reset_policy", existing.reset_policy if existing else "none")
     check_vocab(reset_policy, RESET_POLICIES, "reset_policy")
-    sink = _sink_of(core, body, existing, protocol, basis)
+    granting = tokens.matches(token, rec.owner_hash) or (
+        rec.visibility != "private" and tokens.matches(token, rec.subscribe_hash)
+    )
+    sink = _sink_of(core, body, existing, protocol, basis, granting)
     mute = body.get("retire_after_mute_seconds", existing.retire_after_mute_seconds if existing else None)
     if mute is not None:
         mute = as_int(mute, "retire_after_mute_seconds", minimum=1, text=False)

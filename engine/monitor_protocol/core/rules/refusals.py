@@ -53,12 +53,17 @@ def withheld(body: dict[str, Any]) -> dict[str, Any]:
     out = dict(body)
     if "sink_secret" in out:
         out["sink_secret"] = WITHHELD
-    sink = out.get("sink")
-    if sink is not None:
-        try:
-            parts = urlsplit(sink) if isinstance(sink, str) else None
-            host = parts.hostname if parts is not None else None
-        except ValueError:
-            host = None
-        out["sink"] = f"{parts.scheme}://{host}/{WITHHELD}" if parts is not None and host else WITHHELD
+    if out.get("sink") is not None:
+        out["sink"] = shown_sink(out["sink"])
     return out
+
+
+def shown_sink(sink: Any) -> str:
+    """A sink as a row every reader of the monitor reads may show it: its scheme and host, never its path or
+    query (many webhook URLs carry their credential there)."""
+    try:
+        parts = urlsplit(sink) if isinstance(sink, str) else None
+        host = parts.hostname if parts is not None else None
+    except ValueError:
+        host = None
+    return f"{parts.scheme}://{host}/{WITHHELD}" if parts is not None and host else WITHHELD
