@@ -50,3 +50,31 @@ def test_batch_is_one_commit_and_failures_stay_local(tmp_path):
     h.call("POST", "/rpc", rpc("monitors/state", 6, id="ci", token=tok))
     assert store.stats.commits == before + 1
     store.close()
+
+
+def test_json_rpc_params_are_json_integers_and_a_token_param_is_a_string():
+    """Found by a tester: feeds/pull took {"cursor": "5"} and {"limit": "5"}, and monitors/list
+    {"limit": "2"}, which REST's JSON body refuses (a query's text is another matter); a params.token of
+    another type was dropped for the bearer, so monitors/get said NOT_FOUND. Controls: the integers pass."""
+    from monitor_protocol.store.memory import MemoryStore
+
+    h = Harness(MemoryStore())
+    tok = h.monitor("ci")
+    h.publish("ci", tok, actor="probe:ci")
+    sub, rt = h.subscribe("ci", tok)
+    for method, params in (
+        ("feeds/pull", {"subscription": sub, "cursor": "1", "token": rt}),
+        ("feeds/pull", {"subscription": sub, "limit": "5", "token": rt}),
+        ("monitors/list", {"limit": "2"}),
+    ):
+        error = h.call("POST", "/rpc", rpc(method, 1, **params)).body["error"]
+        assert error["data"]["code"] == "INVALID" and "JSON integer" in error["message"], (method, error)
+    for bad in (5, ["x"], {}):
+        error = h.call("POST", "/rpc", rpc("monitors/get", 1, id="ci", token=bad)).body["error"]
+        assert error["code"] == -32602 and "params.token must be a string" in error["message"], error
+    assert (
+        "result"
+        in h.call("POST", "/rpc", rpc("feeds/pull", 1, subscription=sub, cursor=1, limit=5, token=rt)).body
+    )
+    assert "result" in h.call("POST", "/rpc", rpc("monitors/list", 1, limit=2)).body
+    assert "result" in h.call("POST", "/rpc", rpc("monitors/get", 1, id="ci", token=tok)).body

@@ -16,7 +16,7 @@ from monitor_protocol.core.errors import ProtocolError, internal_failure
 from monitor_protocol.core.rules.page_bytes import shared_page_bytes
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.core.store_contract import GroupConflict, StorageError
-from monitor_protocol.core.validation import json_kind
+from monitor_protocol.core.validation import as_int, json_kind
 from monitor_protocol.core.vocab import JSONRPC_CODE, MAX_RPC_BATCH
 
 log = logging.getLogger("monitor_protocol.jsonrpc")
@@ -44,6 +44,8 @@ def _path_value(params: Params, param: Param) -> Any:
 
 
 Method = Callable[[MonitorService, Params, str | None], Any]
+# Params that a GET reads from its query as text, and a JSON-RPC call receives as JSON (so integers only)
+JSON_INTEGERS = frozenset(("cursor", "limit"))
 
 
 def _method(op: Operation) -> Method:
@@ -61,6 +63,9 @@ def _method(op: Operation) -> Method:
     def run(service: MonitorService, params: Params, token: str | None) -> Any:
         if named is not None and not params.keys() <= named:
             raise _unread(op, params.keys() - named, named)
+        for name in JSON_INTEGERS & params.keys():
+            if isinstance(params[name], str):  # params are JSON, as a body is: "5" is not 5 (REST's rule)
+                as_int(params[name], name, text=False)
         path = {p.name: _path_value(params, p) for p in op.path_params}
         return operations.invoke(service, op, path, _strip(params, *ids), token, params)
 
@@ -117,7 +122,11 @@ def call_one(service: MonitorService, msg: Any, bearer: str | None) -> dict[str,
     if not isinstance(params, dict):
         text = "params must be an object (named parameters)."
         return None if is_notification else _error(id_, -32602, text, _invalid_body(text))
-    token = params.get("token") if isinstance(params.get("token"), str) else bearer
+    given = params.get("token")
+    if given is not None and not isinstance(given, str):
+        text = f"params.token must be a string (a bearer token), not {json_kind(given)}; or leave it out."
+        return None if is_notification else _error(id_, -32602, text, _invalid_body(text))
+    token = given if isinstance(given, str) else bearer
     params = _strip(params, "token")
     try:
         result = method(service, params, token)
