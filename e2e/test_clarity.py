@@ -450,22 +450,23 @@ def test_a_long_subject_is_cut_not_stretching_and_labels_keep_names(any_browser)
     act(page, "#btn-add-reader")
     act(page, "#readers .card.reader[data-reader='reader-a'] [data-act=r-pull]")
     act(page, "#readers .card.reader[data-reader='reader-a'] [data-act=r-ack]")
-    page.eval_on_selector("#track", "t => { t.scrollLeft = t.scrollWidth; }")
-    label = page.eval_on_selector(
-        "#lanes .lane[data-reader='reader-a'] .label",
-        "l => ({text: l.textContent, right: l.getBoundingClientRect().right,"
-        " inner: document.getElementById('track-inner').getBoundingClientRect().right})",
-    )
+    label = label_at_the_track_end(page, "reader-a")
     assert label["text"].startswith("reader-a · cursor") and label["right"] <= label["inner"], label
     # crashed at the end of the log, its label is longer ("· ✖ crashed"): the track still holds all of it
     act(page, "#readers .card.reader[data-reader='reader-a'] [data-act=r-crash]")
+    label = label_at_the_track_end(page, "reader-a")
+    assert label["text"].endswith("✖ crashed") and label["right"] <= label["inner"], label
+
+
+def label_at_the_track_end(page, reader: str) -> dict:
+    """The reader's marker label with the track scrolled to its end: its text, its right edge and the
+    track's (a label cut at the edge ends past it)."""
     page.eval_on_selector("#track", "t => { t.scrollLeft = t.scrollWidth; }")
-    label = page.eval_on_selector(
-        "#lanes .lane[data-reader='reader-a'] .label",
+    return page.eval_on_selector(
+        f"#lanes .lane[data-reader='{reader}'] .label",
         "l => ({text: l.textContent, right: l.getBoundingClientRect().right,"
         " inner: document.getElementById('track-inner').getBoundingClientRect().right})",
     )
-    assert label["text"].endswith("✖ crashed") and label["right"] <= label["inner"], label
 
 
 def test_a_step_refused_for_another_reason_is_not_the_lesson(browser):
