@@ -422,14 +422,16 @@ class Context:
         out: list[dict[str, Any]] = []
         cursor = m.reader.body["cursor"]
         page = await self.page()
-        first = await self.pull(m.reader, cursor=cursor, limit=page)
-        if first.status == 404 and isinstance(first.body, dict) and first.body.get("retired"):
-            # a server may retire a monitor's readers with it; re-subscribing with the reader's own token
-            # reactivates it (section 5), and a read-only replay from its first cursor reads the log again
-            name = m.reader.body.get("subscriber") or f"agent:{self.uid('log-reader')}"
-            m.reader = await self.sub(m, name, token=m.reader.token)
+        reactivated = False
         for _ in range(1000):
-            p = await self.pulled(m.reader, cursor=cursor, limit=page)
+            r = await self.pull(m.reader, cursor=cursor, limit=page)
+            if r.status == 404 and isinstance(r.body, dict) and r.body.get("retired") and not reactivated:
+                # a server may retire a monitor's readers with it; re-subscribing with the reader's own
+                # token reactivates it (section 5), and the read-only replay goes on from the same cursor
+                name = m.reader.body.get("subscriber") or f"agent:{self.uid('log-reader')}"
+                m.reader, reactivated = await self.sub(m, name, token=m.reader.token), True
+                continue
+            p = expect(r, 200, what=f"pull {{'cursor': {cursor!r}, 'limit': {page}}}")
             if not p["observations"]:
                 return out
             out.extend(p["observations"])
