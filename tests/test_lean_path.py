@@ -741,6 +741,50 @@ def test_the_router_matches_a_request_against_its_own_methods_routes_as_a_scan_o
         assert reply.body["error"] == f"PUT is not a method of {rest.PREFIX + path}; use GET or POST."
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["monitors", "observations", "ci", "x-1", "", "state", "subscriptions", "%2F", "a.b"]
+        ),
+        max_size=4,
+    ),
+    st.booleans(),
+)
+@example(["monitors", "ci", "observations"], False)
+@example(["monitors", "ci", "observations"], True)
+@example(["monitors", "observations", "observations"], False)
+def test_a_lone_publish_is_recognised_where_the_router_would_route_a_publish(
+    parts: list[str], slash: bool
+) -> None:
+    """`lone_publish` (the group's fast way in, remembered per path) takes a POST only where the whole
+    router takes the publish route, with the same monitor id, asked once or again, and takes every such
+    path written without a trailing slash. Control: the paths of the publish route itself are taken."""
+    from monitor_protocol.api import rest
+
+    raw_path = rest.PREFIX + "/" + "/".join(parts) + ("/" if slash else "")
+    path = raw_path[len(rest.PREFIX) :].rstrip("/") or "/"
+    scan = next(
+        ((rx, m) for meth, rx, _f in rest.route_table() if meth == "POST" for m in [rx.match(path)] if m),
+        None,
+    )
+    expected = scan[1]["id"] if scan and rest._LABELS[scan[0]] == rest._PUBLISH_LABEL else None
+    service = MonitorService(SQLiteStore(":memory:"))
+    router = RestRouter(service)
+    req = Request(
+        "POST", raw_path, [], {"host": "127.0.0.1", "authorization": "Bearer t"}, b'{"type": "a.b"}'
+    )
+    for _again in range(2):
+        parts_of = router.lone_publish(req)
+        # taken only as the router would take it (None: `handle` answers the request whole, as it is)
+        assert parts_of is None or (expected is not None and parts_of[0] == expected), raw_path
+        if expected is not None and not slash:
+            assert parts_of is not None and parts_of[0] == expected, raw_path
+    if parts == ["monitors", "ci", "observations"]:
+        assert expected == "ci"  # control: the publish route is taken
+    assert router.lone_publish(Request("GET", raw_path, [], req.headers, req.body)) is None
+
+
 # ---------------------------------------------------------------------------------------------- the engine
 
 
@@ -1003,3 +1047,32 @@ def test_the_wires_refusals_are_the_same_with_orjson(raw: bytes) -> None:
         assert alone[0] == "refused"  # control: these are refused, by both
     if raw in (b"[" * 32 + b"]" * 32, b'{"a": "' + b"[" * 40 + b'"}'):
         assert alone[0] == "value"  # control: exactly the limit, and brackets in a string, pass
+
+
+def test_a_groups_bodies_parsed_before_the_engine_runs_are_not_walked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A door parses a group's lone publishes before the engine checks them (RestRouter.handle_publishes):
+    every small body `loads` returned among the last ones is known checked; anything else is walked."""
+    walked: list[Any] = []
+    problem = wire.problem
+    monkeypatch.setattr(wire, "problem", lambda value: walked.append(value) or problem(value))
+    bodies = [wire.loads(b'{"type": "com.example.ci.run", "data": {"n": %d}}' % i) for i in range(16)]
+    for body in bodies:
+        assert wire.check(body) is body
+    assert walked == []
+    # controls: an equal value `loads` did not return is walked, and so is a large body once another came
+    # after it (only the last value is remembered whatever its size)
+    twin = {"type": "com.example.ci.run", "data": {"n": 0}}
+    wire.check(twin)
+    assert walked == [twin]
+    large = wire.loads(b'{"data": "' + b"x" * (70 * 1024) + b'"}')
+    wire.check(large)
+    assert len(walked) == 1
+    wire.loads(b"{}")
+    wire.check(large)
+    assert walked[-1] is large
+    # bounded: at most 64 small values are held
+    for i in range(200):
+        wire.loads(b'{"n": %d}' % i)
+    assert len(wire._vetted_small) <= 64

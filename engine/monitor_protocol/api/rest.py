@@ -89,6 +89,31 @@ _PUBLISH_LABEL = PREFIX + operations.BY_NAME["publish"].route
 _PUBLISH_HEAD, _PUBLISH_TAIL = _PUBLISH_LABEL.split("{id}")  # /mp/v0/monitors/, /observations
 
 
+# The monitor a POST to a path publishes to, or None when the route `_handle` would take for it is another:
+# a publisher sends to the same path again and again (bounded; emptied when full).
+_PUBLISH_TARGETS: dict[str, str | None] = {}
+_PUBLISH_TARGETS_MAX = 1024
+
+
+def _publish_target(raw_path: str) -> str | None:
+    try:
+        return _PUBLISH_TARGETS[raw_path]
+    except KeyError:
+        pass
+    target = None
+    if raw_path.startswith(_PUBLISH_HEAD) and raw_path.endswith(_PUBLISH_TAIL):
+        path = raw_path[len(PREFIX) :].rstrip("/") or "/"
+        for _m, regex, _fn in _candidates(path, "POST"):  # the route `_handle` would take, in its order
+            match = regex.match(path)
+            if match is not None:
+                target = match["id"] if _LABELS[regex] == _PUBLISH_LABEL else None
+                break
+    if len(_PUBLISH_TARGETS) >= _PUBLISH_TARGETS_MAX:
+        _PUBLISH_TARGETS.clear()
+    _PUBLISH_TARGETS[raw_path] = target
+    return target
+
+
 class _Routed(Exception):
     """A refusal from a route's handler, carrying the route it came from (for the metrics' label)."""
 
@@ -154,17 +179,10 @@ class RestRouter:
         Idempotency-Key header) when it is one REST publish of a JSON object that passes the request's
         checks; None for any other request (a batch, a body that does not parse, a refused Origin), which
         `handle` answers whole. Nothing is written or logged here."""
-        method, path = req.method.upper(), req.path
-        if method != "POST" or not path.startswith(_PUBLISH_HEAD) or not path.endswith(_PUBLISH_TAIL):
+        if req.method.upper() != "POST":
             return None
-        path = path[len(PREFIX) :].rstrip("/") or "/"
-        for _m, regex, _fn in _candidates(path, method):  # the route `_handle` would take, in its order
-            match = regex.match(path)
-            if match is not None:
-                if _LABELS[regex] != _PUBLISH_LABEL:
-                    return None
-                break
-        else:
+        monitor_id = _publish_target(req.path)
+        if monitor_id is None:
             return None
         try:
             self.check_request(req)
@@ -173,7 +191,7 @@ class RestRouter:
             return None
         if not isinstance(body, dict):
             return None
-        return match["id"], body, bearer(req), req.header("idempotency-key")
+        return monitor_id, body, bearer(req), req.header("idempotency-key")
 
     def handle_publishes(self, reqs: list[Request]) -> list[Response]:
         """Several requests in order, each answered as `handle` answers it: each run of lone publishes among

@@ -177,6 +177,13 @@ def _has_long_number(raw: bytes) -> bool:
 # `check` knows them (see there). One tuple, replaced whole: a door may parse on one thread while the engine
 # checks on another, and the ids are only theirs while the tuple holds the value they belong to.
 _vetted: tuple[Any, frozenset[int]] = (None, frozenset())
+# And the last few small objects it returned, by id: a door parses a group's lone publishes before the engine
+# runs them (api/rest.py handle_publishes), so the last value alone would be all but one of them walked again.
+# Bounded by count and size (at most 4 MiB held); emptied, never trimmed, so a reader on another thread sees a
+# value or nothing (a miss is only a walk).
+_vetted_small: dict[int, Any] = {}
+_VETTED_SMALL_COUNT = 64
+_VETTED_SMALL_BYTES = 64 * 1024
 
 
 def loads(raw: bytes | str) -> Any:
@@ -200,7 +207,7 @@ def loads(raw: bytes | str) -> Any:
             if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
                 raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
             _refuse_repeated_names(raw, value)
-            return _vet(value)
+            return _vet(value, len(raw))
     text = _as_utf8(raw)
     if nests_too_deep(text):  # before a recursive parser goes into it
         raise _refuse(f"The body nests deeper than {MAX_JSON_DEPTH} levels; flatten it.")
@@ -217,7 +224,7 @@ def loads(raw: bytes | str) -> Any:
     if _needs_walk(raw):
         check(value)
     _refuse_repeated_names(text, value)
-    return _vet(value)
+    return _vet(value, len(text))
 
 
 # A member name ends with its closing quote and a colon; so does nothing else in JSON but a string holding
@@ -290,10 +297,16 @@ def _as_utf8(raw: bytes | str) -> bytes:
         return raw  # not text json.loads reads either: it refuses it as not JSON
 
 
-def _vet(value: Any) -> Any:
-    """Remember a value `loads` checked whole (and a batch's items), so `check` does not walk it again."""
+def _vet(value: Any, size: int) -> Any:
+    """Remember a value `loads` checked whole (and a batch's items; a small object among the last few), so
+    `check` does not walk it again."""
     global _vetted
     _vetted = (value, frozenset(map(id, value)) if type(value) is list else frozenset())
+    if type(value) is dict and size <= _VETTED_SMALL_BYTES:
+        small = _vetted_small
+        if len(small) >= _VETTED_SMALL_COUNT:
+            small.clear()
+        small[id(value)] = value
     return value
 
 
@@ -428,8 +441,8 @@ def check(value: Any) -> Any:
     `loads` last returned was checked whole as it was parsed and is not walked again (a door hands the
     engine what it just parsed; nothing changes it in between)."""
     vetted, items = _vetted
-    if value is not None and (value is vetted or id(value) in items):
-        return value  # _vetted holds the batch, so its items' ids are theirs alone while it is there
+    if value is not None and (value is vetted or id(value) in items or _vetted_small.get(id(value)) is value):
+        return value  # _vetted holds the batch (and _vetted_small each value), so their ids are theirs alone
     reason = problem(value)
     if reason is not None:
         raise _refuse(reason)
