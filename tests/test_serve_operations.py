@@ -660,6 +660,40 @@ def test_sighup_says_when_the_environment_hides_a_reloadable_file_setting(tmp_pa
     assert not [r for r in caplog.records if "not in force" in r.getMessage()]
 
 
+def test_sighup_says_what_became_of_the_metrics_token_by_its_fingerprint(tmp_path, caplog):
+    """Found by a tester: a reload applied a new metrics token but its log line named only origins and
+    hosts. It says now whether a token is in force, where from, its fingerprint and whether it changed,
+    never the token (control: the token is in force after the reload, and a removed one is said)."""
+    config = tmp_path / "mp.toml"
+    config.write_text('metrics_token = "first-metrics-token"\n')
+    flags = parse("--config", str(config))
+    cfg, _ = serve_config.resolve_settings(flags, {})
+    router, app = argparse.Namespace(), argparse.Namespace()
+    reload = serve_config.Reloader(flags, cfg, router, app)
+
+    def said() -> str:
+        lines = [r.getMessage() for r in caplog.records if "configuration reloaded" in r.getMessage()]
+        caplog.clear()
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    with caplog.at_level("INFO", logger="monitor_protocol.serve"):
+        reload()
+        line = said()
+        assert f"metrics token {serve_config.fingerprint('first-metrics-token')} from config" in line
+        assert "(unchanged)" in line and "first-metrics-token" not in line
+        config.write_text('metrics_token = "second-metrics-token"\n')
+        reload()
+        line = said()
+        assert app.metrics_token == "second-metrics-token"
+        assert serve_config.fingerprint("second-metrics-token") in line and "(changed)" in line
+        assert "second-metrics-token" not in line
+        config.write_text("")
+        reload()
+        assert app.metrics_token is None
+        assert "no metrics token (loopback clients only), the token removed" in said()
+
+
 def test_the_documented_online_backup_copies_a_serving_database_whole(tmp_path):
     """docs/serve.md's backup line, run as written while the server takes publishes: the copy is served as
     it is, with every publish acknowledged before the backup began and the reader's acknowledged cursor."""

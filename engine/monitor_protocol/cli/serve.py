@@ -505,7 +505,9 @@ def run(name: str, args: argparse.Namespace) -> int:
         url = _url(cfg.host, port)
         print(f"Monitor Protocol server on {url}/mp/v0  (discover: {url}/mp/v0/discover)")
         if cfg.config:
-            print(f"config: {cfg.config} (SIGHUP re-reads it and the environment: origins and hosts)")
+            print(
+                f"config: {cfg.config} (SIGHUP re-reads it and the environment: origins, hosts and the metrics token)"
+            )
         if shared:
             print(
                 f"database: {shown} (PostgreSQL, shared: other servers may use it; "

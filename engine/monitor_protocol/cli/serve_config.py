@@ -251,6 +251,15 @@ def fingerprint(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:8]
 
 
+def metrics_said(before: str | None, now: str | None, source: str) -> str:
+    """What a reload log says of the metrics token: whether one is in force, where from, its fingerprint,
+    and whether it changed (never the token)."""
+    if not now:
+        return "no metrics token (loopback clients only)" + (", the token removed" if before else "")
+    change = "unchanged" if now == before else ("changed" if before else "new")
+    return f"metrics token {fingerprint(now)} from {source} ({change})"
+
+
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -407,12 +416,14 @@ class Reloader:
         pending = [
             name for name in RESTART_ONLY if getattr(fresh, name, None) != getattr(self.cfg, name, None)
         ]
+        before = self.cfg.metrics_token
         self.cfg.allow_origin, self.cfg.allow_host = fresh.allow_origin, fresh.allow_host
         self.cfg.metrics_token = fresh.metrics_token
         self.log.info(
-            "SIGHUP: configuration reloaded; origins allowed: %s; hosts allowed: %s",
+            "SIGHUP: configuration reloaded; origins allowed: %s; hosts allowed: %s; metrics: %s",
             ", ".join(sorted(origins)) or "none",
             ", ".join(sorted(hosts)) if hosts is not None else "any",
+            metrics_said(before, fresh.metrics_token, sources.get("metrics_token", "default")),
         )
         if pending:
             self.log.warning(
