@@ -540,6 +540,74 @@ def test_a_tip_on_a_phone_stays_on_the_screen(phone_browser):
     assert not horizontal_overflow(page)["overflows"]
 
 
+def test_an_open_tip_leaves_the_story_docks_next_to_a_tap(phone_browser):
+    """Found by a tester: a tapped legend tip, a strip along the phone's bottom, lay over the Story dock's
+    Next and took the tap meant for it (the step did not move). It sits above the dock now, and taps pass
+    through it. Control: the tip is open and on screen while Next is tapped."""
+    page = open_page(phone_browser)
+    for _step in range(1, 4):  # steps 1-3: a monitor, builds and a reader drawn under the card
+        act(page, "#story-do")
+        act(page, "#story-dock-next" if page.is_visible("#story-dock-next") else "#story-next")
+    act(page, "#story-do")
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")  # the step's own buttons off screen
+    page.wait_for_selector("#story-dock:not([hidden])", timeout=ACT_MS)
+    gloss = page.locator("#legend-terms .gloss").first
+    gloss.tap()
+    tip = gloss.locator("xpath=following-sibling::*[contains(@class,'tip-text')]")
+    tip.wait_for(state="visible", timeout=5_000)
+    tip_box, next_box = tip.bounding_box(), page.locator("#story-dock-next").bounding_box()
+    assert tip_box["y"] + tip_box["height"] <= next_box["y"], (tip_box, next_box)
+    assert tip_box["y"] >= 0
+    page.locator("#story-dock-next").tap()
+    page.wait_for_function(
+        "document.querySelector('#story-count').textContent === 'Step 5 of 13'", timeout=ACT_MS
+    )
+
+
+def test_a_phone_on_its_side_reaches_the_storys_buttons(phone_browser):
+    """Found by a tester: at 750 x 342 (a phone on its side) the Story's card stuck under the top bar was
+    taller than the screen, so Do it and Next stayed below it until the page's end. The card and the bar
+    scroll with the page there, and the dock offers Next when the card's buttons are off screen."""
+    page = phone_browser.new_page(viewport={"width": 750, "height": 342})
+    page = open_page(phone_browser, page=page)
+    for _step in range(1, 4):
+        act(page, "#story-do")
+        act(page, "#story-dock-next" if page.is_visible("#story-dock-next") else "#story-next")
+    assert page.inner_text("#story-count") == "Step 4 of 13"
+    assert page.evaluate("getComputedStyle(document.querySelector('.story-card')).position") == "static"
+    assert page.evaluate("getComputedStyle(document.querySelector('.topbar')).position") == "static"
+    page.locator("#story-do").scroll_into_view_if_needed()
+    assert in_view(page, "#story-do")["ok"]  # its own buttons can be reached by scrolling
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    page.wait_for_selector("#story-dock:not([hidden])", timeout=ACT_MS)
+    assert in_view(page, "#story-dock-next")["ok"]  # and with them off screen, the dock's Next is there
+    assert not horizontal_overflow(page)["overflows"]
+
+
+def test_a_reader_scrolled_off_the_track_is_said_at_its_edge(phone_browser):
+    """Found by a tester: on a 320 px phone the track showed its newest cards and the crashed reader's
+    marker (cursor 0, the lesson) sat 450 px off its left side. Its name, cursor and crash are said at the
+    track's left edge while the marker is out of view; scrolled back to it, the edge label goes."""
+    page = phone_browser.new_page(viewport={"width": 320, "height": 640})
+    page = open_page(phone_browser, "/embed.html?scene=redelivery", page=page)
+    for move in ("publish", "pull", "crash"):
+        before = counter(page)
+        page.click(f"#scene-moves button[data-move='{move}']")
+        page.wait_for_function(f"MP.actionsDone + MP.actionsFailed > {before}", timeout=ACT_MS)
+    lane = "#lanes li.lane[data-reader='reader-a']"
+    page.evaluate("document.querySelector('#track').scrollLeft = 1e6")  # the newest cards, as drawn
+    page.wait_for_function(f"document.querySelector({lane!r}).classList.contains('off-left')", timeout=ACT_MS)
+    edge = page.locator(f"{lane} .edge")
+    assert "reader-a · cursor 0" in edge.inner_text() and "crashed" in edge.inner_text()
+    assert in_view(page, f"{lane} .edge")["ok"]
+    assert not in_view(page, f"{lane} .mark")["ok"]  # control: the marker itself is out of view
+    page.evaluate("document.querySelector('#track').scrollLeft = 0")
+    page.wait_for_function(
+        f"!document.querySelector({lane!r}).classList.contains('off-left')", timeout=ACT_MS
+    )
+    assert in_view(page, f"{lane} .mark")["ok"] and not edge.is_visible()
+
+
 def test_lease_seconds_that_are_not_whole_are_refused_not_rewritten(browser):
     """Found by a tester: -5 and 0 became a 1 s lease, "abc", "1e3" and "3.5" an 8 s one, said only as
     "for 1 s" in the answer."""

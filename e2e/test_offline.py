@@ -119,8 +119,18 @@ def test_a_reload_with_the_server_gone_comes_back_from_the_kept_files(own_site):
     fetched = "fetch('/quickstart.json').then(r => r.status, e => 'failed: ' + e)"
     assert page.evaluate(fetched) == 200
     assert page.evaluate("fetch('/not-kept.txt').then(r => r.status, e => 'failed')") == "failed"  # control
-    # What could not be fetched on purpose: the worker's own update check (sw.js) at the reload, and the
-    # control's file that was never kept
+    # A folder and its index.html are one page: the docs menu links ../index.html, and the playground was
+    # opened at / (found by a tester: the browser's offline error page). Control: another name is not kept.
+    logged = page.eval_on_selector_all("#log li.obs", "cards => cards.map(c => c.dataset.seq)")
+    page.goto(own_site.url + "/index.html")
+    page.wait_for_selector("body.ready", timeout=BOOT_MS)
+    assert page.eval_on_selector_all("#log li.obs", "cards => cards.map(c => c.dataset.seq)") == logged
+    other = page.context.new_page()
+    with pytest.raises(PlaywrightError):
+        other.goto(own_site.url + "/index2.html")
+    other.close()
+    # What could not be fetched on purpose: the worker's own update check (sw.js) at the reload, the pages
+    # that came from the copies, and the control's files that were never kept
     refused = ("net::ERR_CONNECTION_REFUSED", "net::ERR_FAILED")
     own_site.browser.guard.errors = [e for e in own_site.browser.guard.errors if not e.endswith(refused)]
     own_site.browser.guard.check()

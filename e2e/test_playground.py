@@ -774,6 +774,16 @@ def test_a_race_seed_that_is_not_a_number_is_said(browser):
     )
     assert "not a whole number" not in page.inner_text("#race-answer")
     act(page, "#race-btn")
+    # and without ?seed at all a race is random, and nothing is said either (a tester saw "?seed=jsnull")
+    page = open_playground(browser, page=page)
+    tab(page, "playground")
+    act(page, "#race-btn")
+    page.wait_for_function(
+        "+document.querySelector('#race [data-k=published]')?.textContent >= 2", timeout=ACT_MS
+    )
+    said = page.inner_text("#race-answer")
+    assert "not a whole number" not in said and "jsnull" not in said, said
+    act(page, "#race-btn")
 
 
 def test_service_worker_without_an_engine_tab_answers_503(browser):

@@ -52,10 +52,10 @@ RACE = Race()
 
 def rng() -> random.Random:
     """The race's dice: `?seed=N` repeats them; a seed that is not a whole number is said, not guessed."""
-    seed = js.URLSearchParams.new(js.location.search).get("seed")
-    if seed is None:
+    params = js.URLSearchParams.new(js.location.search)
+    if not params.has("seed"):  # (a missing one's get() is JS null: a JsNull, which `is None` misses)
         return random.Random()
-    seed = str(seed).strip()
+    seed = str(params.get("seed")).strip()
     if seed.isascii() and seed.isdigit() and len(seed) <= 100:  # int() refuses past 4,300 digits
         return random.Random(int(seed))
     ui.note(

@@ -78,18 +78,29 @@ self.addEventListener("fetch", (event) => {
 
 // A page of the site: from the server, and then its files too (untouched); when the server cannot be reached
 // (offline, or stopped), the copy kept of it, and its files from the copies (keptFirst). A page is kept under
-// its path alone (a share link's query or fragment does not make another copy).
+// its path alone (a share link's query or fragment does not make another copy); a folder's path and its
+// index.html are one page (the docs menu links ../index.html, the playground is visited at /).
 async function page(event, url) {
   try {
     const answer = await fetch(event.request);
     if (event.resultingClientId) fromServer.add(event.resultingClientId);
     return answer;
   } catch (err) {
-    const kept = await caches.match(url.origin + url.pathname, { cacheName: SITE_CACHE });
+    let kept = null;
+    for (const path of samePage(url.pathname)) {
+      kept = await caches.match(url.origin + path, { cacheName: SITE_CACHE });
+      if (kept) break;
+    }
     if (!kept) throw err;
     if (event.resultingClientId) fromCopies.add(event.resultingClientId);
     return kept;
   }
+}
+
+function samePage(path) {
+  if (path.endsWith("/")) return [path, path + "index.html"];
+  if (path.endsWith("/index.html")) return [path, path.slice(0, -"index.html".length)];
+  return [path];
 }
 
 async function keptFirst(request) {

@@ -12,7 +12,7 @@ from typing import Any
 
 import model as m
 import words
-from ui import doc, el, esc, put
+from ui import doc, el, esc, js_options, put
 
 CARD_W = 156  # a user observation's card, px
 SUBJECT_FITS = 18  # characters of a subject a card shows on its line; a longer one can be focused to read it
@@ -154,6 +154,28 @@ def render() -> None:
         scroller.scrollLeft = max(0, flashing[0] - 24)
     elif at_end:
         scroller.scrollLeft = scroller.scrollWidth
+    follow_edges(scroller)
+
+
+_EDGES: list[Any] = []  # the scroll listener's proxy, made once and held (a proxy nobody holds is collected)
+
+
+def follow_edges(scroller: Any) -> None:
+    """A marker scrolled off the track's left side (a phone shows two cards, the newest) is said at that
+    side instead: its lane's `edge` label, stuck to the left edge, shows while its marker is out of view."""
+    if not _EDGES:
+        from pyodide.ffi import create_proxy
+
+        _EDGES.append(create_proxy(lambda _event: edges(scroller)))
+        scroller.addEventListener("scroll", _EDGES[0], js_options(passive=True))
+    edges(scroller)
+
+
+def edges(scroller: Any) -> None:
+    left = float(scroller.scrollLeft or 0)
+    for lane in scroller.querySelectorAll(".lane"):
+        x = float(lane.getAttribute("data-x") or 0)
+        lane.classList.toggle("off-left", x + 6 < left)
 
 
 def card(o: dict[str, Any], held: dict[int, list[str]], unacked: set[int], redelivered: set[int]) -> str:
@@ -236,6 +258,7 @@ def render_lanes(geo: Geometry) -> None:
             lane.className = "lane"
             lane.innerHTML = (
                 "<span class='bracket'></span><span class='mark'><span class='label'></span></span>"
+                "<span class='edge' aria-hidden='true'></span>"
             )
             lanes.appendChild(lane)
         rd = reader_of(sid)
@@ -250,6 +273,8 @@ def render_lanes(geo: Geometry) -> None:
         if crashed:
             label += " · ✖ crashed"
         lane.querySelector(".label").textContent = label
+        lane.setAttribute("data-x", str(x))
+        lane.querySelector(".edge").textContent = "◀ " + label.removeprefix("◀ ")
         # its drawn width when the track is on screen (0 while its tab is hidden: then the estimate)
         reach = max(reach, x + max(LABEL_PX_PER_CHAR * (len(label) + 4), float(mark.offsetWidth or 0) + 4))
         bracket = lane.querySelector(".bracket")
