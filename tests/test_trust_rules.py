@@ -453,6 +453,29 @@ def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
     assert exact["lag"] == exact["head"] and "scan_capped" not in exact  # positive control
 
 
+def test_a_subscriptions_lag_says_it_is_a_bound_wherever_it_is_shown(h):
+    """Found by a tester: a pull said `lag_capped: true` of a text filter's lag (a bound: rows past the scan
+    budget count as if they matched), while GET /subscriptions/{id} showed the same number as a count. Every
+    reply that shows a subscription's lag says so too (its own GET, the admin snapshot, an ack's reply);
+    control: an unfiltered reader's lag is a count, and none of them says capped."""
+    tok = h.monitor("ci")
+    for i in range(SCAN_BUDGET + 10):
+        h.publish("ci", tok, subject=f"noise-{i}")
+    sid, rtok = h.subscribe("ci", tok, subscriber="agent:needle", filter={"text": "needle"})
+    plain, plain_tok = h.subscribe("ci", tok, subscriber="agent:all")
+    pulled = h.pull(sid, rtok, cursor=1, limit=1).body
+    assert pulled["lag_capped"] is True
+    shown = h.call("GET", f"/subscriptions/{sid}", token=rtok)
+    assert shown.status == 200 and shown.body["lag"] == pulled["lag"] and shown.body["lag_capped"] is True
+    exact = h.call("GET", f"/subscriptions/{plain}", token=plain_tok).body
+    assert exact["lag"] > SCAN_BUDGET and "lag_capped" not in exact  # counted, every row being its
+    acked = h.ack(sid, rtok, 2)
+    assert acked.status == 200 and acked.body["lag_capped"] is True, acked.body
+    (snapshot,) = h.service.snapshot()["monitors"]  # the admin door's GET /admin/snapshot
+    by_id = {s["id"]: s for s in snapshot["subscriptions"]}
+    assert by_id[sid]["lag_capped"] is True and "lag_capped" not in by_id[plain]
+
+
 def test_a_page_and_a_filtered_scan_are_bounded_by_bytes_too(tmp_path):
     """Rows count, and so do their bytes: 200 observations of ~1 MiB each would be a 200 MiB reply, and a
     text filter over them seconds of work. A page stops before its rows pass PAGE_BYTES (always one at

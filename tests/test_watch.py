@@ -231,14 +231,24 @@ def test_server_restart_under_a_running_watch_loses_nothing(tmp_path: Path, watc
         assert manual.obs(1) == [(first[0], "one", False)]
         assert manual.next() == f"NEXT {first[0] + 1}"
         wait_committed(base, sid, reader, first[0] + 1)  # the auto watch acked its batch
+        # A third follows with the longest wait: its UP is said when the server answers, not when its first
+        # long poll after it ends (found by a tester: UP came a whole --wait late, with nothing published).
+        with Client(base) as c:
+            s3 = c.subscribe("ci", "agent:patient", token=owner, filter={"types": [TYPE]})
+        patient = Watcher(s3.subscription.id, "--token", s3.token, "--base", base, "--wait", "50")
+        watchers.append(patient)
+        assert patient.obs(1) == [(first[0], "one", False)]
+        eventually(lambda: long_polls_parked(base) >= 1, what="the patient watch parks its long poll")
 
         stop_server(proc)
         assert auto.until("DOWN")[-1].startswith("DOWN ")
         assert manual.until("DOWN")[-1].startswith("DOWN ")
+        assert patient.until("DOWN")[-1].startswith("DOWN ")
         base2, proc = start_server(tmp_path, "--port", port)
         assert base2 == base
         assert auto.next() == f"UP {base}/mp/v0"
         assert manual.next() == f"UP {base}/mp/v0"
+        assert patient.next() == f"UP {base}/mp/v0"  # within the line guard (45 s), less than its wait
         # The unacked batch comes back, marked redelivered; the acked one does not.
         assert manual.obs(1) == [(first[0], "one", True)]
         assert manual.next() == f"NEXT {first[0] + 1}"
@@ -689,3 +699,45 @@ def test_stdout_that_cannot_be_written_is_one_sentence_and_acknowledges_nothing(
         assert committed(base, sid, reader) == seqs[-1] + 1
     finally:
         stop_server(proc)
+
+
+class _OtherJsonApi(BaseHTTPRequestHandler):
+    """A JSON API that is not this protocol's: every request 200 {"hello": "world"}; counts them."""
+
+    asked = 0
+
+    def _answer(self) -> None:
+        type(self).asked += 1
+        body = b'{"hello": "world"}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_base_url_answering_other_json_is_an_error_not_an_endless_loop(watchers: list[Watcher]) -> None:
+    """Found by a tester: a --base that answered 200 with JSON that is not a pull's reply (another API, a
+    gateway) was read as an empty page: mp watch asked again at once, ~1,150 times a second, printing
+    nothing, forever (and --once exited 0). It says ERROR 200 UNEXPECTED_RESPONSE and exits 1, after one
+    request. Control: the same watch against the real server follows (the other tests)."""
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _OtherJsonApi)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{other.server_address[1]}"
+        for extra in ((), ("--once",), ("--catch-up",)):
+            _OtherJsonApi.asked = 0
+            w = Watcher("sub-1234567890abcdef", "--token", "mpr_x", "--base", url, *extra)
+            watchers.append(w)
+            line = w.next()
+            assert line.startswith("ERROR 200 UNEXPECTED_RESPONSE"), (extra, line)
+            assert "hello" in line, line  # what the reply had, said
+            assert w.proc.wait(timeout=15) == 1, extra
+            assert _OtherJsonApi.asked <= 2, (extra, _OtherJsonApi.asked)
+    finally:
+        other.shutdown()

@@ -164,7 +164,8 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         "--reset-policy",
         choices=("earliest", "latest", "none"),
         default=None,
-        help="what to do on EXPIRED when the server does not say (default: none)",
+        help="what to do on EXPIRED when the server does not say; this server always says the "
+        "subscription's own (set at subscribe), so this is for other servers (default: none)",
     )
     plain_error = parser.error
 
@@ -450,7 +451,8 @@ class Watch:
                 limit = self.limit
                 if framing and self.backlog_left:
                     limit = min(self.limit or MAX_LIMIT, self.backlog_left)  # the backlog, not past it
-                wait = 0 if (self.once or framing) else self.wait
+                # after a DOWN the first pull does not wait: UP is said when the server answers again
+                wait = 0 if (self.once or framing or self.down) else self.wait
                 ack = self.pending_ack if self.position is None else None
                 replay = self.position is not None
                 batch = self._pull(wait=wait, cursor=self.position, limit=limit, ack=ack)

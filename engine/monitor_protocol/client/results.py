@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, ParamSpec, TypedDict, TypeVa
 
 from monitor_protocol.client.errors import (
     MonitorProtocolError,
+    UnexpectedResponse,
     error_from_body,
 )
 
@@ -273,6 +274,17 @@ class PullResult(Result):
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> PullResult:
+        # A 200 that is not a pull's reply (another JSON API at the base URL, a gateway's JSON) is said: read
+        # as an empty page it made a follow loop ask again at once, forever (found by a tester of mp watch).
+        ints = [raw.get(k) for k in ("cursor", "head", "next")] if isinstance(raw, dict) else []
+        if not ints or not isinstance(raw.get("observations"), list) or not all(_is_int(v) for v in ints):
+            shown = ", ".join(sorted(map(str, raw))[:6]) if isinstance(raw, dict) else type(raw).__name__
+            raise UnexpectedResponse(
+                "UNEXPECTED_RESPONSE",
+                f"HTTP 200 whose JSON is not a pull's reply (it has {shown or 'nothing'}, not observations, "
+                "cursor, head and next): is the base URL this protocol's server?",
+                200,
+            )
         return cls(
             raw,
             raw.get("subscription", ""),
@@ -285,6 +297,10 @@ class PullResult(Result):
             int(raw.get("redelivered") or 0),
             list(raw.get("observations") or []),
         )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass

@@ -17,10 +17,10 @@ from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscri
 from monitor_protocol.core.rules.grants import grant_of, room_for_one_more
 from monitor_protocol.core.rules.ledger import (
     append_protocol,
-    lag,
     lag_count,
     past_known_misses,
     retire_subscription,
+    with_lag,
 )
 from monitor_protocol.core.rules.lookups import monitor_of, subscription_of
 from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes
@@ -244,7 +244,7 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
     ).seq
     rec = monitor_of(tx, monitor_id)
     out: dict[str, Any] = {
-        "subscription": sub.to_wire(lag(tx, rec, sub)),
+        "subscription": with_lag(tx, rec, sub),
         "token": token_out,
         "seq": seq,
         "notice": "Keep the token: it is shown once and stored only as a hash. Pull reads, ack commits.",
@@ -273,7 +273,7 @@ def touch(core: ServiceCore, tx: Tx, sub_id: str, token: str | None) -> dict[str
 
 def subscription_info(core: ServiceCore, tx: Tx, sub_id: str, token: str | None) -> dict[str, Any]:
     sub = core.alive(subscription_of(tx, sub_id, token, allow_retired=True))
-    return sub.to_wire(lag(tx, monitor_of(tx, sub.monitor), sub))
+    return with_lag(tx, monitor_of(tx, sub.monitor), sub)
 
 
 # ===================================================================================== pull
@@ -780,7 +780,10 @@ def ack(
     if max(target, 1) == max(current, 1) and sub.last_ack is not None and sub.last_ack.cursor == current:
         return dict(sub.last_ack.reply)  # an identical ack returns the prior result (C20)
     sub = _moved(sub, target)
-    reply = {"subscription": sub.id, "cursor": target, "head": head, "lag": lag(tx, rec, sub)}
+    count, capped = lag_count(tx, rec, sub)
+    reply = {"subscription": sub.id, "cursor": target, "head": head, "lag": count}
+    if capped:
+        reply["lag_capped"] = True
     tx.put_subscription(_acked(sub, AckMemo(target, reply)))
     return dict(reply)
 

@@ -231,3 +231,13 @@ def _filtered_lag(
 
 def lag(tx: Tx, rec: Monitor, sub: Subscription) -> int:
     return lag_count(tx, rec, sub)[0]
+
+
+def with_lag(tx: Tx, rec: Monitor, sub: Subscription) -> dict[str, Any]:
+    """A subscription on the wire with its lag, and `lag_capped: true` when that lag is a bound (as a pull
+    says it: section 8, "capped, and say so")."""
+    count, capped = lag_count(tx, rec, sub)
+    out = sub.to_wire(count)
+    if capped:
+        out["lag_capped"] = True
+    return out

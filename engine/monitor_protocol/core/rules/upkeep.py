@@ -8,7 +8,7 @@ from monitor_protocol.core import filters, timefmt
 from monitor_protocol.core.lifecycles import LeaseState
 from monitor_protocol.core.records import Lease, Monitor, Subscription, evolve
 from monitor_protocol.core.rules import state
-from monitor_protocol.core.rules.ledger import free_lease, lag, retire_subscription
+from monitor_protocol.core.rules.ledger import free_lease, lag, retire_subscription, with_lag
 from monitor_protocol.core.rules.lookups import monitor_of
 from monitor_protocol.core.runtime import ServiceCore
 from monitor_protocol.core.tx import Tx
@@ -127,7 +127,7 @@ def _monitor_snapshot(core: ServiceCore, tx: Tx, rec: Monitor) -> dict[str, Any]
         "state": state.compute(
             rec, tx.now, active, core.last_pull_of(rec), sources_here=getattr(core, "sources_here", False)
         ),
-        "subscriptions": [s.to_wire(lag(tx, rec, s)) for s in subs],
+        "subscriptions": [with_lag(tx, rec, s) for s in subs],
         "leases": [x.to_wire() for x in tx.leases(rec.id)],
     }
 
