@@ -289,3 +289,25 @@ def test_a_link_opened_in_a_second_tab_says_in_its_banner_where_to_replay(browse
     owner.wait_for_selector("body.ready", timeout=BOOT_MS)
     act(owner, "#btn-share-replay")
     assert owner.inner_text("#share-open .share-said").startswith("Replayed 2 step(s) into monitor ci")
+
+
+def test_after_the_race_the_share_panel_names_the_monitor_the_log_shows(browser):
+    """Found by a tester: the race moves the Log to its own monitor, and Copy share link then said only
+    "Nothing recorded for this monitor", read as the steps on ci being lost. It names the monitor on
+    screen and the ones that have a link (control: picked again, ci's link is made)."""
+    page = open_playground(browser)
+    tab(page, "playground")
+    act(page, "#btn-define-ci")
+    act(page, "#btn-publish")
+    act(page, "#race-btn")
+    page.wait_for_function(
+        "+document.querySelector('#race [data-k=published]')?.textContent >= 2", timeout=ACT_MS
+    )
+    act(page, "#race-btn")  # stop
+    act(page, "#btn-share-link")
+    said = page.inner_text("#share-answer")
+    assert "(race, the monitor the Log shows)" in said and "Recorded: ci" in said, said
+    page.select_option("#monitor-pick", "ci")
+    page.wait_for_function("document.querySelector('#log-head').textContent.startsWith('ci')", timeout=ACT_MS)
+    act(page, "#btn-share-link")
+    assert "#scenario=" in page.input_value("#share-link-out")

@@ -111,12 +111,13 @@ def _forget_refusal_log(mp: pytest.MonkeyPatch) -> None:
 def _lag_over_whole_log(mp: pytest.MonkeyPatch) -> None:
     """P5 broken: lag counts everything after the cursor, ignoring the subscription's filter."""
 
-    def lag(tx, rec, sub):
+    def lag_count(tx, rec, sub, memo=None):
         start = max(sub.cursor, 1, rec.floor)
-        return max(0, rec.head - start + 1)
+        return max(0, rec.head - start + 1), False
 
-    for module in (delivery_mod, upkeep_mod):
-        mp.setattr(module, "lag", lag)
+    for module in (delivery_mod, ledger_mod):  # every lag shown: a subscription's, a pull's, an ack's
+        mp.setattr(module, "lag_count", lag_count)
+    mp.setattr(upkeep_mod, "lag", lambda tx, rec, sub: lag_count(tx, rec, sub)[0])
 
 
 def _act_on_request(mp: pytest.MonkeyPatch) -> None:

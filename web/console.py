@@ -331,7 +331,8 @@ async def setup() -> None:
     term_print(
         "<div class='note'># This page's engine answers /mp/v0 through the service worker; "
         "http://127.0.0.1:8130 and http://localhost:8130 mean this page. Paste the README's quickstart "
-        "(or click a block), Enter runs it; Shift+Enter adds a line.</div>"
+        "(or click or tap a block), Enter or Run runs it; Shift+Enter adds a line (on a phone's keyboard, "
+        "a tapped block keeps its lines: edit them and tap Run).</div>"
     )
     el("curl-input").addEventListener("keydown", create_proxy(on_key))
     el("curl-input").addEventListener("input", create_proxy(on_input))

@@ -422,8 +422,15 @@ async def copy_link(_el) -> None:
     out = el("share-link-out")
     if link is None:
         out.value = ""
-        note("share-answer", "Nothing recorded for this monitor in this tab: create a monitor here with the "
-             "Playground's buttons, act on it, then copy its link.", ok=False)  # fmt: skip
+        # The Log may have moved to another monitor (the race shows its own): name the one on screen, and
+        # the ones that have a link, so that "nothing recorded" is not read as the steps being lost.
+        others = sorted(k for k, v in RECORDED.items() if v and k != (m.S.monitor or ""))
+        where = f" ({m.S.monitor}, the monitor the Log shows)" if m.S.monitor else ""
+        elsewhere = (
+            f" Recorded: {', '.join(others)}: pick it in the Log's monitor list, then copy." if others else ""
+        )
+        note("share-answer", f"Nothing recorded for this monitor{where} in this tab: create a monitor here with "
+             f"the Playground's buttons, act on it, then copy its link.{elsewhere}", ok=False)  # fmt: skip
         return
     out.value = link
     out.removeAttribute("hidden")

@@ -144,7 +144,7 @@ STEPS = [
     Step(
         "Read the state",
         "The state is computed from the log. Its confidence stays null, because inputs are missing, and "
-        "the gaps name what is not known. Hover or focus any field to see what it means.",
+        "the gaps name what is not known. Hover, tap or focus any field to see what it means.",
         "The state says what it does not know instead of showing a confident zero.",
         "state",
         "An unknown value is null, never a confident 0, and each missing input is named.",
