@@ -608,6 +608,25 @@ def test_a_reader_scrolled_off_the_track_is_said_at_its_edge(phone_browser):
     assert in_view(page, f"{lane} .mark")["ok"] and not edge.is_visible()
 
 
+def test_every_tab_is_in_view_on_a_320px_phone(phone_browser):
+    """Found by a tester: at 320 px the tab row scrolled sideways with "Conformance" cut at the screen's
+    edge and nothing to say there was more. The tabs take two rows there (control: at 390 px, one row)."""
+    page = phone_browser.new_page(viewport={"width": 320, "height": 568})
+    page = open_page(phone_browser, page=page)
+    boxes = page.eval_on_selector_all(
+        "#tabs .tab-btn",
+        "bs => bs.map(b => { const r = b.getBoundingClientRect(); return [r.left, r.right, r.top]; })",
+    )
+    assert len(boxes) == 4 and all(left >= 0 and right <= 320 for left, right, _top in boxes), boxes
+    assert len({round(top) for _l, _r, top in boxes}) == 2, boxes
+    assert not horizontal_overflow(page)["overflows"]
+    page.set_viewport_size({"width": 390, "height": 844})
+    tops = page.eval_on_selector_all(
+        "#tabs .tab-btn", "bs => bs.map(b => Math.round(b.getBoundingClientRect().top))"
+    )
+    assert len(set(tops)) == 1, tops
+
+
 def test_lease_seconds_that_are_not_whole_are_refused_not_rewritten(browser):
     """Found by a tester: -5 and 0 became a 1 s lease, "abc", "1e3" and "3.5" an 8 s one, said only as
     "for 1 s" in the answer."""
