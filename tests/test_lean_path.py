@@ -1053,10 +1053,12 @@ def test_a_groups_bodies_parsed_before_the_engine_runs_are_not_walked_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A door parses a group's lone publishes before the engine checks them (RestRouter.handle_publishes):
-    every small body `loads` returned among the last ones is known checked; anything else is walked."""
+    every small body (4 KiB at most) `loads` returned among the last ones is known checked; anything else is
+    walked."""
     walked: list[Any] = []
     problem = wire.problem
     monkeypatch.setattr(wire, "problem", lambda value: walked.append(value) or problem(value))
+    monkeypatch.setattr(wire, "_vetted_small", {})  # what earlier tests parsed does not count here
     bodies = [wire.loads(b'{"type": "com.example.ci.run", "data": {"n": %d}}' % i) for i in range(16)]
     for body in bodies:
         assert wire.check(body) is body
@@ -1066,7 +1068,7 @@ def test_a_groups_bodies_parsed_before_the_engine_runs_are_not_walked_again(
     twin = {"type": "com.example.ci.run", "data": {"n": 0}}
     wire.check(twin)
     assert walked == [twin]
-    large = wire.loads(b'{"data": "' + b"x" * (70 * 1024) + b'"}')
+    large = wire.loads(b'{"data": "' + b"x" * (5 * 1024) + b'"}')
     wire.check(large)
     assert len(walked) == 1
     wire.loads(b"{}")
@@ -1076,3 +1078,19 @@ def test_a_groups_bodies_parsed_before_the_engine_runs_are_not_walked_again(
     for i in range(200):
         wire.loads(b'{"n": %d}' % i)
     assert len(wire._vetted_small) <= 64
+
+
+def test_only_plausible_publish_paths_are_remembered() -> None:
+    """The publish route per path is remembered for a publisher's repeated requests, but a path that is not
+    a publish's, or is longer than any id allows (a request line may be 64 KiB), is worked out and not kept:
+    a client cannot pin memory with paths. Control: a publish path is kept, and answers the same again."""
+    from monitor_protocol.api import rest
+
+    rest._PUBLISH_TARGETS.clear()
+    long_id = "x" * 60_000
+    assert rest._publish_target(f"/mp/v0/monitors/{long_id}/observations") == long_id
+    assert rest._publish_target("/mp/v0/monitors/ci/state") is None
+    assert rest._PUBLISH_TARGETS == {}
+    assert rest._publish_target("/mp/v0/monitors/ci/observations") == "ci"
+    assert rest._PUBLISH_TARGETS == {"/mp/v0/monitors/ci/observations": "ci"}
+    assert rest._publish_target("/mp/v0/monitors/ci/observations") == "ci"

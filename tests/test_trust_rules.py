@@ -456,7 +456,7 @@ def test_a_filtered_pull_examines_a_bounded_number_of_rows(h):
 def test_a_subscriptions_lag_says_it_is_a_bound_wherever_it_is_shown(h):
     """Found by a tester: a pull said `lag_capped: true` of a text filter's lag (a bound: rows past the scan
     budget count as if they matched), while GET /subscriptions/{id} showed the same number as a count. Every
-    reply that shows a subscription's lag says so too (its own GET, the admin snapshot, an ack's reply);
+    reply that shows a subscription's lag says so too (its own GET, the admin snapshot, the overview a page draws, an ack's reply);
     control: an unfiltered reader's lag is a count, and none of them says capped."""
     tok = h.monitor("ci")
     for i in range(SCAN_BUDGET + 10):
@@ -473,6 +473,9 @@ def test_a_subscriptions_lag_says_it_is_a_bound_wherever_it_is_shown(h):
     assert acked.status == 200 and acked.body["lag_capped"] is True, acked.body
     (snapshot,) = h.service.snapshot()["monitors"]  # the admin door's GET /admin/snapshot
     by_id = {s["id"]: s for s in snapshot["subscriptions"]}
+    assert by_id[sid]["lag_capped"] is True and "lag_capped" not in by_id[plain]
+    views = h.service.overview("ci")["monitor"]["subscriptions"]  # the playground's picture of it
+    by_id = {v["subscription"]["id"]: v["subscription"] for v in views}
     assert by_id[sid]["lag_capped"] is True and "lag_capped" not in by_id[plain]
 
 

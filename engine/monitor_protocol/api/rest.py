@@ -90,9 +90,11 @@ _PUBLISH_HEAD, _PUBLISH_TAIL = _PUBLISH_LABEL.split("{id}")  # /mp/v0/monitors/,
 
 
 # The monitor a POST to a path publishes to, or None when the route `_handle` would take for it is another:
-# a publisher sends to the same path again and again (bounded; emptied when full).
+# a publisher sends to the same path again and again. Only a publish path of a plausible length is kept
+# (an id is at most 256 characters; a request line may be 64 KiB), at most 1,024 of them (emptied when full).
 _PUBLISH_TARGETS: dict[str, str | None] = {}
 _PUBLISH_TARGETS_MAX = 1024
+_PUBLISH_PATH_KEPT = 320
 
 
 def _publish_target(raw_path: str) -> str | None:
@@ -100,17 +102,19 @@ def _publish_target(raw_path: str) -> str | None:
         return _PUBLISH_TARGETS[raw_path]
     except KeyError:
         pass
+    if not (raw_path.startswith(_PUBLISH_HEAD) and raw_path.endswith(_PUBLISH_TAIL)):
+        return None
     target = None
-    if raw_path.startswith(_PUBLISH_HEAD) and raw_path.endswith(_PUBLISH_TAIL):
-        path = raw_path[len(PREFIX) :].rstrip("/") or "/"
-        for _m, regex, _fn in _candidates(path, "POST"):  # the route `_handle` would take, in its order
-            match = regex.match(path)
-            if match is not None:
-                target = match["id"] if _LABELS[regex] == _PUBLISH_LABEL else None
-                break
-    if len(_PUBLISH_TARGETS) >= _PUBLISH_TARGETS_MAX:
-        _PUBLISH_TARGETS.clear()
-    _PUBLISH_TARGETS[raw_path] = target
+    path = raw_path[len(PREFIX) :].rstrip("/") or "/"
+    for _m, regex, _fn in _candidates(path, "POST"):  # the route `_handle` would take, in its order
+        match = regex.match(path)
+        if match is not None:
+            target = match["id"] if _LABELS[regex] == _PUBLISH_LABEL else None
+            break
+    if len(raw_path) <= _PUBLISH_PATH_KEPT:
+        if len(_PUBLISH_TARGETS) >= _PUBLISH_TARGETS_MAX:
+            _PUBLISH_TARGETS.clear()
+        _PUBLISH_TARGETS[raw_path] = target
     return target
 
 

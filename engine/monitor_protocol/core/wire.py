@@ -179,11 +179,12 @@ def _has_long_number(raw: bytes) -> bool:
 _vetted: tuple[Any, frozenset[int]] = (None, frozenset())
 # And the last few small objects it returned, by id: a door parses a group's lone publishes before the engine
 # runs them (api/rest.py handle_publishes), so the last value alone would be all but one of them walked again.
-# Bounded by count and size (at most 4 MiB held); emptied, never trimmed, so a reader on another thread sees a
-# value or nothing (a miss is only a walk).
+# Bounded by count and by text size: 64 bodies of at most 4 KiB (a publish is a few hundred bytes), whose
+# objects hold at most ~25 times their text (`[{},{},...]`): a few MB held at worst, by anyone who can send a
+# body. Emptied, never trimmed, so a reader on another thread sees a value or nothing (a miss is only a walk).
 _vetted_small: dict[int, Any] = {}
 _VETTED_SMALL_COUNT = 64
-_VETTED_SMALL_BYTES = 64 * 1024
+_VETTED_SMALL_BYTES = 4 * 1024
 
 
 def loads(raw: bytes | str) -> Any:
@@ -438,8 +439,9 @@ def _subclass_problem(node: Any, depth: int, push: Callable[[tuple[Any, int]], N
 
 def check(value: Any) -> Any:
     """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise. The value
-    `loads` last returned was checked whole as it was parsed and is not walked again (a door hands the
-    engine what it just parsed; nothing changes it in between)."""
+    `loads` last returned (and the last few small objects it returned) was checked whole as it was parsed and
+    is not walked again: a door hands the engine what it parsed, and the rule is that nothing changes a
+    parsed body before the engine checks it (a door that builds on one passes a new object, walked)."""
     vetted, items = _vetted
     if value is not None and (value is vetted or id(value) in items or _vetted_small.get(id(value)) is value):
         return value  # _vetted holds the batch (and _vetted_small each value), so their ids are theirs alone

@@ -8,7 +8,7 @@ from monitor_protocol.core import filters, timefmt
 from monitor_protocol.core.lifecycles import LeaseState
 from monitor_protocol.core.records import Lease, Monitor, Subscription, evolve
 from monitor_protocol.core.rules import state
-from monitor_protocol.core.rules.ledger import free_lease, lag, retire_subscription, with_lag
+from monitor_protocol.core.rules.ledger import free_lease, retire_subscription, with_lag
 from monitor_protocol.core.rules.lookups import monitor_of
 from monitor_protocol.core.runtime import ServiceCore
 from monitor_protocol.core.tx import Tx
@@ -162,7 +162,7 @@ def _unacked(tx: Tx, rec: Monitor, sub: Subscription) -> tuple[list[int], bool]:
 def _subscription_view(tx: Tx, rec: Monitor, sub: Subscription) -> dict[str, Any]:
     unacked, more = _unacked(tx, rec, sub) if sub.active else ([], False)
     return {
-        "subscription": sub.to_wire(lag(tx, rec, sub) if sub.active else 0),  # a retired one is not owed
+        "subscription": with_lag(tx, rec, sub) if sub.active else sub.to_wire(0),  # a retired one is not owed
         "delivered_upto": sub.hwm,
         "unacked": unacked,
         "unacked_more": more,  # older unacknowledged seqs exist beyond the list
