@@ -117,7 +117,6 @@ def _lag_over_whole_log(mp: pytest.MonkeyPatch) -> None:
 
     for module in (delivery_mod, ledger_mod):  # every lag shown: a subscription's, a pull's, an ack's
         mp.setattr(module, "lag_count", lag_count)
-    mp.setattr(upkeep_mod, "lag", lambda tx, rec, sub: lag_count(tx, rec, sub)[0])
 
 
 def _act_on_request(mp: pytest.MonkeyPatch) -> None:

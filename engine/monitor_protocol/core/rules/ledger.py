@@ -229,10 +229,6 @@ def _filtered_lag(
     return count, False
 
 
-def lag(tx: Tx, rec: Monitor, sub: Subscription) -> int:
-    return lag_count(tx, rec, sub)[0]
-
-
 def with_lag(tx: Tx, rec: Monitor, sub: Subscription) -> dict[str, Any]:
     """A subscription on the wire with its lag, and `lag_capped: true` when that lag is a bound (as a pull
     says it: section 8, "capped, and say so")."""
