@@ -419,3 +419,76 @@ def test_a_publish_without_a_type_sends_no_type_field() -> None:
         "type": "com.example.a",
         "subject": "s",
     }
+
+
+def test_a_remembered_request_head_follows_the_headers_it_was_made_from() -> None:
+    """The request's head is encoded once per (method, target, host) and the shared headers dict it came
+    from: another client's headers on the same path get their own head (the control: the first client's head
+    is reused byte for byte)."""
+    a = {"accept": "application/json", "authorization": "Bearer aaa"}
+    b = {"accept": "application/json", "authorization": "Bearer bbb"}
+    first = keepalive.request_bytes("GET", "/mp/v0/remembered", "h:1", a, None)
+    assert keepalive.request_bytes("GET", "/mp/v0/remembered", "h:1", a, None) == first
+    assert keepalive._REQUEST_HEADS[("GET", "/mp/v0/remembered", "h:1")][0] is a  # control: remembered
+    other = keepalive.request_bytes("GET", "/mp/v0/remembered", "h:1", b, b"{}")
+    assert (
+        b"Bearer bbb" in other
+        and b"Bearer aaa" not in other
+        and other.endswith(b"content-length: 2\r\n\r\n{}")
+    )
+    assert b"Bearer aaa" in keepalive.request_bytes("GET", "/mp/v0/remembered", "h:1", a, None)
+    with pytest.raises(keepalive.SendFailed):  # a bad target is refused every time, never remembered
+        keepalive.request_bytes("GET", "/mp/v0/a b", "h:1", a, None)
+    with pytest.raises(keepalive.SendFailed):
+        keepalive.request_bytes("GET", "/mp/v0/a b", "h:1", a, None)
+
+
+def test_two_clients_with_their_own_tokens_on_one_path_each_send_their_own(server: str) -> None:
+    """End to end through the remembered heads: the owner publishes, a client with another token on the
+    same path is refused, and the owner's next publish still goes through."""
+    with Client(server) as admin:
+        owner = admin.create_monitor("heads-two-tokens", types=[TYPE]).owner_token
+    with Client(server, owner) as mine, Client(server, "not-the-owner") as theirs:
+        first = mine.publish("heads-two-tokens", TYPE, subject="a").seq
+        with pytest.raises(Exception) as refused:
+            theirs.publish("heads-two-tokens", TYPE, subject="b")
+        assert getattr(refused.value, "status", None) in (401, 403)
+        assert mine.publish("heads-two-tokens", TYPE, subject="c").seq == first + 1
+
+
+def test_a_remembered_reply_head_is_not_used_for_a_head_request() -> None:
+    """A reply head is parsed once and shared, except for a HEAD request, whose framing differs for the
+    same bytes (no body whatever content-length says)."""
+    raw = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5"
+    assert keepalive._head_of(raw, "GET").length == 5
+    assert keepalive._head_of(raw, "GET") is keepalive._head_of(raw, "GET")  # control: shared
+    assert keepalive._head_of(raw, "HEAD").length == 0
+    assert keepalive._head_of(raw, "GET").length == 5
+
+
+def test_the_async_client_under_trio_uses_httpx(server: str) -> None:
+    """The keep-alive pool is asyncio's; under trio (no asyncio loop) the client takes httpx, and in trio's
+    guest mode on an asyncio loop too (trio's tasks run in that loop's callbacks, outside any asyncio task,
+    where an asyncio future cannot be awaited)."""
+    trio = pytest.importorskip("trio")
+
+    async def calls() -> int:
+        async with AsyncClient(server) as c:
+            assert keepalive.running_asyncio() is False
+            return len((await c.discover()).supported_versions)
+
+    assert trio.run(calls) >= 1
+
+    async def host() -> int:
+        assert keepalive.running_asyncio() is True  # control: a coroutine of an asyncio task
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            calls,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            done_callback=lambda outcome: done.set_result(outcome.unwrap()),
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        return await asyncio.wait_for(done, 30)  # an asyncio future awaited from trio would hang, not fail
+
+    assert asyncio.run(host()) >= 1

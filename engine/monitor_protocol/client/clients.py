@@ -366,17 +366,7 @@ class AsyncClient(ClientBase):
         (always httpx under trio), or in a browser "fetch"."""
         return self._pool.http_layer if self._pool is not None else "httpx"
 
-    async def _once(self, call: Call[T]) -> T:
-        pool = self._pool
-        if pool is not None and (self._in_browser or keepalive.running_asyncio()):
-            # The pooled request inline, not in a coroutine of its own: each level of coroutine is a frame
-            # made and resumed per request (issue 23's client budget).
-            target, body, headers = pooled_request(self._prefix, call)
-            try:
-                reply = await pool.request(call.method, target, body, headers, call.timeout or self.timeout)
-            except httpreply.SendFailed as exc:
-                raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
-            return decode(reply, call)
+    async def _via_httpx(self, call: Call[T]) -> T:
         import httpx
 
         if self._http is None:
@@ -413,7 +403,19 @@ class AsyncClient(ClientBase):
         attempt = 0
         while True:
             try:
-                return await self._once(call)
+                pool = self._pool
+                if pool is None or not (self._in_browser or keepalive.running_asyncio()):
+                    return await self._via_httpx(call)
+                # The pooled request inline, not in a coroutine of its own: each level of coroutine is a
+                # frame made and resumed per request (issue 23's client budget).
+                target, body, headers = pooled_request(self._prefix, call)
+                try:
+                    reply = await pool.request(
+                        call.method, target, body, headers, call.timeout or self.timeout
+                    )
+                except httpreply.SendFailed as exc:
+                    raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+                return decode(reply, call)
             except (ConnectionFailed, MonitorProtocolError) as exc:
                 delay = _retry_delay(call, attempt, exc)
                 if delay is None:

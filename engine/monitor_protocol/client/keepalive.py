@@ -67,6 +67,27 @@ def _origin(base: str) -> tuple[bool, str, int, str]:
 
 def request_bytes(method: str, target: str, host: str, headers: dict[str, str], body: bytes | None) -> bytes:
     """The whole request as one buffer; SendFailed(sent=False) for what is not HTTP."""
+    # A client sends the same few requests again and again (one path, its shared headers): their head is
+    # checked and encoded once. `headers` is the caller's shared dict, never changed (clients.py), so the
+    # same object means the same lines.
+    known = _REQUEST_HEADS.get((method, target, host))
+    if known is not None and known[0] is headers:
+        head = known[1]
+    else:
+        head = _request_head(method, target, host, headers)
+        if len(target) <= 512:
+            if len(_REQUEST_HEADS) >= 256:
+                _REQUEST_HEADS.clear()
+            _REQUEST_HEADS[(method, target, host)] = (headers, head)
+    if body is not None:
+        return head + b"content-length: %d\r\n\r\n" % len(body) + body
+    return head + b"\r\n"
+
+
+_REQUEST_HEADS: dict[tuple[str, str, str], tuple[dict[str, str], bytes]] = {}
+
+
+def _request_head(method: str, target: str, host: str, headers: dict[str, str]) -> bytes:
     if _BAD_TARGET.search(target):
         raise SendFailed(
             f"ValueError: the request target {target[:80]!r} holds a space or control character", sent=False
@@ -77,10 +98,7 @@ def request_bytes(method: str, target: str, host: str, headers: dict[str, str], 
         raise SendFailed(
             f"UnicodeEncodeError: the request line is not latin-1 text: {exc}", sent=False
         ) from exc
-    head += _header_block(tuple(headers.items()))
-    if body is not None:
-        return head + b"content-length: %d\r\n\r\n" % len(body) + body
-    return head + b"\r\n"
+    return head + _header_block(tuple(headers.items()))
 
 
 def _header_block(items: tuple[tuple[str, str], ...]) -> bytes:
@@ -105,6 +123,21 @@ def _header_block(items: tuple[tuple[str, str], ...]) -> bytes:
 
 
 _BLOCKS: dict[tuple[tuple[str, str], ...], bytes] = {}
+_HEADS: dict[bytes, _Head] = {}
+
+
+def _head_of(raw: bytes, method: str) -> _Head:
+    """The parsed head of a reply. A server's replies to one kind of request repeat their head byte for byte
+    (its Date changes once a second, its length now and then), so a small head is parsed once and shared:
+    read it, never change it. A HEAD reply's framing differs from a GET's with the same bytes: not kept."""
+    head = _HEADS.get(raw)
+    if head is None or method == "HEAD":
+        head = _Head(raw, method)
+        if len(raw) <= 1024 and method != "HEAD":
+            if len(_HEADS) >= 64:
+                _HEADS.clear()
+            _HEADS[raw] = head
+    return head
 
 
 class _Head:
@@ -236,7 +269,7 @@ class _Conn:
     def exchange(self, data: bytes, method: str) -> tuple[Reply, bool]:
         self.sock.sendall(data)
         while True:
-            head = _Head(self._head(), method)
+            head = _head_of(self._head(), method)
             if not 100 <= head.status < 200:
                 break
         if head.chunked:
@@ -487,7 +520,7 @@ class _AsyncConnection(asyncio.Protocol):
                 if end > MAX_HEAD_BYTES or len(buf) > MAX_HEAD_BYTES:
                     raise ValueError("the reply's headers are too large")
                 return None
-            head = _Head(bytes(buf[:end]), self.method)
+            head = _head_of(bytes(buf[:end]), self.method)
             del buf[: end + 4]
             if 100 <= head.status < 200:
                 head = None  # an interim reply: the real one follows
@@ -619,7 +652,7 @@ class AsyncPool:
 
 def running_asyncio() -> bool:
     """Whether the caller runs under asyncio (the async pool's loop), not trio or another library."""
-    try:
-        return asyncio.current_task() is not None
-    except RuntimeError:  # no running loop
-        return False
+    # Not just a running asyncio loop: trio's guest mode runs trio's tasks in that loop's callbacks, outside
+    # any asyncio task, where an asyncio future cannot be awaited.
+    loop = asyncio._get_running_loop()
+    return loop is not None and asyncio.current_task(loop) is not None

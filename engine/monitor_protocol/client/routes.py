@@ -370,7 +370,8 @@ class Routes:
         each wait at most 30 s). Any other refusal raises at once; after the last attempt its error
         raises. A retry that finds the observation already appended returns the first reply, with
         `idempotent=True`."""
-        retries = _check_retries(retries)
+        if retries.__class__ is not int or retries < 0:  # the usual 0 without a call (the client's budget)
+            retries = _check_retries(retries)
         if retries and fields.get("idempotency_key") is None:
             fields["idempotency_key"] = str(uuid.uuid4())
         body: dict[str, Any] = {}
@@ -379,7 +380,7 @@ class Routes:
         if subject is not None:
             body["subject"] = subject
         if data is not None:
-            body["data"] = dict(_mapping(data, "publish: data"))
+            body["data"] = data.copy() if data.__class__ is dict else dict(_mapping(data, "publish: data"))
         for name, value in fields.items():
             if value is not None:
                 body[name] = value
