@@ -1148,3 +1148,60 @@ def test_sqlite_scan_is_lazy(tmp_path):
 
 # StorageError on a full disk, a read-only file, a failed commit, and bugs that are not storage errors:
 # tests/test_sqlite_safety.py.
+
+
+# ===================================================================================== threads
+def test_calls_from_several_threads_lose_nothing(store) -> None:
+    """Found by an embedder: a producer thread and a reader thread on one MonitorService (memory or SQLite)
+    lost publishes already confirmed with a seq, gave two publishers one seq, and left SQLite's connection in
+    a transaction for good: a second thread's call joined the first's open transaction. Each call is now its
+    own transaction whichever thread makes it. Three publishers and a reader at once: every confirmed seq is
+    in the log once, the reader gets each, and the store still works after (the control)."""
+    import threading
+
+    from monitor_protocol.core.service import MonitorService
+
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "threads", "types": ["com.example.x"]}, None)["owner_token"]
+    sub = service.subscribe(
+        {"monitor": "threads", "subscriber": "agent:r", "filter": {"types": ["com.example.x"]}}, owner
+    )
+    sub_id, reader = sub["subscription"]["id"], sub["token"]
+    confirmed: list[int] = []
+    failures: list[BaseException] = []
+    per_thread = 300
+
+    def publisher(k: int) -> None:
+        try:
+            for i in range(per_thread):
+                got = service.publish("threads", {"type": "com.example.x", "data": {"k": k, "i": i}}, owner)
+                confirmed.append(got["seq"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    received: list[int] = []
+
+    def read() -> None:
+        try:
+            while len(received) < 3 * per_thread and not failures:
+                batch = service.pull(sub_id, reader, limit=25)
+                received.extend(
+                    int(o["sequence"]) for o in batch["observations"] if o["type"] == "com.example.x"
+                )
+                service.ack(sub_id, reader, {"cursor": batch["next"]})
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=publisher, args=(k,)) for k in range(3)] + [
+        threading.Thread(target=read)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == []
+    assert len(confirmed) == len(set(confirmed)) == 3 * per_thread
+    logged = [int(o["sequence"]) for o in service.export_log("threads") if o.get("type") == "com.example.x"]
+    assert sorted(logged) == sorted(confirmed)
+    assert sorted(received) == sorted(confirmed)  # at least once, and here exactly once: acked as read
+    assert service.publish("threads", {"type": "com.example.x"}, owner)["seq"] > max(confirmed)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -98,6 +99,7 @@ class MemoryStore(Store):
         self._leases: dict[tuple[str, str], Lease] = {}
         self._keys: dict[tuple[str, str], PublishKey] = {}
         self._in_tx = False
+        self._serial = threading.RLock()
         self._undo: list[tuple[str, Any, Any]] = []
         self._pending: list[Entry] = []
         self._changes: list[Entry] = []
@@ -105,6 +107,12 @@ class MemoryStore(Store):
     # ============================================================================== transactions
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        # One transaction at a time, whichever thread calls: `_in_tx` would otherwise let another thread's
+        # call join an open transaction (an embedder's producer and reader threads).
+        with self._serial:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[None]:
         if self._in_tx:  # nested: the outer transaction owns commit and rollback
             yield
             return

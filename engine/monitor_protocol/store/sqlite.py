@@ -19,6 +19,7 @@ from __future__ import annotations
 import operator
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,6 +123,9 @@ class SQLiteStore(Store):
         self._writer = WriterLock()
         self._db: sqlite3.Connection = None  # type: ignore[assignment]  # set below; None once closed
         self._depth = 0
+        # One transaction (or group commit) at a time, whichever thread calls: the nesting checks below
+        # (`_depth`, `_batch`) would otherwise let another thread's call join an open transaction.
+        self._serial = threading.RLock()
         self._batch = False
         self._batch_broken = False
         self._batch_wrote = False
@@ -350,6 +354,10 @@ class SQLiteStore(Store):
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        with self._serial:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[None]:
         if self._depth:
             yield
             return
@@ -443,6 +451,10 @@ class SQLiteStore(Store):
         """Group commit: the transactions inside share one commit (one fsync). A caller may reply to none of
         them until this block has exited without error; when the commit fails (or a storage failure rolled
         the group back), it raises StorageError and nothing of the group is kept."""
+        with self._serial:
+            yield from self._group()
+
+    def _group(self) -> Iterator[None]:
         if self._batch:
             yield
             return
