@@ -421,6 +421,51 @@ def test_mp_serve_on_the_copy_answers_the_old_tokens(
         assert r.json()["seq"] > world.heads["ci"]
 
 
+def test_an_unfinished_copy_is_never_served(
+    world: World, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an operator: mp migrate killed half way left a database that mp serve started on, serving
+    the monitors copied and failing on the next one with a 503 that said to retry, for ever. The mark
+    written before the first record is still there when the run does not finish: mp serve and any store
+    opening refuse the database, and a second run names it. The control: the finished run removes it."""
+    from monitor_protocol.store.postgres import IncompleteCopy, PostgresStore
+
+    real = migrate.copy_monitor
+    copied: list[str] = []
+
+    def dies_on_the_second(source: Any, target: Any, monitor_id: str, **kw: Any) -> None:
+        if copied:
+            raise KeyboardInterrupt  # as a kill would: nothing after it runs
+        copied.append(monitor_id)
+        real(source, target, monitor_id, **kw)
+
+    monkeypatch.setattr(migrate, "copy_monitor", dies_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        migrate.migrate(str(world.path), pg_url, out=lambda line: None, err=lambda line: None)
+    with pytest.raises(IncompleteCopy, match="holds an unfinished copy: mp migrate from .* began at"):
+        PostgresStore(pg_url)
+    served = subprocess.run(
+        mp_command("serve", "--db", pg_url, "--port", "0"),
+        env=mp_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 1 and "holds an unfinished copy" in served.stderr, served.stderr
+    assert "Traceback" not in served.stderr
+    again = run_migrate("--from", str(world.path), "--to", pg_url)
+    assert again.returncode == 2 and "holds an unfinished copy" in again.stderr, again.stderr
+
+    # the control: a run that finishes and verifies removes the mark, and the database opens
+    pg_execute(
+        pg_url,
+        "DROP TABLE observations, subjects, publish_keys, subscriptions, leases, monitors, mp_meta CASCADE",
+    )
+    monkeypatch.setattr(migrate, "copy_monitor", real)
+    assert migrate.migrate(str(world.path), pg_url, out=lambda line: None, err=lambda line: None).verified
+    PostgresStore(pg_url).close()
+
+
 # ===================================================================================== refusals
 def test_a_live_source_is_refused_with_the_stores_own_message(world: World, pg_url: str) -> None:
     held = SQLiteStore(str(world.path))  # as a running mp serve holds it
@@ -505,3 +550,11 @@ def test_shown_url_never_shows_a_password() -> None:
     query = "postgresql://h/db?user=mp&password=s3cret&sslmode=require"
     assert migrate.shown_url(query) == "postgresql://h/db?user=mp&password=***&sslmode=require"
     assert "s3cret" not in migrate._scrub(f"{query} said s3cret", query)
+    # A tester's: the role mpweak with the password weak and the database weakdb. Names that hold the
+    # password are left whole (masked, "mp***" would show it); the password alone is still masked.
+    weak = "postgresql://mpweak:weak@127.0.0.1:5432/weakdb"
+    said = 'FATAL: database "weakdb" does not exist; role mpweak; password "weak"; weak'
+    assert (
+        migrate._scrub(said, weak)
+        == 'FATAL: database "weakdb" does not exist; role mpweak; password "***"; ***'
+    )

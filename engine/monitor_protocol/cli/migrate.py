@@ -21,7 +21,10 @@ subscriptions', leases', keys' and the monitor's records, and over the subjects)
 from the stores' read API, and any difference names the monitor and what differs (exit 1).
 
 A target that already holds a monitor (a second run) is refused before anything is written (exit 2), and
-so is one that holds subscriptions, leases or log rows of the source's monitors (an interrupted run).
+so is one that holds subscriptions, leases or log rows of the source's monitors, or mp migrate's marker (an
+interrupted run). The marker (`migrating` in mp_meta) is written before the first record and removed once
+every monitor verified: while it is there, `mp serve` refuses the database (IncompleteCopy), so a run killed
+half way never leaves a database that serves some monitors and fails on others.
 `--verify-only` compares an existing copy with its source again and writes nothing.
 
 Exit status: 0 copied and verified; 1 the copy differs, or a database could not be opened or written;
@@ -464,6 +467,14 @@ def copy_monitor(
 def refuse_unless_empty(source: Any, target: Any, shown: str) -> None:
     """Raise MigrateError (exit 2) if the target holds any monitor, or what an interrupted run left: the
     subscriptions, leases or log rows of the source's monitors."""
+    copy = target.unfinished_copy()
+    if copy is not None:
+        raise MigrateError(
+            f"The target {shown} holds an unfinished copy (mp migrate {copy} and did not finish), so mp "
+            "migrate refuses to copy into it and has written nothing: drop and recreate that database, then "
+            "run mp migrate again.",
+            EXIT_REFUSED,
+        )
     held = [m.id for m in target.list_monitors()]
     if held:
         names = ", ".join(held[:5]) + (f" and {len(held) - 5:,} more" if len(held) > 5 else "")
@@ -575,7 +586,7 @@ def open_target(url: str) -> Any:
     check_target_url(url)
     shown = shown_url(url)
     try:
-        return PostgresStore(url)
+        return PostgresStore(url, migrating=True)
     except Exception as exc:  # StorageError (cannot connect), StoreVersionError, psycopg missing...
         text = getattr(exc, "detail", None) or str(exc) or type(exc).__name__  # an operator's detail
         if shown not in text:
@@ -604,6 +615,10 @@ def migrate(
         target = open_target(target_url)
         if not verify_only:
             refuse_unless_empty(source, target, shown)
+            # Until every monitor is copied and verified, mp serve refuses this database (IncompleteCopy): a
+            # run killed half way must not leave a database that serves some monitors and fails others.
+            began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            target.mark_copying(f"from {source_path} began at {began}")
         report = Report()
         totals = dict.fromkeys(("observations", "subscriptions", "leases", "publish_keys", "subjects"), 0)
         for monitor in source.list_monitors():
@@ -643,6 +658,8 @@ def migrate(
             f"from {source_path} to {shown} in {report.seconds:.2f} s"
         )
         if report.verified:
+            if not verify_only:
+                target.copy_verified()
             out(f"{summary}; every monitor verified" if not verify_only else summary)
         else:
             failed = [c.monitor_id for c in report.checks if not c.ok] + report.extra_monitors
