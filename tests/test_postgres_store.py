@@ -281,3 +281,51 @@ def test_every_server_on_a_database_seals_a_listing_with_one_key(pg_url):
     finally:
         first.close()
         second.close()
+
+
+def _read_only(url: str) -> str:
+    """`url` whose sessions start read-only, as on a standby."""
+    if url.startswith(("postgresql://", "postgres://")):
+        return url + ("&" if "?" in url else "?") + "options=-c%20default_transaction_read_only%3Don"
+    return url + " options='-c default_transaction_read_only=on'"
+
+
+def test_a_read_only_database_says_so_and_that_nothing_was_written(pg_url, tmp_path):
+    """Found by an operator: on a read-only database (a standby) every write and every pull got a 503 saying
+    the request may have been written, and /readyz said ready. Now the 503 says read-only and nothing
+    written (no "outcome": "unknown"), plain reads work, and /readyz is 503 "read-only". The control: the
+    same database, writable, publishes and is ready."""
+    writable = PostgresStore(pg_url)
+    service = MonitorService(writable)
+    owner = service.create_monitor({"id": "ro", "visibility": "public", "types": ["com.example.x"]}, None)
+    sub = service.subscribe({"monitor": "ro", "subscriber": "agent:r"}, owner["owner_token"])
+    assert service.publish("ro", {"type": "com.example.x"}, owner["owner_token"])["seq"] >= 1  # control
+    assert writable.read_only() is False
+    writable.close()
+
+    store = PostgresStore(_read_only(pg_url))
+    try:
+        assert store.read_only() is True
+        ro = MonitorService(store)
+        assert ro.state("ro", None)["monitor"] == "ro"  # a plain read works
+        for call in (
+            lambda: ro.publish("ro", {"type": "com.example.x"}, owner["owner_token"]),
+            lambda: ro.pull(sub["subscription"]["id"], sub["token"], limit=1),
+        ):
+            with pytest.raises(ProtocolError) as caught:
+                call()
+            err = caught.value
+            assert err.code == "UNAVAILABLE" and err.http_status == 503
+            assert "read-only" in str(err) and "nothing of this request was written" in str(err), str(err)
+            assert "outcome" not in err.extras
+    finally:
+        store.close()
+
+    import httpx
+    from serverutil import running_server
+
+    with running_server(tmp_path, "--db", _read_only(pg_url)) as (base, _proc):
+        ready = httpx.get(base + "/readyz", timeout=10)
+        assert ready.status_code == 503 and ready.json()["status"] == "read-only", ready.text
+    with running_server(tmp_path, "--db", pg_url) as (base, _proc):
+        assert httpx.get(base + "/readyz", timeout=10).json() == {"status": "ready"}  # control

@@ -64,7 +64,10 @@ def scrub(text: str, url: str) -> str:
     elif "://" not in url:
         secrets += [m.group(2).strip("'") for m in _PASSWORD_IN_CONNINFO.finditer(url)]
     for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
-        text = text.replace(secret, "***")
+        # Only where it stands alone: a password that is also part of a word (the role "mpweak" with the
+        # password "weak", the database "weakdb") would otherwise be masked inside it, which mangles the
+        # message's names and SQL and, next to a name everyone knows, shows the password.
+        text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", text)
     return text
 
 
@@ -85,6 +88,14 @@ def driver() -> Any:
 def storage_failure(psycopg: Any, exc: BaseException) -> bool:
     """The database failed, not the request: connection, timeouts, deadlock, resources, a read-only standby."""
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg.InternalError)
+
+
+READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: a standby, or default_transaction_read_only
+
+
+def read_only_refusal(exc: BaseException) -> bool:
+    """The database refused a write because it is read-only: certain that nothing was written."""
+    return READ_ONLY_SQLSTATE in (sqlstate(exc), getattr(exc, "sqlstate", None))  # the wire's, or psycopg's
 
 
 def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool) -> Any:

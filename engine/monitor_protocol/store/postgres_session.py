@@ -12,7 +12,14 @@ from typing import Any
 
 from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.store_contract import GroupConflict, StaleRead, StorageError
-from monitor_protocol.store.postgres_link import RECONNECT_SECONDS, connect, redacted, scrub, storage_failure
+from monitor_protocol.store.postgres_link import (
+    RECONNECT_SECONDS,
+    connect,
+    read_only_refusal,
+    redacted,
+    scrub,
+    storage_failure,
+)
 from monitor_protocol.store.postgres_sql import LOCK_AS_READ_SQL, LOCK_MONITOR_SQL, STALE_SQLSTATE, enc
 from monitor_protocol.store.postgres_wire import Row, Wire, rows_of, sqlstate, text
 
@@ -148,6 +155,11 @@ class Session:
                 self.wire.close()
             self.conn = None
         log.warning("PostgreSQL: %s", scrub(f"{type(exc).__name__}: {exc}", self.url))
+        if read_only_refusal(exc):
+            return StorageError(
+                "the database is read-only (a standby, or default_transaction_read_only is on) and accepts "
+                "no writes; a pull records what it hands out, so pulls and acks fail too"
+            )
         return StorageError(f"the database failed: {type(exc).__name__}, see the server log")
 
     def in_call(self) -> Wire:
@@ -276,7 +288,7 @@ class Session:
                 # The commit may or may not have reached the database before the connection went: the
                 # caller hears 503 saying so, and retries (a publish with its idempotency key is answered once).
                 failure = self.fail(exc)
-                failure.outcome_unknown = bool(writes)
+                failure.outcome_unknown = bool(writes) and not read_only_refusal(exc)  # refused: none written
                 raise failure from exc
             self.if_stale(exc)
             raise  # the request's own fault (a unique index): nothing of the call was written

@@ -298,9 +298,20 @@ async def ready(app: Any) -> Response:
     if app.draining or app.closed:
         return Response(503, {"status": "stopping"}, {**headers, "retry-after": "1"})
     probe = getattr(app.store, "get_monitor", None)
+    read_only = getattr(app.store, "read_only", None)  # PostgreSQL: a standby answers reads, not writes
     try:
         if probe is not None:
             await asyncio.wait_for(app.engine.call(probe, ""), READY_TIMEOUT_SECONDS)
+        if read_only is not None and await asyncio.wait_for(app.engine.call(read_only), READY_TIMEOUT_SECONDS):
+            return Response(
+                503,
+                {
+                    "status": "read-only",
+                    "error": "the database accepts no writes (a standby, or default_transaction_read_only "
+                    "is on): publishes, pulls and acks fail here; point this server at the primary",
+                },
+                {**headers, "retry-after": "1"},
+            )
     except TimeoutError:
         return Response(
             503,
