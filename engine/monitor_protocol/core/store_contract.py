@@ -91,6 +91,19 @@ class LogQuery:
         return all(any(not alt for alt in clause) for clause in self.clauses)
 
 
+def one_at_a_time(block: Callable[..., Iterator[None]]) -> Callable[..., Iterator[None]]:
+    """A store's transaction (or group commit) as one at a time whichever thread opens it, under the store's
+    `_serial` RLock: a store that tells a nested block by a flag (its own thread's call inside a call) would
+    otherwise let another thread's call join an open transaction. Under @contextmanager."""
+
+    def serial(store: Any, *args: Any) -> Iterator[None]:
+        with store._serial:
+            yield from block(store, *args)
+
+    serial.__doc__, serial.__name__ = block.__doc__, block.__name__
+    return serial
+
+
 def chunked_rows(
     fetch: Callable[[int, int, int], Sequence[Sequence[Any]]], start: int, to_seq: int, *, windowed: bool
 ) -> Iterator[Sequence[Any]]:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
-from monitor_protocol.core.store_contract import Changes, LogQuery, Store, StoreStats
+from monitor_protocol.core.store_contract import Changes, LogQuery, Store, StoreStats, one_at_a_time
 
 TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases", "idempotency")
 
@@ -106,13 +106,8 @@ class MemoryStore(Store):
 
     # ============================================================================== transactions
     @contextmanager
+    @one_at_a_time  # whichever thread calls: `_in_tx` alone would let another thread's call join this one
     def transaction(self) -> Iterator[None]:
-        # One transaction at a time, whichever thread calls: `_in_tx` would otherwise let another thread's
-        # call join an open transaction (an embedder's producer and reader threads).
-        with self._serial:
-            yield from self._transaction()
-
-    def _transaction(self) -> Iterator[None]:
         if self._in_tx:  # nested: the outer transaction owns commit and rollback
             yield
             return

@@ -83,6 +83,7 @@ from monitor_protocol.store.postgres_link import (
     shared_listing_key,
     wait_for_database,
 )
+from monitor_protocol.store.postgres_meta import IncompleteCopy, MetaRows
 from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
 from monitor_protocol.store.postgres_sql import (
     ACTIVE_MONITOR_IDS,
@@ -152,14 +153,6 @@ _MAX_SEQ_SQL = "SELECT max(seq) FROM observations WHERE monitor=$1"
 
 class StoreVersionError(RuntimeError):
     """The database holds a schema this release does not know (written by a newer one)."""
-
-
-class IncompleteCopy(RuntimeError):
-    """`mp migrate` began copying into this database and did not finish (killed, failed, or its copy differed
-    from the source): its marker in mp_meta is still there, so nothing is served from it."""
-
-
-MIGRATING_KEY = "migrating"  # mp_meta: set by mp migrate before its first write, removed once verified
 
 
 def _int(v: bytes | None) -> int | None:
@@ -236,7 +229,7 @@ def _observation(monitor: str, r: Row) -> Observation:
     )  # fmt: skip
 
 
-class PostgresStore(Store):
+class PostgresStore(MetaRows, Store):
     """The store every engine thread of a server uses: each thread has a session of its own (its connection
     and its call, store/postgres_session.py); LISTEN, the leader lock and the readers' counts each hold a
     connection of their own, on threads of their own."""
@@ -400,13 +393,8 @@ class PostgresStore(Store):
                     self._s.wrote = True
                 elif version == SCHEMA_VERSION:
                     self._add_as_read_function()
-                copy = self.unfinished_copy() if version is not None else None
-                if copy is not None and not self.migrating:
-                    raise IncompleteCopy(
-                        f"The database {redacted(self.url)} holds an unfinished copy: mp migrate {copy} and "
-                        "did not finish (stopped, failed, or the copy differed from its source). Nothing will "
-                        "be served from it: drop and recreate the database, then run mp migrate again."
-                    )
+                if version is not None:
+                    self.refuse_unfinished_copy()
         except self.psycopg.Error as exc:  # a role without CREATE, a standby without the schema
             conn = self._s.conn
             role = conn.info.user if conn is not None else "(the URL's user)"
@@ -415,34 +403,6 @@ class PostgresStore(Store):
         except BaseException:
             self.close()
             raise
-
-    def read_only(self) -> bool:
-        """Whether the database accepts no writes (a standby, or default_transaction_read_only): /readyz says
-        not ready, since every publish, pull and ack would fail here."""
-        with self.transaction():
-            row = self._rows("SELECT current_setting('transaction_read_only')", prepare=False)
-        return bool(row) and row[0][0] == b"on"
-
-    # --- mp migrate's marker ---------------------------------------------------------------------------
-    def unfinished_copy(self) -> str | None:
-        """What mp migrate said when it began copying into this database ("from X began at T"), while its
-        copy is not finished and verified; None otherwise."""
-        row = self._rows("SELECT value FROM mp_meta WHERE key=$1", (MIGRATING_KEY,), prepare=False)
-        return row[0][0].decode() if row else None
-
-    def mark_copying(self, note: str) -> None:
-        with self.transaction():
-            self._rows(
-                "INSERT INTO mp_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value=$2",
-                (MIGRATING_KEY, note),
-                prepare=False,
-            )
-            self._s.wrote = True
-
-    def copy_verified(self) -> None:
-        with self.transaction():
-            self._rows("DELETE FROM mp_meta WHERE key=$1", (MIGRATING_KEY,), prepare=False)
-            self._s.wrote = True
 
     def _add_as_read_function(self) -> None:
         """The check of a remembered row (LOCK_AS_READ_SQL) was added to schema version 2 after it was first

@@ -42,12 +42,12 @@ from monitor_protocol.core.store_contract import (
     StoreStats,
     Term,
     chunked_rows,
+    one_at_a_time,
 )
 from monitor_protocol.store import sqlite_schema as queries
 from monitor_protocol.store.sql import (
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
-    OBSERVATION_COLUMNS,
     SUBSCRIPTION_COLUMNS,
     capped_count_sql,
     monitor_row,
@@ -93,13 +93,6 @@ _PUT_SUBSCRIPTION = upsert_sql("subscriptions", SUBSCRIPTION_ROW, "id")
 # compare item by item, each the same object first (a delivery's copy shares them all) and then equal.
 _SUB_REST = operator.attrgetter(*(f for f in Subscription.__dataclass_fields__ if f not in SUBSCRIPTION_ROW))
 _PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject")
-_PUT_OBSERVATION = (
-    f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
-    f"VALUES ({', '.join('?' * (1 + len(OBSERVATION_COLUMNS)))})"
-)
-_PUT_PUBLISH_KEY = "INSERT OR REPLACE INTO publish_keys (monitor, key, seq, at) VALUES (?, ?, ?, ?)"
-_SELECT = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM"
-_SELECT_OBSERVATION = f"{_SELECT} observations"
 
 KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
 # Subscriptions kept decoded between calls (~0.7 KiB each): past this the cache starts again (reads refill
@@ -123,9 +116,7 @@ class SQLiteStore(Store):
         self._writer = WriterLock()
         self._db: sqlite3.Connection = None  # type: ignore[assignment]  # set below; None once closed
         self._depth = 0
-        # One transaction (or group commit) at a time, whichever thread calls: the nesting checks below
-        # (`_depth`, `_batch`) would otherwise let another thread's call join an open transaction.
-        self._serial = threading.RLock()
+        self._serial = threading.RLock()  # one transaction or group commit at a time (one_at_a_time)
         self._batch = False
         self._batch_broken = False
         self._batch_wrote = False
@@ -353,11 +344,8 @@ class SQLiteStore(Store):
         self._run("BEGIN IMMEDIATE")
 
     @contextmanager
+    @one_at_a_time
     def transaction(self) -> Iterator[None]:
-        with self._serial:
-            yield from self._transaction()
-
-    def _transaction(self) -> Iterator[None]:
         if self._depth:
             yield
             return
@@ -447,14 +435,11 @@ class SQLiteStore(Store):
         return self._batch
 
     @contextmanager
+    @one_at_a_time
     def batch(self) -> Iterator[None]:
         """Group commit: the transactions inside share one commit (one fsync). A caller may reply to none of
         them until this block has exited without error; when the commit fails (or a storage failure rolled
         the group back), it raises StorageError and nothing of the group is kept."""
-        with self._serial:
-            yield from self._group()
-
-    def _group(self) -> Iterator[None]:
         if self._batch:
             yield
             return
@@ -545,7 +530,7 @@ class SQLiteStore(Store):
         if len(observations) == 1:  # the usual call: execute is cheaper than executemany of one
             o = observations[0]
             db.execute(
-                _PUT_OBSERVATION,
+                queries.PUT_OBSERVATION,
                 (
                     o.monitor,
                     o.seq,
@@ -560,7 +545,7 @@ class SQLiteStore(Store):
             )
         elif observations:
             db.executemany(
-                _PUT_OBSERVATION,
+                queries.PUT_OBSERVATION,
                 (
                     (
                         o.monitor,
@@ -583,7 +568,9 @@ class SQLiteStore(Store):
         if changes.leases:
             db.executemany(_PUT_LEASE, (row_values(x.to_row(), LEASE_COLUMNS) for x in changes.leases))
         if changes.publish_keys:
-            db.executemany(_PUT_PUBLISH_KEY, ((k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys))
+            db.executemany(
+                queries.PUT_PUBLISH_KEY, ((k.monitor, k.key, k.seq, k.at) for k in changes.publish_keys)
+            )
         for monitor, below in changes.compactions:
             db.execute("DELETE FROM observations WHERE monitor=? AND seq<?", (monitor, below))
         if changes.purge_keys_before is not None:
@@ -682,7 +669,7 @@ class SQLiteStore(Store):
     @guarded
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
         row = self._db.execute(
-            f"{_SELECT_OBSERVATION} WHERE monitor=? AND seq=?", (monitor_id, seq)
+            f"{queries.SELECT_OBSERVATION} WHERE monitor=? AND seq=?", (monitor_id, seq)
         ).fetchone()
         return _observation(monitor_id, row) if row else None
 
@@ -755,7 +742,7 @@ class SQLiteStore(Store):
         return found
 
     def _scan_all(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Observation]:
-        sql = f"{_SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?"
+        sql = f"{queries.SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?"
 
         def fetch(start: int, end: int, limit: int) -> list[Any]:
             return self._db.execute(sql, (monitor_id, start, end, limit)).fetchall()
@@ -776,7 +763,7 @@ class SQLiteStore(Store):
         ).fetchone()
         if bounds[0] is None:
             return
-        sql = f"{_SELECT} {source} WHERE monitor=? AND seq>=? AND seq<=? AND ({cond}) ORDER BY seq LIMIT ?"
+        sql = f"{queries.SELECT_FROM} {source} WHERE monitor=? AND seq>=? AND seq<=? AND ({cond}) ORDER BY seq LIMIT ?"
 
         def fetch(start: int, end: int, limit: int) -> list[Any]:
             return self._db.execute(sql, (monitor_id, start, end, *params, limit)).fetchall()

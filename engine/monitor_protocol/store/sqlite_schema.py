@@ -5,6 +5,16 @@ reader's pull or ack changes, leases and publish idempotency keys. PostgreSQL ke
 
 from __future__ import annotations
 
+from monitor_protocol.store.sql import OBSERVATION_COLUMNS
+
+PUT_OBSERVATION = (
+    f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * (1 + len(OBSERVATION_COLUMNS)))})"
+)
+PUT_PUBLISH_KEY = "INSERT OR REPLACE INTO publish_keys (monitor, key, seq, at) VALUES (?, ?, ?, ?)"
+SELECT_FROM = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM"
+SELECT_OBSERVATION = f"{SELECT_FROM} observations"
+
 # Statements, not a script: `executescript` would commit the migration's open transaction first.
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS monitors (

@@ -302,7 +302,9 @@ async def ready(app: Any) -> Response:
     try:
         if probe is not None:
             await asyncio.wait_for(app.engine.call(probe, ""), READY_TIMEOUT_SECONDS)
-        if read_only is not None and await asyncio.wait_for(app.engine.call(read_only), READY_TIMEOUT_SECONDS):
+        if read_only is not None and await asyncio.wait_for(
+            app.engine.call(read_only), READY_TIMEOUT_SECONDS
+        ):
             return Response(
                 503,
                 {
