@@ -140,6 +140,18 @@ def parse_json_body(req: Request) -> Any:
     return wire.loads(req.body)  # RFC 8259 only: no NaN, no lone surrogates, bounded depth
 
 
+def _names_lowered(headers: Any) -> dict[str, str]:
+    """An embedder's headers as the checks and routes read them: names lower-cased (a framework's "Origin" is
+    the Origin the policy judges). Not a mapping of text: INVALID, the request then read as having none."""
+    try:
+        return {name.lower(): value for name, value in dict(headers).items()}
+    except (TypeError, ValueError, AttributeError):
+        raise ProtocolError(
+            "INVALID",
+            f"Request.headers must be a dict of header names to values (text), not {type(headers).__name__}.",
+        ) from None
+
+
 def _host_name(host: str) -> str:
     host = host.strip().lower()
     if host.startswith("["):
@@ -253,6 +265,16 @@ class RestRouter:
 
     def check_request(self, req: Request) -> None:
         """Section 10 checks that come before routing: Origin, Host, body size."""
+        try:  # the doors pass lower-cased names; an embedder's framework may pass "Origin" (C speed: the hot path)
+            lowered = req.headers.__class__ is dict and all(map(str.islower, req.headers))
+        except TypeError:  # a name that is not text
+            lowered = False
+        if not lowered:
+            try:
+                req.headers = _names_lowered(req.headers)
+            except ProtocolError:
+                req.headers = {}  # the reply is still dressed from them
+                raise
         origin = req.header("origin")
         if origin is not None and origin.rstrip("/") not in self.allowed_origins:
             raise ProtocolError(
@@ -270,12 +292,18 @@ class RestRouter:
                     "allowed with --allow-host).",
                 )
             if _host_name(host) not in self.allowed_hosts:
+                names = sorted(self.allowed_hosts)
+                said = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
                 raise ProtocolError(
                     "ORIGIN_REFUSED",
-                    f"Host {host!r} does not name this machine (DNS rebinding guard); use localhost or 127.0.0.1, "
-                    "or have the operator add it with --allow-host.",
+                    f"Host {host!r} is not a name this server answers to (DNS rebinding guard); send one of "
+                    f"{said} as the Host, or have the operator add it with --allow-host.",
                     host=host,
                 )
+        if req.body.__class__ is not bytes:  # an embedder's Request: the doors pass bytes
+            if not isinstance(req.body, bytes | bytearray | memoryview | None):
+                raise ProtocolError("INVALID", f"Request.body must be bytes, not {type(req.body).__name__}.")
+            req.body = bytes(req.body or b"")
         if len(req.body) > self.max_body:
             raise ProtocolError(
                 "TOO_LARGE", f"The body exceeds {self.max_body} bytes; send less.", max_body=self.max_body

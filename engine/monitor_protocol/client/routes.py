@@ -96,6 +96,8 @@ def _seg(value: str) -> str:
     """A path segment, percent-encoded; the ids a client uses are few and used again, so remembered."""
     found = _SEGMENTS.get(value)
     if found is None:
+        if value == "":  # GET /monitors/ is the listing: an empty id would be answered as another route
+            raise ValueError("an id is a non-empty string (a monitor's, a subscription's): got ''")
         found = quote(str(value), safe="")
         if isinstance(value, str):
             if len(_SEGMENTS) >= 1024:

@@ -1,0 +1,107 @@
+"""An embedder's Request through RestRouter.handle (docs/ENGINE_API.md): header names as a framework passes
+them ("Origin", "Authorization", "Host") are judged as the doors' lower-cased ones, and a badly typed Request
+gets a 400 naming what to send, never an exception out of `handle` (found by an embedder)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from monitor_protocol.api.messages import Request
+from monitor_protocol.api.rest import RestRouter
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.store.memory import MemoryStore
+
+pytestmark = pytest.mark.quick
+
+DISCOVER = "/mp/v0/discover"
+
+
+def router(**kw) -> RestRouter:
+    return RestRouter(MonitorService(MemoryStore()), **kw)
+
+
+def test_a_capitalised_origin_is_judged_as_the_origin() -> None:
+    r = router()
+    refused = r.handle(Request("GET", DISCOVER, headers={"Origin": "http://evil.example"}))
+    assert refused.status == 403 and refused.body["code"] == "ORIGIN_REFUSED"
+    assert r.handle(Request("GET", DISCOVER, headers={"origin": "http://evil.example"})).status == 403
+    assert r.handle(Request("GET", DISCOVER, headers={"Accept": "application/json"})).status == 200  # control
+
+
+def test_a_capitalised_authorization_and_idempotency_key_are_read() -> None:
+    r = router()
+    made = r.handle(
+        Request("POST", "/mp/v0/monitors", body=json.dumps({"id": "ci", "types": ["com.example.x"]}).encode())
+    )
+    owner = made.body["owner_token"]
+    path = "/mp/v0/monitors/ci/observations"
+    body = json.dumps({"type": "com.example.x"}).encode()
+    headers = {
+        "Authorization": f"Bearer {owner}",
+        "Idempotency-Key": "k-1",
+        "Content-Type": "application/json",
+    }
+    first = r.handle(Request("POST", path, headers=dict(headers), body=body))
+    again = r.handle(Request("POST", path, headers=dict(headers), body=body))
+    assert first.status == 201 and again.body["seq"] == first.body["seq"] and again.body["idempotent"] is True
+    anonymous = r.handle(Request("POST", path, headers={"Content-Type": "application/json"}, body=body))
+    assert anonymous.status == 401  # control: without the header, refused
+
+
+def test_a_capitalised_host_is_judged_and_a_refusal_names_the_hosts_allowed() -> None:
+    r = router(allowed_hosts=("mp.example.com",))
+    assert r.handle(Request("GET", DISCOVER, headers={"Host": "mp.example.com"})).status == 200
+    refused = r.handle(Request("GET", DISCOVER, headers={"Host": "127.0.0.1:8080"}))
+    assert refused.status == 403 and refused.body["code"] == "ORIGIN_REFUSED"
+    assert "send one of mp.example.com as the Host" in refused.body["error"]
+    assert "use localhost" not in refused.body["error"]  # not allowed here: not advised
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Request("GET", DISCOVER, headers=None),  # type: ignore[arg-type]
+        Request("GET", DISCOVER, headers="accept: x"),  # type: ignore[arg-type]
+        Request("GET", DISCOVER, headers={1: "x"}),  # type: ignore[dict-item]
+        Request("POST", "/mp/v0/monitors", body="{}"),  # type: ignore[arg-type]
+    ],
+    ids=["headers None", "headers text", "a name not text", "body text"],
+)
+def test_a_badly_typed_request_is_a_400_not_an_exception(request_: Request) -> None:
+    got = router().handle(request_)
+    assert got.status == 400 and got.body["code"] == "INVALID", got.body
+    assert "Request." in got.body["error"]
+
+
+def test_a_body_of_none_or_a_bytearray_and_header_pairs_are_read() -> None:
+    r = router()
+    pairs = r.handle(Request("GET", DISCOVER, headers=[("Origin", "http://evil.example")]))  # type: ignore[arg-type]
+    assert pairs.status == 403  # read as the dict they make
+    assert r.handle(Request("GET", DISCOVER, body=None)).status == 200  # type: ignore[arg-type]
+    made = r.handle(Request("POST", "/mp/v0/monitors", body=bytearray(b'{"id": "ci"}')))  # type: ignore[arg-type]
+    assert made.status == 201, made.body
+
+
+def test_a_token_that_is_not_text_is_refused_as_a_wrong_token() -> None:
+    """`svc.publish("ci", {...}, 5)` raised AttributeError out of the service; now 401 as any wrong token
+    (the control: the owner's token publishes)."""
+    from monitor_protocol.core.errors import ProtocolError
+
+    service = MonitorService(MemoryStore())
+    owner = service.create_monitor({"id": "ci", "types": ["com.example.x"]}, None)["owner_token"]
+    for wrong in (5, b"token", ["x"]):
+        with pytest.raises(ProtocolError) as caught:
+            service.publish("ci", {"type": "com.example.x"}, wrong)  # type: ignore[arg-type]
+        assert caught.value.code == "UNAUTHORIZED", caught.value
+    assert service.publish("ci", {"type": "com.example.x"}, owner)["seq"] >= 1
+
+
+def test_the_client_refuses_an_empty_id_before_sending() -> None:
+    """`get_monitor("")` asked GET /monitors/, the listing, and returned an empty Monitor as if found."""
+    from monitor_protocol.client import Client
+
+    with Client("http://127.0.0.1:9") as c:  # nothing listens there: refused before any connection
+        for call in (lambda: c.get_monitor(""), lambda: c.state(""), lambda: c.pull("")):
+            with pytest.raises(ValueError, match="non-empty"):
+                call()
