@@ -492,3 +492,41 @@ def test_the_async_client_under_trio_uses_httpx(server: str) -> None:
         return await asyncio.wait_for(done, 30)  # an asyncio future awaited from trio would hang, not fail
 
     assert asyncio.run(host()) >= 1
+
+
+def test_what_cannot_succeed_again_is_not_retried(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an embedder: `retries=3` with a token holding a line break, or on a closed client, backed off
+    3-6 s before raising what the first attempt knew. Such a failure is `retryable=False` and raises at once;
+    the control: nothing listening is retried (`retries` sleeps)."""
+    slept: list[float] = []
+    monkeypatch.setattr(clients.time, "sleep", slept.append)
+    with Client(server, "abc\n") as bad, pytest.raises(ConnectionFailed) as not_http:
+        bad.publish("m-retry", TYPE, retries=3)
+    closed = Client(server)
+    closed.close()
+    with pytest.raises(ConnectionFailed) as after_close:
+        closed.publish("m-retry", TYPE, retries=3)
+    for failed in (not_http.value, after_close.value):
+        assert failed.sent is False and failed.retryable is False
+    assert slept == []
+
+    async def closed_async() -> ConnectionFailed:
+        client = AsyncClient(server)
+        await client.aclose()
+
+        async def no_sleep(delay: float) -> None:
+            slept.append(delay)
+
+        client._sleep = no_sleep  # type: ignore[method-assign]
+        with pytest.raises(ConnectionFailed) as caught:
+            await client.publish("m-retry", TYPE, retries=3)
+        return caught.value
+
+    assert asyncio.run(closed_async()).retryable is False and slept == []
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = s.getsockname()[1]
+    with Client(f"http://127.0.0.1:{nobody}") as away, pytest.raises(ConnectionFailed) as refused:
+        away.publish("m-retry", TYPE, retries=2)
+    assert refused.value.retryable is True and len(slept) == 2  # control

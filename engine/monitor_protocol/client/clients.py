@@ -143,8 +143,8 @@ def _retry_delay(call: Call[Any], attempt: int, exc: Exception) -> float | None:
     if isinstance(exc, MonitorProtocolError):
         if exc.code != "UNAVAILABLE" or exc.status != 503:
             return None  # a paused monitor (409) or any other refusal: retrying cannot help
-    elif not isinstance(exc, ConnectionFailed):
-        return None
+    elif not isinstance(exc, ConnectionFailed) or not exc.retryable:
+        return None  # a closed client, a request that is not HTTP: the same again would fail the same
     delay = call.backoff * (2.0**attempt) * random.uniform(0.5, 1.0)
     if isinstance(exc, MonitorProtocolError) and exc.retry_after is not None:
         delay = max(delay, exc.retry_after)
@@ -250,7 +250,9 @@ class Client(ClientBase):
         try:
             reply = pool.request(call.method, target, body, headers, call.timeout or self.timeout)
         except httpreply.SendFailed as exc:
-            raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+            raise ConnectionFailed(
+                exc.reason, self.base + call.path, sent=exc.sent, retryable=not exc.final
+            ) from exc
         return decode(reply, call)
 
     def _perform(self, call: Call[T]) -> T:
@@ -414,7 +416,9 @@ class AsyncClient(ClientBase):
                         call.method, target, body, headers, call.timeout or self.timeout
                     )
                 except httpreply.SendFailed as exc:
-                    raise ConnectionFailed(exc.reason, self.base + call.path, sent=exc.sent) from exc
+                    raise ConnectionFailed(
+                        exc.reason, self.base + call.path, sent=exc.sent, retryable=not exc.final
+                    ) from exc
                 return decode(reply, call)
             except (ConnectionFailed, MonitorProtocolError) as exc:
                 delay = _retry_delay(call, attempt, exc)

@@ -205,13 +205,17 @@ class ConnectionFailed(Exception):
     `sent` is False when the request certainly never left (connection refused, DNS failure, connect
     timeout): nothing happened on the server. It is True when the request may have been sent (a timeout
     while waiting for the reply, a reset or a disconnect after sending): the outcome is unknown, so retry
-    only what is safe to repeat (`publish` with an `idempotency_key`, ack, pull)."""
+    only what is safe to repeat (`publish` with an `idempotency_key`, ack, pull).
 
-    def __init__(self, reason: str, url: str = "", *, sent: bool = True) -> None:
+    `retryable` is False when trying again cannot help and nothing left this process: the client is closed, or
+    the request is not HTTP (a token with a line break). `retries=` does not retry those."""
+
+    def __init__(self, reason: str, url: str = "", *, sent: bool = True, retryable: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.url = url
         self.sent = sent
+        self.retryable = retryable
 
     @property
     def outcome_unknown(self) -> bool:
@@ -219,14 +223,14 @@ class ConnectionFailed(Exception):
         return self.sent
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_connection_failed, (self.reason, self.url, self.sent))
+        return (_rebuild_connection_failed, (self.reason, self.url, self.sent, self.retryable))
 
     def __repr__(self) -> str:
         return f"ConnectionFailed({self.reason!r}, {self.url!r}, sent={self.sent})"
 
 
-def _rebuild_connection_failed(reason: str, url: str, sent: bool) -> ConnectionFailed:
-    return ConnectionFailed(reason, url, sent=sent)
+def _rebuild_connection_failed(reason: str, url: str, sent: bool, retryable: bool = True) -> ConnectionFailed:
+    return ConnectionFailed(reason, url, sent=sent, retryable=retryable)
 
 
 def not_sent_errors() -> tuple[type[Exception], ...]:

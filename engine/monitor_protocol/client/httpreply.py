@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 
 
 class SendFailed(Exception):
-    """The request could not be completed: `sent` says whether it may have reached the server."""
+    """The request could not be completed: `sent` says whether it may have reached the server; `final`, that
+    trying again cannot help (the client is closed, the request is not HTTP: nothing left this process)."""
 
-    def __init__(self, reason: str, *, sent: bool) -> None:
+    def __init__(self, reason: str, *, sent: bool, final: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.sent = sent
+        self.final = final
 
 
 @dataclass(slots=True)

@@ -90,13 +90,15 @@ _REQUEST_HEADS: dict[tuple[str, str, str], tuple[dict[str, str], bytes]] = {}
 def _request_head(method: str, target: str, host: str, headers: dict[str, str]) -> bytes:
     if _BAD_TARGET.search(target):
         raise SendFailed(
-            f"ValueError: the request target {target[:80]!r} holds a space or control character", sent=False
+            f"ValueError: the request target {target[:80]!r} holds a space or control character",
+            sent=False,
+            final=True,
         )
     try:
         head = f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1")
     except UnicodeEncodeError as exc:
         raise SendFailed(
-            f"UnicodeEncodeError: the request line is not latin-1 text: {exc}", sent=False
+            f"UnicodeEncodeError: the request line is not latin-1 text: {exc}", sent=False, final=True
         ) from exc
     return head + _header_block(tuple(headers.items()))
 
@@ -110,12 +112,16 @@ def _header_block(items: tuple[tuple[str, str], ...]) -> bytes:
     lines = []
     for name, value in items:
         if not _GOOD_NAME.match(name) or _BAD_VALUE.search(value):
-            raise SendFailed(f"ValueError: the header {name[:40]!r} is not valid HTTP", sent=False)
+            raise SendFailed(
+                f"ValueError: the header {name[:40]!r} is not valid HTTP", sent=False, final=True
+            )
         lines.append(f"{name}: {value}\r\n")
     try:
         block = "".join(lines).encode("latin-1")
     except UnicodeEncodeError as exc:
-        raise SendFailed(f"UnicodeEncodeError: a header is not latin-1 text: {exc}", sent=False) from exc
+        raise SendFailed(
+            f"UnicodeEncodeError: a header is not latin-1 text: {exc}", sent=False, final=True
+        ) from exc
     if len(_BLOCKS) >= 256:
         _BLOCKS.clear()
     _BLOCKS[items] = block
@@ -343,7 +349,7 @@ class Pool:
     ) -> Reply:
         """One request on a pooled connection (a new one when none is idle)."""
         if self.closed:
-            raise SendFailed("the client is closed", sent=False)
+            raise SendFailed("the client is closed", sent=False, final=True)
         data = request_bytes(method, target, self.host_header, headers, body)
         conn = self._take()
         if conn is None:
@@ -602,7 +608,7 @@ class AsyncPool:
         self, method: str, target: str, body: bytes | None, headers: dict[str, str], timeout: float
     ) -> Reply:
         if self.closed:
-            raise SendFailed("the client is closed", sent=False)
+            raise SendFailed("the client is closed", sent=False, final=True)
         data = request_bytes(method, target, self.host_header, headers, body)
         loop = asyncio.get_running_loop()
         if self.loop is not loop:  # connections belong to one loop: a new loop starts afresh

@@ -96,13 +96,13 @@ class Client:
         self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
     ) -> Reply:
         if self.closed:
-            raise SendFailed("the client is closed", sent=False)
+            raise SendFailed("the client is closed", sent=False, final=True)
         import js  # type: ignore[import-not-found,unused-ignore]  # Pyodide's modules: only there
         from pyodide.ffi import JsException, to_js  # type: ignore[import-not-found,unused-ignore]
 
         main = _on_main_thread(js)
         if main and _own_engine(js, url):
-            raise SendFailed(MAIN_THREAD_OWN_ENGINE, sent=False)
+            raise SendFailed(MAIN_THREAD_OWN_ENGINE, sent=False, final=True)
         xhr = js.XMLHttpRequest.new()
         try:
             xhr.open(method, url, False)
@@ -146,7 +146,7 @@ class AsyncClient:
         self, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
     ) -> Reply:
         if self.closed:
-            raise SendFailed("the client is closed", sent=False)
+            raise SendFailed("the client is closed", sent=False, final=True)
         import asyncio
 
         import js  # type: ignore[import-not-found,unused-ignore]  # Pyodide's modules: only there
