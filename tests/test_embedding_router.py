@@ -105,3 +105,47 @@ def test_the_client_refuses_an_empty_id_before_sending() -> None:
         for call in (lambda: c.get_monitor(""), lambda: c.state(""), lambda: c.pull("")):
             with pytest.raises(ValueError, match="non-empty"):
                 call()
+
+
+def test_an_observation_is_at_most_1_mib_whatever_the_door_and_every_export_imports() -> None:
+    """Found by an embedder: the engine took a 3 MiB publish (only the HTTP door's body limit bounded it), and
+    then refused its own export on import ("no publish could have made it"). The publish path refuses it
+    (413 TOO_LARGE, logged as a rejection); the control: a publish just under the limit is taken, exported
+    and imported whole."""
+    from monitor_protocol.core.errors import ProtocolError
+    from monitor_protocol.core.rules import importing
+    from monitor_protocol.core.vocab import MAX_PUBLISH_BYTES
+
+    service = MonitorService(MemoryStore())
+    owner = service.create_monitor({"id": "big", "types": ["com.example.x"]}, None)["owner_token"]
+    with pytest.raises(ProtocolError) as caught:
+        service.publish("big", {"type": "com.example.x", "data": {"blob": "y" * (3 << 20)}}, owner)
+    assert caught.value.code == "TOO_LARGE" and "at most 1048576 bytes" in caught.value.message
+    rejected = [o for o in service.export_log("big") if o["type"].endswith("rejected")]
+    assert rejected, "the refusal is logged (P2)"
+    just_under = {"type": "com.example.x", "data": {"blob": "y" * (MAX_PUBLISH_BYTES - 200)}}
+    assert service.publish("big", just_under, owner)["seq"] > 1
+    copy = service.import_log("big-copy", importing.to_jsonl(service.export_log("big")))
+    assert copy["monitor"]["id"] == "big-copy", copy
+
+
+def test_a_door_body_over_the_limit_is_refused_by_the_engine_too() -> None:
+    """An operator's --max-body of 4 MiB lets the body through the door; the engine's rule still holds (a
+    batch may be that large, one observation may not)."""
+    r = router(max_body=4 << 20)
+    made = r.handle(
+        Request(
+            "POST", "/mp/v0/monitors", body=json.dumps({"id": "big", "types": ["com.example.x"]}).encode()
+        )
+    )
+    owner = made.body["owner_token"]
+    body = json.dumps({"type": "com.example.x", "data": {"blob": "y" * (2 << 20)}}).encode()
+    got = r.handle(
+        Request(
+            "POST",
+            "/mp/v0/monitors/big/observations",
+            headers={"authorization": f"Bearer {owner}"},
+            body=body,
+        )
+    )
+    assert got.status == 413 and got.body["code"] == "TOO_LARGE", got.body

@@ -175,6 +175,9 @@ MAX_ACTIVE_SUBSCRIPTIONS = 10_000  # per monitor
 MAX_INTEGER = 2**53  # integers in queries and bodies; larger ones do not survive other JSON clients
 MAX_FUTURE_SECONDS = 300  # a publisher's `time` may run ahead of the server's clock by this much
 DEFAULT_MAX_BODY = 1 << 20  # a request body, unless the operator says otherwise (mp serve --max-body)
+# One observation's publish (its body as compact JSON), whatever the door and its body limit: an engine rule,
+# so an embedder's publish is bounded too, and every exported row can be imported (the import's R10 reads it).
+MAX_PUBLISH_BYTES = 1 << 20
 MAX_RAW_BYTES = 2048  # a rejected row keeps the raw payload whole up to this size, else a bounded excerpt
 IDEMPOTENCY_KEY_MAX_CHARS = 128
 IDEMPOTENCY_WINDOW_SECONDS = 86400

@@ -176,7 +176,11 @@ def _has_long_number(raw: bytes) -> bool:
 # The last value `loads` returned, checked whole, and when it is an array (a batch) the ids of its items:
 # `check` knows them (see there). One tuple, replaced whole: a door may parse on one thread while the engine
 # checks on another, and the ids are only theirs while the tuple holds the value they belong to.
-_vetted: tuple[Any, frozenset[int]] = (None, frozenset())
+_vetted: tuple[Any, frozenset[int], int] = (
+    None,
+    frozenset(),
+    0,
+)  # value, a batch's item ids, its text's size
 # And the last few small objects it returned, by id: a door parses a group's lone publishes before the engine
 # runs them (api/rest.py handle_publishes), so the last value alone would be all but one of them walked again.
 # Bounded by count and by text size: 64 bodies of at most 4 KiB (a publish is a few hundred bytes), whose
@@ -302,7 +306,7 @@ def _vet(value: Any, size: int) -> Any:
     """Remember a value `loads` checked whole (and a batch's items; a small object among the last few), so
     `check` does not walk it again."""
     global _vetted
-    _vetted = (value, frozenset(map(id, value)) if type(value) is list else frozenset())
+    _vetted = (value, frozenset(map(id, value)) if type(value) is list else frozenset(), size)
     if type(value) is dict and size <= _VETTED_SMALL_BYTES:
         small = _vetted_small
         if len(small) >= _VETTED_SMALL_COUNT:
@@ -437,12 +441,23 @@ def _subclass_problem(node: Any, depth: int, push: Callable[[tuple[Any, int]], N
     return f"A {type(node).__name__} is not a JSON value."
 
 
+def parsed_size(value: Any) -> int | None:
+    """At most how many bytes of JSON text `value` was parsed from, when it is what `check` skips (the value
+    `loads` last returned or an item of it, a small object among the last few); None for any other value."""
+    vetted, items, size = _vetted
+    if value is None:
+        return None
+    if value is vetted or id(value) in items:
+        return size
+    return _VETTED_SMALL_BYTES if _vetted_small.get(id(value)) is value else None
+
+
 def check(value: Any) -> Any:
     """Raise 400 INVALID when `value` could not travel as RFC 8259 JSON; return it otherwise. The value
     `loads` last returned (and the last few small objects it returned) was checked whole as it was parsed and
     is not walked again: a door hands the engine what it parsed, and the rule is that nothing changes a
     parsed body before the engine checks it (a door that builds on one passes a new object, walked)."""
-    vetted, items = _vetted
+    vetted, items, _size = _vetted
     if value is not None and (value is vetted or id(value) in items or _vetted_small.get(id(value)) is value):
         return value  # _vetted holds the batch (and _vetted_small each value), so their ids are theirs alone
     reason = problem(value)

@@ -35,8 +35,8 @@ The rules, per line (numbered from 1 as in the file; blank lines are skipped):
       references) passes the publish path's own checks (wire.check, then publishing.validate_publish with
       the monitor's owner and types and this engine's clock): a declared type, names of at most 256
       characters, provenance within the ceilings of section 6 for the owner of that monitor, a `time` at
-      most 300 s ahead of now; and, as a request body, at most MAX_PUBLISH_BODY bytes (1 MiB, the request
-      body limit of `mp serve`). An import never launders a claim, nor brings in more than a publish could;
+      most 300 s ahead of now; and at most MAX_PUBLISH_BYTES (1 MiB, the publish path's own limit, whatever
+      the door) plus what the row's server-made fields add (IMPORT_SLACK_BYTES). An import never launders a claim, nor brings in more than a publish could;
   R11 a protocol row is the server's own record, so it claims only what the server writes: no
       on_behalf_of and no references (source_ref, rule, wasDerivedFrom, supersedes), data.tags exactly
       {"monitor": <id>}, a subject of at most 256 characters, at most MAX_PROTOCOL_ROW_BYTES (16 KiB: the
@@ -94,6 +94,7 @@ from monitor_protocol.core.validation import check_monitor_id, check_name, inval
 from monitor_protocol.core.vocab import (
     MAX_FUTURE_SECONDS,
     MAX_JSON_DEPTH,
+    MAX_PUBLISH_BYTES,
     PROTOCOL_PREFIX,
     SERVER_TYPES,
     T_CONFIGURED,
@@ -105,10 +106,10 @@ from monitor_protocol.core.vocab import (
 MAX_IMPORT_BYTES = 8 * 1024 * 1024  # the whole file, as UTF-8
 MAX_IMPORT_LINES = 20_000
 MAX_REFUSED_LISTED = 100  # refused lines listed in the error body; refused_count has them all
-# A published row stands for a publish whose request body (compact JSON) was at most this: the request body
-# limit of every door (`mp serve --max-body`, the REST router, the ASGI app: 1 MiB by default). Named here
-# because that constant lives in the doors, which the engine does not import.
-MAX_PUBLISH_BODY = 1 << 20
+# A published row stands for a publish of at most MAX_PUBLISH_BYTES (checked by the publish path); the publish
+# rebuilt from the row (as_publish) also names what the server filled in (actor, origin, tier, verification,
+# time, tags): at most this much more.
+IMPORT_SLACK_BYTES = 4 * 1024
 MAX_PROTOCOL_ROW_BYTES = 16 * 1024  # R11: the largest protocol row the server writes is well under this
 
 
@@ -573,10 +574,10 @@ class _Walk:
             raise _Refuse(f"The monitor was {self.status.value} here: it accepted no observation.")
         body = as_publish(event)
         size = len(wire.encode(body))
-        if size > MAX_PUBLISH_BODY:
+        if size > MAX_PUBLISH_BYTES + IMPORT_SLACK_BYTES:
             raise _Refuse(
-                f"The publish this row stands for is {size} bytes; a publish's body is at most "
-                f"{MAX_PUBLISH_BODY} bytes (1 MiB), so no publish could have made it."
+                f"The publish this row stands for is {size} bytes; a publish is at most "
+                f"{MAX_PUBLISH_BYTES} bytes (1 MiB), so no publish could have made it."
             )
         # The monitor as the publish met it: its owner and declared types, its log up to this row (so a
         # `supersedes` names an earlier row), and the publish path's own checks against this engine's clock.

@@ -31,6 +31,7 @@ from monitor_protocol.core.vocab import (
     MAX_FUTURE_SECONDS,
     MAX_NAME_CHARS,
     MAX_PUBLISH_BATCH,
+    MAX_PUBLISH_BYTES,
     PROJECT_PREFIX,
     PROTOCOL_PREFIX,
     T_CONTRADICTION,
@@ -309,6 +310,7 @@ def publish_item(
                 'The observation body must be a JSON object such as {"type": "com.example.ci.run"}.'
             )
         wire.check(body)
+        check_publish_size(body)
         judged = validate_publish(tx, rec, body, head=run.head)
         budget = spend_budget(rec, now, run.budget_day, run.budget_used)
     except ProtocolError as err:
@@ -335,6 +337,23 @@ def publish_item(
         return obs, seq, None
     tx.put_publish_key(PublishKey(rec.id, key, seq, now))
     return obs, seq, False
+
+
+def check_publish_size(body: dict[str, Any]) -> None:
+    """An observation's publish is at most MAX_PUBLISH_BYTES of compact JSON, whatever the door: measured only
+    when the text it was parsed from could be that large (compact JSON of a parsed value is at most ~5 times
+    its text, for numbers written short: 1e15), so a door's usual body costs no encoding here."""
+    parsed = wire.parsed_size(body)
+    if parsed is not None and parsed * 8 <= MAX_PUBLISH_BYTES:
+        return
+    size = len(wire.encode(body))
+    if size > MAX_PUBLISH_BYTES:
+        raise ProtocolError(
+            "TOO_LARGE",
+            f"An observation's publish is at most {MAX_PUBLISH_BYTES} bytes of JSON (1 MiB); this one is "
+            f"{size}: send less, or keep the payload elsewhere and publish where it is (source_ref).",
+            max_bytes=MAX_PUBLISH_BYTES,
+        )
 
 
 def refuse_publish(tx: Tx, monitor_id: str, token: str | None, error: ProtocolError, raw: str) -> None:
