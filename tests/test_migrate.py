@@ -381,6 +381,12 @@ def test_verify_finds_what_differs_in_a_damaged_copy(migrated: tuple[World, str,
     assert "the target differs from the source in 3 monitors (ci, old, ops)" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "monitor ci: " in proc.stdout and "DIFFERS in the target" in proc.stdout
+    # an operator's: the last line said "verified 3 monitors" of a copy that differed
+    assert proc.stdout.splitlines()[-1].startswith("compared 3 monitors"), proc.stdout
+    # and a difference inside an object (the counters) was cut off before the key that differs
+    assert migrate._record_differences(
+        "monitor", {"counters": {"delivered": 1, "pulls": 2}}, {"counters": {"delivered": 3, "pulls": 2}}
+    ) == ["monitor: counters.delivered is 1 in the source, 3 in the target"]
 
 
 def test_copy_monitor_writes_transactions_of_bounded_size(world: World, pg_url: str) -> None:
@@ -464,6 +470,28 @@ def test_an_unfinished_copy_is_never_served(
     monkeypatch.setattr(migrate, "copy_monitor", real)
     assert migrate.migrate(str(world.path), pg_url, out=lambda line: None, err=lambda line: None).verified
     PostgresStore(pg_url).close()
+
+
+def test_a_database_with_another_programs_tables_is_refused_before_anything_is_written(
+    world: World, pg_url: str
+) -> None:
+    """Found by an operator: a database that already had a `monitors` table of another program got mp's
+    tables created beside it, then failed with a raw SQL error over three lines. Now one line, before
+    anything is created (no mp_meta after); the control: the same database without that table migrates."""
+    from monitor_protocol.store.postgres import ForeignTables, PostgresStore
+
+    pg_execute(pg_url, "CREATE TABLE monitors (id int PRIMARY KEY, name text)")
+    with pytest.raises(ForeignTables, match="already has tables named monitors, another program's"):
+        PostgresStore(pg_url)
+    proc = run_migrate("--from", str(world.path), "--to", pg_url)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "another program's" in proc.stderr and "Traceback" not in proc.stderr
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('mp_meta') IS NULL").fetchone() == (True,)
+    pg_execute(pg_url, "DROP TABLE monitors")
+    assert run_migrate("--from", str(world.path), "--to", pg_url).returncode == 0  # control
 
 
 # ===================================================================================== refusals

@@ -4,6 +4,7 @@ filters exactly, a password in the URL is never printed, and a database that is 
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import subprocess
@@ -329,3 +330,37 @@ def test_a_read_only_database_says_so_and_that_nothing_was_written(pg_url, tmp_p
         assert ready.status_code == 503 and ready.json()["status"] == "read-only", ready.text
     with running_server(tmp_path, "--db", pg_url) as (base, _proc):
         assert httpx.get(base + "/readyz", timeout=10).json() == {"status": "ready"}  # control
+
+
+def test_the_readers_counts_fold_over_a_connection_that_died_while_idle(pg_url, caplog):
+    """An operator's: after a database restart the fold of readers' counts failed once on its dead idle
+    connection ("terminating connection due to administrator command"), logged, and kept them for the next.
+    A fold now finds its idle connection gone before writing and opens another: written, nothing logged.
+    The control: a live connection is used as it is."""
+    import logging
+
+    from monitor_protocol.store.postgres import Counts
+
+    store = PostgresStore(pg_url)
+    try:
+        service = MonitorService(store)
+        service.create_monitor({"id": "folds", "visibility": "public"}, None)
+        counts = Counts(store._side_connection, store._peers.stop)
+        live = store._side_connection()
+        counts._pending = {"folds": [2, float("-inf")]}
+        assert counts.fold(live) is live and counts.pending() == {}  # control
+        import psycopg
+
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (live.info.backend_pid,))
+        counts._pending = {"folds": [3, float("-inf")]}
+        with caplog.at_level(logging.WARNING, logger="monitor_protocol.store.postgres"):
+            fresh = counts.fold(live)
+        assert fresh is not None and fresh is not live and counts.pending() == {}
+        assert not [r for r in caplog.records if "counts failed" in r.getMessage()]
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            rec = admin.execute("SELECT rec FROM monitors WHERE id='folds'").fetchone()[0]
+        assert json.loads(rec)["counters"]["delivered"] == 5  # both folds written
+        fresh.close()
+    finally:
+        store.close()

@@ -425,7 +425,10 @@ def test_one_writer_across_processes(tmp_path, monkeypatch):
             with pytest.raises(StoreLocked) as info:
                 SQLiteStore(name)
             message = str(info.value)
-            assert "Stop that process, or start this one with another --db." in message, how
+            assert (
+                "Stop that process, or open another database file (mp serve --db, SQLiteStore(path))."
+                in message
+            ), how
             if how == "hard link":  # another name of the same file: no note beside this name
                 assert "hard link" in message
             else:

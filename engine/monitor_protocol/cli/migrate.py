@@ -374,6 +374,7 @@ def _shown(value: Any) -> str:
 def _record_differences(what: str, a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
     if a is None or b is None:
         return [f"{what}: missing in the {'source' if a is None else 'target'}"]
+    a, b = _one_level(a), _one_level(b)  # counters.delivered, not a cut-off counters object
     fields = [k for k in sorted(set(a) | set(b)) if _canonical(a.get(k)) != _canonical(b.get(k))]
     return [
         f"{what}: {k} is {_shown(a.get(k))} in the source, {_shown(b.get(k))} in the target"
@@ -383,6 +384,17 @@ def _record_differences(what: str, a: dict[str, Any] | None, b: dict[str, Any] |
         if len(fields) > SHOWN_DIFFERENCES
         else []
     )
+
+
+def _one_level(record: dict[str, Any]) -> dict[str, Any]:
+    """A record with its object fields' own fields named `field.key`, so a difference names the key."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict) and value:
+            out.update((f"{key}.{sub}", item) for sub, item in value.items())
+        else:
+            out[key] = value
+    return out
 
 
 def _keyed_differences(what: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -541,8 +553,8 @@ def open_source(path: str) -> Any:
         return SQLiteStore(path)
     except StoreLocked as exc:
         raise MigrateError(
-            f"{exc} mp migrate copies the database of a stopped server only: a live one would keep "
-            "changing under the copy."
+            f"{exc.held} Stop that process first: mp migrate copies the database of a stopped server only "
+            "(a live one would keep changing under the copy)."
         ) from None
     except (StoreCorrupt, StorageError) as exc:
         raise MigrateError(f"cannot open the source {path}: {exc}") from None
@@ -650,7 +662,7 @@ def migrate(
         for extra in report.extra_monitors:
             err(f"monitor {extra}: the target holds it and the source does not")
         report.seconds = time.monotonic() - started
-        verb = "verified" if verify_only else "copied"
+        verb = ("verified" if report.verified else "compared") if verify_only else "copied"
         summary = (
             f"{verb} {_n(len(report.checks), 'monitor')}: {_n(totals['observations'], 'observation')}, "
             f"{_n(totals['subscriptions'], 'subscription')}, {_n(totals['leases'], 'lease')}, "
@@ -665,7 +677,8 @@ def migrate(
             failed = [c.monitor_id for c in report.checks if not c.ok] + report.extra_monitors
             out(summary)
             err(
-                f"the target differs from the source in {_n(len(failed), 'monitor')} ({', '.join(failed[:5])})"
+                f"the target differs from the source in {_n(len(failed), 'monitor')} ({', '.join(failed[:5])}"
+                + (f" and {len(failed) - 5:,} more)" if len(failed) > 5 else ")")
                 + (
                     ""
                     if verify_only

@@ -83,7 +83,7 @@ from monitor_protocol.store.postgres_link import (
     shared_listing_key,
     wait_for_database,
 )
-from monitor_protocol.store.postgres_meta import IncompleteCopy, MetaRows
+from monitor_protocol.store.postgres_meta import ForeignTables, IncompleteCopy, MetaRows
 from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
 from monitor_protocol.store.postgres_sql import (
     ACTIVE_MONITOR_IDS,
@@ -127,6 +127,7 @@ __all__ = [
     "PostgresStore",
     "StoreVersionError",
     "IncompleteCopy",
+    "ForeignTables",
     "is_postgres_url",
     "redacted",
     "scrub",
@@ -381,6 +382,8 @@ class PostgresStore(MetaRows, Store):
                         f"monitor-protocol {__version__} knows version {SCHEMA_VERSION}: it was written by a "
                         "newer release. Nothing will be served from it; upgrade monitor-protocol."
                     )
+                if not present:
+                    self.refuse_foreign_tables()
                 if version is None or version < SCHEMA_VERSION:
                     for statement in SCHEMA:
                         self._rows(statement, prepare=False)

@@ -218,6 +218,13 @@ class Counts:
         if not batch:
             return conn
         try:
+            if conn is not None and not conn.closed and conn.info.transaction_status != 0:
+                conn.close()  # not idle: left broken by a failure (a restart ended it under us)
+            if conn is not None and not conn.closed:
+                try:  # a connection idle a second may have died (the database restarted): found now, not mid-write
+                    conn.execute("SELECT 1")
+                except Exception:
+                    conn.close()
             if conn is None or conn.closed:
                 conn = self._open()
             for monitor_id in sorted(batch):
@@ -369,7 +376,8 @@ class Peers:
             except Exception as exc:  # whatever it was, keep listening: a dead listener would wake nobody
                 if lost_at is None:
                     lost_at = time.monotonic()
-                reason = scrub(str(exc), self.url)
+                # the operator's detail (where and why), not what a client hears ("see the server log")
+                reason = scrub(getattr(exc, "detail", None) or str(exc), self.url)
                 if reason != said:  # once per outage, and again when the reason changes, not every attempt
                     said = reason
                     log.warning(

@@ -16,6 +16,14 @@ class IncompleteCopy(RuntimeError):
     from the source): its marker in mp_meta is still there, so nothing is served from it."""
 
 
+class ForeignTables(RuntimeError):
+    """The database has no mp_meta but holds tables with this store's names: another program's. Nothing is
+    created or written in it."""
+
+
+OWN_TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases", "publish_keys")
+
+
 class MetaRows:
     """PostgresStore's part that reads and writes these rows (its `transaction` and `_rows`)."""
 
@@ -30,6 +38,22 @@ class MetaRows:
         copy is not finished and verified; None otherwise."""
         row = self._rows("SELECT value FROM mp_meta WHERE key=$1", (MIGRATING_KEY,), prepare=False)
         return row[0][0].decode() if row else None
+
+    def refuse_foreign_tables(self) -> None:
+        """Before the schema is created in a database without mp_meta: none of its tables may be there."""
+        names = ", ".join(f"'{name}'" for name in OWN_TABLES)
+        found = self._rows(
+            "SELECT relname FROM pg_class WHERE relkind IN ('r', 'p', 'v', 'm', 'f') AND pg_table_is_visible(oid) "
+            f"AND relname IN ({names}) ORDER BY relname",
+            prepare=False,
+        )
+        if found:
+            tables = ", ".join(row[0].decode() for row in found)
+            raise ForeignTables(
+                f"The database {redacted(self.url)} holds no Monitor Protocol schema (no mp_meta) but already "
+                f"has tables named {tables}, another program's: nothing was created or written in it. Give "
+                "the server a database of its own (CREATE DATABASE mp OWNER mp)."
+            )
 
     def refuse_unfinished_copy(self) -> None:
         copy = self.unfinished_copy()

@@ -43,7 +43,12 @@ _STORAGE_WORDS = (
 
 
 class StoreLocked(RuntimeError):
-    """A second writer tried to open a database file that another store holds (however the path is spelled)."""
+    """A second writer tried to open a database file that another store holds (however the path is spelled).
+    `held` says who holds it, without the advice (a command that opens the file its own way gives its own)."""
+
+    def __init__(self, held: str, advice: str) -> None:
+        super().__init__(f"{held} {advice}")
+        self.held = held
 
 
 class StoreCorrupt(RuntimeError):
@@ -149,8 +154,8 @@ def _locked(real: str, note: dict[str, Any] | None) -> StoreLocked:
             "file under another name, such as a hard link)"
         )
     return StoreLocked(
-        f"The database {real} is already open for writing by {holder}. "
-        "Stop that process, or start this one with another --db."
+        f"The database {real} is already open for writing by {holder}.",
+        "Stop that process, or open another database file (mp serve --db, SQLiteStore(path)).",
     )
 
 

@@ -324,7 +324,7 @@ async def ready(app: Any) -> Response:
             {**headers, "retry-after": "1"},
         )
     except Exception as exc:
-        log.warning("readiness probe: the store failed: %s", exc)
+        log.warning("readiness probe: the store failed: %s", getattr(exc, "detail", None) or exc)
         return Response(
             503,
             {"status": "unavailable", "error": "the store failed a trivial read (see the server log)"},
@@ -365,7 +365,7 @@ async def metrics_text(app: Any) -> bytes:
                 app.engine.call(store_summary, app.store), METRICS_TIMEOUT_SECONDS
             )
         except Exception as exc:  # the scrape still answers, with mp_store_up 0
-            log.warning("metrics: the store summary failed: %s", exc)
+            log.warning("metrics: the store summary failed: %s", getattr(exc, "detail", None) or exc)
     link = getattr(app.store, "link_stats", None)
     return app.metrics.render(app.waiters.appended, summary, link() if link is not None else None).encode()
 
