@@ -149,3 +149,28 @@ def test_a_door_body_over_the_limit_is_refused_by_the_engine_too() -> None:
         )
     )
     assert got.status == 413 and got.body["code"] == "TOO_LARGE", got.body
+
+
+def test_a_closed_sqlite_store_says_so(tmp_path) -> None:
+    """A call after `store.close()` raised AttributeError ('NoneType' ... 'in_transaction')."""
+    from monitor_protocol.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "closed.db"))
+    service = MonitorService(store)
+    assert service.create_monitor({"id": "ci"}, None)["monitor"]["id"] == "ci"  # control
+    store.close()
+    with pytest.raises(RuntimeError, match="is closed; open it again"):
+        service.state("ci", None)
+
+
+def test_the_client_says_what_is_not_json_before_sending() -> None:
+    """NaN, a set, and a batch item that is not a mapping raised json's or dict()'s own words."""
+    from monitor_protocol.client import Client
+
+    with Client("http://127.0.0.1:9") as c:  # nothing listens there: each is refused before connecting
+        with pytest.raises(ValueError, match="not JSON .*NaN and Infinity are not JSON numbers"):
+            c.publish("ci", "com.example.x", data={"x": float("nan")})
+        with pytest.raises(TypeError, match="not JSON .*a set to a list"):
+            c.publish("ci", "com.example.x", data={"x": {1}})
+        with pytest.raises(TypeError, match="publish_many: item 1 must be a mapping"):
+            c.publish_many("ci", [{"type": "com.example.x"}, 5])  # type: ignore[list-item]

@@ -98,6 +98,15 @@ def _json_body(body: Any) -> bytes:
         return _encode(body).encode()
     except UnicodeEncodeError:  # a lone surrogate: sent escaped, so the server refuses it in its own words
         return _encode_ascii(body).encode()
+    except ValueError as exc:  # NaN, Infinity, a circular reference: nothing is sent
+        raise ValueError(
+            f"the request is not JSON ({exc}): NaN and Infinity are not JSON numbers; send null or a string"
+        ) from None
+    except TypeError as exc:  # a set, bytes, a datetime: nothing is sent
+        raise TypeError(
+            f"the request is not JSON ({exc}): convert it first (a set to a list, bytes to text, a datetime "
+            "to an RFC 3339 string)"
+        ) from None
 
 
 def _url(base: str) -> str:

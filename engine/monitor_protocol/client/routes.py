@@ -499,7 +499,7 @@ class Routes:
         JSON cannot carry, a body over the server's limit, a 503) gives each of its items that error, the
         rest stay reported. A `ConnectionFailed` raises: what was sent before it may be committed, so give
         items an `idempotency_key` to retry safely."""
-        body = [dict(item) for item in items]
+        body = [dict(_mapping(item, f"publish_many: item {i}")) for i, item in enumerate(items)]
         if not body:
             raise ValueError("publish_many needs at least one observation")
         path = f"/monitors/{_seg(monitor_id)}/observations"

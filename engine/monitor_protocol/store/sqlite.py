@@ -120,8 +120,7 @@ class SQLiteStore(Store):
         self._batch = False
         self._batch_broken = False
         self._batch_wrote = False
-        # Which group commit is open (`in_batch`): the engine shares reads among the calls of one group.
-        self.batch_number = 0
+        self.batch_number = 0  # which group commit is open: the engine shares reads among a group's calls
         # Monitors and subscriptions read by id, kept between calls: this process is the file's only
         # writer (the flock), so what it committed is what is there. Records are immutable. Whatever an
         # apply put here before its commit is forgotten wholesale if that work is rolled back.
@@ -339,6 +338,8 @@ class SQLiteStore(Store):
             self._rollback()
 
     def _begin(self) -> None:
+        if self._db is None:  # an embedder's call after close(): said, not an AttributeError
+            raise RuntimeError(f"the SQLite store {self.path} is closed; open it again (SQLiteStore(path))")
         if self._db.in_transaction:  # left over from a failure whose rollback failed: start clean
             self._rollback()
         self._run("BEGIN IMMEDIATE")
