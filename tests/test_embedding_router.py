@@ -74,6 +74,35 @@ def test_a_badly_typed_request_is_a_400_not_an_exception(request_: Request) -> N
     assert "Request." in got.body["error"]
 
 
+def test_bytes_headers_are_read_as_latin_1_and_judged() -> None:
+    """A reviewer's: ASGI's raw pairs of bytes became a dict with bytes names, which the Origin and Host
+    checks did not see (200), and a bytes Origin value raised out of `handle`."""
+    r = router(allowed_hosts=("mp.example.com",))
+    raw = [(b"origin", b"http://evil.example"), (b"host", b"mp.example.com")]
+    assert r.handle(Request("GET", DISCOVER, headers=raw)).status == 403  # type: ignore[arg-type]
+    assert (
+        r.handle(
+            Request("GET", DISCOVER, headers={"Origin": b"http://evil.example", "Host": "mp.example.com"})
+        ).status
+        == 403
+    )  # type: ignore[dict-item]
+    assert r.handle(Request("GET", DISCOVER, headers=[(b"host", b"mp.example.com")])).status == 200  # type: ignore[arg-type]
+    for value in (5, None, ["x"]):
+        got = r.handle(Request("GET", DISCOVER, headers={"origin": value, "host": "mp.example.com"}))  # type: ignore[dict-item]
+        assert got.status == 400 and got.body["code"] == "INVALID", got.body
+
+
+def test_a_refused_request_is_refused_alike_through_the_groups_way_in() -> None:
+    """A reviewer's: a refused check emptied the Request's headers, so `handle_publishes` (which checks, then
+    hands what it does not take to `handle`) routed it as a request without headers (401)."""
+    r = router()
+    for headers in (None, "x", {1: "a"}):
+        req = Request("POST", "/mp/v0/monitors/ci/observations", headers=headers, body=b'{"type": "a.b"}')  # type: ignore[arg-type]
+        alone = r.handle(req)
+        grouped = r.handle_publishes([req])[0]
+        assert alone.status == grouped.status == 400 and grouped.body["code"] == "INVALID", grouped.body
+
+
 def test_a_body_of_none_or_a_bytearray_and_header_pairs_are_read() -> None:
     r = router()
     pairs = r.handle(Request("GET", DISCOVER, headers=[("Origin", "http://evil.example")]))  # type: ignore[arg-type]
@@ -90,6 +119,11 @@ def test_a_token_that_is_not_text_is_refused_as_a_wrong_token() -> None:
 
     service = MonitorService(MemoryStore())
     owner = service.create_monitor({"id": "ci", "types": ["com.example.x"]}, None)["owner_token"]
+
+    class Token(str):  # a framework's own text type is text (the control of the refusals below)
+        pass
+
+    assert service.publish("ci", {"type": "com.example.x"}, Token(owner))["seq"] >= 1
     for wrong in (5, b"token", ["x"]):
         with pytest.raises(ProtocolError) as caught:
             service.publish("ci", {"type": "com.example.x"}, wrong)  # type: ignore[arg-type]

@@ -471,6 +471,14 @@ def test_an_unfinished_copy_is_never_served(
     assert migrate.migrate(str(world.path), pg_url, out=lambda line: None, err=lambda line: None).verified
     PostgresStore(pg_url).close()
 
+    # a reviewer's: a copy that is whole but still marked (killed after its last write) is cleared by a
+    # --verify-only run that finds every monitor whole, and only then
+    pg_execute(pg_url, "INSERT INTO mp_meta (key, value) VALUES ('migrating', 'from x began at y')")
+    with pytest.raises(IncompleteCopy):
+        PostgresStore(pg_url)
+    assert run_migrate("--from", str(world.path), "--to", pg_url, "--verify-only").returncode == 0
+    PostgresStore(pg_url).close()
+
 
 def test_a_database_with_another_programs_tables_is_refused_before_anything_is_written(
     world: World, pg_url: str

@@ -708,3 +708,16 @@ def test_the_monitor_cache_is_bounded_too(tmp_path, monkeypatch):
     for mid, owner in owners.items():  # each read again from the file as written: its head moves on
         assert service.publish(mid, {"type": "com.example.x", "subject": "s", "data": {}}, owner)["seq"] == 3
     store.close()
+
+
+def test_store_locked_survives_pickling() -> None:
+    """It crosses process boundaries in a multiprocessing embedder: its two parts come back whole."""
+    import pickle
+
+    from monitor_protocol.store.sqlite import StoreLocked
+
+    again = pickle.loads(pickle.dumps(StoreLocked("The database x is held.", "Stop that process.")))
+    assert (again.held, str(again)) == (
+        "The database x is held.",
+        "The database x is held. Stop that process.",
+    )

@@ -1205,3 +1205,35 @@ def test_calls_from_several_threads_lose_nothing(store) -> None:
     assert sorted(logged) == sorted(confirmed)
     assert sorted(received) == sorted(confirmed)  # at least once, and here exactly once: acked as read
     assert service.publish("threads", {"type": "com.example.x"}, owner)["seq"] > max(confirmed)
+
+
+def test_an_apply_from_another_thread_is_not_taken_back_with_an_open_transaction(store) -> None:
+    """A reviewer's: a store's `apply` outside a call checked only the "in a transaction" flag, so another
+    thread's apply wrote into the open transaction of this one, and was taken back when it rolled back. It
+    now waits for that transaction and is its own; the control: the rolled-back call's write is gone."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def rolled_back() -> None:
+        try:
+            with store.transaction():
+                store.apply(Changes(monitors=[monitor("m-rolled-back")]))
+                entered.set()
+                release.wait(30)
+                raise RuntimeError("this call fails")
+        except RuntimeError:
+            pass
+
+    first = threading.Thread(target=rolled_back)
+    first.start()
+    assert entered.wait(30)
+    second = threading.Thread(target=lambda: store.apply(Changes(monitors=[monitor("m-other-thread")])))
+    second.start()
+    second.join(0.2)  # it waits for the open transaction (PostgreSQL: a session of its own, it does not)
+    release.set()
+    first.join(30)
+    second.join(30)
+    seen = view(store)
+    assert seen.get_monitor("m-other-thread") is not None
+    assert seen.get_monitor("m-rolled-back") is None  # control

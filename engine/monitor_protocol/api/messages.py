@@ -20,6 +20,13 @@ CREDENTIAL_LABELS: dict[str, str] = {
 }
 
 
+class Headers(dict[str, str]):
+    """A request's headers as a door read them: names lower-cased, values text. The router takes them as they
+    are; any other mapping an embedder passes is read and checked first (RestRouter.check_request)."""
+
+    __slots__ = ()
+
+
 @dataclass
 class Request:
     method: str

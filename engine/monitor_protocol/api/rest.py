@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.api import jsonrpc, operations
-from monitor_protocol.api.messages import LongPoll, Request, Response, error_response, pull_has_news
+from monitor_protocol.api.messages import Headers, LongPoll, Request, Response, error_response, pull_has_news
 from monitor_protocol.api.operations import Operation
 from monitor_protocol.core import tokens, wire
 from monitor_protocol.core.errors import ProtocolError, internal_failure
@@ -140,16 +140,37 @@ def parse_json_body(req: Request) -> Any:
     return wire.loads(req.body)  # RFC 8259 only: no NaN, no lone surrogates, bounded depth
 
 
-def _names_lowered(headers: Any) -> dict[str, str]:
-    """An embedder's headers as the checks and routes read them: names lower-cased (a framework's "Origin" is
-    the Origin the policy judges). Not a mapping of text: INVALID, the request then read as having none."""
+def _as_doors_pass(headers: Any) -> bool:
+    """Whether the headers are as the doors pass them: a dict of lower-cased text names to text values (two
+    joins at C speed: the hot path's every request asks)."""
+    if headers.__class__ is not dict:
+        return False
     try:
-        return {name.lower(): value for name, value in dict(headers).items()}
-    except (TypeError, ValueError, AttributeError):
+        "".join(headers.values())  # a value that is not text: TypeError
+        return "".join(headers).islower() or not headers
+    except TypeError:
+        return False
+
+
+def _names_lowered(headers: Any) -> dict[str, str]:
+    """An embedder's headers as the checks and routes read them: text (bytes read as latin-1, as HTTP/1.1 and
+    ASGI carry them), names lower-cased (a framework's "Origin" is the Origin the policy judges), pairs read
+    as the dict they make. Anything else is INVALID."""
+    out: dict[str, str] = {}
+    try:
+        for name, value in dict(headers).items():
+            name = name.decode("latin-1") if isinstance(name, bytes | bytearray) else name
+            value = value.decode("latin-1") if isinstance(value, bytes | bytearray) else value
+            if not (isinstance(name, str) and isinstance(value, str)):
+                raise TypeError(type(name if not isinstance(name, str) else value).__name__)
+            out[name.lower()] = value
+    except (TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(
             "INVALID",
-            f"Request.headers must be a dict of header names to values (text), not {type(headers).__name__}.",
+            "Request.headers must be a dict (or pairs) of header names to values, text or bytes; got "
+            f"{type(headers).__name__} ({exc}).",
         ) from None
+    return out
 
 
 def _host_name(host: str) -> str:
@@ -245,8 +266,9 @@ class RestRouter:
 
     def _dressed(self, req: Request, resp: Response) -> Response:
         """A response as every route's leaves: CORS for an allowed Origin, a parked poll's rerun dressed alike."""
-        origin = req.header("origin")
-        if origin and origin.rstrip("/") in self.allowed_origins:
+        headers = req.headers  # an embedder's that check_request refused (None, a value not text): no CORS
+        origin = headers.get("origin") if isinstance(headers, dict) else None
+        if origin.__class__ is str and origin and origin.rstrip("/") in self.allowed_origins:
             resp.headers.update(self._cors(origin))
         parked = resp.long_poll
         if parked is not None and parked.rerun is not None:
@@ -265,16 +287,9 @@ class RestRouter:
 
     def check_request(self, req: Request) -> None:
         """Section 10 checks that come before routing: Origin, Host, body size."""
-        try:  # the doors pass lower-cased names; an embedder's framework may pass "Origin" (C speed: the hot path)
-            lowered = req.headers.__class__ is dict and all(map(str.islower, req.headers))
-        except TypeError:  # a name that is not text
-            lowered = False
-        if not lowered:
-            try:
-                req.headers = _names_lowered(req.headers)
-            except ProtocolError:
-                req.headers = {}  # the reply is still dressed from them
-                raise
+        headers = req.headers  # the HTTP door's Headers are as they must be; an embedder's are checked
+        if headers.__class__ is not Headers and not _as_doors_pass(headers):  # "Origin", bytes, pairs
+            req.headers = _names_lowered(headers)  # or INVALID, the Request left as it was
         origin = req.header("origin")
         if origin is not None and origin.rstrip("/") not in self.allowed_origins:
             raise ProtocolError(

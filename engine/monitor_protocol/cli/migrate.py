@@ -25,7 +25,8 @@ so is one that holds subscriptions, leases or log rows of the source's monitors,
 interrupted run). The marker (`migrating` in mp_meta) is written before the first record and removed once
 every monitor verified: while it is there, `mp serve` refuses the database (IncompleteCopy), so a run killed
 half way never leaves a database that serves some monitors and fails on others.
-`--verify-only` compares an existing copy with its source again and writes nothing.
+`--verify-only` compares an existing copy with its source again and writes nothing (but for removing the
+marker of a copy it finds whole).
 
 Exit status: 0 copied and verified; 1 the copy differs, or a database could not be opened or written;
 2 refused (bad arguments, a target that is not empty).
@@ -670,7 +671,8 @@ def migrate(
             f"from {source_path} to {shown} in {report.seconds:.2f} s"
         )
         if report.verified:
-            if not verify_only:
+            # a finished copy removes the mark; so does a --verify-only run that finds the copy whole
+            if not verify_only or target.unfinished_copy() is not None:
                 target.copy_verified()
             out(f"{summary}; every monitor verified" if not verify_only else summary)
         else:

@@ -91,17 +91,16 @@ class LogQuery:
         return all(any(not alt for alt in clause) for clause in self.clauses)
 
 
-def one_at_a_time(block: Callable[..., Iterator[None]]) -> Callable[..., Iterator[None]]:
-    """A store's transaction (or group commit) as one at a time whichever thread opens it, under the store's
-    `_serial` RLock: a store that tells a nested block by a flag (its own thread's call inside a call) would
-    otherwise let another thread's call join an open transaction. Under @contextmanager."""
+def serialized(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A store method run under the store's `_serial` RLock, the lock its transactions hold (memory, SQLite):
+    another thread's `apply` or `close` waits for an open transaction to end instead of writing into it."""
 
-    def serial(store: Any, *args: Any) -> Iterator[None]:
+    def run(store: Any, *args: Any, **kwargs: Any) -> Any:
         with store._serial:
-            yield from block(store, *args)
+            return method(store, *args, **kwargs)
 
-    serial.__doc__, serial.__name__ = block.__doc__, block.__name__
-    return serial
+    run.__doc__, run.__name__, run.__qualname__ = method.__doc__, method.__name__, method.__qualname__
+    return run
 
 
 def chunked_rows(

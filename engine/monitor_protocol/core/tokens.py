@@ -16,7 +16,7 @@ def mint(prefix: str) -> str:
 def digest(token: str) -> str:
     # surrogatepass: a token that is not Unicode text (a lone surrogate from an in-page door) still hashes,
     # to a digest no minted token has, so it is a plain 401, never a crash.
-    if token.__class__ is not str:  # an embedder's 5 or b"...": no minted token is that, so a plain 401
+    if not isinstance(token, str):  # an embedder's 5 or b"...": no minted token is that, so a plain 401
         token = f"\x00{type(token).__name__}:{token!r}"
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription
-from monitor_protocol.core.store_contract import Changes, LogQuery, Store, StoreStats, one_at_a_time
+from monitor_protocol.core.store_contract import Changes, LogQuery, Store, StoreStats, serialized
 
 TABLES = ("monitors", "observations", "subjects", "subscriptions", "leases", "idempotency")
 
@@ -106,31 +106,33 @@ class MemoryStore(Store):
 
     # ============================================================================== transactions
     @contextmanager
-    @one_at_a_time  # whichever thread calls: `_in_tx` alone would let another thread's call join this one
     def transaction(self) -> Iterator[None]:
-        if self._in_tx:  # nested: the outer transaction owns commit and rollback
-            yield
-            return
-        self._in_tx = True
-        self._undo, self._pending = [], []
-        try:
-            yield
-        except BaseException:
-            for kind, key, before in reversed(self._undo):
-                self._restore(kind, key, before)
+        # One at a time whichever thread calls: `_in_tx` alone would let another thread's call join this one.
+        with self._serial:
+            if self._in_tx:  # nested: the outer transaction owns commit and rollback
+                yield
+                return
+            self._in_tx = True
+            self._undo, self._pending = [], []
+            try:
+                yield
+            except BaseException:
+                for kind, key, before in reversed(self._undo):
+                    self._restore(kind, key, before)
+                self._end()
+                raise
+            if self._undo:
+                self.stats.commits += 1
+                self._changes.extend(self._pending)
+            else:
+                self.stats.read_only += 1
             self._end()
-            raise
-        if self._undo:
-            self.stats.commits += 1
-            self._changes.extend(self._pending)
-        else:
-            self.stats.read_only += 1
-        self._end()
 
     def _end(self) -> None:
         self._in_tx = False
         self._undo, self._pending = [], []
 
+    @serialized
     def apply(self, changes: Changes) -> None:
         if not self._in_tx:  # outside a call: a transaction of its own
             with self.transaction():

@@ -384,6 +384,8 @@ class PostgresStore(MetaRows, Store):
                     )
                 if not present:
                     self.refuse_foreign_tables()
+                elif version is not None:  # before anything that may fail and abort this transaction
+                    self.refuse_unfinished_copy()
                 if version is None or version < SCHEMA_VERSION:
                     for statement in SCHEMA:
                         self._rows(statement, prepare=False)
@@ -396,8 +398,6 @@ class PostgresStore(MetaRows, Store):
                     self._s.wrote = True
                 elif version == SCHEMA_VERSION:
                     self._add_as_read_function()
-                if version is not None:
-                    self.refuse_unfinished_copy()
         except self.psycopg.Error as exc:  # a role without CREATE, a standby without the schema
             conn = self._s.conn
             role = conn.info.user if conn is not None else "(the URL's user)"

@@ -248,7 +248,8 @@ class Counts:
                     self.on_written(monitor_id)
                 del batch[monitor_id]
         except Exception as exc:  # whatever it was, nothing is lost: what is left waits for the next fold
-            log.warning("storing readers' counts failed (kept for the next attempt): %s", exc)
+            said = getattr(exc, "detail", None) or exc  # the operator's reason, not a client's sentence
+            log.warning("storing readers' counts failed (kept for the next attempt): %s", said)
             with self._lock:
                 for monitor_id, (delivered, pulled) in batch.items():
                     have = self._pending.setdefault(monitor_id, [0, float("-inf")])

@@ -42,7 +42,7 @@ from monitor_protocol.core.store_contract import (
     StoreStats,
     Term,
     chunked_rows,
-    one_at_a_time,
+    serialized,
 )
 from monitor_protocol.store import sqlite_schema as queries
 from monitor_protocol.store.sql import (
@@ -95,8 +95,7 @@ _SUB_REST = operator.attrgetter(*(f for f in Subscription.__dataclass_fields__ i
 _PUT_LEASE = upsert_sql("leases", LEASE_COLUMNS, "monitor, subject")
 
 KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
-# Subscriptions kept decoded between calls (~0.7 KiB each): past this the cache starts again (reads refill
-# it). Unbounded, a churn of readers (subscribe, pull, retire) held every retired one for the process's life.
+# Subscriptions kept decoded (~0.7 KiB each); past this the cache starts again (unbounded, readers' churn grew it)
 SUBSCRIPTIONS_CACHED_MAX = 20_000
 MONITORS_CACHED_MAX = 5_000  # monitors kept decoded (a few KiB each), the same way
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
@@ -116,14 +115,14 @@ class SQLiteStore(Store):
         self._writer = WriterLock()
         self._db: sqlite3.Connection = None  # type: ignore[assignment]  # set below; None once closed
         self._depth = 0
-        self._serial = threading.RLock()  # one transaction or group commit at a time (one_at_a_time)
+        self._serial = threading.RLock()  # one transaction or group commit at a time (and `serialized`)
         self._batch = False
         self._batch_broken = False
         self._batch_wrote = False
         self.batch_number = 0  # which group commit is open: the engine shares reads among a group's calls
-        # Monitors and subscriptions read by id, kept between calls: this process is the file's only
-        # writer (the flock), so what it committed is what is there. Records are immutable. Whatever an
-        # apply put here before its commit is forgotten wholesale if that work is rolled back.
+        # Monitors and subscriptions read by id, kept between calls: this process is the file's only writer
+        # (the flock), so what it committed is there. Records are immutable; what an apply put here before
+        # its commit is forgotten wholesale if that work is rolled back.
         self._monitors: dict[str, Monitor] = {}
         self._subs: dict[str, Subscription] = {}
         # The indexed columns (monitor, subscriber, token_hash, state) of each subscription row as this
@@ -138,8 +137,7 @@ class SQLiteStore(Store):
         # Monitors this transaction changed, not yet in their table (written once, before the COMMIT).
         self._dirty: dict[str, Monitor] = {}
         self._call_dirty: dict[str, Monitor] = {}  # a call of a group: its monitors, until it ends
-        # (monitor, subject) pairs the table holds (committed), and those this transaction added: a subject
-        # published again costs no statement.
+        # (monitor, subject) pairs the table holds, and those this transaction added: no statement for a repeat
         self._known_subjects: set[tuple[str, str]] = set()
         self._fresh_subjects: set[tuple[str, str]] = set()
         self._call_subjects: set[tuple[str, str]] = set()  # a call of a group: its subjects, until it ends
@@ -182,6 +180,7 @@ class SQLiteStore(Store):
             "from it. Restore it from a backup, or start with another --db."
         )
 
+    @serialized
     def close(self) -> None:
         if self._db is not None:
             try:
@@ -256,7 +255,6 @@ class SQLiteStore(Store):
         return row is not None
 
     # --- transactions -----------------------------------------------------------------------------
-    #
     # What a call writes, and when (the fewest statements the rules need): a call writes only in its one
     # `apply`, at its end; an observation is one INSERT, a subject's first use one more; the monitor's row
     # (its head and counters) is written once per transaction whatever the number of calls that changed it,
@@ -345,43 +343,44 @@ class SQLiteStore(Store):
         self._run("BEGIN IMMEDIATE")
 
     @contextmanager
-    @one_at_a_time
     def transaction(self) -> Iterator[None]:
-        if self._depth:
-            yield
-            return
-        if self._batch:
-            if self._batch_broken or not self._db.in_transaction:
-                self._batch_broken = True
-                raise StorageError("a storage failure rolled back this group commit; retry the call")
-        else:
-            self._begin()
-        self._applied = False
-        self._undo_by = None
-        self._restarted = False
-        self._staged_monitors = False
-        # Whether the call wrote: rows changed since it began, or a monitor staged for the commit.
-        mark = self._db.total_changes
-        self._depth = 1
-        try:
-            yield
-        except BaseException:
+        # One at a time whichever thread calls: `_depth` alone would let another thread's call join this one.
+        with self._serial:
+            if self._depth:
+                yield
+                return
+            if self._batch:
+                if self._batch_broken or not self._db.in_transaction:
+                    self._batch_broken = True
+                    raise StorageError("a storage failure rolled back this group commit; retry the call")
+            else:
+                self._begin()
+            self._applied = False
+            self._undo_by = None
+            self._restarted = False
+            self._staged_monitors = False
+            # Whether the call wrote: rows changed since it began, or a monitor staged for the commit.
+            mark = self._db.total_changes
+            self._depth = 1
+            try:
+                yield
+            except BaseException:
+                self._depth = 0
+                if not self._batch:
+                    self._rollback()
+                elif self._applied:
+                    self._undo_call()
+                raise
             self._depth = 0
-            if not self._batch:
-                self._rollback()
-            elif self._applied:
-                self._undo_call()
-            raise
-        self._depth = 0
-        wrote = self._applied and (self._db.total_changes != mark or self._staged_monitors)
-        if not wrote:
-            self.stats.read_only += 1
-        if self._batch:
-            if self._applied:
-                self._end_call()
-            self._batch_wrote = self._batch_wrote or wrote
-        else:
-            self._finish(wrote)
+            wrote = self._applied and (self._db.total_changes != mark or self._staged_monitors)
+            if not wrote:
+                self.stats.read_only += 1
+            if self._batch:
+                if self._applied:
+                    self._end_call()
+                self._batch_wrote = self._batch_wrote or wrote
+            else:
+                self._finish(wrote)
 
     def _end_call(self) -> None:
         """A call of a group succeeded: its savepoint goes, its monitors join the group's."""
@@ -436,34 +435,35 @@ class SQLiteStore(Store):
         return self._batch
 
     @contextmanager
-    @one_at_a_time
     def batch(self) -> Iterator[None]:
         """Group commit: the transactions inside share one commit (one fsync). A caller may reply to none of
         them until this block has exited without error; when the commit fails (or a storage failure rolled
         the group back), it raises StorageError and nothing of the group is kept."""
-        if self._batch:
-            yield
-            return
-        self._begin()
-        self._batch = True
-        self.batch_number += 1
-        self._batch_broken = False
-        self._batch_wrote = False
-        try:
-            yield
-        except BaseException:
-            self._batch = False
+        with self._serial:  # one group at a time, whichever thread calls
+            if self._batch:
+                yield
+                return
+            self._begin()
+            self._batch = True
+            self.batch_number += 1
             self._batch_broken = False
-            self._rollback()
-            raise
-        self._batch = False
-        broken, self._batch_broken = self._batch_broken, False
-        if broken:
-            self._rollback()
-            raise StorageError("a storage failure rolled back this group commit; nothing in it was kept")
-        self._finish(self._batch_wrote)
+            self._batch_wrote = False
+            try:
+                yield
+            except BaseException:
+                self._batch = False
+                self._batch_broken = False
+                self._rollback()
+                raise
+            self._batch = False
+            broken, self._batch_broken = self._batch_broken, False
+            if broken:
+                self._rollback()
+                raise StorageError("a storage failure rolled back this group commit; nothing in it was kept")
+            self._finish(self._batch_wrote)
 
     # --- the one write of a call ------------------------------------------------------------------
+    @serialized
     @guarded
     def apply(self, changes: Changes) -> None:
         if not self._depth:  # outside a call: a transaction of its own

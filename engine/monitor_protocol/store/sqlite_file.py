@@ -48,7 +48,10 @@ class StoreLocked(RuntimeError):
 
     def __init__(self, held: str, advice: str) -> None:
         super().__init__(f"{held} {advice}")
-        self.held = held
+        self.held, self.advice = held, advice
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.held, self.advice))
 
 
 class StoreCorrupt(RuntimeError):

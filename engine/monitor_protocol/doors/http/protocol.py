@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl
 
 import httptools
 
-from monitor_protocol.api.messages import Request, Response, error_response
+from monitor_protocol.api.messages import Headers, Request, Response, error_response
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.doors.http.app import STREAM_PATH
@@ -98,7 +98,7 @@ class HttpConnection(asyncio.Protocol):
         self.client: tuple[str, int] | None = None
         # the request being parsed
         self._url = b""
-        self._headers: dict[str, str] = {}
+        self._headers: dict[str, str] = Headers()
         self._header_bytes = 0
         self._body: list[bytes] = []
         self._size = 0
@@ -309,7 +309,7 @@ class HttpConnection(asyncio.Protocol):
             self._begin_request()
         self._begun += 1
         self._url = b""
-        self._headers = {}
+        self._headers = Headers()
         self._header_bytes = 0
         self._body = []
         self._size = 0
