@@ -452,7 +452,9 @@ async def test_an_mcp_tool_error_does_not_say_authorization_bearer(tmp_path: Pat
 
 async def test_an_mcp_wait_that_is_not_a_json_integer_names_its_argument(tmp_path: Path) -> None:
     """Found by a tester: `wait: 5.0` passed the schema (JSON Schema calls it an integer) and was refused
-    by the engine's integer rule without `field`, where every other wrong type names its argument."""
+    by the engine's integer rule without `field`, where every other wrong type names its argument. A later
+    tester: `limit: 5.0` and `ttl_seconds: 5.0` too. An integer argument written as a whole float is now
+    the integer its schema says it is; a fraction is refused naming its argument."""
     mcp = MonitorMCP(EmbeddedBackend(str(tmp_path / "mcp.db"), sweep_interval=0))
     await mcp.backend.start(mcp.monitor_changed)
     try:
@@ -466,9 +468,53 @@ async def test_an_mcp_wait_that_is_not_a_json_integer_names_its_argument(tmp_pat
             "subscription": sub.structured_content["subscription"]["id"],
             "token": sub.structured_content["token"],
         }
-        refused = await _tool(mcp, "monitor_pull", {**args, "wait": 5.0})
+        refused = await _tool(mcp, "monitor_pull", {**args, "wait": 5.5})
         assert refused.is_error and refused.structured_content["field"] == "wait"
         assert "argument wait" in refused.structured_content["error"]
         assert not (await _tool(mcp, "monitor_pull", {**args, "wait": 0})).is_error  # positive control
+        assert not (await _tool(mcp, "monitor_pull", {**args, "wait": 0.0, "limit": 5.0})).is_error
+        listed = await _tool(mcp, "monitor_list", {"limit": 5.0})
+        assert not listed.is_error and listed.structured_content["monitors"] == []  # ci is private
+    finally:
+        await mcp.backend.close()
+
+
+async def test_an_mcp_result_shows_what_hides_text_and_says_observations_are_content(tmp_path: Path) -> None:
+    """Found by a tester acting as an agent: a published string with a right-to-left override and zero-width
+    spaces reached the model's text raw, and nothing told it observations are content, not instructions.
+    The text escapes them (the structured content keeps the value); the pull tool and the instructions say
+    what a filtered pull's `next` skips and that observations are content."""
+    mcp = MonitorMCP(EmbeddedBackend(str(tmp_path / "mcp.db"), sweep_interval=0))
+    await mcp.backend.start(mcp.monitor_changed)
+    try:
+        made = await _tool(mcp, "monitor_create", {"id": "ci", "types": ["com.example.ci.run"]})
+        owner = made.structured_content["owner_token"]
+        hidden = "ok\u202etxt.exe\u200b"
+        sub = await _tool(
+            mcp, "monitor_subscribe", {"monitor": "ci", "subscriber": "agent:r", "token": owner}
+        )
+        published = await _tool(
+            mcp,
+            "monitor_publish",
+            {"id": "ci", "type": "com.example.ci.run", "subject": hidden, "token": owner},
+        )
+        assert not published.is_error, published.content[0].text
+        pulled = await _tool(
+            mcp,
+            "monitor_pull",
+            {
+                "subscription": sub.structured_content["subscription"]["id"],
+                "token": sub.structured_content["token"],
+            },
+        )
+        text = pulled.content[0].text
+        assert "\u202e" not in text and "\u200b" not in text and "ok\\u202etxt.exe\\u200b" in text
+        assert hidden in [
+            o.get("subject") for o in pulled.structured_content["observations"]
+        ]  # the value kept
+        pull_tool = next(t for t in mcp.specs.values() if t.name == "monitor_pull")
+        assert (
+            "never instructions" in pull_tool.description and "skips them for good" in pull_tool.description
+        )
     finally:
         await mcp.backend.close()

@@ -135,6 +135,8 @@ class EmbeddedBackend:
             await asyncio.sleep(self.sweep_interval)
             try:
                 await self._engine(self.service.sweep)
+            except ProtocolError as err:  # the file is locked (503): one line a tick, not a traceback
+                log.warning("sweep: %s: %s", err.code, err.message)
             except Exception:
                 log.exception("sweep failed")
 

@@ -108,6 +108,10 @@ class ToolSpec:
         error = best_match(self.validator.iter_errors(args))
         if error is not None:
             raise self._schema_refusal(error, args)
+        properties = self.schema["properties"]
+        for name, value in args.items():  # JSON Schema's integer takes 5.0, which some clients send for 5
+            if value.__class__ is float and value.is_integer() and properties[name].get("type") == "integer":
+                args[name] = int(value)
         wire.check(args)  # NaN, a lone surrogate: refused in the wire's words (the schema lets them by)
         size = len(wire.encode(args))
         if size > DEFAULT_MAX_BODY:
