@@ -611,7 +611,9 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
         again.append(("limit", str(limit)))
     if flt is not None:
         again.append(("filter", json.dumps(flt, separators=(",", ":"), ensure_ascii=False)))
-    recheck = Request("GET", req.path, again, {k: v for k, v in req.headers.items() if k != "content-length"})
+    recheck = Request(
+        "GET", req.path, again, Headers((k, v) for k, v in req.headers.items() if k != "content-length")
+    )
     rerun = _Repull(r.service, (p["id"], bearer(req), None, limit, flt), recheck)
     resp = _maybe_parked(Response(200, body), wait, recheck, rerun)
     if resp.long_poll is not None:
