@@ -141,8 +141,8 @@ def parse_json_body(req: Request) -> Any:
 
 
 def _as_doors_pass(headers: Any) -> bool:
-    """Whether the headers are as the doors pass them: a dict of lower-cased text names to text values (two
-    joins at C speed: the hot path's every request asks)."""
+    """Whether an embedder's headers are as the doors pass them: a dict of lower-cased text names to text
+    values (two joins at C speed; the HTTP door's `Headers` are not asked)."""
     if headers.__class__ is not dict:
         return False
     try:

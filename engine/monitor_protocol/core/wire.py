@@ -176,11 +176,8 @@ def _has_long_number(raw: bytes) -> bool:
 # The last value `loads` returned, checked whole, and when it is an array (a batch) the ids of its items:
 # `check` knows them (see there). One tuple, replaced whole: a door may parse on one thread while the engine
 # checks on another, and the ids are only theirs while the tuple holds the value they belong to.
-_vetted: tuple[Any, frozenset[int], int] = (
-    None,
-    frozenset(),
-    0,
-)  # value, a batch's item ids, its text's size
+# (value, a batch's item ids, the size of the text it was parsed from)
+_vetted: tuple[Any, frozenset[int], int] = (None, frozenset(), 0)
 # And the last few small objects it returned, by id: a door parses a group's lone publishes before the engine
 # runs them (api/rest.py handle_publishes), so the last value alone would be all but one of them walked again.
 # Bounded by count and by text size: 64 bodies of at most 4 KiB (a publish is a few hundred bytes), whose

@@ -36,7 +36,8 @@ The rules, per line (numbered from 1 as in the file; blank lines are skipped):
       the monitor's owner and types and this engine's clock): a declared type, names of at most 256
       characters, provenance within the ceilings of section 6 for the owner of that monitor, a `time` at
       most 300 s ahead of now; and at most MAX_PUBLISH_BYTES (1 MiB, the publish path's own limit, whatever
-      the door) plus what the row's server-made fields add (IMPORT_SLACK_BYTES). An import never launders a claim, nor brings in more than a publish could;
+      the door) plus what the row's server-made fields add (IMPORT_SLACK_BYTES). An import never launders
+      a claim, nor brings in more than a publish could;
   R11 a protocol row is the server's own record, so it claims only what the server writes: no
       on_behalf_of and no references (source_ref, rule, wasDerivedFrom, supersedes), data.tags exactly
       {"monitor": <id>}, a subject of at most 256 characters, at most MAX_PROTOCOL_ROW_BYTES (16 KiB: the
