@@ -59,7 +59,8 @@ def lease(
     if "act" not in sub.capabilities:
         raise ProtocolError(
             "CAPABILITY_MISSING",
-            "Leases need the act capability, which this subscription was not granted.",
+            "Leases need the act capability, which this subscription was not granted: subscribe again with "
+            "the owner token (or the monitor's subscribe token, if its capabilities include act).",
             granted=list(sub.capabilities),
             required="act",
         )
@@ -89,9 +90,15 @@ def lease(
         if done.by == holder and current.holder is None:
             return {"ok": True, "seq": done.seq, "idempotent": True, "lease": current.to_wire()}
     if current is None or current.holder != holder:
+        if (
+            current is not None and current.holder is not None
+        ):  # someone else's, live (expired ones were freed)
+            why = f"another subscription holds it until {timefmt.iso(current.expires)}; claim it once it is free"
+        else:
+            why = "nobody holds it now (never claimed, released, or expired and freed); claim it first"
         raise ProtocolError(
             "LEASE_LOST",
-            f"This subscription does not hold the lease on {subject!r} (expired or taken); claim it again.",
+            f"This subscription does not hold the lease on {subject!r}: {why}.",
             subject=subject,
             holder=current.holder if current else None,
         )

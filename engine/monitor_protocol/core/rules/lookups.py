@@ -66,7 +66,11 @@ def visible_monitor(tx: Tx, monitor_id: Any, token: str | None) -> Monitor:
 def owner_monitor(tx: Tx, monitor_id: Any, token: str | None) -> Monitor:
     rec = monitor_of(tx, monitor_id)
     if not tokens.matches(token, rec.owner_hash):
-        raise ProtocolError("UNAUTHORIZED", "This needs the monitor's owner token.", needs="owner_token")
+        raise ProtocolError(
+            "UNAUTHORIZED",
+            "This needs the monitor's owner token." + _sent(token, "mpo_"),
+            needs="owner_token",
+        )
     return rec
 
 
@@ -79,14 +83,35 @@ def subscription_of(tx: Tx, sub_id: Any, token: str | None, *, allow_retired: bo
         raise ProtocolError("NOT_FOUND", f"No subscription {sub_id!r} here.", subscription=sub_id)
     if not tokens.matches(token, sub.token_hash):
         raise ProtocolError(
-            "UNAUTHORIZED", "This needs the subscription's reader token.", needs="reader_token"
+            "UNAUTHORIZED",
+            "This needs the subscription's reader token." + _sent(token, "mpr_"),
+            needs="reader_token",
         )
     if not sub.active and not allow_retired:
         raise ProtocolError(
             "NOT_FOUND",
-            f"Subscription {sub_id} is retired; subscribe again with the same subscriber to reactivate it.",
+            f"Subscription {sub_id} is retired; subscribe again with the same subscriber to reactivate it "
+            "(its cursor is kept): send this reader token, or the owner's, as the bearer, and keep the new "
+            "reader token the reply gives.",
             retired=True,
             cursor=sub.cursor,
             subscription=sub_id,
         )
     return sub
+
+
+# What the minted tokens begin with (rules/monitors.py, rules/delivery.py): a refusal can say which kind was sent.
+_KINDS = {
+    "mpo_": "an owner token",
+    "mps_": "a monitor's subscribe token",
+    "mpr_": "a reader token (from subscribing)",
+}
+
+
+def _sent(token: object, wanted: str) -> str:
+    """A newcomer's common mistake said: a token of another kind than the route's (never a wrong one of the
+    right kind, which reveals nothing either way)."""
+    kind = _KINDS.get(token[:4]) if isinstance(token, str) else None
+    if kind is None or token[:4] == wanted:  # type: ignore[index]
+        return ""
+    return f" The token sent is {kind}."
