@@ -118,6 +118,7 @@ class Setup:
                 "content-type": "application/json",
             },
             body,
+            door_encodes=True,  # as mp serve's HTTP door makes it
         )
 
     def ack_pull_request(self) -> Request:
@@ -132,6 +133,7 @@ class Setup:
                 "content-type": "application/json",
             },
             body,
+            door_encodes=True,
         )
 
     def job_publish(self) -> None:

@@ -34,6 +34,10 @@ class Request:
     query: list[tuple[str, str]] = field(default_factory=list)  # decoded pairs, in order
     headers: dict[str, str] = field(default_factory=dict)  # names lower-cased
     body: bytes = b""
+    # Set by a door that writes the reply with wire.encode and reads nothing of it (mp serve's HTTP door):
+    # a pull's rows may then be their stored JSON text, as the codec's raw values (MonitorService.pull's
+    # `raw`). A door that reads the rows (SSE, push, MCP) leaves it False.
+    door_encodes: bool = False
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())

@@ -503,7 +503,7 @@ def _pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> Resp
     wait = as_int(wait_raw, "wait", minimum=0, maximum=MAX_WAIT_SECONDS) if wait_raw is not None else 0
     cursor = _single(req.query, "cursor")
     sub_id, token, limit, flt = p["id"], bearer(req), _single(req.query, "limit"), _inline_filter(req.query)
-    body = r.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)
+    body = r.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt, raw=req.door_encodes)
     again = _Repull(r.service, (sub_id, token, cursor, limit, flt), req)
     resp = _maybe_parked(Response(200, body), wait, req, again)
     if resp.long_poll is not None:
@@ -534,7 +534,9 @@ class _Repull:
 
     def __call__(self) -> Response:
         sub_id, token, cursor, limit, flt = self.args
-        body = self.service.pull(sub_id, token, cursor=cursor, limit=limit, filter=flt)
+        body = self.service.pull(
+            sub_id, token, cursor=cursor, limit=limit, filter=flt, raw=self.again.door_encodes
+        )
         return _maybe_parked(Response(200, body), 1, self.again, self)
 
 
@@ -603,7 +605,9 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
         limit = as_int(limit, "limit", minimum=1, maximum=MAX_LIMIT, text=False)
     if flt is not None and not isinstance(flt, dict):
         raise ProtocolError("INVALID_FILTER", "filter must be a JSON object (the filter grammar).")
-    body = r.service.pull(p["id"], bearer(req), limit=limit, filter=flt, ack=payload.get("ack"))
+    body = r.service.pull(
+        p["id"], bearer(req), limit=limit, filter=flt, ack=payload.get("ack"), raw=req.door_encodes
+    )
     if not wait:
         return Response(200, body)  # nothing to park: no re-check to prepare
     again: list[tuple[str, str]] = []
@@ -611,9 +615,8 @@ def _ack_pull(r: RestRouter, req: Request, p: dict[str, str], op: Operation) -> 
         again.append(("limit", str(limit)))
     if flt is not None:
         again.append(("filter", json.dumps(flt, separators=(",", ":"), ensure_ascii=False)))
-    recheck = Request(
-        "GET", req.path, again, Headers((k, v) for k, v in req.headers.items() if k != "content-length")
-    )
+    headers = Headers((k, v) for k, v in req.headers.items() if k != "content-length")
+    recheck = Request("GET", req.path, again, headers, b"", req.door_encodes)
     rerun = _Repull(r.service, (p["id"], bearer(req), None, limit, flt), recheck)
     resp = _maybe_parked(Response(200, body), wait, recheck, rerun)
     if resp.long_poll is not None:

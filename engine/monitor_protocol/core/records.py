@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from monitor_protocol.core import timefmt
+from monitor_protocol.core import timefmt, wire
 from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus, SubscriptionState
 
 Json = Any
@@ -330,7 +330,9 @@ class Observation:
             get("tier") or "", get("horizon") or "", event, 0,
         )  # fmt: skip
 
-    def to_wire(self, *, redelivered: bool = False) -> dict[str, Any]:
+    def to_wire(self, *, redelivered: bool = False, raw: bool = False) -> Any:
+        """The observation as served. `raw` (a reply only encoded, never read: MonitorService.pull's) lets
+        a stored row give its JSON text as the codec's raw value instead (StoredObservation)."""
         if redelivered:
             return {**self.event, "redelivered": True}
         return dict(self.event)
@@ -338,6 +340,80 @@ class Observation:
 
 # The stores build one per row they read, the ledger one per append: positional, every field, no checks.
 new_observation = builder(Observation)
+_EVENT = Observation.__dict__["event"]  # the event's slot: StoredObservation keeps it empty until asked
+
+
+class StoredObservation(Observation):
+    """A row read from a store that keeps each event as its JSON text (SQLite, PostgreSQL): the event is
+    decoded on first use, and a pull reply that is only encoded (to_wire's `raw`) carries the text as the
+    codec's raw value, never decoded at all: a drain's rows cost their bytes, not a parse and an encode.
+    Equal to an Observation with the same fields; pickles, repr and `evolve` see the decoded event."""
+
+    __slots__ = ("text",)
+
+    @property  # type: ignore[override]
+    def event(self) -> dict[str, Any]:
+        event = _EVENT.__get__(self)
+        if event is None:
+            event = wire.decode_trusted(self.text)
+            _EVENT.__set__(self, event)
+        return event  # type: ignore[no-any-return]
+
+    @event.setter
+    def event(self, value: dict[str, Any]) -> None:  # the dataclass's own __init__ and unpickling
+        _EVENT.__set__(self, value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Observation):
+            return NotImplemented
+        return _compared(self) == _compared(other)
+
+    __hash__ = None  # type: ignore[assignment]  # (an event is a dict: no observation hashes)
+
+    def to_wire(self, *, redelivered: bool = False, raw: bool = False) -> Any:
+        if raw and _EVENT.__get__(self) is None:
+            text = wire.raw_json(self.text, redelivered)
+            if text is not None:
+                return text
+        return Observation.to_wire(self, redelivered=redelivered)
+
+
+def _compared(obs: Observation) -> tuple[Any, ...]:
+    """The fields an Observation's equality compares (size is not part of what it is)."""
+    return (
+        obs.monitor,
+        obs.seq,
+        obs.type,
+        obs.subject,
+        obs.actor,
+        obs.origin,
+        obs.tier,
+        obs.horizon,
+        obs.event,
+    )
+
+
+def _stored_maker() -> Any:
+    """`stored_observation(monitor, seq, type, subject, actor, origin, tier, horizon, text)`: a row as a
+    store read it, each field set through its slot's own setter (written once, like `builder`'s)."""
+    names = [f.name for f in fields(Observation)]
+    if names[-2:] != ["event", "size"]:
+        raise TypeError("stored_observation expects Observation's last fields to be event and size")
+    columns = names[:-2]
+    scope: dict[str, Any] = {"new_": object.__new__, "cls": StoredObservation}
+    scope.update({f"set_{n}": Observation.__dict__[n].__set__ for n in names})
+    scope["set_text"] = StoredObservation.__dict__["text"].__set__
+    body = "".join(f"    set_{n}(obs, v_{i})\n" for i, n in enumerate(columns))
+    params = ", ".join(f"v_{i}" for i in range(len(columns)))
+    src = (
+        f"def stored_observation({params}, text):\n    obs = new_(cls)\n{body}"
+        "    set_event(obs, None)\n    set_size(obs, len(text))\n    set_text(obs, text)\n    return obs\n"
+    )
+    exec(src, scope)  # noqa: S102 - generated from the dataclass's own field names
+    return scope["stored_observation"]
+
+
+stored_observation = _stored_maker()
 
 
 # ===================================================================================== subscriptions

@@ -102,23 +102,26 @@ class MonitorService(ServiceCore):
         limit: Any = None,
         filter: Any = None,  # noqa: A002 - the protocol's word
         ack: Any = None,
+        raw: bool = False,
     ) -> dict[str, Any]:
-        """`ack`: acknowledge this cursor first (with /ack's rules), then pull, in one transaction."""
+        """`ack`: acknowledge this cursor first (with /ack's rules), then pull, in one transaction. `raw`:
+        for a door that only encodes the reply with wire.encode: its observations may then be values that
+        codec writes as stored JSON text (wire.raw_json), not dicts; never for a caller that reads them."""
         return self._call(
             lambda tx: delivery.pull(
-                self, tx, sub_id, token, cursor, limit, filter, system=False, ack_cursor=ack
+                self, tx, sub_id, token, cursor, limit, filter, system=False, ack_cursor=ack, raw=raw
             ),
             reader=True,
         )
 
     def pull_many(
-        self, asks: list[delivery.PullAsk], *, same: list[int] | None = None
+        self, asks: list[delivery.PullAsk], *, same: list[int] | None = None, raw: bool = False
     ) -> list[dict[str, Any] | ProtocolError]:
         """Several readers' pulls in one call, each its reply or its refusal (the readers one append woke:
         what they read alike is read once). Each ask is (subscription, token, cursor, limit, filter).
         `same`, when given, is filled with one index per reply: that of an earlier reply this one equals
-        but for its `subscription`, or -1."""
-        return self._call(lambda tx: delivery.pull_many(self, tx, asks, same))
+        but for its `subscription`, or -1. `raw`: as pull's."""
+        return self._call(lambda tx: delivery.pull_many(self, tx, asks, same, raw=raw))
 
     def pull_as_system(self, sub_id: str, *, limit: int | None = None) -> dict[str, Any]:
         """The server's own push delivery reads as the subscription, without its token."""

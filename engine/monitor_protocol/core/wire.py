@@ -83,6 +83,9 @@ class Codec:
     # content (orjson is one): `loads` tries it first and falls back on its own rules for whatever it refuses
     # or may not judge alike (a run of 16 digits: an integer near or beyond 2^53).
     parse: Callable[[bytes], Any] | None = None
+    # A value `encode` writes as the JSON text it is given, as is (orjson.Fragment): a stored row served
+    # without being decoded and encoded again. None: the codec has no such value (the standard library's).
+    raw: Callable[[str], Any] | None = None
 
 
 STDLIB_CODEC = Codec("json", lambda value: _dumps(value).encode(), json.loads)
@@ -106,6 +109,20 @@ def encode(value: Any) -> bytes:
 
 def encode_text(value: Any) -> str:
     return _codec.encode(value).decode()
+
+
+def raw_json(text: str, redelivered: bool = False) -> Any:
+    """A JSON object this engine stored (a row's event text) as a value `encode` writes as is, with
+    `"redelivered": true` added when asked; None when the installed codec has no such value, or when the
+    text names "redelivered" already (the decoded object's merge then decides what is served)."""
+    raw = _codec.raw
+    if raw is None:
+        return None
+    if redelivered:
+        if '"redelivered"' in text:
+            return None
+        text = text[:-1] + ',"redelivered":true}'
+    return raw(text)
 
 
 def decode_trusted(data: bytes | str) -> Any:

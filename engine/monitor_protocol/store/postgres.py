@@ -50,7 +50,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from monitor_protocol import __version__
-from monitor_protocol.core import wire
 from monitor_protocol.core.lanes import lane_local
 from monitor_protocol.core.records import (
     Lease,
@@ -58,7 +57,7 @@ from monitor_protocol.core.records import (
     Observation,
     PublishKey,
     Subscription,
-    new_observation,
+    stored_observation,
 )
 from monitor_protocol.core.store_contract import (
     Changes,
@@ -223,10 +222,10 @@ def _lease(r: Row) -> Lease:
     return Lease.from_row(row_of(values, LEASE_COLUMNS))
 
 
-def _observation(monitor: str, r: Row) -> Observation:
-    return new_observation(
+def _observation(monitor: str, r: Row) -> Observation:  # its event decoded when first read
+    return stored_observation(
         monitor, int(r[0]), dec(text(r[1])), dec(text(r[2])), dec(text(r[3])), dec(text(r[4])), dec(text(r[5])),
-        dec(text(r[6])), wire.decode_trusted(r[7].decode()), len(r[7]),
+        dec(text(r[6])), r[7].decode(),
     )  # fmt: skip
 
 

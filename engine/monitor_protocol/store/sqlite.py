@@ -32,7 +32,7 @@ from monitor_protocol.core.records import (
     Observation,
     PublishKey,
     Subscription,
-    new_observation,
+    stored_observation,
 )
 from monitor_protocol.core.store_contract import (
     Changes,
@@ -101,11 +101,8 @@ MONITORS_CACHED_MAX = 5_000  # monitors kept decoded (a few KiB each), the same 
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
 
 
-def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:
-    text = r[7]
-    return new_observation(
-        monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], wire.decode_trusted(text), len(text)
-    )
+def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:  # its event decoded when first read
+    return stored_observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7])
 
 
 class SQLiteStore(Store):

@@ -325,12 +325,15 @@ def pull(
     ack_cursor: Any = None,
     memo: dict[Any, Any] | None = None,
     delivered: dict[str, int] | None = None,
+    raw: bool = False,
 ) -> dict[str, Any]:
     """Read at the cursor. With `ack_cursor` (ack-and-pull, docs/serve.md) the ack runs first, with /ack's
     rules, in this same transaction: the pull then reads from the cursor it just committed. A replay
     (`cursor` given) reads from there and records nothing. `memo`: reads shared with other pulls of the
     same call (pull_many), else those of the group commit. `delivered`: what this pull counts on its
-    monitor is added there instead of written (pull_many writes each monitor's count once)."""
+    monitor is added there instead of written (pull_many writes each monitor's count once). `raw`: the
+    reply is only encoded (by wire.encode), never read, so its rows may be their stored JSON text as is
+    (records.StoredObservation.to_wire)."""
     if ack_cursor is not None:
         if cursor is not None:
             raise invalid(
@@ -341,7 +344,7 @@ def pull(
     stored = _reader(tx, sub_id, token, system)  # what the store holds: the lazy mute clock is measured on it
     sub = core.alive(stored)
     rec = monitor_of(tx, sub.monitor)
-    reply, _page = _pull(core, tx, stored, sub, rec, cursor, limit, inline, memo, delivered)
+    reply, _page = _pull(core, tx, stored, sub, rec, cursor, limit, inline, memo, delivered, raw)
     return reply
 
 
@@ -356,6 +359,7 @@ def _pull(
     inline: Any,
     memo: dict[Any, Any] | None,
     delivered: dict[str, int] | None,
+    raw: bool = False,
 ) -> tuple[dict[str, Any], _Page]:
     """pull's work once the reader is known: its reply, and the page it read."""
     replay = cursor is not None
@@ -382,7 +386,14 @@ def _pull(
     if memo is not None and rec.id in tx.appended:
         memo = None  # the bookmark was appended by this call
     reply = _pull_reply(
-        tx, rec, sub, page, hwm, lag_exact=not (page.capped and not replay and not inline_flt), memo=memo
+        tx,
+        rec,
+        sub,
+        page,
+        hwm,
+        lag_exact=not (page.capped and not replay and not inline_flt),
+        memo=memo,
+        raw=raw,
     )
     if reset:  # said, not done silently: with `latest`, the rows from the floor to the head were skipped
         reply["reset"] = {
@@ -590,6 +601,7 @@ def _pull_reply(
     *,
     lag_exact: bool,
     memo: dict[Any, Any] | None = None,
+    raw: bool = False,
 ) -> dict[str, Any]:
     """The pull's reply; rows at or below the high-water mark the pull began with are marked redelivered."""
     head = rec.head
@@ -614,7 +626,7 @@ def _pull_reply(
         "retention_floor": rec.floor,
         "next": next_cursor,
         "redelivered": sum(1 for obs in batch if obs.seq <= hwm),
-        "observations": [obs.to_wire(redelivered=obs.seq <= hwm) for obs in batch],
+        "observations": [obs.to_wire(redelivered=obs.seq <= hwm, raw=raw) for obs in batch],
     }
     if lag_capped:
         out["lag_capped"] = True
@@ -627,14 +639,14 @@ PullAsk = tuple[str, str | None, Any, Any, Any]  # (subscription, token, cursor,
 
 
 def pull_many(
-    core: ServiceCore, tx: Tx, asks: list[PullAsk], same: list[int] | None = None
+    core: ServiceCore, tx: Tx, asks: list[PullAsk], same: list[int] | None = None, *, raw: bool = False
 ) -> list[dict[str, Any] | ProtocolError]:
     """The pulls of readers one append woke, in one call: what they read alike (the page, the lag) is read
     once, their deliveries are written in one apply; each gets its own reply, or its own refusal (a refusal
     comes before its pull stages anything, so it costs the others nothing). Readers in the same place (see
     _Alike) get the reply the first of them got, with their own id: only what is theirs is done again.
     `same`, when given, is filled with one index per reply: that of the earlier reply it equals but for its
-    `subscription`, or -1 (a door may then write it from that one's encoded form)."""
+    `subscription`, or -1 (a door may then write it from that one's encoded form). `raw`: as pull's."""
     memo: dict[Any, Any] = {}
     delivered: dict[str, int] = {}  # monitor -> rows its readers got for the first time, written once
     alike: dict[Any, _Alike] = {}
@@ -645,7 +657,7 @@ def pull_many(
     for sub_id, token, cursor, limit, inline in asks:
         try:
             reply, first = _pull_alike(
-                core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike, recs, len(out)
+                core, tx, sub_id, token, cursor, limit, inline, memo, delivered, alike, recs, len(out), raw
             )
         except ProtocolError as err:
             out.append(err)
@@ -706,6 +718,7 @@ def _pull_alike(
     alike: dict[Any, _Alike],
     recs: dict[str, Monitor],
     index: int,
+    raw: bool = False,
 ) -> tuple[dict[str, Any], int]:
     """One woken reader's pull in pull_many (the reply at `index`), with the index of the reply it copies
     (-1: none). Its token, its capability and its record are its own, always; in the place of a reader
@@ -716,7 +729,17 @@ def _pull_alike(
     if cursor is not None or inline is not None:  # a replay or an inline filter: the whole pull
         recs.clear()
         whole = pull(
-            core, tx, sub_id, token, cursor, limit, inline, system=False, memo=memo, delivered=delivered
+            core,
+            tx,
+            sub_id,
+            token,
+            cursor,
+            limit,
+            inline,
+            system=False,
+            memo=memo,
+            delivered=delivered,
+            raw=raw,
         )
         return whole, -1
     stored = _reader(tx, sub_id, token, False)
@@ -730,7 +753,7 @@ def _pull_alike(
     if known is None or known.rec is not rec:  # (another version of the monitor: read it afresh)
         sub = core.alive(stored)
         recs.clear()
-        reply, page = _pull(core, tx, stored, sub, rec, None, limit, None, memo, delivered)
+        reply, page = _pull(core, tx, stored, sub, rec, None, limit, None, memo, delivered, raw)
         # Only a plain pull is shared: one that reset the reader, marked rows examined in vain or appended
         # a bookmark changed the reader's record on the way, which is that reader's alone.
         if place is not None and not page.changed and rec.id not in tx.appended:

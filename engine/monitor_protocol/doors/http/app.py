@@ -292,10 +292,13 @@ class MonitorApp:
         and deadlock (PostgreSQL breaks it after a second, and every reader of the call gets 503)."""
         woken.sort(key=_monitor_of_woken)
         polls = [poll for poll, _ in woken]
+        # the replies' rows as stored JSON text when every reader's request came through a door that only
+        # encodes them (Request.door_encodes)
+        raw = all(poll.again is not None and poll.again.door_encodes for poll in polls)
 
         def job() -> list[tuple[Response, int]]:
             same: list[int] = []
-            results = self.service.pull_many([poll.pull for poll in polls], same=same)
+            results = self.service.pull_many([poll.pull for poll in polls], same=same, raw=raw)
             marks: dict[str, int] = {}
             out: list[tuple[Response, int]] = []
             for poll, result, first in zip(polls, results, same, strict=True):
@@ -607,7 +610,7 @@ def _rewaited(request: Request, remaining: float) -> Request:
     """The same pull asking to wait what is left, in whole seconds (the wire's unit), rounded up."""
     wait = str(max(0, math.ceil(remaining))) if remaining > 0 else "0"
     query = [(k, v) for k, v in request.query if k != "wait"] + [("wait", wait)]
-    return Request(request.method, request.path, query, request.headers, request.body)
+    return Request(request.method, request.path, query, request.headers, request.body, request.door_encodes)
 
 
 def _monitor_of(response: Response) -> str:

@@ -414,6 +414,7 @@ class HttpConnection(asyncio.Protocol):
             pairs,
             self._headers,
             b"".join(self._body) if len(self._body) != 1 else self._body[0],
+            True,  # door_encodes: this door writes every reply with wire.encode
         )
         pending = _Pending(request, keep_alive, self._too_large, http_version, query)
         self._queue.append(pending)

@@ -175,7 +175,11 @@ def install_fast_json() -> str:
         try:
             return orjson.dumps(value)
         except TypeError:  # a value orjson does not take (an integer beyond 64 bits): never a checked one
+            # (nor a reply with raw rows: their events hold no integer beyond 2^53, the engine's limit, and
+            # the reply's own numbers are seqs and counts)
             return stdlib(value)
 
-    wire.use_codec(wire.Codec("orjson", encode, orjson.loads, parse=orjson.loads))
+    # orjson.Fragment (orjson 3.9+): a stored row's JSON text written into a reply as is
+    raw = getattr(orjson, "Fragment", None)
+    wire.use_codec(wire.Codec("orjson", encode, orjson.loads, parse=orjson.loads, raw=raw))
     return f"orjson {getattr(orjson, '__version__', '')}".strip()

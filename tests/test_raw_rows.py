@@ -1,0 +1,213 @@
+"""A pull's rows served as their stored JSON text (issue 23, the drain): SQLite and PostgreSQL keep each
+event as text, a row read is a StoredObservation whose event is decoded only when something reads it, and a
+reply that mp serve's HTTP door only encodes (Request.door_encodes, MonitorService.pull's `raw`) carries
+that text as orjson's raw value. What is served is the same JSON; a door that reads the rows (SSE, push,
+MCP, an embedder) still gets dicts; the standard library's codec, which has no raw value, decodes as before."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from monitor_protocol.core import wire
+from monitor_protocol.core.records import Observation, StoredObservation, evolve, stored_observation
+from monitor_protocol.core.service import MonitorService
+from monitor_protocol.doors.http.server import install_fast_json
+from monitor_protocol.store.sqlite import SQLiteStore
+from serverutil import bearer, long_polls_parked, running_server
+
+T = "com.example.ci.run"
+# What a newcomer's data holds: text in other scripts, escapes, nesting, numbers of every kind.
+TRICKY = [
+    {"status": "failed", "n": 12345, "ratio": 0.25, "ok": False, "none": None},
+    {"text": 'héllo wörld, 日本語, emoji 🎉, quote " backslash \\ tab \t newline \n'},
+    {"nested": {"a": [1, 2, {"b": [None, True, "x"]}], "empty": {}, "list": []}},
+    {"big": 9007199254740991, "neg": -17, "exp": 1.5e300, "tiny": 5e-324},
+    {"separators": "\u2028\u2029", "zero": "\u0000"},
+]
+
+
+def published(observations: list[dict[str, Any]]) -> list[Any]:
+    """What each row of type T carries of the data its publisher sent (the engine adds tags and provenance)."""
+    keep = [o["data"] for o in observations if o["type"] == T]
+    return [{k: v for k, v in d.items() if k not in ("tags", "provenance")} for d in keep]
+
+
+@pytest.fixture
+def orjson_codec() -> Iterator[None]:
+    before = wire.codec()
+    install_fast_json()
+    assert wire.codec().raw is not None, "orjson (the server extra) is a test dependency"
+    yield
+    wire.use_codec(before)
+
+
+@pytest.fixture
+def stdlib_codec() -> Iterator[None]:
+    before = wire.codec()
+    wire.use_codec(wire.STDLIB_CODEC)
+    yield
+    wire.use_codec(before)
+
+
+def _reader(tmp_path: Path) -> tuple[MonitorService, str, str]:
+    service = MonitorService(SQLiteStore(str(tmp_path / "raw.db")))
+    owner = service.create_monitor({"id": "raw", "visibility": "public", "types": [T]}, None)["owner_token"]
+    for data in TRICKY:
+        service.publish("raw", {"type": T, "subject": "build-1", "data": data}, owner)
+    sub = service.subscribe({"monitor": "raw", "subscriber": "agent:raw"}, None)
+    return service, sub["subscription"]["id"], sub["token"]
+
+
+@pytest.mark.quick
+def test_a_pull_the_door_only_encodes_carries_its_rows_as_stored_text(
+    tmp_path: Path, orjson_codec: None
+) -> None:
+    service, sub, token = _reader(tmp_path)
+    first = service.pull(sub, token, limit=200)  # delivered: the next pulls mark every row redelivered
+    assert all(type(o) is dict for o in first["observations"])  # control: not asked, dicts as before
+    raw = service.pull(sub, token, limit=200, raw=True)
+    plain = service.pull(sub, token, limit=200)
+    assert raw["observations"] and not any(type(o) is dict for o in raw["observations"])
+    assert wire.encode(raw) == wire.encode(plain)  # byte for byte the same reply
+    served = json.loads(wire.encode(raw))["observations"]
+    assert all(o["redelivered"] is True for o in served)
+    assert published(served) == TRICKY
+    # ack-and-pull and a replay ask the same way
+    acked = service.pull(sub, token, limit=2, ack=int(served[1]["id"]) + 1, raw=True)
+    assert not any(type(o) is dict for o in acked["observations"])
+    replay = service.pull(sub, token, cursor=1, limit=200, raw=True)
+    assert json.loads(wire.encode(replay))["observations"] == json.loads(wire.encode(plain))["observations"]
+
+
+@pytest.mark.quick
+def test_the_standard_librarys_codec_has_no_raw_value_and_decodes(tmp_path: Path, stdlib_codec: None) -> None:
+    service, sub, token = _reader(tmp_path)
+    raw = service.pull(sub, token, limit=200, raw=True)
+    assert all(type(o) is dict for o in raw["observations"])
+    assert published(raw["observations"]) == TRICKY
+
+
+@pytest.mark.quick
+def test_a_woken_readers_pull_many_asks_alike(tmp_path: Path, orjson_codec: None) -> None:
+    service, sub, token = _reader(tmp_path)
+    other = service.subscribe({"monitor": "raw", "subscriber": "agent:other"}, None)
+    asks = [(sub, token, None, 200, None), (other["subscription"]["id"], other["token"], None, 200, None)]
+    same: list[int] = []
+    raw = service.pull_many(asks, same=same, raw=True)
+    assert same == [-1, 0]  # the second reader in the first one's place: its reply is the first one's
+    assert all(not any(type(o) is dict for o in r["observations"]) for r in raw)  # type: ignore[index]
+    assert json.loads(wire.encode(raw[1]))["observations"] == json.loads(wire.encode(raw[0]))["observations"]
+
+
+# A JSON object of the kind the engine stores (string keys, any JSON values; no NaN, as the rules refuse it).
+_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_events = st.dictionaries(st.text(max_size=10), _values, min_size=1, max_size=6)
+
+
+@pytest.mark.quick
+@settings(max_examples=200, deadline=None)
+@given(event=_events, redelivered=st.booleans())
+def test_a_stored_rows_text_serves_what_its_decoded_event_would(
+    event: dict[str, Any], redelivered: bool
+) -> None:
+    before = wire.codec()
+    install_fast_json()
+    try:
+        text = wire.encode_text(event)  # what a store keeps, written by the codec mp serve installs
+        row = stored_observation("m", 1, T, None, "", "", "", "", text)
+        served = row.to_wire(redelivered=redelivered, raw=True)
+        expected = Observation.of("m", 1, {"type": T, **event}).to_wire(redelivered=redelivered)
+        expected.pop("type") if "type" not in event else None
+        if "redelivered" in text:  # named already (a key, or text anywhere): the decoded merge decides
+            assert type(served) is dict
+        assert wire.encode(served) == wire.encode(expected)
+    finally:
+        wire.use_codec(before)
+
+
+@pytest.mark.quick
+def test_a_stored_row_is_an_observation_decoded_when_read() -> None:
+    text = (
+        '{"type":"com.example.ci.run","actor":"probe:ci","origin":"probe","tier":"signal","horizon":"event",'
+        '"id":"1","data":{"n":1},"redelivered":false}'
+    )
+    row = stored_observation("m", 1, T, None, "probe:ci", "probe", "signal", "event", text)
+    same = Observation.of("m", 1, json.loads(text))
+    assert row.size == len(text)
+    assert row == same and same == row
+    assert row != Observation.of("m", 2, json.loads(text))  # control: another seq is another row
+    assert row.event == json.loads(text) and row.event is row.event  # decoded once, kept
+    assert pickle.loads(pickle.dumps(row)) == same
+    assert evolve(row, seq=2).seq == 2 and evolve(row, seq=2).event == row.event
+    assert isinstance(row, StoredObservation)
+    # a text that names "redelivered" already is served from its decoded form: never a repeated member
+    before = wire.codec()
+    install_fast_json()
+    try:
+        fresh = stored_observation("m", 1, T, None, "probe:ci", "probe", "signal", "event", text)
+        served = fresh.to_wire(redelivered=True, raw=True)
+        assert type(served) is dict and served["redelivered"] is True
+    finally:
+        wire.use_codec(before)
+
+
+def test_mp_serve_serves_stored_text_that_parses_to_what_was_published(tmp_path: Path) -> None:
+    """Through the real door: a GET pull, an ack-and-pull and a woken long poll, each reply parsed, each row
+    the published data, redelivered where it was delivered before."""
+    with running_server(tmp_path, "--db", str(tmp_path / "serve.db")) as (base, _proc):
+        api = base + "/mp/v0"
+        with httpx.Client(timeout=30) as http:
+            owner = http.post(f"{api}/monitors", json={"id": "raw", "visibility": "public", "types": [T]})
+            token = owner.json()["owner_token"]
+            for data in TRICKY:
+                r = http.post(
+                    f"{api}/monitors/raw/observations", json={"type": T, "data": data}, headers=bearer(token)
+                )
+                assert r.status_code == 201, r.text
+            sub = http.post(f"{api}/subscriptions", json={"monitor": "raw", "subscriber": "agent:raw"}).json()
+            sid, reader = sub["subscription"]["id"], sub["token"]
+            first = http.get(f"{api}/subscriptions/{sid}/pull", params={"limit": 200}, headers=bearer(reader))
+            rows = [o for o in first.json()["observations"] if o["type"] == T]
+            assert published(rows) == TRICKY and not any(o.get("redelivered") for o in rows)
+            again = http.post(f"{api}/subscriptions/{sid}/pull", json={"limit": 200}, headers=bearer(reader))
+            assert again.status_code == 200
+            assert published(again.json()["observations"]) == TRICKY
+            assert all(o["redelivered"] is True for o in again.json()["observations"])
+            woken: list[httpx.Response] = []
+            ack = {"ack": again.json()["next"], "wait": 20}
+            poll = threading.Thread(
+                target=lambda: woken.append(
+                    http.post(f"{api}/subscriptions/{sid}/pull", json=ack, headers=bearer(reader))
+                )
+            )
+            poll.start()
+            deadline = time.monotonic() + 10
+            while long_polls_parked(base) < 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert long_polls_parked(base) == 1
+            late = {"type": T, "data": TRICKY[1]}
+            assert (
+                http.post(f"{api}/monitors/raw/observations", json=late, headers=bearer(token)).status_code
+                == 201
+            )
+            poll.join(30)
+            assert woken and woken[0].status_code == 200, woken
+            assert published(woken[0].json()["observations"]) == [TRICKY[1]]
