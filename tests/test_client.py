@@ -583,3 +583,20 @@ def test_publish_data_and_rpc_params_must_be_mappings(base: str) -> None:
         with pytest.raises(NotFound):  # sent: the server answers (no such monitor)
             c.publish("nowhere", TYPE, data={"status": "failed"})
         assert len(counting.bodies) == 1
+
+
+def test_an_html_page_is_said_to_be_another_server_not_shown() -> None:
+    """Found by an agent builder: `mp mcp --base` pointed at a plain web server showed the model the page's raw
+    HTML. A page is named for what it is; any other text is quoted (cut at 200 characters), as before."""
+    from monitor_protocol.client.errors import error_from_body
+
+    page = (
+        '<!DOCTYPE HTML>\n<html lang="en"><head><title>Error response</title></head><body>404</body></html>'
+    )
+    err = error_from_body(404, None, page)
+    assert err.code == "UNEXPECTED_RESPONSE" and "<html" not in str(err)
+    assert "an HTML page ('Error response 404'), not a Monitor Protocol reply" in str(
+        err
+    ) and "/mp/v0" in str(err)
+    plain = error_from_body(502, None, "upstream timed out " + "x" * 300)
+    assert "upstream timed out" in str(plain) and "HTML" not in str(plain)  # control

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import select
 import subprocess
 import sys
@@ -415,6 +416,34 @@ def test_mcp_embedded_refuses_a_database_held_by_a_server(tmp_path: Path) -> Non
         stop_server(proc)
     assert ran.returncode == 1
     assert ran.stderr.startswith("mp mcp: ") and "--base URL" in ran.stderr
+    # which program holds it, and the one way on for that program (found by an agent builder: the sentence
+    # hedged between mp serve and mp mcp, and named a Python API)
+    assert f"by mp serve (pid {proc.pid})" in ran.stderr and "Go through that server" in ran.stderr
+    assert "SQLiteStore" not in ran.stderr and ran.stderr.count("\n") == 1
+
+
+def test_mcp_embedded_refuses_a_database_held_by_another_session(tmp_path: Path) -> None:
+    import subprocess
+
+    from serverutil import mp_command, mp_env
+
+    db = str(tmp_path / "mp.db")
+    first = subprocess.Popen(
+        mp_command("mcp", "--db", db), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=mp_env()
+    )
+    try:
+        deadline = time.monotonic() + 30  # the first session opens the file at start
+        while not os.path.exists(db + ".writer") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ran = subprocess.run(
+            mp_command("mcp", "--db", db), input="", capture_output=True, text=True, env=mp_env(), timeout=60
+        )
+    finally:
+        first.kill()
+        first.wait()
+    assert ran.returncode == 1
+    assert f"by mp mcp (pid {first.pid})" in ran.stderr, ran.stderr
+    assert "go through one `mp serve --db PATH`, each with --base URL" in ran.stderr
 
 
 class Updates:

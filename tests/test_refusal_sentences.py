@@ -76,7 +76,48 @@ def test_a_lease_without_act_says_how_to_get_it(h: Harness) -> None:
     sub, token = h.subscribe("work", subscriber="agent:anyone")  # the default grant: observe
     refused = h.call("POST", f"/subscriptions/{sub}/leases/claim", {"subject": "build-3"}, token)
     assert refused.status == 403 and refused.body["code"] == "CAPABILITY_MISSING"
-    assert "subscribe again with the owner token" in refused.body["error"]
+    assert "subscribe again asking for it, with the owner token" in refused.body["error"]
     # doing so: the owner's grant includes act
     sub, token = h.subscribe("work", owner, subscriber="agent:anyone", capabilities=["observe", "act"])
     assert h.call("POST", f"/subscriptions/{sub}/leases/claim", {"subject": "build-3"}, token).status == 201
+
+
+def test_act_the_monitor_does_not_offer_is_the_owners_to_add(h: Harness) -> None:
+    """Found by an agent builder on MCP: on a monitor offering only observe, both refusals sent the owner
+    round in a loop (subscribe with the owner token; ask the owner for the owner token)."""
+    owner = h.monitor("plain", visibility="public", types=[T])  # capabilities: observe only
+    assert h.publish("plain", owner, subject="build-3").status == 201
+    sub, token = h.subscribe("plain", owner, subscriber="agent:worker")
+    claim = h.call("POST", f"/subscriptions/{sub}/leases/claim", {"subject": "build-3"}, token)
+    assert claim.status == 403 and "does not offer it" in claim.body["error"]
+    assert "its owner adds act to the monitor's capabilities (an update)" in claim.body["error"]
+    ask = {"monitor": "plain", "subscriber": "agent:worker", "capabilities": ["observe", "act"]}
+    refused = h.call("POST", "/subscriptions", ask, owner)
+    assert (
+        refused.status == 403
+        and "its owner adds ['act'] to the monitor's capabilities" in refused.body["error"]
+    )
+    # doing what they say
+    patch = {"patch": {"capabilities": ["observe", "act"]}, "reason": "workers claim builds"}
+    assert h.call("POST", "/monitors/plain/update", patch, owner).status == 200
+    again = h.call("POST", "/subscriptions", ask, owner)
+    assert again.status == 201, again.body
+    claim = h.call("POST", f"/subscriptions/{sub}/leases/claim", {"subject": "build-3"}, again.body["token"])
+    assert claim.status == 201, claim.body
+    # control: a stranger on a monitor that offers act is still sent to the owner for a token
+    stranger = h.call("POST", "/subscriptions", {**ask, "subscriber": "agent:stranger"})
+    assert (
+        stranger.status == 403 and "Ask the owner for the owner or subscribe token." in stranger.body["error"]
+    )
+
+
+def test_a_renewed_subscription_says_the_earlier_token_stopped_working(h: Harness) -> None:
+    """Found by an agent builder: a second session subscribing with the same subscriber name replaced the
+    first one's token silently."""
+    owner = h.monitor("shared-name", visibility="public", types=[T])
+    first = h.call("POST", "/subscriptions", {"monitor": "shared-name", "subscriber": "agent:a"}, owner)
+    assert "was renewed" not in first.body["notice"]  # control: a new subscription
+    second = h.call("POST", "/subscriptions", {"monitor": "shared-name", "subscriber": "agent:a"}, owner)
+    assert second.body["subscription"]["id"] == first.body["subscription"]["id"]
+    assert "was renewed" in second.body["notice"] and "no longer works" in second.body["notice"]
+    assert h.pull(first.body["subscription"]["id"], first.body["token"]).status == 401

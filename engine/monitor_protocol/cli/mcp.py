@@ -117,7 +117,10 @@ def run(name: str, args: argparse.Namespace) -> int:
             f"mp mcp needs the MCP SDK: pip install 'mcp>=2.3,<3' (the [mcp] extra) ({exc})", file=sys.stderr
         )
         return 1
+    from monitor_protocol.store import sqlite_file
     from monitor_protocol.store.sqlite import StoreCorrupt, StoreLocked
+
+    sqlite_file.HOLDER_NAME = "mp mcp"  # named in a refused second opener's message
 
     base = choose_base(args)
     if base:
@@ -151,11 +154,19 @@ def run(name: str, args: argparse.Namespace) -> int:
         print("mp mcp: the client closed the connection; stopping", file=sys.stderr)
         return 0
     except StoreLocked as exc:
-        print(
-            f"mp mcp: {exc} (held by `mp serve`: use --base URL to go through it; held by another `mp mcp`: "
-            "sessions that share a database go through one `mp serve --db PATH`, each with --base URL)",
-            file=sys.stderr,
-        )
+        if "mp serve (" in exc.held:
+            how = "go through that server: mp mcp --base URL (its address)"
+        elif "mp mcp (" in exc.held:
+            how = (
+                "sessions that share a database go through one `mp serve --db PATH`, each with --base URL; "
+                "or give this session another --db"
+            )
+        else:
+            how = (
+                "stop that process, or give this session another --db (held by `mp serve`: use --base URL to "
+                "go through it)"
+            )
+        print(f"mp mcp: {exc.held} {how[0].upper()}{how[1:]}.", file=sys.stderr)
         return 1
     except (StoreCorrupt, DatabaseUnavailable) as exc:
         print(f"mp mcp: {exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +266,12 @@ def error_from_body(
         extras = {k: v for k, v in body.items() if k not in ("code", "error")}
         return error_for(body["code"], str(body.get("error", "")), status, extras, retry_after=retry_after)
     sentence = text.strip()[:200] or "no body"
+    if sentence[:1] == "<":  # a web page: another server (or a proxy) answered, not a Monitor Protocol one
+        said = " ".join(re.sub(r"<[^>]*>", " ", text[:2000]).split())[:80]  # its words, without the markup
+        sentence = (
+            f"an HTML page ({said!r}), not a Monitor Protocol reply: is the base URL the address of an mp "
+            "serve (its API is under /mp/v0), and does nothing in between answer for it?"
+        )
     return UnexpectedResponse(
         "UNEXPECTED_RESPONSE",
         f"HTTP {status} without a protocol error: {sentence}",

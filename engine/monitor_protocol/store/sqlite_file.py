@@ -117,8 +117,15 @@ _HELD: dict[tuple[int, int], dict[str, Any]] = {}
 _HELD_LOCK = threading.Lock()
 
 
+# What this process is ("mp serve", "mp mcp"), written in its note so that a refused opener can say which
+# program holds the file; set by the command that opens it (None: an embedder's process).
+HOLDER_NAME: str | None = None
+
+
 def _holder_text(note: dict[str, Any]) -> str:
-    return f"pid {note.get('pid')} on {note.get('host')} since {note.get('since')}"
+    program = note.get("program")
+    who = f"{program} (pid {note.get('pid')})" if isinstance(program, str) else f"pid {note.get('pid')}"
+    return f"{who} on {note.get('host')} since {note.get('since')}"
 
 
 def _read_note(note_path: str, inode: tuple[int, int]) -> dict[str, Any] | None:
@@ -202,6 +209,7 @@ class WriterLock:
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "path": real,
                 "inode": list(inode),
+                "program": HOLDER_NAME,
             }
             _HELD[inode] = note
             self._lock_fd, self._inode = fd, inode

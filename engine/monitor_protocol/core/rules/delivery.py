@@ -247,7 +247,13 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
         "subscription": with_lag(tx, rec, sub),
         "token": token_out,
         "seq": seq,
-        "notice": "Keep the token: it is shown once and stored only as a hash. Pull reads, ack commits.",
+        "notice": "Keep the token: it is shown once and stored only as a hash. Pull reads, ack commits."
+        + (
+            f" This subscriber's subscription {sub.id} was renewed: its cursor is kept, and the token it had "
+            "before no longer works."
+            if renewed
+            else ""
+        ),
     }
     if protocol == "http":
         out["sink_secret"] = sub.sink_secret

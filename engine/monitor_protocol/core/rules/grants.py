@@ -49,10 +49,18 @@ def grant_of(
         requested = list(existing.capabilities) if existing else ["observe"]
     excess = [c for c in requested if c not in grant]
     if excess:
+        beyond = [c for c in excess if c not in rec.capabilities]
+        if beyond:  # no token grants what the monitor does not offer: its owner changes the definition
+            how = (
+                f"Monitor {rec.id} offers {list(rec.capabilities)}: its owner adds {beyond} to the monitor's "
+                "capabilities (an update), then subscribes again with the owner token."
+            )
+        else:
+            how = "Ask the owner for the owner or subscribe token."
         raise ProtocolError(
             "CAPABILITY_MISSING",
             f"Capabilities are granted, not requested: {excess} are not granted to this caller "
-            f"(granted: {grant}). Ask the owner for the owner or subscribe token.",
+            f"(granted: {grant}). {how}",
             granted=grant,
             monitor_capabilities=list(rec.capabilities),
             requested=requested,

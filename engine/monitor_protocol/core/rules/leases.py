@@ -57,10 +57,16 @@ def lease(
         )
     sub = subscription_of(tx, sub_id, token)
     if "act" not in sub.capabilities:
+        offered = monitor_of(tx, sub.monitor).capabilities
+        how = (
+            "subscribe again asking for it, with the owner token (or the monitor's subscribe token)"
+            if "act" in offered
+            else f"monitor {sub.monitor} does not offer it ({list(offered)}): its owner adds act to the "
+            "monitor's capabilities (an update), then the subscription asks for it with the owner token"
+        )
         raise ProtocolError(
             "CAPABILITY_MISSING",
-            "Leases need the act capability, which this subscription was not granted: subscribe again with "
-            "the owner token (or the monitor's subscribe token, if its capabilities include act).",
+            f"Leases need the act capability, which this subscription was not granted: {how}.",
             granted=list(sub.capabilities),
             required="act",
         )

@@ -369,7 +369,8 @@ class RemoteBackend:
             # Whether the request may have reached the server: what a model needs to decide on a retry.
             then = (
                 "it may have reached the server: send again only what is safe to repeat (a publish with the "
-                "same idempotency_key, a pull, an ack)"
+                "same idempotency_key, a pull, an ack); a publish without a key may have landed, so read the "
+                "monitor's state (its head) or pull before publishing it again"
                 if err.sent
                 else "it was never sent: sending it again is safe"
             )
