@@ -332,6 +332,42 @@ def test_a_read_only_database_says_so_and_that_nothing_was_written(pg_url, tmp_p
         assert httpx.get(base + "/readyz", timeout=10).json() == {"status": "ready"}  # control
 
 
+def test_a_lock_held_too_long_is_a_503_that_says_nothing_was_written(pg_url):
+    """Found by an operator: another session holding a lock on the log for 30 s. The server waited 10 s, as
+    long as the Python client's own time limit, so clients gave up not knowing; and the 503 said "outcome
+    unknown ... the connection was lost" though the database had rolled the call back. Now it waits 5 s and
+    says nothing was written. The control: once the lock is gone the same publish goes through."""
+    import time
+
+    import psycopg
+    from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS
+
+    assert LOCK_TIMEOUT_MS < 10_000  # under the client's default time limit (client/routes.py)
+    store = PostgresStore(pg_url)
+    service = MonitorService(store)
+    try:
+        owner = service.create_monitor(
+            {"id": "locked", "visibility": "public", "types": ["com.example.x"]}, None
+        )
+        token = owner["owner_token"]
+        with psycopg.connect(pg_url) as other:
+            other.execute("LOCK TABLE observations IN ACCESS EXCLUSIVE MODE")  # held until this block ends
+            began = time.monotonic()
+            with pytest.raises(ProtocolError) as caught:
+                service.publish("locked", {"type": "com.example.x"}, token)
+            waited = time.monotonic() - began
+            other.rollback()
+        err = caught.value
+        assert err.code == "UNAVAILABLE" and err.http_status == 503
+        assert "nothing of this request was written" in str(err) and "outcome" not in err.extras, str(err)
+        assert waited < 9.0, waited  # it said so before a client's 10 s ran out
+        assert (
+            service.publish("locked", {"type": "com.example.x"}, token)["seq"] == 2
+        )  # control: seq 1 never was
+    finally:
+        store.close()
+
+
 def test_the_readers_counts_fold_over_a_connection_that_died_while_idle(pg_url, caplog):
     """An operator's: after a database restart the fold of readers' counts failed once on its dead idle
     connection ("terminating connection due to administrator command"), logged, and kept them for the next.

@@ -1008,6 +1008,66 @@ def test_sqlite_a_version_2_file_is_brought_to_version_3_with_its_last_pulls(tmp
     raw.close()
 
 
+def v2_file(path) -> None:
+    """A database as format 2 wrote it (a subscription's last pull in its JSON rest)."""
+    s = SQLiteStore(str(path))
+    put(s, monitors=[FULL_MONITOR], subscriptions=[FULL_SUBSCRIPTION])
+    s.close()
+    raw = sqlite3.connect(path)
+    for sid, last_pull, text in raw.execute("SELECT id, last_pull, rec FROM subscriptions").fetchall():
+        rest = json.loads(text)
+        rest["last_pull"] = last_pull
+        raw.execute("UPDATE subscriptions SET rec=? WHERE id=?", (json.dumps(rest), sid))
+    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
+    raw.execute("PRAGMA user_version=2")
+    raw.commit()
+    raw.close()
+
+
+def test_sqlite_an_upgrade_is_known_to_its_opener(tmp_path):
+    """The store says which format it brought the file from (mp serve prints it once); a file already in the
+    current format says nothing."""
+    path = tmp_path / "v2.db"
+    v2_file(path)
+    upgraded = SQLiteStore(str(path))
+    assert upgraded.upgraded_from == 2
+    upgraded.close()
+    again = SQLiteStore(str(path))
+    assert again.upgraded_from is None  # control: opened as it is
+    again.close()
+
+
+def test_sqlite_the_first_builds_format_is_named_and_a_foreign_table_is_not(tmp_path):
+    """Found by an operator upgrading in place: a file of the first builds (before 2026-12-01: no format
+    version, monitors(id, rec)) was called a table "this store did not write". It is named for what it is,
+    with where the way forward is written; another program's `monitors` table keeps the plain refusal. The
+    file's tables are left as they were."""
+    first = tmp_path / "first.db"
+    raw = sqlite3.connect(first)
+    raw.execute("CREATE TABLE monitors (id TEXT PRIMARY KEY, rec TEXT NOT NULL)")
+    raw.execute("CREATE TABLE observations (monitor TEXT, seq INTEGER, rec TEXT)")
+    raw.execute("INSERT INTO monitors VALUES ('ci', '{}')")
+    raw.commit()
+    raw.close()
+    with pytest.raises(
+        StoreVersionError, match=r"early build of monitor-protocol \(before 2026-12-01: format 1"
+    ):
+        SQLiteStore(str(first))
+    raw = sqlite3.connect(first)  # its tables and rows as they were (nothing created beside them)
+    names = [r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    assert names == ["monitors", "observations"]
+    assert raw.execute("SELECT * FROM monitors").fetchall() == [("ci", "{}")]
+    raw.close()
+    other = tmp_path / "other.db"
+    raw = sqlite3.connect(other)
+    raw.execute("CREATE TABLE monitors (name TEXT, cpu REAL)")
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreVersionError, match="this store did not write") as refused:
+        SQLiteStore(str(other))
+    assert "early build" not in str(refused.value)  # control
+
+
 # A subscription's next version: a pull's delivery (its own columns only, every other field the same
 # object), an ack (its reply memo, in the JSON rest, too), or a change of another part of the rest; made to
 # one of two subscriptions or to both in one apply, alone or as two calls of one group commit, kept or

@@ -566,18 +566,28 @@ def open_source(path: str) -> Any:
 def _holds_a_log(path: str) -> bool:
     """Whether the file has mp serve's tables, read without writing (SQLite's read-only mode); a file
     SQLite cannot read at all is left to the store's own message (damaged, or not a database)."""
+    found = _read_only(path, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    return found is None or {"monitors", "observations", "subscriptions"} <= {r[0] for r in found}
+
+
+def format_of(path: str) -> int | None:
+    """The file's format version (PRAGMA user_version), read without writing; None if SQLite cannot read it."""
+    found = _read_only(path, "PRAGMA user_version")
+    return int(found[0][0]) if found else None
+
+
+def _read_only(path: str, sql: str) -> list[Any] | None:
     import sqlite3
     from urllib.parse import quote
 
     try:
         con = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
         try:
-            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            return con.execute(sql).fetchall()
         finally:
             con.close()
     except sqlite3.Error:
-        return True
-    return {"monitors", "observations", "subscriptions"} <= names
+        return None
 
 
 def check_target_url(url: str) -> None:
@@ -622,10 +632,27 @@ def migrate(
     started = time.monotonic()
     shown = shown_url(target_url)
     check_target_url(target_url)  # before the source is touched
-    source = open_source(source_path)
-    target = None
+    from monitor_protocol.store.sqlite import SCHEMA_VERSION
+
+    older = os.path.isfile(source_path) and format_of(source_path) == 2
+    # A format-2 source is brought to format 3 as it is opened: the target must answer first, so that a typo
+    # in --to does not cost the file its way back to the build that wrote it. Any other source is opened
+    # first, so that a held or foreign one is refused before the target is touched.
+    target = open_target(target_url) if older else None
     try:
-        target = open_target(target_url)
+        source = open_source(source_path)
+    except BaseException:
+        if target is not None:
+            target.close()
+        raise
+    if getattr(source, "upgraded_from", None):
+        out(
+            f"the source {source_path} was brought from format {source.upgraded_from} to {SCHEMA_VERSION} as it "
+            "was opened (as mp serve would): a build that reads only the older format cannot open it now"
+        )
+    try:
+        if target is None:
+            target = open_target(target_url)
         if not verify_only:
             refuse_unless_empty(source, target, shown)
             # Until every monitor is copied and verified, mp serve refuses this database (IncompleteCopy): a

@@ -393,8 +393,11 @@ def run(name: str, args: argparse.Namespace) -> int:
     from monitor_protocol.doors.http.app import MonitorApp
     from monitor_protocol.doors.push import delivery_task
     from monitor_protocol.doors.sources.supervisor import sources_task
+    from monitor_protocol.store import sqlite_file
     from monitor_protocol.store.postgres import is_postgres_url, redacted
-    from monitor_protocol.store.sqlite import SQLiteStore, StoreLocked
+    from monitor_protocol.store.sqlite import SCHEMA_VERSION, SQLiteStore, StoreLocked
+
+    sqlite_file.HOLDER_NAME = "mp serve"  # named in a refused second opener's message
 
     try:
         cfg, sources = resolve_settings(args)
@@ -519,6 +522,11 @@ def run(name: str, args: argparse.Namespace) -> int:
             print(
                 f"database: {db}" + ("  (in memory: nothing survives a restart)" if db == ":memory:" else "")
             )
+            if getattr(store, "upgraded_from", None):  # said once, the start it happened
+                print(
+                    f"database: upgraded from format {store.upgraded_from} to {SCHEMA_VERSION}; a build that "
+                    "reads only the older format refuses it now (docs/serve.md, Upgrading in place)"
+                )
         print(f"monitors: {monitors}")
         print(f"json: {codec}")
         mute = (

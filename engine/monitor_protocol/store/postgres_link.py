@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor_protocol.core import wire
+from monitor_protocol.core.repeats import Repeats
 from monitor_protocol.core.store_contract import StorageError
 from monitor_protocol.store.postgres_sql import CHANNEL, LISTING_KEY_READ, LISTING_KEY_SQL, LOCK_LEADER, enc
 from monitor_protocol.store.postgres_wire import sqlstate
@@ -98,6 +99,19 @@ def read_only_refusal(exc: BaseException) -> bool:
     return READ_ONLY_SQLSTATE in (sqlstate(exc), getattr(exc, "sqlstate", None))  # the wire's, or psycopg's
 
 
+# SQLSTATEs that end a session rather than answer a statement (class 08, and the shutdowns of class 57P):
+# after one of them a COMMIT may or may not have happened.
+_SESSION_ENDED = ("57P01", "57P02", "57P03")
+
+
+def answered(exc: BaseException) -> bool:
+    """The database answered the call with an error of its own (a lock timeout, a deadlock, a serialization
+    failure, a constraint): it rolled the whole transaction back, so nothing of it was written. False when
+    the connection went without an answer, or the session was ended: then a COMMIT may have happened."""
+    state = sqlstate(exc) or getattr(exc, "sqlstate", None)
+    return isinstance(state, str) and not state.startswith("08") and state not in _SESSION_ENDED
+
+
 def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool) -> Any:
     """A connection to `url`, or StorageError saying generically what failed (the operator's `detail` says
     where and why, without the password)."""
@@ -118,7 +132,9 @@ def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool)
     except Exception as exc:  # psycopg.Error, or a malformed URL libpq could not even parse
         # What a client hears stays generic. Where the database is and what libpq said is the operator's
         # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
-        failure = StorageError(f"the database is unreachable ({type(exc).__name__}, see the server log)")
+        failure = StorageError(
+            f"the database is unreachable ({type(exc).__name__}; the server's log says why)"
+        )
         failure.detail = f"cannot connect to PostgreSQL at {redacted(url)}: " + scrub(
             " ".join(str(exc).split()) or type(exc).__name__,
             url,  # libpq's lines as one
@@ -130,7 +146,7 @@ def schema_refused(exc: BaseException, url: str, role: str) -> StorageError:
     """The database refused to create this server's tables: StorageError whose `detail` tells the operator
     what to grant, in one line (libpq's LINE and caret lines quote the SQL, of no use to them)."""
     message = re.sub(r"^(ERROR|FATAL):\s+", "", str(exc).strip().split("\n", 1)[0]) or type(exc).__name__
-    failure = StorageError("the database refused this server's tables (see the server log)")
+    failure = StorageError("the database refused this server's tables (the server's log says why)")
     where = f"PostgreSQL at {redacted(url)}"
     if sqlstate(exc) == "42501":  # insufficient_privilege
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", role):  # as SQL names it: a quoted identifier otherwise
@@ -176,6 +192,7 @@ class Counts:
         self.folded = 0  # monitors' rows written by folds (tests and benchmarks)
         # Told each monitor whose row a fold rewrote (PostgresStore forgets its memory of that row).
         self.on_written: Callable[[str], None] | None = None
+        self._fold_failures = Repeats(log, "storing readers' counts failed (kept for the next attempt)")
 
     def add(self, pulls: list[tuple[str, int, float | None]]) -> None:
         with self._lock:
@@ -247,9 +264,10 @@ class Counts:
                 if row is not None and self.on_written is not None:
                     self.on_written(monitor_id)
                 del batch[monitor_id]
+            self._fold_failures.ok()
         except Exception as exc:  # whatever it was, nothing is lost: what is left waits for the next fold
             said = getattr(exc, "detail", None) or exc  # the operator's reason, not a client's sentence
-            log.warning("storing readers' counts failed (kept for the next attempt): %s", said)
+            self._fold_failures.failed(said)
             with self._lock:
                 for monitor_id, (delivered, pulled) in batch.items():
                     have = self._pending.setdefault(monitor_id, [0, float("-inf")])
@@ -285,6 +303,11 @@ class Peers:
 
     def _lead(self, poll: float) -> None:
         conn: Any = None
+        failing = Repeats(
+            log,
+            "the leader lock's connection cannot be held (until a server holds the lock, the sweeps and "
+            "push delivery wait)",
+        )
         while not self.stop.is_set():
             try:
                 if conn is None or conn.closed or conn.broken:
@@ -302,9 +325,12 @@ class Peers:
                     self.leader = bool(got)
                 else:
                     conn.execute("SELECT 1")  # still connected: the session, and so the lock, is alive
+                failing.ok()
             except Exception as exc:  # whatever it was, this thread goes on: without it nobody may lead here
                 if self.leader:
                     log.warning("lost the leader lock's connection: %s", scrub(str(exc), self.url))
+                else:
+                    failing.failed(getattr(exc, "detail", None) or scrub(str(exc), self.url))
                 self.leader = False
                 if conn is not None:
                     with contextlib.suppress(Exception):

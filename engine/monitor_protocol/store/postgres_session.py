@@ -14,6 +14,7 @@ from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.store_contract import GroupConflict, StaleRead, StorageError
 from monitor_protocol.store.postgres_link import (
     RECONNECT_SECONDS,
+    answered,
     connect,
     read_only_refusal,
     redacted,
@@ -25,7 +26,9 @@ from monitor_protocol.store.postgres_wire import Row, Wire, rows_of, sqlstate, t
 
 log = logging.getLogger("monitor_protocol.store.postgres")
 
-LOCK_TIMEOUT_MS = 10_000  # a call waiting longer for a monitor's lock gets 503, retry
+# A call waiting longer for a monitor's lock gets 503 (nothing written), retry: well under the clients' own
+# time limit (the Python client's default is 10 s), so that they hear it rather than give up not knowing.
+LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
 
 
@@ -105,7 +108,7 @@ class Session:
             conn.close()
             log.warning("cannot configure the PostgreSQL session: %s", scrub(str(exc), self.url))
             raise StorageError(
-                "the database refused this server's session settings (see the server log)"
+                "the database refused this server's session settings (the server's log says why)"
             ) from None
         if self.wire is not None:  # what the old connection counted stays counted
             self._statements_before += self.wire.statements
@@ -160,7 +163,7 @@ class Session:
                 "the database is read-only (a standby, or default_transaction_read_only is on) and accepts "
                 "no writes; a pull records what it hands out, so pulls and acks fail too"
             )
-        return StorageError(f"the database failed: {type(exc).__name__}, see the server log")
+        return StorageError(f"the database failed: {type(exc).__name__}; the server's log says why")
 
     def in_call(self) -> Wire:
         """The connection of the open call; never a new one mid-call (its locks and reads were on the old)."""
@@ -288,7 +291,9 @@ class Session:
                 # The commit may or may not have reached the database before the connection went: the
                 # caller hears 503 saying so, and retries (a publish with its idempotency key is answered once).
                 failure = self.fail(exc)
-                failure.outcome_unknown = bool(writes) and not read_only_refusal(exc)  # refused: none written
+                # a refusal the database answered (read-only, a lock timeout, a deadlock) aborted the whole
+                # transaction: nothing was written; only a connection lost without an answer leaves it open
+                failure.outcome_unknown = bool(writes) and not read_only_refusal(exc) and not answered(exc)
                 raise failure from exc
             self.if_stale(exc)
             raise  # the request's own fault (a unique index): nothing of the call was written

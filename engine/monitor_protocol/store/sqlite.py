@@ -69,7 +69,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
-from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, SCHEMA
+from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, FOREIGN, FORMAT_1, SCHEMA
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -196,6 +196,7 @@ class SQLiteStore(Store):
             return
         if version == 2:
             self._migrate_from_2(real)
+            self.upgraded_from = 2
             return
         if version != 0:
             raise StoreVersionError(
@@ -207,16 +208,16 @@ class SQLiteStore(Store):
         self._begin()
         try:
             if self._has_table("monitors"):
-                raise StoreVersionError(
-                    f"The database {real} has a `monitors` table this store did not write; nothing will be "
-                    "served from it. Start with another --db."
-                )
+                columns = [r[1] for r in self._db.execute("PRAGMA table_info(monitors)").fetchall()]
+                raise StoreVersionError(FORMAT_1 % real if columns == ["id", "rec"] else FOREIGN % real)
             self._create_schema()
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             self._rollback()
             raise
         self._commit()
+
+    upgraded_from: int | None = None  # the format version this open brought to SCHEMA_VERSION, if any
 
     def _migrate_from_2(self, real: str) -> None:
         """Version 2 kept a subscription's last pull in `rec`; version 3 keeps it in a column of its own, so

@@ -20,6 +20,7 @@ from typing import Any
 from monitor_protocol.api.messages import Request, Response, error_response
 from monitor_protocol.api.rest import PREFIX, bearer, route_table
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.repeats import Repeats
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -324,13 +325,22 @@ async def ready(app: Any) -> Response:
             {**headers, "retry-after": "1"},
         )
     except Exception as exc:
-        log.warning("readiness probe: the store failed: %s", getattr(exc, "detail", None) or exc)
+        _ready_failures(app).failed(getattr(exc, "detail", None) or exc)
         return Response(
             503,
             {"status": "unavailable", "error": "the store failed a trivial read (see the server log)"},
             {**headers, "retry-after": "1"},
         )
+    _ready_failures(app).ok()
     return Response(200, {"status": "ready"}, headers)
+
+
+def _ready_failures(app: Any) -> Repeats:
+    """The readiness probe's failures, logged as they start and end (a load balancer probes every second)."""
+    found = getattr(app, "_ready_failures", None)
+    if found is None:
+        found = app._ready_failures = Repeats(log, "readiness probe: the store failed")
+    return found  # type: ignore[no-any-return]
 
 
 def metrics_refusal(app: Any, request: Request, client_host: str | None) -> Response | None:

@@ -46,6 +46,13 @@ class UTCFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         return _utc_time(record)
 
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        # A message with lines of its own (a driver's error, PostgreSQL's CONTEXT) stays one line of the log,
+        # so that every line starts with its time; a traceback still follows its line as it is.
+        if "\n" in record.message:
+            record.message = " | ".join(part.strip() for part in record.message.splitlines() if part.strip())
+        return super().formatMessage(record)
+
 
 LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
 
