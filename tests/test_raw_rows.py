@@ -211,3 +211,27 @@ def test_mp_serve_serves_stored_text_that_parses_to_what_was_published(tmp_path:
             poll.join(30)
             assert woken and woken[0].status_code == 200, woken
             assert published(woken[0].json()["observations"]) == [TRICKY[1]]
+
+
+@pytest.mark.quick
+def test_a_drain_page_is_read_in_one_statement(tmp_path: Path) -> None:
+    """An unfiltered pull of 100 reads its rows with one SELECT (its seqs are dense: the read is bounded to
+    them), where it took four (chunks of 8, 16, 32 and 64); a filtered one keeps its windows (the control)."""
+    store = SQLiteStore(str(tmp_path / "drain.db"))
+    service = MonitorService(store)
+    owner = service.create_monitor({"id": "dr", "visibility": "public", "types": [T]}, None)["owner_token"]
+    for start in range(0, 300, 100):
+        service.publish_many(
+            "dr", [{"type": T, "subject": f"b-{i}"} for i in range(start, start + 100)], owner
+        )
+    sub = service.subscribe({"monitor": "dr", "subscriber": "agent:d"}, None)
+    reads: list[str] = []
+    store._db.set_trace_callback(lambda sql: reads.append(sql) if "FROM observations" in sql else None)
+    page = service.pull(sub["subscription"]["id"], sub["token"], limit=100)
+    assert len(page["observations"]) == 100
+    assert len([sql for sql in reads if sql.lstrip().upper().startswith("SELECT")]) == 1, reads
+    reads.clear()
+    subject = {"subjects": ["b-150", "b-151"]}
+    picked = service.pull(sub["subscription"]["id"], sub["token"], limit=100, filter=subject)
+    assert [o["subject"] for o in picked["observations"]] == ["b-150", "b-151"]
+    store.close()

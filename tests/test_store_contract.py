@@ -1297,3 +1297,24 @@ def test_an_apply_from_another_thread_is_not_taken_back_with_an_open_transaction
     seen = view(store)
     assert seen.get_monitor("m-other-thread") is not None
     assert seen.get_monitor("m-rolled-back") is None  # control
+
+
+def test_a_page_of_unfiltered_rows_is_one_fetch_and_an_open_read_starts_small():
+    """A drain's page of 100 unfiltered rows (dense seqs, the read bounded to them) is one fetch of 100, not
+    chunks of 8, 16, 32 and 64; an open-ended read still starts with 8 rows, so that a reader stopping early
+    never loads the rest (the control)."""
+    from monitor_protocol.core.store_contract import chunked_rows
+
+    asked: list[tuple[int, int, int]] = []
+
+    def fetch(start: int, end: int, limit: int) -> list[tuple[int]]:
+        asked.append((start, end, limit))
+        return [(seq,) for seq in range(start, min(end, start + limit - 1) + 1)]
+
+    assert [r[0] for r in chunked_rows(fetch, 501, 600, windowed=False)] == list(range(501, 601))
+    assert asked == [(501, 600, 100)]
+    asked.clear()
+    rows = chunked_rows(fetch, 1, 1_000_000, windowed=False)
+    assert [next(rows)[0] for _ in range(3)] == [1, 2, 3] and asked == [(1, 1_000_000, 8)]
+    asked.clear()
+    assert len(list(chunked_rows(fetch, 1, 5, windowed=False))) == 5 and asked == [(1, 5, 8)]

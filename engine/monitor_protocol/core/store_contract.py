@@ -108,12 +108,15 @@ def chunked_rows(
 ) -> Iterator[Sequence[Any]]:
     """The rows of a log read, seq ascending, fetched in chunks: `fetch(start, end, limit)` returns at most
     `limit` rows with start <= seq <= end, seq first. Chunks grow 8, 16, ... 256 rows: a pull of one reads a
-    few rows, a drain reads in bulk, and a reader stopping early never loads the rest. `windowed` (a filtered
+    few rows, a drain reads in bulk, and a reader stopping early never loads the rest; a read of at most 256
+    seqs that is not windowed (a page of unfiltered rows, which are dense) is one fetch of them all. `windowed` (a filtered
     read) also bounds each chunk to a window of seqs: an index on one column serves seq order for one value,
     but for several (IN, a prefix range, OR) the database reads every match in range to sort them. The window
     doubles over stretches with few matches (a million rows that do not match take ~log2(10^6) seeks) and
     follows the density where matches come thick (twice the span the last full chunk needed)."""
     chunk, window = 8, 256
+    if not windowed and 8 < to_seq - start + 1 <= 256:
+        chunk = to_seq - start + 1  # a read bounded to what it wants (a page of a reader's limit): one fetch
     while start <= to_seq:
         end = min(to_seq, start + window - 1) if windowed else to_seq
         rows = fetch(start, end, chunk)

@@ -507,7 +507,10 @@ def _scan_page(
     head = rec.head
     page = _Page([], first - 1)
     kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
-    for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
+    # Without a filter every seq from the floor to the head is a row: the page is the next `lim` seqs, and a
+    # read bounded so is one fetch of them (store_contract.chunked_rows), not chunks of 8, 16, 32...
+    last = min(head, first + lim - 1) if query.complete and query.selects_all else head
+    for examined, obs in enumerate(tx.scan(rec.id, first, last, query), start=1):
         if query.complete or (
             filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
         ):
