@@ -31,7 +31,7 @@ def upsert_sql(table: str, columns: tuple[str, ...], key: str, mark: str = "?") 
 
 def row_values(row: dict[str, Any], columns: tuple[str, ...]) -> tuple[Any, ...]:
     """A record's to_row() as its table's column values, then the JSON of what is left."""
-    return (*(row.pop(c) for c in columns), wire.encode_text(row))
+    return (*map(row.pop, columns), wire.encode_text(row))  # (map: no generator frame per column)
 
 
 # Each monitor's fixed part (Monitor.fixed_row) as the field values it was encoded from and its JSON text

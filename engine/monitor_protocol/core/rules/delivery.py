@@ -347,7 +347,9 @@ def pull(
             )
         acked = as_int(ack_cursor, "ack", minimum=0, text=False)  # a JSON integer, like /ack's cursor
         ack(core, tx, sub_id, token, {"cursor": acked}, system=system)
-    stored = _reader(tx, sub_id, token, system)  # what the store holds: the lazy mute clock is measured on it
+    # what the store holds (the lazy mute clock is measured on it); after an ack, the token it just checked
+    # in this transaction is not hashed again
+    stored = _reader(tx, sub_id, token, system or ack_cursor is not None)
     sub = core.alive(stored)
     rec = monitor_of(tx, sub.monitor)
     reply, _page = _pull(core, tx, stored, sub, rec, cursor, limit, inline, memo, delivered, raw)
@@ -411,10 +413,10 @@ def _pull(
     return reply, page
 
 
-def _reader(tx: Tx, sub_id: str, token: str | None, system: bool) -> Subscription:
-    """The subscription reading: by its token, or (the server's own push) by id alone; P7: it must hold
-    observe."""
-    if system:
+def _reader(tx: Tx, sub_id: str, token: str | None, by_id: bool) -> Subscription:
+    """The subscription reading: by its token, or by id alone (the server's own push, or the pull of an
+    ack-and-pull, whose ack checked the token in this transaction); P7: it must hold observe."""
+    if by_id:
         sub = tx.subscription(sub_id)
         if sub is None or not sub.active:
             raise ProtocolError("NOT_FOUND", f"No active subscription {sub_id!r}.", subscription=sub_id)
