@@ -179,3 +179,17 @@ def test_a_message_with_lines_of_its_own_is_one_line_of_the_log():
         )
     lines = formatter.format(failed).splitlines()
     assert lines[0].endswith("monitor_protocol: failed") and lines[1].startswith("Traceback")  # control
+
+
+def test_only_errors_that_roll_back_are_said_to_have_written_nothing():
+    """A reviewer's: a PANIC during the commit (XX000 "already committed"), disk full while flushing the WAL
+    (53100) or an internal error may come after the COMMIT took effect: those stay "outcome unknown"."""
+
+    class Failed(Exception):
+        def __init__(self, state: str) -> None:
+            super().__init__(state)
+            self.sqlstate = state
+
+    for state in ("XX000", "53100", "58030", "25006"):  # (25006, read-only, has its own rule before this)
+        assert not postgres_link.answered(Failed(state)), state
+    assert postgres_link.answered(Failed("25P02"))  # a transaction already aborted: nothing of it commits

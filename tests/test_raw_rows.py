@@ -235,3 +235,22 @@ def test_a_drain_page_is_read_in_one_statement(tmp_path: Path) -> None:
     picked = service.pull(sub["subscription"]["id"], sub["token"], limit=100, filter=subject)
     assert [o["subject"] for o in picked["observations"]] == ["b-150", "b-151"]
     store.close()
+
+
+@pytest.mark.quick
+def test_the_redelivered_splice_takes_only_a_compact_object(orjson_codec: None) -> None:
+    """A reviewer's: the splice assumed a non-empty object ending in `}`; anything else is served decoded."""
+    for text in ("{}", '{"a":1} '):
+        assert wire.raw_json(text, redelivered=True) is None, text
+    assert wire.encode(wire.raw_json('{"a":1}', redelivered=True)) == b'{"a":1,"redelivered":true}'  # control
+
+
+def test_a_postgresql_rows_size_is_its_bytes(pg: Any) -> None:
+    """The page byte budget counts a row's bytes on PostgreSQL, as before rows were decoded lazily (a
+    reviewer's: the length of the decoded text undercounted non-ASCII events)."""
+    service = MonitorService(pg)
+    owner = service.create_monitor({"id": "sz", "visibility": "public", "types": [T]}, None)["owner_token"]
+    seq = service.publish("sz", {"type": T, "data": {"text": "日本語" * 50}}, owner)["seq"]
+    row = pg.get_observation("sz", seq)
+    assert isinstance(row, StoredObservation)
+    assert row.size == len(row.text.encode()) > len(row.text)

@@ -1038,7 +1038,7 @@ def test_sqlite_an_upgrade_is_known_to_its_opener(tmp_path):
 
 
 def test_sqlite_the_first_builds_format_is_named_and_a_foreign_table_is_not(tmp_path):
-    """Found by an operator upgrading in place: a file of the first builds (before 2026-12-01: no format
+    """Found by an operator upgrading in place: a file of the first builds (up to 7eaa620 of 2026-12-01: no format
     version, monitors(id, rec)) was called a table "this store did not write". It is named for what it is,
     with where the way forward is written; another program's `monitors` table keeps the plain refusal. The
     file's tables are left as they were."""
@@ -1050,7 +1050,8 @@ def test_sqlite_the_first_builds_format_is_named_and_a_foreign_table_is_not(tmp_
     raw.commit()
     raw.close()
     with pytest.raises(
-        StoreVersionError, match=r"early build of monitor-protocol \(before 2026-12-01: format 1"
+        StoreVersionError,
+        match=r"early build of monitor-protocol \(up to commit 7eaa620 of 2026-12-01: format 1",
     ):
         SQLiteStore(str(first))
     raw = sqlite3.connect(first)  # its tables and rows as they were (nothing created beside them)

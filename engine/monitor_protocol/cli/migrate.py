@@ -480,6 +480,19 @@ def copy_monitor(
 def refuse_unless_empty(source: Any, target: Any, shown: str) -> None:
     """Raise MigrateError (exit 2) if the target holds any monitor, or what an interrupted run left: the
     subscriptions, leases or log rows of the source's monitors."""
+    refuse_a_used_target(target, shown)
+    logs = [m.id for m in source.list_monitors() if target.count(m.id, 0, MAX_SEQ, cap=1)]
+    if logs:
+        raise MigrateError(
+            f"The target {shown} holds no monitor but already holds log rows of {_n(len(logs), 'monitor')} "
+            f"({', '.join(logs[:5])}), left by an interrupted migration most likely, so mp migrate refuses to "
+            "copy into it and has written nothing: drop and recreate that database, then run mp migrate again.",
+            EXIT_REFUSED,
+        )
+
+
+def refuse_a_used_target(target: Any, shown: str) -> None:
+    """refuse_unless_empty's checks that need no source: an unfinished copy, monitors, subscriptions, leases."""
     copy = target.unfinished_copy()
     if copy is not None:
         raise MigrateError(
@@ -503,9 +516,6 @@ def refuse_unless_empty(source: Any, target: Any, shown: str) -> None:
         leftovers.append(_n(len(subs), "subscription"))
     if leases:
         leftovers.append(_n(len(leases), "lease"))
-    logs = [m.id for m in source.list_monitors() if target.count(m.id, 0, MAX_SEQ, cap=1)]
-    if logs:
-        leftovers.append(f"log rows of {_n(len(logs), 'monitor')} ({', '.join(logs[:5])})")
     if leftovers:
         raise MigrateError(
             f"The target {shown} holds no monitor but already holds {' and '.join(leftovers)}, left by an "
@@ -640,6 +650,8 @@ def migrate(
     # first, so that a held or foreign one is refused before the target is touched.
     target = open_target(target_url) if older else None
     try:
+        if target is not None and not verify_only:  # and it is one this run may copy into
+            refuse_a_used_target(target, shown)
         source = open_source(source_path)
     except BaseException:
         if target is not None:

@@ -394,8 +394,9 @@ def _compared(obs: Observation) -> tuple[Any, ...]:
 
 
 def _stored_maker() -> Any:
-    """`stored_observation(monitor, seq, type, subject, actor, origin, tier, horizon, text)`: a row as a
-    store read it, each field set through its slot's own setter (written once, like `builder`'s)."""
+    """`stored_observation(monitor, seq, type, subject, actor, origin, tier, horizon, text, size=None)`: a
+    row as a store read it (its size: the text's length unless given, as the store measures it), each field
+    set through its slot's own setter (written once, like `builder`'s)."""
     names = [f.name for f in fields(Observation)]
     if names[-2:] != ["event", "size"]:
         raise TypeError("stored_observation expects Observation's last fields to be event and size")
@@ -406,8 +407,9 @@ def _stored_maker() -> Any:
     body = "".join(f"    set_{n}(obs, v_{i})\n" for i, n in enumerate(columns))
     params = ", ".join(f"v_{i}" for i in range(len(columns)))
     src = (
-        f"def stored_observation({params}, text):\n    obs = new_(cls)\n{body}"
-        "    set_event(obs, None)\n    set_size(obs, len(text))\n    set_text(obs, text)\n    return obs\n"
+        f"def stored_observation({params}, text, size=None):\n    obs = new_(cls)\n{body}"
+        "    set_event(obs, None)\n    set_size(obs, len(text) if size is None else size)\n"
+        "    set_text(obs, text)\n    return obs\n"
     )
     exec(src, scope)  # noqa: S102 - generated from the dataclass's own field names
     return scope["stored_observation"]

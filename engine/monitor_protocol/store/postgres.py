@@ -225,7 +225,7 @@ def _lease(r: Row) -> Lease:
 def _observation(monitor: str, r: Row) -> Observation:  # its event decoded when first read
     return stored_observation(
         monitor, int(r[0]), dec(text(r[1])), dec(text(r[2])), dec(text(r[3])), dec(text(r[4])), dec(text(r[5])),
-        dec(text(r[6])), r[7].decode(),
+        dec(text(r[6])), r[7].decode(), len(r[7]),
     )  # fmt: skip
 
 

@@ -99,17 +99,22 @@ def read_only_refusal(exc: BaseException) -> bool:
     return READ_ONLY_SQLSTATE in (sqlstate(exc), getattr(exc, "sqlstate", None))  # the wire's, or psycopg's
 
 
-# SQLSTATEs that end a session rather than answer a statement (class 08, and the shutdowns of class 57P):
-# after one of them a COMMIT may or may not have happened.
-_SESSION_ENDED = ("57P01", "57P02", "57P03")
+# Errors that PostgreSQL answers by rolling the statement's transaction back, and nothing else: a
+# serialization failure or deadlock (class 40), a lock or statement timeout, bad data, a constraint, an
+# access rule, a transaction already aborted. Anything else (a connection lost, a session ended, a PANIC,
+# disk full during the WAL flush, an internal error) may come after a COMMIT took effect.
+_ROLLED_BACK_CLASSES = ("40", "22", "23", "42")
+_ROLLED_BACK_STATES = ("55P03", "57014", "25P02")
 
 
 def answered(exc: BaseException) -> bool:
-    """The database answered the call with an error of its own (a lock timeout, a deadlock, a serialization
-    failure, a constraint): it rolled the whole transaction back, so nothing of it was written. False when
-    the connection went without an answer, or the session was ended: then a COMMIT may have happened."""
+    """The database answered the call with an error that rolled its whole transaction back (a lock timeout,
+    a deadlock, a serialization failure, a constraint): nothing of it was written. False for anything else,
+    a lost connection above all: then a COMMIT may have happened."""
     state = sqlstate(exc) or getattr(exc, "sqlstate", None)
-    return isinstance(state, str) and not state.startswith("08") and state not in _SESSION_ENDED
+    if not isinstance(state, str):
+        return False
+    return state[:2] in _ROLLED_BACK_CLASSES or state in _ROLLED_BACK_STATES
 
 
 def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool) -> Any:

@@ -68,10 +68,10 @@ BACKLOG_TOTALS_SQL = (
 )
 BACKLOG_TOP_SQL = f"{BACKLOG_SQL} ORDER BY backlog DESC, s.monitor, s.id LIMIT ?"
 
-# A file without a format version: the first builds' (monitors(id, rec), before 2026-12-01), or another's.
+# A file without a format version: the first builds' (monitors(id, rec), up to 7eaa620), or another's.
 FORMAT_1 = (
-    "The database %s was written by an early build of monitor-protocol (before 2026-12-01: format 1, "
-    "which this release no longer reads); it was left as it was, and nothing will be served from it. "
+    "The database %s was written by an early build of monitor-protocol (up to commit 7eaa620 of 2026-12-01: "
+    "format 1, which this release no longer reads); it was left as it was, and nothing will be served from it. "
     "docs/serve.md (Upgrading in place) says how to carry it forward."
 )
 FOREIGN = (

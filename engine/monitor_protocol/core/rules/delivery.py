@@ -249,8 +249,8 @@ def subscribe(core: ServiceCore, tx: Tx, body: Any, token: str | None) -> dict[s
         "seq": seq,
         "notice": "Keep the token: it is shown once and stored only as a hash. Pull reads, ack commits."
         + (
-            f" This subscriber's subscription {sub.id} was renewed: its cursor is kept, and the token it had "
-            "before no longer works."
+            f" This subscriber's subscription {sub.id} was renewed: its cursor is kept (or moved forward to "
+            "`from`), and the token it had before no longer works."
             if renewed
             else ""
         ),

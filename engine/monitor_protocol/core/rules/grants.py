@@ -53,7 +53,8 @@ def grant_of(
         if beyond:  # no token grants what the monitor does not offer: its owner changes the definition
             how = (
                 f"Monitor {rec.id} offers {list(rec.capabilities)}: its owner adds {beyond} to the monitor's "
-                "capabilities (an update), then subscribes again with the owner token."
+                "capabilities (an update); then subscribe again with the owner token (or, on a shared or "
+                "public monitor, its subscribe token)."
             )
         else:
             how = "Ask the owner for the owner or subscribe token."

@@ -59,7 +59,8 @@ def lease(
     if "act" not in sub.capabilities:
         offered = monitor_of(tx, sub.monitor).capabilities
         how = (
-            "subscribe again asking for it, with the owner token (or the monitor's subscribe token)"
+            "subscribe again asking for it, with the owner token (or, on a shared or public monitor, its "
+            "subscribe token)"
             if "act" in offered
             else f"monitor {sub.monitor} does not offer it ({list(offered)}): its owner adds act to the "
             "monitor's capabilities (an update), then the subscription asks for it with the owner token"

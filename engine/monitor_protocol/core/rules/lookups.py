@@ -91,8 +91,8 @@ def subscription_of(tx: Tx, sub_id: Any, token: str | None, *, allow_retired: bo
         raise ProtocolError(
             "NOT_FOUND",
             f"Subscription {sub_id} is retired; subscribe again with the same subscriber to reactivate it "
-            "(its cursor is kept): send this reader token, or the owner's, as the bearer, and keep the new "
-            "reader token the reply gives.",
+            "(its cursor is kept): send this reader token, or the owner's, as the bearer (the owner's, if the "
+            "monitor has turned private since), and keep the new reader token the reply gives.",
             retired=True,
             cursor=sub.cursor,
             subscription=sub_id,
