@@ -97,10 +97,9 @@ def lease(
         if done.by == holder and current.holder is None:
             return {"ok": True, "seq": done.seq, "idempotent": True, "lease": current.to_wire()}
     if current is None or current.holder != holder:
-        if (
-            current is not None and current.holder is not None
-        ):  # someone else's, live (expired ones were freed)
-            why = f"another subscription holds it until {timefmt.iso(current.expires)}; claim it once it is free"
+        if current is not None and current.holder is not None:  # another's, live (expired ones were freed)
+            until = timefmt.iso(current.expires)
+            why = f"another subscription holds it until {until}; claim it once it is free"
         else:
             why = "nobody holds it now (never claimed, released, or expired and freed); claim it first"
         raise ProtocolError(

@@ -100,7 +100,7 @@ def subscription_of(tx: Tx, sub_id: Any, token: str | None, *, allow_retired: bo
     return sub
 
 
-# What the minted tokens begin with (rules/monitors.py, rules/delivery.py): a refusal can say which kind was sent.
+# What minted tokens begin with (rules/monitors.py, rules/delivery.py): a refusal can say which kind was sent.
 _KINDS = {
     "mpo_": "an owner token",
     "mps_": "a monitor's subscribe token",
