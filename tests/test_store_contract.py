@@ -26,6 +26,7 @@ from monitor_protocol.core.records import (
     Subscription,
 )
 from monitor_protocol.core.store_contract import LOG_COLUMNS, Changes, LogQuery, Term
+from monitor_protocol.core.tx import Tx
 from monitor_protocol.store.indexeddb import decode_records, encode_changes, record_key
 from monitor_protocol.store.memory import TABLES, MemoryStore, observation_key
 from monitor_protocol.store.sql import next_prefix
@@ -368,6 +369,22 @@ def test_scan_is_ordered_bounded_and_per_monitor(store):
     assert v.get_observation("m1", 7).subject == "s7" and v.get_observation("m1", 301) is None
     assert v.count("m1", 1, 300) == 300 and v.count("m1", 10, 19) == 10 and v.count("m1", 1, 300, cap=7) == 7
     assert v.count("m1", 5, 4) == 0 and v.count("m1", 1, 300, cap=0) == 0 and v.count("m3", 1, 9) == 0
+
+
+def test_read_range_is_the_scan_of_the_range_at_once(store):
+    """Store.read_range (a page of unfiltered rows, one statement on SQLite) gives what scan gives, as a list;
+    the transaction's rows staged above the stored head follow."""
+    put(store, observations=[obs("m1", s) for s in range(1, 301)] + [obs("m2", 1)])
+    v = view(store)
+    for first, last in ((1, 100), (250, 260), (290, 400), (5, 4), (301, 310)):
+        assert v.read_range("m1", first, last) == list(v.scan("m1", first, last)), (first, last)
+    assert [o.seq for o in v.read_range("m1", 199, 201)] == [199, 200, 201]
+    assert v.read_range("m3", 1, 5) == [] and [o.monitor for o in v.read_range("m2", 1, 9)] == ["m2"]
+    with store.transaction():
+        tx = Tx(store, 0.0)
+        tx._appended["m1"] = [obs("m1", 301), obs("m1", 302)]  # what a call appended, not yet applied
+        assert [o.seq for o in tx.read_range("m1", 299, 305)] == [299, 300, 301, 302]
+        assert [o.seq for o in tx.read_range("m1", 302, 302)] == [302]
 
 
 def test_duplicate_seq_is_refused(store):

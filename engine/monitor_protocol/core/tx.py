@@ -132,6 +132,14 @@ class Tx:
             if from_seq <= obs.seq <= to_seq and (query is None or query.holds(obs)):
                 yield obs
 
+    def read_range(self, monitor_id: str, from_seq: int, to_seq: int) -> list[Observation]:
+        """`scan` of every row in the range, unfiltered, as a list (Store.read_range, then staged rows)."""
+        staged = self._appended.get(monitor_id, ())
+        stored_to = min(to_seq, staged[0].seq - 1) if staged else to_seq
+        rows = self.store.read_range(monitor_id, from_seq, stored_to) if from_seq <= stored_to else []
+        rows.extend(obs for obs in staged if from_seq <= obs.seq <= to_seq)
+        return rows
+
     def count(
         self,
         monitor_id: str,

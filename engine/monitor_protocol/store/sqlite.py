@@ -99,10 +99,7 @@ KNOWN_SUBJECTS_MAX = 100_000  # (monitor, subject) pairs remembered as stored
 SUBSCRIPTIONS_CACHED_MAX = 20_000
 MONITORS_CACHED_MAX = 5_000  # monitors kept decoded (a few KiB each), the same way
 MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a to_seq beyond it means "to the end"
-
-
-def _observation(monitor: str, r: tuple[Any, ...]) -> Observation:  # its event decoded when first read
-    return stored_observation(monitor, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+# A row read is a stored_observation(monitor, *row): its event is decoded when something first reads it.
 
 
 class SQLiteStore(Store):
@@ -670,7 +667,7 @@ class SQLiteStore(Store):
         row = self._db.execute(
             f"{queries.SELECT_OBSERVATION} WHERE monitor=? AND seq=?", (monitor_id, seq)
         ).fetchone()
-        return _observation(monitor_id, row) if row else None
+        return stored_observation(monitor_id, *row) if row else None
 
     @guarded
     def scan(
@@ -740,14 +737,19 @@ class SQLiteStore(Store):
                     return None
         return found
 
+    @guarded
+    def read_range(self, monitor_id: str, from_seq: int, to_seq: int) -> list[Observation]:  # one statement
+        rows = self._db.execute(queries.SELECT_RANGE, (monitor_id, from_seq, min(to_seq, MAX_SEQ))).fetchall()
+        return [stored_observation(monitor_id, *r) for r in rows]
+
     def _scan_all(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Observation]:
-        sql = f"{queries.SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq LIMIT ?"
+        sql = f"{queries.SELECT_RANGE} LIMIT ?"
 
         def fetch(start: int, end: int, limit: int) -> list[Any]:
             return self._db.execute(sql, (monitor_id, start, end, limit)).fetchall()
 
         for r in chunked_rows(fetch, from_seq, to_seq, windowed=False):
-            yield _observation(monitor_id, r)
+            yield stored_observation(monitor_id, *r)
 
     def _scan_where(
         self, monitor_id: str, from_seq: int, to_seq: int, source: str, cond: str, params: list[Any]
@@ -769,7 +771,7 @@ class SQLiteStore(Store):
 
         rows = chunked_rows(fetch, max(from_seq, bounds[0]), min(to_seq, bounds[1]), windowed=True)
         for r in rows:
-            yield _observation(monitor_id, r)
+            yield stored_observation(monitor_id, *r)
 
     @guarded
     def count(

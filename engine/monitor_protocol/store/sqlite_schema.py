@@ -14,6 +14,9 @@ PUT_OBSERVATION = (
 PUT_PUBLISH_KEY = "INSERT OR REPLACE INTO publish_keys (monitor, key, seq, at) VALUES (?, ?, ?, ?)"
 SELECT_FROM = f"SELECT {', '.join(OBSERVATION_COLUMNS)} FROM"
 SELECT_OBSERVATION = f"{SELECT_FROM} observations"
+SELECT_RANGE = (
+    f"{SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq"  # (a LIMIT may follow)
+)
 
 # Statements, not a script: `executescript` would commit the migration's open transaction first.
 SCHEMA = (

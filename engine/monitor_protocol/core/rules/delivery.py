@@ -511,8 +511,11 @@ def _scan_page(
     kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
     # Without a filter every seq from the floor to the head is a row: the page is the next `lim` seqs, and a
     # read bounded so is one fetch of them (store_contract.chunked_rows), not chunks of 8, 16, 32...
-    last = min(head, first + lim - 1) if query.complete and query.selects_all else head
-    for examined, obs in enumerate(tx.scan(rec.id, first, last, query), start=1):
+    if query.complete and query.selects_all:
+        rows: Any = tx.read_range(rec.id, first, min(head, first + lim - 1))
+    else:
+        rows = tx.scan(rec.id, first, head, query)
+    for examined, obs in enumerate(rows, start=1):
         if query.complete or (
             filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
         ):
