@@ -102,3 +102,19 @@ class Harness:
             if not r.body["observations"]:
                 return out
             cursor = r.body["next"]
+
+
+def as_format_2(path: Path | str) -> None:
+    """A format-3 SQLite file made into what format 2 wrote: a subscription's last pull in its JSON rest, no
+    column of its own, user_version 2 (what the upgrade tests open)."""
+    import sqlite3
+
+    raw = sqlite3.connect(path)
+    for sid, last_pull, text in raw.execute("SELECT id, last_pull, rec FROM subscriptions").fetchall():
+        rest = json.loads(text)
+        rest["last_pull"] = last_pull
+        raw.execute("UPDATE subscriptions SET rec=? WHERE id=?", (json.dumps(rest), sid))
+    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
+    raw.execute("PRAGMA user_version=2")
+    raw.commit()
+    raw.close()

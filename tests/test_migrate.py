@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from enginekit import Clock
+from enginekit import Clock, as_format_2
 from monitor_protocol.cli import migrate
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.service import MonitorService
@@ -596,21 +596,6 @@ def test_shown_url_never_shows_a_password() -> None:
     )
 
 
-def _as_format_2(path: Path) -> None:
-    """The file as format 2 wrote it: a subscription's last pull in its JSON rest, user_version 2."""
-    import json
-
-    raw = sqlite3.connect(path)
-    for sid, last_pull, text in raw.execute("SELECT id, last_pull, rec FROM subscriptions").fetchall():
-        rest = json.loads(text)
-        rest["last_pull"] = last_pull
-        raw.execute("UPDATE subscriptions SET rec=? WHERE id=?", (json.dumps(rest), sid))
-    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
-    raw.execute("PRAGMA user_version=2")
-    raw.commit()
-    raw.close()
-
-
 def _format(path: Path) -> int:
     raw = sqlite3.connect(path)
     try:
@@ -625,7 +610,7 @@ def test_a_format_2_source_is_not_upgraded_for_a_target_that_does_not_answer(
     """Found by an operator upgrading in place: a typo in --to failed the run, but only after the source had
     been brought to format 3, which the build that wrote it then refused. The target answers first now, and
     a run that upgrades the source says so."""
-    _as_format_2(world.path)
+    as_format_2(world.path)
     typo = f"postgresql://mp@127.0.0.1:{_closed_port()}/typo"
     refused = run_migrate("--from", str(world.path), "--to", typo)
     assert refused.returncode == 1 and "Connection refused" in refused.stderr

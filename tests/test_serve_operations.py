@@ -947,18 +947,13 @@ def test_an_upgraded_file_is_said_once_at_start(tmp_path: Path) -> None:
     """Found by an operator upgrading in place: a format-2 file was brought to format 3 without a word, and
     the build that wrote it refused the file afterwards. The start that upgrades it says so; the next one
     does not."""
-    import sqlite3
-
+    from enginekit import as_format_2
     from monitor_protocol.store.sqlite import SQLiteStore
     from serverutil import server_log, start_server, stop_server
 
     db = tmp_path / "old.db"
     SQLiteStore(str(db)).close()
-    raw = sqlite3.connect(db)  # an empty database as format 2 wrote it
-    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
-    raw.execute("PRAGMA user_version=2")
-    raw.commit()
-    raw.close()
+    as_format_2(db)  # an empty database as format 2 wrote it
     said = "database: upgraded from format 2 to 3; a build that reads only the older format refuses it now"
     _base, proc = start_server(tmp_path, "--db", str(db))
     stop_server(proc)

@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import replace
 
 import pytest
+from enginekit import as_format_2
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from monitor_protocol.core.lifecycles import LeaseState, MonitorStatus, SubscriptionState
@@ -995,15 +996,7 @@ def test_sqlite_a_version_2_file_is_brought_to_version_3_with_its_last_pulls(tmp
     s = SQLiteStore(str(path))
     put(s, monitors=[FULL_MONITOR], subscriptions=[FULL_SUBSCRIPTION, sub("sub-never")])
     s.close()
-    raw = sqlite3.connect(path)  # the same file as version 2 wrote it
-    for sid, last_pull, text in raw.execute("SELECT id, last_pull, rec FROM subscriptions").fetchall():
-        rest = json.loads(text)
-        rest["last_pull"] = last_pull
-        raw.execute("UPDATE subscriptions SET rec=? WHERE id=?", (json.dumps(rest), sid))
-    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
-    raw.execute("PRAGMA user_version=2")
-    raw.commit()
-    raw.close()
+    as_format_2(path)  # the same file as version 2 wrote it
     again = SQLiteStore(str(path))
     assert again._db.execute("PRAGMA user_version").fetchone()[0] == 3
     assert again.get_subscription("sub-full") == FULL_SUBSCRIPTION
@@ -1030,15 +1023,7 @@ def v2_file(path) -> None:
     s = SQLiteStore(str(path))
     put(s, monitors=[FULL_MONITOR], subscriptions=[FULL_SUBSCRIPTION])
     s.close()
-    raw = sqlite3.connect(path)
-    for sid, last_pull, text in raw.execute("SELECT id, last_pull, rec FROM subscriptions").fetchall():
-        rest = json.loads(text)
-        rest["last_pull"] = last_pull
-        raw.execute("UPDATE subscriptions SET rec=? WHERE id=?", (json.dumps(rest), sid))
-    raw.execute("ALTER TABLE subscriptions DROP COLUMN last_pull")
-    raw.execute("PRAGMA user_version=2")
-    raw.commit()
-    raw.close()
+    as_format_2(path)
 
 
 def test_sqlite_an_upgrade_is_known_to_its_opener(tmp_path):
