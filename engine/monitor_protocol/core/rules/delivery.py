@@ -509,8 +509,9 @@ def _scan_page(
     head = rec.head
     page = _Page([], first - 1)
     kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
-    # Without a filter every seq from the floor to the head is a row: the page is the next `lim` seqs, and a
-    # read bounded so is one fetch of them (store_contract.chunked_rows), not chunks of 8, 16, 32...
+    # Without a filter every seq from the floor to the head is a row: the page is the next `lim` seqs, read
+    # at once (tx.read_range: one statement on SQLite; a store's default, scan, fetches a range so bounded
+    # in one go too, store_contract.chunked_rows), not in chunks of 8, 16, 32... and a generator step a row.
     if query.complete and query.selects_all:
         rows: Any = tx.read_range(rec.id, first, min(head, first + lim - 1))
     else:
