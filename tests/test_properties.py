@@ -7,7 +7,7 @@ import pytest
 from enginekit import Harness
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from monitor_protocol.core.rules import delivery
+from monitor_protocol.core.rules import pages
 from monitor_protocol.store.memory import MemoryStore
 
 # The quick lane (python3 build.py test --quick): no server, no browser.
@@ -42,7 +42,7 @@ def test_at_least_once_delivery(script):
 def test_at_least_once_delivery_when_every_filtered_read_is_capped(script):
     """The same invariants with a scan budget of 2 rows: capped pages, remembered misses and all."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(delivery, "SCAN_BUDGET", 2)
+        mp.setattr(pages, "SCAN_BUDGET", 2)
         run_script(script)
 
 

@@ -19,7 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from monitor_protocol.core import wire
-from monitor_protocol.core.records import Observation, StoredObservation, evolve, stored_observation
+from monitor_protocol.core.records import (
+    Observation,
+    ServedRow,
+    StoredObservation,
+    evolve,
+    stored_observation,
+)
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.http.server import install_fast_json
 from monitor_protocol.store.sqlite import SQLiteStore
@@ -139,6 +145,11 @@ def test_a_stored_rows_text_serves_what_its_decoded_event_would(
         if "redelivered" in text:  # named already (a key, or text anywhere): the decoded merge decides
             assert type(served) is dict
         assert wire.encode(served) == wire.encode(expected)
+        # a row read only to be served (a drain's, SQLite's read_range(served=True)) serves the same
+        only = ServedRow(1, text)
+        assert wire.encode(only.to_wire(redelivered=redelivered, raw=True)) == wire.encode(expected)
+        assert only.to_wire(redelivered=redelivered) == row.to_wire(redelivered=redelivered)
+        assert only.size == row.size
     finally:
         wire.use_codec(before)
 
@@ -234,7 +245,41 @@ def test_a_drain_page_is_read_in_one_statement(tmp_path: Path) -> None:
     subject = {"subjects": ["b-150", "b-151"]}
     picked = service.pull(sub["subscription"]["id"], sub["token"], limit=100, filter=subject)
     assert [o["subject"] for o in picked["observations"]] == ["b-150", "b-151"]
+    # a page only served (mp serve's door encodes it) reads each row's seq and text alone
+    assert not any(sql.startswith("SELECT seq, event FROM") for sql in reads)  # control: read ones do not
+    reads.clear()
+    before = wire.codec()
+    install_fast_json()
+    try:
+        drained = json.loads(
+            wire.encode(service.pull(sub["subscription"]["id"], sub["token"], raw=True, limit=100))
+        )
+    finally:
+        wire.use_codec(before)
+    assert [sql.split(" WHERE")[0] for sql in reads] == ["SELECT seq, event FROM observations"], reads
+    again = [{**o, "redelivered": True} for o in page["observations"]]  # (delivered by the first pull)
+    assert drained["observations"] == again
     store.close()
+
+
+@pytest.mark.quick
+def test_a_page_read_only_to_be_served_serves_a_reader_in_its_group_too(
+    tmp_path: Path, orjson_codec: None
+) -> None:
+    """In one group commit the same page is read once (the group's memo): a page a raw pull read holds rows
+    only served (ServedRow, their text alone), and a pull whose reply is read gets them decoded all the same."""
+    service, sub, token = _reader(tmp_path)
+    other = service.subscribe({"monitor": "raw", "subscriber": "agent:reads"}, None)
+    store = service.store
+    reads: list[str] = []
+    store._db.set_trace_callback(lambda sql: reads.append(sql) if "FROM observations" in sql else None)  # type: ignore[attr-defined]
+    with store.batch():  # type: ignore[attr-defined]
+        raw = service.pull(sub, token, limit=200, raw=True)
+        read = service.pull(other["subscription"]["id"], other["token"], limit=200)
+    assert [sql.split(" WHERE")[0] for sql in reads] == ["SELECT seq, event FROM observations"], reads
+    assert raw["observations"] and not any(type(o) is dict for o in raw["observations"])  # control
+    assert all(type(o) is dict for o in read["observations"])
+    assert published(read["observations"]) == TRICKY
 
 
 @pytest.mark.quick

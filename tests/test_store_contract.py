@@ -24,6 +24,7 @@ from monitor_protocol.core.records import (
     Monitor,
     Observation,
     PublishKey,
+    ServedRow,
     Subscription,
 )
 from monitor_protocol.core.store_contract import LOG_COLUMNS, Changes, LogQuery, Term
@@ -386,6 +387,21 @@ def test_read_range_is_the_scan_of_the_range_at_once(store):
         tx._appended["m1"] = [obs("m1", 301), obs("m1", 302)]  # what a call appended, not yet applied
         assert [o.seq for o in tx.read_range("m1", 299, 305)] == [299, 300, 301, 302]
         assert [o.seq for o in tx.read_range("m1", 302, 302)] == [302]
+
+
+def test_read_range_served_serves_what_read_range_serves(store):
+    """read_range(served=True), for a reply only encoded (a drain): each row's seq, size and what it serves
+    are read_range's; SQLite reads each row's seq and text alone (records.ServedRow), the others their rows."""
+    put(store, observations=[obs("m1", s) for s in range(1, 121)])
+    v = view(store)
+    for first, last in ((1, 100), (95, 130), (121, 125)):
+        full, served = v.read_range("m1", first, last), v.read_range("m1", first, last, served=True)
+        assert [(o.seq, o.size) for o in served] == [(o.seq, o.size) for o in full], (first, last)
+        for a, b in zip(full, served, strict=True):
+            for redelivered in (False, True):
+                assert b.to_wire(redelivered=redelivered) == a.to_wire(redelivered=redelivered)
+    kinds = {type(o) for o in v.read_range("m1", 1, 100, served=True)}
+    assert kinds == ({ServedRow} if isinstance(store, SQLiteStore) else {type(v.read_range("m1", 1, 1)[0])})
 
 
 def test_duplicate_seq_is_refused(store):

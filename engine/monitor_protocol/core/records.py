@@ -378,6 +378,32 @@ class StoredObservation(Observation):
         return Observation.to_wire(self, redelivered=redelivered)
 
 
+class ServedRow:
+    """A log row read only to be served as it is stored (a pull whose reply a door only encodes: pull's
+    `raw`, Store.read_range's `served`): its seq, its event's stored JSON text and that text's size, and
+    nothing else read or built. What `to_wire` gives is what the row's StoredObservation gives."""
+
+    __slots__ = ("seq", "text", "size")
+
+    def __init__(self, seq: int, text: str) -> None:
+        self.seq = seq
+        self.text = text
+        self.size = len(text)  # (as stored_observation measures a row SQLite read)
+
+    def to_wire(self, *, redelivered: bool = False, raw: bool = False) -> Any:
+        if raw:
+            served = wire.raw_json(self.text, redelivered)
+            if served is not None:
+                return served
+        event: dict[str, Any] = wire.decode_trusted(self.text)
+        if redelivered:
+            event["redelivered"] = True  # ({**event, "redelivered": True}, as Observation.to_wire: same keys)
+        return event
+
+    def __repr__(self) -> str:
+        return f"ServedRow(seq={self.seq!r}, size={self.size!r})"
+
+
 def _compared(obs: Observation) -> tuple[Any, ...]:
     """The fields an Observation's equality compares (size is not part of what it is)."""
     return (

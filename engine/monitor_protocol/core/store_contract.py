@@ -253,10 +253,14 @@ class Store(ABC):
         """Observations with from_seq <= seq <= to_seq for which `query` holds, ascending; lazily (a
         reader that stops early never loads the rest)."""
 
-    def read_range(self, monitor_id: str, from_seq: int, to_seq: int) -> list[Observation]:
+    def read_range(
+        self, monitor_id: str, from_seq: int, to_seq: int, *, served: bool = False
+    ) -> list[Observation] | list[Any]:
         """Every stored row with from_seq <= seq <= to_seq, ascending, at once: a page of unfiltered rows
         (their seqs are dense, so the caller bounds it to what it wants). A store may read it in one
-        statement, without a generator's step per row; by default it is `scan`'s rows."""
+        statement, without a generator's step per row; by default it is `scan`'s rows. `served`: the rows
+        are only served (each one's `seq`, `size` and `to_wire`), so a store that keeps each event as its
+        text may give records.ServedRow instead of observations."""
         return list(self.scan(monitor_id, from_seq, to_seq))
 
     def count(

@@ -15,6 +15,7 @@ anything is written: the engine runs the call again with the monitor's lock whol
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from monitor_protocol.core.records import Lease, Monitor, Observation, PublishKey, Subscription, evolve
 from monitor_protocol.core.store_contract import Changes, LogQuery, Store
@@ -132,11 +133,14 @@ class Tx:
             if from_seq <= obs.seq <= to_seq and (query is None or query.holds(obs)):
                 yield obs
 
-    def read_range(self, monitor_id: str, from_seq: int, to_seq: int) -> list[Observation]:
-        """`scan` of every row in the range, unfiltered, as a list (Store.read_range, then staged rows)."""
+    def read_range(self, monitor_id: str, from_seq: int, to_seq: int, *, served: bool = False) -> list[Any]:
+        """`scan` of every row in the range, unfiltered, as a list (Store.read_range, then staged rows).
+        `served`: as Store.read_range's (the staged rows are observations either way)."""
         staged = self._appended.get(monitor_id, ())
         stored_to = min(to_seq, staged[0].seq - 1) if staged else to_seq
-        rows = self.store.read_range(monitor_id, from_seq, stored_to) if from_seq <= stored_to else []
+        rows: list[Any] = []
+        if from_seq <= stored_to:
+            rows = self.store.read_range(monitor_id, from_seq, stored_to, served=served)
         rows.extend(obs for obs in staged if from_seq <= obs.seq <= to_seq)
         return rows
 

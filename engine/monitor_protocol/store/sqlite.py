@@ -31,6 +31,7 @@ from monitor_protocol.core.records import (
     Monitor,
     Observation,
     PublishKey,
+    ServedRow,
     Subscription,
     stored_observation,
 )
@@ -523,40 +524,16 @@ class SQLiteStore(Store):
     def _write(self, changes: Changes, subjects: list[tuple[str, str]]) -> None:
         db = self._db
         observations = changes.observations
-        if len(observations) == 1:  # the usual call: execute is cheaper than executemany of one
-            o = observations[0]
-            db.execute(
-                queries.PUT_OBSERVATION,
-                (
-                    o.monitor,
-                    o.seq,
-                    o.type,
-                    o.subject,
-                    o.actor,
-                    o.origin,
-                    o.tier,
-                    o.horizon,
-                    wire.encode_text(o.event),
-                ),
-            )
-        elif observations:
-            db.executemany(
-                queries.PUT_OBSERVATION,
-                (
-                    (
-                        o.monitor,
-                        o.seq,
-                        o.type,
-                        o.subject,
-                        o.actor,
-                        o.origin,
-                        o.tier,
-                        o.horizon,
-                        wire.encode_text(o.event),
-                    )
-                    for o in observations
-                ),
-            )
+        if observations:
+            encode = wire.encode_text
+            rows = [
+                (o.monitor, o.seq, o.type, o.subject, o.actor, o.origin, o.tier, o.horizon, encode(o.event))
+                for o in observations
+            ]
+            if len(rows) == 1:  # the usual call: execute is cheaper than executemany of one
+                db.execute(queries.PUT_OBSERVATION, rows[0])
+            else:
+                db.executemany(queries.PUT_OBSERVATION, rows)
         if subjects:
             db.executemany("INSERT OR IGNORE INTO subjects (monitor, subject) VALUES (?, ?)", subjects)
         if changes.subscriptions:
@@ -738,9 +715,11 @@ class SQLiteStore(Store):
         return found
 
     @guarded
-    def read_range(self, monitor_id: str, from_seq: int, to_seq: int) -> list[Observation]:  # one statement
-        rows = self._db.execute(queries.SELECT_RANGE, (monitor_id, from_seq, min(to_seq, MAX_SEQ))).fetchall()
-        return [stored_observation(monitor_id, *r) for r in rows]
+    def read_range(self, monitor_id: str, from_seq: int, to_seq: int, *, served: bool = False) -> list[Any]:
+        args = (monitor_id, from_seq, min(to_seq, MAX_SEQ))  # one statement; served: two columns a row
+        if served:
+            return [ServedRow(*r) for r in self._db.execute(queries.SELECT_SERVED, args).fetchall()]
+        return [stored_observation(monitor_id, *r) for r in self._db.execute(queries.SELECT_RANGE, args)]
 
     def _scan_all(self, monitor_id: str, from_seq: int, to_seq: int) -> Iterator[Observation]:
         sql = f"{queries.SELECT_RANGE} LIMIT ?"

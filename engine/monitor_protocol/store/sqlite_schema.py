@@ -17,6 +17,8 @@ SELECT_OBSERVATION = f"{SELECT_FROM} observations"
 SELECT_RANGE = (
     f"{SELECT_OBSERVATION} WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq"  # (a LIMIT may follow)
 )
+# A range read only to be served (Store.read_range's `served`): each row's seq and stored text, nothing else.
+SELECT_SERVED = "SELECT seq, event FROM observations WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq"
 
 # Statements, not a script: `executescript` would commit the migration's open transaction first.
 SCHEMA = (

@@ -13,7 +13,7 @@ from typing import Any
 from monitor_protocol.core import filters, netguard, tokens, uri
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import SubscriptionState
-from monitor_protocol.core.records import AckMemo, Monitor, Observation, Subscription, copier, evolve
+from monitor_protocol.core.records import AckMemo, Monitor, Subscription, copier, evolve
 from monitor_protocol.core.rules.grants import grant_of, room_for_one_more
 from monitor_protocol.core.rules.ledger import (
     append_protocol,
@@ -23,7 +23,7 @@ from monitor_protocol.core.rules.ledger import (
     with_lag,
 )
 from monitor_protocol.core.rules.lookups import monitor_of, subscription_of
-from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes
+from monitor_protocol.core.rules.pages import Page, read_page
 from monitor_protocol.core.runtime import ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import (
@@ -40,11 +40,8 @@ from monitor_protocol.core.vocab import (
     DEFAULT_RETIRE_AFTER_MUTE_SECONDS,
     LAG_COUNT_CAP,
     MAX_LIMIT,
-    PAGE_BYTES,
     PROTOCOLS,
     RESET_POLICIES,
-    SCAN_BUDGET,
-    SCAN_BYTES,
     SUBSCRIPTION_ID_HEX,
     T_BOOKMARK,
     T_SUBSCRIBED,
@@ -307,17 +304,6 @@ def _inline_filter(rec: Monitor, sub: Subscription, inline: Any) -> Any:
     return inline_flt
 
 
-@dataclass(slots=True)
-class _Page:
-    """What one pull read: the rows it hands out, the last seq it examined, whether the scan budget cut the
-    read short (`capped`), and whether the reader's stored record changed on the way (`changed`)."""
-
-    batch: list[Observation]
-    last_examined: int
-    capped: bool = False
-    changed: bool = False
-
-
 def pull(
     core: ServiceCore,
     tx: Tx,
@@ -368,7 +354,7 @@ def _pull(
     memo: dict[Any, Any] | None,
     delivered: dict[str, int] | None,
     raw: bool = False,
-) -> tuple[dict[str, Any], _Page]:
+) -> tuple[dict[str, Any], Page]:
     """pull's work once the reader is known: its reply, and the page it read."""
     replay = cursor is not None
     inline_flt = _inline_filter(rec, sub, inline)
@@ -381,7 +367,7 @@ def _pull(
         memo = None
     elif memo is None:
         memo = core.group_memo()
-    page = _read_page(tx, rec, sub, inline_flt, start, lim, memo)
+    page = read_page(tx, rec, sub, inline_flt, start, lim, memo, raw)
     page.changed = reset
     if page.capped and not page.batch and not replay and not inline_flt:
         sub = _mark_examined(sub, page, start)
@@ -454,89 +440,7 @@ def _past_the_floor(
     return evolve(sub, cursor=start, relist=sub.reset_policy == "earliest"), start, True
 
 
-def _read_page(
-    tx: Tx,
-    rec: Monitor,
-    sub: Subscription,
-    inline_flt: Any,
-    start: int,
-    lim: int,
-    memo: dict[Any, Any] | None,
-) -> _Page:
-    """Up to `lim` rows from `start` under the reader's filter and the pull's own, examining at most
-    SCAN_BUDGET rows that do not match (a bounded read: the rest waits for the next pull, from `next`). The
-    same read in one group commit (the same monitor, log, filters, start and limit) is read once."""
-    head = rec.head
-    max_bytes = page_bytes()
-    first = past_known_misses(sub, max(start, 1))
-    if first > head:
-        return _Page([], first - 1)
-    key = None
-    if memo is not None:
-        key = (
-            "page",
-            rec.id,
-            head,
-            rec.floor,
-            first,
-            lim,
-            filters.key_of(sub.filter),
-            filters.key_of(inline_flt),
-            max_bytes,
-        )
-        known = memo.get(key)
-        if known is not None:
-            page = _Page(list(known[0]), known[1], known[2])
-            spent_page_bytes(page.batch)
-            return page
-    page = _scan_page(tx, rec, sub, inline_flt, first, lim, max_bytes)
-    if key is not None:
-        memo[key] = (tuple(page.batch), page.last_examined, page.capped)
-    spent_page_bytes(page.batch)
-    return page
-
-
-def _scan_page(
-    tx: Tx,
-    rec: Monitor,
-    sub: Subscription,
-    inline_flt: Any,
-    first: int,
-    lim: int,
-    max_bytes: int = PAGE_BYTES,
-) -> _Page:
-    query = filters.prefilter(sub.filter, inline_flt)
-    head = rec.head
-    page = _Page([], first - 1)
-    kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
-    # Without a filter every seq from the floor to the head is a row: the page is the next `lim` seqs, read
-    # at once (tx.read_range: one statement on SQLite; a store's default, scan, fetches a range so bounded
-    # in one go too, store_contract.chunked_rows), not in chunks of 8, 16, 32... and a generator step a row.
-    if query.complete and query.selects_all:
-        rows: Any = tx.read_range(rec.id, first, min(head, first + lim - 1))
-    else:
-        rows = tx.scan(rec.id, first, head, query)
-    for examined, obs in enumerate(rows, start=1):
-        if query.complete or (
-            filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
-        ):
-            kept += obs.size
-            if kept > max_bytes and page.batch:
-                break  # the page is full by bytes: this row comes first in the next
-            page.last_examined = obs.seq
-            page.batch.append(obs)
-            if len(page.batch) >= lim:
-                break
-        else:
-            page.last_examined = obs.seq
-            missed += obs.size
-            if (examined >= SCAN_BUDGET or missed > SCAN_BYTES) and page.last_examined < head:
-                page.capped = True
-                break
-    return page
-
-
-def _mark_examined(sub: Subscription, page: _Page, start: int) -> Subscription:
+def _mark_examined(sub: Subscription, page: Page, start: int) -> Subscription:
     """Remember what an empty, budget-capped page examined in vain, so the next pull goes on from there even
     if this reader never acks an empty page (push, watch, SSE): bounded work per request, never a stall.
     Only an empty page: rows delivered but not acked must come back on the next pull (P4)."""
@@ -548,7 +452,7 @@ def _mark_examined(sub: Subscription, page: _Page, start: int) -> Subscription:
 
 
 def _bookmark(
-    tx: Tx, rec: Monitor, sub: Subscription, page: _Page, start: int
+    tx: Tx, rec: Monitor, sub: Subscription, page: Page, start: int
 ) -> tuple[Subscription, Monitor]:
     """A replay after a relist ends with a bookmark that says where the replay stopped."""
     bookmark = append_protocol(
@@ -569,7 +473,7 @@ def _record_delivery(
     rec: Monitor,
     stored: Subscription,
     sub: Subscription,
-    page: _Page,
+    page: Page,
     delivered: dict[str, int] | None = None,
     news: tuple[int, int] | None = None,
 ) -> Subscription:
@@ -595,7 +499,7 @@ def _record_delivery(
     return sub
 
 
-def _news(page: _Page, hwm: int) -> tuple[int, int]:
+def _news(page: Page, hwm: int) -> tuple[int, int]:
     """What a page is to a reader whose high-water mark is `hwm`: the mark after it, and its rows not
     delivered before."""
     batch = page.batch
@@ -611,7 +515,7 @@ def _pull_reply(
     tx: Tx,
     rec: Monitor,
     sub: Subscription,
-    page: _Page,
+    page: Page,
     hwm: int,
     *,
     lag_exact: bool,
@@ -691,7 +595,7 @@ class _Alike:
     are the same, only the reader's own record and id differ."""
 
     rec: Monitor
-    page: _Page
+    page: Page
     reply: dict[str, Any]
     news: tuple[int, int]  # _news(page, hwm): the same for every reader in the place (the hwm is in it)
     index: int  # the reply's place in pull_many's answer

@@ -7,9 +7,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import Any
 
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.records import Observation
 from monitor_protocol.core.vocab import PAGE_BYTES
 
 _REQUEST_PAGE_BYTES: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
@@ -42,7 +42,7 @@ def page_bytes() -> int:
     return shared[0]
 
 
-def spent_page_bytes(batch: list[Observation]) -> None:
+def spent_page_bytes(batch: list[Any]) -> None:  # (observations or ServedRows: their sizes)
     shared = _REQUEST_PAGE_BYTES.get()
     if shared is not None:
         shared[0] -= sum(obs.size for obs in batch)
