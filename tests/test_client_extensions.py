@@ -40,6 +40,7 @@ class PlainServer(ThreadingHTTPServer):
         self.plain = plain  # False: forward everything as is (only record)
         self.seen: list[tuple[str, str]] = []
         self.sizes: list[int] = []  # the length of each POST body that was a JSON array
+        self.max_body: int | None = None  # a proxy's own body limit, lower than the server's (nginx's 413)
         super().__init__(("127.0.0.1", 0), _Plain)
 
     @property
@@ -69,6 +70,14 @@ class _Plain(BaseHTTPRequestHandler):
         self.server.seen.append((self.command, route))
         if body.lstrip().startswith(b"["):
             self.server.sizes.append(len(json.loads(body)))
+        if self.server.max_body is not None and length > self.server.max_body:  # as nginx refuses it
+            page = b"<html><head><title>413 Request Entity Too Large</title></head><body></body></html>"
+            self.send_response(413)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         plain = self.server.plain
         if plain and self.command == "POST" and (route.endswith("/pull") or body.lstrip().startswith(b"[")):
             self._answer(404, {"code": "NOT_FOUND", "error": "no such route here", "done": []})
@@ -211,6 +220,25 @@ def test_publish_many_splits_a_long_list_at_the_advertised_maximum(base: str, re
     assert [i.index for i in done.items] == list(range(n)) and done.published == n
     with pytest.raises(ValueError, match="at least one"):
         Client(base).publish_many("pm-long", [])
+
+
+def test_publish_many_halves_a_request_a_proxy_refuses_as_too_large(base: str, recorder: PlainServer) -> None:
+    """A proxy in front of the server with a lower body limit than the server advertises (nginx's default
+    client_max_body_size is 1 MiB) answers 413 with a web page: nothing of that request was taken, so the
+    client sends it again as two halves, down to one item; an item too large alone is reported, not raised."""
+    with Client(base) as setup:
+        owner, _sid, _reader = feed(setup, "pm-proxy")
+    recorder.max_body = 2_500
+    batch = [{"type": TYPE, "subject": f"p{i}", "data": {"pad": "x" * 400}} for i in range(12)]
+    batch.insert(5, {"type": TYPE, "subject": "huge", "data": {"pad": "y" * 4_000}})
+    with Client(recorder.url, token=owner) as c:
+        done = c.publish_many("pm-proxy", batch)
+    assert [i.index for i in done.items] == list(range(13))
+    assert done.published == 12 and [i.index for i in done.items if i.error is not None] == [5]
+    assert done.items[5].error is not None and done.items[5].error.status == 413
+    assert recorder.sizes[0] == 13 and max(recorder.sizes[1:]) < 13  # halved after the whole was refused
+    with Client(base) as check:
+        assert check.get_monitor("pm-proxy", token=owner).head >= 12
 
 
 def test_the_async_client_does_the_same(base: str, plain: PlainServer) -> None:

@@ -264,6 +264,21 @@ def test_tokens_from_the_environment_work_and_never_reach_the_log(tmp_path, monk
     assert "warning" not in log.lower()
 
 
+def test_the_banner_says_metrics_behind_a_proxy_need_the_token(tmp_path):
+    """An --allow-host naming a public name is a reverse proxy's setup: the banner says that what it forwards
+    is not a local client's, and how to scrape through it."""
+    with running_server(tmp_path, "--db", ":memory:", "--allow-host", "monitors.example.org") as (base, proc):
+        assert httpx.get(base + "/metrics").status_code == 200  # a local scraper still reads it
+        proxied = httpx.get(base + "/metrics", headers={"Host": "monitors.example.org"})
+        assert proxied.status_code == 401
+        log = server_log(proc)
+    assert "metrics: GET /metrics for local clients" in log
+    assert "a request for monitors.example.org" in log and "--metrics-token" in log
+    with running_server(tmp_path, "--db", ":memory:") as (base, proc):
+        log = server_log(proc)
+    assert "metrics: GET /metrics for local clients" in log and "a request for" not in log  # control
+
+
 def test_a_token_on_argv_is_not_printed_but_warned_about(tmp_path):
     with running_server(tmp_path, "--allow-admin", ADMIN, "--db", ":memory:") as (base, proc):
         assert httpx.get(base + "/mp/v0/admin/snapshot", headers=bearer(ADMIN)).status_code == 200
@@ -408,9 +423,8 @@ class BrokenStore(MemoryStore):
 
 def make_app(store: Any, **options: Any) -> Any:
     service = MonitorService(store, clock=time.time)
-    router = RestRouter(
-        service, admin_token=options.pop("admin_token", None), allowed_hosts={"127.0.0.1", "localhost"}
-    )
+    hosts = {"127.0.0.1", "localhost", *options.pop("allow_hosts", ())}
+    router = RestRouter(service, admin_token=options.pop("admin_token", None), allowed_hosts=hosts)
     return MonitorApp(service, router, store=store, sweep_interval=None, **options)
 
 
@@ -565,6 +579,35 @@ async def test_metrics_from_a_remote_client_need_a_token():
             app
         )
         assert ok.status == 200 and "mp_http_requests_total" in ok.text
+    finally:
+        app.engine.stop()
+
+
+async def test_metrics_through_a_reverse_proxy_on_this_machine_need_a_token():
+    """A tester's: a proxy on the same machine connects from loopback, so every client behind it looked local
+    and read /metrics (which names private monitors). A forwarded request names the public host (as
+    --allow-host needs) or carries a forwarding header: it needs the token."""
+    app = make_app(MemoryStore(), admin_token=ADMIN, allow_hosts=["monitors.example.org", "::1"])
+    try:
+        local = await Exchange("/metrics", client="127.0.0.1", headers={"host": "127.0.0.1:8080"}).run(app)
+        assert local.status == 200  # control: a local scraper
+        assert (
+            await Exchange("/metrics", client="::1", headers={"host": "localhost"}).run(app)
+        ).status == 200
+        public = {"host": "monitors.example.org"}
+        refused = await Exchange("/metrics", client="127.0.0.1", headers=public).run(app)
+        assert refused.status == 401 and "proxy" in json.loads(refused.text)["error"]
+        for name in ("x-forwarded-for", "forwarded", "x-real-ip"):
+            headers = {"host": "127.0.0.1", name: "203.0.113.9"}
+            assert (await Exchange("/metrics", client="127.0.0.1", headers=headers).run(app)).status == 401, (
+                name
+            )
+        admin = {"authorization": f"Bearer {ADMIN}", **public}
+        assert (await Exchange("/metrics", client="127.0.0.1", headers=admin).run(app)).status == 200
+        # the root's dot is the same name (as DNS reads it): allowed, and still not a local request
+        dotted = {"host": "monitors.example.org."}
+        assert (await Exchange("/mp/v0/discover", client="127.0.0.1", headers=dotted).run(app)).status == 200
+        assert (await Exchange("/metrics", client="127.0.0.1", headers=dotted).run(app)).status == 401
     finally:
         app.engine.stop()
 

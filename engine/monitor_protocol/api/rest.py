@@ -173,11 +173,13 @@ def _names_lowered(headers: Any) -> dict[str, str]:
     return out
 
 
-def _host_name(host: str) -> str:
+def host_name(host: str) -> str:
+    """A Host header's name: lower case, without its port, and without the root's dot (`example.org.` is
+    `example.org`, as DNS reads it)."""
     host = host.strip().lower()
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return (host.rsplit(":", 1)[0] if host.count(":") == 1 else host).removesuffix(".")
 
 
 class RestRouter:
@@ -306,7 +308,7 @@ class RestRouter:
                     "The request has no Host header; send one (Host: 127.0.0.1:<port>, or a name the operator "
                     "allowed with --allow-host).",
                 )
-            if _host_name(host) not in self.allowed_hosts:
+            if host_name(host) not in self.allowed_hosts:
                 names = sorted(self.allowed_hosts)
                 said = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
                 raise ProtocolError(

@@ -22,6 +22,7 @@ from monitor_protocol.cli.serve_config import (
     TrueGiven,
     allowed_hosts_for,
     fingerprint,
+    is_loopback,
     resolve_settings,
     source_policy,
     sources_line,
@@ -578,9 +579,13 @@ def run(name: str, args: argparse.Namespace) -> int:
             )
             warnings.append(_argv_warning("metrics token", sources["metrics_token"], "MP_METRICS_TOKEN"))
         else:
-            print(
-                "metrics: GET /metrics for loopback clients" + (" and the admin token" if admin_token else "")
-            )
+            print("metrics: GET /metrics for local clients" + (" and the admin token" if admin_token else ""))
+            public = [h for h in cfg.allow_host if not is_loopback(h.strip().lower())]
+            if public:  # named for a reverse proxy: what it forwards comes from loopback too
+                print(
+                    f"  (a request for {public[0]}, or one with a proxy's X-Forwarded-For or Forwarded "
+                    "header, is not local: scrape through a proxy with --metrics-token)"
+                )
         print("health: GET /healthz (process), GET /readyz (database)")
         print("access log: " + ("on" if cfg.access_log else "off (--access-log turns it on)"))
         print(

@@ -191,13 +191,21 @@ def _publish_many_plan(
     if info is not None:
         size = info.get("max_items") if isinstance(info, dict) else None
         size = size if isinstance(size, int) and size > 0 else 1
-        for start in range(0, len(items), size):
-            chunk = items[start : start + size]
+        # The chunks still to send, the next last: a chunk too large as a whole goes again as its halves.
+        chunks = [(start, items[start : start + size]) for start in range(0, len(items), size)][::-1]
+        while chunks:
+            start, chunk = chunks.pop()
             try:
                 reply = yield Call("POST", path, token, raw_reply, chunk)
             except MonitorProtocolError as err:
                 if err.code in _WHOLE_CALL_REFUSALS and not results:
                     raise
+                if err.status == 413 and len(chunk) > 1:
+                    # Over a body limit (the server's, or a lower one of a proxy in between, whose 413 is a
+                    # web page): nothing of it was taken, so its halves go instead, in order.
+                    half = len(chunk) // 2
+                    chunks += [(start + half, chunk[half:]), (start, chunk[:half])]
+                    continue
                 # The whole chunk was refused (a value JSON cannot carry, over the body limit, a 503):
                 # each of its items carries that refusal; the chunks before it stay reported as published.
                 results.extend(
@@ -494,10 +502,11 @@ class Routes:
         body `publish` sends: type, subject, data, tags, ..., idempotency_key) published in order, or refused
         and logged on its own; `.items` lists each item's seq or error. Where the server advertises the
         publish-batch extension, up to `max_items` items travel in one request and one commit (a longer
-        list is split); elsewhere the client publishes them one by one (`batched` False). A refusal of the
-        whole call (a wrong token, an unknown monitor) raises; a request of the batch refused whole (an item
-        JSON cannot carry, a body over the server's limit, a 503) gives each of its items that error, the
-        rest stay reported. A `ConnectionFailed` raises: what was sent before it may be committed, so give
+        list is split); elsewhere the client publishes them one by one (`batched` False). A request over a
+        body limit (413: the server's, or a proxy's lower one) is sent again as two halves, down to one item.
+        A refusal of the whole call (a wrong token, an unknown monitor) raises; a request of the batch
+        refused whole (an item JSON cannot carry, one item over the body limit, a 503) gives each of its
+        items that error, the rest stay reported. A `ConnectionFailed` raises: what was sent before it may be committed, so give
         items an `idempotency_key` to retry safely."""
         body = [dict(_mapping(item, f"publish_many: item {i}")) for i, item in enumerate(items)]
         if not body:

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from monitor_protocol.api.messages import Request, Response, error_response
-from monitor_protocol.api.rest import PREFIX, bearer, route_table
+from monitor_protocol.api.rest import PREFIX, bearer, host_name, route_table
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.repeats import Repeats
 
@@ -53,6 +53,20 @@ def _is_loopback(address: str | None) -> bool:
         return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
     except ValueError:
         return False
+
+
+# Headers a reverse proxy adds: a request carrying one was forwarded, whatever address it came from.
+FORWARDED_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host")
+
+
+def _asked_locally(request: Request) -> bool:
+    """Whether a loopback connection's request is a local client's own: one a reverse proxy on this machine
+    forwards comes from loopback too, but names the public host (the proxy passes it, as `--allow-host`
+    needs) or carries a forwarding header, and is then nobody's local request."""
+    if any(request.header(name) is not None for name in FORWARDED_HEADERS):
+        return False
+    host = host_name(request.header("host") or "localhost")
+    return host in ("localhost", "::1") or _is_loopback(host)
 
 
 class CollectorPauses:
@@ -355,13 +369,14 @@ def metrics_refusal(app: Any, request: Request, client_host: str | None) -> Resp
     expected = [t for t in (app.metrics_token, getattr(app.router, "admin_token", None)) if t]
     if any(hmac.compare_digest(token.encode(), t.encode()) for t in expected):
         return None
-    if not app.metrics_token and _is_loopback(client_host):
+    if not app.metrics_token and _is_loopback(client_host) and _asked_locally(request):
         return None
     sentence = (
         "GET /metrics needs the metrics token: Authorization: Bearer <token> (mp serve --metrics-token)."
         if app.metrics_token
-        else "GET /metrics answers loopback clients only; start the server with --metrics-token "
-        "(env MP_METRICS_TOKEN) to scrape it from elsewhere."
+        else "GET /metrics answers local clients only (a loopback address, a loopback Host, no proxy's "
+        "forwarding header); start the server with --metrics-token (env MP_METRICS_TOKEN) to scrape it "
+        "from elsewhere or through a proxy."
     )
     return error_response(ProtocolError("UNAUTHORIZED", sentence))
 
