@@ -253,6 +253,83 @@ def test_a_role_that_may_not_create_tables_is_told_what_to_grant(password_role, 
     store.close()
 
 
+def test_a_revoked_privilege_is_a_503_that_names_it_not_an_incident(password_role, pg_url):
+    """An operator's: after REVOKE INSERT ON observations, every publish was an "incident" with a traceback
+    in the log (psycopg's InsufficientPrivilege was no storage failure). It is now a 503 that says the role
+    lacks a privilege and that nothing was written; the control: the same call before the REVOKE."""
+
+    _password, url = password_role
+    with psycopg.connect(pg_url, autocommit=True) as owner:
+        owner.execute("GRANT CREATE ON SCHEMA public TO mp_password")
+    store = PostgresStore(url)
+    try:
+        service = MonitorService(store)
+        token = service.create_monitor({"id": "rv", "types": ["com.example.x"]}, None)["owner_token"]
+        assert service.publish("rv", {"type": "com.example.x"}, token)["seq"] >= 1  # control
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("REVOKE INSERT ON observations FROM mp_password")
+        with pytest.raises(ProtocolError) as caught:
+            service.publish("rv", {"type": "com.example.x"}, token)
+        err = caught.value
+        assert err.code == "UNAVAILABLE" and err.http_status == 503
+        assert "privilege" in str(err) and "nothing of this request was written" in str(err), str(err)
+        assert "incident" not in str(err) and "outcome" not in err.extras
+
+    finally:
+        store.close()
+
+
+def test_a_dbas_session_timeouts_do_not_end_the_connections_a_server_holds_idle(pg_url):
+    """An operator's: with idle_session_timeout = 2s the LISTEN connection was ended every ~2.5 s (LISTEN
+    reconnecting, and missing appends, forever) and at 900 ms the leader lock changed hands each second;
+    with statement_timeout = 1ms for the role, the readers' counts were never stored. The connections a
+    server holds while idle (LISTEN, the leader lock, the counts) set their own; the control: a plain
+    connection with the database's settings is ended, and times out."""
+    import time
+
+    name = urllib.parse.urlsplit(pg_url).path.lstrip("/")
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        if admin.info.server_version < 140000:
+            pytest.skip("idle_session_timeout is PostgreSQL 14's")
+        admin.execute(f"ALTER DATABASE {name} SET idle_session_timeout = '1s'")
+        admin.execute(f"ALTER DATABASE {name} SET statement_timeout = '1ms'")
+    store = PostgresStore(pg_url)
+    try:
+        held = store._side_connection()
+        plain = psycopg.connect(pg_url, autocommit=True)
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            plain.execute("SELECT pg_sleep(0.05)")  # control: the database's statement_timeout
+        time.sleep(1.6)
+        with pytest.raises(psycopg.OperationalError):
+            plain.execute("SELECT 1")  # control: ended while idle
+        held.execute("SELECT pg_sleep(0.05)")  # the held one: still there, and not cut at 1 ms
+        held.close()
+    finally:
+        store.close()
+
+
+def test_a_database_with_no_connection_left_says_so_not_unreachable(pg_url):
+    """An operator's: with max_connections (or the role's CONNECTION LIMIT) reached, clients were told the
+    database was "unreachable". They are told it refuses more connections, and how many a server holds;
+    the control: the same role with a connection to spare connects."""
+    role = f"mp_limited_{secrets.token_hex(4)}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 0")
+    try:
+        with pytest.raises(StorageError) as caught:
+            PostgresStore(with_user(pg_url, role))
+        said = str(caught.value)
+        assert "refuses more connections" in said and "--db-connections + 3" in said, said
+        assert "unreachable" not in said
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"ALTER ROLE {role} CONNECTION LIMIT 5")
+        with psycopg.connect(with_user(pg_url, role), autocommit=True) as conn:  # control
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
 def test_a_database_that_cannot_be_reached_is_one_line_naming_it_once(tmp_path):
     """What mp serve says when PostgreSQL does not answer: one line, the URL once, libpq's own words (its
     two lines joined), not the driver's class name."""

@@ -83,7 +83,7 @@ from monitor_protocol.store.postgres_link import (
     wait_for_database,
 )
 from monitor_protocol.store.postgres_meta import ForeignTables, IncompleteCopy, MetaRows
-from monitor_protocol.store.postgres_session import LOCK_TIMEOUT_MS, Session
+from monitor_protocol.store.postgres_session import Session, side_settings
 from monitor_protocol.store.postgres_sql import (
     ACTIVE_MONITOR_IDS,
     AS_READ_FUNCTION,
@@ -333,9 +333,10 @@ class PostgresStore(MetaRows, Store):
             self._monitor.forget(_key(m))
             self._doubted[m] = until
 
-    def _side_connection(self) -> Any:
+    def _side_connection(self) -> Any:  # LISTEN's, the leader lock's, the readers' counts': held while idle
         conn = connect(self.psycopg, self.url, self.connect_timeout, autocommit=True)
-        conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
+        for setting in side_settings(conn.info.server_version):
+            conn.execute(setting)
         return conn
 
     def _run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:
@@ -367,6 +368,7 @@ class PostgresStore(MetaRows, Store):
     def _open_schema(self) -> None:
         """Create the schema once (servers starting together wait for each other on a lock), bring one of an
         earlier version to this one (version 1 had no functions), or check that the one there is not newer."""
+        self._s.opening = True
         try:
             with self.transaction():
                 self._rows("SELECT pg_advisory_xact_lock($1, 0)", (LOCK_SCHEMA,), prepare=False)
@@ -405,6 +407,7 @@ class PostgresStore(MetaRows, Store):
         except BaseException:
             self.close()
             raise
+        self._s.opening = False
 
     def _add_as_read_function(self) -> None:
         """The check of a remembered row (LOCK_AS_READ_SQL) was added to schema version 2 after it was first

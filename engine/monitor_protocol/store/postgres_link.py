@@ -91,6 +91,15 @@ def storage_failure(psycopg: Any, exc: BaseException) -> bool:
     return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | psycopg.InternalError)
 
 
+PRIVILEGE_SQLSTATE = "42501"  # insufficient_privilege: a REVOKE, a role without a grant
+
+
+def privilege_refusal(exc: BaseException) -> bool:
+    """The database refused a statement for a privilege the role lacks (a DBA's REVOKE: the server's set-up,
+    not the request, is at fault; a storage failure once the schema is open): nothing was written."""
+    return PRIVILEGE_SQLSTATE in (sqlstate(exc), getattr(exc, "sqlstate", None))
+
+
 READ_ONLY_SQLSTATE = "25006"  # read_only_sql_transaction: a standby, or default_transaction_read_only
 
 
@@ -137,8 +146,12 @@ def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool)
     except Exception as exc:  # psycopg.Error, or a malformed URL libpq could not even parse
         # What a client hears stays generic. Where the database is and what libpq said is the operator's
         # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
+        said = str(exc).lower()
         failure = StorageError(
-            f"the database is unreachable ({type(exc).__name__}; the server's log says why)"
+            "the database refuses more connections (max_connections or the role's CONNECTION LIMIT is "
+            "reached: each mp serve holds up to --db-connections + 3, docs/scale-out.md)"
+            if any(full in said for full in ("too many clients", "too many connections", "connection slots"))
+            else f"the database is unreachable ({type(exc).__name__}; the server's log says why)"
         )
         failure.detail = f"cannot connect to PostgreSQL at {redacted(url)}: " + scrub(
             " ".join(str(exc).split()) or type(exc).__name__,

@@ -16,6 +16,7 @@ from monitor_protocol.store.postgres_link import (
     RECONNECT_SECONDS,
     answered,
     connect,
+    privilege_refusal,
     read_only_refusal,
     redacted,
     scrub,
@@ -30,6 +31,18 @@ log = logging.getLogger("monitor_protocol.store.postgres")
 # time limit (the Python client's default is 10 s), so that they hear it rather than give up not knowing.
 LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
+
+
+def side_settings(server_version: int) -> list[str]:
+    """The session settings of a connection this server holds open while it is idle (LISTEN, the leader's
+    advisory lock, the readers' counts): the lanes' timeouts, whatever the role or database sets, and no
+    idle_session_timeout (PostgreSQL 14 and later): ended every few seconds, LISTEN would miss appends
+    between reconnections and the leader lock would change hands. A lane's connection keeps the DBA's: one
+    ended while idle is opened again when next used."""
+    settings = [f"SET lock_timeout TO {LOCK_TIMEOUT_MS}", f"SET statement_timeout TO {STATEMENT_TIMEOUT_MS}"]
+    if server_version >= 140000:
+        settings.append("SET idle_session_timeout TO 0")
+    return settings
 
 
 class Session:
@@ -80,6 +93,9 @@ class Session:
         self.group = 0
         self.group_broken = False
         self.group_refused: BaseException | None = None  # the database refused a statement of the group
+        # Creating the schema: a privilege refused is then the driver's error (what to grant, postgres_link's
+        # schema_refused), not the storage failure it is for a request once the server serves.
+        self.opening = False
 
     # --- the connection ---------------------------------------------------------------------------
     @property
@@ -157,11 +173,19 @@ class Session:
             with contextlib.suppress(Exception):
                 self.wire.close()
             self.conn = None
-        log.warning("PostgreSQL: %s", scrub(f"{type(exc).__name__}: {exc}", self.url))
+        said = f"{type(exc).__name__}: {exc}"
+        if privilege_refusal(exc):  # its first line: the LINE and caret lines quote SQL, of no use here
+            said = said.split("\n", 1)[0] + " (grant it to this server's role)"
+        log.warning("PostgreSQL: %s", scrub(said, self.url))
         if read_only_refusal(exc):
             return StorageError(
                 "the database is read-only (a standby, or default_transaction_read_only is on) and accepts "
                 "no writes; a pull records what it hands out, so pulls and acks fail too"
+            )
+        if privilege_refusal(exc):
+            return StorageError(
+                "the database refuses this server's role a privilege it needs (the server's log names what: "
+                "grant it, docs/scale-out.md); nothing of this request was written"
             )
         return StorageError(f"the database failed: {type(exc).__name__}; the server's log says why")
 
@@ -191,7 +215,7 @@ class Session:
         try:
             return w.results(statements, prepare=prepare)[skip:]
         except self.psycopg.Error as exc:
-            if storage_failure(self.psycopg, exc):
+            if storage_failure(self.psycopg, exc) or (privilege_refusal(exc) and not self.opening):
                 raise self.fail(exc) from exc
             self.if_stale(exc)
             if self.group:  # the group's transaction is aborted: none of it may go on; each call runs alone
@@ -287,7 +311,7 @@ class Session:
         try:
             answers = w.sync(wait=bool(writes))  # a read-only call's end is not waited for
         except self.psycopg.Error as exc:
-            if storage_failure(self.psycopg, exc):
+            if storage_failure(self.psycopg, exc) or (privilege_refusal(exc) and not self.opening):
                 # The commit may or may not have reached the database before the connection went: the
                 # caller hears 503 saying so, and retries (a publish with its idempotency key is answered once).
                 failure = self.fail(exc)

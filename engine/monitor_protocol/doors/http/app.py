@@ -34,6 +34,7 @@ from monitor_protocol.api import jsonrpc, operations
 from monitor_protocol.api.messages import LongPoll, Request, Response, error_response
 from monitor_protocol.api.rest import PREFIX, parked_reply
 from monitor_protocol.core.errors import ProtocolError, internal_failure
+from monitor_protocol.core.repeats import Repeats
 from monitor_protocol.core.vocab import DEFAULT_MAX_BODY
 from monitor_protocol.doors import collector, parking
 from monitor_protocol.doors.engines import EngineThread
@@ -582,6 +583,7 @@ class MonitorApp:
 
     async def _sweeper(self) -> None:
         assert self.sweep_interval
+        failing = Repeats(log, "sweep")
         while True:
             await asyncio.sleep(self.sweep_interval)
             here = getattr(self.service, "sweeps_here", None)
@@ -589,10 +591,12 @@ class MonitorApp:
                 continue  # a shared store: another server leads the sweeps
             try:
                 await self.engine.call(getattr(self.service, "sweep_due", self.service.sweep))
-            except ProtocolError as err:  # the store is away (503): one line a tick, not a traceback
-                log.warning("sweep: %s: %s", err.code, err.message)
+            except ProtocolError as err:  # the store is away (503): a few lines an outage, not one a tick
+                failing.failed(f"{err.code}: {err.message}")
             except Exception:
                 log.exception("sweep failed")
+            else:
+                failing.ok()
 
     async def _guard(self, task: BackgroundTask) -> None:
         try:

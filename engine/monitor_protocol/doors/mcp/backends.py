@@ -17,6 +17,7 @@ from typing import Any
 from monitor_protocol.api import operations
 from monitor_protocol.api.messages import pull_has_news
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.repeats import Repeats
 from monitor_protocol.core.vocab import MAX_LIMIT
 from monitor_protocol.core.vocab import MAX_WAIT_SECONDS as _MAX_WAIT
 from monitor_protocol.doors import parking
@@ -131,14 +132,17 @@ class EmbeddedBackend:
         return await self.engine.call(fn, *args)
 
     async def _sweeper(self) -> None:
+        failing = Repeats(log, "sweep")
         while True:
             await asyncio.sleep(self.sweep_interval)
             try:
                 await self._engine(self.service.sweep)
-            except ProtocolError as err:  # the file is locked (503): one line a tick, not a traceback
-                log.warning("sweep: %s: %s", err.code, err.message)
+            except ProtocolError as err:  # the file is locked (503): a few lines an outage, not one a tick
+                failing.failed(f"{err.code}: {err.message}")
             except Exception:
                 log.exception("sweep failed")
+            else:
+                failing.ok()
 
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self.service, method)
