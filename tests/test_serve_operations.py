@@ -28,7 +28,7 @@ from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.store.memory import MemoryStore
 from serverutil import bearer, mp_command, mp_env, running_server, server_log
-from waiting import eventually
+from waiting import eventually, eventually_async
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -426,6 +426,35 @@ def make_app(store: Any, **options: Any) -> Any:
     hosts = {"127.0.0.1", "localhost", *options.pop("allow_hosts", ())}
     router = RestRouter(service, admin_token=options.pop("admin_token", None), allowed_hosts=hosts)
     return MonitorApp(service, router, store=store, sweep_interval=None, **options)
+
+
+async def test_a_sweep_that_fails_each_tick_is_a_few_lines_an_outage(caplog):
+    """An operator's: with the database away the leader logged `sweep: UNAVAILABLE ...` every second. It is
+    logged as it begins and as it ends (core/repeats.py), not once a tick; the control: a failure counted."""
+    import logging
+
+    from monitor_protocol.core.errors import ProtocolError
+
+    app = make_app(MemoryStore())
+    ticks = {"n": 0}
+
+    def sweep() -> None:
+        ticks["n"] += 1
+        if ticks["n"] <= 20:
+            raise ProtocolError("UNAVAILABLE", "the database is unreachable")
+
+    app.service.sweep_due = sweep  # type: ignore[attr-defined]
+    app.sweep_interval = 0.005
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor_protocol.http"):
+            task = asyncio.ensure_future(app._sweeper())
+            await eventually_async(lambda: ticks["n"] > 22, timeout=10)
+            task.cancel()
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("sweep")]
+        assert ticks["n"] > 20 and len(said) == 2, said  # the first failure, then "over after"
+        assert "UNAVAILABLE" in said[0] and "over after" in said[1] and "(20 times)" in said[1]
+    finally:
+        app.engine.stop()
 
 
 async def test_readyz_is_503_when_the_store_fails_a_read_and_while_stopping():
