@@ -34,6 +34,7 @@ from monitor_protocol.core.rules import leases as leases_mod
 from monitor_protocol.core.rules import ledger as ledger_mod
 from monitor_protocol.core.rules import lookups as lookups_mod
 from monitor_protocol.core.rules import monitors as monitors_mod
+from monitor_protocol.core.rules import pages as pages_mod
 from monitor_protocol.core.rules import provenance as provenance_mod
 from monitor_protocol.core.rules import publishing as publishing_mod
 from monitor_protocol.core.rules import upkeep as upkeep_mod
@@ -606,7 +607,11 @@ def _forget_delivered_page(mp: pytest.MonkeyPatch) -> None:
 def _no_scan_memory(mp: pytest.MonkeyPatch) -> None:
     """Bounded reads broken: an empty capped page is forgotten, so a reader that does not ack empty pages
     (push, watch, SSE) examines the same rows forever."""
-    for module in (delivery_mod, ledger_mod):  # the pull's scan, and lag's (ledger.lag_count)
+    for module in (
+        pages_mod,
+        delivery_mod,
+        ledger_mod,
+    ):  # the pull's page, its mark, and lag's (ledger.lag_count)
         mp.setattr(module, "past_known_misses", lambda sub, start: start)
 
 

@@ -145,6 +145,47 @@ def test_a_statement_refused_for_one_call_runs_every_call_of_the_group_alone(pg,
     assert engine.grouped == 0 and engine.given_up == 1
 
 
+@pytest.mark.parametrize("where", [1, 3], ids=["then-two-more", "last"])
+def test_a_privilege_refused_for_one_call_runs_every_call_of_the_group_alone(pg, pg_url, where):
+    """A reviewer's: a privilege refused (42501: a REVOKE that only some calls meet) became a storage failure
+    that failed the whole group, so publishes that succeed alone got 503 too. In a group it is the group's
+    conflict: each call runs again alone, and only the one refused fails, with its 503 saying why."""
+    import secrets
+
+    role = f"mp_norights_{secrets.token_hex(4)}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} NOLOGIN")
+    service, owners = setup(pg)
+    engine = EngineLanes(pg, service, lanes=1)
+    publish = publisher(service, "m1", owners["m1"])
+
+    def refused() -> Any:
+        # the call becomes a role without rights on the tables (for its transaction), then reads the log
+        def read(tx: Any) -> Any:
+            tx.monitor("m1")
+            pg._run(
+                [("SELECT set_config('role', $1, true)", (role,)), ("SELECT count(*) FROM observations", ())]
+            )
+
+        return service._call(read)
+
+    keyed(engine, {publish: "m1", refused: "m1"})
+    jobs: list[tuple[Any, tuple[Any, ...]]] = [(publish, (i,)) for i in range(3)]
+    jobs.insert(where, (refused, ()))
+    try:
+        out = run_queued(engine, jobs)
+    finally:
+        engine.stop()
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+    failed = out.pop(where)
+    assert not failed[0] and isinstance(failed[1], ProtocolError), failed
+    assert failed[1].code == "UNAVAILABLE" and "privilege" in str(failed[1]), failed
+    assert all(ok for ok, _ in out), out  # the publishes: each alone, each committed
+    assert sorted(v["seq"] for _, v in out) == [2, 3, 4] and service.state("m1", None)["head"] == 4
+    assert engine.grouped == 0 and engine.given_up == 1
+
+
 FAILURES = {
     # the transaction aborted under the call (the wire also refuses to commit it)
     "statement timeout": [

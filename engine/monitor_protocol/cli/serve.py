@@ -121,7 +121,7 @@ def add_arguments(name: str, parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="TOKEN",
         help="bearer token for GET /metrics (env MP_METRICS_TOKEN); without one, /metrics answers loopback "
-        "clients only (and the admin token)",
+        "clients only, none once --allow-host names a public host (and the admin token)",
     )
     parser.add_argument(
         "--allow-origin",
@@ -578,14 +578,16 @@ def run(name: str, args: argparse.Namespace) -> int:
                 f"({_source_note(sources['metrics_token'])}; {fingerprint(cfg.metrics_token)})"
             )
             warnings.append(_argv_warning("metrics token", sources["metrics_token"], "MP_METRICS_TOKEN"))
+        elif any(not is_loopback(h.strip().lower()) for h in cfg.allow_host):
+            # A public name served (a reverse proxy's set-up, or a public bind): a loopback request may be a
+            # proxy's, so none is taken for a local one (doors/http/ops.py).
+            print(
+                "metrics: GET /metrics "
+                + ("with the admin token" if admin_token else "for no one")
+                + " (--allow-host names a public host: set --metrics-token to scrape it)"
+            )
         else:
             print("metrics: GET /metrics for local clients" + (" and the admin token" if admin_token else ""))
-            public = [h for h in cfg.allow_host if not is_loopback(h.strip().lower())]
-            if public:  # named for a reverse proxy: what it forwards comes from loopback too
-                print(
-                    f"  (a request for {public[0]}, or one with a proxy's X-Forwarded-For or Forwarded "
-                    "header, is not local: scrape through a proxy with --metrics-token)"
-                )
         print("health: GET /healthz (process), GET /readyz (database)")
         print("access log: " + ("on" if cfg.access_log else "off (--access-log turns it on)"))
         print(

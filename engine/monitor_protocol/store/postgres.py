@@ -83,7 +83,7 @@ from monitor_protocol.store.postgres_link import (
     wait_for_database,
 )
 from monitor_protocol.store.postgres_meta import ForeignTables, IncompleteCopy, MetaRows
-from monitor_protocol.store.postgres_session import Session, side_settings
+from monitor_protocol.store.postgres_session import Session, held_while_idle
 from monitor_protocol.store.postgres_sql import (
     ACTIVE_MONITOR_IDS,
     AS_READ_FUNCTION,
@@ -334,10 +334,7 @@ class PostgresStore(MetaRows, Store):
             self._doubted[m] = until
 
     def _side_connection(self) -> Any:  # LISTEN's, the leader lock's, the readers' counts': held while idle
-        conn = connect(self.psycopg, self.url, self.connect_timeout, autocommit=True)
-        for setting in side_settings(conn.info.server_version):
-            conn.execute(setting)
-        return conn
+        return held_while_idle(connect(self.psycopg, self.url, self.connect_timeout, autocommit=True))
 
     def _run(self, statements: list[tuple[str, Any]], *, prepare: bool = True) -> list[list[Row]]:
         """Statements in one round trip, each with its rows; outside a call, a transaction of their own."""

@@ -17,7 +17,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from monitor_protocol.core import wire
@@ -126,6 +126,17 @@ def answered(exc: BaseException) -> bool:
     return state[:2] in _ROLLED_BACK_CLASSES or state in _ROLLED_BACK_STATES
 
 
+@contextlib.contextmanager
+def on_failure(undo: Callable[[], Any]) -> Iterator[None]:
+    """Run `undo` (close what was opened) when the block raises, and raise on."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            undo()
+        raise
+
+
 def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool) -> Any:
     """A connection to `url`, or StorageError saying generically what failed (the operator's `detail` says
     where and why, without the password)."""
@@ -147,10 +158,13 @@ def connect(psycopg: Any, url: str, connect_timeout: float, *, autocommit: bool)
         # What a client hears stays generic. Where the database is and what libpq said is the operator's
         # `detail` (mp serve prints it at start and logs it when a reconnection fails; mp migrate prints it).
         said = str(exc).lower()
+        full = getattr(exc, "sqlstate", None) == "53300" or any(  # too_many_connections, or its words
+            words in said for words in ("too many clients", "too many connections", "connection slots")
+        )
         failure = StorageError(
-            "the database refuses more connections (max_connections or the role's CONNECTION LIMIT is "
-            "reached: each mp serve holds up to --db-connections + 3, docs/scale-out.md)"
-            if any(full in said for full in ("too many clients", "too many connections", "connection slots"))
+            "the database refuses more connections (max_connections, or the role's or the database's "
+            "CONNECTION LIMIT, is reached: each mp serve holds up to --db-connections + 3, docs/scale-out.md)"
+            if full
             else f"the database is unreachable ({type(exc).__name__}; the server's log says why)"
         )
         failure.detail = f"cannot connect to PostgreSQL at {redacted(url)}: " + scrub(

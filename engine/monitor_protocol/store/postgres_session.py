@@ -16,6 +16,7 @@ from monitor_protocol.store.postgres_link import (
     RECONNECT_SECONDS,
     answered,
     connect,
+    on_failure,
     privilege_refusal,
     read_only_refusal,
     redacted,
@@ -43,6 +44,14 @@ def side_settings(server_version: int) -> list[str]:
     if server_version >= 140000:
         settings.append("SET idle_session_timeout TO 0")
     return settings
+
+
+def held_while_idle(conn: Any) -> Any:
+    """`conn` with side_settings (closed, and the failure raised, when one is refused)."""
+    with on_failure(conn.close):
+        for setting in side_settings(conn.info.server_version):
+            conn.execute(setting)
+    return conn
 
 
 class Session:
@@ -94,7 +103,8 @@ class Session:
         self.group_broken = False
         self.group_refused: BaseException | None = None  # the database refused a statement of the group
         # Creating the schema: a privilege refused is then the driver's error (what to grant, postgres_link's
-        # schema_refused), not the storage failure it is for a request once the server serves.
+        # schema_refused), not the storage failure it is for a request once the server serves. In a group
+        # commit it is the group's conflict: each call runs again alone, and only those it refuses fail.
         self.opening = False
 
     # --- the connection ---------------------------------------------------------------------------
@@ -215,7 +225,9 @@ class Session:
         try:
             return w.results(statements, prepare=prepare)[skip:]
         except self.psycopg.Error as exc:
-            if storage_failure(self.psycopg, exc) or (privilege_refusal(exc) and not self.opening):
+            if storage_failure(self.psycopg, exc) or (
+                privilege_refusal(exc) and not (self.opening or self.group)
+            ):
                 raise self.fail(exc) from exc
             self.if_stale(exc)
             if self.group:  # the group's transaction is aborted: none of it may go on; each call runs alone
@@ -311,7 +323,9 @@ class Session:
         try:
             answers = w.sync(wait=bool(writes))  # a read-only call's end is not waited for
         except self.psycopg.Error as exc:
-            if storage_failure(self.psycopg, exc) or (privilege_refusal(exc) and not self.opening):
+            if storage_failure(self.psycopg, exc) or (
+                privilege_refusal(exc) and not (self.opening or self.group)
+            ):
                 # The commit may or may not have reached the database before the connection went: the
                 # caller hears 503 saying so, and retries (a publish with its idempotency key is answered once).
                 failure = self.fail(exc)

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from monitor_protocol.api.messages import Request, Response, error_response
-from monitor_protocol.api.rest import PREFIX, bearer, host_name, route_table
+from monitor_protocol.api.rest import PREFIX, bearer, route_table
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.repeats import Repeats
 
@@ -59,14 +59,15 @@ def _is_loopback(address: str | None) -> bool:
 FORWARDED_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host")
 
 
-def _asked_locally(request: Request) -> bool:
-    """Whether a loopback connection's request is a local client's own: one a reverse proxy on this machine
-    forwards comes from loopback too, but names the public host (the proxy passes it, as `--allow-host`
-    needs) or carries a forwarding header, and is then nobody's local request."""
+def _asked_locally(app: Any, request: Request) -> bool:
+    """Whether a loopback connection's request may be taken for a local client's: a reverse proxy on this
+    machine connects from loopback too. Not when it carries a proxy's forwarding header, nor when the server
+    accepts a public Host name (--allow-host): that is how a proxy or a public bind is set up, and the Host
+    a request names is the client's to choose, so it tells nothing."""
     if any(request.header(name) is not None for name in FORWARDED_HEADERS):
         return False
-    host = host_name(request.header("host") or "localhost")
-    return host in ("localhost", "::1") or _is_loopback(host)
+    hosts = getattr(app.router, "allowed_hosts", None) or ()
+    return all(host in ("localhost", "::1") or _is_loopback(host) for host in hosts)
 
 
 class CollectorPauses:
@@ -369,14 +370,14 @@ def metrics_refusal(app: Any, request: Request, client_host: str | None) -> Resp
     expected = [t for t in (app.metrics_token, getattr(app.router, "admin_token", None)) if t]
     if any(hmac.compare_digest(token.encode(), t.encode()) for t in expected):
         return None
-    if not app.metrics_token and _is_loopback(client_host) and _asked_locally(request):
+    if not app.metrics_token and _is_loopback(client_host) and _asked_locally(app, request):
         return None
     sentence = (
         "GET /metrics needs the metrics token: Authorization: Bearer <token> (mp serve --metrics-token)."
         if app.metrics_token
-        else "GET /metrics answers local clients only (a loopback address, a loopback Host, no proxy's "
-        "forwarding header); start the server with --metrics-token (env MP_METRICS_TOKEN) to scrape it "
-        "from elsewhere or through a proxy."
+        else "GET /metrics answers local clients only (a loopback address, no proxy's forwarding header, "
+        "and no public name in --allow-host); start the server with --metrics-token (env MP_METRICS_TOKEN) "
+        "to scrape it from elsewhere, through a proxy, or on a server that serves a public name."
     )
     return error_response(ProtocolError("UNAUTHORIZED", sentence))
 
