@@ -506,8 +506,8 @@ class Routes:
         body limit (413: the server's, or a proxy's lower one) is sent again as two halves, down to one item.
         A refusal of the whole call (a wrong token, an unknown monitor) raises; a request of the batch
         refused whole (an item JSON cannot carry, one item over the body limit, a 503) gives each of its
-        items that error, the rest stay reported. A `ConnectionFailed` raises: what was sent before it may be committed, so give
-        items an `idempotency_key` to retry safely."""
+        items that error, the rest stay reported. A `ConnectionFailed` raises: what was sent before it may
+        be committed, so give items an `idempotency_key` to retry safely."""
         body = [dict(_mapping(item, f"publish_many: item {i}")) for i, item in enumerate(items)]
         if not body:
             raise ValueError("publish_many needs at least one observation")
