@@ -455,6 +455,39 @@ async def test_a_sweep_that_fails_each_tick_is_a_few_lines_an_outage(caplog):
         app.engine.stop()
 
 
+async def test_an_sse_stream_the_store_cannot_start_tells_an_eventsource_to_come_back():
+    """An operator tester's: during a database outage a new SSE stream was refused with 503, which a
+    browser's EventSource takes as final (it never connects again). An EventSource (Accept:
+    text/event-stream) gets a stream of one `error` event and `retry:`, so it comes back by itself; the
+    control: another client gets the 503 and its JSON, and a refusal that does not pass stays an HTTP error."""
+    from monitor_protocol.core.store_contract import StorageError
+
+    class AwayStore(MemoryStore):
+        def get_subscription(self, sub_id):
+            raise StorageError("the database is unreachable (OperationalError; the server's log says why)")
+
+    app = make_app(AwayStore())
+    try:
+        path = "/mp/v0/subscriptions/sub-0123456789abcdef/stream"
+        browser = await Exchange(path, headers={"accept": "text/event-stream"}).run(app)
+        assert browser.status == 200, browser.text
+        start = next(m for m in browser.sent if m["type"] == "http.response.start")
+        assert (b"content-type", b"text/event-stream; charset=utf-8") in start["headers"]
+        assert (
+            browser.text.startswith("retry: 3000\n\nevent: error\ndata: ") and "UNAVAILABLE" in browser.text
+        )
+        plain = await Exchange(path).run(app)
+        assert plain.status == 503 and json.loads(plain.text)["code"] == "UNAVAILABLE"  # control
+    finally:
+        app.engine.stop()
+    app = make_app(MemoryStore())
+    try:
+        gone = await Exchange(path, headers={"accept": "text/event-stream"}).run(app)
+        assert gone.status == 404  # no such subscription: final, as it should be
+    finally:
+        app.engine.stop()
+
+
 async def test_readyz_is_503_when_the_store_fails_a_read_and_while_stopping():
     app = make_app(BrokenStore())
     try:

@@ -28,7 +28,7 @@ async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send
     # changes nothing, and reports the monitor and the committed cursor.
     probe = await app.handle(_replay(request, sub_id, PROBE_CURSOR, limit=1))
     if probe.status != 200:
-        await send_json(send, probe)
+        await _refuse(send, request, probe)
         return
     try:
         start = _start(request)
@@ -51,7 +51,7 @@ async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send
         reset = moved_reset if reset is None else {**moved_reset, "requested": reset["requested"]}
         first, mark = await app.handle_marked(_replay(request, sub_id, cursor))
     if first.status != 200:
-        await send_json(send, first)
+        await _refuse(send, request, first)
         return
     await app.engine.call(app.service.touch, sub_id, bearer(request))
     gone = asyncio.ensure_future(wait_disconnect(receive))
@@ -65,6 +65,26 @@ async def stream(app: Any, request: Request, sub_id: str, receive: Receive, send
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:
             pass
+
+
+async def _refuse(send: Send, request: Request, refused: Response) -> None:
+    """A stream that cannot start. A browser's EventSource takes any status but 200 as final and never
+    connects again, so a refusal that passes (503: the store is away for a moment) is told to an
+    EventSource (it asks for text/event-stream) as a stream of one `error` event, after which it connects
+    again in `retry` ms; every other refusal, and every other client, gets the status and its JSON."""
+    accept = (request.header("accept") or "").lower()
+    if refused.status != 503 or "text/event-stream" not in accept:
+        await send_json(send, refused)
+        return
+    headers = [
+        (k.lower().encode("latin-1"), str(v).encode("latin-1"))
+        for k, v in refused.headers.items()
+        if k.lower() not in ("content-type", "content-length", "retry-after")
+    ]
+    headers += [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    text = f"retry: {SSE_RETRY_MS}\n\n" + _sse("error", refused.body)
+    await send({"type": "http.response.body", "body": text.encode(), "more_body": False})
 
 
 async def _follow(
