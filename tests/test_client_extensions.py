@@ -236,6 +236,7 @@ def test_publish_many_halves_a_request_a_proxy_refuses_as_too_large(base: str, r
     assert [i.index for i in done.items] == list(range(13))
     assert done.published == 12 and [i.index for i in done.items if i.error is not None] == [5]
     assert done.items[5].error is not None and done.items[5].error.status == 413
+    assert "a proxy in front of the server refused the request as too large" in str(done.items[5].error)
     assert recorder.sizes[0] == 13 and max(recorder.sizes[1:]) < 13  # halved after the whole was refused
     with Client(base) as check:
         assert check.get_monitor("pm-proxy", token=owner).head >= 12

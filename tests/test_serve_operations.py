@@ -275,6 +275,26 @@ def test_the_banner_says_metrics_behind_a_proxy_need_the_token(tmp_path):
         assert httpx.get(base + "/metrics").status_code == 200  # control: local names only
         log = server_log(proc)
     assert "metrics: GET /metrics for local clients" in log and "public host" not in log
+    # a name given with the root's dot is the name a request's Host is read as (a tester's: it refused both)
+    with running_server(tmp_path, "--db", ":memory:", "--allow-host", "Monitors.Example.org.") as (
+        base,
+        proc,
+    ):
+        for host in ("monitors.example.org", "monitors.example.org."):
+            assert httpx.get(base + "/mp/v0/discover", headers={"Host": host}).status_code == 200, host
+        said = server_log(proc)
+    assert "monitors.example.org" in said and "monitors.example.org." not in said.lower(), said
+
+
+def test_a_reload_says_who_may_read_metrics_once_a_public_host_is_allowed():
+    """A tester's: after SIGHUP added a public --allow-host, the reload said "loopback clients only" though
+    loopback then got 401."""
+    said = serve_config.metrics_said(
+        None, None, "default", bool(serve_config.public_hosts(["ci.example.org"]))
+    )
+    assert "no one but the admin token" in said and "loopback" not in said
+    local = serve_config.metrics_said(None, None, "default", bool(serve_config.public_hosts(["localhost"])))
+    assert local == "no metrics token (loopback clients only)"  # control
 
 
 def test_a_token_on_argv_is_not_printed_but_warned_about(tmp_path):

@@ -22,7 +22,7 @@ from monitor_protocol.cli.serve_config import (
     TrueGiven,
     allowed_hosts_for,
     fingerprint,
-    is_loopback,
+    public_hosts,
     resolve_settings,
     source_policy,
     sources_line,
@@ -578,7 +578,7 @@ def run(name: str, args: argparse.Namespace) -> int:
                 f"({_source_note(sources['metrics_token'])}; {fingerprint(cfg.metrics_token)})"
             )
             warnings.append(_argv_warning("metrics token", sources["metrics_token"], "MP_METRICS_TOKEN"))
-        elif any(not is_loopback(h.strip().lower()) for h in cfg.allow_host):
+        elif public_hosts(cfg.allow_host):
             # A public name served (a reverse proxy's set-up, or a public bind): a loopback request may be a
             # proxy's, so none is taken for a local one (doors/http/ops.py).
             print(

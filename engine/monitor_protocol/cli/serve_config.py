@@ -251,11 +251,18 @@ def fingerprint(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()[:8]
 
 
-def metrics_said(before: str | None, now: str | None, source: str) -> str:
+def public_hosts(allow_host: list[str]) -> list[str]:
+    """The names of --allow-host that are not loopback ones: a reverse proxy's set-up, or a public bind's
+    (then no loopback request is taken for a local one: doors/http/ops.py)."""
+    return [h for h in allow_host if not is_loopback(h.strip().lower())]
+
+
+def metrics_said(before: str | None, now: str | None, source: str, public: bool = False) -> str:
     """What a reload log says of the metrics token: whether one is in force, where from, its fingerprint,
-    and whether it changed (never the token)."""
+    and whether it changed (never the token). `public`: --allow-host names a public host."""
     if not now:
-        return "no metrics token (loopback clients only)" + (", the token removed" if before else "")
+        who = "no one but the admin token: a public host is allowed" if public else "loopback clients only"
+        return f"no metrics token ({who})" + (", the token removed" if before else "")
     change = "unchanged" if now == before else ("changed" if before else "new")
     return f"metrics token {fingerprint(now)} from {source} ({change})"
 
@@ -270,8 +277,9 @@ def is_loopback(host: str) -> bool:
 
 
 def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:
-    """The Host names accepted: local names on a loopback bind (DNS rebinding), else only what was allowed."""
-    hosts = {h.strip().lower() for h in extra if h.strip()}
+    """The Host names accepted: local names on a loopback bind (DNS rebinding), else only what was allowed
+    (as a request's Host is read: lower case, without the root's dot)."""
+    hosts = {h.strip().lower().removesuffix(".") for h in extra if h.strip().removesuffix(".")}
     if is_loopback(host):
         return hosts | set(LOOPBACK_NAMES) | {host.strip("[]").lower()}
     if hosts:
@@ -423,7 +431,12 @@ class Reloader:
             "SIGHUP: configuration reloaded; origins allowed: %s; hosts allowed: %s; metrics: %s",
             ", ".join(sorted(origins)) or "none",
             ", ".join(sorted(hosts)) if hosts is not None else "any",
-            metrics_said(before, fresh.metrics_token, sources.get("metrics_token", "default")),
+            metrics_said(
+                before,
+                fresh.metrics_token,
+                sources.get("metrics_token", "default"),
+                bool(public_hosts(fresh.allow_host)),
+            ),
         )
         if pending:
             self.log.warning(

@@ -269,7 +269,11 @@ def error_from_body(
     if sentence[:1] == "<":  # a web page: another server (or a proxy) answered, not a Monitor Protocol one
         said = " ".join(re.sub(r"<[^>]*>", " ", text[:2000]).split())[:80]  # its words, without the markup
         sentence = (
-            f"an HTML page ({said!r}), not a Monitor Protocol reply: is the base URL the address of an mp "
+            f"an HTML page ({said!r}): a proxy in front of the server refused the request as too large (its "
+            "body limit, nginx's client_max_body_size, is below the server's --max-body); send less at once, "
+            "or raise the proxy's limit"
+            if status == 413
+            else f"an HTML page ({said!r}), not a Monitor Protocol reply: is the base URL the address of an mp "
             "serve (its API is under /mp/v0), and does nothing in between answer for it?"
         )
     return UnexpectedResponse(
