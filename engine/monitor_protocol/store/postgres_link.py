@@ -337,8 +337,8 @@ class Peers:
         conn: Any = None
         failing = Repeats(
             log,
-            "the leader lock's connection cannot be held (until a server holds the lock, the sweeps and "
-            "push delivery wait)",
+            "the leader lock's connection cannot be held by this server (it cannot lead; while no other "
+            "server holds the lock, the sweeps and push delivery wait)",
         )
         while not self.stop.is_set():
             try:
