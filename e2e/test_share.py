@@ -304,6 +304,9 @@ def test_after_the_race_the_share_panel_names_the_monitor_the_log_shows(browser)
         "+document.querySelector('#race [data-k=published]')?.textContent >= 2", timeout=ACT_MS
     )
     act(page, "#race-btn")  # stop
+    # Stop returns at once; the cursor reader then catches up (the button is disabled until it has): a pick
+    # of ci made meanwhile could meet the race's last refresh (a CI flake on 2026-12-07)
+    page.wait_for_function("!document.querySelector('#race-btn').disabled", timeout=ACT_MS)
     act(page, "#btn-share-link")
     said = page.inner_text("#share-answer")
     assert "(race, the monitor the Log shows)" in said and "Recorded: ci" in said, said
