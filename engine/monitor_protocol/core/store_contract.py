@@ -253,9 +253,7 @@ class Store(ABC):
         """Observations with from_seq <= seq <= to_seq for which `query` holds, ascending; lazily (a
         reader that stops early never loads the rest)."""
 
-    def read_range(
-        self, monitor_id: str, from_seq: int, to_seq: int, *, served: bool = False
-    ) -> list[Observation] | list[Any]:
+    def read_range(self, monitor_id: str, from_seq: int, to_seq: int, *, served: bool = False) -> list[Any]:
         """Every stored row with from_seq <= seq <= to_seq, ascending, at once: a page of unfiltered rows
         (their seqs are dense, so the caller bounds it to what it wants). A store may read it in one
         statement, without a generator's step per row; by default it is `scan`'s rows. `served`: the rows

@@ -76,15 +76,23 @@ async def _refuse(send: Send, request: Request, refused: Response) -> None:
     if refused.status != 503 or "text/event-stream" not in accept:
         await send_json(send, refused)
         return
-    headers = [
-        (k.lower().encode("latin-1"), str(v).encode("latin-1"))
-        for k, v in refused.headers.items()
-        if k.lower() not in ("content-type", "content-length", "retry-after")
-    ]
-    headers += [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.start", "status": 200, "headers": _stream_head(refused)})
     text = f"retry: {SSE_RETRY_MS}\n\n" + _sse("error", refused.body)
     await send({"type": "http.response.body", "body": text.encode(), "more_body": False})
+
+
+def _stream_head(response: Response) -> list[tuple[bytes, bytes]]:
+    """A stream's headers: the reply's own (CORS), those of its JSON body and a retry hint left out."""
+    headers = [
+        (k.lower().encode("latin-1"), str(v).encode("latin-1"))
+        for k, v in response.headers.items()
+        if k.lower() not in ("content-type", "content-length", "retry-after")
+    ]
+    return headers + [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no"),
+    ]
 
 
 async def _follow(
@@ -101,17 +109,7 @@ async def _follow(
 ) -> None:
     """Send the stream's head, then each page, parking in the registry whenever it is caught up. `reset`:
     the stream began where the reset policy moved it (said first)."""
-    headers = [
-        (k.lower().encode("latin-1"), str(v).encode("latin-1"))
-        for k, v in page.headers.items()
-        if k.lower() not in ("content-type", "content-length")
-    ]
-    headers += [
-        (b"content-type", b"text/event-stream; charset=utf-8"),
-        (b"cache-control", b"no-cache"),
-        (b"x-accel-buffering", b"no"),
-    ]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.start", "status": 200, "headers": _stream_head(page)})
     await _chunk(send, f"retry: {SSE_RETRY_MS}\n\n" + (_sse_reset(reset) if reset is not None else ""))
     loop = asyncio.get_running_loop()
     next_beat = loop.time() + app.heartbeat_seconds
