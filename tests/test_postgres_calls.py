@@ -5,9 +5,11 @@ monitor's row later, and a reader's call that turns out to write more run again 
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
+from monitor_protocol.core import wire
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.store.postgres import PostgresStore
 from waiting import eventually
@@ -68,6 +70,42 @@ def test_an_ack_and_pull_is_two_statements_in_two_round_trips(pg):
         nxt = reply["next"]
     # positive control: a pull past the rows read ahead reads the log again
     assert cost(pg, lambda: service.pull(sub, token, limit=30)) == (3, 3)
+
+
+def test_a_drain_served_as_stored_reads_each_row_as_its_seq_and_text(pg):
+    """A pull whose reply the door only encodes (`raw`, mp serve's drain) takes its rows as records.ServedRow:
+    from the rows read ahead with the subscription when they hold the page, else by one statement of two
+    columns, as many statements as a pull that decodes them; what it serves is what that pull serves."""
+    service = MonitorService(pg)
+    _owner, [(a, a_token), (b, b_token), first] = monitor_with_readers(service, readers=3, entries=40)
+    service.pull(*first, limit=1)  # the monitor's first pull stores its last_pull (a write neither has)
+    kinds: list[str] = []
+    real = pg.read_range
+
+    def watched(monitor_id: str, from_seq: int, to_seq: int, **kw: bool) -> list:
+        rows = real(monitor_id, from_seq, to_seq, **kw)
+        kinds.extend(type(r).__name__ for r in rows)
+        return rows
+
+    pg.read_range = watched  # type: ignore[method-assign]
+    replies: dict[str, list] = {"decoded": [], "raw": []}
+    costs: dict[str, list] = {"decoded": [], "raw": []}
+    for how, sub, token in (("decoded", a, a_token), ("raw", b, b_token)):
+        kinds.clear()
+        for limit in (10, 30):  # within the rows read ahead (16), then past them
+            reply: dict = {}
+
+            def pull(reply: dict = reply, sub: str = sub, token: str = token, limit: int = limit) -> None:
+                reply.update(service.pull(sub, token, limit=limit, raw=how == "raw"))  # noqa: B023 (run now)
+
+            costs[how].append(cost(pg, pull))
+            replies[how].append([json.loads(wire.encode(o)) for o in reply["observations"]])
+        # control: a reply that is read gets observations
+        assert kinds == ["ServedRow"] * 40 if how == "raw" else kinds and "ServedRow" not in kinds
+    pg.read_range = real  # type: ignore[method-assign]
+    assert costs["raw"] == costs["decoded"]
+    assert replies["raw"] == replies["decoded"] and [len(r) for r in replies["raw"]] == [10, 30]
+    assert [o.get("redelivered") for o in replies["raw"][1]] == [True] * 10 + [None] * 20
 
 
 def test_an_empty_pull_is_one_statement_and_commits_nothing(pg):

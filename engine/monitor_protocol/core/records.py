@@ -385,10 +385,11 @@ class ServedRow:
 
     __slots__ = ("seq", "text", "size")
 
-    def __init__(self, seq: int, text: str) -> None:
+    def __init__(self, seq: int, text: str, size: int | None = None) -> None:
         self.seq = seq
         self.text = text
-        self.size = len(text)  # (as stored_observation measures a row SQLite read)
+        # as the store's StoredObservation measures it: SQLite the text's length, PostgreSQL its bytes'
+        self.size = len(text) if size is None else size
 
     def to_wire(self, *, redelivered: bool = False, raw: bool = False) -> Any:
         if raw:

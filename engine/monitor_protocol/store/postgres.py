@@ -57,7 +57,6 @@ from monitor_protocol.core.records import (
     Observation,
     PublishKey,
     Subscription,
-    stored_observation,
 )
 from monitor_protocol.core.store_contract import (
     Changes,
@@ -69,6 +68,7 @@ from monitor_protocol.core.store_contract import (
     StoreStats,
     chunked_rows,
 )
+from monitor_protocol.store import postgres_rows as rows_
 from monitor_protocol.store.postgres_link import (
     LEADER_POLL_SECONDS,
     Counts,
@@ -110,13 +110,9 @@ from monitor_protocol.store.postgres_sql import (
     numbered,
     write_statement,
 )
-from monitor_protocol.store.postgres_wire import Row, Wire, encode, text
+from monitor_protocol.store.postgres_wire import Row, Wire, text
 from monitor_protocol.store.sql import (
-    LEASE_COLUMNS,
-    MONITOR_COLUMNS,
-    SUBSCRIPTION_COLUMNS,
     capped_count_sql,
-    row_of,
     storable,
 )
 
@@ -148,85 +144,12 @@ DOUBT_SECONDS = 0.2
 _enc, _dec = enc, dec
 
 _SCAN_ALL = f"{SELECT_LOG} WHERE monitor=$1 AND seq>=$2 AND seq<=$3 ORDER BY seq LIMIT $4"
+_SERVED_RANGE = "SELECT seq, event FROM observations WHERE monitor=$1 AND seq>=$2 AND seq<=$3 ORDER BY seq"
 _MAX_SEQ_SQL = "SELECT max(seq) FROM observations WHERE monitor=$1"
 
 
 class StoreVersionError(RuntimeError):
     """The database holds a schema this release does not know (written by a newer one)."""
-
-
-def _int(v: bytes | None) -> int | None:
-    return None if v is None else int(v)
-
-
-def _float(v: bytes | None) -> float | None:
-    return None if v is None else float(v)
-
-
-class _Decoded:
-    """Records decoded from rows, kept by key and used again while the row's text is the same: a call still
-    reads every row it needs under its lock (nothing is believed without the database saying it), but a
-    monitor or a subscription whose stored text has not changed since this server last read or wrote it
-    costs no JSON decoding. Equal text is an equal record, since decoding is a function of the text."""
-
-    def __init__(self, decode: Callable[[Row], Any], limit: int = 10_000) -> None:
-        self._decode = decode
-        self._limit = limit
-        self._seen: dict[bytes | None, tuple[Row, Any]] = {}
-
-    def __call__(self, r: Row) -> Any:
-        r = tuple(r)
-        hit = self._seen.get(r[0])
-        if hit is not None and hit[0] == r:
-            return hit[1]
-        rec = self._decode(r)
-        self.remember(r, rec)
-        return rec
-
-    def remember(self, r: Row, rec: Any) -> None:
-        if len(self._seen) >= self._limit:
-            self._seen.clear()
-        self._seen[r[0]] = (r, rec)
-
-    def known(self, key: bytes) -> tuple[Row, Any] | None:
-        """The row last read or written under `key` (its first column's text) and its record, if any."""
-        return self._seen.get(key)
-
-    def forget(self, key: bytes) -> None:
-        self._seen.pop(key, None)
-
-
-def _as_text(values: tuple[Any, ...]) -> Row:
-    """Written column values as the database's text form of them (what a read of the row returns)."""
-    return tuple(encode(v) for v in values)
-
-
-def _monitor(r: Row) -> Monitor:
-    return Monitor.from_row(
-        row_of((text(r[0]), text(r[1]), _int(r[2]), _int(r[3]), text(r[4])), MONITOR_COLUMNS)
-    )
-
-
-def _subscription(r: Row) -> Subscription:
-    values = (
-        text(r[0]), text(r[1]), text(r[2]), text(r[3]), text(r[4]), _int(r[5]), _int(r[6]), _float(r[7]),
-        text(r[8]),
-    )  # fmt: skip
-    return Subscription.from_row(row_of(values, SUBSCRIPTION_COLUMNS))
-
-
-def _lease(r: Row) -> Lease:
-    values = (
-        text(r[0]), dec(text(r[1])), text(r[2]), dec(text(r[3])), _float(r[4]), _int(r[5]), text(r[6]),
-    )  # fmt: skip
-    return Lease.from_row(row_of(values, LEASE_COLUMNS))
-
-
-def _observation(monitor: str, r: Row) -> Observation:  # its event decoded when first read
-    return stored_observation(
-        monitor, int(r[0]), dec(text(r[1])), dec(text(r[2])), dec(text(r[3])), dec(text(r[4])), dec(text(r[5])),
-        dec(text(r[6])), r[7].decode(), len(r[7]),
-    )  # fmt: skip
 
 
 class PostgresStore(MetaRows, Store):
@@ -257,8 +180,8 @@ class PostgresStore(MetaRows, Store):
         self._sessions_lock = threading.Lock()
         # Shared by the threads: records decoded from rows (used again while a row's text is the same) and
         # the (monitor, subject) pairs stored (a subject seen again costs no row).
-        self._monitor = _Decoded(_monitor)
-        self._subscription = _Decoded(_subscription)
+        self._monitor = rows_.Decoded(rows_.monitor)
+        self._subscription = rows_.Decoded(rows_.subscription)
         self._known_subjects: set[tuple[str, str]] = set()
         # A publish (any call locking a monitor whole) takes the monitor's row from `_monitor`'s memory and
         # sends it with the lock for the database to check (get_monitor): one round trip instead of two.
@@ -451,7 +374,7 @@ class PostgresStore(MetaRows, Store):
         wrote = s.commit() or s.wrote
         for decoded, rows, records in written:  # what a later call will read back, already decoded
             for row, rec in zip(rows, records, strict=True):
-                decoded.remember(_as_text(row), rec)
+                decoded.remember(rows_.as_text(row), rec)
         with self._stats_lock:
             if wrote:
                 self.stats.commits += 1
@@ -584,7 +507,7 @@ class PostgresStore(MetaRows, Store):
         )
         if page:
             first = 2 if has_monitor else 1
-            log = [_PageRow(res, i) for i in range(first, res.ntuples)]
+            log = [rows_.PageRow(res, i) for i in range(first, res.ntuples)]
             s.page[sub.monitor] = (max(sub.cursor, 1), log, len(log) < page)
         return sub
 
@@ -690,7 +613,7 @@ class PostgresStore(MetaRows, Store):
     # --- the log ----------------------------------------------------------------------------------
     def get_observation(self, monitor_id: str, seq: int) -> Observation | None:
         rows = self._rows(f"{SELECT_LOG} WHERE monitor=$1 AND seq=$2", (monitor_id, seq))
-        return _observation(monitor_id, rows[0]) if rows else None
+        return rows_.observation(monitor_id, rows[0]) if rows else None
 
     def scan(
         self, monitor_id: str, from_seq: int, to_seq: int, query: LogQuery | None = None
@@ -721,7 +644,21 @@ class PostgresStore(MetaRows, Store):
                 return _seq_first(self._rows(_SCAN_ALL, (monitor_id, start, end, limit)))
 
         for r in chunked_rows(fetch, from_seq, to_seq, windowed=windowed):
-            yield _observation(monitor_id, r)
+            yield rows_.observation(monitor_id, r)
+
+    def read_range(self, monitor_id: str, from_seq: int, to_seq: int, *, served: bool = False) -> list[Any]:
+        """`served`: each row's seq and event alone (records.ServedRow), from the page read ahead with the
+        reader's subscription when it holds them, else in one statement of two columns."""
+        if not served:
+            return list(self.scan(monitor_id, from_seq, to_seq))
+        to_seq = min(to_seq, MAX_SEQ)
+        if self._s.depth:
+            ahead = self._from_page(monitor_id, from_seq, to_seq, to_seq - from_seq + 1)
+            if ahead is not None:
+                return [rows_.served(r.seq, r[7]) for r in ahead]
+        return [
+            rows_.served(int(r[0]), r[1]) for r in self._rows(_SERVED_RANGE, (monitor_id, from_seq, to_seq))
+        ]
 
     def count(
         self,
@@ -809,18 +746,19 @@ class PostgresStore(MetaRows, Store):
         if not storable(subject):
             return None
         rows = self._rows(f"{GET_LEASE} WHERE monitor=$1 AND subject=$2", (monitor_id, enc(subject)))
-        return _lease(rows[0]) if rows else None
+        return rows_.lease(rows[0]) if rows else None
 
     def list_leases(self, monitor_id: str | None = None) -> list[Lease]:
         if monitor_id is None:
             rows = self._rows(f"{GET_LEASE} ORDER BY monitor, subject")
         else:
             rows = self._rows(f"{GET_LEASE} WHERE monitor=$1 ORDER BY subject", (monitor_id,))
-        return [_lease(r) for r in rows]
+        return [rows_.lease(r) for r in rows]
 
     def list_held_leases(self) -> list[Lease]:
         return [
-            _lease(r) for r in self._rows(f"{GET_LEASE} WHERE holder IS NOT NULL ORDER BY monitor, subject")
+            rows_.lease(r)
+            for r in self._rows(f"{GET_LEASE} WHERE holder IS NOT NULL ORDER BY monitor, subject")
         ]
 
     # --- publish idempotency keys -----------------------------------------------------------------
@@ -860,22 +798,8 @@ class PostgresStore(MetaRows, Store):
         self._peers.listen(on_append, on_reconnect)
 
 
-class _PageRow:
-    """A row of the log read ahead with a subscription ('o', seq, type, ..., event): its values are read
-    from the result only when the row is used (a pull of one row uses one of them)."""
-
-    __slots__ = ("_res", "_i", "seq")
-
-    def __init__(self, res: Any, i: int) -> None:
-        self._res, self._i = res, i
-        self.seq = int(res.get_value(i, 1))
-
-    def __getitem__(self, column: int) -> Any:
-        return self.seq if column == 0 else self._res.get_value(self._i, column + 1)
-
-
 def _key(monitor_id: str) -> bytes:
-    """A monitor's key in the memory of rows (`_Decoded`): its id column's text."""
+    """A monitor's key in the memory of rows (`postgres_rows.Decoded`): its id column's text."""
     return enc(monitor_id).encode()
 
 
