@@ -250,7 +250,7 @@ NAMES = st.sampled_from(["a", "b", "tier", 'x":', "\\u0061", "\u00e9", 'q\\"'])
 
 
 def _escaped(name: str) -> str:
-    """`name` as a JSON string with every character written as a \\uXXXX escape."""
+    """`name` as a JSON string with every character written as a \\uHHHH escape."""
     return '"' + "".join(f"\\u{ord(c):04x}" for c in name) + '"'
 
 

@@ -199,7 +199,7 @@ def cursor_arg(text: str) -> int:
 
 
 def dumps(value: Any) -> str:
-    # ASCII with \uXXXX escapes: valid JSON whatever stdout's encoding (PYTHONIOENCODING=ascii, LANG=C).
+    # ASCII with \uHHHH escapes: valid JSON whatever stdout's encoding (PYTHONIOENCODING=ascii, LANG=C).
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
 
 

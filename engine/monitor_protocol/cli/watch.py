@@ -23,13 +23,13 @@ Every line is one physical line under any line splitter and at most 4 KiB: the o
   a line. A value that is exactly `-` prints `%2D` (`-` alone means "none"). Decode with
   `urllib.parse.unquote`. A word longer than its bound (type 300, subject 1200, actor 700, others 64
   characters, encoded) is cut at a character boundary and ends with `...`.
-* `data` is compact JSON with `\\uXXXX` escapes for every non-ASCII and control character (DEL included)
+* `data` is compact JSON with `\\uHHHH` escapes for every non-ASCII and control character (DEL included)
   and for the space, so nothing after `data=` is a word of the line. It is always a JSON object, unless
   its JSON is longer than 400 characters: then it is a JSON string (at most 400 characters, quotes
   included) holding the first characters of that JSON followed by `...`.
   Either way `json.loads` reads it.
 
-`--format jsonl` prints the same events as one JSON object per line (ASCII, `\\uXXXX` escapes, same
+`--format jsonl` prints the same events as one JSON object per line (ASCII, `\\uHHHH` escapes, same
 bounds): `{"kind":"OBS","seq":17,"type":..,"subject":..,"tier":..,"origin":..,"actor":..,
 "redelivered":false,"data":{..}}` (plus `"cut":["subject",..]` naming the fields that were cut; a cut
 string ends with `...`), `{"kind":"NEXT","cursor":18}`, `{"kind":"CATCHUP","count":3,"from":15,"head":20}`,

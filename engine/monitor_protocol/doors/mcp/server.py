@@ -99,7 +99,7 @@ def _text(value: Any) -> str:
     """A result as a model reads it: compact JSON (indentation was 40 % of a pull's text, and a model pays
     for every character; the structured content carries the same value), with the characters a reader cannot
     see (bidi overrides, zero-width ones: what hides or reorders text in a published string) escaped as
-    \\uXXXX, which a JSON reader turns back into the same value."""
+    \\uHHHH, which a JSON reader turns back into the same value."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).translate(_INVISIBLE)
 
 
