@@ -528,6 +528,24 @@ def test_netguard_resolve_host_normalises_literals_without_lookups(network: Netw
     assert network.lookups == []
 
 
+@pytest.mark.quick
+def test_netguard_is_loopback_is_one_rule_for_names_and_addresses() -> None:
+    """mp serve's bind, its Host names and a connection's address are judged loopback by this one rule."""
+    for host in ("localhost", "LOCALHOST.", "127.0.0.1", "127.8.9.10", "::1", "[::1]", "::1%lo"):
+        assert netguard.is_loopback(host), host
+    for host in (
+        "",
+        None,
+        "example.org",
+        "localhost.example.org",
+        "10.0.0.1",
+        "0.0.0.0",
+        "::",
+        "[2001:db8::1]",
+    ):
+        assert not netguard.is_loopback(host), host
+
+
 # -- netguard: the sink rule, judged without I/O and with a resolver -------------------------------------
 
 REFUSED = [

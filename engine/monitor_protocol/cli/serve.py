@@ -57,7 +57,6 @@ DEFAULT_KEEP_ALIVE = 65.0
 # On PostgreSQL: engine calls running at once, each on a connection of its own (doors/engines.py EngineLanes).
 DEFAULT_DB_CONNECTIONS = 4
 PAUSED_RECHECK_SECONDS = 1.0
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class _Stop(Exception):

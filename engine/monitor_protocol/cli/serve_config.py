@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import ipaddress
 import logging
 import os
 import re
 from typing import Any
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+from monitor_protocol.core.netguard import LOOPBACK_NAMES, is_loopback
 
 
 class ConfigError(Exception):
@@ -265,15 +264,6 @@ def metrics_said(before: str | None, now: str | None, source: str, public: bool 
         return f"no metrics token ({who})" + (", the token removed" if before else "")
     change = "unchanged" if now == before else ("changed" if before else "new")
     return f"metrics token {fingerprint(now)} from {source} ({change})"
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def allowed_hosts_for(host: str, extra: list[str]) -> set[str] | None:

@@ -51,6 +51,23 @@ AMBIGUOUS = re.compile(r"[\\\s\x00-\x1f\x7f%]")
 _IPV4_PART = re.compile(r"^(0[xX][0-9a-fA-F]*|0[0-7]*|[1-9][0-9]*)$")
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` names this machine's loopback: `localhost` (with or without the root's dot, any case) or
+    a loopback address, IPv6 in brackets or with a zone too. One rule for whatever asks: mp serve's bind and
+    Host names, and whether a connection came from this machine."""
+    if not host:
+        return False
+    if host.lower().removesuffix(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_ipv4_loose(host: str) -> ipaddress.IPv4Address | None:
     """An IPv4 address in any form ``inet_aton`` accepts (``127.1``, ``2130706433``, ``0x7f.1``, ``0177.0.0.1``),
     or None when ``host`` is not one."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import hmac
-import ipaddress
 import logging
 import math
 import re
@@ -20,6 +19,7 @@ from typing import Any
 from monitor_protocol.api.messages import Request, Response, error_response
 from monitor_protocol.api.rest import PREFIX, bearer, route_table
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.netguard import is_loopback
 from monitor_protocol.core.repeats import Repeats
 
 log = logging.getLogger("monitor_protocol.http")
@@ -46,15 +46,6 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _is_loopback(address: str | None) -> bool:
-    if not address:
-        return False
-    try:
-        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
 # Headers a reverse proxy adds: a request carrying one was forwarded, whatever address it came from.
 FORWARDED_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host")
 
@@ -67,7 +58,7 @@ def _asked_locally(app: Any, request: Request) -> bool:
     if any(request.header(name) is not None for name in FORWARDED_HEADERS):
         return False
     hosts = getattr(app.router, "allowed_hosts", None) or ()
-    return all(host in ("localhost", "::1") or _is_loopback(host) for host in hosts)
+    return all(is_loopback(host) for host in hosts)
 
 
 class CollectorPauses:
@@ -370,7 +361,7 @@ def metrics_refusal(app: Any, request: Request, client_host: str | None) -> Resp
     expected = [t for t in (app.metrics_token, getattr(app.router, "admin_token", None)) if t]
     if any(hmac.compare_digest(token.encode(), t.encode()) for t in expected):
         return None
-    if not app.metrics_token and _is_loopback(client_host) and _asked_locally(app, request):
+    if not app.metrics_token and is_loopback(client_host) and _asked_locally(app, request):
         return None
     sentence = (
         "GET /metrics needs the metrics token: Authorization: Bearer <token> (mp serve --metrics-token)."
