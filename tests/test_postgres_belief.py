@@ -233,11 +233,12 @@ def test_a_json_rpc_batch_from_a_stale_row_runs_each_call_again_and_tells_its_ap
 def test_a_database_of_this_schema_version_without_the_check_gets_it_and_a_role_that_cannot_add_it_reads(
     pg_url,
 ):
-    from monitor_protocol.store.postgres_sql import AS_READ_FUNCTION
+    from monitor_protocol.store.postgres_sql import AS_READ_FUNCTION, READER_AS_READ_FUNCTION
 
-    PostgresStore(pg_url).close()  # the schema, as a release before the check created it ...
+    PostgresStore(pg_url).close()  # the schema, as a release before the checks created it ...
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"DROP FUNCTION {AS_READ_FUNCTION}")
+        conn.execute(f"DROP FUNCTION {READER_AS_READ_FUNCTION}")
         user = "mp_limited_" + pg_url.rsplit("_", 1)[-1][:8]
         conn.execute(f"CREATE ROLE {user} LOGIN")
         for table in (
@@ -263,6 +264,10 @@ def test_a_database_of_this_schema_version_without_the_check_gets_it_and_a_role_
             ]
             service.publish("ci", body(0), owner)
             assert cost(limited, lambda: service.publish("ci", body(1), owner)) == (2, 2)
+            sub = service.subscribe({"monitor": "ci", "subscriber": "agent:r", "from": "earliest"}, None)
+            reader = (sub["subscription"]["id"], sub["token"])
+            service.pull(*reader, limit=1)
+            assert cost(limited, lambda: service.pull(*reader, limit=1, ack=2)) == (2, 2)
         finally:
             limited.close()
         # ... opened by the owner: the function alone is added, and publishes believe memory again
@@ -272,6 +277,8 @@ def test_a_database_of_this_schema_version_without_the_check_gets_it_and_a_role_
             service = MonitorService(store)
             service.publish("ci", body(2), owner)
             assert cost(store, lambda: service.publish("ci", body(3), owner)) == (2, 1)
+            service.pull(*reader, limit=1)
+            assert cost(store, lambda: service.pull(*reader, limit=1, ack=3)) == (2, 1)
         finally:
             store.close()
     finally:

@@ -54,22 +54,34 @@ def test_a_publish_is_two_statements_in_one_round_trip(pg):
     assert service.state("ci", None)["head"] == 6
 
 
-def test_an_ack_and_pull_is_two_statements_in_two_round_trips(pg):
+def test_an_ack_and_pull_from_memory_is_two_statements_in_one_round_trip_and_its_control_two(pg):
     service = MonitorService(pg)
     _owner, [(sub, token)] = monitor_with_readers(service, readers=1)
     first = service.pull(sub, token, limit=1)  # the first pull of the monitor stores its last_pull (below)
     nxt = first["next"]
-    for _ in range(3):
-        # The subscription with its monitor and the rows after its cursor in one statement; the reader's
-        # row, written with the commit.
-        reply: dict = {}
-        assert cost(
-            pg, lambda nxt=nxt, reply=reply: reply.update(service.pull(sub, token, limit=1, ack=nxt))
-        ) == (2, 2)
+
+    def ack_pull() -> None:
+        reply = service.pull(sub, token, limit=1, ack=nxt)
         assert len(reply["observations"]) == 1 and reply["observations"][0]["id"] == str(nxt)
-        nxt = reply["next"]
-    # positive control: a pull past the rows read ahead reads the log again
-    assert cost(pg, lambda: service.pull(sub, token, limit=30)) == (3, 3)
+        replies.append(reply)
+
+    replies: list[dict] = []
+    for _ in range(3):
+        # The subscription, its monitor and the rows after its cursor as this server last read or wrote them
+        # (the rows read ahead by the last pull): the locks with the check of both rows, then the reader's
+        # row, sent together with the commit.
+        assert cost(pg, ack_pull) == (2, 1)
+        nxt = replies[-1]["next"]
+    # positive control: without the memory, the subscription with its monitor and the rows after its cursor
+    # in one statement, then the reader's row with the commit
+    pg.believe_readers = False
+    assert cost(pg, ack_pull) == (2, 2)
+    nxt = replies[-1]["next"]
+    pg.believe_readers = True
+    assert cost(pg, ack_pull) == (2, 1)
+    # a pull past the rows read ahead reads the log with the locks, then writes
+    assert cost(pg, lambda: service.pull(sub, token, limit=30)) == (3, 2)
+    assert pg.stale == 0
 
 
 def test_a_drain_served_as_stored_reads_each_row_as_its_seq_and_text(pg):
@@ -170,15 +182,23 @@ def waiting_on_locks(pg_url: str) -> int:
         )
 
 
-def test_readers_of_one_monitor_do_not_wait_for_each_other_but_a_writer_waits_for_them(pg, pg_url):
+@pytest.mark.parametrize("from_memory", [True, False])
+def test_readers_of_one_monitor_do_not_wait_for_each_other_but_a_writer_waits_for_them(
+    pg, pg_url, from_memory
+):
     service = MonitorService(pg)
     owner, [(sub, token), (sub2, token2)] = monitor_with_readers(service, readers=2)
     service.pull(sub, token, limit=1)  # the monitor's first pull (which writes its row, see above) is done
+    service.pull(sub2, token2, limit=1)
+    pg.believe_readers = from_memory
     inside, release = threading.Event(), threading.Event()
 
     def held_reader() -> None:  # a reader's call that holds its locks until told
         with pg.transaction():
             assert pg.locked_subscription(sub, shared=True) is not None
+            # from memory, its locks go with what the call sends next (with the check of the rows): sent now
+            assert bool(pg._s.believed_readers) is from_memory
+            pg._run([])
             inside.set()
             release.wait(30)
 

@@ -99,6 +99,8 @@ from monitor_protocol.store.postgres_sql import (
     LOCK_SUBSCRIPTION_SQL,
     MONITOR_SQL,
     PAGE_AHEAD,
+    READER_AS_READ_FUNCTION,
+    READER_AS_READ_FUNCTION_SQL,
     SCHEMA,
     SCHEMA_VERSION,
     SELECT_LOG,
@@ -139,6 +141,8 @@ KNOWN_SUBJECTS_MAX = (
 # readers' counts were folded in), its row is read with its lock for this long before memory is trusted again:
 # a monitor two servers write in turn costs at most a few wasted round trips a second, not one per call.
 DOUBT_SECONDS = 0.2
+READER_STALE_REPEAT = 0.5
+PAGES_KEPT = 1024  # subscriptions whose rows read ahead are kept (each a result of PAGE_AHEAD rows)
 
 # The tests' names for the prefix code (store/postgres_sql.py).
 _enc, _dec = enc, dec
@@ -188,6 +192,14 @@ class PostgresStore(MetaRows, Store):
         # False: every such call reads the row with its lock (the tests' and benchmarks' control).
         self.believe_memory = True
         self._doubted: dict[str, float] = {}  # monitor -> until when its row is read, not believed
+        # A reader's call takes its subscription, its monitor and the rows after its cursor from memory too
+        # (locked_subscription): the rows read ahead for each subscription, kept (the log is append-only, and
+        # its rows at or above the floor, which the monitor's checked row holds, never change), and the
+        # monitors a reader's check found changed (not believed for readers for a while; a publish still is).
+        self.believe_readers = True
+        self._pages: dict[str, tuple[int, list[Any]]] = {}  # subscription -> (from seq, rows)
+        self._readers_doubted: dict[str, float] = {}
+        self._readers_stale: dict[str, float] = {}  # monitor -> when a reader's check last failed
         self.stale = 0  # calls whose remembered row the database found changed (tests, benchmarks)
         self._peers = Peers(url, self.psycopg, self.instance, self._side_connection)
         self.counts = Counts(self._side_connection, self._peers.stop)
@@ -244,17 +256,27 @@ class PostgresStore(MetaRows, Store):
         touched, s.touched = s.touched, set()
         return touched
 
-    def doubt(self, monitors: set[str]) -> None:
+    def doubt(self, monitors: set[str], *, readers: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         """These monitors' rows were not what this server remembered: forget them, and read them with their
-        lock for DOUBT_SECONDS (postgres_session.py Session.if_stale)."""
-        until = time.monotonic() + DOUBT_SECONDS
+        lock for DOUBT_SECONDS (postgres_session.py Session.if_stale). `readers`: the monitors of readers'
+        checks that failed: forgotten, and doubted by readers alike when one failed less than
+        READER_STALE_REPEAT before (another server writes the monitor; the readers' counts folded into its
+        row about once a second are one failure now and then); a publish still believes its row."""
+        now = time.monotonic()
         with self._stats_lock:
             self.stale += 1
-        if len(self._doubted) > 10_000:
-            self._doubted.clear()
-        for m in monitors:
+        failed = self._readers_stale
+        if len(failed) > 10_000:
+            failed.clear()
+        again = {m for m in readers if now - failed.get(m, -READER_STALE_REPEAT) < READER_STALE_REPEAT}
+        failed.update(dict.fromkeys(readers, now))
+        for doubted, which in ((self._doubted, monitors), (self._readers_doubted, again)):
+            if len(doubted) > 10_000:
+                doubted.clear()
+            for m in which:
+                doubted[m] = now + DOUBT_SECONDS
+        for m in monitors | readers:
             self._monitor.forget(_key(m))
-            self._doubted[m] = until
 
     def _side_connection(self) -> Any:  # LISTEN's, the leader lock's, the readers' counts': held while idle
         return held_while_idle(connect(self.psycopg, self.url, self.connect_timeout, autocommit=True))
@@ -318,7 +340,7 @@ class PostgresStore(MetaRows, Store):
                     )
                     self._s.wrote = True
                 elif version == SCHEMA_VERSION:
-                    self._add_as_read_function()
+                    self._add_as_read_functions()
         except self.psycopg.Error as exc:  # a role without CREATE, a standby without the schema
             conn = self._s.conn
             role = conn.info.user if conn is not None else "(the URL's user)"
@@ -329,23 +351,30 @@ class PostgresStore(MetaRows, Store):
             raise
         self._s.opening = False
 
-    def _add_as_read_function(self) -> None:
-        """The check of a remembered row (LOCK_AS_READ_SQL) was added to schema version 2 after it was first
-        released: created here when missing, alone (nothing else of the schema is touched, no table lock). A
-        server that cannot create it (a read-only standby, a role without CREATE) reads every row with its
-        lock instead of believing its memory, as before."""
+    def _add_as_read_functions(self) -> None:
+        """The checks of remembered rows (LOCK_AS_READ_SQL, READER_AS_READ_SQL) were added to schema version 2
+        after it was first released: created here when missing, alone (nothing else of the schema is touched,
+        no table lock). A server that cannot create them (a read-only standby, a role without CREATE) reads
+        every row with its lock instead of believing its memory, as before."""
         s = self._s
-        found = self._rows(f"SELECT to_regproc('{AS_READ_FUNCTION}') IS NOT NULL", prepare=False)
-        if found[0][0] == b"t":
+        functions = {
+            AS_READ_FUNCTION: AS_READ_FUNCTION_SQL,
+            READER_AS_READ_FUNCTION: READER_AS_READ_FUNCTION_SQL,
+        }
+        found = self._rows(
+            "SELECT " + ", ".join(f"to_regproc('{name}') IS NOT NULL" for name in functions), prepare=False
+        )[0]
+        missing = [name for name, there in zip(functions, found, strict=True) if there != b"t"]
+        if not missing:
             return
-        try:  # the last statement of the schema's transaction: a refusal aborts nothing else
-            s.run([(AS_READ_FUNCTION_SQL, ())], prepare=False)
+        try:  # the last statements of the schema's transaction: a refusal aborts nothing else
+            s.run([(functions[name], ()) for name in missing], prepare=False)
             s.wrote = True
         except (self.psycopg.Error, StorageError) as exc:
             self.believe_memory = False
             log.warning(
                 "cannot create the function %s (%s): this server reads each monitor's row with its lock",
-                AS_READ_FUNCTION,
+                " and ".join(missing),
                 scrub(f"{type(exc).__name__}: {exc}", self.url),
             )
 
@@ -491,6 +520,10 @@ class PostgresStore(MetaRows, Store):
             return s.seen_subs[key]
         if s.group == 2:
             raise self._conflict("a subscription's monitor lock")
+        if shared and not by_token and not s.group and not s.locks and not s.asked:
+            believed = self._believed_reader(key)
+            if believed is not None:
+                return believed
         page = PAGE_AHEAD if shared else 0
         (res,) = s.results([(SUBSCRIPTION_SQL["token" if by_token else "id"], (key, shared, page))])
         if res is None or not res.ntuples:
@@ -509,7 +542,41 @@ class PostgresStore(MetaRows, Store):
             first = 2 if has_monitor else 1
             log = [rows_.PageRow(res, i) for i in range(first, res.ntuples)]
             s.page[sub.monitor] = (max(sub.cursor, 1), log, len(log) < page)
+            if len(self._pages) >= PAGES_KEPT:
+                self._pages.clear()
+            self._pages[sub.id] = (max(sub.cursor, 1), log)
         return sub
+
+    def _believed_reader(self, sub_id: str) -> Subscription | None:
+        """A reader's subscription, its monitor and the rows after its cursor as this server last read or wrote
+        them, for a call whose first lock it is: its locks go with the call's next statement (its write,
+        usually), carrying both rows for the database to check under them (READER_AS_READ_SQL); a difference
+        aborts the call before anything of it is written (StaleRead: it runs again, reading them). None when
+        memory lacks one of them, or the monitor was found changed less than DOUBT_SECONDS ago."""
+        s = self._s
+        if not (self.believe_memory and self.believe_readers and s.believing):
+            return None
+        hit = self._subscription.known(enc(sub_id).encode())
+        if hit is None:
+            return None
+        sub_row, sub = hit
+        mon = self._monitor.known(_key(sub.monitor))
+        now = time.monotonic()
+        if mon is None or any(now < d.get(sub.monitor, 0.0) for d in (self._doubted, self._readers_doubted)):
+            return None
+        rec = mon[1]
+        start = max(sub.cursor, 1)
+        first, rows = self._pages.get(sub.id, (start, []))
+        last = rows[-1].seq if rows else first - 1
+        if start <= rec.head and not first <= start <= last:
+            return None  # its next rows are not in memory: read with its locks, in one statement
+        s.asked[sub.monitor] = True
+        s.believed_readers[sub.monitor] = (sub_row, mon[0])
+        s.sub_locks.add(sub.id)
+        s.seen_subs[sub.id] = sub
+        s.seen_monitors[sub.monitor] = rec
+        s.page[sub.monitor] = (first, rows, last >= rec.head)
+        return sub  # type: ignore[no-any-return]
 
     def _from_page(self, monitor_id: str, start: int, end: int, limit: int) -> list[Row] | None:
         """A log read answered from the rows read ahead with the subscription, when they hold all of it."""

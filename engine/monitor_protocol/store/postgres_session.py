@@ -23,7 +23,13 @@ from monitor_protocol.store.postgres_link import (
     scrub,
     storage_failure,
 )
-from monitor_protocol.store.postgres_sql import LOCK_AS_READ_SQL, LOCK_MONITOR_SQL, STALE_SQLSTATE, enc
+from monitor_protocol.store.postgres_sql import (
+    LOCK_AS_READ_SQL,
+    LOCK_MONITOR_SQL,
+    READER_AS_READ_SQL,
+    STALE_SQLSTATE,
+    enc,
+)
 from monitor_protocol.store.postgres_wire import Row, Wire, rows_of, sqlstate, text
 
 log = logging.getLogger("monitor_protocol.store.postgres")
@@ -83,6 +89,11 @@ class Session:
         # monitors whose lock went with such a check in this call.
         self.believed: dict[str, Row] = {}
         self.guarded: set[str] = set()
+        # A reader's call that took its subscription and its monitor from memory (PostgresStore.
+        # locked_subscription): monitor -> (the subscription's row, the monitor's row), checked with the
+        # locks (READER_AS_READ_SQL); and the monitors of such checks sent in this call.
+        self.believed_readers: dict[str, tuple[Row, Row]] = {}
+        self.guarded_readers: set[str] = set()
         # Whether this call may believe remembered rows: not the call run again after a StaleRead (so that
         # reruns end, whatever another lane remembers meanwhile).
         self.believing = True
@@ -247,7 +258,12 @@ class Session:
         out: list[tuple[str, Any]] = []
         for m, shared in asked.items():
             row = self.believed.get(m)
-            if row is None:
+            reader = self.believed_readers.get(m)
+            if reader is not None:
+                sub, mon = reader
+                out.append((READER_AS_READ_SQL, (*map(text, sub), *map(text, mon[1:]))))
+                self.guarded_readers.add(m)
+            elif row is None:
                 out.append((LOCK_MONITOR_SQL, (enc(m), shared)))
             else:
                 out.append(
@@ -259,10 +275,10 @@ class Session:
         return out
 
     def believed_unsent(self) -> bool:
-        return any(m in self.believed for m in self.asked)
+        return any(m in self.believed or m in self.believed_readers for m in self.asked)
 
     def only_believed_asked(self) -> bool:
-        return all(m in self.believed for m in self.asked)
+        return all(m in self.believed or m in self.believed_readers for m in self.asked)
 
     def lock_later(self) -> None:
         """Send the locks asked for, each with its row's check, without waiting for their answer: they run
@@ -275,9 +291,10 @@ class Session:
         group's calls run again alone) and raise StaleRead, or GroupConflict in a group."""
         if sqlstate(exc) != STALE_SQLSTATE:
             return
-        what = f"a monitor changed since this server last read it: {', '.join(sorted(self.guarded))}"
-        self._where.doubt(self.guarded)
-        self.guarded = set()
+        guarded = self.guarded | self.guarded_readers
+        what = f"a monitor changed since this server last read it: {', '.join(sorted(guarded))}"
+        self._where.doubt(self.guarded, readers=self.guarded_readers)
+        self.guarded, self.guarded_readers = set(), set()
         if self.group:  # not StaleRead: the engine must not run a call again inside the aborted group
             self.group_refused = exc
             raise GroupConflict(what)
@@ -307,6 +324,7 @@ class Session:
         self.depth = 0
         self.asked.clear()
         self.believed.clear()
+        self.believed_readers.clear()
         self.locks.clear()
         self.sub_locks.clear()
         self.seen_monitors.clear()
@@ -336,12 +354,12 @@ class Session:
             self.if_stale(exc)
             raise  # the request's own fault (a unique index): nothing of the call was written
         finally:
-            self.guarded = set()
+            self.guarded, self.guarded_readers = set(), set()
         deleted = sum(int(a.get_value(0, 0)) for a in answers if a is not None and a.ntuples)
         return any(writes) or deleted > 0
 
     def rollback(self) -> None:
-        self.guarded = set()
+        self.guarded, self.guarded_readers = set(), set()
         self.fresh_subjects.clear()
         self.writes = []
         self.written = []

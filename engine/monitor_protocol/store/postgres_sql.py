@@ -35,6 +35,9 @@ LOCK_MONITOR, LOCK_LEADER, LOCK_SCHEMA, LOCK_SUBSCRIPTION = 0x4D50, 0x4D51, 0x4D
 # to schema version 2 without a new version (a server that does not know it never calls it), created by a
 # server that finds it missing.
 AS_READ_FUNCTION = "mp2_lock_as_read"
+# The same for a reader's call (a pull, an ack+pull): its monitor's lock shared and its subscription's taken,
+# then both rows compared with this server's memory of them (added the same way).
+READER_AS_READ_FUNCTION = "mp2_reader_as_read"
 STALE_SQLSTATE = "MP001"
 
 T = 'TEXT COLLATE "C"'
@@ -107,6 +110,30 @@ FUNCTIONS = (
       END IF;
       RETURN 0;
     END $$""",
+    # A reader's call from memory (PostgresStore.locked_subscription): the locks mp2_subscription_by_id takes,
+    # in its order, then the subscription's row and its monitor's compared with what this server remembers
+    # (the numbers as numbers: a float's text is the writer's); a difference raises STALE_SQLSTATE, as above.
+    f"""CREATE OR REPLACE FUNCTION {READER_AS_READ_FUNCTION}(p_sub TEXT, p_monitor TEXT, p_subscriber TEXT,
+        p_token TEXT, p_state TEXT, p_cursor TEXT, p_hwm TEXT, p_mute TEXT, p_rec TEXT, p_status TEXT,
+        p_head TEXT, p_floor TEXT, p_mrec TEXT) RETURNS INT
+    LANGUAGE plpgsql VOLATILE AS $$
+    DECLARE v_monitor TEXT := p_monitor;
+    BEGIN
+      PERFORM pg_advisory_xact_lock_shared(hashtextextended(v_monitor, {LOCK_MONITOR}));
+      PERFORM pg_advisory_xact_lock(hashtextextended(p_sub, {LOCK_SUBSCRIPTION}));
+      PERFORM 1 FROM subscriptions s WHERE s.id = p_sub AND s.monitor = p_monitor AND s.subscriber = p_subscriber
+          AND s.token_hash = p_token AND s.state = p_state AND s.cursor = p_cursor::bigint
+          AND s.hwm = p_hwm::bigint AND s.mute_since = p_mute::float8 AND s.rec = p_rec;
+      IF FOUND THEN
+        PERFORM 1 FROM monitors m WHERE m.id = p_monitor AND m.status = p_status AND m.head = p_head::bigint
+            AND m.floor = p_floor::bigint AND m.rec = p_mrec;
+      END IF;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION 'subscription % or its monitor changed since this server last read them', p_sub
+            USING ERRCODE = '{STALE_SQLSTATE}';
+      END IF;
+      RETURN 0;
+    END $$""",
     f"""CREATE OR REPLACE FUNCTION mp2_monitor(p_monitor TEXT, p_shared BOOLEAN) RETURNS TABLE ({_MON_OUT})
     LANGUAGE plpgsql VOLATILE AS $$
     #variable_conflict use_column
@@ -148,6 +175,10 @@ SCHEMA = (*TABLES, *FUNCTIONS)
 LOCK_MONITOR_SQL = "SELECT mp2_lock($1, $2)"
 LOCK_AS_READ_SQL = f"SELECT {AS_READ_FUNCTION}($1, $2, $3, $4, $5)"
 AS_READ_FUNCTION_SQL = next(f for f in FUNCTIONS if f"FUNCTION {AS_READ_FUNCTION}(" in f)
+READER_AS_READ_SQL = (
+    f"SELECT {READER_AS_READ_FUNCTION}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+)
+READER_AS_READ_FUNCTION_SQL = next(f for f in FUNCTIONS if f"FUNCTION {READER_AS_READ_FUNCTION}(" in f)
 LOCK_SUBSCRIPTION_SQL = f"SELECT pg_advisory_xact_lock(hashtextextended($1, {LOCK_SUBSCRIPTION}))"
 MONITOR_SQL = "SELECT * FROM mp2_monitor($1, $2)"
 SUBSCRIPTION_SQL = {by: f"SELECT * FROM mp2_subscription_by_{by}($1, $2, $3)" for by in ("id", "token")}
