@@ -68,9 +68,10 @@ def per_greenlet(*locals_: Any) -> bool:
     return all(isinstance(local, LaneLocal) for local in locals_)
 
 
-def lane_wait() -> Callable[[int, bool], None] | None:
+def lane_wait() -> Callable[[int, bool, float | None], bool] | None:
     """How the running lane waits for a socket without blocking its thread (a green lane's), or None (a
-    thread: block on the socket)."""
+    thread: block on the socket). Called with (socket, writable, timeout in seconds or None), it says whether
+    the socket became ready (False: the time ran out)."""
     green = sys.modules.get("greenlet")
     if green is None:
         return None

@@ -106,18 +106,24 @@ class GreenLanes(EngineLanes):
                 lane.switch()  # runs to its first wait for work
         return loop
 
-    def _waiter(self, loop: Any, lane: Any, hub: Any) -> Callable[[int, bool], None]:
-        def wait(fd: int, writable: bool) -> None:
+    def _waiter(self, loop: Any, lane: Any, hub: Any) -> Callable[[int, bool, float | None], bool]:
+        def wait(fd: int, writable: bool, timeout: float | None = None) -> bool:
             add, remove = (
                 (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
             )
-            add(fd, lane.switch)
+            add(fd, lane.switch, True)
+            timer = None if timeout is None else loop.call_later(timeout, lane.switch, False)
             left = thread_cpu()
             try:
-                hub.switch()  # the loop runs; back when the socket is ready (the caller checks, and may wait again)
+                # the loop runs; back when the socket is ready (the caller checks, and may wait again), or at
+                # the timeout
+                ready = hub.switch()
             finally:
                 remove(fd)
+                if timer is not None:
+                    timer.cancel()
                 setattr(lane, AWAY, getattr(lane, AWAY) + thread_cpu() - left)
+            return ready is not False
 
         return wait
 

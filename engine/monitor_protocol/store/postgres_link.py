@@ -29,6 +29,8 @@ from monitor_protocol.store.postgres_wire import sqlstate
 log = logging.getLogger("monitor_protocol.store.postgres")
 
 LEADER_POLL_SECONDS = 1.0
+# The leader's session, polled every LEADER_POLL_SECONDS, ends itself after this long unpolled (PostgreSQL 14+).
+LEADER_IDLE_SECONDS = 10.0
 KEEPALIVE_IDLE_SECONDS, KEEPALIVE_INTERVAL_SECONDS, KEEPALIVE_COUNT = 5, 2, 3
 TCP_USER_TIMEOUT_MS = 15_000  # unacknowledged data for this long: the connection is dead
 LISTEN_PING_SECONDS = 5.0
@@ -350,6 +352,10 @@ class Peers:
                     conn.execute(f"SET tcp_keepalives_interval TO {KEEPALIVE_INTERVAL_SECONDS}")
                     conn.execute(f"SET tcp_keepalives_count TO {KEEPALIVE_COUNT}")
                     conn.execute(f"SET tcp_user_timeout TO {TCP_USER_TIMEOUT_MS}")
+                    if conn.info.server_version >= 140000:
+                        # A session nobody polls any more ends itself, and frees the lock: one left behind a
+                        # proxy that keeps its side of the connection alive (keepalives reach only the proxy).
+                        conn.execute(f"SET idle_session_timeout TO {int(LEADER_IDLE_SECONDS * 1000)}")
                 if not self.leader:
                     got = conn.execute("SELECT pg_try_advisory_lock(%s, 0)", (LOCK_LEADER,)).fetchone()[0]
                     if got:

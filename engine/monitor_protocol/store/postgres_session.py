@@ -12,6 +12,7 @@ from typing import Any
 
 from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.store_contract import GroupConflict, StaleRead, StorageError
+from monitor_protocol.store import postgres_wire
 from monitor_protocol.store.postgres_link import (
     RECONNECT_SECONDS,
     answered,
@@ -30,7 +31,14 @@ from monitor_protocol.store.postgres_sql import (
     STALE_SQLSTATE,
     enc,
 )
-from monitor_protocol.store.postgres_wire import Row, Wire, rows_of, sqlstate, text
+from monitor_protocol.store.postgres_wire import (
+    Row,
+    Wire,
+    can_connect,
+    rows_of,
+    sqlstate,
+    text,
+)
 
 log = logging.getLogger("monitor_protocol.store.postgres")
 
@@ -38,6 +46,10 @@ log = logging.getLogger("monitor_protocol.store.postgres")
 # time limit (the Python client's default is 10 s), so that they hear it rather than give up not knowing.
 LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
+# Connections this session dropped whose server side may live on (see Session.lost), kept to end them.
+LOST_KEPT = 8
+# A session's start, as the database records it, is this close to when the server saw it connected.
+CONNECTED_WITHIN = 10.0
 
 
 def side_settings(server_version: int) -> list[str]:
@@ -69,6 +81,8 @@ class Session:
         self.psycopg = psycopg
         self.connect_timeout = connect_timeout
         self.conn: Any = None  # the psycopg connection under `wire`
+        self.backend: tuple[int, float] | None = None  # its server process, and when it was connected
+        self.lost: list[tuple[int, float]] = []  # the same of connections dropped since
         self.wire: Wire | None = None
         self.retry_at = 0.0
         self.last_failure = ""
@@ -147,12 +161,58 @@ class Session:
             raise StorageError(
                 "the database refused this server's session settings (the server's log says why)"
             ) from None
+        if self.lost:
+            self._end_lost(conn)
         if self.wire is not None:  # what the old connection counted stays counted
             self._statements_before += self.wire.statements
             self._round_trips_before += self.wire.round_trips
+        self.backend = (conn.info.backend_pid, time.time())
         self.conn = conn
-        self.wire = Wire(conn, self.psycopg)
+        self.wire = Wire(conn, self.psycopg, reachable=self._reachable)
         self._where.connected_at = time.monotonic()
+
+    def _drop(self) -> None:
+        """Close the connection (broken, or found closed), remembering its server side as possibly alive."""
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            if self.backend is not None:
+                self.lost = [*self.lost[-(LOST_KEPT - 1) :], self.backend]
+        self.conn = None
+        self.backend = None
+
+    def _end_lost(self, conn: Any) -> None:
+        """End the server sides of connections this session dropped, if they live on: one lost mid-call behind
+        a proxy that keeps the database's side open (its client's end never reached the database) would hold
+        its call's locks, a monitor's, until the database restarts. Only this role's `mp serve` sessions that
+        began when that connection was made (a process id used again since is someone else's)."""
+        lost, self.lost = self.lost, []
+        for pid, at in lost:
+            try:
+                ended = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s "
+                    "AND pid <> pg_backend_pid() AND usename = current_user AND application_name = 'mp serve' "
+                    "AND backend_start BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+                    (pid, at - CONNECTED_WITHIN, at + CONNECTED_WITHIN),
+                ).fetchall()
+            except self.psycopg.Error as exc:  # not allowed (pg_signal_backend), or the query failed: logged
+                log.warning("cannot end the session of a lost connection: %s", scrub(str(exc), self.url))
+                continue
+            if ended:
+                log.warning("ended the database's side of a connection this server had lost (it lived on)")
+
+    def _reachable(self) -> bool:
+        """Whether a new connection to the database can be made now (a call has heard nothing for a while)."""
+        conninfo = self.psycopg.conninfo.make_conninfo(self.url, application_name="mp serve (probe)")
+        reached = can_connect(self.psycopg.pq, conninfo, postgres_wire.PROBE_SECONDS)
+        if not reached:
+            log.warning(
+                "PostgreSQL has not answered a call for %.0f s and no new connection could be made in %.0f s: "
+                "the call's connection is taken as lost",
+                postgres_wire.SILENCE_SECONDS,
+                postgres_wire.PROBE_SECONDS,
+            )
+        return reached
 
     def ready(self) -> Wire:
         conn = self.conn
@@ -162,10 +222,7 @@ class Session:
         if gone:
             log.info("the connection to PostgreSQL was closed while idle; connecting again")
         if conn is None or self.wire is None or gone or self.wire.broken:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            self.conn = None
+            self._drop()
             # While the database is away, one attempt per RECONNECT_SECONDS: the calls in between get their
             # 503 at once instead of each waiting out a connection timeout on the engine thread.
             now = time.monotonic()
@@ -191,9 +248,7 @@ class Session:
         if self.group:
             self.group_broken = True  # a door may answer this call's 503 and go on: the group must not commit
         if self.wire is not None and self.wire.broken:
-            with contextlib.suppress(Exception):
-                self.wire.close()
-            self.conn = None
+            self._drop()
         said = f"{type(exc).__name__}: {exc}"
         if privilege_refusal(exc):  # its first line: the LINE and caret lines quote SQL, of no use here
             said = said.split("\n", 1)[0] + " (grant it to this server's role)"

@@ -18,19 +18,69 @@ index) is an IntegrityError as with psycopg's cursors, and a failure of the conn
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from monitor_protocol.core.lanes import lane_wait
 
 Row = tuple[Any, ...]
 
+# A call that hears nothing from PostgreSQL for SILENCE_SECONDS asks whether the database can still be reached
+# (a statement waiting for a lock, or a long one, is silent too): a new connection is tried, and one that
+# cannot be made within PROBE_SECONDS means this one is lost (a stalled proxy or a frozen server: TCP's
+# keepalives see neither, since something still acknowledges). Past ANSWER_SECONDS without an answer (a
+# healthy server ends any statement at its statement_timeout, postgres_session.py), it is lost whatever
+# the probe says.
+SILENCE_SECONDS = 5.0
+PROBE_SECONDS = 2.0
+ANSWER_SECONDS = 40.0
+
+
+def wait_socket(fd: int, writable: bool, timeout: float) -> bool:
+    """Wait until `fd` is ready (True) or `timeout` seconds pass (False): on the event loop for a green lane,
+    blocking the thread otherwise."""
+    green = lane_wait()
+    if green is not None:
+        return green(fd, writable, timeout)
+    import select
+
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT if writable else select.POLLIN)
+    return bool(poll.poll(max(0, int(timeout * 1000))))
+
+
+def can_connect(pq: Any, conninfo: str, seconds: float) -> bool:
+    """Whether the server at `conninfo` answers a new connection within `seconds` (a refusal it sends counts:
+    it answered), driven through libpq's non-blocking connect so that a green lane's loop goes on."""
+    deadline = time.monotonic() + seconds
+    try:
+        pg = pq.PGconn.connect_start(conninfo.encode())
+    except Exception:
+        return False
+    try:
+        state = pq.PollingStatus.WRITING
+        while state not in (pq.PollingStatus.OK, pq.PollingStatus.FAILED):
+            left = deadline - time.monotonic()
+            if left <= 0 or not wait_socket(pg.socket, state == pq.PollingStatus.WRITING, left):
+                return False
+            state = pg.connect_poll()
+        if state == pq.PollingStatus.OK:
+            return True
+        return b"FATAL" in (pg.error_message or b"")  # the server refused it (too many clients): it is there
+    except Exception:
+        return False
+    finally:
+        pg.finish()
+
 
 class Wire:
     """One connection, used by one thread at a time. `statements` counts the statements sent (a regression
     shows as a count, never as a timing) and `round_trips` the waits for the server's answer."""
 
-    def __init__(self, conn: Any, psycopg: Any) -> None:
+    def __init__(self, conn: Any, psycopg: Any, reachable: Callable[[], bool] | None = None) -> None:
+        """`reachable`: asked after SILENCE_SECONDS without an answer, whether the database can still be reached
+        (can_connect); without it, a call waits up to ANSWER_SECONDS."""
         import select  # here: the engine's pure modules import nothing they do not need on Pyodide
 
         self._select = select
@@ -38,6 +88,7 @@ class Wire:
         self.psycopg = psycopg
         self.pq = psycopg.pq
         self.pg = conn.pgconn
+        self.reachable = reachable
         self._prepared: dict[str, bytes] = {}
         # Statements prepared since the last round trip read without a failure: a failure aborts the rest of
         # the pipeline, preparations included, so these are forgotten then (prepared again on next use, under
@@ -206,13 +257,32 @@ class Wire:
             self._wait(self._select.POLLOUT)
 
     def _wait(self, events: int) -> None:
+        """Until the socket is ready, asking after each SILENCE_SECONDS whether the database can still be
+        reached; when it cannot (or past ANSWER_SECONDS), the connection is closed and OperationalError
+        raised: whatever was sent may or may not have been done."""
+        waited = 0.0
+        while not self._ready(events, SILENCE_SECONDS):
+            waited += SILENCE_SECONDS
+            if waited < ANSWER_SECONDS and (self.reachable is None or self.reachable()):
+                continue  # a lock waited for, or a long statement: the server is there
+            self.conn.close()
+            raise self.psycopg.OperationalError(
+                f"PostgreSQL has not answered for {waited:.0f} s"
+                + (
+                    ""
+                    if waited >= ANSWER_SECONDS
+                    else f" and no new connection could be made in {PROBE_SECONDS:.0f} s"
+                )
+                + ": this connection is taken as lost"
+            )
+
+    def _ready(self, events: int, timeout: float) -> bool:
         green = lane_wait()
         if green is not None:  # a green lane (doors/green_lanes.py): the event loop runs while it waits
-            green(self.pg.socket, events == self._select.POLLOUT)
-            return
+            return green(self.pg.socket, events == self._select.POLLOUT, timeout)
         self._poll.modify(self.pg.socket, events)
         try:
-            self._poll.poll()  # without a timeout: the session's statement_timeout and TCP's bound it
+            return bool(self._poll.poll(int(timeout * 1000)))
         finally:
             self._poll.modify(self.pg.socket, self._select.POLLIN)
 
