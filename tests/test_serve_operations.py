@@ -475,6 +475,41 @@ async def test_a_sweep_that_fails_each_tick_is_a_few_lines_an_outage(caplog):
         app.engine.stop()
 
 
+async def test_metrics_scraped_through_an_outage_log_it_as_it_begins_and_ends_with_its_reason(
+    caplog, monkeypatch
+):
+    """A tester's: every scrape during a database outage logged `metrics: the store summary failed: ` with no
+    reason (a timeout's text is empty). Logged as it begins, with its reason, and as it ends."""
+    import logging
+
+    from monitor_protocol.doors.http import ops
+
+    class Away(MemoryStore):
+        away = True
+
+        def backlog_summary(self, top):
+            if self.away:
+                time.sleep(0.3)  # past the scrape's time limit: the summary times out
+            return super().backlog_summary(top)
+
+    monkeypatch.setattr(ops, "METRICS_TIMEOUT_SECONDS", 0.05)
+    store = Away()
+    app = make_app(store)
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor_protocol.http"):
+            for _ in range(3):
+                scraped = await Exchange("/metrics", client="127.0.0.1").run(app)
+                assert scraped.status == 200 and "mp_store_up 0" in scraped.text
+            store.away = False
+            await asyncio.sleep(0.5)  # the timed-out summaries end
+            assert "mp_store_up 1" in (await Exchange("/metrics", client="127.0.0.1").run(app)).text
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("metrics:")]
+        assert len(said) == 2, said  # control: the failures were 3 scrapes, the lines 2
+        assert "no answer within 0.05 s" in said[0] and "over after" in said[1]
+    finally:
+        app.engine.stop()
+
+
 async def test_an_sse_stream_the_store_cannot_start_tells_an_eventsource_to_come_back():
     """An operator tester's: during a database outage a new SSE stream was refused with 503, which a
     browser's EventSource takes as final (it never connects again). An EventSource (Accept:

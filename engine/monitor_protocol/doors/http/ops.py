@@ -377,12 +377,19 @@ async def metrics_text(app: Any) -> bytes:
     """The Prometheus text of GET /metrics (the store's part read on the engine thread, bounded in time)."""
     summary = None
     if app.store is not None and hasattr(app.store, "list_subscriptions") and not app.closed:
+        failures = getattr(app, "_summary_failures", None)
+        if failures is None:  # logged as they start and end, not at every scrape of an outage
+            failures = app._summary_failures = Repeats(log, "metrics: the store summary failed")
         try:
             summary = await asyncio.wait_for(
                 app.engine.call(store_summary, app.store), METRICS_TIMEOUT_SECONDS
             )
+        except TimeoutError:
+            failures.failed(f"no answer within {METRICS_TIMEOUT_SECONDS} s")
         except Exception as exc:  # the scrape still answers, with mp_store_up 0
-            log.warning("metrics: the store summary failed: %s", getattr(exc, "detail", None) or exc)
+            failures.failed(getattr(exc, "detail", None) or f"{type(exc).__name__}: {exc}")
+        else:
+            failures.ok()
     link = getattr(app.store, "link_stats", None)
     return app.metrics.render(app.waiters.appended, summary, link() if link is not None else None).encode()
 
