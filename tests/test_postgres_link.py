@@ -79,6 +79,7 @@ class Locking:
     """The leader lock's connection: `SELECT pg_try_advisory_lock` answers `got`, anything else answers."""
 
     closed = broken = False
+    info = type("Info", (), {"server_version": 150000})()
 
     def __init__(self, got: bool) -> None:
         self.got = got
