@@ -153,3 +153,58 @@ def test_rows_another_server_compacted_are_never_served_from_memory(two):
         ack_pull(a, reader, 3)
     assert refused.value.code == "CURSOR_EXPIRED" and refused.value.extras["retention_floor"] == 11
     assert a.store.stale == 1
+
+
+def test_a_row_replaced_under_its_seq_is_never_served_from_memory(two, pg_url):
+    """A reviewer's: the rows read ahead are kept across calls, and the check covered only the subscription's
+    and the monitor's rows; a log whose history was replaced under the same seqs (a failover that lost
+    commits, a restore) was served from memory. The check now also compares the last row served from it."""
+    a, _b, _owner, reader = two
+    ack_pull(a, reader, 2)  # A remembers rows 2-17
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            'UPDATE observations SET event = replace(event, \'"subject":"s"\', \'"subject":"r"\') '
+            "WHERE monitor = 'ci' AND seq = 3"
+        )
+    reply = ack_pull(a, reader, 3)
+    assert reply["observations"][0]["subject"] == "r" and a.store.stale == 1
+    # control: rows as remembered are served from memory, one round trip
+    assert cost(a.store, lambda: ack_pull(a, reader, 4)) == (2, 1) and a.store.stale == 1
+
+
+def test_a_database_that_rounds_floats_still_lets_readers_use_memory(pg, pg_url):
+    """A reviewer's: with extra_float_digits = 0 (a DBA's, or PostgreSQL 11's default) a subscription's
+    mute clock read back was rounded, and every check from memory failed. The server's sessions set their
+    own."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {pg_url.rsplit('/', 1)[1]} SET extra_float_digits = 0")
+    store = PostgresStore(pg_url)
+    try:
+        service = MonitorService(store)
+        owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)[
+            "owner_token"
+        ]
+        service.publish_many("ci", [body(i) for i in range(20)], owner)
+        sub = service.subscribe({"monitor": "ci", "subscriber": "agent:r", "from": "earliest"}, None)
+        reader = (sub["subscription"]["id"], sub["token"])
+        service.ack(*reader, {"cursor": service.pull(*reader, limit=50)["next"]})  # caught up
+        store._subscription.forget(reader[0].encode())
+        service.pull(*reader, limit=1)  # empty: the subscription remembered as read back, not as written
+        for _ in range(5):  # empty pulls from memory: the check and nothing written, one round trip each
+            assert cost(store, lambda: service.pull(*reader, limit=1)) == (1, 1)
+        assert store.stale == 0
+    finally:
+        store.close()
+
+
+def test_the_rows_kept_for_readers_stay_within_their_bytes(two, monkeypatch):
+    a, _b, owner, _reader = two
+    store = a.store
+    monkeypatch.setattr(postgres, "PAGES_BYTES", 20_000)
+    readers = []
+    for i in range(8):
+        sub = a.subscribe({"monitor": "ci", "subscriber": f"agent:k{i}", "from": "earliest"}, None)
+        readers.append((sub["subscription"]["id"], sub["token"]))
+        a.pull(*readers[-1], limit=1)
+    assert store._pages_bytes == sum(size for _, _, size in store._pages.values()) <= 20_000
+    assert readers[-1][0] in store._pages and readers[0][0] not in store._pages  # the oldest given up

@@ -28,10 +28,9 @@ BODY = {"type": TYPE, "subject": "s", "data": {}}
 def proxied(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A store reaching the database through a TcpProxy, with short silences: (store, service, owner, proxy)."""
     monkeypatch.setattr(postgres_wire, "SILENCE_SECONDS", 0.5)
-    monkeypatch.setattr(postgres_wire, "PROBE_SECONDS", 0.5)
     host, port = pg_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
     proxy = TcpProxy(host, int(port))
-    store = PostgresStore(proxy.url(pg_url))
+    store = PostgresStore(proxy.url(pg_url), connect_timeout=1)  # (the probe's time: a connection's)
     service = MonitorService(store)
     owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
     try:
@@ -54,7 +53,7 @@ def test_a_call_the_database_never_answers_is_503_once_no_new_connection_can_be_
     lane.submit(service.publish, "ci", BODY, owner).result(30)  # the lane's connection, through the proxy
     proxy.silence()
     silent = lane.submit(service.publish, "ci", BODY, owner)
-    # the silence (0.5 s) and the probe (0.5 s), not as long as the proxy stays silent
+    # the silence (0.5 s) and the probe (1 s), not as long as the proxy stays silent
     error = silent.exception(30)
     assert isinstance(error, ProtocolError) and error.code == "UNAVAILABLE", error
     assert error.extras.get("outcome") == "unknown"  # its write was sent with its commit: it may be done
@@ -122,11 +121,10 @@ def test_a_call_lost_mid_way_whose_database_side_lives_on_is_ended_when_the_serv
     pg_url, monkeypatch, lane, caplog
 ):
     monkeypatch.setattr(postgres_wire, "SILENCE_SECONDS", 0.5)
-    monkeypatch.setattr(postgres_wire, "PROBE_SECONDS", 0.5)
     monkeypatch.setattr(postgres_session, "LOCK_TIMEOUT_MS", 1000)
     host, port = pg_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
     proxy = TcpProxy(host, int(port), keep_orphans=True)
-    first = PostgresStore(proxy.url(pg_url))
+    first = PostgresStore(proxy.url(pg_url), connect_timeout=1)
     second = MonitorService(PostgresStore(pg_url))
     owner = second.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
 
@@ -158,3 +156,49 @@ def test_a_call_lost_mid_way_whose_database_side_lives_on_is_ended_when_the_serv
         first.close()
         second.store.close()
         proxy.close()
+
+
+def test_only_the_very_session_that_was_lost_is_ended(pg):
+    """A reviewer's: a lost session was matched by process id and a window around the server's clock, which
+    another server's session could fall in after a failover (process ids start again). Now its process id
+    and the moment it began, as the database recorded them."""
+    other = psycopg.connect(pg.url, autocommit=True, application_name="mp serve")
+    try:
+        pid, began = other.execute(
+            "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        session = pg._s
+        session.lost = [(pid, "2001-01-01 00:00:00+00")]  # its process id, another session's start
+        session.close()
+        session.wire = None
+        session.ready()
+        assert other.execute("SELECT 1").fetchone() == (1,)  # not ended
+        session.lost = [(pid, began)]  # control: that very session is ended
+        session.close()
+        session.wire = None
+        session.ready()
+        with pytest.raises(psycopg.OperationalError):
+            other.execute("SELECT 1")
+    finally:
+        other.close()
+
+
+def test_a_side_connection_left_in_a_transaction_is_ended_by_the_database(pg):
+    """A reviewer's: the readers' counts are folded under a monitor's lock, in a transaction of the side
+    connection's; left open behind a silent proxy, it would hold that lock. The database ends it."""
+    conn = pg._side_connection()
+    try:
+        shown = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0]
+        assert shown == f"{postgres_session.IDLE_IN_TRANSACTION_MS // 1000}s"
+    finally:
+        conn.close()
+
+
+def test_a_leader_whose_session_has_not_answered_lately_does_not_lead():
+    """A reviewer's: a leader whose poll is stuck on a silent connection kept saying it led, while the
+    database ended its session (10 s unpolled) and another server took the lock: two leaders."""
+    peers = postgres_link.Peers("postgresql://mp@db/mp", None, "me", lambda: None)
+    peers.leader, peers.held_at = True, time.monotonic()
+    assert peers.leading  # control: confirmed just now
+    peers.held_at -= postgres_link.LEADER_IDLE_SECONDS / 2
+    assert not peers.leading

@@ -142,7 +142,7 @@ KNOWN_SUBJECTS_MAX = (
 # a monitor two servers write in turn costs at most a few wasted round trips a second, not one per call.
 DOUBT_SECONDS = 0.2
 READER_STALE_REPEAT = 0.5
-PAGES_KEPT = 1024  # subscriptions whose rows read ahead are kept (each a result of PAGE_AHEAD rows)
+PAGES_BYTES = 8 << 20  # the events of the rows read ahead kept for readers, in all
 
 # The tests' names for the prefix code (store/postgres_sql.py).
 _enc, _dec = enc, dec
@@ -197,7 +197,8 @@ class PostgresStore(MetaRows, Store):
         # its rows at or above the floor, which the monitor's checked row holds, never change), and the
         # monitors a reader's check found changed (not believed for readers for a while; a publish still is).
         self.believe_readers = True
-        self._pages: dict[str, tuple[int, list[Any]]] = {}  # subscription -> (from seq, rows)
+        self._pages: dict[str, tuple[int, list[Any], int]] = {}  # subscription -> (from seq, rows, bytes)
+        self._pages_bytes = 0
         self._readers_doubted: dict[str, float] = {}
         self._readers_stale: dict[str, float] = {}  # monitor -> when a reader's check last failed
         self.stale = 0  # calls whose remembered row the database found changed (tests, benchmarks)
@@ -542,10 +543,22 @@ class PostgresStore(MetaRows, Store):
             first = 2 if has_monitor else 1
             log = [rows_.PageRow(res, i) for i in range(first, res.ntuples)]
             s.page[sub.monitor] = (max(sub.cursor, 1), log, len(log) < page)
-            if len(self._pages) >= PAGES_KEPT:
-                self._pages.clear()
-            self._pages[sub.id] = (max(sub.cursor, 1), log)
+            self._keep_page(sub.id, max(sub.cursor, 1), log)
         return sub
+
+    def _keep_page(self, sub_id: str, first: int, rows: list[Any]) -> None:
+        """Keep a reader's rows read ahead, within PAGES_BYTES of events in all (the oldest given up first)."""
+        size = sum(len(r[7]) for r in rows)
+        with self._stats_lock:
+            pages = self._pages
+            old = pages.pop(sub_id, None)
+            if old is not None:
+                self._pages_bytes -= old[2]
+            while pages and self._pages_bytes + size > PAGES_BYTES:
+                self._pages_bytes -= pages.pop(next(iter(pages)))[2]
+            if size <= PAGES_BYTES:
+                pages[sub_id] = (first, rows, size)
+                self._pages_bytes += size
 
     def _believed_reader(self, sub_id: str) -> Subscription | None:
         """A reader's subscription, its monitor and the rows after its cursor as this server last read or wrote
@@ -566,7 +579,7 @@ class PostgresStore(MetaRows, Store):
             return None
         rec = mon[1]
         start = max(sub.cursor, 1)
-        first, rows = self._pages.get(sub.id, (start, []))
+        first, rows, _size = self._pages.get(sub.id, (start, [], 0))
         last = rows[-1].seq if rows else first - 1
         if start <= rec.head and not first <= start <= last:
             return None  # its next rows are not in memory: read with its locks, in one statement
@@ -576,6 +589,7 @@ class PostgresStore(MetaRows, Store):
         s.seen_subs[sub.id] = sub
         s.seen_monitors[sub.monitor] = rec
         s.page[sub.monitor] = (first, rows, last >= rec.head)
+        s.page_from_memory[sub.monitor] = None
         return sub  # type: ignore[no-any-return]
 
     def _from_page(self, monitor_id: str, start: int, end: int, limit: int) -> list[Row] | None:
@@ -586,6 +600,11 @@ class PostgresStore(MetaRows, Store):
         _first, rows, complete = ahead
         found = [r for r in rows if start <= r.seq <= end][:limit]
         if len(found) == limit or complete or (rows and rows[-1].seq >= end):
+            s = self._s
+            if found and monitor_id in s.page_from_memory:  # the reader's check carries the last row served
+                last = s.page_from_memory[monitor_id]
+                if last is None or found[-1].seq > last.seq:
+                    s.page_from_memory[monitor_id] = found[-1]
             return found
         return None
 
@@ -849,12 +868,12 @@ class PostgresStore(MetaRows, Store):
             "listening": int(peers.listening),
             "listen_connects": peers.listen_connects,
             "heard": peers.heard,
-            "leader": int(peers.leader),
+            "leader": int(peers.leading),
         }
 
     def leading(self) -> bool:
         """Whether this server holds the leader lock (sweeps and push run here)."""
-        return self._peers.leader
+        return self._peers.leading
 
     def start_leader_election(self, poll_seconds: float = LEADER_POLL_SECONDS) -> None:
         self._peers.start_leader_election(poll_seconds)

@@ -323,12 +323,20 @@ class Peers:
         self.instance = instance
         self._open = open_connection
         self.leader = False
+        self.held_at = 0.0  # when the leader lock's session last answered (time.monotonic)
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         # What /metrics says of the link (read from other threads: each a plain value, written by one thread).
         self.listening = False  # the LISTEN connection is up
         self.listen_connects = 0  # LISTENs made: the first, then one per reconnection
         self.heard = 0  # notifications of other servers' appends heard (one per commit and monitor)
+
+    @property
+    def leading(self) -> bool:
+        """Whether this server leads: it holds the lock, and its session answered less than half of
+        LEADER_IDLE_SECONDS ago (a poll stuck on a silent connection stops it leading before the database
+        ends that session and another server takes the lock)."""
+        return self.leader and time.monotonic() - self.held_at < LEADER_IDLE_SECONDS / 2
 
     def start_leader_election(self, poll_seconds: float = LEADER_POLL_SECONDS) -> None:
         thread = threading.Thread(target=self._lead, args=(poll_seconds,), name="mp-pg-leader", daemon=True)
@@ -360,9 +368,11 @@ class Peers:
                     got = conn.execute("SELECT pg_try_advisory_lock(%s, 0)", (LOCK_LEADER,)).fetchone()[0]
                     if got:
                         log.info("this server now runs the sweeps and push delivery (leader lock taken)")
+                        self.held_at = time.monotonic()
                     self.leader = bool(got)
                 else:
                     conn.execute("SELECT 1")  # still connected: the session, and so the lock, is alive
+                    self.held_at = time.monotonic()
                 failing.ok()
             except Exception as exc:  # whatever it was, this thread goes on: without it nobody may lead here
                 if self.leader:

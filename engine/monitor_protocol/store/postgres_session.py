@@ -48,8 +48,9 @@ LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
 # Connections this session dropped whose server side may live on (see Session.lost), kept to end them.
 LOST_KEPT = 8
-# A session's start, as the database records it, is this close to when the server saw it connected.
-CONNECTED_WITHIN = 10.0
+# A side connection's transaction (the readers' counts folded, under a monitor's lock) left open by a
+# connection lost behind a proxy that keeps the database's side alive: the database ends it.
+IDLE_IN_TRANSACTION_MS = 15_000
 
 
 def side_settings(server_version: int) -> list[str]:
@@ -58,7 +59,11 @@ def side_settings(server_version: int) -> list[str]:
     idle_session_timeout (PostgreSQL 14 and later): ended every few seconds, LISTEN would miss appends
     between reconnections and the leader lock would change hands. A lane's connection keeps the DBA's: one
     ended while idle is opened again when next used."""
-    settings = [f"SET lock_timeout TO {LOCK_TIMEOUT_MS}", f"SET statement_timeout TO {STATEMENT_TIMEOUT_MS}"]
+    settings = [
+        f"SET lock_timeout TO {LOCK_TIMEOUT_MS}",
+        f"SET statement_timeout TO {STATEMENT_TIMEOUT_MS}",
+        f"SET idle_in_transaction_session_timeout TO {IDLE_IN_TRANSACTION_MS}",
+    ]
     if server_version >= 140000:
         settings.append("SET idle_session_timeout TO 0")
     return settings
@@ -81,8 +86,8 @@ class Session:
         self.psycopg = psycopg
         self.connect_timeout = connect_timeout
         self.conn: Any = None  # the psycopg connection under `wire`
-        self.backend: tuple[int, float] | None = None  # its server process, and when it was connected
-        self.lost: list[tuple[int, float]] = []  # the same of connections dropped since
+        self.backend: tuple[int, str] | None = None  # its server process, and when that began (its text)
+        self.lost: list[tuple[int, str]] = []  # the same of connections dropped since
         self.wire: Wire | None = None
         self.retry_at = 0.0
         self.last_failure = ""
@@ -116,6 +121,9 @@ class Session:
         self.seen_monitors: dict[str, Monitor | None] = {}
         self.seen_subs: dict[str, Subscription] = {}
         self.page: dict[str, tuple[int, list[Any], bool]] = {}  # monitor -> (from seq, rows, to the end)
+        # Monitors whose `page` is the store's memory (a reader's call from memory), with the last row served
+        # from it (None: none yet): checked with the reader's row, and not used once that check is sent.
+        self.page_from_memory: dict[str, Any] = {}
         self.pulls: list[tuple[str, int, float | None]] = []
         self.writes: list[int] = []  # write statements sent (rows each), answered with the commit
         self.written: list[tuple[Any, list[tuple[Any, ...]], list[Any]]] = []
@@ -155,6 +163,12 @@ class Session:
             conn.execute("SET synchronous_commit TO on")  # a reply only after the commit is durable
             conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
             conn.execute(f"SET statement_timeout TO {STATEMENT_TIMEOUT_MS}")
+            # a float's text exact (shortest): a reader's row remembered from a read is compared as a number
+            conn.execute("SET extra_float_digits TO 3")
+            # who this session is, exactly, to end it if it is lost and lives on (_end_lost)
+            backend = conn.execute(
+                "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            ).fetchone()
         except self.psycopg.Error as exc:
             conn.close()
             log.warning("cannot configure the PostgreSQL session: %s", scrub(str(exc), self.url))
@@ -166,7 +180,7 @@ class Session:
         if self.wire is not None:  # what the old connection counted stays counted
             self._statements_before += self.wire.statements
             self._round_trips_before += self.wire.round_trips
-        self.backend = (conn.info.backend_pid, time.time())
+        self.backend = (int(backend[0]), str(backend[1])) if backend else None
         self.conn = conn
         self.wire = Wire(conn, self.psycopg, reachable=self._reachable)
         self._where.connected_at = time.monotonic()
@@ -184,16 +198,15 @@ class Session:
     def _end_lost(self, conn: Any) -> None:
         """End the server sides of connections this session dropped, if they live on: one lost mid-call behind
         a proxy that keeps the database's side open (its client's end never reached the database) would hold
-        its call's locks, a monitor's, until the database restarts. Only this role's `mp serve` sessions that
-        began when that connection was made (a process id used again since is someone else's)."""
+        its call's locks, a monitor's, until the database restarts. Only that very session: its process id
+        and the moment it began, as the database recorded them (a process id used again is another's)."""
         lost, self.lost = self.lost, []
-        for pid, at in lost:
+        for pid, began in lost:
             try:
                 ended = conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s "
-                    "AND pid <> pg_backend_pid() AND usename = current_user AND application_name = 'mp serve' "
-                    "AND backend_start BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
-                    (pid, at - CONNECTED_WITHIN, at + CONNECTED_WITHIN),
+                    "AND backend_start = %s::timestamptz AND pid <> pg_backend_pid()",
+                    (pid, began),
                 ).fetchall()
             except self.psycopg.Error as exc:  # not allowed (pg_signal_backend), or the query failed: logged
                 log.warning("cannot end the session of a lost connection: %s", scrub(str(exc), self.url))
@@ -204,13 +217,13 @@ class Session:
     def _reachable(self) -> bool:
         """Whether a new connection to the database can be made now (a call has heard nothing for a while)."""
         conninfo = self.psycopg.conninfo.make_conninfo(self.url, application_name="mp serve (probe)")
-        reached = can_connect(self.psycopg.pq, conninfo, postgres_wire.PROBE_SECONDS)
+        reached = can_connect(self.psycopg.pq, conninfo, self.connect_timeout)
         if not reached:
             log.warning(
                 "PostgreSQL has not answered a call for %.0f s and no new connection could be made in %.0f s: "
                 "the call's connection is taken as lost",
                 postgres_wire.SILENCE_SECONDS,
-                postgres_wire.PROBE_SECONDS,
+                self.connect_timeout,
             )
         return reached
 
@@ -316,8 +329,11 @@ class Session:
             reader = self.believed_readers.get(m)
             if reader is not None:
                 sub, mon = reader
-                out.append((READER_AS_READ_SQL, (*map(text, sub), *map(text, mon[1:]))))
+                last = self.page_from_memory.pop(m, None)
+                served = (0, None) if last is None else (last.seq, text(last[7]))
+                out.append((READER_AS_READ_SQL, (*map(text, sub), *map(text, mon[1:]), *served)))
                 self.guarded_readers.add(m)
+                self.page.pop(m, None)  # checked as far as it was used: read from the database from now on
             elif row is None:
                 out.append((LOCK_MONITOR_SQL, (enc(m), shared)))
             else:
@@ -385,6 +401,7 @@ class Session:
         self.seen_monitors.clear()
         self.seen_subs.clear()
         self.page.clear()
+        self.page_from_memory.clear()
 
     def commit(self) -> bool:
         """The Sync that ends the call's implicit transaction: its commit (a read-only one writes no WAL), with

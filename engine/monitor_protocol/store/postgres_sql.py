@@ -112,10 +112,13 @@ FUNCTIONS = (
     END $$""",
     # A reader's call from memory (PostgresStore.locked_subscription): the locks mp2_subscription_by_id takes,
     # in its order, then the subscription's row and its monitor's compared with what this server remembers
-    # (the numbers as numbers: a float's text is the writer's); a difference raises STALE_SQLSTATE, as above.
+    # (the numbers as numbers: a float's text is the writer's), and the last row of the log it served from
+    # memory (p_seq 0: none) with the stored one, so that a log whose history was replaced under the same
+    # seqs (a failover that lost commits, a restore) is never served from memory; a difference raises
+    # STALE_SQLSTATE, as above.
     f"""CREATE OR REPLACE FUNCTION {READER_AS_READ_FUNCTION}(p_sub TEXT, p_monitor TEXT, p_subscriber TEXT,
         p_token TEXT, p_state TEXT, p_cursor TEXT, p_hwm TEXT, p_mute TEXT, p_rec TEXT, p_status TEXT,
-        p_head TEXT, p_floor TEXT, p_mrec TEXT) RETURNS INT
+        p_head TEXT, p_floor TEXT, p_mrec TEXT, p_seq BIGINT, p_event TEXT) RETURNS INT
     LANGUAGE plpgsql VOLATILE AS $$
     DECLARE v_monitor TEXT := p_monitor;
     BEGIN
@@ -127,6 +130,9 @@ FUNCTIONS = (
       IF FOUND THEN
         PERFORM 1 FROM monitors m WHERE m.id = p_monitor AND m.status = p_status AND m.head = p_head::bigint
             AND m.floor = p_floor::bigint AND m.rec = p_mrec;
+      END IF;
+      IF FOUND AND p_seq > 0 THEN  -- the last row served from memory: the log's history is the same
+        PERFORM 1 FROM observations o WHERE o.monitor = p_monitor AND o.seq = p_seq AND o.event = p_event;
       END IF;
       IF NOT FOUND THEN
         RAISE EXCEPTION 'subscription % or its monitor changed since this server last read them', p_sub
@@ -176,7 +182,7 @@ LOCK_MONITOR_SQL = "SELECT mp2_lock($1, $2)"
 LOCK_AS_READ_SQL = f"SELECT {AS_READ_FUNCTION}($1, $2, $3, $4, $5)"
 AS_READ_FUNCTION_SQL = next(f for f in FUNCTIONS if f"FUNCTION {AS_READ_FUNCTION}(" in f)
 READER_AS_READ_SQL = (
-    f"SELECT {READER_AS_READ_FUNCTION}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+    f"SELECT {READER_AS_READ_FUNCTION}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
 )
 READER_AS_READ_FUNCTION_SQL = next(f for f in FUNCTIONS if f"FUNCTION {READER_AS_READ_FUNCTION}(" in f)
 LOCK_SUBSCRIPTION_SQL = f"SELECT pg_advisory_xact_lock(hashtextextended($1, {LOCK_SUBSCRIPTION}))"

@@ -28,12 +28,11 @@ Row = tuple[Any, ...]
 
 # A call that hears nothing from PostgreSQL for SILENCE_SECONDS asks whether the database can still be reached
 # (a statement waiting for a lock, or a long one, is silent too): a new connection is tried, and one that
-# cannot be made within PROBE_SECONDS means this one is lost (a stalled proxy or a frozen server: TCP's
-# keepalives see neither, since something still acknowledges). Past ANSWER_SECONDS without an answer (a
-# healthy server ends any statement at its statement_timeout, postgres_session.py), it is lost whatever
-# the probe says.
-SILENCE_SECONDS = 5.0
-PROBE_SECONDS = 2.0
+# cannot be made within the store's connect_timeout means this one is lost (a stalled proxy or a frozen
+# server: TCP's keepalives see neither, since something still acknowledges). Past ANSWER_SECONDS without an
+# answer (a healthy server ends any statement at its statement_timeout, postgres_session.py), it is lost
+# whatever the probe says.
+SILENCE_SECONDS = 3.0
 ANSWER_SECONDS = 40.0
 
 
@@ -268,11 +267,7 @@ class Wire:
             self.conn.close()
             raise self.psycopg.OperationalError(
                 f"PostgreSQL has not answered for {waited:.0f} s"
-                + (
-                    ""
-                    if waited >= ANSWER_SECONDS
-                    else f" and no new connection could be made in {PROBE_SECONDS:.0f} s"
-                )
+                + ("" if waited >= ANSWER_SECONDS else " and no new connection could be made")
                 + ": this connection is taken as lost"
             )
 
