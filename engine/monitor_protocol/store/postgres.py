@@ -86,8 +86,6 @@ from monitor_protocol.store.postgres_meta import ForeignTables, IncompleteCopy, 
 from monitor_protocol.store.postgres_session import Session, held_while_idle
 from monitor_protocol.store.postgres_sql import (
     ACTIVE_MONITOR_IDS,
-    AS_READ_FUNCTION,
-    AS_READ_FUNCTION_SQL,
     BACKLOG_TOP_SQL,
     BACKLOG_TOTALS_SQL,
     CHANNEL,
@@ -99,8 +97,6 @@ from monitor_protocol.store.postgres_sql import (
     LOCK_SUBSCRIPTION_SQL,
     MONITOR_SQL,
     PAGE_AHEAD,
-    READER_AS_READ_FUNCTION,
-    READER_AS_READ_FUNCTION_SQL,
     SCHEMA,
     SCHEMA_VERSION,
     SELECT_LOG,
@@ -341,7 +337,7 @@ class PostgresStore(MetaRows, Store):
                     )
                     self._s.wrote = True
                 elif version == SCHEMA_VERSION:
-                    self._add_as_read_functions()
+                    self._add_what_came_later()
         except self.psycopg.Error as exc:  # a role without CREATE, a standby without the schema
             conn = self._s.conn
             role = conn.info.user if conn is not None else "(the URL's user)"
@@ -351,33 +347,6 @@ class PostgresStore(MetaRows, Store):
             self.close()
             raise
         self._s.opening = False
-
-    def _add_as_read_functions(self) -> None:
-        """The checks of remembered rows (LOCK_AS_READ_SQL, READER_AS_READ_SQL) were added to schema version 2
-        after it was first released: created here when missing, alone (nothing else of the schema is touched,
-        no table lock). A server that cannot create them (a read-only standby, a role without CREATE) reads
-        every row with its lock instead of believing its memory, as before."""
-        s = self._s
-        functions = {
-            AS_READ_FUNCTION: AS_READ_FUNCTION_SQL,
-            READER_AS_READ_FUNCTION: READER_AS_READ_FUNCTION_SQL,
-        }
-        found = self._rows(
-            "SELECT " + ", ".join(f"to_regproc('{name}') IS NOT NULL" for name in functions), prepare=False
-        )[0]
-        missing = [name for name, there in zip(functions, found, strict=True) if there != b"t"]
-        if not missing:
-            return
-        try:  # the last statements of the schema's transaction: a refusal aborts nothing else
-            s.run([(functions[name], ()) for name in missing], prepare=False)
-            s.wrote = True
-        except (self.psycopg.Error, StorageError) as exc:
-            self.believe_memory = False
-            log.warning(
-                "cannot create the function %s (%s): this server reads each monitor's row with its lock",
-                " and ".join(missing),
-                scrub(f"{type(exc).__name__}: {exc}", self.url),
-            )
 
     # --- transactions -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -806,10 +775,8 @@ class PostgresStore(MetaRows, Store):
         return [self._subscription(r) for r in rows]
 
     def list_active_subscriptions(self) -> list[Subscription]:
-        return [
-            self._subscription(r)
-            for r in self._rows(f"{GET_SUBSCRIPTION} WHERE state = 'active' ORDER BY id")
-        ]
+        rows = self._rows(f"{GET_SUBSCRIPTION} WHERE state = 'active'")  # (sorted here: see SQLite's)
+        return [self._subscription(r) for r in sorted(rows, key=lambda r: r[0])]
 
     def count_active_subscriptions(self, monitor_id: str) -> int:
         rows = self._rows(

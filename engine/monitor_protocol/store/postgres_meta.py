@@ -1,12 +1,24 @@
 """What PostgresStore reads and writes in `mp_meta` beyond its schema version, and whether the database
 accepts writes: `mp migrate`'s marker of an unfinished copy (written before its first record, removed once
-every monitor verified; a marked database is served by nobody), and the read-only check of /readyz."""
+every monitor verified; a marked database is served by nobody), the read-only check of /readyz, and what
+schema version 2 gained after its release (created when missing)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from monitor_protocol.store.postgres_link import redacted
+from monitor_protocol.core.store_contract import StorageError
+from monitor_protocol.store.postgres_link import redacted, scrub
+from monitor_protocol.store.postgres_sql import (
+    ADDED_INDEXES,
+    AS_READ_FUNCTION,
+    AS_READ_FUNCTION_SQL,
+    READER_AS_READ_FUNCTION,
+    READER_AS_READ_FUNCTION_SQL,
+)
+
+log = logging.getLogger("monitor_protocol.store.postgres")
 
 MIGRATING_KEY = "migrating"
 
@@ -29,9 +41,42 @@ class MetaRows:
 
     url: str
     migrating: bool  # opened by mp migrate, which may find its own unfinished copy here
+    psycopg: Any
+    believe_memory: bool
     transaction: Any
     _rows: Any
     _s: Any
+
+    def _add_what_came_later(self) -> None:
+        """The checks of remembered rows (LOCK_AS_READ_SQL, READER_AS_READ_SQL) and the indexes of
+        ADDED_INDEXES were added to schema version 2 after it was first released: created here when missing,
+        alone (nothing else of the schema is touched). A server that cannot create them (a read-only standby, a
+        role without CREATE) reads every row with its lock instead of believing its memory, as before (and
+        its sweep reads every lease)."""
+        s = self._s
+        functions = {
+            AS_READ_FUNCTION: AS_READ_FUNCTION_SQL,
+            READER_AS_READ_FUNCTION: READER_AS_READ_FUNCTION_SQL,
+        }
+        indexes = {sql.split(" EXISTS ", 1)[1].split()[0]: sql for sql in ADDED_INDEXES}
+        asked = [f"to_regproc('{name}') IS NOT NULL" for name in functions]
+        asked += [f"to_regclass('{name}') IS NOT NULL" for name in indexes]
+        found = self._rows("SELECT " + ", ".join(asked), prepare=False)[0]
+        wanted = {**functions, **indexes}
+        missing = [name for name, there in zip(wanted, found, strict=True) if there != b"t"]
+        if not missing:
+            return
+        try:  # the last statements of the schema's transaction: a refusal aborts nothing else
+            s.run([(wanted[name], ()) for name in missing], prepare=False)
+            s.wrote = True
+        except (self.psycopg.Error, StorageError) as exc:
+            if any(name in functions for name in missing):
+                self.believe_memory = False
+            log.warning(
+                "cannot create %s (%s): this server reads each row with its lock (and every lease in a sweep)",
+                " and ".join(missing),
+                scrub(f"{type(exc).__name__}: {exc}", self.url),
+            )
 
     def unfinished_copy(self) -> str | None:
         """What mp migrate said when it began copying into this database ("from X began at T"), while its

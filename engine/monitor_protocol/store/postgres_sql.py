@@ -41,6 +41,12 @@ READER_AS_READ_FUNCTION = "mp2_reader_as_read"
 STALE_SQLSTATE = "MP001"
 
 T = 'TEXT COLLATE "C"'
+# Indexes added to schema version 2 after its release (created by a server that finds them missing, as the
+# functions below): the held leases the sweep reads, without walking the free ones every subject once
+# leased leaves behind.
+ADDED_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS leases_held ON leases (monitor, subject) WHERE holder IS NOT NULL",
+)
 TABLES = (
     "CREATE TABLE IF NOT EXISTS mp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"""CREATE TABLE IF NOT EXISTS monitors (
@@ -73,6 +79,7 @@ TABLES = (
         PRIMARY KEY (monitor, key)
     )""",
     "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
+    *ADDED_INDEXES,
 )
 
 _MON = ", ".join(f"m.{c}" for c in (*MONITOR_COLUMNS, "rec"))

@@ -70,7 +70,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
-from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, FOREIGN, FORMAT_1, SCHEMA
+from monitor_protocol.store.sqlite_schema import ADDED, COUNT_ACTIVE_SQL, FOREIGN, FORMAT_1, SCHEMA
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -191,6 +191,7 @@ class SQLiteStore(Store):
         change to version 3, each in one transaction."""
         version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
         if version == SCHEMA_VERSION:
+            self._add_missing()
             return
         if version == 2:
             self._migrate_from_2(real)
@@ -239,6 +240,16 @@ class SQLiteStore(Store):
                 ) from exc
             raise
         self._commit()
+
+    def _add_missing(self) -> None:
+        """What was added to this format version after its release (sqlite_schema.ADDED), when missing."""
+        names = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        missing = [sql for sql in ADDED if sql.split(" EXISTS ", 1)[1].split()[0] not in names]
+        if missing:
+            self._begin()
+            for sql in missing:
+                self._db.execute(sql)
+            self._commit()
 
     def _create_schema(self) -> None:
         for statement in SCHEMA:
@@ -827,7 +838,10 @@ class SQLiteStore(Store):
 
     @guarded
     def list_active_subscriptions(self) -> list[Subscription]:
-        rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE state = 'active' ORDER BY id")
+        # Sorted here: `ORDER BY id` made SQLite walk the primary key through every retired reader (a soak's
+        # sweep, 14 ms with 13,000 rows, 550 active), where the active ones' partial index reads only them.
+        rows = self._db.execute(f"{self._GET_SUBSCRIPTION} WHERE state = 'active'").fetchall()
+        rows.sort(key=lambda r: r[0])
         return [Subscription.from_row(row_of(r, SUBSCRIPTION_ROW)) for r in rows]
 
     @guarded

@@ -20,6 +20,9 @@ SELECT_RANGE = (
 # A range read only to be served (Store.read_range's `served`): each row's seq and stored text, nothing else.
 SELECT_SERVED = "SELECT seq, event FROM observations WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq"
 
+# Added to this format version after its release: created at open when missing. The held leases the sweep
+# reads, without walking the free ones every subject once leased leaves behind.
+ADDED = ("CREATE INDEX IF NOT EXISTS leases_held ON leases (monitor, subject) WHERE holder IS NOT NULL",)
 # Statements, not a script: `executescript` would commit the migration's open transaction first.
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS monitors (
@@ -55,6 +58,7 @@ SCHEMA = (
         PRIMARY KEY (monitor, key)
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
+    *ADDED,
 )
 
 # The active-subscription count is answered from the partial index alone (no row is read): the query must
