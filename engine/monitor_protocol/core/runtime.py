@@ -135,6 +135,9 @@ class ServiceCore(ABC):
         self.listing_key: bytes = getattr(store, "listing_key", None) or listing_seal.new_key()
         self.default_retire_after_mute = retire_after_mute_seconds or DEFAULT_RETIRE_AFTER_MUTE_SECONDS
         self._listeners: list[Listener] = []
+        # Observations this engine committed, every door (GET /metrics); engine lanes add to it in turn.
+        self.observations_appended = 0
+        self._appended_lock = threading.Lock()
         self._next_deadline: float | None = None  # recomputed by sweep(); None = nothing is due
         self._deadline_known = False
         self.last_idempotency_purge = float("-inf")
@@ -169,7 +172,11 @@ class ServiceCore(ABC):
         if fn in self._listeners:
             self._listeners.remove(fn)
 
-    def _notify(self, appended: dict[str, int]) -> None:
+    def _notify(self, appended: dict[str, int], count: int = 0) -> None:
+        """Listeners hear each monitor's new head; `count` observations were committed."""
+        if count:
+            with self._appended_lock:
+                self.observations_appended += count
         for monitor_id, head in appended.items():
             for fn in list(self._listeners):
                 try:
@@ -214,9 +221,9 @@ class ServiceCore(ABC):
             held = getattr(self._held_appends, "appends", None)
             if held is None:
                 held = self._held_appends.appends = []
-            held.append(dict(tx.appended))  # not committed yet: told by release_appends
+            held.append((dict(tx.appended), len(changes.observations)))  # told by release_appends
         else:
-            self._notify(tx.appended)
+            self._notify(tx.appended, len(changes.observations))
         if deferred is not None:
             raise deferred
         return result
@@ -229,8 +236,8 @@ class ServiceCore(ABC):
         """The group commit this thread ran has committed: tell the listeners what its calls appended."""
         held = getattr(self._held_appends, "appends", None)
         self._held_appends.appends = []
-        for appended in held or ():
-            self._notify(appended)
+        for appended, count in held or ():
+            self._notify(appended, count)
 
     def drop_appends(self) -> None:
         """The group commit this thread ran was rolled back: what its calls appended never was."""

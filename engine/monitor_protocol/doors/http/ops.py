@@ -391,7 +391,8 @@ async def metrics_text(app: Any) -> bytes:
         else:
             failures.ok()
     link = getattr(app.store, "link_stats", None)
-    return app.metrics.render(app.waiters.appended, summary, link() if link is not None else None).encode()
+    appended = getattr(app.service, "observations_appended", app.waiters.appended)
+    return app.metrics.render(appended, summary, link() if link is not None else None).encode()
 
 
 async def answer(app: Any, request: Request, client_host: str | None) -> Response | bytes:
