@@ -47,6 +47,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from monitor_protocol import __version__
@@ -253,7 +254,7 @@ class PostgresStore(MetaRows, Store):
         touched, s.touched = s.touched, set()
         return touched
 
-    def doubt(self, monitors: set[str], *, readers: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    def doubt(self, monitors: AbstractSet[str], *, readers: AbstractSet[str] = frozenset()) -> None:
         """These monitors' rows were not what this server remembered: forget them, and read them with their
         lock for DOUBT_SECONDS (postgres_session.py Session.if_stale). `readers`: the monitors of readers'
         checks that failed: forgotten, and doubted by readers alike when one failed less than
@@ -538,7 +539,7 @@ class PostgresStore(MetaRows, Store):
         s = self._s
         if not (self.believe_memory and self.believe_readers and s.believing):
             return None
-        hit = self._subscription.known(enc(sub_id).encode())
+        hit = self._subscription.known(_key(sub_id))
         if hit is None:
             return None
         sub_row, sub = hit
@@ -561,13 +562,13 @@ class PostgresStore(MetaRows, Store):
         s.page_from_memory[sub.monitor] = None
         return sub  # type: ignore[no-any-return]
 
-    def _from_page(self, monitor_id: str, start: int, end: int, limit: int) -> list[Row] | None:
+    def _from_page(self, monitor_id: str, start: int, end: int, limit: int) -> list[Any] | None:
         """A log read answered from the rows read ahead with the subscription, when they hold all of it."""
         ahead = self._s.page.get(monitor_id)
         if ahead is None or start < ahead[0]:
             return None
         _first, rows, complete = ahead
-        found = [r for r in rows if start <= r.seq <= end][:limit]
+        found: list[Any] = [r for r in rows if start <= r.seq <= end][:limit]
         if len(found) == limit or complete or (rows and rows[-1].seq >= end):
             s = self._s
             if found and monitor_id in s.page_from_memory:  # the reader's check carries the last row served
@@ -852,7 +853,8 @@ class PostgresStore(MetaRows, Store):
 
 
 def _key(monitor_id: str) -> bytes:
-    """A monitor's key in the memory of rows (`postgres_rows.Decoded`): its id column's text."""
+    """A monitor's (or a subscription's) key in the memory of rows (`postgres_rows.Decoded`): its id
+    column's text."""
     return enc(monitor_id).encode()
 
 
