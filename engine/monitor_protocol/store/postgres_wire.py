@@ -259,9 +259,9 @@ class Wire:
         """Until the socket is ready, asking after each SILENCE_SECONDS whether the database can still be
         reached; when it cannot (or past ANSWER_SECONDS), the connection is closed and OperationalError
         raised: whatever was sent may or may not have been done."""
-        waited = 0.0
+        began = time.monotonic()
         while not self._ready(events, SILENCE_SECONDS):
-            waited += SILENCE_SECONDS
+            waited = time.monotonic() - began  # (the probes' time included)
             if waited < ANSWER_SECONDS and (self.reachable is None or self.reachable()):
                 continue  # a lock waited for, or a long statement: the server is there
             self.conn.close()
