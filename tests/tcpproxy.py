@@ -31,6 +31,12 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._run, name="tcpproxy", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def before(cls, url: str, *, keep_orphans: bool = False) -> TcpProxy:
+        """A proxy forwarding to the server of `url` (postgresql://user@host:port/db)."""
+        host, port = url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        return cls(host, int(port), keep_orphans=keep_orphans)
+
     def url(self, url: str) -> str:
         """`url` (postgresql://user@host:port/db) with this proxy's address instead."""
         head, rest = url.split("@", 1)

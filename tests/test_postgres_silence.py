@@ -28,8 +28,7 @@ BODY = {"type": TYPE, "subject": "s", "data": {}}
 def proxied(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A store reaching the database through a TcpProxy, with short silences: (store, service, owner, proxy)."""
     monkeypatch.setattr(postgres_wire, "SILENCE_SECONDS", 0.5)
-    host, port = pg_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    proxy = TcpProxy(host, int(port))
+    proxy = TcpProxy.before(pg_url)
     store = PostgresStore(proxy.url(pg_url), connect_timeout=1)  # (the probe's time: a connection's)
     service = MonitorService(store)
     owner = service.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
@@ -98,8 +97,7 @@ def test_a_leader_session_left_behind_a_silent_proxy_ends_itself_and_another_ser
     pg_url, monkeypatch
 ):
     monkeypatch.setattr(postgres_link, "LEADER_IDLE_SECONDS", 1.0)
-    host, port = pg_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    proxy = TcpProxy(host, int(port))
+    proxy = TcpProxy.before(pg_url)
     first = PostgresStore(proxy.url(pg_url))
     second = PostgresStore(pg_url)
     try:
@@ -122,8 +120,7 @@ def test_a_call_lost_mid_way_whose_database_side_lives_on_is_ended_when_the_serv
 ):
     monkeypatch.setattr(postgres_wire, "SILENCE_SECONDS", 0.5)
     monkeypatch.setattr(postgres_session, "LOCK_TIMEOUT_MS", 1000)
-    host, port = pg_url.split("@", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    proxy = TcpProxy(host, int(port), keep_orphans=True)
+    proxy = TcpProxy.before(pg_url, keep_orphans=True)
     first = PostgresStore(proxy.url(pg_url), connect_timeout=1)
     second = MonitorService(PostgresStore(pg_url))
     owner = second.create_monitor({"id": "ci", "visibility": "public", "types": [TYPE]}, None)["owner_token"]
