@@ -11,12 +11,12 @@ from typing import Any
 from monitor_protocol.core.store_contract import StorageError
 from monitor_protocol.store.postgres_link import redacted, scrub
 from monitor_protocol.store.postgres_sql import (
-    ADDED_INDEXES,
     AS_READ_FUNCTION,
     AS_READ_FUNCTION_SQL,
     READER_AS_READ_FUNCTION,
     READER_AS_READ_FUNCTION_SQL,
 )
+from monitor_protocol.store.sql import ADDED_INDEXES
 
 log = logging.getLogger("monitor_protocol.store.postgres")
 
@@ -58,11 +58,10 @@ class MetaRows:
             AS_READ_FUNCTION: AS_READ_FUNCTION_SQL,
             READER_AS_READ_FUNCTION: READER_AS_READ_FUNCTION_SQL,
         }
-        indexes = {sql.split(" EXISTS ", 1)[1].split()[0]: sql for sql in ADDED_INDEXES}
         asked = [f"to_regproc('{name}') IS NOT NULL" for name in functions]
-        asked += [f"to_regclass('{name}') IS NOT NULL" for name in indexes]
+        asked += [f"to_regclass('{name}') IS NOT NULL" for name in ADDED_INDEXES]
         found = self._rows("SELECT " + ", ".join(asked), prepare=False)[0]
-        wanted = {**functions, **indexes}
+        wanted = {**functions, **ADDED_INDEXES}
         missing = [name for name, there in zip(wanted, found, strict=True) if there != b"t"]
         if not missing:
             return

@@ -15,6 +15,7 @@ from typing import Any
 from monitor_protocol.core import wire
 from monitor_protocol.core.store_contract import LOG_COLUMNS, Changes, LogQuery, Term
 from monitor_protocol.store.sql import (
+    ADDED_INDEXES,
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
     OBSERVATION_COLUMNS,
@@ -41,12 +42,6 @@ READER_AS_READ_FUNCTION = "mp2_reader_as_read"
 STALE_SQLSTATE = "MP001"
 
 T = 'TEXT COLLATE "C"'
-# Indexes added to schema version 2 after its release (created by a server that finds them missing, as the
-# functions below): the held leases the sweep reads, without walking the free ones every subject once
-# leased leaves behind.
-ADDED_INDEXES = (
-    "CREATE INDEX IF NOT EXISTS leases_held ON leases (monitor, subject) WHERE holder IS NOT NULL",
-)
 TABLES = (
     "CREATE TABLE IF NOT EXISTS mp_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"""CREATE TABLE IF NOT EXISTS monitors (
@@ -79,7 +74,7 @@ TABLES = (
         PRIMARY KEY (monitor, key)
     )""",
     "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
-    *ADDED_INDEXES,
+    *ADDED_INDEXES.values(),  # (added to version 2 after its release: postgres_meta.py)
 )
 
 _MON = ", ".join(f"m.{c}" for c in (*MONITOR_COLUMNS, "rec"))

@@ -16,6 +16,12 @@ SUBSCRIPTION_COLUMNS = ("id", "monitor", "subscriber", "token_hash", "state", "c
 LEASE_COLUMNS = ("monitor", "subject", "state", "holder", "renewed", "duration")
 OBSERVATION_COLUMNS = ("seq", *LOG_COLUMNS, "event")
 
+# Indexes added to both SQL stores' schemas after their release (each store creates what it finds missing):
+# the held leases the sweep reads, without walking the free ones every subject once leased leaves behind.
+ADDED_INDEXES = {
+    "leases_held": "CREATE INDEX IF NOT EXISTS leases_held ON leases (monitor, subject) WHERE holder IS NOT NULL",
+}
+
 
 def upsert_sql(table: str, columns: tuple[str, ...], key: str, mark: str = "?") -> str:
     """An upsert on the key (SQLite's and PostgreSQL's common syntax; `mark` is the driver's placeholder),

@@ -47,6 +47,7 @@ from monitor_protocol.core.store_contract import (
 )
 from monitor_protocol.store import sqlite_schema as queries
 from monitor_protocol.store.sql import (
+    ADDED_INDEXES,
     LEASE_COLUMNS,
     MONITOR_COLUMNS,
     SUBSCRIPTION_COLUMNS,
@@ -70,7 +71,7 @@ from monitor_protocol.store.sqlite_file import (
     storage_error,
 )
 from monitor_protocol.store.sqlite_query import log_index, log_where, seekable_terms, source_of
-from monitor_protocol.store.sqlite_schema import ADDED, COUNT_ACTIVE_SQL, FOREIGN, FORMAT_1, SCHEMA
+from monitor_protocol.store.sqlite_schema import COUNT_ACTIVE_SQL, FOREIGN, FORMAT_1, SCHEMA
 from monitor_protocol.store.sqlite_steps import MOVE_SUBSCRIPTION, narrow_rows, step_rows
 
 # What callers import from here (the file's own failures live in sqlite_file.py).
@@ -242,9 +243,9 @@ class SQLiteStore(Store):
         self._commit()
 
     def _add_missing(self) -> None:
-        """What was added to this format version after its release (sqlite_schema.ADDED), when missing."""
+        """What was added to this format version after its release (sql.ADDED_INDEXES), when missing."""
         names = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        missing = [sql for sql in ADDED if sql.split(" EXISTS ", 1)[1].split()[0] not in names]
+        missing = [sql for name, sql in ADDED_INDEXES.items() if name not in names]
         if missing:
             self._begin()
             for sql in missing:

@@ -5,7 +5,7 @@ reader's pull or ack changes, leases and publish idempotency keys. PostgreSQL ke
 
 from __future__ import annotations
 
-from monitor_protocol.store.sql import OBSERVATION_COLUMNS
+from monitor_protocol.store.sql import ADDED_INDEXES, OBSERVATION_COLUMNS
 
 PUT_OBSERVATION = (
     f"INSERT INTO observations (monitor, {', '.join(OBSERVATION_COLUMNS)}) "
@@ -20,9 +20,6 @@ SELECT_RANGE = (
 # A range read only to be served (Store.read_range's `served`): each row's seq and stored text, nothing else.
 SELECT_SERVED = "SELECT seq, event FROM observations WHERE monitor=? AND seq>=? AND seq<=? ORDER BY seq"
 
-# Added to this format version after its release: created at open when missing. The held leases the sweep
-# reads, without walking the free ones every subject once leased leaves behind.
-ADDED = ("CREATE INDEX IF NOT EXISTS leases_held ON leases (monitor, subject) WHERE holder IS NOT NULL",)
 # Statements, not a script: `executescript` would commit the migration's open transaction first.
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS monitors (
@@ -58,7 +55,7 @@ SCHEMA = (
         PRIMARY KEY (monitor, key)
     ) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS publish_keys_by_at ON publish_keys (at)",
-    *ADDED,
+    *ADDED_INDEXES.values(),  # (added to this format version after its release: sqlite.py _add_missing)
 )
 
 # The active-subscription count is answered from the partial index alone (no row is read): the query must
