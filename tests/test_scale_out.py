@@ -670,6 +670,50 @@ def test_ack_and_redelivery_marks_are_the_same_through_every_server(tmp_path, pg
         assert back.status_code == 409 and back.json()["code"] == "CURSOR_BACKWARDS", back.text
 
 
+def sessions_on(db: str) -> list[str]:
+    """The last statement of every other session on `db` (pg_stat_activity's `query`)."""
+    import psycopg
+
+    with psycopg.connect(db, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+def test_a_server_holds_the_connections_the_docs_count_and_none_idle_from_its_start(tmp_path, pg_url):
+    """docs/scale-out.md: `--db-connections` + 3 per server. The connection the server opened the database
+    with (its start's reads) stayed open and idle until the database restarted: one more per server."""
+    with servers(tmp_path, pg_url, 1, "--db-connections", "1") as [a]:
+        owner = create_monitor(a.api, "conns")
+        sub_id, reader = subscribe(a.api, "conns", owner, "agent:reader")
+        for i in range(3):
+            publish(a.api, "conns", owner, f"item-{i}")
+            pulled = httpx.get(
+                f"{a.api}/subscriptions/{sub_id}/pull",
+                params={"limit": 1},
+                headers=bearer(reader),
+                timeout=TIMEOUT,
+            )
+            assert pulled.status_code == 200, pulled.text
+            acked = httpx.post(
+                f"{a.api}/subscriptions/{sub_id}/ack",
+                json={"cursor": pulled.json()["next"]},
+                headers=bearer(reader),
+                timeout=TIMEOUT,
+            )
+            assert acked.status_code == 200, acked.text
+
+        def counts_folded() -> list[str] | None:
+            queries = sessions_on(pg_url)
+            # the fold of the readers' counts (opened at the first pull): every kind of connection is open
+            return queries if "COMMIT" in queries else None  # (the fold's last statement)
+
+        queries = eventually(counts_folded, timeout=15, what="the readers' counts folded")
+        assert len(queries) == 1 + 3, queries  # the one lane, LISTEN, the leader lock, the counts' fold
+        assert not any("FROM monitors ORDER BY id" in q for q in queries), queries
+
+
 # ============================================================================ 5. sweeps: one leader, failover
 def monitor_locks(db: str) -> int:
     """How many per-monitor advisory locks are held in `db` right now (store/postgres.py LOCK_MONITOR)."""

@@ -471,6 +471,8 @@ def run(name: str, args: argparse.Namespace) -> int:
         except Exception as exc:  # a database that went away between opening it and this first read
             print(f"mp serve: cannot read the database {shown}: {exc}", file=sys.stderr)
             return 1
+        if shared:  # the engine's lanes serve every call from here on, each with a connection of its own
+            store.close_lane()
         try:
             sock = bind(cfg.host, cfg.port)
         except OSError as exc:

@@ -219,6 +219,14 @@ class PostgresStore(MetaRows, Store):
                 self._sessions.append(session)
             return session
 
+    def close_lane(self) -> None:
+        """Close the calling lane's connection (its next call, if any, connects again): for a thread that
+        opened the store and read what it needed, and serves no call (mp serve's start), so that a server
+        holds the connections docs/scale-out.md counts, not one more idle until the database restarts."""
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+
     # The calling thread's connection, for tests that make the database go away under it.
     @property
     def _conn(self) -> Any:
@@ -599,8 +607,8 @@ class PostgresStore(MetaRows, Store):
             if s.asked:  # locks asked for and not sent: with the write when each carries its row's check
                 s.lock_later() if s.only_believed_asked() else s.run([])
             sql, params, written = write_statement(changes, self.instance)
+            s.writes.append(rows)  # before it is sent: a failure from here on rolls back (Session.rollback)
             s.later(sql, params)
-            s.writes.append(rows)
             s.written.append((self._monitor, written["monitors"], changes.monitors))
             s.written.append((self._subscription, written["subscriptions"], changes.subscriptions))
         # What was read under the lock is what this call now wrote: read again if the call goes on. In a

@@ -431,6 +431,9 @@ class Session:
         return any(writes) or deleted > 0
 
     def rollback(self) -> None:
+        # What may have been written: a write of the call's (sent after it is counted in `writes`), one made
+        # outside the calls' path (`wrote`), or anything while the schema is made (opening).
+        wrote = bool(self.writes) or self.wrote or self.opening
         self.guarded, self.guarded_readers = set(), set()
         self.fresh_subjects.clear()
         self.writes = []
@@ -440,6 +443,6 @@ class Session:
         if w is None:
             return
         try:
-            w.rollback()
+            w.rollback(wrote=wrote)
         except Exception as exc:  # the connection itself failed: dropped, the next call reconnects
             self.fail(exc)

@@ -209,14 +209,18 @@ class Wire:
             raise failure
         return out
 
-    def rollback(self) -> None:
-        """Abort the open transaction (nothing of it is committed), then Sync."""
+    def rollback(self, *, wrote: bool = True) -> None:
+        """Abort the open transaction (nothing of it is committed), then Sync. `wrote=False`, for a transaction
+        that sent no write: the Sync alone ends it, which keeps nothing either, and PostgreSQL logs no WARNING
+        "there is no transaction in progress" (a ROLLBACK outside a transaction block: an implicit one's
+        statements are not a block), once for every refused call."""
         if not self.in_tx:
             return
         try:
-            self._send("ROLLBACK", (), False)
-            self.statements -= 1  # the end of a transaction, not a statement of a call
-            self._later.append(1)
+            if wrote:
+                self._send("ROLLBACK", (), False)
+                self.statements -= 1  # the end of a transaction, not a statement of a call
+                self._later.append(1)
             self.sync()
         except self.psycopg.Error:
             # The transaction was already aborted by a failure (which the caller heard), or the connection is
