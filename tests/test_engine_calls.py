@@ -182,7 +182,7 @@ def test_the_sweep_reads_no_retired_reader_nor_free_lease_and_still_does_its_wor
 def test_a_sign_of_life_written_in_a_group_commit_is_forgotten_only_once_stored(tmp_path):
     """A write inside a group commit is not stored until the group commits: a failed group keeps the old
     clock, so the sign of life it would have stored stays remembered (the sweep never retires early); a group
-    that commits lets the next call outside one forget it. Control: another reader's write leaves it."""
+    that commits forgets it as it ends. Control: another reader's write leaves it."""
     h = Harness(make_store("sqlite", tmp_path))
     tok = h.monitor("ci")
     sid, rtok = h.subscribe("ci", tok)
@@ -205,11 +205,41 @@ def test_a_sign_of_life_written_in_a_group_commit_is_forgotten_only_once_stored(
     assert h.service._life.get(sid) == remembered  # the failed group stored nothing: still remembered
     with h.store.batch():  # the same delivery, committed this time
         assert len(h.service.pull(sid, rtok)["observations"]) == 1
-    assert sid in h.service._life  # not yet checked as stored
-    h.publish("ci", tok)
-    h.ack(other, otok, h.pull(other, otok).body["next"])
+        assert h.service._life.get(sid) == remembered  # not stored yet: still remembered inside the group
     assert sid not in h.service._life and h.store.get_subscription(sid).mute_since > remembered
     getattr(h.store, "close", lambda: None)()
+
+
+def test_signs_of_life_are_forgotten_when_every_call_runs_in_a_group_commit(tmp_path, monkeypatch):
+    """While a long poll is parked every engine call runs in a group commit (the HTTP door joins its re-check
+    to it), and a group's signs of life were forgotten only by a later call outside one, the remembered last
+    pulls checked only outside one: a churn of readers and monitors grew both for good (a tester's soak: one
+    entry per subscription and monitor that ever pulled). Control: inside the group they are there."""
+    from monitor_protocol.core import runtime
+
+    monkeypatch.setattr(runtime, "REMEMBERED_MAX", 4)
+    monkeypatch.setattr(runtime, "REMEMBERED_CHECKED", 100)
+    h = Harness(make_store("sqlite", tmp_path))
+    service, store = h.service, h.store
+    seen_inside = 0
+    for i in range(30):
+        with store.batch():
+            tok = h.monitor(f"m{i}")
+            sid, rtok = h.subscribe(f"m{i}", tok)
+            h.publish(f"m{i}", tok)
+        with store.batch():
+            h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+        h.clock.advance(1)
+        with store.batch():
+            h.pull(sid, rtok)  # empty: remembered, not written
+            seen_inside += sid in service._life
+        with store.batch():
+            assert h.call("POST", f"/subscriptions/{sid}/retire", {}, token=rtok).status == 200
+            assert h.call("POST", f"/monitors/m{i}/retire", {"reason": "churn"}, token=tok).status == 200
+    assert seen_inside == 30  # control: each was remembered
+    assert service._life == {}, service._life  # retired, and stored as such: nothing left to remember
+    assert len(service._monitor_pulls) <= 4 + 1, service._monitor_pulls  # checked past the bound
+    store.close()
 
 
 def test_served_last_pull_is_the_latest_pull_even_when_not_yet_stored(h):

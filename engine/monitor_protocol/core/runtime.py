@@ -5,6 +5,7 @@ clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time as _time
 from abc import ABC, abstractmethod
@@ -53,6 +54,8 @@ from monitor_protocol.core.vocab import (
     SCAN_BUDGET,
 )
 
+log = logging.getLogger("monitor_protocol.core.runtime")
+
 SERVER_NAME = "monitor-protocol-python"
 SERVER_VERSION = __version__
 
@@ -82,7 +85,6 @@ def _last_pull_stored(monitor: Monitor, seen: float) -> bool:
     ) or monitor.status is MonitorStatus.RETIRED
 
 
-LIFE_UNSURE_MAX = 10_000  # subscriptions written in group commits, waiting to be checked as stored
 # Signs of life (and monitors' last pulls) remembered unwritten. Past this, the oldest REMEMBERED_CHECKED are
 # read from the store: those it holds (a clock as late), or of a reader or monitor retired or gone, are
 # forgotten. On a store several servers share, another server may write or retire a reader this one only
@@ -147,9 +149,9 @@ class ServiceCore(ABC):
         # Signs of life not yet stored (the lazy mute clock): subscription id -> time, monitor id -> time.
         self._life: dict[str, float] = {}
         self._monitor_pulls: dict[str, float] = {}
-        # Subscriptions written inside a group commit not committed yet (SQLite's `in_batch`): their signs of
-        # life are forgotten only once a later call finds the write stored (a failed group keeps the old clock).
-        self._life_unsure: set[str] = set()
+        # Signs of life a subscription's write inside a group commit holds (SQLite's `in_batch`), by id: forgotten
+        # when that group has committed (the store tells, `batch_ended`), kept when it failed.
+        self._life_pending: dict[str, float] = {}
         # Calls may run on several threads at once on a store that keeps them apart (doors/engines.py
         # EngineLanes): a newer sign of life is never overwritten by an older one.
         self._life_lock = threading.Lock()
@@ -163,6 +165,9 @@ class ServiceCore(ABC):
         # Appends of calls run inside a shared store's group commit (PostgresStore.batch), per engine lane:
         # told to the listeners once the group has committed (release_appends), or dropped with it.
         self._held_appends = lane_local()
+        hooks = getattr(store, "batch_end_hooks", None)  # a store with group commits of its own (SQLite)
+        if hooks is not None:
+            hooks.append(self.batch_ended)
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -429,20 +434,35 @@ class ServiceCore(ABC):
     def _forget_stored_life(self, written: list[Subscription]) -> None:
         """A sign of life the store now holds (a clock as late) or that no longer matters (retired) is forgotten:
         kept, one entry per reader that ever pulled stayed for the process's life. Inside a group commit the
-        write is not stored yet: it is checked again, as stored, by the next call outside one."""
-        life, unsure = self._life, self._life_unsure
-        if getattr(self.store, "in_batch", False):
-            if len(unsure) < LIFE_UNSURE_MAX:  # (past it, some are kept for good: never early, only larger)
-                unsure.update(sub.id for sub in written if sub.id in life)
-            return
-        if unsure:
-            rest = [self.store.get_subscription(sid) for sid in unsure]
-            unsure.clear()
-            written = [*written, *(sub for sub in rest if sub is not None)]
+        write is not stored yet: forgotten when the group has committed (batch_ended)."""
+        life = self._life
+        pending = self._life_pending if getattr(self.store, "in_batch", False) else None
         for sub in written:
             seen = life.get(sub.id)
             if seen is not None and _life_stored(sub, seen):
-                del life[sub.id]
+                if pending is None:
+                    del life[sub.id]
+                else:
+                    pending[sub.id] = seen
+
+    def batch_ended(self, committed: bool) -> None:
+        """The store's group commit is over (SQLite's batch; its `batch_end_hooks`), outside any transaction:
+        the signs of life its writes hold are forgotten if it committed, and the oldest remembered ones are
+        checked when there are too many. While a reader is parked every call runs in a group (the HTTP door
+        joins its re-check to it), and both waited for a call outside one: one entry per reader and monitor
+        that ever pulled stayed for the process's life (a tester's soak)."""
+        with self._life_lock:
+            pending, self._life_pending = self._life_pending, {}
+            if committed:
+                life = self._life
+                for sub_id, seen in pending.items():
+                    if life.get(sub_id) == seen:  # (a later sign remembered since is kept)
+                        del life[sub_id]
+        if len(self._life) > REMEMBERED_MAX or len(self._monitor_pulls) > REMEMBERED_MAX:
+            try:
+                self._check_remembered()
+            except Exception:  # the store failed: checked again at the next group's end
+                log.warning("the remembered signs of life could not be checked now", exc_info=True)
 
     def _check_remembered(self) -> None:
         """The oldest remembered signs of life and last pulls, checked against the store (see REMEMBERED_MAX):

@@ -20,7 +20,7 @@ import operator
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -116,6 +116,9 @@ class SQLiteStore(Store):
         self._batch_broken = False
         self._batch_wrote = False
         self.batch_number = 0  # which group commit is open: the engine shares reads among a group's calls
+        # Called with whether it committed when a group commit is over, outside any transaction; they must not
+        # raise (the engine's signs of life a group wrote are forgotten once it commits: MonitorService).
+        self.batch_end_hooks: list[Callable[[bool], None]] = []
         # Monitors and subscriptions read by id, kept between calls: this process is the file's only writer
         # (the flock), so what it committed is there. Records are immutable; what an apply put here before
         # its commit is forgotten wholesale if that work is rolled back.
@@ -224,12 +227,7 @@ class SQLiteStore(Store):
         that a delivery's write encodes no JSON. One transaction: a failure leaves the file as it was."""
         self._begin()
         try:
-            self._db.execute("ALTER TABLE subscriptions ADD COLUMN last_pull REAL")
-            moved = []
-            for sub_id, text in self._db.execute("SELECT id, rec FROM subscriptions").fetchall():
-                rest = wire.decode_trusted(text)
-                moved.append((rest.pop("last_pull", None), wire.encode_text(rest), sub_id))
-            self._db.executemany("UPDATE subscriptions SET last_pull=?, rec=? WHERE id=?", moved)
+            queries.upgrade_2_to_3(self._db)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException as exc:
             self._rollback()
@@ -456,19 +454,27 @@ class SQLiteStore(Store):
             self.batch_number += 1
             self._batch_broken = False
             self._batch_wrote = False
+            committed = False
             try:
-                yield
-            except BaseException:
+                try:
+                    yield
+                except BaseException:
+                    self._batch = False
+                    self._batch_broken = False
+                    self._rollback()
+                    raise
                 self._batch = False
-                self._batch_broken = False
-                self._rollback()
-                raise
-            self._batch = False
-            broken, self._batch_broken = self._batch_broken, False
-            if broken:
-                self._rollback()
-                raise StorageError("a storage failure rolled back this group commit; nothing in it was kept")
-            self._finish(self._batch_wrote)
+                broken, self._batch_broken = self._batch_broken, False
+                if broken:
+                    self._rollback()
+                    raise StorageError(
+                        "a storage failure rolled back this group commit; nothing in it was kept"
+                    )
+                self._finish(self._batch_wrote)
+                committed = True
+            finally:
+                for hook in self.batch_end_hooks:
+                    hook(committed)
 
     # --- the one write of a call ------------------------------------------------------------------
     @serialized

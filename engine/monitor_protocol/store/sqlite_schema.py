@@ -5,6 +5,9 @@ reader's pull or ack changes, leases and publish idempotency keys. PostgreSQL ke
 
 from __future__ import annotations
 
+from typing import Any
+
+from monitor_protocol.core import wire
 from monitor_protocol.store.sql import ADDED_INDEXES, OBSERVATION_COLUMNS
 
 PUT_OBSERVATION = (
@@ -84,3 +87,14 @@ FOREIGN = (
     "The database %s has a `monitors` table this store did not write; nothing will be served from it. "
     "Start with another --db."
 )
+
+
+def upgrade_2_to_3(db: Any) -> None:
+    """Version 2 kept a subscription's last pull in `rec`; version 3 keeps it in a column of its own (the
+    caller's transaction, and its version number)."""
+    db.execute("ALTER TABLE subscriptions ADD COLUMN last_pull REAL")
+    moved = []
+    for sub_id, text in db.execute("SELECT id, rec FROM subscriptions").fetchall():
+        rest = wire.decode_trusted(text)
+        moved.append((rest.pop("last_pull", None), wire.encode_text(rest), sub_id))
+    db.executemany("UPDATE subscriptions SET last_pull=?, rec=? WHERE id=?", moved)
