@@ -269,6 +269,36 @@ def test_state_after_compaction_says_its_counters_cover_the_whole_history(h):
     assert state["computed_from"] == {"seq_from": 1, "seq_to": state["head"]}
 
 
+def test_a_seek_below_the_retention_floor_is_taken_and_the_next_pull_names_the_floor(h):
+    """docs/protocol.md (Seek): a seek answers with the cursor it set, below the floor too; the pull after it
+    meets the floor as any cursor below it does (410 CURSOR_EXPIRED naming it), and a seek to the floor
+    replays what is kept. Control: a reader with reset_policy earliest is moved to the floor instead."""
+    tok = h.monitor("ci")
+    sid, rtok = h.subscribe("ci", tok, **{"from": "earliest"})
+    moved, mtok = h.subscribe(
+        "ci", tok, subscriber="agent:moved", reset_policy="earliest", **{"from": "earliest"}
+    )
+    for _ in range(6):
+        h.publish("ci", tok)
+    h.ack(sid, rtok, h.pull(sid, rtok, limit=200).body["next"])
+    compacted = h.call("POST", "/admin/compact", {"monitor": "ci", "upto_seq": 5}, token="admin-token")
+    assert compacted.status == 200
+    floor = h.call("GET", "/monitors/ci/state", token=tok).body["retention_floor"]
+    assert floor == 6
+    for reader, token in ((sid, rtok), (moved, mtok)):
+        sought = h.call(
+            "POST", f"/subscriptions/{reader}/seek", {"cursor": 2, "reason": "replay"}, token=token
+        )
+        assert sought.status == 200 and sought.body["cursor"] == 2, sought.body
+    refused = h.pull(sid, rtok)
+    assert refused.status == 410 and refused.body["code"] == "CURSOR_EXPIRED", refused.body
+    assert refused.body["retention_floor"] == floor and refused.body["requested"] == 2
+    assert h.pull(moved, mtok).body["observations"][0]["id"] == str(floor)  # control: moved to the floor
+    again = h.call("POST", f"/subscriptions/{sid}/seek", {"cursor": floor, "reason": "kept"}, token=rtok)
+    assert again.status == 200
+    assert h.pull(sid, rtok).body["observations"][0]["id"] == str(floor)
+
+
 def test_records_are_frozen_and_evolve_checks_its_fields():
     m = Monitor(id="ci", owner="agent:o", owner_hash="h", created=1.0, updated=1.0, name="ci")
     with pytest.raises(dataclasses.FrozenInstanceError):
