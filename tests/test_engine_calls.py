@@ -219,6 +219,7 @@ def test_signs_of_life_are_forgotten_when_every_call_runs_in_a_group_commit(tmp_
 
     monkeypatch.setattr(runtime, "REMEMBERED_MAX", 4)
     monkeypatch.setattr(runtime, "REMEMBERED_CHECKED", 100)
+    monkeypatch.setattr(runtime, "REMEMBERED_CHECK_SECONDS", 0.0)
     h = Harness(make_store("sqlite", tmp_path))
     service, store = h.service, h.store
     seen_inside = 0
@@ -267,6 +268,27 @@ def test_state_after_compaction_says_its_counters_cover_the_whole_history(h):
     state = h.call("GET", "/monitors/ci/state", token=tok).body
     assert state["retention_floor"] == 5 and state["counters"]["observations"] == 5
     assert state["computed_from"] == {"seq_from": 1, "seq_to": state["head"]}
+
+
+def test_an_engine_gone_leaves_no_hook_alive_on_its_store(tmp_path):
+    """The store calls its engines' group-commit end hooks through a weak reference: an engine dropped (a
+    test's, an embedder's second one) is freed, and the store's groups go on (control: one alive is heard)."""
+    import gc
+    import weakref
+
+    from monitor_protocol.core.service import MonitorService
+
+    store = make_store("sqlite", tmp_path)
+    heard: list[bool] = []
+    kept = MonitorService(store)
+    kept.batch_ended = heard.append  # type: ignore[method-assign]
+    gone = weakref.ref(MonitorService(store))
+    gc.collect()
+    assert gone() is None
+    with store.batch():
+        pass  # an empty group ends too
+    assert heard == [True]
+    store.close()
 
 
 def test_a_seek_below_the_retention_floor_is_taken_and_the_next_pull_names_the_floor(h):

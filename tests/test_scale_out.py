@@ -671,12 +671,14 @@ def test_ack_and_redelivery_marks_are_the_same_through_every_server(tmp_path, pg
 
 
 def sessions_on(db: str) -> list[str]:
-    """The last statement of every other session on `db` (pg_stat_activity's `query`)."""
+    """The last statement of every other client session on `db` (pg_stat_activity's `query`; not autovacuum's,
+    nor a server's probe of whether the database can be reached)."""
     import psycopg
 
     with psycopg.connect(db, autocommit=True, connect_timeout=5) as conn:
         rows = conn.execute(
-            "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend' AND application_name <> 'mp serve (probe)'"
         ).fetchall()
     return [row[0] for row in rows]
 
@@ -706,7 +708,7 @@ def test_a_server_holds_the_connections_the_docs_count_and_none_idle_from_its_st
 
         def counts_folded() -> list[str] | None:
             queries = sessions_on(pg_url)
-            # the fold of the readers' counts (opened at the first pull): every kind of connection is open
+            # the fold of the readers' counts (opened at the first acknowledged delivery): every kind is open
             return queries if "COMMIT" in queries else None  # (the fold's last statement)
 
         queries = eventually(counts_folded, timeout=15, what="the readers' counts folded")

@@ -4,10 +4,12 @@ clock. Rules are plain functions `rule(core, tx, ...)`; this class holds no rule
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 import time as _time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +58,19 @@ from monitor_protocol.core.vocab import (
 
 log = logging.getLogger("monitor_protocol.core.runtime")
 
+
+def _batch_ended(engine: weakref.ref[ServiceCore], committed: bool) -> None:
+    """A store's group-commit end hook (MonitorService.batch_ended), for as long as that engine lives; it never
+    raises into the store's commit (a group that committed stays committed)."""
+    service = engine()
+    if service is None:
+        return
+    try:
+        service.batch_ended(committed)
+    except Exception:
+        log.exception("the engine's group-commit end hook failed")
+
+
 SERVER_NAME = "monitor-protocol-python"
 SERVER_VERSION = __version__
 
@@ -91,6 +106,7 @@ def _last_pull_stored(monitor: Monitor, seen: float) -> bool:
 # remembers (it never hears of it), and the entry stayed for the process's life.
 REMEMBERED_MAX = 50_000
 REMEMBERED_CHECKED = 1_000
+REMEMBERED_CHECK_SECONDS = 1.0  # how often a group commit's end checks them (MonitorService.batch_ended)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +181,13 @@ class ServiceCore(ABC):
         # Appends of calls run inside a shared store's group commit (PostgresStore.batch), per engine lane:
         # told to the listeners once the group has committed (release_appends), or dropped with it.
         self._held_appends = lane_local()
-        hooks = getattr(store, "batch_end_hooks", None)  # a store with group commits of its own (SQLite)
+        # A store with group commits of its own (SQLite) says when each ends: the signs of life a group wrote
+        # are held until then (_life_pending). Through a weak reference: the store outlives an engine on it.
+        hooks = getattr(store, "batch_end_hooks", None)
+        self._hears_batch_end = hooks is not None
         if hooks is not None:
-            hooks.append(self.batch_ended)
+            hooks.append(functools.partial(_batch_ended, weakref.ref(self)))
+        self._remembered_checked = float("-inf")  # (monotonic) when batch_ended last checked the oldest
 
     # ================================================================================ infrastructure
     def add_listener(self, fn: Listener) -> None:
@@ -436,7 +456,8 @@ class ServiceCore(ABC):
         kept, one entry per reader that ever pulled stayed for the process's life. Inside a group commit the
         write is not stored yet: forgotten when the group has committed (batch_ended)."""
         life = self._life
-        pending = self._life_pending if getattr(self.store, "in_batch", False) else None
+        in_batch = self._hears_batch_end and getattr(self.store, "in_batch", False)
+        pending = self._life_pending if in_batch else None
         for sub in written:
             seen = life.get(sub.id)
             if seen is not None and _life_stored(sub, seen):
@@ -458,11 +479,15 @@ class ServiceCore(ABC):
                 for sub_id, seen in pending.items():
                     if life.get(sub_id) == seen:  # (a later sign remembered since is kept)
                         del life[sub_id]
-        if len(self._life) > REMEMBERED_MAX or len(self._monitor_pulls) > REMEMBERED_MAX:
+        if len(self._life) <= REMEMBERED_MAX and len(self._monitor_pulls) <= REMEMBERED_MAX:
+            return
+        now = _time.monotonic()  # not at every group: readers legitimately ahead of the store stay
+        if committed and now - self._remembered_checked >= REMEMBERED_CHECK_SECONDS:
+            self._remembered_checked = now
             try:
                 self._check_remembered()
-            except Exception:  # the store failed: checked again at the next group's end
-                log.warning("the remembered signs of life could not be checked now", exc_info=True)
+            except Exception as exc:  # the store failed: checked again at a later group's end
+                log.warning("the remembered signs of life could not be checked now: %s", exc)
 
     def _check_remembered(self) -> None:
         """The oldest remembered signs of life and last pulls, checked against the store (see REMEMBERED_MAX):

@@ -97,6 +97,7 @@ class Wire:
         self.statements = 0
         self.round_trips = 0
         self.in_tx = False  # something was sent since the last Sync: an implicit transaction is open
+        self.sent_later = False  # a statement went by `later` (every write does) since the last Sync
         self._later: list[int] = []  # results of statements sent by `later`, not read yet
         self._failure: BaseException | None = None
         self._syncs_unread = 0  # Syncs sent without waiting (read-only transactions), answers not read yet
@@ -183,6 +184,7 @@ class Wire:
     def later(self, sql: str, params: tuple[Any, ...] | list[Any], *, prepare: bool = True) -> None:
         """Send a statement now and read its result with the next round trip (the next `many`, or `sync`):
         a call's writes travel with its commit."""
+        self.sent_later = True
         with self._sending():
             self._later.append(self._send(sql, params, prepare))
 
@@ -193,7 +195,7 @@ class Wire:
         transaction and releases its locks on reading it) and its answer read with the next round trip."""
         with self._sending():
             self.pg.pipeline_sync()
-        self.in_tx = False
+        self.in_tx = self.sent_later = False
         if not wait and not self._later and not self._answered:
             self._syncs_unread += 1
             return []
@@ -217,7 +219,7 @@ class Wire:
         if not self.in_tx:
             return
         try:
-            if wrote:
+            if wrote or self.sent_later:  # (a write its caller did not count is still rolled back)
                 self._send("ROLLBACK", (), False)
                 self.statements -= 1  # the end of a transaction, not a statement of a call
                 self._later.append(1)
