@@ -215,11 +215,6 @@ def test_signs_of_life_are_forgotten_when_every_call_runs_in_a_group_commit(tmp_
     to it), and a group's signs of life were forgotten only by a later call outside one, the remembered last
     pulls checked only outside one: a churn of readers and monitors grew both for good (a tester's soak: one
     entry per subscription and monitor that ever pulled). Control: inside the group they are there."""
-    from monitor_protocol.core import runtime
-
-    monkeypatch.setattr(runtime, "REMEMBERED_MAX", 4)
-    monkeypatch.setattr(runtime, "REMEMBERED_CHECKED", 100)
-    monkeypatch.setattr(runtime, "REMEMBERED_CHECK_SECONDS", 0.0)
     h = Harness(make_store("sqlite", tmp_path))
     service, store = h.service, h.store
     seen_inside = 0
@@ -233,14 +228,48 @@ def test_signs_of_life_are_forgotten_when_every_call_runs_in_a_group_commit(tmp_
         h.clock.advance(1)
         with store.batch():
             h.pull(sid, rtok)  # empty: remembered, not written
-            seen_inside += sid in service._life
+            seen_inside += sid in service._life and f"m{i}" in service._monitor_pulls
         with store.batch():
             assert h.call("POST", f"/subscriptions/{sid}/retire", {}, token=rtok).status == 200
             assert h.call("POST", f"/monitors/m{i}/retire", {"reason": "churn"}, token=tok).status == 200
     assert seen_inside == 30  # control: each was remembered
     assert service._life == {}, service._life  # retired, and stored as such: nothing left to remember
-    assert len(service._monitor_pulls) <= 4 + 1, service._monitor_pulls  # checked past the bound
+    assert service._monitor_pulls == {}, service._monitor_pulls
     store.close()
+
+
+def test_last_pulls_another_server_retired_are_checked_past_the_bound_when_a_group_ends(
+    tmp_path, monkeypatch
+):
+    """What another server retired this one never hears of: past REMEMBERED_MAX the oldest entries are read
+    from the store, and with every call in a group commit that happens as a group ends (at most once every
+    REMEMBERED_CHECK_SECONDS). Control: before any group ends, they are all there."""
+    from monitor_protocol.core import runtime
+    from monitor_protocol.core.service import MonitorService
+
+    monkeypatch.setattr(runtime, "REMEMBERED_MAX", 4)
+    monkeypatch.setattr(runtime, "REMEMBERED_CHECKED", 100)
+    monkeypatch.setattr(runtime, "REMEMBERED_CHECK_SECONDS", 0.0)
+    h = Harness(make_store("sqlite", tmp_path))
+    other = MonitorService(h.store, clock=h.clock)  # another engine on the same file, as a second server is
+    gone = []
+    for i in range(6):
+        owner = h.monitor(f"m{i}")
+        sid, rtok = h.subscribe(f"m{i}", owner)
+        h.ack(sid, rtok, h.pull(sid, rtok).body["next"])
+        gone.append((f"m{i}", owner, sid, rtok))
+    h.clock.advance(1)
+    with h.store.batch():
+        for _mid, _owner, sid, rtok in gone:
+            h.pull(sid, rtok)  # empty: the monitor's last pull remembered, not written
+    pulls = h.service._monitor_pulls
+    for mid, owner, _sid, _rtok in gone:
+        other.configure(mid, "retire", {"reason": "elsewhere"}, owner)  # this engine never hears of it
+    assert len(pulls) == 6  # control
+    with h.store.batch():
+        h.call("GET", "/discover")
+    assert pulls == {}, pulls
+    h.store.close()
 
 
 def test_served_last_pull_is_the_latest_pull_even_when_not_yet_stored(h):

@@ -168,6 +168,7 @@ class ServiceCore(ABC):
         # Signs of life a subscription's write inside a group commit holds (SQLite's `in_batch`), by id: forgotten
         # when that group has committed (the store tells, `batch_ended`), kept when it failed.
         self._life_pending: dict[str, float] = {}
+        self._pulls_pending: dict[str, float] = {}  # the same for monitors' last pulls
         # Calls may run on several threads at once on a store that keeps them apart (doors/engines.py
         # EngineLanes): a newer sign of life is never overwritten by an older one.
         self._life_lock = threading.Lock()
@@ -239,7 +240,7 @@ class ServiceCore(ABC):
             raise storage_unavailable(
                 detail, outcome_unknown=getattr(exc, "outcome_unknown", False)
             ) from None
-        self._remember_life(tx, changes.subscriptions)
+        self._remember_life(tx, changes.subscriptions, changes.monitors)
         if self._push_targets is not None and changes.subscriptions:
             self._track_push_targets(changes.subscriptions)
         if tx.appended and getattr(self.store, "grouping", False):
@@ -443,42 +444,54 @@ class ServiceCore(ABC):
         is the subscription as the store holds it, not as `alive` sees it."""
         return now - stored.mute_since >= self._life_window(monitor, stored)
 
-    def _remember_life(self, tx: Tx, written: list[Subscription]) -> None:
-        if not tx.life and not tx.monitor_pulls and not (written and self._life):
+    def _remember_life(self, tx: Tx, written: list[Subscription], monitors: list[Monitor]) -> None:
+        subs = bool(written and self._life)
+        pulls = bool(monitors and self._monitor_pulls)
+        if not tx.life and not tx.monitor_pulls and not subs and not pulls:
             return
         with self._life_lock:
             self._remember_life_locked(tx)
-            if written and self._life:
-                self._forget_stored_life(written)
+            in_batch = self._hears_batch_end and getattr(self.store, "in_batch", False)
+            if subs:
+                self._forget_stored(
+                    self._life, written, _life_stored, self._life_pending if in_batch else None
+                )
+            if pulls:
+                pending = self._pulls_pending if in_batch else None
+                self._forget_stored(self._monitor_pulls, monitors, _last_pull_stored, pending)
 
-    def _forget_stored_life(self, written: list[Subscription]) -> None:
-        """A sign of life the store now holds (a clock as late) or that no longer matters (retired) is forgotten:
-        kept, one entry per reader that ever pulled stayed for the process's life. Inside a group commit the
-        write is not stored yet: forgotten when the group has committed (batch_ended)."""
-        life = self._life
-        in_batch = self._hears_batch_end and getattr(self.store, "in_batch", False)
-        pending = self._life_pending if in_batch else None
-        for sub in written:
-            seen = life.get(sub.id)
-            if seen is not None and _life_stored(sub, seen):
+    @staticmethod
+    def _forget_stored(
+        remembered: dict[str, float],
+        written: list[Any],
+        stored: Callable[[Any, float], bool],
+        pending: dict[str, float] | None,
+    ) -> None:
+        """A sign of life (a reader's) or last pull (a monitor's) the store now holds (a clock as late) or that no
+        longer matters (retired) is forgotten: kept, one entry per reader and monitor that ever pulled stayed
+        for the process's life. Inside a group commit the write is not stored yet: `pending`, forgotten when
+        the group has committed (batch_ended)."""
+        for record in written:
+            seen = remembered.get(record.id)
+            if seen is not None and stored(record, seen):
                 if pending is None:
-                    del life[sub.id]
+                    del remembered[record.id]
                 else:
-                    pending[sub.id] = seen
+                    pending[record.id] = seen
 
     def batch_ended(self, committed: bool) -> None:
         """The store's group commit is over (SQLite's batch; its `batch_end_hooks`), outside any transaction:
-        the signs of life its writes hold are forgotten if it committed, and the oldest remembered ones are
+        the signs of life and last pulls its writes hold are forgotten if it committed, and the oldest remembered ones are
         checked when there are too many. While a reader is parked every call runs in a group (the HTTP door
         joins its re-check to it), and both waited for a call outside one: one entry per reader and monitor
         that ever pulled stayed for the process's life (a tester's soak)."""
         with self._life_lock:
-            pending, self._life_pending = self._life_pending, {}
-            if committed:
-                life = self._life
-                for sub_id, seen in pending.items():
-                    if life.get(sub_id) == seen:  # (a later sign remembered since is kept)
-                        del life[sub_id]
+            held = ((self._life, self._life_pending), (self._monitor_pulls, self._pulls_pending))
+            self._life_pending, self._pulls_pending = {}, {}
+            for remembered, pending in held if committed else ():
+                for key, seen in pending.items():
+                    if remembered.get(key) == seen:  # (a later sign remembered since is kept)
+                        del remembered[key]
         if len(self._life) <= REMEMBERED_MAX and len(self._monitor_pulls) <= REMEMBERED_MAX:
             return
         now = _time.monotonic()  # not at every group: readers legitimately ahead of the store stay
