@@ -445,8 +445,12 @@ class ServiceCore(ABC):
         return now - stored.mute_since >= self._life_window(monitor, stored)
 
     def _remember_life(self, tx: Tx, written: list[Subscription], monitors: list[Monitor]) -> None:
-        subs = bool(written and self._life)
-        pulls = bool(monitors and self._monitor_pulls)
+        # What it wrote is checked only where remembered (here or by this call), so a publish, which writes its
+        # monitor, takes the lock only when a pull of that monitor is remembered. (Read without the lock: an
+        # entry another lane adds meanwhile is a later sign, kept anyway.)
+        life, pulls_of = self._life, self._monitor_pulls
+        subs = any(sub.id in life or sub.id in tx.life for sub in written)
+        pulls = any(mon.id in pulls_of or mon.id in tx.monitor_pulls for mon in monitors)
         if not tx.life and not tx.monitor_pulls and not subs and not pulls:
             return
         with self._life_lock:
@@ -481,8 +485,8 @@ class ServiceCore(ABC):
 
     def batch_ended(self, committed: bool) -> None:
         """The store's group commit is over (SQLite's batch; its `batch_end_hooks`), outside any transaction:
-        the signs of life and last pulls its writes hold are forgotten if it committed, and the oldest remembered ones are
-        checked when there are too many. While a reader is parked every call runs in a group (the HTTP door
+        the signs of life and last pulls its writes hold are forgotten if it committed, and the oldest
+        remembered ones are checked when there are too many. While a reader is parked every call runs in a group (the HTTP door
         joins its re-check to it), and both waited for a call outside one: one entry per reader and monitor
         that ever pulled stayed for the process's life (a tester's soak)."""
         with self._life_lock:
