@@ -755,9 +755,9 @@ class SQLiteStore(Store):
         # Two subqueries, not `min(seq), max(seq)` in one: SQLite answers a lone min() or max() from the
         # primary key's end, but both at once by reading every row of the monitor.
         bounds = self._db.execute(
-            "SELECT (SELECT min(seq) FROM observations WHERE monitor=?1), "
-            "(SELECT max(seq) FROM observations WHERE monitor=?1)",
-            (monitor_id,),
+            "SELECT (SELECT min(seq) FROM observations WHERE monitor=?), "
+            "(SELECT max(seq) FROM observations WHERE monitor=?)",
+            (monitor_id, monitor_id),
         ).fetchone()
         if bounds[0] is None:
             return
