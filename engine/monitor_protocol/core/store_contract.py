@@ -48,6 +48,8 @@ class StorageError(Exception):
 # ===================================================================================== log queries
 # The indexed columns of the log, and the filter keys they answer (filters.prefilter builds queries).
 LOG_COLUMNS = ("type", "subject", "actor", "origin", "tier", "horizon")
+# The log columns every store that indexes its log keeps an index of its own on, (monitor, column, seq).
+SEEK_COLUMNS = ("type", "subject", "actor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,17 @@ class LogQuery:
     @property
     def selects_all(self) -> bool:
         return all(any(not alt for alt in clause) for clause in self.clauses)
+
+    @property
+    def seeks_alone(self) -> bool:
+        """Whether a store reads this query by seeking one index and nothing else: one term, of exact values,
+        on a column every store indexes (SEEK_COLUMNS). Such a read examines only the rows it returns. Any
+        other query (an unindexed column, a prefix, two terms, alternatives, two clauses) may have the store
+        test rows in vain that the engine never sees, so the engine bounds its reads by seqs (SCAN_SPAN)."""
+        if len(self.clauses) != 1 or len(self.clauses[0]) != 1 or len(self.clauses[0][0]) != 1:
+            return False
+        term = self.clauses[0][0][0]
+        return term.column in SEEK_COLUMNS and not term.prefixes
 
 
 def serialized(method: Callable[..., Any]) -> Callable[..., Any]:

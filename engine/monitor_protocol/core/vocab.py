@@ -182,6 +182,11 @@ MAX_RAW_BYTES = 2048  # a rejected row keeps the raw payload whole up to this si
 IDEMPOTENCY_KEY_MAX_CHARS = 128
 IDEMPOTENCY_WINDOW_SECONDS = 86400
 SCAN_BUDGET = 1000  # rows a filtered pull, or a filtered lag count, examines per request at most
+# Seqs a filtered read walks per request when the store may examine rows in vain inside it (a filter it cannot
+# answer by seeking one index alone, LogQuery.seeks_alone): a column without an index (tier, origin,
+# horizon), a prefix, two terms, alternatives. The rows the store tests there never reach the engine's
+# count, so the read is bounded by the stretch of the log it covers instead.
+SCAN_SPAN = 8192
 # Bytes, as stored: a page of a pull (or a stream) stops before its observations pass PAGE_BYTES (always at
 # least one), and a filtered read stops once the rows it examined in vain pass SCAN_BYTES; so a reply's size
 # and a read's cost are bounded by bytes, not only rows (200 rows of ~1 MiB each would be a 200 MiB reply).

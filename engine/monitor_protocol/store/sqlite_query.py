@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from monitor_protocol.core.store_contract import LOG_COLUMNS, LogQuery, Term
+from monitor_protocol.core.store_contract import LOG_COLUMNS, SEEK_COLUMNS, LogQuery, Term
 from monitor_protocol.store.sql import next_prefix, storable
 
 
@@ -39,7 +39,7 @@ def _term_sql(term: Term, params: list[Any], plain: bool) -> str:
 
 
 # The log columns with an index of their own, `(monitor, column, seq)`.
-INDEXED_COLUMNS = ("type", "subject", "actor")
+INDEXED_COLUMNS = SEEK_COLUMNS
 
 
 def log_where(query: LogQuery | None, *, plain: bool = False) -> tuple[str, list[Any]] | None:

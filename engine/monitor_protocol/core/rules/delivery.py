@@ -42,6 +42,7 @@ from monitor_protocol.core.vocab import (
     MAX_LIMIT,
     PROTOCOLS,
     RESET_POLICIES,
+    SCAN_BUDGET,
     SUBSCRIPTION_ID_HEX,
     T_BOOKMARK,
     T_SUBSCRIBED,
@@ -369,7 +370,7 @@ def _pull(
         memo = core.group_memo()
     page = read_page(tx, rec, sub, inline_flt, start, lim, memo, raw)
     page.changed = reset
-    if page.capped and not page.batch and not replay and not inline_flt:
+    if not page.batch and not replay and not inline_flt and _walked_in_vain(sub, page, start):
         sub = _mark_examined(sub, page, start)
     caught_up = not page.batch or page.batch[-1].seq == rec.head
     if not replay and not page.capped and sub.relist and caught_up and len(page.batch) < lim:
@@ -440,9 +441,19 @@ def _past_the_floor(
     return evolve(sub, cursor=start, relist=sub.reset_policy == "earliest"), start, True
 
 
+def _walked_in_vain(sub: Subscription, page: Page, start: int) -> bool:
+    """Whether an empty page's read is worth remembering: cut short by its bounds, or a walk of the log (no
+    index sought alone, pages.py) of SCAN_BUDGET seqs or more past what was remembered, to the head. A long
+    poll's re-checks then read only what was appended since, not that stretch again at every wake."""
+    if page.capped:
+        return True
+    return page.walked and page.last_examined - past_known_misses(sub, max(start, 1)) + 1 >= SCAN_BUDGET
+
+
 def _mark_examined(sub: Subscription, page: Page, start: int) -> Subscription:
-    """Remember what an empty, budget-capped page examined in vain, so the next pull goes on from there even
-    if this reader never acks an empty page (push, watch, SSE): bounded work per request, never a stall.
+    """Remember what an empty page examined in vain (cut short by the scan's bounds, or a long stretch of the
+    log walked to its head), so the next pull goes on from there even if this reader never acks an empty page
+    (push, watch, SSE, a long poll's re-checks): bounded work per request, never a stall.
     Only an empty page: rows delivered but not acked must come back on the next pull (P4)."""
     mark = sub.scan_mark
     first = past_known_misses(sub, max(start, 1))

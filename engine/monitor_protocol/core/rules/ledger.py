@@ -12,6 +12,7 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import COUNTS_AS_ATTEMPT, LeaseState, lease_next, subscription_next
 from monitor_protocol.core.records import Lease, Monitor, Observation, Subscription, copier, evolve
 from monitor_protocol.core.rules import events
+from monitor_protocol.core.rules.page_bytes import walk_end
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.vocab import (
@@ -202,15 +203,22 @@ def _filtered_lag(
     tx: Tx, rec: Monitor, sub: Subscription, start: int, head: int, flt: Any
 ) -> tuple[int, bool]:
     query = filters.prefilter(flt)
-    if query.complete:
+    seeks = query.seeks_alone  # the store examines only what it counts or returns (else: SCAN_SPAN)
+    if query.complete and seeks:
         n = tx.count(rec.id, start, head, query, cap=LAG_COUNT_CAP + 1)
         return min(n, LAG_COUNT_CAP), n > LAG_COUNT_CAP
     start = past_known_misses(sub, start)
     if start > head:
         return 0, False
+    end = head if seeks or query.selects_all else walk_end(start, head)
+    if query.complete:  # counted within the span; the seqs past it count as if they matched
+        n = tx.count(rec.id, start, end, query, cap=LAG_COUNT_CAP + 1)
+        if end < head:
+            return min(n + head - end, LAG_COUNT_CAP), True
+        return min(n, LAG_COUNT_CAP), n > LAG_COUNT_CAP
     count = examined = 0
     last = start - 1
-    for obs in tx.scan(rec.id, start, head, query):
+    for obs in tx.scan(rec.id, start, end, query):
         examined += 1
         last = obs.seq
         if filters.matches(flt, obs.event):
@@ -220,12 +228,10 @@ def _filtered_lag(
     if examined >= SCAN_BUDGET and last < head:
         # The rows not examined count as if they matched; the store narrows that bound only when its
         # indexes can (counting every row would cost as much as the scan the budget just refused).
-        rest = (
-            head - last
-            if query.selects_all
-            else tx.count(rec.id, last + 1, head, query, cap=LAG_COUNT_CAP + 1)
-        )
+        rest = tx.count(rec.id, last + 1, head, query, cap=LAG_COUNT_CAP + 1) if seeks else head - last
         return min(count + rest, LAG_COUNT_CAP), True
+    if end < head:
+        return min(count + head - end, LAG_COUNT_CAP), True
     return count, False
 
 

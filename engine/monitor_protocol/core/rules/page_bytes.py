@@ -1,6 +1,7 @@
-"""What one request may still return in pages, in bytes, where it holds several pulls (a JSON-RPC batch):
-they share one PAGE_BYTES, so a batch of 100 pulls is not 100 pages' worth of reply. A single pull's page is
-bounded by PAGE_BYTES alone (delivery.py)."""
+"""What one request may still return in pages, in bytes, and walk of the log, in seqs, where it holds several
+pulls (a JSON-RPC batch): they share one PAGE_BYTES and one SCAN_SPAN, so a batch of 100 pulls is neither 100
+pages' worth of reply nor 100 walks' worth of work. A single pull is bounded by PAGE_BYTES and SCAN_SPAN
+alone (delivery.py, pages.py, ledger.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor_protocol.core.errors import ProtocolError
-from monitor_protocol.core.vocab import PAGE_BYTES
+from monitor_protocol.core.vocab import PAGE_BYTES, SCAN_SPAN
 
 _REQUEST_PAGE_BYTES: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "request_page_bytes", default=None
+)
+_REQUEST_SCAN_SPAN: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "request_scan_span", default=None
 )
 
 
@@ -21,9 +25,11 @@ _REQUEST_PAGE_BYTES: contextvars.ContextVar[list[int] | None] = contextvars.Cont
 def shared_page_bytes() -> Iterator[None]:
     """The pulls made inside share one page's bytes (PAGE_BYTES); past them, a pull is refused (TOO_LARGE)."""
     token = _REQUEST_PAGE_BYTES.set([PAGE_BYTES])
+    walk = _REQUEST_SCAN_SPAN.set([SCAN_SPAN])
     try:
         yield
     finally:
+        _REQUEST_SCAN_SPAN.reset(walk)
         _REQUEST_PAGE_BYTES.reset(token)
 
 
@@ -46,3 +52,15 @@ def spent_page_bytes(batch: list[Any]) -> None:  # (observations or ServedRows: 
     shared = _REQUEST_PAGE_BYTES.get()
     if shared is not None:
         shared[0] -= sum(obs.size for obs in batch)
+
+
+def walk_end(first: int, head: int) -> int:
+    """Where a read that walks the log from `first` stops (its SCAN_SPAN seqs, or what the request has left
+    of them; `first - 1` when nothing is left: the read is cut short at once and the reader goes on in another
+    request), the walk counted as spent."""
+    shared = _REQUEST_SCAN_SPAN.get()
+    span = SCAN_SPAN if shared is None else max(0, min(SCAN_SPAN, shared[0]))
+    end = min(head, first + span - 1)
+    if shared is not None:
+        shared[0] -= max(0, end - first + 1)
+    return end

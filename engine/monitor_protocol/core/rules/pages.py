@@ -10,7 +10,7 @@ from typing import Any
 from monitor_protocol.core import filters
 from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.rules.ledger import past_known_misses
-from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes
+from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes, walk_end
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.vocab import PAGE_BYTES, SCAN_BUDGET, SCAN_BYTES
 
@@ -18,7 +18,8 @@ from monitor_protocol.core.vocab import PAGE_BYTES, SCAN_BUDGET, SCAN_BYTES
 @dataclass(slots=True)
 class Page:
     """What one pull read: the rows it hands out, the last seq it examined, whether the scan budget cut the
-    read short (`capped`), and whether the reader's stored record changed on the way (`changed`)."""
+    read short (`capped`), whether the reader's stored record changed on the way (`changed`), and whether the
+    read walked the log rather than seeking one index (`walked`: rows may have been examined in vain)."""
 
     # Its rows are used by their `seq`, `size` and `to_wire` alone: they are observations, or records.ServedRow
     # when a pull that only serves them read them (scan_page); in one group, another reader may get that page.
@@ -26,6 +27,7 @@ class Page:
     last_examined: int
     capped: bool = False
     changed: bool = False
+    walked: bool = False
 
 
 def read_page(
@@ -62,12 +64,12 @@ def read_page(
         )
         known = memo.get(key)
         if known is not None:
-            page = Page(list(known[0]), known[1], known[2])
+            page = Page(list(known[0]), known[1], known[2], walked=known[3])
             spent_page_bytes(page.batch)
             return page
     page = scan_page(tx, rec, sub, inline_flt, first, lim, max_bytes, raw)
     if key is not None:
-        memo[key] = (tuple(page.batch), page.last_examined, page.capped)
+        memo[key] = (tuple(page.batch), page.last_examined, page.capped, page.walked)
     spent_page_bytes(page.batch)
     return page
 
@@ -101,7 +103,11 @@ def scan_page(
         if batch:
             page.last_examined = batch[-1].seq
         return page
-    for examined, obs in enumerate(tx.scan(rec.id, first, head, query), start=1):
+    # A store that may test rows in vain inside the read (no single index to seek) reads SCAN_SPAN seqs at
+    # most: what it examined there is bounded by the stretch, not by the rows the engine is handed.
+    end = head if query.selects_all or query.seeks_alone else walk_end(first, head)
+    page.walked = not (query.complete and query.seeks_alone)
+    for examined, obs in enumerate(tx.scan(rec.id, first, end, query), start=1):
         if query.complete or (
             filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event)
         ):
@@ -118,4 +124,7 @@ def scan_page(
             if (examined >= SCAN_BUDGET or missed > SCAN_BYTES) and page.last_examined < head:
                 page.capped = True
                 break
+    else:  # every row up to `end` was examined
+        page.last_examined = end
+        page.capped = end < head
     return page

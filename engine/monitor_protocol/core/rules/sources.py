@@ -22,7 +22,7 @@ from monitor_protocol.core.rules.lookups import monitor_of
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import check_json_size
-from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, T_SOURCE
+from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, SCAN_SPAN, T_SOURCE
 
 SOURCE_ACTOR = "system:sources"
 FEED_STEP_ROWS = 100  # rows of the other monitor a feed examines per engine call
@@ -173,7 +173,9 @@ def feed_step(
     query = filters.prefilter(flt)
     published = refused = examined = 0
     last = at - 1
-    for obs in tx.scan(other.id, at, head, query):
+    # (bounded as a reader's filtered read is: rules/pages.py scan_page)
+    end = head if query.selects_all or query.seeks_alone else min(head, at + SCAN_SPAN - 1)
+    for obs in tx.scan(other.id, at, end, query):
         examined += 1
         if filters.is_empty(flt) or filters.matches(flt, obs.event):
             body = sources.feed_body(plan, obs.event, f"feed:{other.id}:{obs.seq}")
@@ -192,6 +194,6 @@ def feed_step(
         if examined >= limit:
             break
     if examined < limit:
-        last = head  # the scan found no more rows up to the head: nothing below it is left to read
+        last = end  # the scan found no more rows up to its end: nothing below it is left to read
     _checkpoint(tx, monitor_id, {"feed": other.id, "seq": last})
     return {"published": published, "refused": refused, "more": last < head, "seq": last}
