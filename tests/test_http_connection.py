@@ -9,7 +9,10 @@ HttpServer (doors/http/protocol.py) in-process, each with a positive control:
 - a header value that never ends is refused at the header cap, not buffered without bound;
 - a pipelined request's time limits run from its own first byte, and are not replaced by the keep-alive
   limit when the request before it is answered;
-- a reply that cannot be made is a 503 that says so, never a hung connection.
+- a reply that cannot be made is a 503 that says so, never a hung connection;
+- a client that half-closes is told of every request it sent; a refused body's 413 keeps its own headers; a
+  Host that is not one host, and a transfer coding other than chunked, are refused; the replies no client
+  reads are held to a bound for the whole server (found by a tester, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -468,3 +471,172 @@ async def test_a_reply_that_cannot_be_made_is_a_503_not_a_hang(served: Served) -
     writer.write(state(served.owner))
     assert (await replies.reply())[0] == 200
     writer.close()
+
+
+# ------------------------------------------------------------------------------------------- half-close
+
+
+async def test_a_client_that_half_closes_is_told_of_every_request_it_sent(served: Served) -> None:
+    """Found by a tester: three pipelined publishes, then the client shut its sending side (what `nc -N` and
+    some proxies do): all three were committed, one reply came and the connection closed, so a client that
+    retried the other two published them twice. Every request sent is answered, in order, then the
+    connection closes; the control is the same three without the half-close."""
+    head = served.head()
+    for half_close in (True, False):
+        replies, writer = await connect(served)
+        writer.write(b"".join(publish(f"half-{half_close}-{i}", served.owner) for i in range(3)))
+        if half_close:
+            writer.write_eof()
+        statuses = [(await replies.reply())[0] for _ in range(3)]
+        assert statuses == [201, 201, 201]
+        if half_close:
+            assert await replies.closed()  # then it ends: nothing more can come
+        writer.close()
+    assert served.head() == head + 6
+
+
+async def test_a_long_poll_whose_client_half_closes_ends_as_if_it_left(served: Served) -> None:
+    sub = served.service.subscribe({"monitor": "ci", "subscriber": "agent:poller"}, served.owner)
+    sid, tok = sub["subscription"]["id"], sub["token"]
+    served.service.ack(sid, tok, {"cursor": served.head() + 1})
+    poll = (
+        f"GET /mp/v0/subscriptions/{sid}/pull?wait=30 HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"authorization: Bearer {tok}\r\n\r\n"
+    ).encode()
+    replies, writer = await connect(served)
+    writer.write(poll)
+    writer.write_eof()
+    assert await replies.closed()  # well before its 30 s (GUARD is 20 s): the reader is gone
+    writer.close()
+
+
+async def test_a_refused_bodys_413_keeps_its_own_headers_whatever_follows_it(served: Served) -> None:
+    """Found by a tester: a chunked body past the cap is refused, and what comes behind it in the same read
+    is parsed only to find its end; the headers of a request behind it were added to the refused request's,
+    whose 413 then read them: `Origin: http://evil.example` behind it made the reply a 403 ORIGIN_REFUSED,
+    and two Host lines a 403 naming both. The control: the same request behind a body under the cap is run."""
+    size = served.server.max_body + 1
+    refused = (
+        (
+            "POST /mp/v0/rpc HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"transfer-encoding: chunked\r\n\r\n{size:x}\r\n"
+        ).encode()
+        + b"a" * size
+        + b"\r\n0\r\n\r\n"
+    )
+    behind = b"GET /mp/v0/monitors/ci HTTP/1.1\r\nhost: 127.0.0.1\r\norigin: http://evil.example\r\n\r\n"
+    replies, writer = await connect(served)
+    writer.write(refused + behind)
+    status, body = await replies.reply()
+    assert status == 413 and body["error"]["data"]["code"] == "TOO_LARGE", body
+    writer.close()
+    replies, writer = await connect(served)  # control: behind a request that is run, it is refused itself
+    writer.write(state(served.owner) + behind)
+    assert (await replies.reply())[0] == 200
+    status, body = await replies.reply()
+    assert status == 403 and body["code"] == "ORIGIN_REFUSED"
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [["127.0.0.1", "127.0.0.1"], ["127.0.0.1:80@evil.example"], ["[::1"], ["127.0.0.1 evil.example"]],
+    ids=["two-host-lines", "userinfo", "broken-literal", "space"],
+)
+async def test_a_host_header_that_is_not_one_host_is_a_400(served: Served, hosts: list[str]) -> None:
+    """Found by a tester: two Host lines were judged as one host named '127.0.0.1, 127.0.0.1' (a 403), and
+    `127.0.0.1:80@evil.example` passed the DNS rebinding guard as 127.0.0.1 (RFC 9112 3.2: 400 for either).
+    The control: one Host, a name with a port, and an IPv6 literal are served."""
+    lines = "".join(f"host: {h}\r\n" for h in hosts)
+    replies, writer = await connect(served)
+    writer.write(f"GET /mp/v0/discover HTTP/1.1\r\n{lines}\r\n".encode())
+    status, body = await replies.reply()
+    assert status == 400 and body["code"] == "INVALID" and "Host" in body["error"], body
+    for good in ("127.0.0.1", f"localhost:{served.port}", "[::1]:8130", "mp.example.com."):
+        writer.write(f"GET /mp/v0/discover HTTP/1.1\r\nhost: {good}\r\n\r\n".encode())
+        assert (await replies.reply())[0] == 200, good
+    writer.close()
+
+
+async def test_replies_no_client_reads_are_bounded_for_the_whole_server(served: Served) -> None:
+    """Found by a tester: each connection that never reads holds about one reply (a page of up to 4 MiB), but
+    nothing bounded them together: 300 such connections held 1.3 GB. Past the server's bound, the connections
+    that have waited longest are cut off. The control: a client that reads gets its whole page meanwhile."""
+    for i in range(6):
+        served.service.publish(
+            "ci", {"type": RUN, "subject": f"big-{i}", "data": {"pad": "x" * 200_000}}, served.owner
+        )
+    sub = served.service.subscribe({"monitor": "ci", "subscriber": "agent:big"}, served.owner)
+    pull = (
+        f"GET /mp/v0/subscriptions/{sub['subscription']['id']}/pull?limit=200&cursor=0 HTTP/1.1\r\n"
+        f"host: 127.0.0.1\r\nauthorization: Bearer {sub['token']}\r\n\r\n"
+    ).encode()
+    server = served.server
+    server.unread_max = 1 << 20  # (256 MiB in mp serve) about one of these 1.2 MB pages
+    socks = []
+    for _ in range(3):  # clients that ask for the page and never read it
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", served.port))
+        sock.sendall(pull)
+        socks.append(sock)
+        async with asyncio.timeout(GUARD):
+            while len(server._unread) < 1 or server.unread_bytes == 0:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+    assert server.unread_bytes <= server.unread_max + (2 << 20)  # the newest one's page, at most
+    async with asyncio.timeout(GUARD):  # the two that waited longest are cut off, the newest is kept
+        while len(server.connections) > 1:
+            await asyncio.sleep(0.01)
+    replies, writer = await connect(served)  # control: a client that reads gets the whole page
+    writer.write(pull)
+    status, body = await replies.reply()
+    assert status == 200 and len(body["observations"]) == 8, len(body["observations"])
+    writer.close()
+    for sock in socks:
+        sock.close()
+
+
+@pytest.mark.parametrize("coding", ["gzip, chunked", "deflate,chunked", "identity, chunked"])
+async def test_a_transfer_coding_the_server_does_not_decode_is_refused(served: Served, coding: str) -> None:
+    """Found by a tester: `Transfer-Encoding: gzip, chunked` was framed as chunked and its still-compressed
+    bytes handed on. Refused 400 with a sentence, and nothing behind it runs; the control: chunked alone
+    (any case) is read."""
+    head = served.head()
+    body = json.dumps({"type": RUN, "subject": "coded"}).encode()
+    request = (
+        (
+            f"POST /mp/v0/monitors/ci/observations HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer "
+            f"{served.owner}\r\ncontent-type: application/json\r\ntransfer-encoding: {{}}\r\n\r\n"
+            f"{len(body):x}\r\n"
+        ).encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    replies, writer = await connect(served)
+    writer.write(request.replace(b"{}", coding.encode()) + publish("behind", served.owner))
+    status, reply = await replies.reply()
+    assert status == 400 and reply["code"] == "INVALID" and "transfer coding" in reply["error"], reply
+    assert await replies.closed() and served.head() == head
+    replies, writer = await connect(served)
+    writer.write(request.replace(b"{}", b"Chunked"))
+    assert (await replies.reply())[0] == 201 and served.head() == head + 1
+    writer.close()
+
+
+async def test_an_http_1_0_request_is_sent_no_100_continue(served: Served) -> None:
+    """RFC 9110 10.1.1: a server ignores `Expect: 100-continue` from HTTP/1.0, which knows no interim reply;
+    the control: HTTP/1.1 is sent its 100 first."""
+    body = json.dumps({"type": RUN, "subject": "expect"}).encode()
+    for version, interim in (("1.0", False), ("1.1", True)):
+        replies, writer = await connect(served)
+        writer.write(
+            f"POST /mp/v0/monitors/ci/observations HTTP/{version}\r\nhost: 127.0.0.1\r\nauthorization: Bearer "
+            f"{served.owner}\r\ncontent-type: application/json\r\nexpect: 100-continue\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode()
+        )
+        if interim:
+            assert (await replies.reply())[0] == 100
+        writer.write(body)
+        assert (await replies.reply())[0] == 201
+        writer.close()

@@ -1145,3 +1145,24 @@ def test_an_upgraded_file_is_said_once_at_start(tmp_path: Path) -> None:
     _base, proc = start_server(tmp_path, "--db", str(db))
     stop_server(proc)
     assert "upgraded from format" not in server_log(proc)  # control: said the start it happened only
+
+
+def test_a_logged_line_carries_no_control_character_a_client_sent():
+    """Found by a tester: `--access-log` wrote a percent-decoded path as it came, so `%1B[2J` cleared the
+    operator's terminal and a lone `%0D` made a forged line overwrite the real one (only `\\n` was handled).
+    Control characters are written as \\xNN; the control: a tab and ordinary text stay as they are."""
+    import logging
+
+    from monitor_protocol.doors.http.server import UTCFormatter
+
+    formatter = UTCFormatter("%(message)s")
+
+    def line(message: str) -> str:
+        return formatter.format(logging.LogRecord("t", logging.INFO, __file__, 1, message, None, None))
+
+    sent = 'GET /mp/v0/monitors/ESC\x1b[2J\x1b[31mRED\x00NUL\x07 and CR\rforged\x9b "\u00e9t\u00e9"'
+    assert line(sent) == (
+        'GET /mp/v0/monitors/ESC\\x1b[2J\\x1b[31mRED\\x00NUL\\x07 and CR\\x0dforged\\x9b "\u00e9t\u00e9"'
+    )
+    assert line("a\ttab stays") == "a\ttab stays"
+    assert line("two\nlines") == "two | lines"

@@ -173,6 +173,12 @@ def _names_lowered(headers: Any) -> dict[str, str]:
     return out
 
 
+# A Host header as RFC 9112 3.2 has it: one host (a bracketed IPv6 literal, or a name or IPv4 address of
+# RFC 3986's reg-name characters) and an optional port. Two Host lines (joined with ", " by the HTTP door),
+# userinfo (`127.0.0.1:80@evil.com`) or a broken literal (`[::1`) are not one.
+_HOST = re.compile(r"(?:\[[0-9A-Za-z:.%~_-]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+
+
 def host_name(host: str) -> str:
     """A Host header's name: lower case, without its port, and without the root's dot (`example.org.` is
     `example.org`, as DNS reads it)."""
@@ -299,8 +305,14 @@ class RestRouter:
                 f"Requests from origin {origin} are not allowed here; the operator can allow it with --allow-origin.",
                 origin=origin,
             )
+        host = req.header("host")
+        if host is not None and not _HOST.fullmatch(host.strip()):
+            raise ProtocolError(
+                "INVALID",
+                f"The Host header {host[:200]!r} is not one host and an optional port (RFC 9112 3.2: exactly "
+                "one Host line, no user info); send one, such as Host: 127.0.0.1:<port>.",
+            )
         if self.allowed_hosts is not None:
-            host = req.header("host")
             # HTTP/1.1 requires a Host (RFC 9112 3.2), and the DNS rebinding guard cannot judge without one
             if host is None:
                 raise ProtocolError(

@@ -11,8 +11,9 @@ What the connection itself enforces (docs/protocol.md section 10, docs/serve.md)
 request, its first byte for each later one), an idle keep-alive connection closed after ``keep_alive``, the
 body cap (413 before the rest is read: a body already on its way is read and dropped, bounded, so that the
 reply is not destroyed by a reset), request headers bounded in size, requests the parser refuses answered
-with the protocol's JSON error body (400 INVALID), pipelined requests answered in order, and a drain on
-shutdown (idle connections closed at once, busy ones after their reply).
+with the protocol's JSON error body (400 INVALID), pipelined requests answered in order (all of them when
+the client half-closes), the replies no client reads held to UNREAD_BYTES_MAX for the whole server, and a
+drain on shutdown (idle connections closed at once, busy ones after their reply).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ API = b"/mp/v0"
 MAX_HEADER_BYTES = 64 << 10  # request line and headers together
 MAX_PIPELINED = 32  # requests parsed ahead of their turn before the connection stops reading
 WRITE_TIMEOUT = 60.0  # a client that takes none of its replies' bytes for this long is cut off
+# Replies written and not yet taken by their clients, every connection together (each holds at most about one
+# reply, a page of up to 4 MiB, before the server stops answering it): past this, the connections that have
+# waited longest for their client to read are cut off, so that many clients that never read cannot make the
+# server hold a page each without bound.
+UNREAD_BYTES_MAX = 256 << 20
 INVALID_METHOD = (
     "The HTTP method is not one this server knows; send GET, POST or OPTIONS to a route under /mp/v0 "
     "(GET /mp/v0/discover lists what the server offers)."
@@ -111,6 +117,7 @@ class HttpConnection(asyncio.Protocol):
         self._lingered = 0  # bytes read since, counted against DISCARD_BYTES
         self._linger_over = False  # the refused body ended (or DISCARD_BYTES came): close once the 413 is out
         self._head_over = False  # a request line and headers past MAX_HEADER_BYTES stopped the parser
+        self._coding_refused: str | None = None  # a transfer coding other than chunked stopped the parser
         self._in_message = False  # between on_message_begin and on_message_complete
         self._begun = 0  # messages begun on this connection
         self._head_seen = 0  # bytes fed while the current message's headers were still coming
@@ -118,11 +125,15 @@ class HttpConnection(asyncio.Protocol):
         self._upgrade: int | None = None  # body bytes still owed by a request that asked to upgrade
         self._upgrade_meta: tuple[bytes, bool, str] = (b"GET", False, "1.1")
         self._broken = False  # a parse error: nothing more is read; its 400 is written in turn
+        self._dropping = (
+            False  # what comes is a refused body the parser did not frame: dropped while lingering
+        )
         # requests parsed and waiting, and whether one is being answered
         self._queue: collections.deque[_Pending] = collections.deque()
         self._busy = False
         self._answered: _Pending | None = None  # the request whose reply was written last
         self._closing = False  # reply to what is in hand, then close (shutdown, Connection: close)
+        self._eof = False  # the client sends nothing more: answer what it sent, then close (eof_received)
         self._holds: set[str] = set()  # why reading is paused: "queue", "write", "cut", "broken"
         self._write_paused = False
         self._last_buffered = 0  # the write buffer as the last sweep saw it
@@ -146,12 +157,23 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.server.writes_resumed(self)
         self._stage = None
         if not self.gone.done():
             self.gone.set_result(None)
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
         self.transport = None
+
+    def eof_received(self) -> bool:
+        """The client will send nothing more (it half-closed its side, or is closing): the requests it sent are
+        still answered, in order, and the connection closes after the last (a publish it pipelined is told it
+        was committed); a long poll or a stream it was waiting on ends as if it had left. True keeps the
+        transport open for those replies; with nothing to answer, it closes now."""
+        self._eof = True
+        if not self.gone.done():
+            self.gone.set_result(None)
+        return self._busy or bool(self._queue)
 
     @property
     def _read_paused(self) -> bool:
@@ -174,9 +196,11 @@ class HttpConnection(asyncio.Protocol):
         # buffer, not the server's memory.
         self._write_paused = True
         self._hold_reading("write")
+        self.server.writes_paused(self)
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self.server.writes_resumed(self)
         self._progress_at = self.loop.time()
         self._release_reading("write")
         if self._drained is not None and not self._drained.done():
@@ -196,7 +220,7 @@ class HttpConnection(asyncio.Protocol):
             if self._lingered > DISCARD_BYTES:
                 self._stop_lingering()
                 return
-        if self._broken:
+        if self._broken or self._dropping:
             return
         if self._upgrade is not None:
             self._upgrade_body(data)
@@ -224,6 +248,11 @@ class HttpConnection(asyncio.Protocol):
         the headers: the body it did not read is read here, then a fresh parser takes what follows."""
         self.parser = httptools.HttpRequestParser(self)
         if self._broken:
+            return
+        if (
+            self._linger
+        ):  # refused on its size (its 413 is made): the body that follows is dropped, never parsed
+            self._dropping = True
             return
         if self._upgrade is None:  # no body owed: the request was answered already
             rest = data[offset:]
@@ -304,6 +333,10 @@ class HttpConnection(asyncio.Protocol):
         self._in_message = True
         if self._linger:  # behind a refused body, in the same read: parsed only to find the ends, never run
             self._cut = True
+            # Its headers go to a table of their own, dropped: the refused request's (which its 413 reads
+            # for the Origin and Host policy) must not take them in.
+            self._headers = Headers()
+            self._header_bytes = 0
             return
         if self._begun:  # a later request on this connection: its clock starts at its first byte
             self._begin_request()
@@ -334,6 +367,15 @@ class HttpConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self._linger:
             return
+        coding = self._headers.get("transfer-encoding")
+        if coding is not None and [c.strip().lower() for c in coding.split(",") if c.strip()] != ["chunked"]:
+            # The parser frames `gzip, chunked` as chunked and would hand over the still-compressed bytes:
+            # stopped here, as a parse error (nothing of this message, or after it, is run).
+            self._coding_refused = (
+                f"the transfer coding {coding[:100]!r} is not one this server decodes; send the body with "
+                "Content-Length, or with Transfer-Encoding: chunked alone"
+            )
+            raise httptools.HttpParserError(self._coding_refused)
         self._stage = "body"
         self._deadline = self._started + self.server.body_timeout
         declared = self._headers.get("content-length")
@@ -342,7 +384,11 @@ class HttpConnection(asyncio.Protocol):
                 self._too_large = int(declared.split(",")[0].strip()) > self.server.max_body
             except ValueError:
                 pass  # the parser refuses a broken length
-        if "100-continue" in self._headers.get("expect", "").lower() and self.transport is not None:
+        if (
+            "100-continue" in self._headers.get("expect", "").lower()
+            and self.transport is not None
+            and self.parser.get_http_version() == "1.1"  # an HTTP/1.0 client knows no 100 (RFC 9110 10.1.1)
+        ):
             if self._too_large:
                 self._finish_refused()  # the client waits to be told: no body comes, the 413 does
                 return
@@ -479,6 +525,9 @@ class HttpConnection(asyncio.Protocol):
         if self._queue:
             self._next()  # (or, while the client is not reading, when it does: resume_writing)
             return
+        if self._eof:  # everything the client sent is answered
+            transport.close()
+            return
         if self._continue_owed:
             self._continue_owed = False
             transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -548,6 +597,8 @@ class HttpConnection(asyncio.Protocol):
     def _refuse_parse(self, exc: Exception) -> None:
         if self._head_over:
             sentence = INVALID_REQUEST.format(detail=HEAD_TOO_LARGE)
+        elif self._coding_refused is not None:
+            sentence = INVALID_REQUEST.format(detail=self._coding_refused)
         elif isinstance(exc, httptools.HttpParserInvalidMethodError):
             sentence = INVALID_METHOD
         elif isinstance(exc, httptools.HttpParserInvalidURLError):
@@ -606,6 +657,10 @@ class HttpServer:
         self.max_body = app.max_body
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
+        # Connections whose client is not taking its replies, oldest first, with what they had buffered then.
+        self._unread: dict[HttpConnection, int] = {}
+        self.unread_bytes = 0
+        self.unread_max = UNREAD_BYTES_MAX
         self._servers: list[asyncio.AbstractServer] = []
         engine = app.engine
         # The lean door: a callback seat when the engine has one (LoopEngine), else its future.
@@ -627,6 +682,34 @@ class HttpServer:
             log.exception("checking the connections' time limits failed")
         finally:
             self._sweeper = self.loop.call_later(self.SWEEP_SECONDS, self._sweep)
+
+    def writes_paused(self, conn: HttpConnection) -> None:
+        """`conn`'s client stopped taking its replies: count what it holds, and past `unread_max` in all cut
+        off the connections that have waited longest (a client that took its replies meanwhile is not among
+        them: resume_writing took it off)."""
+        transport = conn.transport
+        size = transport.get_write_buffer_size() if transport is not None else 0
+        self.unread_bytes += size - self._unread.pop(conn, 0)
+        self._unread[conn] = size
+        # (`conn` itself, the newest, is never cut off here: this runs inside its own write)
+        while self.unread_bytes > self.unread_max and len(self._unread) > 1:
+            oldest = next(iter(self._unread))
+            held = self._unread.pop(oldest)
+            self.unread_bytes -= held
+            who = f"{oldest.client[0]}:{oldest.client[1]}" if oldest.client else "a client"
+            log.warning(
+                "closing the connection from %s: it left %d bytes of replies unread while the replies no "
+                "client has read passed %d MiB, this server's bound",
+                who,
+                held,
+                self.unread_max >> 20,
+            )
+            oldest._stage = None
+            if oldest.transport is not None:
+                oldest.transport.abort()
+
+    def writes_resumed(self, conn: HttpConnection) -> None:
+        self.unread_bytes -= self._unread.pop(conn, 0)
 
     async def listen(self, sock: Any) -> None:
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)

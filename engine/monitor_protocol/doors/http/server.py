@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -40,6 +41,16 @@ def _utc_time(record: logging.LogRecord) -> str:
     return f"{stamp}.{int(record.msecs):03d}Z"
 
 
+# Control characters a client can put into a logged line (a percent-decoded path, a header it sent): written
+# as \xNN, so that no line can clear, colour or overwrite an operator's terminal (ESC, a lone CR) or end
+# early (NUL). A tab stays a tab.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
 class UTCFormatter(logging.Formatter):
     """Log lines stamped in UTC, RFC 3339 with milliseconds (2026-12-01T09:30:00.123Z)."""
 
@@ -51,6 +62,8 @@ class UTCFormatter(logging.Formatter):
         # so that every line starts with its time; a traceback still follows its line as it is.
         if "\n" in record.message:
             record.message = " | ".join(part.strip() for part in record.message.splitlines() if part.strip())
+        if _CONTROL.search(record.message):
+            record.message = _CONTROL.sub(_escaped, record.message)
         return super().formatMessage(record)
 
 
