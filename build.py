@@ -5,7 +5,8 @@
     python build.py serve [--port N] build, then serve dist/site on http://127.0.0.1:N (default 8000)
     python build.py test [--no-e2e] [pytest args...]
                                      venv, Chromium, build, ruff, pytest tests, pytest e2e (with a throwaway
-                                     PostgreSQL cluster as MP_TEST_POSTGRES unless that is already set)
+                                     PostgreSQL cluster as MP_TEST_POSTGRES unless that is already set), then
+                                     OTHER_PYTHON_TESTS under a newer CPython when one is found
     python build.py test --quick [pytest args...]
                                      the quick lane: venv, ruff, and the tests marked quick (the engine, its
                                      rules, the stores, the router, the conformance suite in-process), without
@@ -68,6 +69,19 @@ SITE = ROOT / "dist" / "site"
 WEB = ROOT / "web"
 VENV = ROOT / ".venv"
 VENV_PY = VENV / "bin" / "python"
+# A newer CPython than the venv's, held to the tests that touch the interpreter most (the HTTP server on its C
+# extensions, the client, SQLite, the engine): the newest of these found on the machine (pythonX.Y on PATH,
+# or pyenv's) runs them in a venv of its own, .venv-X.Y. 3.13 is also the playground's (Pyodide's) Python.
+OTHER_PYTHONS = ("3.13", "3.12")
+OTHER_PYTHON_TESTS = (
+    "tests/test_store_contract.py",
+    "tests/test_engine_calls.py",
+    "tests/test_principles.py",
+    "tests/test_scan_span.py",
+    "tests/test_http_connection.py",
+    "tests/test_http_server.py",
+    "tests/test_client_keepalive.py",
+)
 PRECOMPILE = ROOT / "tools" / "precompile.mjs"  # compiles the start-up Python to .pyc with Pyodide's CPython
 PGCLUSTER = ROOT / "tests" / "pgcluster.py"  # a throwaway PostgreSQL cluster for the tests
 PG_ENV = "MP_TEST_POSTGRES"
@@ -564,18 +578,21 @@ def serve(port: int) -> None:
 # ---------------------------------------------------------------------------------------------- testing
 
 
-def ensure_venv() -> None:
+def ensure_venv(venv: Path = VENV, python: str = sys.executable) -> Path:
+    """A venv with this project and its test tools (the `test` extra), remade when pyproject.toml changes;
+    its python."""
+    venv_py = venv / "bin" / "python"
     pyproject = ROOT / "pyproject.toml"
     key = hashlib.sha256(pyproject.read_bytes()).hexdigest()
-    stamp = VENV / ".mp-pyproject-sha256"
-    if VENV_PY.exists() and stamp.exists() and stamp.read_text().strip() == key:
-        log(".venv is up to date")
-        return
-    if not VENV_PY.exists():
-        run([sys.executable, "-m", "venv", str(VENV)])
+    stamp = venv / ".mp-pyproject-sha256"
+    if venv_py.exists() and stamp.exists() and stamp.read_text().strip() == key:
+        log(f"{venv.name} is up to date")
+        return venv_py
+    if not venv_py.exists():
+        run([python, "-m", "venv", str(venv)])
     run(
         [
-            str(VENV_PY),
+            str(venv_py),
             "-m",
             "pip",
             "install",
@@ -586,6 +603,41 @@ def ensure_venv() -> None:
         ]
     )
     stamp.write_text(key + "\n")
+    return venv_py
+
+
+def other_python() -> tuple[str, Path] | None:
+    """The newest CPython of OTHER_PYTHONS on this machine, if any: (its version, its executable)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for version in OTHER_PYTHONS:
+        builds = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), key=lambda p: p.parts[-3])
+        on_path = shutil.which(f"python{version}")  # (pyenv's shim answers only for its chosen version)
+        for candidate in [*reversed(builds), *([Path(on_path)] if on_path else [])]:
+            try:
+                said = subprocess.run(
+                    [str(candidate), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if said == version:
+                return version, candidate
+    return None
+
+
+def test_other_python(env: dict[str, str]) -> bool:
+    """OTHER_PYTHON_TESTS under the newest other CPython found (see OTHER_PYTHONS); False when it failed."""
+    found = other_python()
+    if found is None:
+        log(f"no CPython {' or '.join(OTHER_PYTHONS)} here (on PATH or pyenv's): its lane is not run")
+        return True
+    version, python = found
+    venv_py = ensure_venv(ROOT / f".venv-{version}", str(python))
+    cmd = [str(venv_py), "-m", "pytest", "-q", "-p", "no:randomly", *OTHER_PYTHON_TESTS]
+    log(f"$ {' '.join(cmd)}   (Python {version}: {python})")
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode == 0
 
 
 # Debian's Chromium and the flags that keep it offline and quiet here (BROWSER.md); e2e and the playground
@@ -742,6 +794,8 @@ def test(no_e2e: bool, extra: list[str]) -> None:
             if code != 0:
                 fail(f"{' '.join(step)} failed with exit code {code}")
             collected += step[0] == "pytest"
+        if not extra and not test_other_python(env):  # (a run narrowed by pytest args is the developer's)
+            fail("the tests under the other CPython failed")
     if collected == 0:
         fail(f"no test matched {' '.join(extra)}")
     log("all checks passed")
