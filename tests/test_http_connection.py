@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -561,39 +562,64 @@ async def test_a_host_header_that_is_not_one_host_is_a_400(served: Served, hosts
 async def test_replies_no_client_reads_are_bounded_for_the_whole_server(served: Served) -> None:
     """Found by a tester: each connection that never reads holds about one reply (a page of up to 4 MiB), but
     nothing bounded them together: 300 such connections held 1.3 GB. Past the server's bound, the connections
-    that have waited longest are cut off. The control: a client that reads gets its whole page meanwhile."""
+    whose client has stopped taking bytes are cut off, longest stalled first. The controls, found by a
+    reviewer: a client reading its page slowly the whole time is not cut off (it was, being the oldest paused
+    connection), and a client that reads gets its whole page."""
     for i in range(6):
-        served.service.publish(
-            "ci", {"type": RUN, "subject": f"big-{i}", "data": {"pad": "x" * 200_000}}, served.owner
-        )
+        body = {"type": RUN, "subject": f"big-{i}", "data": {"pad": "x" * 200_000}}
+        served.service.publish("ci", body, served.owner)
     sub = served.service.subscribe({"monitor": "ci", "subscriber": "agent:big"}, served.owner)
     pull = (
         f"GET /mp/v0/subscriptions/{sub['subscription']['id']}/pull?limit=200&cursor=0 HTTP/1.1\r\n"
         f"host: 127.0.0.1\r\nauthorization: Bearer {sub['token']}\r\n\r\n"
     ).encode()
     server = served.server
-    server.unread_max = 1 << 20  # (256 MiB in mp serve) about one of these 1.2 MB pages
-    socks = []
-    for _ in range(3):  # clients that ask for the page and never read it
+    server.unread.limit = 1 << 20  # (256 MiB in mp serve) about one of these 1.2 MB pages
+    loop = asyncio.get_running_loop()
+
+    def client() -> socket.socket:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", served.port))
+        sock.setblocking(False)
         sock.sendall(pull)
-        socks.append(sock)
-        async with asyncio.timeout(GUARD):
-            while len(server._unread) < 1 or server.unread_bytes == 0:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-    assert server.unread_bytes <= server.unread_max + (2 << 20)  # the newest one's page, at most
-    async with asyncio.timeout(GUARD):  # the two that waited longest are cut off, the newest is kept
-        while len(server.connections) > 1:
+        return sock
+
+    slow = client()  # first: the oldest paused connection, reading a little every 20 ms throughout
+    got = bytearray()
+
+    def whole() -> bool:
+        head, sep, page = bytes(got).partition(b"\r\n\r\n")
+        length = re.search(rb"content-length: *(\d+)", head, re.IGNORECASE)
+        return bool(sep and length and len(page) >= int(length.group(1)))
+
+    async def read_slowly() -> None:
+        while not whole():
+            try:
+                chunk = slow.recv(8192)
+            except BlockingIOError:
+                chunk = b"-"
+            if not chunk:
+                return  # cut off
+            if chunk != b"-":
+                got.extend(chunk)
+            await asyncio.sleep(0.02)
+
+    reading = loop.create_task(read_slowly())
+    async with asyncio.timeout(GUARD):
+        while not len(server.unread):
             await asyncio.sleep(0.01)
-    replies, writer = await connect(served)  # control: a client that reads gets the whole page
-    writer.write(pull)
-    status, body = await replies.reply()
-    assert status == 200 and len(body["observations"]) == 8, len(body["observations"])
-    writer.close()
-    for sock in socks:
+    idle = [client(), client()]  # then two that never read
+    async with asyncio.timeout(GUARD):  # both cut off once stalled; the slow reader is kept
+        while len(server.connections) > 1:
+            await asyncio.sleep(0.05)
+    assert not reading.done(), "the slow reader was cut off"
+    async with asyncio.timeout(GUARD * 2):
+        await reading  # it reads its page to the end
+    assert whole(), "the slow reader was cut off"
+    head, _, page = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and len(json.loads(page)["observations"]) == 8
+    for sock in (slow, *idle):
         sock.close()
 
 

@@ -122,3 +122,24 @@ def test_an_empty_pull_that_walked_to_the_head_is_remembered_so_a_re_check_reads
     seek, seek_tok = h.subscribe("ci", tok, subscriber="agent:seeker", filter={"types": [A]})
     assert h.pull(seek, seek_tok, limit=10).body["next"] == head + 3
     assert h.service.store.get_subscription(seek).scan_mark is None
+
+
+def test_a_page_the_requests_spent_walk_cut_short_is_not_handed_to_another_reader(tmp_path, monkeypatch):
+    """Found by a reviewer: readers of one group commit share the pages they read alike (the group's memo),
+    and a page a JSON-RPC batch had cut short with its spent walk was handed to another request's reader with
+    the same filter and place, which then made no progress. The control: outside a group, that reader walks
+    its own span."""
+    monkeypatch.setattr(page_bytes, "SCAN_SPAN", SPAN)
+    h = Harness(make_store("sqlite", tmp_path))
+    tok = log_of(h, SPAN * 4)
+    flt = {"origins": ["webhook"]}
+    x, xt = h.subscribe("ci", tok, subscriber="agent:x", filter=flt)
+    y, yt = h.subscribe("ci", tok, subscriber="agent:y", filter=flt)
+    assert h.ack(y, yt, SPAN + 1).status == 200  # y stands where x's batch will stand after its first pull
+    calls = [
+        {"jsonrpc": "2.0", "id": i, "method": "feeds/pull", "params": {"subscription": x, "limit": 10}}
+        for i in range(3)
+    ]
+    with h.store.batch():  # one group commit, as the HTTP door makes of one loop turn's calls
+        assert [r["result"]["next"] for r in h.call("POST", "/rpc", calls, xt).body] == [SPAN + 1] * 3
+        assert h.pull(y, yt, limit=10).body["next"] == 2 * SPAN + 1

@@ -445,9 +445,10 @@ def _walked_in_vain(sub: Subscription, page: Page, start: int) -> bool:
     """Whether an empty page's read is worth remembering: cut short by its bounds, or a walk of the log (no
     index sought alone, pages.py) of SCAN_BUDGET seqs or more past what was remembered, to the head. A long
     poll's re-checks then read only what was appended since, not that stretch again at every wake."""
-    if page.capped:
-        return True
-    return page.walked and page.last_examined - past_known_misses(sub, max(start, 1)) + 1 >= SCAN_BUDGET
+    first = past_known_misses(sub, max(start, 1))
+    if page.last_examined < first:
+        return False  # nothing examined (the request's walk was spent): nothing to remember
+    return page.capped or (page.walked and page.last_examined - first + 1 >= SCAN_BUDGET)
 
 
 def _mark_examined(sub: Subscription, page: Page, start: int) -> Subscription:

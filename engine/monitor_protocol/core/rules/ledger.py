@@ -210,7 +210,7 @@ def _filtered_lag(
     start = past_known_misses(sub, start)
     if start > head:
         return 0, False
-    end = head if seeks or query.selects_all else walk_end(start, head)
+    end = head if seeks or query.selects_all else walk_end(start, head)[0]
     if query.complete:  # counted within the span; the seqs past it count as if they matched
         n = tx.count(rec.id, start, end, query, cap=LAG_COUNT_CAP + 1)
         if end < head:

@@ -54,13 +54,14 @@ def spent_page_bytes(batch: list[Any]) -> None:  # (observations or ServedRows: 
         shared[0] -= sum(obs.size for obs in batch)
 
 
-def walk_end(first: int, head: int) -> int:
+def walk_end(first: int, head: int) -> tuple[int, bool]:
     """Where a read that walks the log from `first` stops (its SCAN_SPAN seqs, or what the request has left
     of them; `first - 1` when nothing is left: the read is cut short at once and the reader goes on in another
-    request), the walk counted as spent."""
+    request), the walk counted as spent; and whether the request's share, not SCAN_SPAN, cut it short (such
+    a read is this request's alone: no other reader of the group may be handed it)."""
     shared = _REQUEST_SCAN_SPAN.get()
     span = SCAN_SPAN if shared is None else max(0, min(SCAN_SPAN, shared[0]))
     end = min(head, first + span - 1)
     if shared is not None:
         shared[0] -= max(0, end - first + 1)
-    return end
+    return end, end < min(head, first + SCAN_SPAN - 1)

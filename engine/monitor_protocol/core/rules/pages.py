@@ -28,6 +28,7 @@ class Page:
     capped: bool = False
     changed: bool = False
     walked: bool = False
+    cut_by_request: bool = False  # the request's shared walk (page_bytes.walk_end) ended it: not shared
 
 
 def read_page(
@@ -68,7 +69,7 @@ def read_page(
             spent_page_bytes(page.batch)
             return page
     page = scan_page(tx, rec, sub, inline_flt, first, lim, max_bytes, raw)
-    if key is not None:
+    if key is not None and not page.cut_by_request:
         memo[key] = (tuple(page.batch), page.last_examined, page.capped, page.walked)
     spent_page_bytes(page.batch)
     return page
@@ -105,7 +106,9 @@ def scan_page(
         return page
     # A store that may test rows in vain inside the read (no single index to seek) reads SCAN_SPAN seqs at
     # most: what it examined there is bounded by the stretch, not by the rows the engine is handed.
-    end = head if query.selects_all or query.seeks_alone else walk_end(first, head)
+    end = head
+    if not (query.selects_all or query.seeks_alone):
+        end, page.cut_by_request = walk_end(first, head)
     page.walked = not (query.complete and query.seeks_alone)
     for examined, obs in enumerate(tx.scan(rec.id, first, end, query), start=1):
         if query.complete or (

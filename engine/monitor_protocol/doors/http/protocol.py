@@ -12,7 +12,7 @@ request, its first byte for each later one), an idle keep-alive connection close
 body cap (413 before the rest is read: a body already on its way is read and dropped, bounded, so that the
 reply is not destroyed by a reset), request headers bounded in size, requests the parser refuses answered
 with the protocol's JSON error body (400 INVALID), pipelined requests answered in order (all of them when
-the client half-closes), the replies no client reads held to UNREAD_BYTES_MAX for the whole server, and a
+the client half-closes), the replies no client reads held to a bound for the whole server (unread.py), and a
 drain on shutdown (idle connections closed at once, busy ones after their reply).
 """
 
@@ -35,6 +35,7 @@ from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
 from monitor_protocol.doors.http.ops import OPS_PATHS
 from monitor_protocol.doors.http.reply_bytes import CLOCK, encode_response, status_line
 from monitor_protocol.doors.http.targets import decoded_path, origin_form
+from monitor_protocol.doors.http.unread import UnreadReplies
 
 log = logging.getLogger("monitor_protocol.http")
 access_log = logging.getLogger("monitor_protocol.access")
@@ -43,11 +44,6 @@ API = b"/mp/v0"
 MAX_HEADER_BYTES = 64 << 10  # request line and headers together
 MAX_PIPELINED = 32  # requests parsed ahead of their turn before the connection stops reading
 WRITE_TIMEOUT = 60.0  # a client that takes none of its replies' bytes for this long is cut off
-# Replies written and not yet taken by their clients, every connection together (each holds at most about one
-# reply, a page of up to 4 MiB, before the server stops answering it): past this, the connections that have
-# waited longest for their client to read are cut off, so that many clients that never read cannot make the
-# server hold a page each without bound.
-UNREAD_BYTES_MAX = 256 << 20
 INVALID_METHOD = (
     "The HTTP method is not one this server knows; send GET, POST or OPTIONS to a route under /mp/v0 "
     "(GET /mp/v0/discover lists what the server offers)."
@@ -157,7 +153,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        self.server.writes_resumed(self)
+        self.server.unread.resumed(self)
         self._stage = None
         if not self.gone.done():
             self.gone.set_result(None)
@@ -168,11 +164,14 @@ class HttpConnection(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The client will send nothing more (it half-closed its side, or is closing): the requests it sent are
         still answered, in order, and the connection closes after the last (a publish it pipelined is told it
-        was committed); a long poll or a stream it was waiting on ends as if it had left. True keeps the
-        transport open for those replies; with nothing to answer, it closes now."""
+        was committed). A long poll or a stream it was waiting on ends as if it had left, with no reply, and
+        the connection closes there: what it queued behind that wait is not run. True keeps the transport
+        open for those replies; with nothing to answer, it closes now."""
         self._eof = True
         if not self.gone.done():
             self.gone.set_result(None)
+        if self._linger and not self._linger_over:  # no more of the refused body can come
+            self._stop_lingering()
         return self._busy or bool(self._queue)
 
     @property
@@ -196,11 +195,11 @@ class HttpConnection(asyncio.Protocol):
         # buffer, not the server's memory.
         self._write_paused = True
         self._hold_reading("write")
-        self.server.writes_paused(self)
+        self.server.unread.paused(self, self.loop.time())
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self.server.writes_resumed(self)
+        self.server.unread.resumed(self)
         self._progress_at = self.loop.time()
         self._release_reading("write")
         if self._drained is not None and not self._drained.done():
@@ -657,10 +656,7 @@ class HttpServer:
         self.max_body = app.max_body
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
-        # Connections whose client is not taking its replies, oldest first, with what they had buffered then.
-        self._unread: dict[HttpConnection, int] = {}
-        self.unread_bytes = 0
-        self.unread_max = UNREAD_BYTES_MAX
+        self.unread = UnreadReplies()  # the replies no client has read, every connection together
         self._servers: list[asyncio.AbstractServer] = []
         engine = app.engine
         # The lean door: a callback seat when the engine has one (LoopEngine), else its future.
@@ -678,38 +674,11 @@ class HttpServer:
                 if conn._stage is not None and now >= conn._deadline:
                     conn.expired(now)
                 conn.stalled(now)
+            self.unread.shed(now)
         except Exception:  # one connection's fault must not stop the clocks of all the others
             log.exception("checking the connections' time limits failed")
         finally:
             self._sweeper = self.loop.call_later(self.SWEEP_SECONDS, self._sweep)
-
-    def writes_paused(self, conn: HttpConnection) -> None:
-        """`conn`'s client stopped taking its replies: count what it holds, and past `unread_max` in all cut
-        off the connections that have waited longest (a client that took its replies meanwhile is not among
-        them: resume_writing took it off)."""
-        transport = conn.transport
-        size = transport.get_write_buffer_size() if transport is not None else 0
-        self.unread_bytes += size - self._unread.pop(conn, 0)
-        self._unread[conn] = size
-        # (`conn` itself, the newest, is never cut off here: this runs inside its own write)
-        while self.unread_bytes > self.unread_max and len(self._unread) > 1:
-            oldest = next(iter(self._unread))
-            held = self._unread.pop(oldest)
-            self.unread_bytes -= held
-            who = f"{oldest.client[0]}:{oldest.client[1]}" if oldest.client else "a client"
-            log.warning(
-                "closing the connection from %s: it left %d bytes of replies unread while the replies no "
-                "client has read passed %d MiB, this server's bound",
-                who,
-                held,
-                self.unread_max >> 20,
-            )
-            oldest._stage = None
-            if oldest.transport is not None:
-                oldest.transport.abort()
-
-    def writes_resumed(self, conn: HttpConnection) -> None:
-        self.unread_bytes -= self._unread.pop(conn, 0)
 
     async def listen(self, sock: Any) -> None:
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
