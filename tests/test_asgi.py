@@ -757,3 +757,40 @@ async def test_shutdown_answers_parked_long_polls_and_ends_streams(served):
     assert waiting.status == 200 and waiting.json()["observations"] == []
     assert stream.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
     assert served.waiters.monitors() == []
+
+
+@pytest.mark.parametrize("walks", [True, False], ids=["walks-in-vain", "control-pages-with-rows"])
+async def test_sse_a_stream_walking_the_log_in_vain_waits_between_walks(served, monkeypatch, walks):
+    """Found by a tester: a stream whose filter no single index answers walked a long log span after span,
+    back to back, and five of them held every other request 0.6-0.75 s for 15 s. After a walk that found
+    nothing the stream waits as long as the walk took; the control: pages with rows follow at once."""
+    from monitor_protocol.core.rules import page_bytes
+
+    owner, sub, reader = await setup_feed(served, filter={"origins": ["webhook"]} if walks else {})
+    for i in range(15):
+        await publish(served, owner, f"row-{i}")
+    monkeypatch.setattr(page_bytes, "SCAN_SPAN", 3)
+    monkeypatch.setattr(sse, "SSE_PAGE", 3)
+    handle_marked = served.handle_marked
+    spans: list[tuple[float, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def slow_walk(request):
+        started = loop.time()
+        await asyncio.sleep(0.03)  # a heavy walk, as a 4 KiB filter over 8,192 rows costs
+        answer = await handle_marked(request)
+        spans.append((started, loop.time()))
+        return answer
+
+    served.handle_marked = slow_walk
+    stream = Conn("GET", f"/mp/v0/subscriptions/{sub}/stream", headers={"authorization": f"Bearer {reader}"})
+    task = asyncio.ensure_future(served(stream.scope, stream.receive, stream.send))
+    await asyncio.wait_for(eventually_async(lambda: len(spans) >= 5), HANG_GUARD)
+    stream.disconnect()
+    await asyncio.wait_for(task, HANG_GUARD)
+    # (the first two are the stream's start: its probe of the head and its first page, read before it streams)
+    gaps = [nxt[0] - prev[1] for prev, nxt in zip(spans[2:4], spans[3:5], strict=True)]
+    if walks:
+        assert all(gap >= 0.025 for gap in gaps), gaps  # each waits about as long as the walk before it
+    else:
+        assert all(gap < 0.025 for gap in gaps), gaps

@@ -666,3 +666,25 @@ async def test_an_http_1_0_request_is_sent_no_100_continue(served: Served) -> No
         writer.write(body)
         assert (await replies.reply())[0] == 201
         writer.close()
+
+
+def test_a_paused_connection_counts_the_whole_reply_its_transport_holds() -> None:
+    """Found by a tester: the bound counted a reply's unsent tail, but the transport holds the whole reply
+    until its last byte is sent: 300 connections each leaving 0.32 MB of a 3.1 MB page unsent held 977 MB
+    and none was counted past the bound. The control: a connection with nothing unsent holds nothing."""
+    from monitor_protocol.doors.http.unread import held_by
+
+    class Transport:
+        def __init__(self, buffered: int) -> None:
+            self.buffered = buffered
+
+        def get_write_buffer_size(self) -> int:
+            return self.buffered
+
+    class Conn:
+        def __init__(self, buffered: int, reply_size: int) -> None:
+            self.transport, self.reply_size = Transport(buffered), reply_size
+
+    assert held_by(Conn(320_000, 3_100_000)) == 3_100_000
+    assert held_by(Conn(70_000, 10_000)) == 70_000  # (replies written since the last, all unsent)
+    assert held_by(Conn(0, 3_100_000)) == 0

@@ -133,6 +133,7 @@ class HttpConnection(asyncio.Protocol):
         self._holds: set[str] = set()  # why reading is paused: "queue", "write", "cut", "broken"
         self._write_paused = False
         self._last_buffered = 0  # the write buffer as the last sweep saw it
+        self.reply_size = 0  # the last reply written, in bytes
         self._progress_at = self.loop.time()  # when the client last took bytes of its replies
         self._drained: asyncio.Future[None] | None = None
         self.gone: asyncio.Future[None] = self.loop.create_future()
@@ -495,6 +496,7 @@ class HttpConnection(asyncio.Protocol):
         data = encode_response(response, close=close)
         if pending.request.method == "HEAD":
             data = data[: data.index(b"\r\n\r\n") + 4]
+        self.reply_size = len(data)  # (held whole by the transport until its last byte is sent: unread.py)
         transport.write(data)
         self._answered = pending
         pending.answered = True

@@ -19,10 +19,20 @@ UNREAD_BYTES_MAX = 256 << 20
 STALLED_SECONDS = 1.0  # a client that took none of its replies' bytes for this long is not reading
 
 
+def held_by(conn: Any) -> int:
+    """What a paused connection holds: its transport keeps the whole reply it was handed until the last byte
+    is sent (uvloop holds the bytes object, not a copy of its unsent tail), so a reply of which only a tail is
+    unsent still counts whole (a tester's 300 connections each left 0.32 MB of a 3.1 MB page unsent: 977 MB
+    held, none counted past the bound)."""
+    transport = conn.transport
+    buffered = transport.get_write_buffer_size() if transport is not None else 0
+    return max(buffered, conn.reply_size) if buffered else 0
+
+
 class UnreadReplies:
     """The connections whose writes are paused (their client is not keeping up), with what each had buffered
     when last looked at. A connection is anything with `transport`, `client` and `_progress_at` (the loop time
-    its client last took bytes, kept by the server's sweep) and `_stage`."""
+    its client last took bytes, kept by the server's sweep), `reply_size` and `_stage`."""
 
     def __init__(self, limit: int = UNREAD_BYTES_MAX) -> None:
         self.limit = limit
@@ -34,8 +44,7 @@ class UnreadReplies:
 
     def paused(self, conn: Any, now: float) -> None:
         """`conn`'s client stopped taking its replies (called inside its write: it is never cut off here)."""
-        transport = conn.transport
-        size = transport.get_write_buffer_size() if transport is not None else 0
+        size = held_by(conn)
         self.total += size - self._held.pop(conn, 0)
         self._held[conn] = size
         if self.total > self.limit:
@@ -53,8 +62,7 @@ class UnreadReplies:
             return
         total = 0
         for conn in self._held:
-            transport = conn.transport
-            size = transport.get_write_buffer_size() if transport is not None else 0
+            size = held_by(conn)
             self._held[conn] = size
             total += size
         self.total = total
