@@ -16,6 +16,7 @@ from monitor_protocol.core.rules.page_bytes import walk_end
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.vocab import (
+    FEW_ROWS,
     LAG_COUNT_CAP,
     MAX_NAME_CHARS,
     PROTOCOL_PREFIX,
@@ -210,6 +211,8 @@ def _filtered_lag(
     start = past_known_misses(sub, start)
     if start > head:
         return 0, False
+    if head - start < FEW_ROWS and not (seeks or query.selects_all):  # (vocab.FEW_ROWS)
+        return sum(1 for obs in tx.read_range(rec.id, start, head) if filters.matches(flt, obs.event)), False
     end = head if seeks or query.selects_all else walk_end(start, head)[0]
     if query.complete:  # counted within the span; the seqs past it count as if they matched
         n = tx.count(rec.id, start, end, query, cap=LAG_COUNT_CAP + 1)

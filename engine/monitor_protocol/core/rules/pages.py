@@ -12,7 +12,7 @@ from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.rules.ledger import past_known_misses
 from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes, walk_end
 from monitor_protocol.core.tx import Tx
-from monitor_protocol.core.vocab import PAGE_BYTES, SCAN_BUDGET, SCAN_BYTES
+from monitor_protocol.core.vocab import FEW_ROWS, PAGE_BYTES, SCAN_BUDGET, SCAN_BYTES
 
 
 @dataclass(slots=True)
@@ -68,10 +68,44 @@ def read_page(
             page = Page(list(known[0]), known[1], known[2], walked=known[3])
             spent_page_bytes(page.batch)
             return page
-    page = scan_page(tx, rec, sub, inline_flt, first, lim, max_bytes, raw)
+    page = scan_page(tx, rec, sub, inline_flt, first, lim, max_bytes, raw, memo)
     if key is not None and not page.cut_by_request:
         memo[key] = (tuple(page.batch), page.last_examined, page.capped, page.walked)
     spent_page_bytes(page.batch)
+    return page
+
+
+def _few_rows_page(
+    tx: Tx,
+    rec: Monitor,
+    sub: Subscription,
+    inline_flt: Any,
+    first: int,
+    lim: int,
+    max_bytes: int,
+    memo: dict[Any, Any] | None,
+) -> Page:
+    """A page of at most FEW_ROWS seqs: the rows read whole (once per group commit) and checked here."""
+    key = ("rows", rec.id, first, rec.head)
+    rows = memo.get(key) if memo is not None else None
+    if rows is None:
+        rows = tx.read_range(rec.id, first, rec.head)
+        if memo is not None:
+            memo[key] = rows
+    page = Page([], first - 1)
+    kept = 0
+    for obs in rows:
+        if filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event):
+            kept += obs.size
+            if kept > max_bytes and page.batch:
+                return page  # the page is full by bytes: this row comes first in the next
+            page.batch.append(obs)
+            page.last_examined = obs.seq
+            if len(page.batch) >= lim:
+                return page
+        else:
+            page.last_examined = obs.seq
+    page.last_examined = rec.head  # every seq up to the head examined
     return page
 
 
@@ -84,9 +118,12 @@ def scan_page(
     lim: int,
     max_bytes: int = PAGE_BYTES,
     raw: bool = False,
+    memo: dict[Any, Any] | None = None,
 ) -> Page:
     query = filters.prefilter(sub.filter, inline_flt)
     head = rec.head
+    if head - first < FEW_ROWS and not (query.selects_all or query.seeks_alone):
+        return _few_rows_page(tx, rec, sub, inline_flt, first, lim, max_bytes, memo)
     page = Page([], first - 1)
     kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
     # Without a filter every seq from the floor to the head is a row: the page is the next `lim` seqs, read
