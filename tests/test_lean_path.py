@@ -99,6 +99,10 @@ class CountingStore(SQLiteStore):
         self.scans += 1
         return super().scan(*args, **kwargs)
 
+    def read_range(self, *args: Any, **kwargs: Any) -> Any:  # (an unfiltered page, or a few rows read whole)
+        self.scans += 1
+        return super().read_range(*args, **kwargs)
+
 
 class CountingConnection:
     """A store's SQLite connection, counting the statements that write subscriptions: (how it was sent, its

@@ -167,6 +167,18 @@ def free_lease(
 
 
 # ===================================================================================== lag (P5)
+def few_rows(tx: Tx, rec: Monitor, first: int, memo: dict[Any, Any] | None) -> list[Any]:
+    """The log's rows from `first` to the head, a few (vocab.FEW_ROWS), read whole: once per group commit
+    with its memo, for every reader's page and lag that needs them."""
+    key = ("rows", rec.id, first, rec.head)
+    rows = memo.get(key) if memo is not None else None
+    if rows is None:
+        rows = tx.read_range(rec.id, first, rec.head)
+        if memo is not None:
+            memo[key] = rows
+    return rows  # type: ignore[no-any-return]
+
+
 def past_known_misses(sub: Subscription, start: int) -> int:
     """Where a filtered scan from `start` has to begin: past the run of rows a bounded pull already
     examined and found not matching this subscription's filter (`scan_mark`, [from, to])."""
@@ -196,12 +208,18 @@ def lag_count(
     key = ("lag", rec.id, head, rec.floor, start, sub.scan_mark, filters.key_of(flt))
     found = memo.get(key)
     if found is None:
-        found = memo[key] = _filtered_lag(tx, rec, sub, start, head, flt)
+        found = memo[key] = _filtered_lag(tx, rec, sub, start, head, flt, memo)
     return found  # type: ignore[no-any-return]
 
 
 def _filtered_lag(
-    tx: Tx, rec: Monitor, sub: Subscription, start: int, head: int, flt: Any
+    tx: Tx,
+    rec: Monitor,
+    sub: Subscription,
+    start: int,
+    head: int,
+    flt: Any,
+    memo: dict[Any, Any] | None = None,
 ) -> tuple[int, bool]:
     query = filters.prefilter(flt)
     seeks = query.seeks_alone  # the store examines only what it counts or returns (else: SCAN_SPAN)
@@ -212,7 +230,7 @@ def _filtered_lag(
     if start > head:
         return 0, False
     if head - start < FEW_ROWS and not (seeks or query.selects_all):  # (vocab.FEW_ROWS)
-        return sum(1 for obs in tx.read_range(rec.id, start, head) if filters.matches(flt, obs.event)), False
+        return sum(1 for obs in few_rows(tx, rec, start, memo) if filters.matches(flt, obs.event)), False
     end = head if seeks or query.selects_all else walk_end(start, head)[0]
     if query.complete:  # counted within the span; the seqs past it count as if they matched
         n = tx.count(rec.id, start, end, query, cap=LAG_COUNT_CAP + 1)

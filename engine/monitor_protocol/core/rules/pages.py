@@ -9,7 +9,7 @@ from typing import Any
 
 from monitor_protocol.core import filters
 from monitor_protocol.core.records import Monitor, Subscription
-from monitor_protocol.core.rules.ledger import past_known_misses
+from monitor_protocol.core.rules.ledger import few_rows, past_known_misses
 from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes, walk_end
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.vocab import FEW_ROWS, PAGE_BYTES, SCAN_BUDGET, SCAN_BYTES
@@ -86,15 +86,9 @@ def _few_rows_page(
     memo: dict[Any, Any] | None,
 ) -> Page:
     """A page of at most FEW_ROWS seqs: the rows read whole (once per group commit) and checked here."""
-    key = ("rows", rec.id, first, rec.head)
-    rows = memo.get(key) if memo is not None else None
-    if rows is None:
-        rows = tx.read_range(rec.id, first, rec.head)
-        if memo is not None:
-            memo[key] = rows
     page = Page([], first - 1)
     kept = 0
-    for obs in rows:
+    for obs in few_rows(tx, rec, first, memo):
         if filters.matches(sub.filter, obs.event) and filters.matches(inline_flt, obs.event):
             kept += obs.size
             if kept > max_bytes and page.batch:
