@@ -103,6 +103,12 @@ class LogQuery:
         term = self.clauses[0][0][0]
         return term.column in SEEK_COLUMNS and not term.prefixes
 
+    @property
+    def walks(self) -> bool:
+        """Whether a read of this query walks the log, testing rows the engine may never see: it is neither
+        every row (selects_all) nor one index sought alone (seeks_alone). Such reads are bounded by seqs."""
+        return not (self.selects_all or self.seeks_alone)
+
 
 def serialized(method: Callable[..., Any]) -> Callable[..., Any]:
     """A store method run under the store's `_serial` RLock, the lock its transactions hold (memory, SQLite):

@@ -12,7 +12,7 @@ from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.lifecycles import COUNTS_AS_ATTEMPT, LeaseState, lease_next, subscription_next
 from monitor_protocol.core.records import Lease, Monitor, Observation, Subscription, copier, evolve
 from monitor_protocol.core.rules import events
-from monitor_protocol.core.rules.page_bytes import walk_end
+from monitor_protocol.core.rules.page_bytes import walk_bound
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.vocab import (
@@ -229,9 +229,9 @@ def _filtered_lag(
     start = past_known_misses(sub, start)
     if start > head:
         return 0, False
-    if head - start < FEW_ROWS and not (seeks or query.selects_all):  # (vocab.FEW_ROWS)
+    if head - start < FEW_ROWS and query.walks:  # (vocab.FEW_ROWS)
         return sum(1 for obs in few_rows(tx, rec, start, memo) if filters.matches(flt, obs.event)), False
-    end = head if seeks or query.selects_all else walk_end(start, head)[0]
+    end = walk_bound(query, start, head)[0]
     if query.complete:  # counted within the span; the seqs past it count as if they matched
         n = tx.count(rec.id, start, end, query, cap=LAG_COUNT_CAP + 1)
         if end < head:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.core.store_contract import LogQuery
 from monitor_protocol.core.vocab import PAGE_BYTES, SCAN_SPAN
 
 _REQUEST_PAGE_BYTES: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
@@ -52,6 +53,12 @@ def spent_page_bytes(batch: list[Any]) -> None:  # (observations or ServedRows: 
     shared = _REQUEST_PAGE_BYTES.get()
     if shared is not None:
         shared[0] -= sum(obs.size for obs in batch)
+
+
+def walk_bound(query: LogQuery, first: int, head: int) -> tuple[int, bool]:
+    """Where a read of `query` from `first` stops: the head, unless the read walks the log (LogQuery.walks),
+    then `walk_end`'s bound; and whether the request's shared walk cut it short."""
+    return walk_end(first, head) if query.walks else (head, False)
 
 
 def walk_end(first: int, head: int) -> tuple[int, bool]:

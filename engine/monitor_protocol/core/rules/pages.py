@@ -10,7 +10,7 @@ from typing import Any
 from monitor_protocol.core import filters
 from monitor_protocol.core.records import Monitor, Subscription
 from monitor_protocol.core.rules.ledger import few_rows, past_known_misses
-from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes, walk_end
+from monitor_protocol.core.rules.page_bytes import page_bytes, spent_page_bytes, walk_bound
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.vocab import FEW_ROWS, PAGE_BYTES, SCAN_BUDGET, SCAN_BYTES
 
@@ -116,7 +116,7 @@ def scan_page(
 ) -> Page:
     query = filters.prefilter(sub.filter, inline_flt)
     head = rec.head
-    if head - first < FEW_ROWS and not (query.selects_all or query.seeks_alone):
+    if head - first < FEW_ROWS and query.walks:
         return _few_rows_page(tx, rec, sub, inline_flt, first, lim, max_bytes, memo)
     page = Page([], first - 1)
     kept = missed = 0  # bytes of the rows in the page, and of the rows examined in vain
@@ -137,9 +137,7 @@ def scan_page(
         return page
     # A store that may test rows in vain inside the read (no single index to seek) reads SCAN_SPAN seqs at
     # most: what it examined there is bounded by the stretch, not by the rows the engine is handed.
-    end = head
-    if not (query.selects_all or query.seeks_alone):
-        end, page.cut_by_request = walk_end(first, head)
+    end, page.cut_by_request = walk_bound(query, first, head)
     page.walked = not (query.complete and query.seeks_alone)
     for examined, obs in enumerate(tx.scan(rec.id, first, end, query), start=1):
         if query.complete or (

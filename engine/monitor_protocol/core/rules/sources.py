@@ -19,10 +19,11 @@ from monitor_protocol.core.records import Monitor, evolve
 from monitor_protocol.core.rules import publishing, state
 from monitor_protocol.core.rules.ledger import append_protocol
 from monitor_protocol.core.rules.lookups import monitor_of
+from monitor_protocol.core.rules.page_bytes import walk_bound
 from monitor_protocol.core.runtime import LoggedRefusal, ServiceCore
 from monitor_protocol.core.tx import Tx
 from monitor_protocol.core.validation import check_json_size
-from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, SCAN_SPAN, T_SOURCE
+from monitor_protocol.core.vocab import MAX_SOURCE_CHECKPOINT_BYTES, T_SOURCE
 
 SOURCE_ACTOR = "system:sources"
 FEED_STEP_ROWS = 100  # rows of the other monitor a feed examines per engine call
@@ -174,7 +175,7 @@ def feed_step(
     published = refused = examined = 0
     last = at - 1
     # (bounded as a reader's filtered read is: rules/pages.py scan_page)
-    end = head if query.selects_all or query.seeks_alone else min(head, at + SCAN_SPAN - 1)
+    end = walk_bound(query, at, head)[0]
     for obs in tx.scan(other.id, at, end, query):
         examined += 1
         if filters.is_empty(flt) or filters.matches(flt, obs.event):
