@@ -821,6 +821,13 @@ def test_an_absolute_form_target_is_served_its_authority_taking_the_hosts_place(
     evil = f"GET http://evil.example/mp/v0/discover HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
     status, _, body = _exchange(base, evil)
     assert status == 403 and json.loads(body)["code"] == "ORIGIN_REFUSED"
+    # user info in the authority hides the host it names (RFC 9110 4.2.4): no Host at all, a 400 (it was
+    # dropped, and `http://evil.example@{host}/` served as that host)
+    for hidden in (f"evil.example@{host}", f"{host}@evil.example"):
+        hiding = f"GET http://{hidden}/mp/v0/discover HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        status, _, body = _exchange(base, hiding)
+        refusal = json.loads(body)
+        assert status == 400 and refusal["code"] == "INVALID" and "Host" in refusal["error"], (hidden, body)
 
 
 def test_a_request_without_host_is_told_to_send_one(server):

@@ -1166,3 +1166,20 @@ def test_a_logged_line_carries_no_control_character_a_client_sent():
     )
     assert line("a\ttab stays") == "a\ttab stays"
     assert line("two\nlines") == "two | lines"
+    # The Unicode line and paragraph separators end a line for many log readers (a re-tester's finding)
+    assert line("one\u2028forged\u2029line") == "one\\u2028forged\\u2029line"
+
+
+def test_an_access_log_line_keeps_its_fields_whatever_the_path():
+    """Found by a tester: a decoded `%22` in a path ended the quoted request field early, so a path could
+    write a status and a client of its own choosing into the line. A quote, a space and a backslash are
+    written percent-encoded; the control: an ordinary path and query, and a non-ASCII id, stay as they are."""
+    from monitor_protocol.doors.http.targets import logged_target
+
+    forged = logged_target('/mp/v0/monitors/x" 200 "-', b"")
+    assert forged == "/mp/v0/monitors/x%22%20200%20%22-" and '"' not in forged
+    assert logged_target("/a\\b c", b'q="1"') == "/a%5Cb%20c?q=%221%22"
+    assert (
+        logged_target("/mp/v0/monitors/\u00e9t\u00e9/state", b"wait=5")
+        == "/mp/v0/monitors/\u00e9t\u00e9/state?wait=5"
+    )

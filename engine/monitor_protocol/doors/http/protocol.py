@@ -34,7 +34,7 @@ from monitor_protocol.doors.http.app import STREAM_PATH
 from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
 from monitor_protocol.doors.http.ops import OPS_PATHS
 from monitor_protocol.doors.http.reply_bytes import CLOCK, encode_response, status_line
-from monitor_protocol.doors.http.targets import decoded_path, origin_form
+from monitor_protocol.doors.http.targets import decoded_path, logged_target, origin_form
 from monitor_protocol.doors.http.unread import UnreadReplies
 
 log = logging.getLogger("monitor_protocol.http")
@@ -564,7 +564,7 @@ class HttpConnection(asyncio.Protocol):
     def _log_access(self, pending: _Pending, status: int) -> None:
         who = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
         req = pending.request
-        target = req.path + ("?" + pending.query_string.decode("latin-1") if pending.query_string else "")
+        target = logged_target(req.path, pending.query_string)
         access_log.info('%s - "%s %s HTTP/%s" %d', who, req.method, target, pending.http_version, status)
 
     # -- refusals the connection makes itself ---------------------------------------------------------

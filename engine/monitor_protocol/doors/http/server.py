@@ -43,12 +43,14 @@ def _utc_time(record: logging.LogRecord) -> str:
 
 # Control characters a client can put into a logged line (a percent-decoded path, a header it sent): written
 # as \xNN, so that no line can clear, colour or overwrite an operator's terminal (ESC, a lone CR) or end
-# early (NUL). A tab stays a tab.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# early (NUL). A tab stays a tab. The Unicode line and paragraph separators end a line for many readers of
+# a log (Python's splitlines, editors, JSON-lines tools): written as \u2028 and \u2029.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _escaped(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group()):02x}"
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class UTCFormatter(logging.Formatter):
