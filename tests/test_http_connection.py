@@ -688,3 +688,88 @@ def test_a_paused_connection_counts_the_whole_reply_its_transport_holds() -> Non
     assert held_by(Conn(320_000, 3_100_000)) == 3_100_000
     assert held_by(Conn(70_000, 10_000)) == 70_000  # (replies written since the last, all unsent)
     assert held_by(Conn(0, 3_100_000)) == 0
+
+
+# ------------------------------------------------------------------------------------- the connection bound
+
+
+def discover() -> bytes:
+    return b"GET /mp/v0/discover HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+
+
+async def test_at_the_connection_bound_the_longest_idle_keep_alive_connections_make_room(
+    served: Served,
+) -> None:
+    """Found by a tester: with the open-files table full of keep-alive connections that had sent one request
+    and sat idle, every new client was reset for the 65 s of their keep-alive, with no line in the log. At
+    the server's bound the connections idle the longest are closed to admit the newcomer. The control: the
+    ones idle for less keep being answered."""
+    served.server.admission.bound = 4
+    held = []
+    for _ in range(4):
+        replies, writer = await connect(served)
+        writer.write(discover())
+        assert (await replies.reply())[0] == 200
+        held.append((replies, writer))
+        await asyncio.sleep(0.01)  # each one idle since a later moment than the one before
+    newcomer, writer = await connect(served)
+    writer.write(discover())
+    assert (await newcomer.reply())[0] == 200
+    async with asyncio.timeout(GUARD):
+        assert await held[0][0].reader.read() == b""  # the longest idle: closed
+    for replies, old in held[1:]:  # control: the others are still served
+        old.write(discover())
+        assert (await replies.reply())[0] == 200
+    assert served.server.admission.shed == 1 and served.server.admission.refused == 0
+    for _replies, old in [*held, (newcomer, writer)]:
+        old.close()
+
+
+async def test_at_the_connection_bound_with_none_idle_a_newcomer_is_told_to_retry(served: Served) -> None:
+    """With every connection in a request (long polls parked here), nothing can make room: the newcomer is
+    answered 503 UNAVAILABLE with Retry-After and closed, never reset without a word; the metrics say how
+    many. The control: once a long poll is answered and its connection idle, a newcomer is admitted."""
+    reader = {"monitor": "ci", "subscriber": "agent:parked", "filter": {"types": [RUN]}}
+    sub = served.service.subscribe(reader, served.owner)
+    poll = (
+        f"GET /mp/v0/subscriptions/{sub['subscription']['id']}/pull?wait=30 HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"authorization: Bearer {sub['token']}\r\n\r\n"
+    ).encode()
+    served.server.admission.bound = 3
+    parked = []
+    for _ in range(3):
+        replies, writer = await connect(served)
+        writer.write(poll)
+        parked.append((replies, writer))
+    async with asyncio.timeout(GUARD):
+        while served.server.app.waiters.parked < 3:
+            await asyncio.sleep(0.01)
+    refused, writer = await connect(served)
+    writer.write(discover())
+    async with asyncio.timeout(GUARD):
+        head = await refused.reader.readuntil(b"\r\n\r\n")
+        body = json.loads(await refused.reader.read())
+    assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in head.lower(), head
+    assert body["code"] == "UNAVAILABLE" and "retry" in body["error"], body
+    writer.close()
+    assert served.server.admission.refused == 1
+    metrics = served.server.app.metrics.render(0, None)
+    assert "mp_http_connections_refused_total 1" in metrics and "mp_http_connections_bound 3" in metrics
+    served.service.publish("ci", {"type": RUN, "subject": "wake"}, served.owner)  # control: one poll answered
+    for replies, _writer in parked:
+        assert (await replies.reply())[0] == 200
+    admitted, writer = await connect(served)
+    writer.write(discover())
+    assert (await admitted.reply())[0] == 200
+    writer.close()
+    for _replies, old in parked:
+        old.close()
+
+
+def test_the_connection_bound_keeps_descriptors_for_the_server_itself() -> None:
+    from monitor_protocol.doors.http.admission import connection_bound
+
+    assert connection_bound(256) == 224  # 32 kept (at least)
+    assert connection_bound(20_000) == 18_976  # 1,024 kept (at most)
+    assert connection_bound(4_096) == 3_687  # a tenth kept
+    assert connection_bound(None) is None  # no known limit: no bound

@@ -36,6 +36,7 @@ from monitor_protocol.core.vocab import (
     MAX_SOURCES_PER_OWNER,
     MAX_WAIT_SECONDS,
 )
+from monitor_protocol.doors.http.admission import connection_bound
 from monitor_protocol.doors.http.server import (
     bind,
     configure_logging,
@@ -538,7 +539,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             f"limits: max_body={cfg.max_body} bytes, max_limit={MAX_LIMIT}, max_wait={MAX_WAIT_SECONDS}s, "
             f"retire_after_mute={mute}, header_timeout={cfg.header_timeout:g}s, "
             f"body_timeout={cfg.body_timeout:g}s, keep_alive={cfg.keep_alive:g}s"
-            + (f", open_files={open_files}" if open_files else "")
+            + (f", open_files={open_files}, connections={connection_bound(open_files)}" if open_files else "")
         )
         warnings = []
         if shared and redacted(db) != db:  # one warning, one advice: the password out of the URL
@@ -612,6 +613,7 @@ def run(name: str, args: argparse.Namespace) -> int:
                 body_timeout=cfg.body_timeout,
                 keep_alive=cfg.keep_alive,
                 access_log=cfg.access_log,
+                max_connections=connection_bound(open_files),
             )
         except _Stop:
             pass  # a signal before the loop took the stop signals over, or after it gave them back

@@ -129,6 +129,9 @@ class Metrics:
         self._engine_lock = threading.Lock()
         self.parked_polls = 0
         self.open_streams = 0
+        # The HTTP server's connections (mp serve's own server sets it: doors/http/protocol.py HttpServer):
+        # `connections` (a sized collection) and `admission` (doors/http/admission.py).
+        self.http_server: Any = None
         self._routes = _route_templates()
 
     def route(self, path: str) -> str:
@@ -208,6 +211,30 @@ class Metrics:
         lines.append(f"mp_long_polls_parked {self.parked_polls}")
         family("mp_sse_streams_open", "gauge", "Server-Sent Event streams open right now.")
         lines.append(f"mp_sse_streams_open {self.open_streams}")
+        server = self.http_server
+        if server is not None:
+            admission = server.admission
+            family("mp_http_connections_open", "gauge", "Client connections open right now.")
+            lines.append(f"mp_http_connections_open {len(server.connections)}")
+            if admission.bound is not None:
+                family(
+                    "mp_http_connections_bound",
+                    "gauge",
+                    "The most client connections held at once (the open-files limit less a reserve).",
+                )
+                lines.append(f"mp_http_connections_bound {admission.bound}")
+            family(
+                "mp_http_connections_shed_total",
+                "counter",
+                "Idle keep-alive connections closed to admit new ones at the connection bound.",
+            )
+            lines.append(f"mp_http_connections_shed_total {admission.shed}")
+            family(
+                "mp_http_connections_refused_total",
+                "counter",
+                "New connections answered 503 at the connection bound, none being idle.",
+            )
+            lines.append(f"mp_http_connections_refused_total {admission.refused}")
         family(
             "mp_engine_commit_seconds",
             "histogram",

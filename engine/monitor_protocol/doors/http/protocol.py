@@ -30,6 +30,7 @@ import httptools
 from monitor_protocol.api.messages import Headers, Request, Response, error_response
 from monitor_protocol.core import wire
 from monitor_protocol.core.errors import ProtocolError
+from monitor_protocol.doors.http.admission import Admission
 from monitor_protocol.doors.http.app import STREAM_PATH
 from monitor_protocol.doors.http.asgi import DISCARD_BYTES, DISCARD_SECONDS
 from monitor_protocol.doors.http.ops import OPS_PATHS
@@ -149,6 +150,9 @@ class HttpConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+        if not self.server.admission.admit(self, self.server.connections):
+            self._stage = None  # answered 503 and closed: at the connection bound, none idle
+            return
         self.server.connections.add(self)
         self._begin_request()
 
@@ -648,6 +652,7 @@ class HttpServer:
         keep_alive: float,
         access_log: bool = False,
         write_timeout: float = WRITE_TIMEOUT,
+        max_connections: int | None = None,
     ) -> None:
         self.app = app
         self.header_timeout = header_timeout
@@ -659,6 +664,10 @@ class HttpServer:
         self.loop = asyncio.get_running_loop()
         self.connections: set[HttpConnection] = set()
         self.unread = UnreadReplies()  # the replies no client has read, every connection together
+        self.admission = Admission(max_connections)  # connections held against the open-files limit
+        metrics = getattr(app, "metrics", None)
+        if metrics is not None:
+            metrics.http_server = self
         self._servers: list[asyncio.AbstractServer] = []
         engine = app.engine
         # The lean door: a callback seat when the engine has one (LoopEngine), else its future.

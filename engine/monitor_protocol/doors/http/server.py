@@ -108,6 +108,7 @@ def serve(
     body_timeout: float,
     keep_alive: float,
     access_log: bool,
+    max_connections: int | None = None,
     stop_signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
 ) -> None:
     """Run the app on `sock` until SIGINT or SIGTERM: its startup, the server, then a drain (idle connections
@@ -133,6 +134,7 @@ def serve(
                 body_timeout=body_timeout,
                 keep_alive=keep_alive,
                 access_log=access_log,
+                max_connections=max_connections,
             )
             await server.listen(sock)
             log.info("Application startup complete.")

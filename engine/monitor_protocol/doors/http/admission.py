@@ -1,0 +1,105 @@
+"""How many connections `mp serve` holds at once, against the process's open-files limit.
+
+Every connection is a file descriptor. With the table full, `accept` fails, and the kernel's queue resets the
+clients waiting in it: a tester's 300 keep-alive connections that sent one request each and then sat idle
+kept every new client out for the 65 s of their keep-alive, with no line in the log. Now the server keeps
+RESERVE descriptors for itself (the database's files, PostgreSQL's connections, a source's pipes) and admits
+at most the rest as connections. When a new one would pass that bound, the keep-alive connections idle the
+longest make room (closing an idle connection is HTTP's own way, RFC 9112 9.3.1: a client opens another);
+when none is idle (every one is in a request, a long poll or a stream), the newcomer gets a 503 with
+`Retry-After` and is closed. The log says so, at most once a minute while it lasts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from monitor_protocol.core.repeats import Repeats
+
+log = logging.getLogger("monitor_protocol.http")
+
+# Descriptors kept for the server's own files and connections, never given to clients: a tenth of the limit,
+# at least 32 and at most 1,024.
+RESERVE_MIN, RESERVE_MAX = 32, 1024
+# Idle connections closed in one go when the bound is reached (a fraction of it): one scan of the
+# connections makes room for the next many newcomers, not one each.
+SHED_FRACTION = 64
+
+REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+_BODY = (
+    b'{"code":"UNAVAILABLE","error":"This server holds as many connections as it may, and none of them is '
+    b'idle; retry in a second, or reuse a connection you hold.","retryable":true}'
+)
+REFUSED_REPLY = REFUSED % (len(_BODY), _BODY)
+
+
+def connection_bound(open_files: int | None) -> int | None:
+    """The most connections to hold with `open_files` descriptors (None: no known limit, no bound)."""
+    if open_files is None or open_files <= 0:
+        return None
+    reserve = min(RESERVE_MAX, max(RESERVE_MIN, open_files // 10))
+    return max(1, open_files - reserve)
+
+
+def idle(conn: Any) -> bool:
+    """A keep-alive connection waiting for its client's next request (nothing in hand, nothing queued)."""
+    transport = conn.transport
+    return (
+        conn._stage == "idle"
+        and not conn._busy
+        and not conn._queue
+        and transport is not None
+        and not transport.is_closing()
+        and not transport.get_write_buffer_size()  # (a close would wait for a client that may never read)
+    )
+
+
+class Admission:
+    """Admits a new connection (`admit`) while the server holds fewer than `bound`, making room from the
+    longest-idle keep-alive connections when it holds that many."""
+
+    def __init__(self, bound: int | None) -> None:
+        self.bound = bound
+        self.shed = 0  # idle connections closed to make room (a metrics counter)
+        self.refused = 0  # connections refused with 503: nothing idle to close (a metrics counter)
+        self._full = Repeats(log, "connections at this server's bound")
+
+    def admit(self, conn: Any, connections: Any) -> bool:
+        """Whether `conn`, just made, may stay; `connections` are the server's (without it). False: it was
+        answered 503 and closed."""
+        bound = self.bound
+        if bound is None:
+            return True
+        if len(connections) < bound:
+            if self._full.since is not None and len(connections) < bound * 0.9:
+                self._full.ok()
+            return True
+        held = len(connections)
+        wanted = max(1, bound // SHED_FRACTION)
+        # An idle connection's deadline is when its keep-alive ends: the earliest was idle the longest.
+        oldest = sorted((c for c in connections if idle(c)), key=lambda c: c._deadline)[:wanted]
+        for old in oldest:  # out of the count at once: the next newcomer of this loop turn sees the room
+            old._stage = None
+            old.transport.close()
+            connections.discard(old)
+        self.shed += len(oldest)
+        if oldest:
+            self._full.failed(
+                f"{held} held, the most its open files allow; closed the {len(oldest)} keep-alive "
+                "connections idle the longest to admit new ones"
+            )
+            return True
+        self.refused += 1
+        self._full.failed(
+            f"{held} held, the most its open files allow, none idle; new connections are answered 503 "
+            "(raise the open-files limit, `ulimit -n` or systemd's LimitNOFILE, to hold more)"
+        )
+        transport = conn.transport
+        if transport is not None:
+            transport.write(REFUSED_REPLY)
+            transport.close()
+        return False
