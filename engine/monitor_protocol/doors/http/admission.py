@@ -12,9 +12,12 @@ when none is idle (every one is in a request, a long poll or a stream), the newc
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
+from monitor_protocol.api.messages import error_response
+from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.repeats import Repeats
 
 log = logging.getLogger("monitor_protocol.http")
@@ -26,15 +29,25 @@ RESERVE_MIN, RESERVE_MAX = 32, 1024
 # connections makes room for the next many newcomers, not one each.
 SHED_FRACTION = 64
 
-REFUSED = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-)
-_BODY = (
-    b'{"code":"UNAVAILABLE","error":"This server holds as many connections as it may, and none of them is '
-    b'idle; retry in a second, or reuse a connection you hold.","retryable":true}'
-)
-REFUSED_REPLY = REFUSED % (len(_BODY), _BODY)
+
+def _refused_reply() -> bytes:
+    """The 503 a newcomer gets when nothing can make room: the protocol's error body, made once."""
+    refusal = ProtocolError(
+        "UNAVAILABLE",
+        "This server holds as many connections as its open files allow, and none of them is idle; retry in "
+        "a second, or send your requests over a connection you already hold.",
+        http_status=503,
+        retry_after=1,
+    )
+    response = error_response(refusal)
+    body = json.dumps(response.body, separators=(",", ":")).encode()
+    head = f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    for name, value in response.headers.items():
+        head += f"{name}: {value}\r\n"
+    return (head + "connection: close\r\n\r\n").encode() + body
+
+
+REFUSED_REPLY = _refused_reply()
 
 
 def connection_bound(open_files: int | None) -> int | None:
