@@ -6,6 +6,7 @@ pinned axe-core injected from .cache/, never fetched by the page) and layout (`h
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
 import shutil
@@ -45,8 +46,13 @@ PHONE = {
 def site_url():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `python build.py test` (it installs Debian's chromium)")
-    build.build()
-    _axe_source()  # fetched (npm, pinned) before any test runs, not in the middle of one
+    # One worker at a time (pytest-xdist runs this fixture in each): the first builds the site and fetches
+    # axe-core, the next finds both done (two npm fetches into one cache folder broke each other).
+    build.CACHE.mkdir(exist_ok=True)
+    with open(build.CACHE / "e2e-setup.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build.build()
+        _axe_source()  # fetched (npm, pinned) before any test runs, not in the middle of one
     server = build.make_server(0, build.SITE)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
