@@ -29,6 +29,7 @@ import pytest
 from monitor_protocol.api.rest import RestRouter
 from monitor_protocol.core.service import MonitorService
 from monitor_protocol.doors.engines import LoopEngine
+from monitor_protocol.doors.http.admission import HEADERS_GRACE, RESCAN_SECONDS
 from monitor_protocol.doors.http.app import MonitorApp
 from monitor_protocol.doors.http.protocol import MAX_HEADER_BYTES, HttpServer
 from monitor_protocol.store.sqlite import SQLiteStore
@@ -758,12 +759,72 @@ async def test_at_the_connection_bound_with_none_idle_a_newcomer_is_told_to_retr
     served.service.publish("ci", {"type": RUN, "subject": "wake"}, served.owner)  # control: one poll answered
     for replies, _writer in parked:
         assert (await replies.reply())[0] == 200
+    await asyncio.sleep(RESCAN_SECONDS + 0.1)  # (a look that found nothing is trusted that long)
     admitted, writer = await connect(served)
     writer.write(discover())
     assert (await admitted.reply())[0] == 200
     writer.close()
     for _replies, old in parked:
         old.close()
+
+
+async def test_at_the_connection_bound_requests_that_dawdle_make_room_too(served: Served) -> None:
+    """Found by a reviewer: connections that send a byte of a request after each reply are never idle, so
+    they held the bound for the 10 s header limit at a time, and every newcomer (a health probe too) got the
+    503. Headers that have been coming for more than HEADERS_GRACE give their place up. The control: a
+    request whose headers began within the grace keeps its place, and is answered when it ends."""
+    served.server.admission.bound = 3
+    slow = []
+    for _ in range(2):
+        replies, writer = await connect(served)
+        writer.write(b"GET /mp/v0/disc")  # and nothing more
+        slow.append((replies, writer))
+    await asyncio.sleep(HEADERS_GRACE + 0.2)
+    fresh, fresh_writer = await connect(served)
+    fresh_writer.write(b"GET /mp/v0/disc")  # within its grace
+    newcomer, writer = await connect(served)
+    writer.write(discover())
+    assert (await newcomer.reply())[0] == 200
+    async with asyncio.timeout(GUARD):
+        assert await slow[0][0].reader.read() == b""  # the longest dawdling: closed
+    fresh_writer.write(b"over HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+    assert (await fresh.reply())[0] == 200
+    assert served.server.admission.shed >= 1
+    for _replies, old in [*slow, (fresh, fresh_writer), (newcomer, writer)]:
+        old.close()
+
+
+def test_the_end_of_the_connection_bound_is_said_after_a_quiet_while() -> None:
+    """Found by a reviewer: the warning's "over" was written at each dip below the bound, and the next time
+    it was met started a new warning: 29 lines in 2 s from a client going back and forth. It is over once
+    the server stayed under the bound for QUIET_SECONDS."""
+    import logging
+
+    from monitor_protocol.doors.http import admission
+
+    class Conn:
+        def __init__(self) -> None:
+            self.transport, self._stage = None, "body"  # in a request: nothing to close
+
+    lines: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    catch = Catch()
+    admission.log.addHandler(catch)
+    try:
+        gate = admission.Admission(2)
+        held = {Conn(), Conn()}
+        for step in range(30):  # at the bound, below it, at it again: every 50 ms
+            now = step * 0.05
+            assert gate.admit(Conn(), held if step % 2 == 0 else set(), now) is (step % 2 == 1)
+        assert len(lines) == 1 and "none idle" in lines[0], lines
+        gate.admit(Conn(), set(), 30 * 0.05 + admission.QUIET_SECONDS)  # control: a quiet minute later
+        assert len(lines) == 2 and "over after" in lines[1], lines
+    finally:
+        admission.log.removeHandler(catch)
 
 
 def test_the_connection_bound_keeps_descriptors_for_the_server_itself() -> None:

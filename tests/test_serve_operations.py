@@ -1178,7 +1178,12 @@ def test_an_access_log_line_keeps_its_fields_whatever_the_path():
 
     forged = logged_target('/mp/v0/monitors/x" 200 "-', b"")
     assert forged == "/mp/v0/monitors/x%22%20200%20%22-" and '"' not in forged
-    assert logged_target("/a\\b c", b'q="1"') == "/a%5Cb%20c?q=%221%22"
+    assert logged_target("/a\\b c", b'q="1"&a=%20') == "/a%5Cb%20c?q=%221%22&a=%20"
+    # a reviewer's: a decoded line feed split the line (and took the separators with it); `%` kept two
+    # paths apart that logged alike (`/x%2522` and `/x%22`)
+    assert logged_target("/b\n\u2029 \n200", b"") == "/b%0A%E2%80%A9%20%0A200"
+    assert logged_target("/x%22", b"") == "/x%2522" != logged_target('/x"', b"")
+    assert logged_target("/q", b"a=\x85") == "/q?a=%85"  # the query's own bytes
     assert (
         logged_target("/mp/v0/monitors/\u00e9t\u00e9/state", b"wait=5")
         == "/mp/v0/monitors/\u00e9t\u00e9/state?wait=5"

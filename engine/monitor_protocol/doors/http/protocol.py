@@ -150,7 +150,7 @@ class HttpConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.client = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
-        if not self.server.admission.admit(self, self.server.connections):
+        if not self.server.admission.admit(self, self.server.connections, self.loop.time()):
             self._stage = None  # answered 503 and closed: at the connection bound, none idle
             return
         self.server.connections.add(self)

@@ -32,15 +32,28 @@ def origin_form(url: bytes, headers: dict[str, str]) -> bytes:
     return target if target[:1] == b"/" else b"/" + target
 
 
-# What would end the access log's quoted request field early, once the path is percent-decoded (`%22`, `%20`)
-# or a lenient parser let it through raw: written back percent-encoded, so each line keeps its fields.
-_FIELD_BREAKERS = re.compile(r'["\\ ]')
+# What would end the access log's quoted request field early or split its line, once the path is
+# percent-decoded (`%22`, `%20`, `%0A`) or a lenient parser let it through raw: written back percent-encoded
+# (as UTF-8), so each line keeps its fields. In the decoded path `%` itself too (so `/x%2522` and `/x%22` stay
+# apart); the query is logged as it came, its `%` escapes its own.
+_QUERY_BREAKERS = '\x00-\x20"\\\\\x7f-\x9f\u2028\u2029'
+_IN_QUERY = re.compile(f"[{_QUERY_BREAKERS}]")
+_IN_PATH = re.compile(f"[{_QUERY_BREAKERS}%]")
+
+
+def _percent(match: re.Match[str]) -> str:
+    return "".join(f"%{byte:02X}" for byte in match.group().encode("utf-8", "surrogatepass"))
 
 
 def logged_target(path: str, query: bytes) -> str:
     """The target as the access log writes it inside `"METHOD target HTTP/x"`: the decoded path and the raw
-    query, with a quote, a space or a backslash percent-encoded (control characters are the formatter's)."""
-    target = path + ("?" + query.decode("latin-1") if query else "")
-    if _FIELD_BREAKERS.search(target) is None:
-        return target
-    return _FIELD_BREAKERS.sub(lambda m: f"%{ord(m.group()):02X}", target)
+    query, with whitespace, control characters, a quote, a backslash and the Unicode line separators
+    percent-encoded (and in the path, `%`)."""
+    if _IN_PATH.search(path) is not None:
+        path = _IN_PATH.sub(_percent, path)
+    if not query:
+        return path
+    text = query.decode("latin-1")
+    if _IN_QUERY.search(text) is not None:  # (its characters are its bytes: latin-1)
+        text = _IN_QUERY.sub(lambda m: f"%{ord(m.group()):02X}", text)
+    return f"{path}?{text}"
