@@ -70,32 +70,27 @@ def connection_bound(open_files: int | None) -> int | None:
     return max(1, open_files - reserve)
 
 
-def idle(conn: Any) -> bool:
-    """A keep-alive connection waiting for its client's next request (nothing in hand, nothing queued)."""
+def _closable(conn: Any) -> bool:
+    """Nothing in hand and nothing unsent (a close would wait for a client that may never read)."""
     transport = conn.transport
     return (
-        conn._stage == "idle"
-        and not conn._busy
-        and not conn._queue
-        and transport is not None
-        and not transport.is_closing()
-        and not transport.get_write_buffer_size()  # (a close would wait for a client that may never read)
-    )
-
-
-def dawdling(conn: Any, now: float) -> bool:
-    """A connection whose request headers have been coming for more than HEADERS_GRACE, nothing else in hand
-    (a client that connected and sent nothing, or part of a request, and stopped)."""
-    transport = conn.transport
-    return (
-        conn._stage == "headers"
-        and now - conn._started > HEADERS_GRACE
-        and not conn._busy
+        not conn._busy
         and not conn._queue
         and transport is not None
         and not transport.is_closing()
         and not transport.get_write_buffer_size()
     )
+
+
+def idle(conn: Any) -> bool:
+    """A keep-alive connection waiting for its client's next request."""
+    return conn._stage == "idle" and _closable(conn)
+
+
+def dawdling(conn: Any, now: float) -> bool:
+    """A connection whose request head has been coming for more than HEADERS_GRACE (a client that connected
+    and sent nothing, or part of a request, and stopped)."""
+    return conn._stage == "headers" and now - conn._started > HEADERS_GRACE and _closable(conn)
 
 
 class Admission:
