@@ -411,6 +411,7 @@ def run(name: str, args: argparse.Namespace) -> int:
         return 2
     policy = source_policy(cfg)
     open_files = raise_open_file_limit()
+    max_connections = connection_bound(open_files)
 
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     if hasattr(signal, "SIGHUP"):  # until the loop takes SIGHUP over (reload), it must not stop the server
@@ -539,7 +540,7 @@ def run(name: str, args: argparse.Namespace) -> int:
             f"limits: max_body={cfg.max_body} bytes, max_limit={MAX_LIMIT}, max_wait={MAX_WAIT_SECONDS}s, "
             f"retire_after_mute={mute}, header_timeout={cfg.header_timeout:g}s, "
             f"body_timeout={cfg.body_timeout:g}s, keep_alive={cfg.keep_alive:g}s"
-            + (f", open_files={open_files}, connections={connection_bound(open_files)}" if open_files else "")
+            + (f", open_files={open_files}, connections={max_connections}" if open_files else "")
         )
         warnings = []
         if shared and redacted(db) != db:  # one warning, one advice: the password out of the URL
@@ -613,7 +614,7 @@ def run(name: str, args: argparse.Namespace) -> int:
                 body_timeout=cfg.body_timeout,
                 keep_alive=cfg.keep_alive,
                 access_log=cfg.access_log,
-                max_connections=connection_bound(open_files),
+                max_connections=max_connections,
             )
         except _Stop:
             pass  # a signal before the loop took the stop signals over, or after it gave them back

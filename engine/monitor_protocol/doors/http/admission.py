@@ -16,14 +16,13 @@ most once a minute while it lasts.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from monitor_protocol.api.messages import error_response
 from monitor_protocol.core.errors import ProtocolError
 from monitor_protocol.core.repeats import Repeats
-from monitor_protocol.doors.http.reply_bytes import CLOCK
+from monitor_protocol.doors.http.reply_bytes import encode_response
 
 log = logging.getLogger("monitor_protocol.http")
 
@@ -42,24 +41,16 @@ RESCAN_SECONDS = 0.25
 QUIET_SECONDS = 60.0
 
 
-def _refused_reply() -> bytes:
-    """The 503 a newcomer gets when nothing can make room: the protocol's error body, made once."""
-    refusal = ProtocolError(
+# The 503 a newcomer gets when nothing can make room (encoded at each refusal: its Date moves).
+REFUSED = error_response(
+    ProtocolError(
         "UNAVAILABLE",
         "This server holds as many connections as its open files allow, and none of them is idle; retry in "
         "a second, or send your requests over a connection you already hold.",
         http_status=503,
         retry_after=1,
     )
-    response = error_response(refusal)
-    body = json.dumps(response.body, separators=(",", ":")).encode()
-    head = f"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-    for name, value in response.headers.items():
-        head += f"{name}: {value}\r\n"
-    return (head + "connection: close\r\n").encode(), b"\r\n" + body
-
-
-REFUSED_HEAD, REFUSED_TAIL = _refused_reply()
+)
 
 
 def connection_bound(open_files: int | None) -> int | None:
@@ -133,7 +124,7 @@ class Admission:
         )
         transport = conn.transport
         if transport is not None:
-            transport.write(REFUSED_HEAD + CLOCK.date() + REFUSED_TAIL)
+            transport.write(encode_response(REFUSED, close=True))
             transport.close()
         return False
 

@@ -226,13 +226,13 @@ class Metrics:
             family(
                 "mp_http_connections_shed_total",
                 "counter",
-                "Idle keep-alive connections closed to admit new ones at the connection bound.",
+                "Connections closed to admit new ones at the connection bound (idle, or a request head too slow).",
             )
             lines.append(f"mp_http_connections_shed_total {admission.shed}")
             family(
                 "mp_http_connections_refused_total",
                 "counter",
-                "New connections answered 503 at the connection bound, none being idle.",
+                "New connections answered 503 at the connection bound, none could be closed.",
             )
             lines.append(f"mp_http_connections_refused_total {admission.refused}")
         family(
